@@ -1,0 +1,1 @@
+"""The Kopf operator that reconciles ``JudgeQueue`` resources into Deployments, status and queue flags."""

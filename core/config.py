@@ -1,0 +1,235 @@
+"""Typed configuration for every role, read from ``JUDGEQUEUE_*`` environment variables.
+
+One :class:`Settings` object holds everything; :func:`load_settings` validates the environment and
+raises :class:`ConfigError` with one line naming the variable and what it accepts. The operator
+renders the same variables from a ``JudgeQueue`` spec, so this module is the contract between them.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any, TypeVar
+from urllib.parse import urlsplit, urlunsplit
+
+from .errors import ConfigError
+from .queues import validate_queue_name
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
+
+
+def parse_duration(text: str) -> float:
+    """Parse ``"250ms"``, ``"30s"``, ``"5m"``, ``"2h"``, ``"7d"`` or plain seconds into seconds."""
+    match = _DURATION.match(text)
+    if not match:
+        raise ValueError(f"{text!r} is not a duration (examples: 250ms, 30s, 5m, 2h, 7d)")
+    return float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+
+
+def format_duration(seconds: float) -> str:
+    """The shortest exact duration string for ``seconds`` (inverse of :func:`parse_duration`)."""
+    for unit in ("d", "h", "m", "s"):
+        size = _UNIT_SECONDS[unit]
+        if seconds >= size and (seconds / size).is_integer():
+            return f"{int(seconds / size)}{unit}"
+    ms = seconds * 1000
+    return f"{int(ms)}ms" if float(ms).is_integer() else f"{seconds}s"
+
+
+def redact_url(url: str) -> str:
+    """The URL with any password replaced by ``***`` (safe to log)."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparseable url>"
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)[1]
+    user = parts.username or ""
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
+
+
+@dataclass(frozen=True)
+class DispatcherSettings:
+    batch_size: int = 100
+    schedule: float = 1.0  # idle poll fallback, seconds
+    max_attempts: int = 10
+    backoff_base: float = 1.0
+    backoff_max: float = 300.0
+    claim_ttl: float = 30.0
+    seen_ttl: float = 86400.0  # how long the Redis dedup marker of a (submission, generation) lives
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    concurrency: int = 4
+    judge: str = "program"
+    lease_ttl: float = 30.0
+    grace_period: float = 25.0
+
+
+@dataclass(frozen=True)
+class ReaperSettings:
+    interval: float = 5.0
+    visibility_timeout: float = 60.0
+    max_deliveries: int = 5
+    max_retries: int = 3
+    retention: float = 7 * 86400.0
+    sweep_batch: int = 1000
+
+
+@dataclass(frozen=True)
+class Settings:
+    postgres_dsn: str
+    redis_url: str
+    queue: str
+    metrics_port: int = 9090
+    log_level: str = "INFO"
+    dispatcher: DispatcherSettings = field(default_factory=DispatcherSettings)
+    worker: WorkerSettings = field(default_factory=WorkerSettings)
+    reaper: ReaperSettings = field(default_factory=ReaperSettings)
+
+    def redacted(self) -> dict[str, Any]:
+        """A loggable view: connection passwords replaced."""
+        return {
+            "postgres_dsn": redact_url(self.postgres_dsn),
+            "redis_url": redact_url(self.redis_url),
+            "queue": self.queue,
+            "metrics_port": self.metrics_port,
+            "log_level": self.log_level,
+            "dispatcher": vars(self.dispatcher),
+            "worker": vars(self.worker),
+            "reaper": vars(self.reaper),
+        }
+
+
+T = TypeVar("T")
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError("must be a positive integer")
+    return value
+
+
+def _port(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 65535:
+        raise ValueError("must be a port number 0-65535")
+    return value
+
+
+def _positive_duration(text: str) -> float:
+    value = parse_duration(text)
+    if value <= 0:
+        raise ValueError("must be a positive duration (examples: 250ms, 30s, 5m)")
+    return value
+
+
+def _log_level(text: str) -> str:
+    level = text.upper()
+    if level not in {"DEBUG", "INFO", "WARNING", "ERROR"}:
+        raise ValueError("must be one of DEBUG, INFO, WARNING, ERROR")
+    return level
+
+
+def _postgres_dsn(text: str) -> str:
+    if not text.startswith(("postgres://", "postgresql://")):
+        raise ValueError("must be a postgresql:// URL")
+    return text
+
+
+def _redis_url(text: str) -> str:
+    if not text.startswith(("redis://", "rediss://", "unix://")):
+        raise ValueError("must be a redis://, rediss:// or unix:// URL")
+    return text
+
+
+def _judge_name(text: str) -> str:
+    if not re.match(r"^[a-z][a-z0-9_-]*$", text):
+        raise ValueError("must be a judge plugin name such as noop, sleep or program")
+    return text
+
+
+# variable suffix -> (section, field, parser, what is accepted)
+_VARIABLES: dict[str, tuple[str | None, str, Callable[[str], Any]]] = {
+    "POSTGRES_DSN": (None, "postgres_dsn", _postgres_dsn),
+    "REDIS_URL": (None, "redis_url", _redis_url),
+    "QUEUE": (None, "queue", validate_queue_name),
+    "METRICS_PORT": (None, "metrics_port", _port),
+    "LOG_LEVEL": (None, "log_level", _log_level),
+    "BATCH_SIZE": ("dispatcher", "batch_size", _positive_int),
+    "SCHEDULE": ("dispatcher", "schedule", _positive_duration),
+    "MAX_ATTEMPTS": ("dispatcher", "max_attempts", _positive_int),
+    "BACKOFF_BASE": ("dispatcher", "backoff_base", _positive_duration),
+    "BACKOFF_MAX": ("dispatcher", "backoff_max", _positive_duration),
+    "CLAIM_TTL": ("dispatcher", "claim_ttl", _positive_duration),
+    "SEEN_TTL": ("dispatcher", "seen_ttl", _positive_duration),
+    "CONCURRENCY": ("worker", "concurrency", _positive_int),
+    "JUDGE": ("worker", "judge", _judge_name),
+    "LEASE_TTL": ("worker", "lease_ttl", _positive_duration),
+    "GRACE_PERIOD": ("worker", "grace_period", _positive_duration),
+    "REAPER_INTERVAL": ("reaper", "interval", _positive_duration),
+    "VISIBILITY_TIMEOUT": ("reaper", "visibility_timeout", _positive_duration),
+    "MAX_DELIVERIES": ("reaper", "max_deliveries", _positive_int),
+    "MAX_RETRIES": ("reaper", "max_retries", _positive_int),
+    "RETENTION": ("reaper", "retention", _positive_duration),
+    "SWEEP_BATCH": ("reaper", "sweep_batch", _positive_int),
+}
+
+PREFIX = "JUDGEQUEUE_"
+REQUIRED = ("POSTGRES_DSN", "REDIS_URL", "QUEUE")
+
+
+def variable_names() -> list[str]:
+    """Every environment variable :func:`load_settings` reads."""
+    return [PREFIX + suffix for suffix in _VARIABLES]
+
+
+def load_settings(env: Mapping[str, str], overrides: Mapping[str, str] | None = None) -> Settings:
+    """Validate ``env`` (plus ``overrides`` keyed by variable name, e.g. from flags) into Settings.
+
+    Raises ConfigError naming the first bad or missing variable.
+    """
+    merged = {k: v for k, v in env.items() if k.startswith(PREFIX)}
+    merged.update(overrides or {})
+    top: dict[str, Any] = {}
+    sections: dict[str, dict[str, Any]] = {"dispatcher": {}, "worker": {}, "reaper": {}}
+    for suffix, (section, name, parse) in _VARIABLES.items():
+        variable = PREFIX + suffix
+        raw = merged.get(variable)
+        if raw is None or raw == "":
+            if suffix in REQUIRED:
+                raise ConfigError(f"{variable} is required")
+            continue
+        try:
+            value = parse(raw)
+        except (ValueError, TypeError) as exc:
+            shown = redact_url(raw) if suffix in ("POSTGRES_DSN", "REDIS_URL") else raw
+            raise ConfigError(f"{variable}={shown!r} is invalid: {exc}") from None
+        (sections[section] if section else top)[name] = value
+    settings = Settings(
+        **top,
+        dispatcher=DispatcherSettings(**sections["dispatcher"]),
+        worker=WorkerSettings(**sections["worker"]),
+        reaper=ReaperSettings(**sections["reaper"]),
+    )
+    _check_consistency(settings)
+    return settings
+
+
+def _check_consistency(settings: Settings) -> None:
+    if settings.dispatcher.backoff_base > settings.dispatcher.backoff_max:
+        raise ConfigError(
+            f"{PREFIX}BACKOFF_BASE ({settings.dispatcher.backoff_base}s) must not exceed "
+            f"{PREFIX}BACKOFF_MAX ({settings.dispatcher.backoff_max}s)"
+        )
+    if settings.worker.grace_period <= 0:  # pragma: no cover - parser forbids it
+        raise ConfigError(f"{PREFIX}GRACE_PERIOD must be positive")
+
+
+def section_fields(section: type[Any]) -> list[str]:
+    return [f.name for f in fields(section)]

@@ -1,0 +1,1 @@
+"""Judge plugins (entry-point group ``judgequeue.judges``)."""

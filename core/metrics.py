@@ -1,0 +1,67 @@
+"""Every Prometheus metric judgequeue exports, defined once so all roles agree on names and labels.
+
+Names start with ``judgequeue_``. Gauges describing the queue's health are refreshed by the reaper
+(and by ``judgequeue status``); counters and histograms are updated on the hot paths.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
+_JUDGE_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300)
+
+# --- outbox / dispatcher -------------------------------------------------------------------------
+OUTBOX_ROWS = Gauge("judgequeue_outbox_rows", "Outbox rows by state.", ["queue", "state"])
+OUTBOX_OLDEST_PENDING_AGE = Gauge(
+    "judgequeue_outbox_oldest_pending_age_seconds", "Age of the oldest outbox row not yet sent.", ["queue"]
+)
+DISPATCH_RESULTS = Counter(
+    "judgequeue_dispatch_results_total",
+    "Outbox rows handled by dispatchers, by result (sent, duplicate, shadow_sent, skipped, retry, dead).",
+    ["queue", "result"],
+)
+COMMIT_TO_ENQUEUE = Histogram(
+    "judgequeue_commit_to_enqueue_seconds",
+    "From outbox row creation (DB clock) to its append to the stream.",
+    ["queue"],
+    buckets=_LATENCY_BUCKETS,
+)
+
+# --- stream (refreshed by the reaper) --------------------------------------------------------------
+STREAM_LENGTH = Gauge("judgequeue_stream_length", "XLEN of the work stream.", ["queue"])
+STREAM_LAG = Gauge("judgequeue_stream_lag", "Entries not yet delivered to the worker group.", ["queue"])
+PEL_SIZE = Gauge("judgequeue_pel_size", "Entries delivered but not acked (pending entries list).", ["queue"])
+PEL_OLDEST_IDLE = Gauge("judgequeue_pel_oldest_idle_seconds", "Idle time of the oldest pending entry.", ["queue"])
+DLQ_LENGTH = Gauge("judgequeue_dlq_length", "Entries in the dead-letter stream.", ["queue"])
+SHADOW_LENGTH = Gauge("judgequeue_shadow_stream_length", "Entries in the shadow stream.", ["queue"])
+CONSUMERS = Gauge("judgequeue_consumers", "Consumers registered in the worker group.", ["queue"])
+
+# --- reaper ----------------------------------------------------------------------------------------
+RECLAIMS = Counter("judgequeue_reclaims_total", "Idle pending entries re-delivered by the reaper.", ["queue"])
+DEAD_LETTERS = Counter("judgequeue_dead_letters_total", "Entries moved to the dead-letter stream.", ["queue"])
+LEASE_EXPIRIES = Counter(
+    "judgequeue_lease_expiries_total", "Judging leases that expired and were rescued by the reaper.", ["queue"]
+)
+PRUNED_ROWS = Counter("judgequeue_pruned_outbox_rows_total", "Terminal outbox rows deleted by retention.", ["queue"])
+
+# --- worker ----------------------------------------------------------------------------------------
+VERDICTS = Counter("judgequeue_verdicts_total", "Verdicts written, by status.", ["queue", "status"])
+JUDGE_DURATION = Histogram(
+    "judgequeue_judge_duration_seconds", "Time spent in the judge per job.", ["queue"], buckets=_JUDGE_BUCKETS
+)
+END_TO_END = Histogram(
+    "judgequeue_end_to_end_seconds",
+    "From submission creation to its verdict (DB clock).",
+    ["queue"],
+    buckets=_LATENCY_BUCKETS,
+)
+STALE_RESULTS_DROPPED = Counter(
+    "judgequeue_stale_results_dropped_total",
+    "Results or envelopes dropped by the generation/attempt fence.",
+    ["queue", "reason"],
+)
+LEASE_RENEW_FAILURES = Counter(
+    "judgequeue_lease_renew_failures_total", "Lease heartbeats that failed or found the lease lost.", ["queue"]
+)
+JOBS_IN_FLIGHT = Gauge("judgequeue_jobs_in_flight", "Jobs this worker is judging now.", ["queue"])

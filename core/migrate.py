@@ -1,0 +1,99 @@
+"""Apply the versioned SQL migrations shipped in ``judgequeue.core.migrations``.
+
+Migrations run in file-name order, each in its own transaction, and are recorded with a checksum
+in ``judgequeue.schema_migrations``. A session advisory lock makes concurrent runs (several pods
+starting at once) safe: the second waits, then finds nothing left to do.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from importlib import resources
+
+import asyncpg
+
+from .errors import JudgeQueueError
+
+# Any fixed 64-bit number works; it only has to be the same for every judgequeue process.
+_MIGRATE_LOCK_KEY = 0x6A7175657565_01
+
+_NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    name: str
+    sql: str
+
+    @property
+    def checksum(self) -> str:
+        return hashlib.sha256(self.sql.encode()).hexdigest()
+
+
+class MigrationChecksumMismatch(JudgeQueueError):
+    """An applied migration's file changed after it was applied."""
+
+
+def available_migrations() -> list[Migration]:
+    """The migrations shipped with this version, in the order they apply."""
+    found = []
+    for entry in resources.files("judgequeue.core.migrations").iterdir():
+        match = _NAME.match(entry.name)
+        if match:
+            found.append(Migration(int(match.group(1)), match.group(2), entry.read_text()))
+    found.sort(key=lambda m: m.version)
+    versions = [m.version for m in found]
+    if len(set(versions)) != len(versions):
+        raise JudgeQueueError(f"duplicate migration versions in {versions}")
+    return found
+
+
+async def migrate(conn: asyncpg.Connection) -> list[int]:
+    """Apply every migration not yet recorded; return the versions applied by this call."""
+    applied_now: list[int] = []
+    await conn.execute("SELECT pg_advisory_lock($1)", _MIGRATE_LOCK_KEY)
+    try:
+        await conn.execute(
+            """
+            CREATE SCHEMA IF NOT EXISTS judgequeue;
+            CREATE TABLE IF NOT EXISTS judgequeue.schema_migrations (
+                version    integer PRIMARY KEY,
+                name       text NOT NULL,
+                checksum   text NOT NULL,
+                applied_at timestamptz NOT NULL DEFAULT now()
+            );
+            """
+        )
+        rows = await conn.fetch("SELECT version, checksum FROM judgequeue.schema_migrations")
+        applied = {r["version"]: r["checksum"] for r in rows}
+        for migration in available_migrations():
+            if migration.version in applied:
+                if applied[migration.version] != migration.checksum:
+                    raise MigrationChecksumMismatch(
+                        f"migration {migration.version:04d}_{migration.name} was changed after it "
+                        "was applied; add a new migration instead of editing an applied one"
+                    )
+                continue
+            async with conn.transaction():
+                await conn.execute(migration.sql)
+                await conn.execute(
+                    "INSERT INTO judgequeue.schema_migrations (version, name, checksum) VALUES ($1, $2, $3)",
+                    migration.version,
+                    migration.name,
+                    migration.checksum,
+                )
+            applied_now.append(migration.version)
+    finally:
+        await conn.execute("SELECT pg_advisory_unlock($1)", _MIGRATE_LOCK_KEY)
+    return applied_now
+
+
+async def applied_versions(conn: asyncpg.Connection) -> list[int]:
+    """Versions recorded as applied (empty before the first migrate)."""
+    exists = await conn.fetchval("SELECT to_regclass('judgequeue.schema_migrations') IS NOT NULL")
+    if not exists:
+        return []
+    return [r["version"] for r in await conn.fetch("SELECT version FROM judgequeue.schema_migrations ORDER BY 1")]

@@ -1,0 +1,133 @@
+"""Queues and their cutover flags (DESIGN section 6).
+
+``judgequeue.queues`` is the single source of truth for a queue's mode, watermark and pause flag.
+Dispatchers read it inside each claim transaction, so a change made here takes effect for every
+replica at one instant. The watermark only moves forward; a database trigger enforces it for every
+writer, and this module turns its error into :class:`WatermarkMovedBack`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Literal
+
+import asyncpg
+
+from .errors import InvalidQueueName, UnknownQueue, translate_pg_error
+
+Mode = Literal["live", "shadow"]
+MODES: tuple[Mode, ...] = ("live", "shadow")
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+def validate_queue_name(name: object) -> str:
+    """Return ``name`` if it is a DNS label (the same rule Kubernetes object names follow)."""
+    if not isinstance(name, str) or len(name) > 63 or not _DNS_LABEL.match(name):
+        raise InvalidQueueName(
+            f"queue name {name!r} is not a DNS label ([a-z0-9]([-a-z0-9]*[a-z0-9])?, at most 63 characters)"
+        )
+    return name
+
+
+@dataclass(frozen=True)
+class QueueFlags:
+    """A queue's cutover flags as stored, with the version that changes whenever they do."""
+
+    name: str
+    mode: Mode
+    watermark: datetime | None
+    paused: bool
+    config_version: int
+    updated_at: datetime
+
+
+def _flags(row: asyncpg.Record) -> QueueFlags:
+    return QueueFlags(
+        name=row["name"],
+        mode=row["mode"],
+        watermark=row["watermark"],
+        paused=row["paused"],
+        config_version=row["config_version"],
+        updated_at=row["updated_at"],
+    )
+
+
+_COLUMNS = "name, mode, watermark, paused, config_version, updated_at"
+
+
+async def create_queue(conn: asyncpg.Connection, name: str, *, mode: Mode = "live") -> QueueFlags:
+    """Create the queue if it does not exist (idempotent); an existing queue keeps its flags.
+
+    A new queue starts live with no watermark (everything is dispatched) unless created in shadow mode.
+    """
+    validate_queue_name(name)
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    await conn.execute(
+        "INSERT INTO judgequeue.queues (name, mode) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING",
+        name,
+        mode,
+    )
+    return await get_queue(conn, name)
+
+
+async def get_queue(conn: asyncpg.Connection, name: str) -> QueueFlags:
+    row = await conn.fetchrow(f"SELECT {_COLUMNS} FROM judgequeue.queues WHERE name = $1", name)
+    if row is None:
+        raise UnknownQueue(f"unknown queue {name!r} (create it with: judgequeue queue create {name})")
+    return _flags(row)
+
+
+async def list_queues(conn: asyncpg.Connection) -> list[QueueFlags]:
+    return [_flags(r) for r in await conn.fetch(f"SELECT {_COLUMNS} FROM judgequeue.queues ORDER BY name")]
+
+
+_UNSET: object = object()
+
+
+async def set_cutover(
+    conn: asyncpg.Connection,
+    name: str,
+    *,
+    mode: Mode | None = None,
+    watermark: datetime | object | None = _UNSET,
+    paused: bool | None = None,
+) -> QueueFlags:
+    """Change any of a queue's flags in one statement; unchanged arguments keep their value.
+
+    Raises :class:`WatermarkMovedBack` if the watermark would move back (or be cleared) and
+    :class:`UnknownQueue` if the queue does not exist. Nothing is changed when it raises.
+    """
+    if mode is not None and mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if watermark is not _UNSET and watermark is not None and not isinstance(watermark, datetime):
+        raise TypeError("watermark must be a timezone-aware datetime or None")
+    if isinstance(watermark, datetime) and watermark.tzinfo is None:
+        raise ValueError("watermark must be timezone-aware")
+    try:
+        row = await conn.fetchrow(
+            f"""
+            UPDATE judgequeue.queues
+               SET mode = coalesce($2, mode),
+                   watermark = CASE WHEN $3 THEN $4 ELSE watermark END,
+                   paused = coalesce($5, paused)
+             WHERE name = $1
+            RETURNING {_COLUMNS}
+            """,
+            name,
+            mode,
+            watermark is not _UNSET,
+            None if watermark is _UNSET else watermark,
+            paused,
+        )
+    except asyncpg.PostgresError as exc:
+        translated = translate_pg_error(exc)
+        if translated is not None:
+            raise translated from exc
+        raise
+    if row is None:
+        raise UnknownQueue(f"unknown queue {name!r} (create it with: judgequeue queue create {name})")
+    return _flags(row)

@@ -1,0 +1,48 @@
+"""Migrations: fresh database, idempotent re-run, and two concurrent runs."""
+
+from __future__ import annotations
+
+import asyncio
+
+import asyncpg
+from judgequeue.core.migrate import applied_versions, available_migrations, migrate
+
+
+async def test_fresh_then_rerun_is_a_noop(fresh_db: str) -> None:
+    conn = await asyncpg.connect(fresh_db)
+    try:
+        assert await applied_versions(conn) == []
+        first = await migrate(conn)
+        assert first == [m.version for m in available_migrations()]
+        assert await migrate(conn) == []
+        assert await applied_versions(conn) == first
+        assert await conn.fetchval("SELECT to_regproc('judgequeue.submit') IS NOT NULL")
+    finally:
+        await conn.close()
+
+
+async def test_two_concurrent_runs_apply_each_migration_once(fresh_db: str) -> None:
+    conns = [await asyncpg.connect(fresh_db) for _ in range(2)]
+    try:
+        results = await asyncio.gather(*(migrate(c) for c in conns))
+        applied = sorted(v for result in results for v in result)
+        assert applied == [m.version for m in available_migrations()]
+        assert [] in results
+    finally:
+        for c in conns:
+            await c.close()
+
+
+async def test_edited_migration_is_detected(fresh_db: str) -> None:
+    conn = await asyncpg.connect(fresh_db)
+    try:
+        await migrate(conn)
+        await conn.execute("UPDATE judgequeue.schema_migrations SET checksum = 'x' WHERE version = 1")
+        try:
+            await migrate(conn)
+        except Exception as exc:
+            assert "was changed after it was applied" in str(exc)
+        else:
+            raise AssertionError("an edited migration must be refused")
+    finally:
+        await conn.close()
