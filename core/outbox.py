@@ -30,7 +30,9 @@ OutboxState = Literal["PENDING", "CLAIMED", "SENT", "DEAD", "SKIPPED", "SHADOW_S
 OUTBOX_STATES: tuple[OutboxState, ...] = ("PENDING", "CLAIMED", "SENT", "DEAD", "SKIPPED", "SHADOW_SENT")
 TERMINAL_OUTBOX_STATES: tuple[OutboxState, ...] = ("SENT", "DEAD", "SKIPPED", "SHADOW_SENT")
 
-Result = Literal["sent", "shadow_sent", "retry", "dead"]
+#: sent / shadow_sent / dead are final; retry counts an attempt and backs off; release backs off
+#: without counting (the transport as a whole was down, not this row's fault).
+Result = Literal["sent", "shadow_sent", "retry", "dead", "release"]
 
 
 def encode_payload(payload: Any) -> str:
@@ -90,6 +92,7 @@ class ClaimedRow:
     state: OutboxState  # CLAIMED, or SKIPPED when the row predates a live watermark
     mode: str
     config_version: int
+    age: float  # seconds from creation to this claim, on the DB clock
 
 
 _CLAIM_SQL = """
@@ -117,7 +120,8 @@ UPDATE judgequeue.outbox o
        next_attempt_at = now() + make_interval(secs => $4)
   FROM picked, q
  WHERE o.id = picked.id
-RETURNING o.id, o.submission_id, o.generation, o.created_at, o.attempts, o.state, q.mode, q.config_version
+RETURNING o.id, o.submission_id, o.generation, o.created_at, o.attempts, o.state, q.mode, q.config_version,
+          extract(epoch FROM now() - o.created_at)::float8 AS age
 """
 
 
@@ -139,6 +143,7 @@ async def claim(conn: asyncpg.Connection, queue: str, *, limit: int, owner: str,
             state=r["state"],
             mode=r["mode"],
             config_version=r["config_version"],
+            age=r["age"],
         )
         for r in rows
     ]
@@ -149,19 +154,25 @@ async def claim(conn: asyncpg.Connection, queue: str, *, limit: int, owner: str,
 _MARK_SQL = """
 WITH marked AS (
     UPDATE judgequeue.outbox o
-       SET state = CASE r.result
-                       WHEN 'sent' THEN 'SENT'
-                       WHEN 'shadow_sent' THEN 'SHADOW_SENT'
-                       WHEN 'dead' THEN 'DEAD'
-                       ELSE CASE WHEN o.attempts >= $4 THEN 'DEAD' ELSE 'PENDING' END
+       SET state = CASE
+                       WHEN r.result = 'sent' THEN 'SENT'
+                       WHEN r.result = 'shadow_sent' THEN 'SHADOW_SENT'
+                       WHEN r.result = 'dead' THEN 'DEAD'
+                       WHEN r.result = 'retry' AND o.attempts >= $4 THEN 'DEAD'
+                       ELSE 'PENDING'
                    END,
+           attempts = CASE WHEN r.result = 'release' THEN greatest(o.attempts - 1, 0) ELSE o.attempts END,
            last_error = coalesce(r.error, o.last_error),
-           next_attempt_at = CASE WHEN r.result = 'retry'
-               THEN now() + make_interval(secs => least($6::float8, $5::float8 * power(2, greatest(o.attempts - 1, 0)))
-                                                  * (0.5 + random() * 0.5))
+           next_attempt_at = CASE
+               WHEN r.result = 'retry' THEN now() + make_interval(
+                   secs => least($6::float8, $5::float8 * power(2, greatest(o.attempts - 1, 0)))
+                           * (0.5 + random() * 0.5))
+               WHEN r.result = 'release' THEN now() + make_interval(secs => $5::float8 * (0.5 + random() * 0.5))
                ELSE o.next_attempt_at END,
            claim_expires_at = NULL,
-           sent_at = CASE WHEN r.result = 'retry' AND o.attempts < $4 THEN NULL ELSE now() END
+           sent_at = CASE
+               WHEN r.result = 'release' OR (r.result = 'retry' AND o.attempts < $4) THEN NULL
+               ELSE now() END
       FROM unnest($1::bigint[], $2::text[], $3::text[]) AS r(id, result, error)
      WHERE o.id = r.id AND o.claimed_by = $7 AND o.state = 'CLAIMED'
     RETURNING o.id, o.state, o.submission_id, o.generation, o.last_error, o.attempts

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import asyncpg
+
 from judgequeue.core.migrate import applied_versions, available_migrations, migrate
 
 

@@ -1,0 +1,239 @@
+"""The dispatcher role: move committed outbox rows into the Redis stream (DESIGN section 4).
+
+One cycle claims a batch in a short statement (``FOR UPDATE SKIP LOCKED``, flags read in the same
+statement, no lock held across Redis), appends the batch in one pipeline of dedup-and-append
+scripts, then marks every row in one statement fenced on this dispatcher's claim.
+
+Wake-up: while idle the dispatcher registers in ``judgequeue.dispatch_waiters`` and blocks on
+LISTEN; ``judgequeue.submit`` notifies only while a waiter exists, so a busy system pays nothing
+per commit. A full batch loops at once; ``schedule`` is only the idle poll fallback (it also bounds
+the one race a waiter cannot close: a submit that checked for waiters just before registration).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+import uuid
+from dataclasses import dataclass, field
+
+import asyncpg
+import redis.asyncio as aioredis
+
+from . import metrics, outbox, streams
+from .config import Settings
+from .errors import TransportError
+
+log = logging.getLogger("judgequeue.dispatcher")
+
+
+def instance_id(role: str) -> str:
+    """A name unique to this process, readable in claims, consumers and logs."""
+    return f"{role}-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+@dataclass
+class CycleResult:
+    claimed: int = 0
+    by_result: dict[str, int] = field(default_factory=dict)
+
+
+def plan_marks(
+    rows: list[outbox.ClaimedRow], results: list[streams.EnqueueResult] | TransportError
+) -> tuple[list[outbox.Mark], dict[str, int]]:
+    """Decide each row's outcome from the enqueue results (pure; the counts feed metrics).
+
+    A duplicate is success: the entry was appended by an earlier attempt. A per-entry error counts
+    an attempt (it may be permanent); a transport-wide failure only releases the rows, because an
+    outage must not exhaust ``maxAttempts`` and kill submissions.
+    """
+    marks: list[outbox.Mark] = []
+    counts: dict[str, int] = {}
+    for i, row in enumerate(rows):
+        shadow = row.mode == "shadow"
+        if isinstance(results, TransportError):
+            mark, counted = outbox.Mark(row.outbox_id, "release", f"redis: {results}"), "release"
+        else:
+            result = results[i]
+            if result.status == "error":
+                mark, counted = outbox.Mark(row.outbox_id, "retry", result.error), "retry"
+            else:
+                mark = outbox.Mark(row.outbox_id, "shadow_sent" if shadow else "sent")
+                counted = ("shadow_" if shadow else "") + ("duplicate" if result.status == "duplicate" else "sent")
+        marks.append(mark)
+        counts[counted] = counts.get(counted, 0) + 1
+    return marks, counts
+
+
+class Dispatcher:
+    """One dispatcher instance; several may run against the same queue."""
+
+    def __init__(
+        self, pool: asyncpg.Pool, redis: aioredis.Redis, settings: Settings, *, name: str | None = None
+    ) -> None:
+        self.pool = pool
+        self.redis = redis
+        self.settings = settings
+        self.queue = settings.queue
+        self.name = name or instance_id("dispatcher")
+
+    async def cycle(self) -> CycleResult:
+        """Claim, enqueue and mark one batch; returns what happened."""
+        cfg = self.settings.dispatcher
+        started = time.monotonic()
+        async with self.pool.acquire() as conn:
+            rows = await outbox.claim(conn, self.queue, limit=cfg.batch_size, owner=self.name, claim_ttl=cfg.claim_ttl)
+        result = CycleResult(claimed=len(rows))
+        skipped = [r for r in rows if r.state == "SKIPPED"]
+        if skipped:
+            result.by_result["skipped"] = len(skipped)
+        todo = [r for r in rows if r.state == "CLAIMED"]
+        if not todo:
+            self._count(result)
+            return result
+
+        enqueue_results: list[streams.EnqueueResult] | TransportError
+        live = [r for r in todo if r.mode != "shadow"]
+        shadow = [r for r in todo if r.mode == "shadow"]
+        try:
+            enqueue_results = []
+            for group, is_shadow in ((live, False), (shadow, True)):
+                if group:
+                    enqueue_results += await streams.enqueue_many(
+                        self.redis,
+                        self.queue,
+                        [self._envelope(r) for r in group],
+                        seen_ttl=cfg.seen_ttl,
+                        shadow=is_shadow,
+                    )
+            todo = live + shadow
+        except TransportError as exc:
+            log.warning("enqueue failed; rows released for retry", extra={"error": str(exc), "rows": len(todo)})
+            enqueue_results = exc
+        enqueued_at = time.monotonic()
+
+        marks, counts = plan_marks(todo, enqueue_results)
+        async with self.pool.acquire() as conn:
+            applied = await outbox.mark(
+                conn,
+                marks,
+                owner=self.name,
+                max_attempts=cfg.max_attempts,
+                backoff_base=cfg.backoff_base,
+                backoff_max=cfg.backoff_max,
+            )
+        lost = len(marks) - len(applied)
+        if lost:
+            # Our claim expired and another dispatcher took the rows; the dedup marker absorbs
+            # whatever both of us appended.
+            log.warning("claims lost before marking", extra={"rows": lost})
+        dead = sum(1 for state in applied.values() if state == "DEAD")
+        if dead:
+            counts["dead"] = dead
+        for key, n in counts.items():
+            result.by_result[key] = result.by_result.get(key, 0) + n
+        if not isinstance(enqueue_results, TransportError):
+            hist = metrics.COMMIT_TO_ENQUEUE.labels(self.queue)
+            for row, res in zip(todo, enqueue_results, strict=True):
+                if res.status == "appended" and row.mode != "shadow":
+                    hist.observe(row.age + (enqueued_at - started))
+        self._count(result)
+        return result
+
+    def _envelope(self, row: outbox.ClaimedRow) -> streams.Envelope:
+        return streams.Envelope(
+            submission=row.submission_id,
+            generation=row.generation,
+            attempt=row.attempts,
+            outbox=row.outbox_id,
+            enqueued_at=time.time(),
+        )
+
+    def _count(self, result: CycleResult) -> None:
+        for key, n in result.by_result.items():
+            metrics.DISPATCH_RESULTS.labels(self.queue, key).inc(n)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Dispatch until ``stop`` is set, sleeping on LISTEN when there is nothing to do."""
+        cfg = self.settings.dispatcher
+        wake = asyncio.Event()
+
+        def on_notify(_conn: object, _pid: int, _channel: str, payload: object) -> None:
+            if payload == self.queue:
+                wake.set()
+
+        listen_conn: asyncpg.Connection | None = None
+        registered = False
+        failures = 0
+        try:
+            while not stop.is_set():
+                wake.clear()
+                try:
+                    if listen_conn is None or listen_conn.is_closed():
+                        # (Re)connect before registering, so no notification can go unheard.
+                        listen_conn = await asyncpg.connect(self.settings.postgres_dsn)
+                        await listen_conn.add_listener(outbox.WAKEUP_CHANNEL, on_notify)
+                        registered = False
+                    result = await self.cycle()
+                    if registered and result.claimed >= cfg.batch_size:
+                        # Busy: stop asking submitters for notifications.
+                        async with self.pool.acquire() as conn:
+                            await outbox.unregister_waiter(conn, self.queue, self.name)
+                        registered = False
+                    elif not registered:
+                        async with self.pool.acquire() as conn:
+                            await outbox.register_waiter(conn, self.queue, self.name)
+                        registered = True
+                        continue  # rows committed before registering sent no notification
+                    failures = 0
+                except (asyncpg.PostgresError, OSError, asyncpg.InterfaceError) as exc:
+                    failures += 1
+                    delay = min(5.0, 0.1 * 2**failures)
+                    log.warning("dispatch cycle failed", extra={"error": str(exc), "retry_in": delay})
+                    registered = False
+                    await _wait_any(stop, None, delay)
+                    continue
+                if result.claimed >= cfg.batch_size or result.claimed > 0:
+                    continue
+                woke = await _wait_any(stop, wake, cfg.schedule)
+                if not woke and not stop.is_set():
+                    registered = False  # refresh the registration on the next idle cycle
+        finally:
+            if listen_conn is not None:
+                with contextlib.suppress(Exception):
+                    await listen_conn.close()
+            with contextlib.suppress(Exception):
+                async with self.pool.acquire() as conn:
+                    await outbox.unregister_waiter(conn, self.queue, self.name)
+
+
+async def _wait_any(stop: asyncio.Event, wake: asyncio.Event | None, within: float) -> bool:
+    """Wait until ``stop`` or ``wake`` is set or ``within`` seconds pass; True if woken by an event."""
+    events = [stop] + ([wake] if wake is not None else [])
+    waiters = [asyncio.ensure_future(e.wait()) for e in events]
+    try:
+        done, _ = await asyncio.wait(waiters, timeout=within, return_when=asyncio.FIRST_COMPLETED)
+        return bool(done)
+    finally:
+        for w in waiters:
+            w.cancel()
+
+
+async def run(settings: Settings, stop: asyncio.Event) -> None:
+    """Entry point of the dispatcher role: owns its connections and runs until ``stop`` is set."""
+    pool = await asyncpg.create_pool(settings.postgres_dsn, min_size=1, max_size=4)
+    assert pool is not None
+    redis = aioredis.Redis.from_url(settings.redis_url)
+    try:
+        with contextlib.suppress(TransportError):
+            await streams.ensure_group(redis, settings.queue)
+        dispatcher = Dispatcher(pool, redis, settings)
+        log.info("dispatcher started", extra={"name": dispatcher.name, "queue": settings.queue})
+        await dispatcher.run(stop)
+    finally:
+        await redis.aclose()
+        await pool.close()

@@ -1,0 +1,352 @@
+"""The Redis Streams transport: key layout, thin envelope, atomic dedup-and-append, consume, ack.
+
+Every key of a queue shares the hash tag ``{<queue>}`` so each Lua script touches one slot and the
+same code runs on Redis Cluster. A stream entry carries ids only; the payload stays in Postgres.
+
+Redis failures surface as :class:`TransportError` subclasses so callers can tell "try again later"
+(the outbox row stays retryable) from a bug.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
+
+import redis.asyncio as aioredis
+import redis.exceptions as rexc
+
+from .errors import TransportError
+
+GROUP = "workers"
+
+
+class RedisUnavailable(TransportError):
+    """Connection refused, reset or timed out."""
+
+
+class RedisReadOnly(TransportError):
+    """The server is a replica (READONLY), e.g. during a failover."""
+
+
+class RedisOutOfMemory(TransportError):
+    """The server refused a write under maxmemory (OOM)."""
+
+
+class RedisCommandError(TransportError):
+    """Any other error reply."""
+
+
+class MalformedEnvelope(ValueError):
+    """A stream entry that is not a judgequeue envelope (foreign writer or corruption)."""
+
+
+def stream_key(queue: str) -> str:
+    return f"jq:{{{queue}}}:stream"
+
+
+def shadow_key(queue: str) -> str:
+    return f"jq:{{{queue}}}:shadow"
+
+
+def dlq_key(queue: str) -> str:
+    return f"jq:{{{queue}}}:dlq"
+
+
+def seen_key(queue: str, submission: int, generation: int) -> str:
+    return f"jq:{{{queue}}}:seen:{submission}:{generation}"
+
+
+def shadow_seen_key(queue: str, submission: int, generation: int) -> str:
+    # Separate from the live marker: a shadow append must never make a later live append of the
+    # same (submission, generation) look like a duplicate.
+    return f"jq:{{{queue}}}:shadow-seen:{submission}:{generation}"
+
+
+def translate_redis_error(exc: BaseException) -> TransportError:
+    """Map a redis-py exception to judgequeue's typed transport errors."""
+    message = str(exc) or type(exc).__name__
+    if isinstance(exc, rexc.ReadOnlyError) or message.startswith("READONLY"):
+        return RedisReadOnly(message)
+    if isinstance(exc, rexc.OutOfMemoryError) or message.startswith("OOM"):
+        return RedisOutOfMemory(message)
+    if isinstance(exc, (rexc.ConnectionError, rexc.TimeoutError, ConnectionError, TimeoutError, OSError)):
+        return RedisUnavailable(message)
+    return RedisCommandError(message)
+
+
+T = TypeVar("T")
+
+
+async def guarded(call: Callable[[], Awaitable[T]]) -> T:
+    """Run a Redis call, turning redis-py errors into :class:`TransportError`."""
+    try:
+        return await call()
+    except TransportError:
+        raise
+    except (rexc.RedisError, ConnectionError, TimeoutError, OSError) as exc:
+        raise translate_redis_error(exc) from exc
+
+
+@dataclass(frozen=True)
+class Envelope:
+    """What a stream entry carries: ids only."""
+
+    submission: int
+    generation: int
+    attempt: int  # the outbox row's dispatch attempt that appended it
+    outbox: int
+    enqueued_at: float  # unix seconds, informational
+    deliveries: int = 1
+
+    def fields(self) -> dict[str, str]:
+        return {
+            "submission": str(self.submission),
+            "generation": str(self.generation),
+            "attempt": str(self.attempt),
+            "outbox": str(self.outbox),
+            "enqueued_at": f"{self.enqueued_at:.6f}",
+            "deliveries": str(self.deliveries),
+        }
+
+    @classmethod
+    def parse(cls, raw: dict[bytes, bytes] | dict[str, str]) -> Envelope:
+        """Decode a stream entry, or raise MalformedEnvelope naming what is wrong."""
+        fields = {(k.decode() if isinstance(k, bytes) else k): v for k, v in raw.items()}
+
+        def number(name: str, kind: Callable[[str], Any] = int) -> Any:
+            value = fields.get(name)
+            if value is None:
+                raise MalformedEnvelope(f"entry has no {name!r} field")
+            text = value.decode() if isinstance(value, bytes) else value
+            try:
+                return kind(text)
+            except ValueError:
+                raise MalformedEnvelope(f"entry field {name!r} is not a number: {text[:40]!r}") from None
+
+        return cls(
+            submission=number("submission"),
+            generation=number("generation"),
+            attempt=number("attempt"),
+            outbox=number("outbox"),
+            enqueued_at=number("enqueued_at", float),
+            deliveries=number("deliveries"),
+        )
+
+
+# KEYS: seen marker, stream. ARGV: marker TTL (seconds), then the entry's field/value pairs.
+# Returns {1, id} when appended, {0, ""} for a duplicate (already appended: success), or an error
+# reply after removing the marker, so a failed XADD never leaves a "seen" behind.
+ENQUEUE_LUA = """
+if not redis.call('SET', KEYS[1], '1', 'NX', 'EX', ARGV[1]) then
+  return {0, ''}
+end
+local id = redis.pcall('XADD', KEYS[2], '*', unpack(ARGV, 2))
+if type(id) == 'table' and id.err then
+  redis.call('DEL', KEYS[1])
+  return redis.error_reply('XADD failed: ' .. id.err)
+end
+return {1, id}
+"""
+
+# KEYS: stream. ARGV: entry ids. Ack and delete together so acked entries never pile up.
+ACK_LUA = """
+local acked = redis.call('XACK', KEYS[1], 'workers', unpack(ARGV))
+redis.call('XDEL', KEYS[1], unpack(ARGV))
+return acked
+"""
+
+_SCRIPTS: dict[str, str] = {"enqueue": ENQUEUE_LUA, "ack": ACK_LUA}
+_SHAS: dict[str, str] = {}
+
+
+def script_sha(name: str) -> str:
+    if name not in _SHAS:
+        import hashlib
+
+        _SHAS[name] = hashlib.sha1(_SCRIPTS[name].encode()).hexdigest()
+    return _SHAS[name]
+
+
+async def load_scripts(client: aioredis.Redis) -> None:
+    """SCRIPT LOAD every script (on every primary when ``client`` is a cluster client)."""
+    for name, body in _SCRIPTS.items():
+        sha = await guarded(lambda body=body: client.script_load(body))  # type: ignore[misc]
+        _SHAS[name] = sha
+
+
+def _is_noscript(result: object) -> bool:
+    return isinstance(result, rexc.NoScriptError) or (
+        isinstance(result, rexc.ResponseError) and str(result).startswith("NOSCRIPT")
+    )
+
+
+async def evalsha_many(
+    client: aioredis.Redis, script: str, calls: Sequence[tuple[Sequence[str], Sequence[str | int | float]]]
+) -> list[object]:
+    """Run one script once per (keys, args) in a single pipeline; return each call's result or error.
+
+    A NOSCRIPT (server restarted or flushed its script cache) loads the script and retries only the
+    calls that hit it. Connection-level failures raise :class:`TransportError`.
+    """
+    results: list[object] = [None] * len(calls)
+    todo = list(range(len(calls)))
+    for _ in range(2):
+        sha = script_sha(script)
+
+        async def run(indexes: list[int] = todo, sha: str = sha) -> list[object]:
+            async with client.pipeline(transaction=False) as pipe:
+                for i in indexes:
+                    keys, args = calls[i]
+                    pipe.evalsha(sha, len(keys), *keys, *args)
+                return list(await pipe.execute(raise_on_error=False))
+
+        replies = await guarded(run)
+        retry = []
+        for i, reply in zip(todo, replies, strict=True):
+            if _is_noscript(reply):
+                retry.append(i)
+            else:
+                results[i] = reply
+        if not retry:
+            return results
+        await load_scripts(client)
+        todo = retry
+    for i in todo:  # pragma: no cover - NOSCRIPT right after SCRIPT LOAD
+        results[i] = RedisCommandError("NOSCRIPT persisted after SCRIPT LOAD")
+    return results
+
+
+EnqueueStatus = Literal["appended", "duplicate", "error"]
+
+
+@dataclass(frozen=True)
+class EnqueueResult:
+    status: EnqueueStatus
+    entry_id: str | None = None
+    error: str | None = None
+
+
+async def enqueue_many(
+    client: aioredis.Redis,
+    queue: str,
+    envelopes: Sequence[Envelope],
+    *,
+    seen_ttl: float,
+    shadow: bool = False,
+) -> list[EnqueueResult]:
+    """Dedup-and-append each envelope atomically, all in one pipeline; one result per envelope.
+
+    Raises TransportError if Redis cannot be reached at all (then nothing can be assumed appended,
+    and the dedup markers make a retry safe).
+    """
+    target = shadow_key(queue) if shadow else stream_key(queue)
+    marker = shadow_seen_key if shadow else seen_key
+    ttl = max(1, int(seen_ttl))
+    calls = []
+    for env in envelopes:
+        args: list[str | int | float] = [ttl]
+        for field, value in env.fields().items():
+            args += [field, value]
+        calls.append(([marker(queue, env.submission, env.generation), target], args))
+    replies = await evalsha_many(client, "enqueue", calls)
+    out = []
+    for reply in replies:
+        if isinstance(reply, Exception):
+            out.append(EnqueueResult("error", error=str(translate_redis_error(reply))))
+        else:
+            assert isinstance(reply, list)
+            appended, entry_id = reply
+            if int(appended) == 1:
+                out.append(EnqueueResult("appended", entry_id=_text(entry_id)))
+            else:
+                out.append(EnqueueResult("duplicate"))
+    return out
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+async def ensure_group(client: aioredis.Redis, queue: str) -> None:
+    """Create the ``workers`` group from ``0-0`` (with the stream); an existing group is fine."""
+    try:
+        await client.xgroup_create(stream_key(queue), GROUP, id="0-0", mkstream=True)
+    except rexc.ResponseError as exc:
+        if "BUSYGROUP" not in str(exc):
+            raise translate_redis_error(exc) from exc
+    except (rexc.RedisError, OSError) as exc:
+        raise translate_redis_error(exc) from exc
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """One entry read from the group: its id and decoded envelope (None if malformed)."""
+
+    entry_id: str
+    envelope: Envelope | None
+    error: str | None = None
+
+
+def decode_entries(entries: Sequence[tuple[bytes | str, dict[Any, Any] | None]]) -> list[Delivery]:
+    out = []
+    for entry_id, raw in entries:
+        if raw is None:  # entry deleted while pending (XAUTOCLAIM reports those separately)
+            continue
+        try:
+            out.append(Delivery(_text(entry_id), Envelope.parse(raw)))
+        except MalformedEnvelope as exc:
+            out.append(Delivery(_text(entry_id), None, str(exc)))
+    return out
+
+
+async def read(client: aioredis.Redis, queue: str, consumer: str, *, count: int, block_ms: int) -> list[Delivery]:
+    """Read up to ``count`` new entries for ``consumer`` (XREADGROUP ... BLOCK).
+
+    A NOGROUP (the stream was deleted, e.g. a Redis restart without persistence) recreates the group
+    and reads again.
+    """
+    if count <= 0:
+        return []
+    for attempt in range(2):
+        try:
+            reply = await client.xreadgroup(GROUP, consumer, {stream_key(queue): ">"}, count=count, block=block_ms)
+        except rexc.ResponseError as exc:
+            if "NOGROUP" in str(exc) and attempt == 0:
+                await ensure_group(client, queue)
+                continue
+            raise translate_redis_error(exc) from exc
+        except (rexc.RedisError, OSError) as exc:
+            raise translate_redis_error(exc) from exc
+        if not reply:
+            return []
+        # RESP2: [[stream, [(id, fields), ...]]]; RESP3: {stream: [[(id, fields), ...]]}
+        entries: Any
+        if isinstance(reply, dict):
+            entries = next(iter(reply.values()))
+            entries = entries[0] if entries and isinstance(entries[0], list) else entries
+        else:
+            entries = reply[0][1]
+        return decode_entries(entries)
+    return []
+
+
+async def ack(client: aioredis.Redis, queue: str, entry_ids: Sequence[str]) -> int:
+    """XACK and XDEL the entries in one script; returns how many were pending."""
+    if not entry_ids:
+        return 0
+    [reply] = await evalsha_many(client, "ack", [([stream_key(queue)], list(entry_ids))])
+    if isinstance(reply, Exception):
+        raise translate_redis_error(reply)
+    assert isinstance(reply, int)
+    return reply
+
+
+async def nack(client: aioredis.Redis, queue: str, entry_ids: Sequence[str]) -> None:
+    """Give up on entries without acking: they stay in the PEL and the reaper decides their fate."""
+    return None
+
+
+def now() -> float:
+    return time.time()
