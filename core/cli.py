@@ -1,5 +1,678 @@
-"""The ``judgequeue`` command: one entry point for every role and tool."""
+"""The ``judgequeue`` command: one entry point for every role and tool.
+
+Exit codes: 0 success; 1 failure (unreachable server, refused change, unhealthy status, role crash);
+2 bad usage or configuration (one line naming the variable or flag and what it accepts).
+
+Settings come from ``JUDGEQUEUE_*`` variables; every variable has a matching flag (``--batch-size``
+overrides ``JUDGEQUEUE_BATCH_SIZE``). A command validates only the variables it needs: ``migrate``
+needs the Postgres DSN alone, ``status`` needs Postgres, Redis and the queue. Heavy imports happen
+inside the subcommands so ``--help`` is fast and roles load only what they run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import json
+import os
+import sys
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from datetime import datetime
+from typing import Any, NoReturn, TypeVar
+
+from .config import PREFIX, load_settings, parse_duration, parse_variable, redact_url, variable_names
+from .errors import ConfigError, JudgeQueueError
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+
+DSN = PREFIX + "POSTGRES_DSN"
+REDIS = PREFIX + "REDIS_URL"
+QUEUE = PREFIX + "QUEUE"
+CONNECT_TIMEOUT = 10.0
+
+T = TypeVar("T")
+
+EPILOG = """\
+exit codes: 0 ok, 1 failure or unhealthy, 2 bad usage or configuration.
+Every JUDGEQUEUE_* variable has a matching flag (JUDGEQUEUE_BATCH_SIZE -> --batch-size); flags win.
+TLS: put sslmode=require (or verify-full) in the Postgres DSN query; use a rediss:// Redis URL.
+Passwords belong in the URLs (or their Secrets) and are never printed."""
 
 
-def main(argv: list[str] | None = None) -> int:
-    return 0
+class Failure(Exception):
+    """An expected failure: printed as one line, exit code attached."""
+
+    def __init__(self, message: str, code: int = EXIT_FAILURE) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def flag_for(variable: str) -> str:
+    """``JUDGEQUEUE_BATCH_SIZE`` -> ``--batch-size``."""
+    return "--" + variable.removeprefix(PREFIX).lower().replace("_", "-")
+
+
+def _variable_help(variable: str) -> str:
+    return f"overrides ${variable}"
+
+
+def _add_variable_flags(parser: argparse.ArgumentParser, variables: Sequence[str], title: str) -> None:
+    group = parser.add_argument_group(title)
+    for variable in variables:
+        group.add_argument(flag_for(variable), dest=variable, metavar="VALUE", help=_variable_help(variable))
+
+
+def overrides_from(args: argparse.Namespace) -> dict[str, str]:
+    """The ``JUDGEQUEUE_*`` values given as flags."""
+    return {k: v for k, v in vars(args).items() if k.startswith(PREFIX) and v is not None}
+
+
+def resolve(args: argparse.Namespace, env: Mapping[str, str], variable: str) -> Any:
+    """Validate one variable from its flag or the environment; ConfigError names it (and its flag)."""
+    raw = overrides_from(args).get(variable, env.get(variable))
+    try:
+        return parse_variable(variable, raw)
+    except ConfigError as exc:
+        if raw is None or raw == "":
+            raise ConfigError(f"{exc} (set it or pass {flag_for(variable)})") from None
+        raise
+
+
+def _print_json(data: Any) -> None:
+    print(json.dumps(data, indent=2, default=str, sort_keys=False))
+
+
+def _run(coro: Awaitable[T]) -> T:
+    async def wrapper() -> T:
+        return await coro
+
+    return asyncio.run(wrapper())
+
+
+def _scrub(text: str, secrets: Sequence[str]) -> str:
+    for url in secrets:
+        if url and url in text:
+            text = text.replace(url, redact_url(url))
+        try:
+            from urllib.parse import urlsplit
+
+            password = urlsplit(url).password
+        except ValueError:
+            password = None
+        if password:
+            text = text.replace(password, "***")
+    return text
+
+
+async def _connect_pg(dsn: str) -> Any:
+    import asyncpg
+
+    try:
+        return await asyncpg.connect(dsn, timeout=CONNECT_TIMEOUT)
+    except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        raise Failure(f"cannot connect to Postgres at {redact_url(dsn)}: {exc or type(exc).__name__}") from None
+
+
+async def _with_pg(dsn: str, fn: Callable[[Any], Awaitable[T]]) -> T:
+    conn = await _connect_pg(dsn)
+    try:
+        return await fn(conn)
+    finally:
+        await conn.close()
+
+
+def _queue_arg(args: argparse.Namespace, env: Mapping[str, str]) -> str:
+    name = getattr(args, "name", None)
+    if name:
+        from .queues import validate_queue_name
+
+        try:
+            return validate_queue_name(name)
+        except ValueError as exc:
+            raise Failure(str(exc), EXIT_USAGE) from None
+    queue: str = resolve(args, env, QUEUE)
+    return queue
+
+
+def _flags_json(flags: Any) -> dict[str, Any]:
+    return {
+        "name": flags.name,
+        "mode": flags.mode,
+        "watermark": flags.watermark.isoformat() if flags.watermark else None,
+        "paused": flags.paused,
+        "config_version": flags.config_version,
+        "updated_at": flags.updated_at.isoformat(),
+    }
+
+
+def _flags_line(flags: Any) -> str:
+    watermark = flags.watermark.isoformat() if flags.watermark else "none"
+    return (
+        f"{flags.name}  mode={flags.mode}  watermark={watermark}  paused={'yes' if flags.paused else 'no'}  "
+        f"config_version={flags.config_version}"
+    )
+
+
+# --- commands -------------------------------------------------------------------------------------
+
+
+def cmd_migrate(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    from .migrate import applied_versions, migrate
+
+    dsn: str = resolve(args, env, DSN)
+
+    async def go(conn: Any) -> tuple[list[int], list[int]]:
+        return await migrate(conn), await applied_versions(conn)
+
+    applied, versions = _run(_with_pg(dsn, go))
+    if args.json:
+        _print_json({"applied": applied, "versions": versions})
+    elif applied:
+        print(f"applied migrations {', '.join(f'{v:04d}' for v in applied)}; schema at {versions[-1]:04d}")
+    else:
+        print(f"schema up to date at {versions[-1]:04d}" if versions else "no migrations")
+    return EXIT_OK
+
+
+ROLE_MODULES = {
+    "dispatcher": "judgequeue.core.dispatcher",
+    "worker": "judgequeue.core.worker",
+    "reaper": "judgequeue.core.reaper",
+}
+
+
+def load_role(role: str) -> Callable[[Any, asyncio.Event], Coroutine[Any, Any, None]]:
+    """The ``run`` function of a role module, or Failure when this build does not have it yet."""
+    module_name = ROLE_MODULES[role]
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name == module_name:
+            raise Failure(f"judgequeue {role} is not available in this build yet ({module_name} is missing)") from None
+        raise
+    run = getattr(module, "run", None)
+    if run is None:
+        raise Failure(f"judgequeue {role} is not available in this build yet ({module_name} has no run())")
+    return run  # type: ignore[no-any-return]
+
+
+def cmd_role(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    settings = load_settings(env, overrides_from(args))
+    main = load_role(args.command)
+    from .runtime import run_role
+
+    return run_role(args.command, settings, main, need_group=args.command in ("worker", "reaper"))
+
+
+def cmd_operator(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    # Imported here only: judgequeue.core never imports Kubernetes at module import time.
+    try:
+        module = importlib.import_module("judgequeue.controllers.operator")
+    except ModuleNotFoundError as exc:
+        if exc.name == "judgequeue.controllers.operator":
+            raise Failure("judgequeue operator is not available in this build yet") from None
+        raise
+    run_operator = getattr(module, "run_operator", None)
+    if run_operator is None:
+        raise Failure("judgequeue operator is not available in this build yet (no run_operator)")
+    result = run_operator(namespace=args.namespace, all_namespaces=args.all_namespaces)
+    return int(result or 0)
+
+
+def cmd_local(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    from .local import LocalOptions, run_local
+
+    options = LocalOptions(
+        manifest=args.file,
+        postgres_dsn=_local_connection(args, env, DSN, "JUDGEQUEUE_TEST_POSTGRES_DSN", LOCAL_DSN),
+        redis_url=_local_connection(args, env, REDIS, "JUDGEQUEUE_TEST_REDIS_URL", LOCAL_REDIS),
+        demo=args.demo,
+        demo_dir=args.demo_dir,
+        timeout=args.timeout,
+        workers=args.workers,
+        log_dir=args.log_dir,
+        metrics_port=args.metrics_port,
+        json_output=args.json,
+    )
+    return run_local(options, env)
+
+
+LOCAL_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
+LOCAL_REDIS = "redis://127.0.0.1:6379/0"
+
+
+def _local_connection(
+    args: argparse.Namespace, env: Mapping[str, str], variable: str, test_var: str, default: str
+) -> str:
+    raw = overrides_from(args).get(variable) or env.get(variable) or env.get(test_var) or default
+    value: str = parse_variable(variable, raw)
+    return value
+
+
+def cmd_queue(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    from .queues import create_queue, get_queue, list_queues
+
+    dsn: str = resolve(args, env, DSN)
+    if args.queue_command == "list":
+        queues = _run(_with_pg(dsn, list_queues))
+        if args.json:
+            _print_json([_flags_json(q) for q in queues])
+        else:
+            print("\n".join(_flags_line(q) for q in queues) if queues else "no queues")
+        return EXIT_OK
+    name = _queue_arg(args, env)
+    if args.queue_command == "create":
+        flags = _run(_with_pg(dsn, lambda conn: create_queue(conn, name, mode=args.mode)))
+    else:
+        from .outbox import stats
+
+        async def show(conn: Any) -> Any:
+            return await get_queue(conn, name), await stats(conn, name)
+
+        flags, outbox = _run(_with_pg(dsn, show))
+        if args.json:
+            _print_json({**_flags_json(flags), "outbox": outbox.by_state})
+        else:
+            print(_flags_line(flags))
+            print("outbox " + "  ".join(f"{k}={v}" for k, v in outbox.by_state.items()))
+        return EXIT_OK
+    print(json.dumps(_flags_json(flags)) if args.json else _flags_line(flags))
+    return EXIT_OK
+
+
+def _read_payload(args: argparse.Namespace) -> Any:
+    if args.payload is not None:
+        text, source = args.payload, "--payload"
+    else:
+        source = args.file
+        try:
+            text = sys.stdin.read() if args.file == "-" else open(args.file).read()  # noqa: SIM115
+        except OSError as exc:
+            raise Failure(f"cannot read {args.file}: {exc.strerror or exc}", EXIT_USAGE) from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise Failure(f"{source} is not valid JSON: {exc}", EXIT_USAGE) from None
+
+
+TERMINAL = ("ACCEPTED", "WRONG_ANSWER", "TIME_LIMIT", "MEMORY_LIMIT", "RUNTIME_ERROR", "COMPILE_ERROR", "SYSTEM_ERROR")
+
+
+async def wait_for_verdicts(conn: Any, ids: Sequence[int], within: float, poll: float = 0.2) -> dict[int, Any]:
+    """Poll until every submission in ``ids`` is terminal or ``within`` seconds pass; return the rows seen."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while True:
+        rows = await conn.fetch(
+            "SELECT id, status, generation, verdict, created_at, finished_at FROM judgequeue.submissions "
+            "WHERE id = any($1::bigint[])",
+            list(ids),
+        )
+        found = {r["id"]: r for r in rows}
+        if all(i in found and found[i]["status"] in TERMINAL for i in ids) or loop.time() >= deadline:
+            return found
+        await asyncio.sleep(poll)
+
+
+def _verdict_json(row: Any) -> dict[str, Any]:
+    verdict = row["verdict"]
+    return {
+        "id": row["id"],
+        "status": row["status"],
+        "generation": row["generation"],
+        "verdict": json.loads(verdict) if isinstance(verdict, str) else verdict,
+    }
+
+
+def cmd_submit(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    from .outbox import submit
+
+    dsn: str = resolve(args, env, DSN)
+    queue: str = resolve(args, env, QUEUE)
+    payload = _read_payload(args)
+
+    async def go(conn: Any) -> tuple[int, dict[int, Any]]:
+        async with conn.transaction():
+            submission_id = await submit(conn, queue, payload)
+        rows = await wait_for_verdicts(conn, [submission_id], args.timeout) if args.wait else {}
+        return submission_id, rows
+
+    submission_id, rows = _run(_with_pg(dsn, go))
+    if not args.wait:
+        print(json.dumps({"id": submission_id, "queue": queue}) if args.json else submission_id)
+        return EXIT_OK
+    row = rows.get(submission_id)
+    done = row is not None and row["status"] in TERMINAL
+    if args.json:
+        _print_json({**_verdict_json(row), "queue": queue, "finished": done} if row else {"id": submission_id})
+    else:
+        print(f"{submission_id} {row['status'] if row else 'UNKNOWN'}")
+    if not done:
+        print(f"judgequeue: error: no verdict for submission {submission_id} within {args.timeout:g}s", file=sys.stderr)
+        return EXIT_FAILURE
+    return EXIT_OK
+
+
+def cmd_rejudge(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    from .outbox import rejudge
+
+    dsn: str = resolve(args, env, DSN)
+
+    async def go(conn: Any) -> list[tuple[int, int]]:
+        out = []
+        for submission_id in args.ids:
+            async with conn.transaction():
+                out.append((submission_id, await rejudge(conn, submission_id)))
+        return out
+
+    results = _run(_with_pg(dsn, go))
+    if args.json:
+        _print_json([{"id": i, "generation": g} for i, g in results])
+    else:
+        for i, g in results:
+            print(f"{i} requeued as generation {g}")
+    return EXIT_OK
+
+
+def _threshold(kind: Callable[[str], T]) -> Callable[[str], T | None]:
+    def parse(text: str) -> T | None:
+        if text.lower() in ("off", "none", "-"):
+            return None
+        try:
+            value = kind(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        if isinstance(value, int | float) and value < 0:
+            raise argparse.ArgumentTypeError(f"{text!r} must not be negative (use 'off' to disable)")
+        return value
+
+    return parse
+
+
+def cmd_status(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    import redis.asyncio as aioredis
+
+    from .status import Thresholds, as_json, evaluate, gather, render
+
+    dsn: str = resolve(args, env, DSN)
+    redis_url: str = resolve(args, env, REDIS)
+    queue: str = resolve(args, env, QUEUE)
+    thresholds = Thresholds(
+        max_pending_age=args.max_pending_age,
+        max_backlog=args.max_backlog,
+        max_lag=args.max_lag,
+        max_pel=args.max_pel,
+        max_oldest_idle=args.max_oldest_idle,
+        max_dlq=args.max_dlq,
+        max_dead=args.max_dead,
+        min_live_consumers=args.min_live_consumers,
+    )
+
+    async def go(conn: Any) -> Any:
+        client = aioredis.Redis.from_url(redis_url, socket_timeout=5, socket_connect_timeout=5)
+        try:
+            return await gather(conn, client, queue)
+        finally:
+            await client.aclose()
+
+    figures = _run(_with_pg(dsn, go))
+    verdict = evaluate(figures, thresholds)
+    if args.json:
+        _print_json(as_json(figures, verdict))
+    else:
+        print(render(figures, verdict))
+    return EXIT_OK if verdict.healthy else EXIT_FAILURE
+
+
+def parse_time(text: str) -> datetime:
+    """An RFC 3339 / ISO 8601 time with a zone, e.g. ``2025-01-31T12:00:00Z``."""
+    try:
+        value = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a time such as 2025-01-31T12:00:00Z or 'now'") from None
+    if value.tzinfo is None:
+        raise argparse.ArgumentTypeError(f"{text!r} needs a time zone (e.g. a trailing Z)")
+    return value
+
+
+def cmd_cutover(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    from .queues import get_queue, set_cutover
+
+    dsn: str = resolve(args, env, DSN)
+    queue: str = resolve(args, env, QUEUE)
+    if args.cutover_command == "show":
+        flags = _run(_with_pg(dsn, lambda conn: get_queue(conn, queue)))
+    else:
+        if args.mode is None and args.watermark is None and args.paused is None:
+            raise Failure("cutover set: give at least one of --mode, --watermark, --pause, --resume", EXIT_USAGE)
+
+        async def go(conn: Any) -> Any:
+            changes: dict[str, Any] = {}
+            if args.mode is not None:
+                changes["mode"] = args.mode
+            if args.paused is not None:
+                changes["paused"] = args.paused
+            if args.watermark is not None:
+                # "now" is the database clock, like every other time decision.
+                changes["watermark"] = (
+                    await conn.fetchval("SELECT now()") if args.watermark == "now" else parse_time(args.watermark)
+                )
+            return await set_cutover(conn, queue, **changes)
+
+        flags = _run(_with_pg(dsn, go))
+    print(json.dumps(_flags_json(flags)) if args.json else _flags_line(flags))
+    return EXIT_OK
+
+
+DLQ_FUNCTIONS = {"list": "dlq_list", "show": "dlq_show", "replay": "dlq_replay", "purge": "dlq_purge"}
+
+
+def cmd_dlq(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    try:
+        streams = importlib.import_module("judgequeue.core.streams")
+    except ModuleNotFoundError:
+        streams = None
+    if streams is None or not hasattr(streams, DLQ_FUNCTIONS[args.dlq_command]):
+        raise Failure(f"judgequeue dlq {args.dlq_command} is not available in this build yet")
+    raise Failure(f"judgequeue dlq {args.dlq_command} is not wired to the streams module yet")
+
+
+# --- parser ---------------------------------------------------------------------------------------
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with the project's one-line errors and exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        raise SystemExit(EXIT_USAGE)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The whole command line (also used to render the README's CLI reference)."""
+    formatter = argparse.RawDescriptionHelpFormatter
+    parser = _Parser(
+        prog="judgequeue",
+        description="Recoverable online-judge job delivery: roles and tools.",
+        epilog=EPILOG,
+        formatter_class=formatter,
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser, required=True)
+
+    json_flag = _Parser(add_help=False)
+    json_flag.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    all_vars = variable_names()
+    conn_vars = [DSN, REDIS, QUEUE]
+    tuning_vars = [v for v in all_vars if v not in conn_vars]
+
+    def add(name: str, help_text: str, *, parents: Sequence[_Parser] = ()) -> argparse.ArgumentParser:
+        p: argparse.ArgumentParser = sub.add_parser(
+            name, help=help_text, description=help_text, epilog=EPILOG, formatter_class=formatter, parents=parents
+        )
+        return p
+
+    p = add("migrate", "apply the database migrations (needs only the Postgres DSN)", parents=[json_flag])
+    _add_variable_flags(p, [DSN], "connection")
+    p.set_defaults(handler=cmd_migrate)
+
+    for role, text in (
+        ("dispatcher", "run a dispatcher: move committed outbox rows into the Redis stream"),
+        ("worker", "run a worker: judge jobs from the stream and write fenced verdicts"),
+        ("reaper", "run a reaper: rescue idle entries, expired leases and poison jobs; export queue gauges"),
+    ):
+        p = add(role, text + " (serves /metrics, /healthz, /readyz on --metrics-port; stops on SIGTERM)")
+        _add_variable_flags(p, conn_vars, "connection")
+        _add_variable_flags(p, tuning_vars, "settings")
+        p.set_defaults(handler=cmd_role)
+
+    p = add("operator", "run the Kubernetes operator (Kopf) for JudgeQueue resources")
+    p.add_argument("--namespace", action="append", help="watch this namespace (repeatable)")
+    p.add_argument("--all-namespaces", action="store_true", help="watch every namespace (default without --namespace)")
+    p.set_defaults(handler=cmd_operator)
+
+    p = add(
+        "local",
+        "run a JudgeQueue manifest here: migrate, create the queue, apply cutover, start the roles as child "
+        "processes and show progress. Postgres/Redis come from $JUDGEQUEUE_POSTGRES_DSN/$JUDGEQUEUE_REDIS_URL "
+        f"(or the flags), defaulting to {LOCAL_DSN} and {LOCAL_REDIS}. Ctrl-C stops everything gracefully.",
+        parents=[json_flag],
+    )
+    p.add_argument("-f", "--file", required=True, help="JudgeQueue manifest (YAML), e.g. examples/judgequeue.yaml")
+    p.add_argument("--demo", action="store_true", help="submit the demo programs, print their verdicts, exit")
+    p.add_argument("--demo-dir", help="demo set directory (default: demo/ next to the manifest)")
+    p.add_argument("--timeout", type=parse_duration, default=120.0, help="--demo: give up after this long (default 2m)")
+    p.add_argument("--workers", type=int, help="worker processes (default: spec.worker.minReplicas)")
+    p.add_argument("--log-dir", help="where the roles' JSON logs go (default: a new temporary directory)")
+    p.add_argument("--metrics-port", type=int, default=0, help="first metrics port of the roles (default: any)")
+    _add_variable_flags(p, [DSN, REDIS], "connection")
+    p.set_defaults(handler=cmd_local)
+
+    p = add("queue", "create, list and show queues (Postgres only)")
+    qsub = p.add_subparsers(dest="queue_command", metavar="ACTION", parser_class=_Parser, required=True)
+    for action, text in (("create", "create a queue (idempotent)"), ("show", "show a queue's flags and outbox")):
+        q = qsub.add_parser(action, help=text, description=text, parents=[json_flag])
+        q.add_argument("name", nargs="?", help="queue name (default: $JUDGEQUEUE_QUEUE)")
+        _add_variable_flags(q, [DSN, QUEUE], "connection")
+        if action == "create":
+            q.add_argument("--mode", choices=("live", "shadow"), default="live", help="initial mode (default live)")
+        q.set_defaults(handler=cmd_queue)
+    q = qsub.add_parser("list", help="list every queue", description="list every queue", parents=[json_flag])
+    _add_variable_flags(q, [DSN], "connection")
+    q.set_defaults(handler=cmd_queue)
+
+    p = add("submit", "submit one JSON payload to a queue; prints the submission id", parents=[json_flag])
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--payload", help="the payload as JSON text")
+    src.add_argument("--file", help="read the JSON payload from a file ('-' for standard input)")
+    p.add_argument("--wait", action="store_true", help="wait for the verdict and print it (exit 1 on timeout)")
+    p.add_argument("--timeout", type=parse_duration, default=60.0, help="--wait: give up after this long (default 60s)")
+    _add_variable_flags(p, [DSN, QUEUE], "connection")
+    p.set_defaults(handler=cmd_submit)
+
+    p = add(
+        "status",
+        "one screen of queue health: outbox by state, oldest pending age, stream length, lag, PEL, oldest idle, "
+        "DLQ, live consumers, cutover flags. Exits 1 when a threshold is crossed ('off' disables one).",
+        parents=[json_flag],
+    )
+    th = p.add_argument_group("thresholds")
+    dur, count = _threshold(parse_duration), _threshold(int)
+    th.add_argument("--max-pending-age", type=dur, default=300.0, help="oldest unsent outbox row (default 5m)")
+    th.add_argument("--max-backlog", type=count, default=None, help="pending outbox + lag + PEL (default off)")
+    th.add_argument("--max-lag", type=count, default=None, help="undelivered stream entries (default off)")
+    th.add_argument("--max-pel", type=count, default=None, help="delivered, unacked entries (default off)")
+    th.add_argument("--max-oldest-idle", type=dur, default=600.0, help="oldest pending entry idle (default 10m)")
+    th.add_argument("--max-dlq", type=count, default=0, help="dead-letter entries (default 0)")
+    th.add_argument("--max-dead", type=count, default=None, help="DEAD outbox rows (default off)")
+    th.add_argument("--min-live-consumers", type=count, default=None, help="consumers active in the last 60s")
+    _add_variable_flags(p, conn_vars, "connection")
+    p.set_defaults(handler=cmd_status)
+
+    p = add("dlq", "inspect and handle dead-lettered jobs")
+    dsub = p.add_subparsers(dest="dlq_command", metavar="ACTION", parser_class=_Parser, required=True)
+    for action, text in (
+        ("list", "list dead-lettered entries"),
+        ("show", "show one dead-lettered entry with its reason"),
+        ("replay", "re-dispatch dead-lettered jobs under a new generation (idempotent)"),
+        ("purge", "delete dead-lettered entries"),
+    ):
+        d = dsub.add_parser(action, help=text, description=text, parents=[json_flag])
+        if action in ("show", "replay", "purge"):
+            d.add_argument("entries", nargs="*" if action != "show" else 1, help="DLQ entry ids")
+        if action in ("replay", "purge"):
+            d.add_argument("--all", action="store_true", help="every entry")
+        _add_variable_flags(d, conn_vars, "connection")
+        d.set_defaults(handler=cmd_dlq)
+
+    p = add("rejudge", "judge submissions again under a new generation", parents=[json_flag])
+    p.add_argument("ids", nargs="+", type=int, metavar="ID", help="submission id")
+    _add_variable_flags(p, [DSN], "connection")
+    p.set_defaults(handler=cmd_rejudge)
+
+    p = add("cutover", "show or change a queue's cutover flags (mode, watermark, paused)")
+    csub = p.add_subparsers(dest="cutover_command", metavar="ACTION", parser_class=_Parser, required=True)
+    c = csub.add_parser("show", help="show the flags", description="show the flags", parents=[json_flag])
+    _add_variable_flags(c, [DSN, QUEUE], "connection")
+    c.set_defaults(handler=cmd_cutover)
+    text = "change flags in one statement; the watermark may only move forward (rollback is --mode shadow)"
+    c = csub.add_parser("set", help=text, description=text, parents=[json_flag])
+    c.add_argument("--mode", choices=("live", "shadow"))
+    c.add_argument("--watermark", help="RFC 3339 time with zone, or 'now' (database clock)")
+    pause = c.add_mutually_exclusive_group()
+    pause.add_argument("--pause", dest="paused", action="store_const", const=True, help="dispatchers claim nothing")
+    pause.add_argument("--resume", dest="paused", action="store_const", const=False, help="dispatch again")
+    _add_variable_flags(c, [DSN, QUEUE], "connection")
+    c.set_defaults(handler=cmd_cutover)
+    return parser
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("judgequeue")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def main(argv: list[str] | None = None, env: Mapping[str, str] | None = None) -> int:
+    """Parse ``argv``, run the command, return its exit code (every error is one line on stderr)."""
+    environ = os.environ if env is None else env
+    args = build_parser().parse_args(argv)
+    if getattr(args, "cutover_command", None) == "set" and args.watermark not in (None, "now"):
+        try:
+            parse_time(args.watermark)
+        except argparse.ArgumentTypeError as exc:
+            print(f"judgequeue: error: --watermark: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+    secrets = [v for k, v in {**environ, **overrides_from(args)}.items() if k in (DSN, REDIS) and v]
+    try:
+        code: int = args.handler(args, environ)
+        return code
+    except ConfigError as exc:
+        print(f"judgequeue: error: {_scrub(str(exc), secrets)}", file=sys.stderr)
+        return EXIT_USAGE
+    except Failure as exc:
+        print(f"judgequeue: error: {_scrub(str(exc), secrets)}", file=sys.stderr)
+        return exc.code
+    except JudgeQueueError as exc:
+        print(f"judgequeue: error: {_scrub(str(exc), secrets)}", file=sys.stderr)
+        return EXIT_USAGE if isinstance(exc, ValueError) and not _is_refusal(exc) else EXIT_FAILURE
+    except KeyboardInterrupt:
+        print("judgequeue: interrupted", file=sys.stderr)
+        return 130
+
+
+def _is_refusal(exc: Exception) -> bool:
+    from .errors import WatermarkMovedBack
+
+    return isinstance(exc, WatermarkMovedBack)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

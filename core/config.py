@@ -233,3 +233,25 @@ def _check_consistency(settings: Settings) -> None:
 
 def section_fields(section: type[Any]) -> list[str]:
     return [f.name for f in fields(section)]
+
+
+def variable_for(section: str | None, name: str) -> str:
+    """The environment variable that sets ``Settings.<section>.<name>`` (``section`` None: top level)."""
+    for suffix, (sec, field_name, _parse) in _VARIABLES.items():
+        if sec == section and field_name == name:
+            return PREFIX + suffix
+    raise KeyError(f"no variable sets {section or 'settings'}.{name}")
+
+
+def parse_variable(variable: str, raw: str | None) -> Any:
+    """Validate one variable's value as :func:`load_settings` would; raises ConfigError naming it."""
+    suffix = variable.removeprefix(PREFIX)
+    if suffix not in _VARIABLES:
+        raise KeyError(variable)
+    if raw is None or raw == "":
+        raise ConfigError(f"{variable} is required")
+    try:
+        return _VARIABLES[suffix][2](raw)
+    except (ValueError, TypeError) as exc:
+        shown = redact_url(raw) if suffix in ("POSTGRES_DSN", "REDIS_URL") else raw
+        raise ConfigError(f"{variable}={shown!r} is invalid: {exc}") from None

@@ -1,0 +1,155 @@
+"""Run one role as a process: JSON logs, SIGTERM/SIGINT to a stop event, the health/metrics port.
+
+A role is ``async def run(settings, stop) -> None`` that owns its connections, runs until ``stop``
+is set and then shuts down gracefully. :func:`run_role` gives it the process around it and turns the
+outcome into an exit code: 0 after a clean stop, 1 when the role failed or ended on its own. A second
+signal cancels the role at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import asyncpg
+import redis.asyncio as aioredis
+
+from .config import Settings, redact_url
+from .http import HealthServer, Readiness
+from .logs import setup_logging
+from .streams import GROUP, stream_key
+
+log = logging.getLogger("judgequeue.runtime")
+
+RoleMain = Callable[[Settings, asyncio.Event], Coroutine[Any, Any, None]]
+
+class ReadinessProbe:
+    """Cheap, time-bounded readiness: Postgres and Redis answer, and (optionally) the group exists.
+
+    Keeps one Postgres connection and one Redis client of its own (never the role's), reconnecting
+    after a failure; every check has its own timeout so one slow dependency cannot hang the probe.
+    """
+
+    def __init__(self, settings: Settings, *, need_group: bool, timeout: float = 1.5) -> None:
+        self._settings = settings
+        self._need_group = need_group
+        self._timeout = timeout
+        self._pg: asyncpg.Connection | None = None
+        self._redis: aioredis.Redis | None = None
+        self._lock = asyncio.Lock()
+        self.role_alive: Callable[[], bool] = lambda: True
+
+    async def _check_postgres(self) -> str:
+        if self._pg is None or self._pg.is_closed():
+            self._pg = await asyncpg.connect(self._settings.postgres_dsn, timeout=self._timeout)
+        await self._pg.fetchval("SELECT 1", timeout=self._timeout)
+        return "ok"
+
+    async def _check_redis(self) -> list[str]:
+        if self._redis is None:
+            self._redis = aioredis.Redis.from_url(
+                self._settings.redis_url, socket_timeout=self._timeout, socket_connect_timeout=self._timeout
+            )
+        await self._redis.ping()
+        if not self._need_group:
+            return ["ok"]
+        try:
+            groups = await self._redis.xinfo_groups(stream_key(self._settings.queue))
+        except aioredis.ResponseError:  # no such stream yet
+            groups = []
+        names = {g["name"].decode() if isinstance(g["name"], bytes) else g["name"] for g in groups}
+        return ["ok", "ok" if GROUP in names else f"group {GROUP!r} missing on {stream_key(self._settings.queue)}"]
+
+    async def __call__(self) -> Readiness:
+        async with self._lock:
+            checks: dict[str, str] = {}
+            try:
+                checks["postgres"] = await asyncio.wait_for(self._check_postgres(), self._timeout)
+            except Exception as exc:
+                checks["postgres"] = f"unreachable: {type(exc).__name__}"
+                await self._drop_pg()
+            try:
+                redis_checks = await asyncio.wait_for(self._check_redis(), self._timeout)
+                checks["redis"] = redis_checks[0]
+                if self._need_group:
+                    checks["group"] = redis_checks[1]
+            except Exception as exc:
+                checks["redis"] = f"unreachable: {type(exc).__name__}"
+            checks["role"] = "ok" if self.role_alive() else "stopped"
+            return Readiness(all(v == "ok" for v in checks.values()), checks)
+
+    async def _drop_pg(self) -> None:
+        if self._pg is not None:
+            with contextlib.suppress(Exception):
+                self._pg.terminate()
+            self._pg = None
+
+    async def close(self) -> None:
+        await self._drop_pg()
+        if self._redis is not None:
+            with contextlib.suppress(Exception):
+                await self._redis.aclose()
+            self._redis = None
+
+
+async def serve_role(role: str, settings: Settings, main: RoleMain, *, need_group: bool) -> int:
+    """Run ``main`` with the HTTP port and signal handling around it; return the exit code."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    probe = ReadinessProbe(settings, need_group=need_group)
+    server = HealthServer(settings.metrics_port, probe)
+    try:
+        await server.start()
+    except OSError as exc:
+        log.error("cannot listen on the metrics port", extra={"port": settings.metrics_port, "error": str(exc)})
+        return 1
+    log.info(
+        f"{role} starting",
+        extra={"role": role, "pid": os.getpid(), "port": server.port, "settings": settings.redacted()},
+    )
+    task = asyncio.create_task(main(settings, stop), name=role)
+    probe.role_alive = lambda: not task.done() and not stop.is_set()
+
+    def on_signal(signum: int) -> None:
+        if stop.is_set():
+            log.warning("second signal: cancelling", extra={"signal": signal.Signals(signum).name})
+            task.cancel()
+        else:
+            log.info("stopping", extra={"signal": signal.Signals(signum).name})
+            stop.set()
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, on_signal, signum)
+    code = 0
+    try:
+        await task
+        if not stop.is_set():
+            log.error(f"{role} ended without being asked to stop", extra={"role": role})
+            code = 1
+    except asyncio.CancelledError:
+        log.error(f"{role} cancelled before it finished shutting down", extra={"role": role})
+        code = 1
+    except Exception:
+        log.exception(f"{role} failed", extra={"role": role})
+        code = 1
+    finally:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(signum)
+        await server.close()
+        await probe.close()
+    log.info(f"{role} stopped", extra={"role": role, "exit_code": code})
+    return code
+
+
+def run_role(role: str, settings: Settings, main: RoleMain, *, need_group: bool) -> int:
+    """Set up JSON logging and run the role to completion; return the process exit code."""
+    setup_logging(settings.log_level)
+    logging.getLogger("judgequeue").debug(
+        "connections", extra={"postgres": redact_url(settings.postgres_dsn), "redis": redact_url(settings.redis_url)}
+    )
+    return asyncio.run(serve_role(role, settings, main, need_group=need_group))
