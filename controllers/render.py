@@ -1,0 +1,267 @@
+"""Render the children of a ``JudgeQueue`` from its validated spec (pure; no I/O).
+
+Three Deployments (dispatcher, worker, reaper) run the one image with ``judgequeue <role>``, each with
+only the ``JUDGEQUEUE_*`` variables its role reads (so a dispatcher-only change rolls only the
+dispatchers), and a Service exposes every pod's metrics port. Connections come from the referenced
+Secrets through ``secretKeyRef``; the operator never copies credentials into a child.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from judgequeue.core.config import format_duration
+
+from .spec import JudgeQueueSpec
+
+GROUP = "judgequeue.dev"
+VERSION = "v1alpha1"
+KIND = "JudgeQueue"
+PLURAL = "judgequeues"
+API_VERSION = f"{GROUP}/{VERSION}"
+
+METRICS_PORT = 9090
+GRACE_MARGIN_SECONDS = 10
+ROLE_GRACE_SECONDS = 30
+RUN_AS_USER = 10001
+MANAGED_BY = "judgequeue-operator"
+
+Role = Literal["dispatcher", "worker", "reaper"]
+ROLES: tuple[Role, ...] = ("dispatcher", "worker", "reaper")
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The JudgeQueue object that owns the children."""
+
+    name: str
+    namespace: str
+    uid: str
+
+
+@dataclass(frozen=True)
+class Child:
+    """One rendered object: its API coordinates and full desired body."""
+
+    api_version: str
+    kind: str
+    name: str
+    body: dict[str, Any]
+
+
+def child_name(owner: str, role: Role | Literal["metrics"]) -> str:
+    return f"{owner}-{role}"
+
+
+def selector_labels(owner: str, role: Role | None = None) -> dict[str, str]:
+    """Labels that select pods; stable forever because Deployment selectors are immutable."""
+    labels = {"app.kubernetes.io/name": "judgequeue", "app.kubernetes.io/instance": owner}
+    if role is not None:
+        labels["app.kubernetes.io/component"] = role
+    return labels
+
+
+def common_labels(owner: str, role: str) -> dict[str, str]:
+    return {
+        **selector_labels(owner),
+        "app.kubernetes.io/component": role,
+        "app.kubernetes.io/part-of": "judgequeue",
+        "app.kubernetes.io/managed-by": MANAGED_BY,
+    }
+
+
+def owner_reference(owner: Owner) -> dict[str, Any]:
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "name": owner.name,
+        "uid": owner.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def _dur(seconds: float) -> str:
+    return format_duration(seconds)
+
+
+def role_env(spec: JudgeQueueSpec, role: Role) -> list[dict[str, Any]]:
+    """The ``JUDGEQUEUE_*`` variables of one role (names per ``judgequeue.core.config``)."""
+    env: list[dict[str, Any]] = [
+        {
+            "name": "JUDGEQUEUE_POSTGRES_DSN",
+            "valueFrom": {"secretKeyRef": {"name": spec.postgres.name, "key": spec.postgres.key}},
+        },
+        {
+            "name": "JUDGEQUEUE_REDIS_URL",
+            "valueFrom": {"secretKeyRef": {"name": spec.redis.name, "key": spec.redis.key}},
+        },
+        {"name": "JUDGEQUEUE_QUEUE", "value": spec.queue},
+        {"name": "JUDGEQUEUE_METRICS_PORT", "value": str(METRICS_PORT)},
+        {"name": "JUDGEQUEUE_LOG_LEVEL", "value": spec.log_level},
+    ]
+    values: dict[str, str]
+    if role == "dispatcher":
+        d = spec.dispatcher
+        values = {
+            "BATCH_SIZE": str(d.batch_size),
+            "SCHEDULE": _dur(d.schedule),
+            "MAX_ATTEMPTS": str(d.max_attempts),
+            "BACKOFF_BASE": _dur(d.backoff.base),
+            "BACKOFF_MAX": _dur(d.backoff.max),
+        }
+    elif role == "worker":
+        w = spec.worker
+        values = {
+            "CONCURRENCY": str(w.concurrency),
+            "JUDGE": w.judge,
+            "LEASE_TTL": _dur(spec.reaper.lease_ttl),
+            "GRACE_PERIOD": _dur(w.grace_period),
+        }
+    else:
+        rp = spec.reaper
+        values = {
+            "REAPER_INTERVAL": _dur(rp.interval),
+            "VISIBILITY_TIMEOUT": _dur(rp.visibility_timeout),
+            "MAX_DELIVERIES": str(rp.max_deliveries),
+            "LEASE_TTL": _dur(rp.lease_ttl),
+            "MAX_RETRIES": str(rp.max_retries),
+            "RETENTION": _dur(rp.retention),
+        }
+    env.extend({"name": f"JUDGEQUEUE_{k}", "value": v} for k, v in values.items())
+    return env
+
+
+def _resources(resources: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: {n: str(a) for n, a in v.items()} for k, v in resources.items() if k in ("requests", "limits") and v}
+
+
+def termination_grace_seconds(spec: JudgeQueueSpec, role: Role) -> int:
+    """Workers get their in-flight grace period plus a margin for shutdown; others a fixed 30s."""
+    if role == "worker":
+        return math.ceil(spec.worker.grace_period) + GRACE_MARGIN_SECONDS
+    return ROLE_GRACE_SECONDS
+
+
+def render_deployment(spec: JudgeQueueSpec, owner: Owner, role: Role, *, replicas: int | None) -> Child:
+    """One role's Deployment; ``replicas=None`` leaves the count to someone else (autoscaler, HPA)."""
+    name = child_name(owner.name, role)
+    labels = common_labels(owner.name, role)
+    resources = {"dispatcher": spec.dispatcher.resources, "worker": spec.worker.resources,
+                 "reaper": spec.reaper.resources}[role]
+    container: dict[str, Any] = {
+        "name": role,
+        "image": spec.image,
+        "imagePullPolicy": spec.image_pull_policy,
+        "args": [role],
+        "command": ["judgequeue"],
+        "env": role_env(spec, role),
+        "ports": [{"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"}],
+        "livenessProbe": {
+            "httpGet": {"path": "/healthz", "port": "metrics"},
+            "periodSeconds": 10,
+            "timeoutSeconds": 2,
+            "failureThreshold": 3,
+        },
+        "readinessProbe": {
+            "httpGet": {"path": "/readyz", "port": "metrics"},
+            "periodSeconds": 5,
+            "timeoutSeconds": 2,
+            "failureThreshold": 2,
+        },
+        "securityContext": {
+            "runAsNonRoot": True,
+            "readOnlyRootFilesystem": True,
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+        },
+        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+    }
+    rendered = _resources(resources)
+    if rendered:
+        container["resources"] = rendered
+    spec_body: dict[str, Any] = {
+        "selector": {"matchLabels": selector_labels(owner.name, role)},
+        "template": {
+            "metadata": {"labels": labels},
+            "spec": {
+                "containers": [container],
+                "terminationGracePeriodSeconds": termination_grace_seconds(spec, role),
+                "securityContext": {
+                    "runAsNonRoot": True,
+                    "runAsUser": RUN_AS_USER,
+                    "runAsGroup": RUN_AS_USER,
+                    "seccompProfile": {"type": "RuntimeDefault"},
+                },
+                "automountServiceAccountToken": False,
+                "volumes": [{"name": "tmp", "emptyDir": {}}],
+            },
+        },
+    }
+    if replicas is not None:
+        spec_body["replicas"] = replicas
+    body = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {
+            "name": name,
+            "namespace": owner.namespace,
+            "labels": labels,
+            "ownerReferences": [owner_reference(owner)],
+        },
+        "spec": spec_body,
+    }
+    return Child("apps/v1", "Deployment", name, body)
+
+
+def render_service(owner: Owner) -> Child:
+    """A Service over every role's metrics port (for a ServiceMonitor or a scrape config)."""
+    name = child_name(owner.name, "metrics")
+    body = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": name,
+            "namespace": owner.namespace,
+            "labels": common_labels(owner.name, "metrics"),
+            "ownerReferences": [owner_reference(owner)],
+        },
+        "spec": {
+            "selector": selector_labels(owner.name),
+            "ports": [{"name": "metrics", "port": METRICS_PORT, "targetPort": "metrics", "protocol": "TCP"}],
+        },
+    }
+    return Child("v1", "Service", name, body)
+
+
+def render_children(spec: JudgeQueueSpec, owner: Owner, *, worker_replicas: int | None) -> list[Child]:
+    """Everything the JudgeQueue owns, in creation order."""
+    return [
+        render_deployment(spec, owner, "dispatcher", replicas=spec.dispatcher.replicas),
+        render_deployment(spec, owner, "worker", replicas=worker_replicas),
+        render_deployment(spec, owner, "reaper", replicas=spec.reaper.replicas),
+        render_service(owner),
+    ]
+
+
+def clamp(value: int, lo: int, hi: int) -> int:
+    return max(lo, min(hi, value))
+
+
+def worker_replicas(spec: JudgeQueueSpec, live: int | None) -> int | None:
+    """The worker count reconcile asks for, given the live Deployment's (None if it does not exist).
+
+    Internal autoscaling: the autoscaler owns the count, reconcile only pulls it into the bounds.
+    External: ``spec.worker.replicas`` (the scale subresource) if set, else hands off entirely.
+    """
+    w = spec.worker
+    if w.autoscaling == "external":
+        if w.replicas is not None:
+            return w.replicas
+        return None if live is not None else w.min_replicas
+    if live is None:
+        return w.min_replicas
+    return clamp(live, w.min_replicas, w.max_replicas)
