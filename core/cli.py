@@ -200,9 +200,11 @@ def load_role(role: str) -> Callable[[Any, asyncio.Event], Coroutine[Any, Any, N
 
 
 def cmd_role(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    from .runtime import catch_early_signals, run_role
+
+    catch_early_signals()  # a SIGTERM while the role still imports must still stop it cleanly
     settings = load_settings(env, overrides_from(args))
     main = load_role(args.command)
-    from .runtime import run_role
 
     return run_role(args.command, settings, main, need_group=args.command in ("worker", "reaper"))
 

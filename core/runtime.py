@@ -28,6 +28,19 @@ log = logging.getLogger("judgequeue.runtime")
 
 RoleMain = Callable[[Settings, asyncio.Event], Coroutine[Any, Any, None]]
 
+_early_signals: list[int] = []
+
+
+def catch_early_signals() -> None:
+    """Remember SIGTERM/SIGINT that arrive before the event loop runs; :func:`serve_role` honours them."""
+
+    def remember(signum: int, _frame: object) -> None:
+        _early_signals.append(signum)
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, remember)
+
+
 class ReadinessProbe:
     """Cheap, time-bounded readiness: Postgres and Redis answer, and (optionally) the group exists.
 
@@ -125,6 +138,8 @@ async def serve_role(role: str, settings: Settings, main: RoleMain, *, need_grou
 
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, on_signal, signum)
+    if _early_signals:
+        on_signal(_early_signals[0])
     code = 0
     try:
         await task

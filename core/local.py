@@ -1,0 +1,391 @@
+"""``judgequeue local``: run a JudgeQueue manifest on this machine, roles as child processes.
+
+Steps: read the manifest, migrate, create the queue, apply the cutover flags, start the dispatchers,
+workers and reapers (``judgequeue <role>`` with the environment rendered from the manifest), then
+show progress until Ctrl-C, or with ``--demo`` submit the demo programs and exit once each has a
+verdict. Children run in their own session so a terminal's Ctrl-C reaches only this process, which
+stops them in order with SIGTERM (SIGKILL after their grace period).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import asyncpg
+import redis.asyncio as aioredis
+
+from .config import PREFIX, Settings, load_settings, redact_url
+from .manifest import Manifest, load_manifest
+from .migrate import migrate
+from .outbox import submit
+from .queues import create_queue, set_cutover
+from .status import Figures, gather
+
+TERMINAL = ("ACCEPTED", "WRONG_ANSWER", "TIME_LIMIT", "MEMORY_LIMIT", "RUNTIME_ERROR", "COMPILE_ERROR", "SYSTEM_ERROR")
+ROLES = ("dispatcher", "worker", "reaper")
+
+
+@dataclass(frozen=True)
+class LocalOptions:
+    manifest: str
+    postgres_dsn: str
+    redis_url: str
+    demo: bool = False
+    demo_dir: str | None = None
+    timeout: float = 120.0
+    workers: int | None = None
+    log_dir: str | None = None
+    metrics_port: int = 0
+    json_output: bool = False
+
+
+@dataclass(frozen=True)
+class DemoProgram:
+    name: str
+    expect: str | None
+    payload: dict[str, Any]
+
+
+def load_demo(directory: Path) -> list[DemoProgram]:
+    """The demo set in ``directory/demo.yaml``: one problem and the programs to submit for it."""
+    import yaml
+
+    from .manifest import ManifestError
+
+    index = directory / "demo.yaml"
+    try:
+        doc = yaml.safe_load(index.read_text())
+    except OSError as exc:
+        raise ManifestError(f"{index}: {exc.strerror or exc}") from None
+    problem = doc.get("problem") or {}
+    programs = []
+    for entry in doc.get("programs") or []:
+        source = (directory / entry["file"]).read_text()
+        payload = {
+            "language": entry.get("language", "python"),
+            "source": source,
+            "tests": problem.get("tests", []),
+            "limits": problem.get("limits", {}),
+        }
+        programs.append(DemoProgram(name=entry["file"], expect=entry.get("expect"), payload=payload))
+    return programs
+
+
+def role_env(base: Mapping[str, str], manifest: Manifest, options: LocalOptions, port: int) -> dict[str, str]:
+    """A child's environment: the caller's, then the manifest's settings, then the connections. Pure."""
+    env = {k: v for k, v in base.items() if not k.startswith(PREFIX)}
+    env.update({k: v for k, v in base.items() if k.startswith(PREFIX) and k not in manifest.env})
+    env.update(manifest.env)
+    env[PREFIX + "POSTGRES_DSN"] = options.postgres_dsn
+    env[PREFIX + "REDIS_URL"] = options.redis_url
+    env[PREFIX + "METRICS_PORT"] = str(port)
+    return env
+
+
+def plan_children(manifest: Manifest, workers: int | None) -> list[str]:
+    """Which role processes to start, in start order. Pure."""
+    counts = {
+        "dispatcher": manifest.replicas.dispatcher,
+        "worker": manifest.replicas.worker if workers is None else workers,
+        "reaper": manifest.replicas.reaper,
+    }
+    return [role for role in ROLES for _ in range(counts[role])]
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+    """Linux: the child gets SIGTERM if ``judgequeue local`` itself dies without cleaning up."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+@dataclass
+class Child:
+    role: str
+    index: int
+    process: subprocess.Popen[bytes]
+    log_path: Path
+    log_file: IO[bytes] = field(repr=False)
+
+    @property
+    def label(self) -> str:
+        return f"{self.role}-{self.index}"
+
+    def tail(self, lines: int = 5) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        return "\n".join("    " + line for line in text[-lines:])
+
+
+def start_children(plan: Sequence[str], env_for: Any, log_dir: Path) -> list[Child]:
+    children: list[Child] = []
+    seen: dict[str, int] = {}
+    for role in plan:
+        index = seen.get(role, 0)
+        seen[role] = index + 1
+        log_path = log_dir / f"{role}-{index}.log"
+        log_file = log_path.open("wb")
+        process = subprocess.Popen(
+            [sys.executable, "-m", "judgequeue.core.cli", role],
+            env=env_for(len(children)),
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+        )
+        children.append(Child(role, index, process, log_path, log_file))
+    return children
+
+
+async def stop_children(children: Sequence[Child], grace: float) -> dict[str, int]:
+    """SIGTERM every child (workers first, so they release work while others still run), then wait."""
+    order = sorted(children, key=lambda c: {"worker": 0, "dispatcher": 1, "reaper": 2}[c.role])
+    for child in order:
+        if child.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                child.process.send_signal(signal.SIGTERM)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + grace
+    for child in order:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            await asyncio.to_thread(child.process.wait, max(0.0, deadline - loop.time()))
+    for child in children:
+        if child.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                child.process.kill()
+            child.process.wait()
+        child.log_file.close()
+    return {c.label: int(c.process.returncode) for c in children}
+
+
+@dataclass(frozen=True)
+class Progress:
+    figures: Figures
+    verdicts: dict[str, int]
+    throughput: float  # verdicts per second over the last few seconds (DB clock)
+
+
+def progress_line(p: Progress, children_alive: int, children_total: int) -> str:
+    """One line of the live display. Pure."""
+    f = p.figures
+    verdicts = "  ".join(f"{k}={v}" for k, v in sorted(p.verdicts.items()) if k in TERMINAL) or "none yet"
+    judging = p.verdicts.get("JUDGING", 0)
+    stream = f"lag {f.lag if f.lag is not None else '-'}  pel {f.pel if f.pel is not None else '-'}"
+    return (
+        f"backlog {f.backlog}  judging {judging}  {stream}  {p.throughput:.1f} verdicts/s  "
+        f"roles {children_alive}/{children_total}  | {verdicts}"
+    )
+
+
+async def read_progress(conn: asyncpg.Connection, client: aioredis.Redis, queue: str, window: float = 5.0) -> Progress:
+    figures = await gather(conn, client, queue, redis_timeout=2.0)
+    rows = await conn.fetch(
+        "SELECT status, count(*) AS n FROM judgequeue.submissions WHERE queue = $1 GROUP BY 1", queue
+    )
+    recent = await conn.fetchval(
+        "SELECT count(*) FROM judgequeue.submissions"
+        " WHERE queue = $1 AND finished_at > now() - make_interval(secs => $2)",
+        queue,
+        window,
+    )
+    return Progress(figures, {r["status"]: r["n"] for r in rows}, recent / window)
+
+
+class Display:
+    """A live status line on a terminal; on a pipe, a line whenever the figures change."""
+
+    def __init__(self, stream: IO[str], enabled: bool = True) -> None:
+        self._stream = stream
+        self._tty = stream.isatty()
+        self._enabled = enabled
+        self._last = ""
+
+    def show(self, line: str) -> None:
+        if not self._enabled or line == self._last:
+            return
+        self._last = line
+        if self._tty:
+            self._stream.write("\r\x1b[K" + line)
+        else:
+            self._stream.write(line + "\n")
+        self._stream.flush()
+
+    def say(self, text: str) -> None:
+        if self._tty and self._last:
+            self._stream.write("\r\x1b[K")
+            self._last = ""
+        self._stream.write(text + "\n")
+        self._stream.flush()
+
+    def end(self) -> None:
+        if self._tty and self._last:
+            self._stream.write("\n")
+            self._stream.flush()
+        self._last = ""
+
+
+def verdict_table(programs: Sequence[DemoProgram], ids: Sequence[int], rows: Mapping[int, Any]) -> list[dict[str, Any]]:
+    """The demo's result, one dict per program. Pure."""
+    out = []
+    for program, submission_id in zip(programs, ids, strict=True):
+        row = rows.get(submission_id)
+        status = row["status"] if row is not None else "UNKNOWN"
+        verdict = row["verdict"] if row is not None else None
+        if isinstance(verdict, str):
+            verdict = json.loads(verdict)
+        out.append(
+            {
+                "program": program.name,
+                "id": submission_id,
+                "expected": program.expect,
+                "verdict": status,
+                "ok": program.expect is None or program.expect == status,
+                "detail": verdict,
+            }
+        )
+    return out
+
+
+def format_table(results: Sequence[Mapping[str, Any]]) -> str:
+    width = max([len("program"), *(len(r["program"]) for r in results)])
+    lines = [f"{'program':<{width}}  {'id':>6}  {'verdict':<14}  expected"]
+    for r in results:
+        mark = "" if r["ok"] else "   <-- unexpected"
+        lines.append(f"{r['program']:<{width}}  {r['id']:>6}  {r['verdict']:<14}  {r['expected'] or '-'}{mark}")
+    return "\n".join(lines)
+
+
+async def _prepare(conn: asyncpg.Connection, manifest: Manifest) -> None:
+    await migrate(conn)
+    await create_queue(conn, manifest.queue, mode=manifest.cutover.mode)  # type: ignore[arg-type]
+    changes: dict[str, Any] = {"mode": manifest.cutover.mode, "paused": manifest.cutover.paused}
+    if manifest.cutover.watermark is not None:
+        changes["watermark"] = manifest.cutover.watermark
+    await set_cutover(conn, manifest.queue, **changes)
+
+
+def _files(options: LocalOptions, manifest: Manifest) -> tuple[list[DemoProgram], Path]:
+    """The demo set (with --demo) and the log directory, created."""
+    from .cli import Failure
+
+    programs: list[DemoProgram] = []
+    if options.demo:
+        if manifest.cutover.paused or manifest.cutover.mode != "live":
+            raise Failure("--demo needs a live, unpaused queue (spec.cutover.mode: live, spec.paused: false)")
+        demo_dir = Path(options.demo_dir) if options.demo_dir else Path(options.manifest).resolve().parent / "demo"
+        programs = load_demo(demo_dir)
+    log_dir = Path(options.log_dir or tempfile.mkdtemp(prefix="judgequeue-local-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    return programs, log_dir
+
+
+async def _local(options: LocalOptions, base_env: Mapping[str, str]) -> int:
+    from .cli import Failure
+
+    manifest = load_manifest(options.manifest)
+    plan = plan_children(manifest, options.workers)
+
+    def env_for(i: int) -> dict[str, str]:
+        return role_env(base_env, manifest, options, options.metrics_port + i if options.metrics_port else 0)
+
+    settings: Settings = load_settings(env_for(0))  # a bad rendered value stops here, naming the variable
+    programs, log_dir = _files(options, manifest)
+    display = Display(sys.stderr, enabled=not options.json_output)
+    try:
+        conn = await asyncpg.connect(options.postgres_dsn, timeout=10)
+    except (OSError, TimeoutError, asyncpg.PostgresError) as exc:
+        raise Failure(f"cannot connect to Postgres at {redact_url(options.postgres_dsn)}: {exc}") from None
+    client = aioredis.Redis.from_url(options.redis_url, socket_timeout=5, socket_connect_timeout=5)
+    children: list[Child] = []
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    code = 0
+    results: list[dict[str, Any]] = []
+    try:
+        try:
+            await asyncio.wait_for(client.ping(), 5)
+        except Exception as exc:
+            raise Failure(f"cannot reach Redis at {redact_url(options.redis_url)}: {type(exc).__name__}") from None
+        await _prepare(conn, manifest)
+        display.say(
+            f"queue {manifest.queue}: mode={manifest.cutover.mode} paused={manifest.cutover.paused}; "
+            f"postgres {redact_url(options.postgres_dsn)}, redis {redact_url(options.redis_url)}"
+        )
+        children = start_children(plan, env_for, log_dir)
+        display.say(f"started {', '.join(c.label for c in children)} (logs in {log_dir}); Ctrl-C stops")
+        ids: list[int] = []
+        for program in programs:
+            async with conn.transaction():
+                ids.append(await submit(conn, manifest.queue, program.payload))
+        if ids:
+            display.say(f"submitted {len(ids)} demo programs: ids {ids[0]}..{ids[-1]}")
+        deadline = loop.time() + options.timeout
+        while not stop.is_set():
+            dead = [c for c in children if c.process.poll() is not None]
+            if dead:
+                display.end()
+                for c in dead:
+                    display.say(f"{c.label} exited with code {c.process.returncode}; last log lines:\n{c.tail()}")
+                code = 1
+                break
+            progress = await read_progress(conn, client, manifest.queue)
+            display.show(progress_line(progress, len(children), len(children)))
+            if ids:
+                rows = {
+                    r["id"]: r
+                    for r in await conn.fetch(
+                        "SELECT id, status, verdict FROM judgequeue.submissions WHERE id = any($1::bigint[])", ids
+                    )
+                }
+                if all(rows.get(i) is not None and rows[i]["status"] in TERMINAL for i in ids):
+                    results = verdict_table(programs, ids, rows)
+                    code = 0 if all(r["ok"] for r in results) else 1
+                    break
+                if loop.time() >= deadline:
+                    results = verdict_table(programs, ids, rows)
+                    display.end()
+                    display.say(f"timed out after {options.timeout:g}s waiting for verdicts")
+                    code = 1
+                    break
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 0.5)
+        display.end()
+    finally:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(signum)
+        if children:
+            display.say("stopping roles...")
+            codes = await stop_children(children, settings.worker.grace_period + 5.0)
+            bad = {k: v for k, v in codes.items() if v != 0}
+            display.say("all roles stopped" + (f"; non-zero exits: {bad}" if bad else " cleanly"))
+            if bad:
+                code = 1
+        await client.aclose()
+        await conn.close()
+    if results:
+        if options.json_output:
+            print(json.dumps({"queue": manifest.queue, "results": results}, indent=2, default=str))
+        else:
+            print(format_table(results))
+    return code
+
+
+def run_local(options: LocalOptions, env: Mapping[str, str] | None = None) -> int:
+    """Run ``judgequeue local``; return its exit code."""
+    return asyncio.run(_local(options, os.environ if env is None else env))

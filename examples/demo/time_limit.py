@@ -1,0 +1,3 @@
+a, b = map(int, input().split())
+while True:
+    a += 1
