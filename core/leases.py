@@ -1,0 +1,203 @@
+"""Judging leases and the generation/attempt fence (DESIGN sections 4 and 5).
+
+A worker turns a stream envelope ``(submission, generation)`` into a lease by moving the submission
+from PENDING to JUDGING with a fresh ``attempt_id`` and a DB-clock expiry. From then on every write
+of that attempt (renew, verdict, release) is fenced on ``(id, generation, attempt_id,
+status='JUDGING')``: zero rows means someone else owns the submission now (a rejudge bumped the
+generation, the reaper rescued an expired lease), and the caller must drop its result.
+
+Every statement takes arrays, so a worker acquires, renews and writes a whole batch in one round
+trip. SQL is fixed text with parameters only.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+
+from . import metrics
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A submission this worker is judging: the fence tuple plus what the judge needs."""
+
+    submission: int
+    generation: int
+    attempt: uuid.UUID
+    payload: Any
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class VerdictWrite:
+    """A verdict to write under ``lease``'s fence."""
+
+    lease: Lease
+    status: str
+    verdict: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class LeaseSweep:
+    """What one :func:`rescue_expired_leases` call did."""
+
+    requeued: int
+    failed: int
+
+
+ACQUIRE_SQL = """
+UPDATE judgequeue.submissions s
+   SET status = 'JUDGING',
+       attempt_id = e.attempt,
+       lease_expires_at = now() + make_interval(secs => $5::float8)
+  FROM unnest($1::bigint[], $2::bigint[], $3::uuid[]) AS e(id, generation, attempt)
+ WHERE s.id = e.id AND s.generation = e.generation AND s.status = 'PENDING' AND s.queue = $4
+RETURNING s.id, s.generation, s.attempt_id, s.payload::text AS payload, s.created_at
+"""
+
+RENEW_SQL = """
+UPDATE judgequeue.submissions s
+   SET lease_expires_at = now() + make_interval(secs => $4::float8)
+  FROM unnest($1::bigint[], $2::bigint[], $3::uuid[]) AS l(id, generation, attempt)
+ WHERE s.id = l.id AND s.generation = l.generation AND s.attempt_id = l.attempt AND s.status = 'JUDGING'
+RETURNING s.attempt_id
+"""
+
+VERDICT_SQL = """
+UPDATE judgequeue.submissions s
+   SET status = v.status,
+       verdict = v.verdict,
+       lease_expires_at = NULL,
+       finished_at = now()
+  FROM unnest($1::bigint[], $2::bigint[], $3::uuid[], $4::text[], $5::jsonb[])
+       AS v(id, generation, attempt, status, verdict)
+ WHERE s.id = v.id AND s.generation = v.generation AND s.attempt_id = v.attempt AND s.status = 'JUDGING'
+RETURNING s.attempt_id, extract(epoch FROM now() - s.created_at)::float8 AS end_to_end
+"""
+
+RELEASE_SQL = "SELECT judgequeue.release_leases($1::bigint[], $2::bigint[], $3::uuid[]) AS id"
+
+RESCUE_SQL = "SELECT requeued, failed FROM judgequeue.rescue_expired_leases($1, $2, $3)"
+
+STALE_REASON_SQL = """
+SELECT e.id, e.generation, s.generation AS current_generation, s.status
+  FROM unnest($1::bigint[], $2::bigint[]) WITH ORDINALITY AS e(id, generation, n)
+  LEFT JOIN judgequeue.submissions s ON s.id = e.id
+ ORDER BY e.n
+"""
+
+
+async def acquire(
+    conn: asyncpg.Connection, queue: str, envelopes: Sequence[tuple[int, int]], *, ttl: float
+) -> list[Lease]:
+    """Take leases for ``(submission, generation)`` pairs still PENDING at that generation.
+
+    Pairs absent from the result are stale (generation moved on, already judging or terminal, or
+    unknown); :func:`stale_reasons` says which.
+    """
+    if not envelopes:
+        return []
+    attempts = [uuid.uuid4() for _ in envelopes]
+    rows = await conn.fetch(
+        ACQUIRE_SQL,
+        [s for s, _ in envelopes],
+        [g for _, g in envelopes],
+        attempts,
+        queue,
+        float(ttl),
+    )
+    return [
+        Lease(
+            submission=r["id"],
+            generation=r["generation"],
+            attempt=uuid.UUID(bytes=r["attempt_id"].bytes),
+            payload=json.loads(r["payload"]),
+            created_at=r["created_at"],
+        )
+        for r in rows
+    ]
+
+
+def classify_stale(envelope_generation: int, current_generation: int | None, status: str | None) -> str:
+    """Why an envelope could not be leased (pure; the label of the stale counter)."""
+    if current_generation is None:
+        return "unknown_submission"
+    if current_generation != envelope_generation:
+        return "generation_moved"
+    if status == "JUDGING":
+        return "already_judging"
+    if status == "PENDING":  # raced with another worker that has since released it
+        return "not_pending"
+    return "already_terminal"
+
+
+async def stale_reasons(conn: asyncpg.Connection, envelopes: Sequence[tuple[int, int]]) -> list[str]:
+    """The :func:`classify_stale` reason of each envelope (read-only, off the hot path)."""
+    if not envelopes:
+        return []
+    rows = await conn.fetch(STALE_REASON_SQL, [s for s, _ in envelopes], [g for _, g in envelopes])
+    return [classify_stale(r["generation"], r["current_generation"], r["status"]) for r in rows]
+
+
+def _fence_arrays(leases: Sequence[Lease]) -> tuple[list[int], list[int], list[uuid.UUID]]:
+    return [x.submission for x in leases], [x.generation for x in leases], [x.attempt for x in leases]
+
+
+async def renew(conn: asyncpg.Connection, leases: Sequence[Lease], *, ttl: float) -> set[uuid.UUID]:
+    """Extend the leases still held; returns the attempts that still hold theirs (the rest are lost)."""
+    if not leases:
+        return set()
+    rows = await conn.fetch(RENEW_SQL, *_fence_arrays(leases), float(ttl))
+    return {uuid.UUID(bytes=r["attempt_id"].bytes) for r in rows}
+
+
+async def write_verdicts(conn: asyncpg.Connection, writes: Sequence[VerdictWrite]) -> dict[uuid.UUID, float]:
+    """Write verdicts fenced on (generation, attempt); returns end-to-end seconds per written attempt.
+
+    An attempt missing from the result was stale: its verdict was not written.
+    """
+    if not writes:
+        return {}
+    ids, generations, attempts = _fence_arrays([w.lease for w in writes])
+    rows = await conn.fetch(
+        VERDICT_SQL,
+        ids,
+        generations,
+        attempts,
+        [w.status for w in writes],
+        [json.dumps(w.verdict, separators=(",", ":")) for w in writes],
+    )
+    return {uuid.UUID(bytes=r["attempt_id"].bytes): float(r["end_to_end"]) for r in rows}
+
+
+async def release(conn: asyncpg.Connection, leases: Sequence[Lease]) -> list[int]:
+    """Give leases back (new generation + outbox row each); returns the submissions released."""
+    if not leases:
+        return []
+    rows = await conn.fetch(RELEASE_SQL, *_fence_arrays(leases))
+    return [r["id"] for r in rows]
+
+
+async def rescue_expired_leases(
+    conn: asyncpg.Connection, queue: str, *, max_retries: int, batch: int = 500
+) -> LeaseSweep:
+    """Rescue up to ``batch`` expired JUDGING leases of ``queue`` in one transaction.
+
+    Each gets a new generation and outbox row (``retry_count + 1``), or ends ``SYSTEM_ERROR``
+    ("gave up after N lease expiries") once its expiries reach ``max_retries``. Safe to call from
+    several reapers at once (``FOR UPDATE SKIP LOCKED``); decisions use the database clock. Counts
+    ``judgequeue_lease_expiries_total``.
+    """
+    row = await conn.fetchrow(RESCUE_SQL, queue, max_retries, batch)
+    assert row is not None
+    sweep = LeaseSweep(requeued=int(row["requeued"]), failed=int(row["failed"]))
+    if sweep.requeued or sweep.failed:
+        metrics.LEASE_EXPIRIES.labels(queue).inc(sweep.requeued + sweep.failed)
+    return sweep
