@@ -1,1 +1,82 @@
-"""Judge plugins (entry-point group ``judgequeue.judges``)."""
+"""Judge plugins (entry-point group ``judgequeue.judges``).
+
+A judge is any object with ``async def judge(self, payload) -> Verdict``; the entry point names a
+zero-argument factory (usually the class). :func:`load_judge` resolves the configured name at
+worker start-up so a typo fails at once, listing what is installed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from ..errors import ConfigError
+
+ENTRY_POINT_GROUP = "judgequeue.judges"
+
+Status = Literal[
+    "ACCEPTED", "WRONG_ANSWER", "TIME_LIMIT", "MEMORY_LIMIT", "RUNTIME_ERROR", "COMPILE_ERROR", "SYSTEM_ERROR"
+]
+STATUSES: tuple[Status, ...] = (
+    "ACCEPTED",
+    "WRONG_ANSWER",
+    "TIME_LIMIT",
+    "MEMORY_LIMIT",
+    "RUNTIME_ERROR",
+    "COMPILE_ERROR",
+    "SYSTEM_ERROR",
+)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A judge's result: one terminal status and JSON-serialisable details."""
+
+    status: Status
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ValueError(f"unknown verdict status {self.status!r} (one of {', '.join(STATUSES)})")
+
+
+@runtime_checkable
+class Judge(Protocol):
+    """What the worker calls per job. It may be cancelled at any await (lost lease, shutdown)."""
+
+    async def judge(self, payload: Any) -> Verdict: ...
+
+
+class UnknownJudge(ConfigError):
+    """The configured judge name is not an installed plugin."""
+
+
+def available_judges() -> list[str]:
+    """Names of the installed judge plugins."""
+    return sorted({ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)})
+
+
+def load_judge(name: str) -> Judge:
+    """Instantiate the judge plugin ``name``, or raise :class:`UnknownJudge` listing the installed ones."""
+    found = [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name == name]
+    if not found:
+        names = ", ".join(available_judges()) or "none"
+        raise UnknownJudge(f"JUDGEQUEUE_JUDGE={name!r} is not an installed judge plugin (available: {names})")
+    factory = found[0].load()
+    judge = factory()
+    if not isinstance(judge, Judge):
+        raise UnknownJudge(f"judge plugin {name!r} ({found[0].value}) has no async judge(payload) method")
+    return judge
+
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "STATUSES",
+    "Judge",
+    "Status",
+    "UnknownJudge",
+    "Verdict",
+    "available_judges",
+    "load_judge",
+]

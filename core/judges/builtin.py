@@ -1,0 +1,42 @@
+"""Built-in judges for benchmarks and tests: ``noop`` and ``sleep``."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from . import Verdict
+
+
+class NoopJudge:
+    """Accepts everything at once: measures the queue, not the judging."""
+
+    async def judge(self, payload: Any) -> Verdict:
+        return Verdict("ACCEPTED")
+
+
+class JudgeCrashed(RuntimeError):
+    """Raised on purpose by the sleep judge (``crash: true``)."""
+
+
+class SleepJudge:
+    """Test judge driven by the payload.
+
+    ``seconds`` (default 0) to sleep; ``crash: true`` raises after sleeping; ``hang: true`` never
+    returns (until cancelled); ``status`` picks the verdict (default ACCEPTED); ``echo`` is copied
+    into the details so tests can tell attempts apart.
+    """
+
+    async def judge(self, payload: Any) -> Verdict:
+        options = payload if isinstance(payload, dict) else {}
+        seconds = float(options.get("seconds", 0) or 0)
+        if seconds > 0:
+            await asyncio.sleep(seconds)
+        if options.get("hang"):
+            await asyncio.Event().wait()
+        if options.get("crash"):
+            raise JudgeCrashed("sleep judge asked to crash")
+        details: dict[str, Any] = {"slept": seconds}
+        if "echo" in options:
+            details["echo"] = options["echo"]
+        return Verdict(options.get("status", "ACCEPTED"), details)

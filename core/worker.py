@@ -1,0 +1,459 @@
+"""The worker role: judge jobs from the stream and write fenced verdicts (DESIGN sections 4 and 5).
+
+One loop reads only as many entries as there are free slots (``XREADGROUP COUNT=free``), takes the
+leases of the whole batch in one statement (which returns the payloads), acks the batch (XACK+XDEL)
+as soon as the leases are held, and starts one task per job. From then on the lease owns recovery:
+
+* a heartbeat task renews every held lease every ``lease_ttl / 3`` in one fenced statement; a lease
+  that is gone (rejudged, rescued) cancels its running judge;
+* verdicts go through a group-commit writer: whatever finished while the previous write was in
+  flight is written in the next single fenced statement. Zero rows for an attempt means stale: the
+  result is dropped and counted;
+* on ``stop`` the worker stops reading, lets in-flight jobs finish within ``grace_period``, then
+  cancels the rest and releases their leases (new generation + outbox row) so another worker takes
+  them at once.
+
+A stale envelope (generation moved on, already judging or terminal) is acked and counted, never
+judged. A malformed entry is left pending (nack) for the reaper to dead-letter. Postgres and Redis
+errors are logged and retried with backoff; nothing is lost because entries stay pending until a
+lease is held, and a held lease is rescued by the reaper if this worker disappears.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+import redis.asyncio as aioredis
+
+from . import leases, metrics, streams
+from .config import Settings
+from .dispatcher import instance_id
+from .errors import TransportError
+from .judges import Judge, Verdict, load_judge
+
+log = logging.getLogger("judgequeue.worker")
+
+#: Errors after which the operation is retried later (the database or the network went away).
+DB_ERRORS: tuple[type[BaseException], ...] = (
+    asyncpg.PostgresError,
+    asyncpg.InterfaceError,
+    OSError,
+    ConnectionError,
+    TimeoutError,
+)
+
+#: Verdict writes per statement.
+WRITE_BATCH = 500
+
+
+@dataclass
+class WorkerStats:
+    """What this worker did (for tests and logs; the metrics carry the same counts)."""
+
+    leased: int = 0
+    written: int = 0
+    stale_envelopes: int = 0
+    stale_results: int = 0
+    lost_leases: int = 0
+    malformed: int = 0
+    released: int = 0
+    judge_errors: int = 0
+
+
+class WriteAbandoned(Exception):
+    """The verdict could not be written before shutdown; the lease expiry will rescue the job."""
+
+
+@dataclass
+class _Job:
+    lease: leases.Lease
+    task: asyncio.Task[None] | None = None
+    phase: str = "judging"  # judging -> writing -> done
+    lost: bool = False
+    releasing: bool = False
+
+
+def backoff(failures: int, *, base: float = 0.1, cap: float = 5.0) -> float:
+    """Exponential retry delay after ``failures`` consecutive failures."""
+    return float(min(cap, base * 2 ** max(0, failures - 1)))
+
+
+def verdict_document(verdict: Verdict, lease: leases.Lease, worker: str) -> dict[str, Any]:
+    """The JSON stored in ``submissions.verdict`` (pure)."""
+    doc: dict[str, Any] = {
+        "status": verdict.status,
+        "details": verdict.details,
+        "attempt": str(lease.attempt),
+        "generation": lease.generation,
+        "worker": worker,
+    }
+    reason = verdict.details.get("reason")
+    if reason is not None:
+        doc["reason"] = reason
+    return doc
+
+
+def judge_failure(exc: BaseException) -> Verdict:
+    """The verdict of a judge that raised instead of returning (an explained SYSTEM_ERROR)."""
+    return Verdict("SYSTEM_ERROR", {"reason": f"judge raised {type(exc).__name__}: {exc}"[:2000]})
+
+
+def unleased(asked: Sequence[tuple[int, int]], leased: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The envelopes of a batch that got no lease, duplicates included (pure)."""
+    remaining = Counter(leased)
+    out = []
+    for pair in asked:
+        if remaining[pair] > 0:
+            remaining[pair] -= 1
+        else:
+            out.append(pair)
+    return out
+
+
+class _VerdictWriter:
+    """Group commit of fenced verdict writes: one statement per batch of finished jobs."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self._pool = pool
+        self._pending: list[tuple[leases.VerdictWrite, asyncio.Future[float | None]]] = []
+        self._wake = asyncio.Event()
+        self._idle = asyncio.Event()  # set when nothing is queued or being written
+        self._idle.set()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="verdict-writer")
+
+    async def write(self, write: leases.VerdictWrite) -> float | None:
+        """Queue a write; returns its end-to-end seconds, or None when the fence dropped it."""
+        future: asyncio.Future[float | None] = asyncio.get_running_loop().create_future()
+        self._pending.append((write, future))
+        self._idle.clear()
+        self._wake.set()
+        return await future
+
+    async def _run(self) -> None:
+        failures = 0
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self._pending:
+                batch, self._pending = self._pending[:WRITE_BATCH], self._pending[WRITE_BATCH:]
+                while True:
+                    try:
+                        async with self._pool.acquire() as conn:
+                            written = await leases.write_verdicts(conn, [w for w, _ in batch])
+                        failures = 0
+                        break
+                    except DB_ERRORS as exc:
+                        failures += 1
+                        delay = backoff(failures)
+                        log.warning("verdict write failed; retrying", extra={"error": str(exc), "retry_in": delay})
+                        await asyncio.sleep(delay)
+                for w, future in batch:
+                    if not future.done():
+                        future.set_result(written.get(w.lease.attempt))
+            self._idle.set()
+
+    async def close(self, within: float) -> None:
+        """Flush what is queued within ``within`` seconds; writes still pending then are abandoned."""
+        if self._task is None:
+            return
+        if self._pending:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._idle.wait(), within)
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        for _, future in self._pending:
+            if not future.done():
+                future.set_exception(WriteAbandoned("worker stopped before the verdict was written"))
+        self._pending = []
+
+
+class Worker:
+    """One worker instance: ``concurrency`` jobs at once from one queue's consumer group."""
+
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        redis: aioredis.Redis,
+        settings: Settings,
+        *,
+        judge: Judge | None = None,
+        name: str | None = None,
+        block_ms: int = 200,
+    ) -> None:
+        self.pool = pool
+        self.redis = redis
+        self.settings = settings
+        self.queue = settings.queue
+        self.cfg = settings.worker
+        self.judge = judge if judge is not None else load_judge(settings.worker.judge)
+        self.name = name or instance_id("worker")
+        self.block_ms = block_ms
+        self.stats = WorkerStats()
+        self._jobs: dict[uuid.UUID, _Job] = {}
+        self._slot_freed = asyncio.Event()
+        self._writer = _VerdictWriter(pool)
+        q = self.queue
+        self._m_judge = metrics.JUDGE_DURATION.labels(q)
+        self._m_e2e = metrics.END_TO_END.labels(q)
+        self._m_in_flight = metrics.JOBS_IN_FLIGHT.labels(q)
+        self._m_renew_failures = metrics.LEASE_RENEW_FAILURES.labels(q)
+        self._m_verdicts: dict[str, Any] = {}
+
+    # --- public -----------------------------------------------------------------------------------
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._jobs)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Judge until ``stop`` is set, then shut down gracefully (finish or release in-flight jobs)."""
+        self._writer.start()
+        heartbeat = asyncio.create_task(self._heartbeat(), name="lease-heartbeat")
+        failures = 0
+        try:
+            while not stop.is_set():
+                self._slot_freed.clear()
+                free = self.cfg.concurrency - len(self._jobs)
+                if free <= 0:
+                    await _wait_any(stop, self._slot_freed, 1.0)
+                    continue
+                try:
+                    deliveries = await streams.read(
+                        self.redis, self.queue, self.name, count=free, block_ms=self.block_ms
+                    )
+                    failures = 0
+                except TransportError as exc:
+                    failures += 1
+                    delay = backoff(failures)
+                    log.warning("stream read failed", extra={"error": str(exc), "retry_in": delay})
+                    await _wait_any(stop, None, delay)
+                    continue
+                if deliveries:
+                    await self._start(deliveries, stop)
+        finally:
+            await self._shutdown()
+            heartbeat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await heartbeat
+
+    # --- intake -----------------------------------------------------------------------------------
+
+    async def _start(self, deliveries: Sequence[streams.Delivery], stop: asyncio.Event) -> None:
+        """Lease, ack and launch a batch of deliveries."""
+        good: list[tuple[str, streams.Envelope]] = []
+        for d in deliveries:
+            if d.envelope is None:
+                # Left pending on purpose: the reaper dead-letters it after maxDeliveries.
+                self.stats.malformed += 1
+                log.error("malformed stream entry left pending", extra={"entry": d.entry_id, "error": d.error})
+                await streams.nack(self.redis, self.queue, [d.entry_id])
+            else:
+                good.append((d.entry_id, d.envelope))
+        if not good:
+            return
+        pairs = [(env.submission, env.generation) for _, env in good]
+        failures = 0
+        while True:
+            try:
+                async with self.pool.acquire() as conn:
+                    held = await leases.acquire(conn, self.queue, pairs, ttl=self.cfg.lease_ttl)
+                break
+            except DB_ERRORS as exc:
+                failures += 1
+                if stop.is_set():
+                    # The entries stay pending; the reaper re-delivers them.
+                    log.warning("lease acquire failed at shutdown", extra={"error": str(exc)})
+                    return
+                delay = backoff(failures)
+                log.warning("lease acquire failed; retrying", extra={"error": str(exc), "retry_in": delay})
+                await asyncio.sleep(delay)
+        # Launch before acking: the lease already owns recovery, and judging need not wait on Redis.
+        for lease in held:
+            job = _Job(lease)
+            self._jobs[lease.attempt] = job
+            job.task = asyncio.create_task(self._run_job(job))
+        self.stats.leased += len(held)
+        try:
+            await streams.ack(self.redis, self.queue, [entry_id for entry_id, _ in good])
+        except TransportError as exc:
+            # Harmless: the entries stay pending, get re-delivered and are then acked as stale.
+            log.warning("ack failed", extra={"error": str(exc), "entries": len(good)})
+        if len(held) < len(pairs):
+            await self._count_stale(unleased(pairs, [(x.submission, x.generation) for x in held]))
+
+    async def _count_stale(self, stale: list[tuple[int, int]]) -> None:
+        self.stats.stale_envelopes += len(stale)
+        try:
+            async with self.pool.acquire() as conn:
+                reasons = await leases.stale_reasons(conn, stale)
+        except DB_ERRORS:
+            reasons = ["unknown"] * len(stale)
+        for reason in reasons:
+            metrics.STALE_RESULTS_DROPPED.labels(self.queue, f"envelope_{reason}").inc()
+        log.info("stale envelopes acked", extra={"count": len(stale), "reasons": sorted(set(reasons))})
+
+    # --- one job ----------------------------------------------------------------------------------
+
+    async def _run_job(self, job: _Job) -> None:
+        lease = job.lease
+        self._m_in_flight.inc()
+        started = time.monotonic()
+        try:
+            try:
+                verdict = await self.judge.judge(lease.payload)
+                if not isinstance(verdict, Verdict):
+                    raise TypeError(f"judge returned {type(verdict).__name__}, not a Verdict")
+            except asyncio.CancelledError:
+                if not (job.lost or job.releasing):
+                    raise
+                current = asyncio.current_task()
+                if current is not None:
+                    current.uncancel()
+                if job.lost:
+                    self.stats.lost_leases += 1
+                    metrics.STALE_RESULTS_DROPPED.labels(self.queue, "lease_lost").inc()
+                    log.info("lease lost; judge cancelled", extra={"submission": lease.submission})
+                return  # releasing: _shutdown gives the lease back
+            except Exception as exc:
+                self.stats.judge_errors += 1
+                log.exception("judge failed", extra={"submission": lease.submission})
+                verdict = judge_failure(exc)
+            job.phase = "writing"
+            self._m_judge.observe(time.monotonic() - started)
+            write = leases.VerdictWrite(lease, verdict.status, verdict_document(verdict, lease, self.name))
+            try:
+                end_to_end = await self._writer.write(write)
+            except WriteAbandoned:
+                log.warning("verdict not written before shutdown", extra={"submission": lease.submission})
+                return
+            if end_to_end is None:
+                self.stats.stale_results += 1
+                metrics.STALE_RESULTS_DROPPED.labels(self.queue, "stale_verdict").inc()
+                log.info("stale verdict dropped", extra={"submission": lease.submission})
+                return
+            self.stats.written += 1
+            counter = self._m_verdicts.get(verdict.status)
+            if counter is None:
+                counter = self._m_verdicts[verdict.status] = metrics.VERDICTS.labels(self.queue, verdict.status)
+            counter.inc()
+            self._m_e2e.observe(end_to_end)
+        finally:
+            job.phase = "done"
+            self._m_in_flight.dec()
+            if not job.releasing:
+                self._jobs.pop(lease.attempt, None)
+            self._slot_freed.set()
+
+    # --- heartbeat --------------------------------------------------------------------------------
+
+    async def _heartbeat(self) -> None:
+        """Renew every held lease each ``lease_ttl / 3``; a lost lease cancels its judge."""
+        interval = self.cfg.lease_ttl / 3
+        while True:
+            await asyncio.sleep(interval)
+            jobs = [j for j in self._jobs.values() if j.phase != "done"]
+            if not jobs:
+                continue
+            try:
+                async with self.pool.acquire() as conn:
+                    held = await leases.renew(conn, [j.lease for j in jobs], ttl=self.cfg.lease_ttl)
+            except DB_ERRORS as exc:
+                # Keep judging: the fence decides at write time whether the result still counts.
+                self._m_renew_failures.inc()
+                log.warning("lease renew failed", extra={"error": str(exc), "leases": len(jobs)})
+                continue
+            for job in jobs:
+                if job.lease.attempt in held or job.phase != "judging":
+                    continue  # a job already writing learns its fate from the verdict write
+                self._m_renew_failures.inc()
+                job.lost = True
+                if job.task is not None:
+                    job.task.cancel()
+
+    # --- shutdown ---------------------------------------------------------------------------------
+
+    async def _shutdown(self) -> None:
+        """Finish in-flight jobs within the grace period; cancel and release the rest."""
+        grace = self.cfg.grace_period
+        tasks = [j.task for j in self._jobs.values() if j.task is not None]
+        if tasks:
+            log.info("stopping: waiting for in-flight jobs", extra={"jobs": len(tasks), "grace": grace})
+            await asyncio.wait(tasks, timeout=grace)
+        unfinished = [j for j in self._jobs.values() if j.phase == "judging"]
+        for job in unfinished:
+            job.releasing = True
+            if job.task is not None:
+                job.task.cancel()
+        cancelled = [j.task for j in unfinished if j.task is not None]
+        if cancelled:
+            await asyncio.wait(cancelled, timeout=5.0)
+        if unfinished:
+            await self._release([j.lease for j in unfinished])
+        for job in unfinished:
+            self._jobs.pop(job.lease.attempt, None)
+        # Jobs caught writing their verdict get a little longer; the rest is the lease's business.
+        writing = [j.task for j in self._jobs.values() if j.task is not None and not j.task.done()]
+        if writing:
+            await asyncio.wait(writing, timeout=5.0)
+        await self._writer.close(1.0)
+        for job in list(self._jobs.values()):
+            if job.task is not None and not job.task.done():
+                job.task.cancel()
+
+    async def _release(self, held: list[leases.Lease]) -> None:
+        for attempt in range(3):
+            try:
+                async with self.pool.acquire() as conn:
+                    released = await leases.release(conn, held)
+                self.stats.released += len(released)
+                log.info("released in-flight jobs", extra={"released": len(released), "asked": len(held)})
+                return
+            except DB_ERRORS as exc:
+                log.warning("lease release failed", extra={"error": str(exc), "attempt": attempt + 1})
+                await asyncio.sleep(backoff(attempt + 1))
+        log.error("could not release leases; they will expire and be rescued", extra={"leases": len(held)})
+
+
+async def _wait_any(stop: asyncio.Event, other: asyncio.Event | None, within: float) -> None:
+    """Wait until ``stop`` or ``other`` is set, or ``within`` seconds pass."""
+    events = [stop] + ([other] if other is not None else [])
+    waiters = [asyncio.ensure_future(e.wait()) for e in events]
+    try:
+        await asyncio.wait(waiters, timeout=within, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waiters:
+            w.cancel()
+
+
+async def run(settings: Settings, stop: asyncio.Event) -> None:
+    """Entry point of the worker role: owns its connections and runs until ``stop`` is set."""
+    judge = load_judge(settings.worker.judge)  # an unknown name fails before connecting anywhere
+    pool = await asyncpg.create_pool(settings.postgres_dsn, min_size=2, max_size=4)
+    assert pool is not None
+    redis = aioredis.Redis.from_url(settings.redis_url)
+    try:
+        with contextlib.suppress(TransportError):
+            await streams.ensure_group(redis, settings.queue)
+        worker = Worker(pool, redis, settings, judge=judge)
+        log.info(
+            "worker started",
+            extra={"name": worker.name, "queue": settings.queue, "judge": settings.worker.judge,
+                   "concurrency": settings.worker.concurrency},
+        )
+        await worker.run(stop)
+    finally:
+        await redis.aclose()
+        await pool.close()

@@ -1,0 +1,263 @@
+"""The worker role in-process against real Postgres and Redis: leases, fence, heartbeat, shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import asyncpg
+import pytest
+import redis.asyncio as aioredis
+
+from judgequeue.core import leases, metrics, outbox, streams, worker
+from judgequeue.core.config import Settings
+from judgequeue.core.dispatcher import Dispatcher
+from judgequeue.core.judges import UnknownJudge, Verdict
+from judgequeue.core.judges.builtin import SleepJudge
+from judgequeue.core.queues import create_queue
+from judgequeue.core.worker import Worker
+from tests.conftest import REDIS_URL
+from tests.helpers import eventually, make_settings
+
+
+class GateJudge:
+    """A judge the test steers: each job waits until released; starts and cancellations are recorded."""
+
+    def __init__(self) -> None:
+        self.started: list[int] = []
+        self.cancelled: list[int] = []
+        self.gate = asyncio.Event()
+
+    async def judge(self, payload: Any) -> Verdict:
+        self.started.append(payload["i"])
+        try:
+            await self.gate.wait()
+        except asyncio.CancelledError:
+            self.cancelled.append(payload["i"])
+            raise
+        return Verdict(payload.get("status", "ACCEPTED"), {"i": payload["i"]})
+
+
+class Harness:
+    """A queue, a dispatcher task and helpers to start workers and read submissions."""
+
+    def __init__(self, pool: asyncpg.Pool, redis: aioredis.Redis, dsn: str, queue: str) -> None:
+        self.pool, self.redis, self.dsn, self.queue = pool, redis, dsn, queue
+        self.tasks: list[tuple[asyncio.Event, asyncio.Task[None]]] = []
+
+    def settings(self, **env: str) -> Settings:
+        return make_settings(self.dsn, REDIS_URL, self.queue, **env)
+
+    async def start(self) -> None:
+        async with self.pool.acquire() as conn:
+            await create_queue(conn, self.queue)
+        await streams.ensure_group(self.redis, self.queue)
+        self.spawn(Dispatcher(self.pool, self.redis, self.settings(schedule="50ms")).run)
+
+    def spawn(self, run: Callable[[asyncio.Event], Awaitable[None]]) -> asyncio.Event:
+        stop = asyncio.Event()
+        self.tasks.append((stop, asyncio.ensure_future(run(stop))))
+        return stop
+
+    def worker(self, judge: Any, **env: str) -> Worker:
+        env.setdefault("grace_period", "500ms")
+        w = Worker(self.pool, self.redis, self.settings(**env), judge=judge)
+        self.spawn(w.run)
+        return w
+
+    async def submit(self, *payloads: dict[str, Any]) -> list[int]:
+        async with self.pool.acquire() as conn:
+            return [await outbox.submit(conn, self.queue, p) for p in payloads]
+
+    async def row(self, sid: int) -> asyncpg.Record:
+        async with self.pool.acquire() as conn:
+            row = await conn.fetchrow("SELECT * FROM judgequeue.submissions WHERE id = $1", sid)
+        assert row is not None
+        return row
+
+    async def status_is(self, sid: int, *statuses: str) -> bool:
+        return (await self.row(sid))["status"] in statuses
+
+    async def close(self) -> None:
+        for stop, _ in self.tasks:
+            stop.set()
+        for _, task in self.tasks:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(task, 10)
+
+
+@pytest.fixture
+async def h(pg_pool: asyncpg.Pool, redis_client: aioredis.Redis, pg_dsn: str, queue_name: str) -> AsyncIterator[Harness]:
+    harness = Harness(pg_pool, redis_client, pg_dsn, queue_name)
+    await harness.start()
+    yield harness
+    await harness.close()
+
+
+def _stale(queue: str, reason: str) -> float:
+    value = metrics.STALE_RESULTS_DROPPED.labels(queue, reason)._value.get()
+    return float(value)
+
+
+async def test_worker_judges_and_writes_verdicts(h: Harness) -> None:
+    ids = await h.submit(*({"status": s, "echo": i} for i, s in enumerate(["ACCEPTED", "WRONG_ANSWER", "TIME_LIMIT"])))
+    w = h.worker(SleepJudge(), concurrency="2")
+    for sid in ids:
+        await eventually(lambda sid=sid: h.status_is(sid, "ACCEPTED", "WRONG_ANSWER", "TIME_LIMIT"))
+    rows = [await h.row(sid) for sid in ids]
+    assert [r["status"] for r in rows] == ["ACCEPTED", "WRONG_ANSWER", "TIME_LIMIT"]
+    verdict = json.loads(rows[1]["verdict"])
+    assert verdict["details"]["echo"] == 1 and verdict["worker"] == w.name and verdict["generation"] == 1
+    assert all(r["lease_expires_at"] is None and r["finished_at"] is not None for r in rows)
+    assert w.stats.written == 3
+    # Acked and deleted once leased: nothing pending, nothing left in the stream.
+    assert await h.redis.xlen(streams.stream_key(h.queue)) == 0
+    assert (await h.redis.xpending(streams.stream_key(h.queue), streams.GROUP))["pending"] == 0
+
+
+async def test_judge_crash_is_an_explained_system_error(h: Harness) -> None:
+    [sid] = await h.submit({"crash": True})
+    h.worker(SleepJudge())
+    await eventually(lambda: h.status_is(sid, "SYSTEM_ERROR"))
+    assert "judge raised JudgeCrashed" in json.loads((await h.row(sid))["verdict"])["reason"]
+
+
+async def test_stale_envelope_is_acked_and_counted_never_run(h: Harness, redis_client: aioredis.Redis) -> None:
+    [sid] = await h.submit({"i": 1})
+    # Deliver generation 1 to the stream, then rejudge before any worker reads it.
+    await Dispatcher(h.pool, h.redis, h.settings()).cycle()
+    async with h.pool.acquire() as conn:
+        await outbox.rejudge(conn, sid)
+    before = _stale(h.queue, "envelope_generation_moved")
+    judge = GateJudge()
+    judge.gate.set()
+    w = h.worker(judge)
+    await eventually(lambda: h.status_is(sid, "ACCEPTED"))
+    assert judge.started == [1]  # judged once, for generation 2
+    assert (await h.row(sid))["generation"] == 2
+    await eventually(lambda: asyncio.sleep(0, w.stats.stale_envelopes == 1))
+    assert _stale(h.queue, "envelope_generation_moved") == before + 1
+    assert (await redis_client.xpending(streams.stream_key(h.queue), streams.GROUP))["pending"] == 0
+
+
+async def test_stale_worker_cannot_write_and_is_counted(h: Harness) -> None:
+    """A rejudge bumps the generation under a running judge; its result is dropped, the new one wins."""
+    [sid] = await h.submit({"i": 7, "status": "WRONG_ANSWER"})
+    old = GateJudge()
+    w_old = h.worker(old, lease_ttl="30s", concurrency="1")  # heartbeat far away: the fence at write time must catch it
+    await eventually(lambda: asyncio.sleep(0, old.started == [7]))
+    async with h.pool.acquire() as conn:
+        await outbox.rejudge(conn, sid)
+    new = GateJudge()
+    new.gate.set()
+    h.worker(new)
+    await eventually(lambda: h.status_is(sid, "WRONG_ANSWER"))
+    first = await h.row(sid)
+    before = _stale(h.queue, "stale_verdict")
+    old.gate.set()  # the stale attempt now finishes and tries to write
+    await eventually(lambda: asyncio.sleep(0, w_old.stats.stale_results == 1))
+    assert _stale(h.queue, "stale_verdict") == before + 1
+    after = await h.row(sid)
+    assert (after["generation"], after["attempt_id"], after["verdict"]) == (2, first["attempt_id"], first["verdict"])
+
+
+async def test_rejudge_of_a_finished_submission(h: Harness) -> None:
+    [sid] = await h.submit({"echo": "x"})
+    h.worker(SleepJudge())
+    await eventually(lambda: h.status_is(sid, "ACCEPTED"))
+    first = await h.row(sid)
+    async with h.pool.acquire() as conn:
+        await outbox.rejudge(conn, sid)
+    await eventually(lambda: h.status_is(sid, "ACCEPTED"))
+    second = await h.row(sid)
+    assert second["generation"] == 2 and second["attempt_id"] != first["attempt_id"]
+    assert json.loads(second["verdict"])["generation"] == 2
+
+
+async def test_rejudge_of_running_submission_cancels_judge_via_lost_lease(h: Harness) -> None:
+    [sid] = await h.submit({"i": 3})
+    judge = GateJudge()
+    w = h.worker(judge, lease_ttl="600ms")  # heartbeat every 200 ms
+    await eventually(lambda: asyncio.sleep(0, judge.started == [3]))
+    async with h.pool.acquire() as conn:
+        await outbox.rejudge(conn, sid)
+    # The heartbeat finds the lease gone and cancels the running judge; the same worker (now free)
+    # then judges generation 2.
+    await eventually(lambda: asyncio.sleep(0, judge.cancelled == [3]), within=5)
+    assert w.stats.lost_leases == 1
+    judge.gate.set()
+    await eventually(lambda: h.status_is(sid, "ACCEPTED"))
+    assert (await h.row(sid))["generation"] == 2
+
+
+async def test_heartbeat_keeps_a_long_job_alive_beyond_ttl(h: Harness) -> None:
+    [sid] = await h.submit({"seconds": 2.0})
+    h.worker(SleepJudge(), lease_ttl="600ms")
+
+    async def reaper(stop: asyncio.Event) -> None:  # stands in for the reaper role
+        while not stop.is_set():
+            async with h.pool.acquire() as conn:
+                await leases.rescue_expired_leases(conn, h.queue, max_retries=3)
+            await asyncio.sleep(0.05)
+
+    h.spawn(reaper)
+    await eventually(lambda: h.status_is(sid, "ACCEPTED"), within=10)
+    row = await h.row(sid)
+    assert row["generation"] == 1 and row["retry_count"] == 0
+
+
+async def test_graceful_shutdown_releases_unfinished_jobs(h: Harness) -> None:
+    ids = await h.submit({"i": 1}, {"i": 2}, {"i": 3, "seconds": 0})
+    quick = GateJudge()
+    slow = GateJudge()
+    w = Worker(h.pool, h.redis, h.settings(concurrency="2", grace_period="300ms"), judge=slow)
+    stop = h.spawn(w.run)
+    await eventually(lambda: asyncio.sleep(0, len(slow.started) == 2))
+    held = sorted(slow.started)
+    stop.set()
+    await eventually(lambda: asyncio.sleep(0, w.stats.released == 2), within=5)
+    assert sorted(slow.cancelled) == held and w.in_flight == 0
+    for i in held:
+        row = await h.row(ids[i - 1])
+        assert (row["status"], row["generation"], row["retry_count"]) == ("PENDING", 2, 1)
+    # Another worker takes them at once (no lease expiry needed).
+    quick.gate.set()
+    h.worker(quick)
+    for sid in ids:
+        await eventually(lambda sid=sid: h.status_is(sid, "ACCEPTED"), within=5)
+
+
+async def test_graceful_shutdown_finishes_jobs_within_grace(h: Harness) -> None:
+    [sid] = await h.submit({"seconds": 0.3})
+    w = Worker(h.pool, h.redis, h.settings(grace_period="10s"), judge=SleepJudge())
+    stop = h.spawn(w.run)
+    await eventually(lambda: h.status_is(sid, "JUDGING"))
+    stop.set()
+    await eventually(lambda: h.status_is(sid, "ACCEPTED"), within=5)
+    assert w.stats.released == 0
+
+
+async def test_malformed_entry_is_left_pending_and_counted(h: Harness, redis_client: aioredis.Redis) -> None:
+    await redis_client.xadd(streams.stream_key(h.queue), {"garbage": "1"})
+    [sid] = await h.submit({})
+    w = h.worker(SleepJudge())
+    await eventually(lambda: h.status_is(sid, "ACCEPTED"))
+    await eventually(lambda: asyncio.sleep(0, w.stats.malformed == 1))
+    pending = await redis_client.xpending(streams.stream_key(h.queue), streams.GROUP)
+    assert pending["pending"] == 1  # the reaper dead-letters it after maxDeliveries
+
+
+async def test_unknown_judge_is_a_clear_startup_error(pg_dsn: str, queue_name: str) -> None:
+    settings = make_settings(pg_dsn, REDIS_URL, queue_name, judge="nope")
+    with pytest.raises(UnknownJudge, match=r"'nope'.*available: .*noop.*program.*sleep"):
+        await worker.run(settings, asyncio.Event())
+
+
+def test_pure_helpers() -> None:
+    assert worker.unleased([(1, 1), (1, 1), (2, 1), (3, 1)], [(1, 1), (3, 1)]) == [(1, 1), (2, 1)]
+    assert worker.backoff(1) == 0.1 and worker.backoff(10) == 5.0
+    failure = worker.judge_failure(ValueError("boom"))
+    assert failure.status == "SYSTEM_ERROR" and failure.details["reason"] == "judge raised ValueError: boom"
