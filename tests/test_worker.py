@@ -90,7 +90,9 @@ class Harness:
 
 
 @pytest.fixture
-async def h(pg_pool: asyncpg.Pool, redis_client: aioredis.Redis, pg_dsn: str, queue_name: str) -> AsyncIterator[Harness]:
+async def h(
+    pg_pool: asyncpg.Pool, redis_client: aioredis.Redis, pg_dsn: str, queue_name: str
+) -> AsyncIterator[Harness]:
     harness = Harness(pg_pool, redis_client, pg_dsn, queue_name)
     await harness.start()
     yield harness
