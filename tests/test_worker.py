@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -108,7 +109,7 @@ async def test_worker_judges_and_writes_verdicts(h: Harness) -> None:
     ids = await h.submit(*({"status": s, "echo": i} for i, s in enumerate(["ACCEPTED", "WRONG_ANSWER", "TIME_LIMIT"])))
     w = h.worker(SleepJudge(), concurrency="2")
     for sid in ids:
-        await eventually(lambda sid=sid: h.status_is(sid, "ACCEPTED", "WRONG_ANSWER", "TIME_LIMIT"))
+        await eventually(functools.partial(h.status_is, sid, "ACCEPTED", "WRONG_ANSWER", "TIME_LIMIT"))
     rows = [await h.row(sid) for sid in ids]
     assert [r["status"] for r in rows] == ["ACCEPTED", "WRONG_ANSWER", "TIME_LIMIT"]
     verdict = json.loads(rows[1]["verdict"])
@@ -229,7 +230,7 @@ async def test_graceful_shutdown_releases_unfinished_jobs(h: Harness) -> None:
     quick.gate.set()
     h.worker(quick)
     for sid in ids:
-        await eventually(lambda sid=sid: h.status_is(sid, "ACCEPTED"), within=5)
+        await eventually(functools.partial(h.status_is, sid, "ACCEPTED"), within=5)
 
 
 async def test_graceful_shutdown_finishes_jobs_within_grace(h: Harness) -> None:
