@@ -71,14 +71,16 @@ def overrides_from(args: argparse.Namespace) -> dict[str, str]:
 
 
 def resolve(args: argparse.Namespace, env: Mapping[str, str], variable: str) -> Any:
-    """Validate one variable from its flag or the environment; ConfigError names it (and its flag)."""
-    raw = overrides_from(args).get(variable, env.get(variable))
-    try:
-        return parse_variable(variable, raw)
-    except ConfigError as exc:
-        if raw is None or raw == "":
-            raise ConfigError(f"{exc} (set it or pass {flag_for(variable)})") from None
-        raise
+    """Validate one variable from its flag or the environment; ConfigError names it."""
+    return parse_variable(variable, overrides_from(args).get(variable, env.get(variable)))
+
+
+def explain(exc: ConfigError) -> str:
+    """The error line, with the flag that sets a missing variable."""
+    message = str(exc)
+    if message.startswith(PREFIX) and message.endswith(" is required"):
+        message += f" (set it or pass {flag_for(message.split()[0])})"
+    return message
 
 
 def _print_json(data: Any) -> None:
@@ -657,7 +659,7 @@ def main(argv: list[str] | None = None, env: Mapping[str, str] | None = None) ->
         code: int = args.handler(args, environ)
         return code
     except ConfigError as exc:
-        print(f"judgequeue: error: {_scrub(str(exc), secrets)}", file=sys.stderr)
+        print(f"judgequeue: error: {_scrub(explain(exc), secrets)}", file=sys.stderr)
         return EXIT_USAGE
     except Failure as exc:
         print(f"judgequeue: error: {_scrub(str(exc), secrets)}", file=sys.stderr)

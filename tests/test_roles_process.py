@@ -1,0 +1,282 @@
+"""Each role as a real process: ``/readyz``, ``/metrics``, ``/healthz``, SIGTERM shutdown, bad configuration.
+
+Roles are started exactly as a Deployment starts them (``judgequeue <role>`` with ``JUDGEQUEUE_*``
+variables). Every wait is on a condition with a deadline. A role whose module is not in this build
+yet is skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+
+from judgequeue.core import streams
+from tests.conftest import REDIS_URL
+
+JUDGEQUEUE = str(Path(sys.executable).with_name("judgequeue"))
+ROLES = ("dispatcher", "worker", "reaper")
+
+
+def clean_env(**variables: str) -> dict[str, str]:
+    """This process's environment without any JUDGEQUEUE_* variable, plus ``variables``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JUDGEQUEUE_")}
+    env.update(variables)
+    return env
+
+
+def wait_for(predicate: Callable[[], Any], deadline: float, what: str, interval: float = 0.05) -> Any:
+    """Poll ``predicate`` until it returns something truthy or ``deadline`` seconds pass."""
+    end = time.monotonic() + deadline
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out after {deadline}s waiting for {what}")
+        time.sleep(interval)
+
+
+def http_get(port: int, path: str, timeout: float = 5.0) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def role_available(role: str) -> bool:
+    return importlib.util.find_spec(f"judgequeue.core.{role}") is not None
+
+
+class RoleProcess:
+    """A ``judgequeue <role>`` child with its JSON log captured to a file."""
+
+    def __init__(self, role: str, env: dict[str, str], log_path: Path) -> None:
+        self.role = role
+        self.log_path = log_path
+        self._log = log_path.open("wb")
+        self.process = subprocess.Popen(
+            [JUDGEQUEUE, role], env=env, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT
+        )
+
+    def events(self) -> list[dict[str, Any]]:
+        out = []
+        for line in self.log_path.read_text(errors="replace").splitlines():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                out.append({"unparsed": line})
+        return out
+
+    def port(self, deadline: float = 20.0) -> int:
+        def find() -> int | None:
+            if self.process.poll() is not None:
+                raise AssertionError(f"{self.role} exited early:\n{self.log_path.read_text()}")
+            return next((e["port"] for e in self.events() if "port" in e and "starting" in e.get("msg", "")), None)
+
+        port: int = wait_for(find, deadline, f"{self.role} to log its port")
+        return port
+
+    def stop(self, deadline: float = 30.0) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout=deadline)
+        finally:
+            self._log.close()
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        self._log.close()
+
+
+@pytest.fixture
+def start_role(tmp_path: Path) -> Iterator[Callable[..., RoleProcess]]:
+    started: list[RoleProcess] = []
+
+    def start(role: str, **variables: str) -> RoleProcess:
+        if not role_available(role):
+            pytest.skip(f"judgequeue.core.{role} is not in this build yet")
+        proc = RoleProcess(role, clean_env(**variables), tmp_path / f"{role}-{len(started)}.log")
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        proc.kill()
+
+
+def role_env(pg_dsn: str, queue_name: str, **extra: str) -> dict[str, str]:
+    return {
+        "JUDGEQUEUE_POSTGRES_DSN": pg_dsn,
+        "JUDGEQUEUE_REDIS_URL": REDIS_URL,
+        "JUDGEQUEUE_QUEUE": queue_name,
+        "JUDGEQUEUE_METRICS_PORT": "0",
+        "JUDGEQUEUE_JUDGE": "sleep",
+        **extra,
+    }
+
+
+@pytest.mark.parametrize("role", ROLES)
+async def test_role_serves_probes_and_metrics_and_stops_on_sigterm(
+    role: str, start_role: Callable[..., RoleProcess], pg_dsn: str, queue_name: str, redis_client: aioredis.Redis
+) -> None:
+    import asyncpg
+
+    from judgequeue.core.queues import create_queue
+
+    conn = await asyncpg.connect(pg_dsn)
+    try:
+        await create_queue(conn, queue_name)
+    finally:
+        await conn.close()
+    proc = start_role(role, **role_env(pg_dsn, queue_name))
+    port = proc.port()
+    assert http_get(port, "/healthz") == (200, "ok\n")
+
+    def ready() -> dict[str, Any] | None:
+        status, body = http_get(port, "/readyz")
+        data: dict[str, Any] = json.loads(body)
+        return data if status == 200 else None
+
+    if role != "dispatcher":
+        # The group may be created by the role itself or by a dispatcher; create it as a dispatcher would.
+        await streams.ensure_group(redis_client, queue_name)
+    checks = wait_for(ready, 20, f"{role} /readyz to answer 200")["checks"]
+    assert checks["postgres"] == "ok" and checks["redis"] == "ok" and checks["role"] == "ok"
+    if role in ("worker", "reaper"):
+        assert checks["group"] == "ok"
+    status, metrics = http_get(port, "/metrics")
+    assert status == 200
+    assert "# TYPE judgequeue_" in metrics and "process_resident_memory_bytes" in metrics
+    assert http_get(port, "/nope")[0] == 404
+
+    started = time.monotonic()
+    assert proc.stop(deadline=30) == 0, proc.log_path.read_text()
+    assert time.monotonic() - started < 30
+    events = proc.events()
+    assert all("unparsed" not in e for e in events), "every log line is JSON"
+    assert {"ts", "level", "logger", "msg"} <= set(events[0])
+    assert any(e.get("msg") == f"{role} stopped" and e.get("exit_code") == 0 for e in events)
+
+
+async def test_readyz_reports_missing_group_and_unreachable_postgres(
+    start_role: Callable[..., RoleProcess], pg_dsn: str, queue_name: str, redis_client: aioredis.Redis
+) -> None:
+    """A worker is not ready without its consumer group; the probe answers 503 with the reason."""
+    if not role_available("worker"):
+        pytest.skip("judgequeue.core.worker is not in this build yet")
+    # The worker may create the group itself; this test only asserts the probe's shape either way.
+    proc = start_role("worker", **role_env(pg_dsn, queue_name))
+    port = proc.port()
+    status, body = http_get(port, "/readyz")
+    data = json.loads(body)
+    assert set(data["checks"]) >= {"postgres", "redis", "group", "role"}
+    assert (status == 200) == data["ready"]
+    assert proc.stop() == 0
+
+
+def run_cli(*args: str, env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [JUDGEQUEUE, *args], env=env, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+    )
+
+
+SECRET = "s3cr3t-pw-do-not-print"
+
+
+@pytest.mark.parametrize("role", ROLES)
+@pytest.mark.parametrize(
+    ("variable", "value", "accepted"),
+    [
+        ("JUDGEQUEUE_BATCH_SIZE", "0", "positive integer"),
+        ("JUDGEQUEUE_SCHEDULE", "soon", "not a duration"),
+        ("JUDGEQUEUE_METRICS_PORT", "70000", "port number"),
+        ("JUDGEQUEUE_QUEUE", "Bad_Queue", "DNS label"),
+        ("JUDGEQUEUE_REDIS_URL", f"http://user:{SECRET}@127.0.0.1:6379", "redis://"),
+        ("JUDGEQUEUE_POSTGRES_DSN", f"mysql://user:{SECRET}@127.0.0.1/db", "postgresql://"),
+        ("JUDGEQUEUE_LOG_LEVEL", "LOUD", "DEBUG, INFO"),
+    ],
+)
+def test_bad_configuration_exits_2_with_one_line_naming_the_variable(
+    role: str, variable: str, value: str, accepted: str
+) -> None:
+    env = clean_env(
+        JUDGEQUEUE_POSTGRES_DSN=f"postgresql://postgres:{SECRET}@127.0.0.1:5432/postgres",
+        JUDGEQUEUE_REDIS_URL=f"redis://:{SECRET}@127.0.0.1:6379/0",
+        JUDGEQUEUE_QUEUE="judge",
+    )
+    env[variable] = value
+    result = run_cli(role, env=env)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert variable in lines[0] and accepted in lines[0]
+    assert SECRET not in result.stderr + result.stdout
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_missing_variable_names_it_and_its_flag(role: str) -> None:
+    result = run_cli(role, env=clean_env(JUDGEQUEUE_REDIS_URL="redis://127.0.0.1", JUDGEQUEUE_QUEUE="q"))
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        "judgequeue: error: JUDGEQUEUE_POSTGRES_DSN is required (set it or pass --postgres-dsn)"
+    )
+
+
+def test_flag_overrides_the_environment() -> None:
+    env = clean_env(
+        JUDGEQUEUE_POSTGRES_DSN="postgresql://127.0.0.1/x",
+        JUDGEQUEUE_REDIS_URL="redis://127.0.0.1",
+        JUDGEQUEUE_QUEUE="q",
+    )
+    result = run_cli("dispatcher", "--batch-size", "-3", env=env)
+    assert result.returncode == 2 and "JUDGEQUEUE_BATCH_SIZE='-3'" in result.stderr
+
+
+def test_unreachable_postgres_never_prints_the_password(
+    start_role: Callable[..., RoleProcess], queue_name: str
+) -> None:
+    """A role that cannot reach Postgres fails (or stays unready) without leaking the DSN's password."""
+    proc = start_role(
+        "dispatcher",
+        JUDGEQUEUE_POSTGRES_DSN=f"postgresql://postgres:{SECRET}@127.0.0.1:1/nowhere",
+        JUDGEQUEUE_REDIS_URL=f"redis://:{SECRET}@127.0.0.1:1/0",
+        JUDGEQUEUE_QUEUE=queue_name,
+        JUDGEQUEUE_METRICS_PORT="0",
+    )
+
+    def failed_or_unready() -> str | None:
+        if proc.process.poll() is not None:
+            return "exited"
+        ports = [e["port"] for e in proc.events() if "port" in e]
+        if ports:
+            try:
+                status, body = http_get(ports[0], "/readyz")
+            except OSError:  # the role gave up and closed its port between the two checks
+                return None
+            assert SECRET not in body
+            return "unready" if status == 503 else None
+        return None
+
+    outcome = wait_for(failed_or_unready, 30, "the role to fail or report unready")
+    code = proc.stop()
+    assert code == (1 if outcome == "exited" else 0)
+    log = proc.log_path.read_text()
+    assert SECRET not in log
+    assert "***" in log  # the settings line shows the redacted URLs
