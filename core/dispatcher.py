@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import asyncpg
 import redis.asyncio as aioredis
 
-from . import metrics, outbox, streams
+from . import failpoints, metrics, outbox, streams
 from .config import Settings
 from .errors import TransportError
 
@@ -88,6 +88,8 @@ class Dispatcher:
         async with self.pool.acquire() as conn:
             rows = await outbox.claim(conn, self.queue, limit=cfg.batch_size, owner=self.name, claim_ttl=cfg.claim_ttl)
         result = CycleResult(claimed=len(rows))
+        if rows:
+            failpoints.hit("dispatcher.after_claim")
         skipped = [r for r in rows if r.state == "SKIPPED"]
         if skipped:
             result.by_result["skipped"] = len(skipped)
@@ -115,6 +117,7 @@ class Dispatcher:
             log.warning("enqueue failed; rows released for retry", extra={"error": str(exc), "rows": len(todo)})
             enqueue_results = exc
         enqueued_at = time.monotonic()
+        failpoints.hit("dispatcher.after_xadd")
 
         marks, counts = plan_marks(todo, enqueue_results)
         async with self.pool.acquire() as conn:
@@ -126,6 +129,7 @@ class Dispatcher:
                 backoff_base=cfg.backoff_base,
                 backoff_max=cfg.backoff_max,
             )
+        failpoints.hit("dispatcher.after_mark")
         lost = len(marks) - len(applied)
         if lost:
             # Our claim expired and another dispatcher took the rows; the dedup marker absorbs
