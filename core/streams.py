@@ -157,7 +157,156 @@ redis.call('XDEL', KEYS[1], unpack(ARGV))
 return acked
 """
 
-_SCRIPTS: dict[str, str] = {"enqueue": ENQUEUE_LUA, "ack": ACK_LUA}
+# The batched form of ENQUEUE_LUA: one EVALSHA appends many envelopes of one queue, so the client
+# packs one command per batch instead of one per entry (the per-command cost of a Python client
+# dominates otherwise). Same per-entry semantics: SET seen NX EX, then XADD; a failed XADD removes
+# its marker. KEYS: stream, then one seen marker per entry. ARGV: TTL, the number of fields N, the
+# N field names, then N values per entry. Returns one {status, id-or-error} per entry: 1 appended,
+# 0 duplicate, -1 error (the error text; nothing of that entry is left behind).
+ENQUEUE_BATCH_LUA = """
+local ttl = ARGV[1]
+local nf = tonumber(ARGV[2])
+local out = {}
+for i = 2, #KEYS do
+  local base = 2 + nf + (i - 2) * nf
+  local set = redis.pcall('SET', KEYS[i], '1', 'NX', 'EX', ttl)
+  if type(set) == 'table' and set.err then
+    out[#out + 1] = {-1, set.err}
+  elseif not set then
+    out[#out + 1] = {0, ''}
+  else
+    local fields = {}
+    for j = 1, nf do
+      fields[#fields + 1] = ARGV[2 + j]
+      fields[#fields + 1] = ARGV[base + j]
+    end
+    local id = redis.pcall('XADD', KEYS[1], '*', unpack(fields))
+    if type(id) == 'table' and id.err then
+      redis.call('DEL', KEYS[i])
+      out[#out + 1] = {-1, id.err}
+    else
+      out[#out + 1] = {1, id}
+    end
+  end
+end
+return out
+"""
+
+# Reaper, step 1. KEYS: stream. ARGV: reaper consumer, min idle (ms), start cursor, count.
+# Reads who held each idle entry (XPENDING IDLE) and claims the batch to the reaper's own consumer
+# (XAUTOCLAIM) in one atomic step; ids of entries deleted while pending are acked here.
+# Returns {next cursor, {{id, fields or false, last consumer, times delivered}, ...}, #deleted}.
+CLAIM_LUA = """
+local stream, consumer, idle, start, count = KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local owners = {}
+for _, p in ipairs(redis.call('XPENDING', stream, 'workers', 'IDLE', idle, start, '+', count)) do
+  owners[p[1]] = {p[2], p[4]}
+end
+local reply = redis.call('XAUTOCLAIM', stream, 'workers', consumer, idle, start, 'COUNT', count)
+local out = {}
+for _, e in ipairs(reply[2]) do
+  if e then
+    local o = owners[e[1]] or {'', 0}
+    out[#out + 1] = {e[1], e[2] or false, o[1], o[2]}
+  end
+end
+local deleted = reply[3] or {}
+if #deleted > 0 then
+  redis.call('XACK', stream, 'workers', unpack(deleted))
+end
+return {reply[1], out, #deleted}
+"""
+
+# Reaper, requeue. KEYS: stream. ARGV: reaper consumer, entry ids. For each entry still pending
+# for this reaper's consumer (a slower reaper whose claim was taken over acts on nothing): append a
+# copy with deliveries+1, then XACK and XDEL the original. Returns {requeued, skipped}.
+REQUEUE_LUA = """
+local stream, consumer = KEYS[1], ARGV[1]
+local done, skipped = 0, 0
+for i = 2, #ARGV do
+  local id = ARGV[i]
+  if #redis.call('XPENDING', stream, 'workers', id, id, 1, consumer) == 1 then
+    local e = redis.call('XRANGE', stream, id, id)
+    if #e == 1 then
+      local f = e[1][2]
+      for j = 1, #f, 2 do
+        if f[j] == 'deliveries' then f[j + 1] = tostring((tonumber(f[j + 1]) or 1) + 1) end
+      end
+      redis.call('XADD', stream, '*', unpack(f))
+      done = done + 1
+    else
+      skipped = skipped + 1
+    end
+    redis.call('XACK', stream, 'workers', id)
+    redis.call('XDEL', stream, id)
+  else
+    skipped = skipped + 1
+  end
+end
+return {done, skipped}
+"""
+
+# Reaper, dead-letter. KEYS: stream, dlq, then one marker per entry (jq:{q}:dead:<id>).
+# ARGV: reaper consumer, marker TTL (s), DLQ approximate max length, then per entry 5 values:
+# id, reason, last consumer, deliveries, Postgres outcome. For each entry still pending for this
+# reaper: unless its marker exists, add a DLQ entry (meta fields + the original fields prefixed
+# "entry.") and set the marker; then XACK and XDEL the original. Returns {dead, again, skipped}.
+DEAD_LETTER_LUA = """
+local stream, dlq = KEYS[1], KEYS[2]
+local consumer, ttl, maxlen = ARGV[1], ARGV[2], ARGV[3]
+local dead, again, skipped = 0, 0, 0
+for i = 3, #KEYS do
+  local b = 3 + (i - 3) * 5
+  local id = ARGV[b + 1]
+  if #redis.call('XPENDING', stream, 'workers', id, id, 1, consumer) == 0 then
+    skipped = skipped + 1
+  else
+    if redis.call('EXISTS', KEYS[i]) == 1 then
+      again = again + 1
+    else
+      local fields = {'source_id', id, 'reason', ARGV[b + 2], 'consumer', ARGV[b + 3],
+                      'deliveries', ARGV[b + 4], 'postgres', ARGV[b + 5]}
+      local e = redis.call('XRANGE', stream, id, id)
+      if #e == 1 then
+        local f = e[1][2]
+        for j = 1, #f, 2 do
+          fields[#fields + 1] = 'entry.' .. f[j]
+          fields[#fields + 1] = f[j + 1]
+        end
+      end
+      redis.call('XADD', dlq, 'MAXLEN', '~', maxlen, '*', unpack(fields))
+      redis.call('SET', KEYS[i], '1', 'EX', ttl)
+      dead = dead + 1
+    end
+    redis.call('XACK', stream, 'workers', id)
+    redis.call('XDEL', stream, id)
+  end
+end
+return {dead, again, skipped}
+"""
+
+# Idle consumers. KEYS: stream. ARGV: consumer names. Deletes each consumer only if it holds no
+# pending entry at this instant (XGROUP DELCONSUMER would drop its pending entries otherwise).
+DELETE_IDLE_CONSUMERS_LUA = """
+local removed = 0
+for i = 1, #ARGV do
+  if #redis.call('XPENDING', KEYS[1], 'workers', '-', '+', 1, ARGV[i]) == 0 then
+    redis.call('XGROUP', 'DELCONSUMER', KEYS[1], 'workers', ARGV[i])
+    removed = removed + 1
+  end
+end
+return removed
+"""
+
+_SCRIPTS: dict[str, str] = {
+    "enqueue": ENQUEUE_LUA,
+    "enqueue_batch": ENQUEUE_BATCH_LUA,
+    "ack": ACK_LUA,
+    "claim": CLAIM_LUA,
+    "requeue": REQUEUE_LUA,
+    "dead_letter": DEAD_LETTER_LUA,
+    "delete_idle_consumers": DELETE_IDLE_CONSUMERS_LUA,
+}
 _SHAS: dict[str, str] = {}
 
 
@@ -228,6 +377,21 @@ class EnqueueResult:
     error: str | None = None
 
 
+#: Envelopes per EVALSHA of the batched enqueue script (one pipeline carries all the batches).
+ENQUEUE_CHUNK = 100
+
+_ENVELOPE_FIELDS = ("submission", "generation", "attempt", "outbox", "enqueued_at", "deliveries")
+
+
+def _server_wide(error: str) -> TransportError | None:
+    """READONLY and OOM concern the whole server, not one entry: they are raised, not reported."""
+    if error.startswith("READONLY"):
+        return RedisReadOnly(error)
+    if error.startswith("OOM"):
+        return RedisOutOfMemory(error)
+    return None
+
+
 async def enqueue_many(
     client: aioredis.Redis,
     queue: str,
@@ -238,30 +402,43 @@ async def enqueue_many(
 ) -> list[EnqueueResult]:
     """Dedup-and-append each envelope atomically, all in one pipeline; one result per envelope.
 
-    Raises TransportError if Redis cannot be reached at all (then nothing can be assumed appended,
-    and the dedup markers make a retry safe).
+    Raises TransportError if Redis cannot be reached at all, or refuses writes as a whole
+    (RedisReadOnly, RedisOutOfMemory); then nothing can be assumed appended, and the dedup markers
+    make a retry safe.
     """
     target = shadow_key(queue) if shadow else stream_key(queue)
     marker = shadow_seen_key if shadow else seen_key
     ttl = max(1, int(seen_ttl))
-    calls = []
-    for env in envelopes:
-        args: list[str | int | float] = [ttl]
-        for field, value in env.fields().items():
-            args += [field, value]
-        calls.append(([marker(queue, env.submission, env.generation), target], args))
-    replies = await evalsha_many(client, "enqueue", calls)
-    out = []
-    for reply in replies:
+    calls: list[tuple[Sequence[str], Sequence[str | int | float]]] = []
+    for start in range(0, len(envelopes), ENQUEUE_CHUNK):
+        chunk = envelopes[start : start + ENQUEUE_CHUNK]
+        keys = [target] + [marker(queue, env.submission, env.generation) for env in chunk]
+        args: list[str | int | float] = [ttl, len(_ENVELOPE_FIELDS), *_ENVELOPE_FIELDS]
+        for env in chunk:
+            args += env.fields().values()
+        calls.append((keys, args))
+    replies = await evalsha_many(client, "enqueue_batch", calls)
+    out: list[EnqueueResult] = []
+    for (call_keys, _args), reply in zip(calls, replies, strict=True):
         if isinstance(reply, Exception):
-            out.append(EnqueueResult("error", error=str(translate_redis_error(reply))))
-        else:
-            assert isinstance(reply, list)
-            appended, entry_id = reply
-            if int(appended) == 1:
-                out.append(EnqueueResult("appended", entry_id=_text(entry_id)))
-            else:
+            error = translate_redis_error(reply)
+            if isinstance(error, (RedisReadOnly, RedisOutOfMemory)):
+                raise error
+            out += [EnqueueResult("error", error=str(error))] * (len(call_keys) - 1)
+            continue
+        assert isinstance(reply, list)
+        for status, value in reply:
+            code = int(status)
+            if code == 1:
+                out.append(EnqueueResult("appended", entry_id=_text(value)))
+            elif code == 0:
                 out.append(EnqueueResult("duplicate"))
+            else:
+                text = _text(value)
+                wide = _server_wide(text)
+                if wide is not None:
+                    raise wide
+                out.append(EnqueueResult("error", error=f"XADD failed: {text}"))
     return out
 
 

@@ -1,0 +1,420 @@
+"""The reaper role: rescue idle stream entries and expired leases, prune, refresh gauges (DESIGN 4).
+
+A sweep has four parts, each guarded on its own so one failing dependency does not stop the others:
+
+(a) **Stream sweep.** One script reads who holds each entry idle longer than ``visibilityTimeout``
+    and XAUTOCLAIMs the batch (``sweepBatch`` entries) to this reaper's own consumer; ids of
+    entries deleted while pending (XAUTOCLAIM's third reply) are acked in the same script. A pure
+    function (:func:`decide`) then requeues each entry (a copy with ``deliveries+1`` appended, the
+    original acked and deleted, one script) or, at ``maxDeliveries`` or when the entry is not a
+    judgequeue envelope, dead-letters it. Every requeue/dead-letter script first checks the entry
+    is still pending *for this reaper's consumer*: if a slower reaper's claim was taken over by
+    another reaper (XAUTOCLAIM transfers ownership), the slow one acts on nothing. So several
+    reapers never requeue or dead-letter the same entry twice.
+
+    **Dead-letter order: Postgres first, then Redis.**
+      1. ``judgequeue.record_dead_letters`` (migration 0002) marks the outbox row ``DEAD`` and the
+         submission ``SYSTEM_ERROR`` with the reason, fenced on the envelope's generation and only
+         while the submission is ``PENDING`` (a ``JUDGING`` one belongs to its lease). It is
+         idempotent: a second call changes nothing and reports the current state.
+      2. One script adds the DLQ entry (source id, reason, last consumer, deliveries, Postgres
+         outcome, the original fields), sets the marker ``jq:{q}:dead:<id>``, and acks and deletes
+         the original; an existing marker means "already dead-lettered": ack and delete only.
+    A reaper killed between 1 and 2 leaves the submission finished (explained ``SYSTEM_ERROR``)
+    and the entry still pending under the dead reaper's consumer; a worker that somehow received
+    it would find the submission terminal and ack it as stale. After ``visibilityTimeout`` any
+    reaper claims it again, step 1 is a no-op, and step 2 completes the dead letter. The reverse
+    order would leave a window where Redis has given up on a job that Postgres still shows
+    ``PENDING`` forever, which needs a separate repair scan; this order needs none.
+
+(b) **Lease rescue** through ``judgequeue.core.leases.rescue_expired_leases`` (when installed).
+(c) **Prune**: terminal outbox rows past ``retention``, stale dispatcher waiters, and consumers of
+    group ``workers`` idle longer than ten visibility timeouts with no pending entry (checked and
+    deleted atomically in one script, so a consumer that just read something is never dropped).
+(d) **Gauges** from :func:`judgequeue.core.stream_stats.stream_figures` and ``outbox.stats``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import asyncpg
+import redis.asyncio as aioredis
+
+from . import metrics, outbox, streams
+from .config import Settings
+from .dispatcher import instance_id
+from .errors import TransportError
+from .stream_stats import StreamFigures, publish, stream_figures
+
+log = logging.getLogger("judgequeue.reaper")
+
+#: Lifetime of the "already dead-lettered" marker of a source entry id (ids never repeat).
+DEAD_MARKER_TTL = 7 * 86400
+#: The DLQ is an operator's convenience copy (Postgres keeps the durable record): cap it.
+DLQ_MAXLEN = 100_000
+#: A consumer idle this many visibility timeouts with nothing pending is removed.
+IDLE_CONSUMER_FACTOR = 10
+
+
+def dead_marker_key(queue: str, entry_id: str) -> str:
+    return f"jq:{{{queue}}}:dead:{entry_id}"
+
+
+@dataclass(frozen=True)
+class ClaimedEntry:
+    """An idle pending entry this reaper claimed, with who held it before."""
+
+    entry_id: str
+    fields: dict[str, str] | None  # None: deleted from the stream while pending
+    last_consumer: str
+    times_delivered: int
+
+
+@dataclass(frozen=True)
+class Decision:
+    entry: ClaimedEntry
+    action: Literal["requeue", "dead_letter"]
+    reason: str = ""
+    envelope: streams.Envelope | None = None
+
+
+def decide(entry: ClaimedEntry, max_deliveries: int) -> Decision:
+    """Requeue an idle entry, or dead-letter it at ``max_deliveries`` or when malformed (pure)."""
+    if entry.fields is None:
+        return Decision(entry, "dead_letter", "entry deleted while pending")
+    try:
+        envelope = streams.Envelope.parse(entry.fields)
+    except streams.MalformedEnvelope as exc:
+        return Decision(entry, "dead_letter", f"malformed entry: {exc}")
+    if envelope.deliveries >= max_deliveries:
+        holder = entry.last_consumer or "unknown"
+        reason = (
+            f"not acknowledged after {envelope.deliveries} deliveries (maxDeliveries {max_deliveries}); "
+            f"last consumer {holder}"
+        )
+        return Decision(entry, "dead_letter", reason, envelope)
+    return Decision(entry, "requeue", envelope=envelope)
+
+
+@dataclass
+class StreamSweep:
+    """What one stream sweep did."""
+
+    batches: int = 0
+    claimed: int = 0
+    requeued: int = 0
+    dead_lettered: int = 0
+    already_dead: int = 0  # marker found: acked and deleted only
+    skipped: int = 0  # ownership moved to another reaper (or entry gone) before we acted
+    deleted: int = 0  # pending ids whose entry no longer existed, acked
+    deferred: int = 0  # dead letters postponed because Postgres failed
+    postgres: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class SweepReport:
+    """One full sweep: every part's outcome, or its error."""
+
+    stream: StreamSweep | None = None
+    leases: Any = None
+    pruned_rows: int = 0
+    pruned_waiters: int = 0
+    removed_consumers: int = 0
+    figures: StreamFigures | None = None
+    errors: dict[str, str] = field(default_factory=dict)
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return str(value)
+
+
+def _fields(raw: Any) -> dict[str, str] | None:
+    if raw is None or raw is False:
+        return None
+    if isinstance(raw, dict):
+        return {_text(k): _text(v) for k, v in raw.items()}
+    items = list(raw)
+    return {_text(items[i]): _text(items[i + 1]) for i in range(0, len(items) - 1, 2)}
+
+
+def _script_reply(reply: object) -> Any:
+    if isinstance(reply, Exception):
+        raise streams.translate_redis_error(reply)
+    return reply
+
+
+class Reaper:
+    """One reaper instance; several may sweep the same queue at once."""
+
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        redis: aioredis.Redis,
+        settings: Settings,
+        *,
+        name: str | None = None,
+        idle_consumer_after: float | None = None,
+    ) -> None:
+        self.pool = pool
+        self.redis = redis
+        self.settings = settings
+        self.queue = settings.queue
+        self.name = name or instance_id("reaper")
+        cfg = settings.reaper
+        self.idle_consumer_after = (
+            idle_consumer_after if idle_consumer_after is not None else IDLE_CONSUMER_FACTOR * cfg.visibility_timeout
+        )
+        #: Test seam: awaited after the Postgres step of a dead-letter batch, before the Redis step.
+        self.between_steps: Callable[[Sequence[Decision]], Awaitable[None]] | None = None
+
+    # --- (a) stream sweep -------------------------------------------------------------------------
+
+    async def claim(self, cursor: str = "0-0") -> tuple[str, list[ClaimedEntry], int]:
+        """Claim one batch of idle entries to this reaper: (next cursor, entries, deleted ids acked)."""
+        cfg = self.settings.reaper
+        min_idle = max(1, int(cfg.visibility_timeout * 1000))
+        [reply] = await streams.evalsha_many(
+            self.redis,
+            "claim",
+            [([streams.stream_key(self.queue)], [self.name, min_idle, cursor, cfg.sweep_batch])],
+        )
+        if isinstance(reply, Exception) and "NOGROUP" in str(reply):
+            return "0-0", [], 0  # no stream or group yet: nothing is pending
+        next_cursor, raw_entries, deleted = _script_reply(reply)
+        entries = [
+            ClaimedEntry(_text(e[0]), _fields(e[1]), _text(e[2]) if e[2] else "", int(e[3] or 0)) for e in raw_entries
+        ]
+        return _text(next_cursor), entries, int(deleted)
+
+    async def requeue(self, entry_ids: Sequence[str]) -> tuple[int, int]:
+        """Re-deliver entries still pending for this reaper: (requeued, skipped)."""
+        if not entry_ids:
+            return 0, 0
+        [reply] = await streams.evalsha_many(
+            self.redis, "requeue", [([streams.stream_key(self.queue)], [self.name, *entry_ids])]
+        )
+        done, skipped = _script_reply(reply)
+        return int(done), int(skipped)
+
+    async def record_dead(self, decisions: Sequence[Decision]) -> list[str]:
+        """Postgres step of dead-lettering (idempotent); one outcome per decision."""
+        outcomes = ["none: not a judgequeue envelope"] * len(decisions)
+        with_env = [(i, d) for i, d in enumerate(decisions) if d.envelope is not None]
+        if not with_env:
+            return outcomes
+        async with self.pool.acquire() as conn:
+            rows = await conn.fetch(
+                "SELECT ord, outcome FROM judgequeue.record_dead_letters($1::bigint[], $2::bigint[], $3::text[])",
+                [d.envelope.submission for _, d in with_env if d.envelope],
+                [d.envelope.generation for _, d in with_env if d.envelope],
+                [d.reason for _, d in with_env],
+            )
+        for row in rows:
+            outcomes[with_env[row["ord"] - 1][0]] = row["outcome"]
+        return outcomes
+
+    async def dead_letter(self, decisions: Sequence[Decision], outcomes: Sequence[str]) -> tuple[int, int, int]:
+        """Redis step of dead-lettering: (dead-lettered, already dead, skipped)."""
+        if not decisions:
+            return 0, 0, 0
+        keys = [streams.stream_key(self.queue), streams.dlq_key(self.queue)]
+        args: list[str | int | float] = [self.name, DEAD_MARKER_TTL, DLQ_MAXLEN]
+        for d, outcome in zip(decisions, outcomes, strict=True):
+            keys.append(dead_marker_key(self.queue, d.entry.entry_id))
+            deliveries = d.envelope.deliveries if d.envelope else d.entry.times_delivered
+            args += [d.entry.entry_id, d.reason, d.entry.last_consumer, deliveries, outcome]
+        [reply] = await streams.evalsha_many(self.redis, "dead_letter", [(keys, args)])
+        dead, again, skipped = _script_reply(reply)
+        return int(dead), int(again), int(skipped)
+
+    async def sweep_stream(self, *, max_batches: int = 10_000) -> StreamSweep:
+        """Claim idle entries batch by batch and requeue or dead-letter each exactly once."""
+        cfg = self.settings.reaper
+        stats = StreamSweep()
+        cursor = "0-0"
+        while stats.batches < max_batches:
+            cursor, entries, deleted = await self.claim(cursor)
+            stats.batches += 1
+            stats.claimed += len(entries)
+            stats.deleted += deleted
+            decisions = [decide(e, cfg.max_deliveries) for e in entries]
+            requeue = [d.entry.entry_id for d in decisions if d.action == "requeue"]
+            done, skipped = await self.requeue(requeue)
+            stats.requeued += done
+            stats.skipped += skipped
+            metrics.RECLAIMS.labels(self.queue).inc(done)
+            doomed = [d for d in decisions if d.action == "dead_letter"]
+            if doomed:
+                await self._dead_letter_batch(doomed, stats)
+            if cursor == "0-0":
+                break
+        return stats
+
+    async def _dead_letter_batch(self, doomed: Sequence[Decision], stats: StreamSweep) -> None:
+        try:
+            outcomes = await self.record_dead(doomed)
+        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
+            # The entries stay pending under our consumer; a later sweep retries both steps.
+            log.warning("dead-letter postponed: postgres failed", extra={"error": str(exc), "entries": len(doomed)})
+            stats.deferred += len(doomed)
+            return
+        for outcome in outcomes:
+            stats.postgres[outcome] = stats.postgres.get(outcome, 0) + 1
+        if self.between_steps is not None:
+            await self.between_steps(doomed)
+        dead, again, skipped = await self.dead_letter(doomed, outcomes)
+        stats.dead_lettered += dead
+        stats.already_dead += again
+        stats.skipped += skipped
+        metrics.DEAD_LETTERS.labels(self.queue).inc(dead)
+        for d, outcome in zip(doomed, outcomes, strict=True):
+            if d.envelope is None or outcome != "recorded":
+                log.info(
+                    "entry dead-lettered",
+                    extra={"entry": d.entry.entry_id, "reason": d.reason, "postgres": outcome},
+                )
+        if dead:
+            log.warning("entries dead-lettered", extra={"queue": self.queue, "count": dead})
+
+    # --- (b) leases -------------------------------------------------------------------------------
+
+    async def rescue_leases(self) -> Any:
+        """Rescue expired JUDGING leases via ``judgequeue.core.leases`` (None while it is absent)."""
+        # HOOK (issue: lease rescue): resolved at call time so the reaper works before the leases
+        # module lands and picks it up as soon as it does.
+        try:
+            leases = importlib.import_module("judgequeue.core.leases")
+        except ModuleNotFoundError:
+            return None
+        rescue = getattr(leases, "rescue_expired_leases", None)
+        if rescue is None:
+            return None
+        async with self.pool.acquire() as conn:
+            return await rescue(conn, self.queue, max_retries=self.settings.reaper.max_retries, batch=500)
+
+    # --- (c) prune --------------------------------------------------------------------------------
+
+    async def prune_outbox(self) -> tuple[int, int]:
+        """Delete terminal outbox rows past retention and stale dispatcher waiters."""
+        waiter_age = max(300.0, 3 * self.settings.dispatcher.schedule)
+        async with self.pool.acquire() as conn:
+            rows = await outbox.prune(conn, retention=self.settings.reaper.retention, batch=1000, max_batches=10)
+            waiters = await outbox.prune_waiters(conn, older_than=waiter_age)
+        metrics.PRUNED_ROWS.labels(self.queue).inc(rows)
+        return rows, waiters
+
+    async def remove_idle_consumers(self) -> int:
+        """Delete consumers of ``workers`` idle past the threshold that hold no pending entry."""
+        stream = streams.stream_key(self.queue)
+
+        async def info() -> list[dict[Any, Any]]:
+            try:
+                return list(await self.redis.xinfo_consumers(stream, streams.GROUP))
+            except aioredis.ResponseError as exc:
+                if "NOGROUP" in str(exc) or "no such key" in str(exc).lower():
+                    return []
+                raise
+
+        threshold_ms = self.idle_consumer_after * 1000
+        names = [
+            _text(c.get("name", c.get(b"name")))
+            for c in await streams.guarded(info)
+            if int(c.get("pending", c.get(b"pending", 0)) or 0) == 0
+            and int(c.get("idle", c.get(b"idle", 0)) or 0) > threshold_ms
+        ]
+        if not names:
+            return 0
+        [reply] = await streams.evalsha_many(self.redis, "delete_idle_consumers", [([stream], names)])
+        removed = int(_script_reply(reply))
+        if removed:
+            log.info("idle consumers removed", extra={"queue": self.queue, "count": removed})
+        return removed
+
+    # --- (d) gauges -------------------------------------------------------------------------------
+
+    async def refresh_gauges(self) -> StreamFigures:
+        figures = await stream_figures(self.redis, self.queue)
+        publish(self.queue, figures)
+        async with self.pool.acquire() as conn:
+            stats = await outbox.stats(conn, self.queue)
+        for state, n in stats.by_state.items():
+            metrics.OUTBOX_ROWS.labels(self.queue, state).set(n)
+        metrics.OUTBOX_OLDEST_PENDING_AGE.labels(self.queue).set(stats.oldest_pending_age)
+        return figures
+
+    # --- the whole sweep --------------------------------------------------------------------------
+
+    async def sweep(self) -> SweepReport:
+        """Run every part once; a failing part is logged and reported, the others still run."""
+        report = SweepReport()
+
+        async def part(name: str, call: Callable[[], Awaitable[Any]]) -> Any:
+            try:
+                return await call()
+            except (TransportError, asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
+                report.errors[name] = f"{type(exc).__name__}: {exc}"
+                log.warning("reaper step failed", extra={"step": name, "error": str(exc)})
+                return None
+
+        report.stream = await part("stream", self.sweep_stream)
+        report.leases = await part("leases", self.rescue_leases)
+        pruned = await part("prune", self.prune_outbox)
+        if pruned is not None:
+            report.pruned_rows, report.pruned_waiters = pruned
+        report.removed_consumers = await part("consumers", self.remove_idle_consumers) or 0
+        report.figures = await part("gauges", self.refresh_gauges)
+        return report
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Sweep every ``interval`` until ``stop`` is set; failures back off, never crash."""
+        interval = self.settings.reaper.interval
+        failures = 0
+        while not stop.is_set():
+            report = await self.sweep()
+            failures = failures + 1 if report.errors else 0
+            delay = backoff_delay(interval, failures)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stop.wait(), delay)
+
+
+def backoff_delay(interval: float, failures: int, *, cap: float = 60.0) -> float:
+    """Time to the next sweep: ``interval``, doubled per consecutive failing sweep up to ``cap`` (pure)."""
+    if failures <= 0:
+        return interval
+    return float(min(interval * 2 ** min(failures, 16), max(cap, interval)))
+
+
+async def run(settings: Settings, stop: asyncio.Event) -> None:
+    """Entry point of the reaper role: owns its connections and sweeps until ``stop`` is set."""
+    pool: asyncpg.Pool | None = None
+    redis = aioredis.Redis.from_url(settings.redis_url)
+    failures = 0
+    try:
+        while pool is None and not stop.is_set():
+            try:
+                pool = await asyncpg.create_pool(settings.postgres_dsn, min_size=1, max_size=2)
+            except (asyncpg.PostgresError, OSError) as exc:
+                failures += 1
+                log.warning("postgres unavailable; retrying", extra={"error": str(exc)})
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(stop.wait(), backoff_delay(1.0, failures, cap=30.0))
+        if pool is None:
+            return
+        with contextlib.suppress(TransportError):
+            await streams.ensure_group(redis, settings.queue)
+        reaper = Reaper(pool, redis, settings)
+        log.info("reaper started", extra={"name": reaper.name, "queue": settings.queue})
+        await reaper.run(stop)
+    finally:
+        await redis.aclose()
+        if pool is not None:
+            await pool.close()
