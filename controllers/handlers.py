@@ -1,0 +1,375 @@
+"""Kopf handlers: reconcile children and cutover flags, refresh status, autoscale workers.
+
+Reconcile is level-based: every change (create, update, resume after a restart) and every timer tick
+renders the desired children, creates what is missing and patches only what differs. The timer also
+retries a cutover that could not be applied, refreshes readiness and, unless
+``worker.autoscaling: external``, scales workers on the backlog. Handlers of one object are
+serialised with a lock, and a tick never renders from a generation the change handlers have not
+processed yet. The operator writes status and children, never the spec.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, cast
+
+import asyncpg
+import kopf
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from judgequeue.core.backlog import Backlog, read_backlog
+from judgequeue.core.errors import JudgeQueueError, WatermarkMovedBack
+from judgequeue.core.queues import create_queue, set_cutover
+
+from . import autoscale, conditions
+from .diff import child_patch
+from .kube import KIND_REFS, KubeApi, KubeError, SecretNotFound
+from .render import GROUP, PLURAL, VERSION, Owner, render_children, selector_labels, worker_replicas
+from .spec import BUILTIN_JUDGES, JudgeQueueSpec, parse_spec
+
+Status = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class OperatorConfig:
+    """Operator-wide knobs (not per JudgeQueue)."""
+
+    interval: float = 10.0  # timer: autoscale, status refresh, retries
+    db_timeout: float = 5.0  # connecting to Postgres/Redis for cutover and backlog
+    known_judges: frozenset[str] = BUILTIN_JUDGES
+
+
+@dataclass
+class OperatorState:
+    """Shared by every handler of one operator process."""
+
+    config: OperatorConfig
+    kube: KubeApi | None = None
+    locks: dict[str, asyncio.Lock] = field(default_factory=dict)
+    # (namespace/name, generation) -> how many times a change handler ran; tests assert "once".
+    handled: collections.Counter[tuple[str, int]] = field(default_factory=collections.Counter)
+
+    def lock(self, uid: str) -> asyncio.Lock:
+        return self.locks.setdefault(uid, asyncio.Lock())
+
+    @property
+    def api(self) -> KubeApi:
+        if self.kube is None:
+            raise RuntimeError("the Kubernetes client is not set up (operator not started)")
+        return self.kube
+
+
+@dataclass(frozen=True)
+class Connections:
+    postgres_dsn: str
+    redis_url: str
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _owner(body: Mapping[str, Any]) -> Owner:
+    meta = body["metadata"]
+    return Owner(name=meta["name"], namespace=meta["namespace"], uid=meta["uid"])
+
+
+async def _connections(api: KubeApi, namespace: str, spec: JudgeQueueSpec) -> Connections:
+    return Connections(
+        postgres_dsn=await api.secret_value(namespace, spec.postgres.name, spec.postgres.key),
+        redis_url=await api.secret_value(namespace, spec.redis.name, spec.redis.key),
+    )
+
+
+async def _apply_children(
+    api: KubeApi, spec: JudgeQueueSpec, owner: Owner, logger: logging.Logger | logging.LoggerAdapter[Any]
+) -> dict[str, dict[str, Any]]:
+    """Create missing children and patch the differing ones; returns the live objects afterwards."""
+    live_worker = await api.get(KIND_REFS["Deployment"], owner.namespace, f"{owner.name}-worker")
+    live_replicas = (live_worker or {}).get("spec", {}).get("replicas") if live_worker else None
+    desired = render_children(spec, owner, worker_replicas=worker_replicas(spec, live_replicas))
+    result: dict[str, dict[str, Any]] = {}
+    for child in desired:
+        ref = KIND_REFS[child.kind]
+        live = live_worker if child.name == f"{owner.name}-worker" else await api.get(ref, owner.namespace, child.name)
+        if live is None:
+            logger.info(f"creating {child.kind} {child.name}")
+            result[child.name] = await api.create(ref, owner.namespace, child.body)
+            continue
+        patch = child_patch(live, child.body)
+        if patch:
+            logger.info(f"patching {child.kind} {child.name}: {sorted(patch.get('spec', {}))}")
+            result[child.name] = await api.patch(ref, owner.namespace, child.name, patch)
+        else:
+            result[child.name] = live
+    return result
+
+
+def _cutover_wanted(spec: JudgeQueueSpec) -> dict[str, Any]:
+    wanted: dict[str, Any] = {"queue": spec.queue, "mode": spec.cutover.mode, "paused": spec.paused}
+    if spec.cutover.watermark is not None:
+        wanted["watermark"] = conditions.rfc3339(spec.cutover.watermark)
+    return wanted
+
+
+def _cutover_applied(status: Mapping[str, Any], wanted: Mapping[str, Any]) -> bool:
+    applied = status.get("cutover") or {}
+    cond = conditions.find(status.get("conditions"), "CutoverApplied")
+    same = all(applied.get(k) == v for k, v in wanted.items()) and ("watermark" in wanted) == ("watermark" in applied)
+    return bool(same and cond is not None and cond.get("status") == "True")
+
+
+async def apply_cutover(dsn: str, spec: JudgeQueueSpec, *, connect_timeout: float) -> dict[str, Any]:
+    """Write the queue's flags in one transaction (created if missing); returns what the row now says."""
+    conn = await asyncpg.connect(dsn, timeout=connect_timeout)
+    try:
+        async with conn.transaction():
+            await create_queue(conn, spec.queue, mode=spec.cutover.mode)
+            if spec.cutover.watermark is not None:
+                flags = await set_cutover(
+                    conn, spec.queue, mode=spec.cutover.mode, watermark=spec.cutover.watermark, paused=spec.paused
+                )
+            else:
+                flags = await set_cutover(conn, spec.queue, mode=spec.cutover.mode, paused=spec.paused)
+    finally:
+        await conn.close()
+    applied: dict[str, Any] = {"queue": flags.name, "mode": flags.mode, "paused": flags.paused,
+                               "configVersion": flags.config_version}
+    if flags.watermark is not None:
+        applied["watermark"] = conditions.rfc3339(flags.watermark)
+    return applied
+
+
+async def _cutover(
+    status: Mapping[str, Any], spec: JudgeQueueSpec, conns: Connections, config: OperatorConfig, generation: int,
+    logger: logging.Logger | logging.LoggerAdapter[Any],
+) -> tuple[dict[str, Any] | None, conditions.Condition | None]:
+    """Apply the cutover flags if they are not applied yet: (new status.cutover or None, condition or None)."""
+    wanted = _cutover_wanted(spec)
+    if _cutover_applied(status, wanted):
+        return None, None
+    try:
+        applied = await apply_cutover(conns.postgres_dsn, spec, connect_timeout=config.db_timeout)
+    except WatermarkMovedBack as exc:
+        return None, conditions.Condition("CutoverApplied", "False", "WatermarkMovedBack", str(exc))
+    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError, JudgeQueueError) as exc:
+        logger.warning(f"cutover not applied, will retry: {exc!r}")
+        return None, conditions.Condition(
+            "CutoverApplied", "False", "DatabaseUnavailable", f"cannot apply flags to queue {spec.queue!r}: {exc}"
+        )
+    applied["generation"] = generation
+    message = f"queue {spec.queue!r}: mode={applied['mode']} paused={applied['paused']}"
+    if "watermark" in applied:
+        message += f" watermark={applied['watermark']}"
+    logger.info(f"cutover applied: {message}")
+    return applied, conditions.Condition("CutoverApplied", "True", "Applied", message)
+
+
+def _workers_status(spec: JudgeQueueSpec, owner: Owner, live: Mapping[str, Any] | None) -> dict[str, Any]:
+    selector = ",".join(f"{k}={v}" for k, v in selector_labels(owner.name, "worker").items())
+    live_spec = (live or {}).get("spec") or {}
+    live_status = (live or {}).get("status") or {}
+    return {
+        "replicas": int(live_spec.get("replicas", 0) or 0),
+        "ready": int(live_status.get("readyReplicas", 0) or 0),
+        "selector": selector,
+        "autoscaling": spec.worker.autoscaling,
+    }
+
+
+async def reconcile(
+    body: Mapping[str, Any], state: OperatorState, logger: logging.Logger | logging.LoggerAdapter[Any]
+) -> Status:
+    """Bring children and queue flags to the spec; returns the status fields to patch."""
+    meta = body["metadata"]
+    generation = int(meta.get("generation", 0))
+    status: Mapping[str, Any] = body.get("status") or {}
+    previous = status.get("conditions")
+    parsed = parse_spec(body.get("spec"), name=meta["name"], known_judges=state.config.known_judges)
+    if isinstance(parsed, list):
+        logger.error(f"invalid spec, nothing changed: {'; '.join(parsed)}")
+        return {
+            "observedGeneration": generation,
+            "conditions": conditions.merge_conditions(
+                previous, conditions.invalid_spec(parsed), generation=generation, now=_now()
+            ),
+        }
+    owner = _owner(body)
+    api = state.api
+    try:
+        conns = await _connections(api, owner.namespace, parsed)
+    except SecretNotFound as exc:
+        logger.error(f"{exc}; nothing changed, will retry")
+        return {
+            "observedGeneration": generation,
+            "conditions": conditions.merge_conditions(
+                previous, conditions.failure("SecretNotFound", str(exc)), generation=generation, now=_now()
+            ),
+        }
+    children = await _apply_children(api, parsed, owner, logger)
+    roles = [conditions.availability(r, children.get(f"{owner.name}-{r}")) for r in ("dispatcher", "worker", "reaper")]
+    updates = conditions.rollout(roles)
+    new_status: Status = {
+        "observedGeneration": generation,
+        "workers": _workers_status(parsed, owner, children.get(f"{owner.name}-worker")),
+    }
+    applied, cutover_condition = await _cutover(status, parsed, conns, state.config, generation, logger)
+    if applied is not None:
+        new_status["cutover"] = applied
+    if cutover_condition is not None:
+        updates.append(cutover_condition)
+    new_status["conditions"] = conditions.merge_conditions(previous, updates, generation=generation, now=_now())
+    return new_status
+
+
+async def measure_backlog(conns: Connections, queue: str, *, io_timeout: float) -> Backlog:
+    conn = await asyncpg.connect(conns.postgres_dsn, timeout=io_timeout)
+    redis = aioredis.Redis.from_url(conns.redis_url, socket_timeout=io_timeout, socket_connect_timeout=io_timeout)
+    try:
+        return await read_backlog(conn, redis, queue)
+    finally:
+        await redis.aclose()
+        await conn.close()
+
+
+async def autoscale_workers(
+    body: Mapping[str, Any], spec: JudgeQueueSpec, state: OperatorState,
+    logger: logging.Logger | logging.LoggerAdapter[Any],
+) -> Status:
+    """One autoscaler tick: read the backlog, decide, patch the worker Deployment, emit an Event."""
+    owner = _owner(body)
+    api = state.api
+    status: Mapping[str, Any] = body.get("status") or {}
+    conns = await _connections(api, owner.namespace, spec)
+    backlog = await measure_backlog(conns, spec.queue, io_timeout=state.config.db_timeout)
+    backlog_status = {"total": backlog.total, "outboxPending": backlog.outbox_pending,
+                      "streamLag": backlog.stream_lag, "pel": backlog.pel,
+                      "readAt": conditions.rfc3339(_now())}
+    result: Status = {"backlog": backlog_status}
+    if spec.worker.autoscaling == "external":
+        return result
+    name = f"{owner.name}-worker"
+    live = await api.get(KIND_REFS["Deployment"], owner.namespace, name)
+    if live is None:
+        return result
+    current = int(live.get("spec", {}).get("replicas", 0) or 0)
+    remembered = status.get("autoscaling") or {}
+    decision = autoscale.decide(
+        backlog=backlog.total,
+        current=current,
+        min_replicas=spec.worker.min_replicas,
+        max_replicas=spec.worker.max_replicas,
+        target_per_replica=spec.worker.target_backlog_per_replica,
+        window=spec.worker.scale_down_window,
+        now=time.time(),
+        state=autoscale.ScaleState(last_scale_up=remembered.get("lastScaleUp"), last_busy=remembered.get("lastBusy")),
+    )
+    result["autoscaling"] = {"lastScaleUp": decision.state.last_scale_up, "lastBusy": decision.state.last_busy,
+                             "wanted": decision.wanted}
+    if decision.changed and decision.replicas != current:
+        scale = {"spec": {"replicas": decision.replicas}}
+        live = await api.patch(KIND_REFS["Deployment"], owner.namespace, name, scale)
+        reason = "ScaledUp" if decision.replicas > current else "ScaledDown"
+        message = f"workers {current} -> {decision.replicas}: {decision.reason}"
+        logger.info(message)
+        kopf.event(cast(kopf.Body, body), type="Normal", reason=reason, message=message)
+    result["workers"] = _workers_status(spec, owner, live)
+    return result
+
+
+def _merge(status: Status, extra: Mapping[str, Any]) -> None:
+    for key, value in extra.items():
+        if isinstance(value, Mapping) and isinstance(status.get(key), dict):
+            status[key].update(value)
+        else:
+            status[key] = value
+
+
+def build_registry(
+    state: OperatorState,
+    *,
+    login: Callable[..., Awaitable[kopf.ConnectionInfo | None]] | None = None,
+    kube_factory: Callable[[], KubeApi] | None = None,
+) -> kopf.OperatorRegistry:
+    """A Kopf registry with the JudgeQueue handlers bound to ``state``."""
+    registry = kopf.OperatorRegistry()
+
+    if login is not None:
+        kopf.on.login(registry=registry)(login)
+
+    @kopf.on.startup(registry=registry)
+    async def _startup(settings: kopf.OperatorSettings, **_: Any) -> None:
+        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+            prefix=GROUP, key="last-handled-configuration"
+        )
+        settings.posting.level = logging.WARNING
+        if kube_factory is not None and state.kube is None:
+            state.kube = kube_factory()
+
+    @kopf.on.cleanup(registry=registry)
+    async def _cleanup(**_: Any) -> None:
+        if state.kube is not None:
+            await state.kube.close()
+            state.kube = None
+
+    @kopf.on.resume(GROUP, VERSION, PLURAL, registry=registry)
+    @kopf.on.create(GROUP, VERSION, PLURAL, registry=registry)
+    @kopf.on.update(GROUP, VERSION, PLURAL, registry=registry)
+    async def on_change(body: kopf.Body, patch: kopf.Patch, logger: kopf.Logger, **_: Any) -> None:
+        meta = body["metadata"]
+        state.handled[(f"{meta['namespace']}/{meta['name']}", int(meta.get("generation", 0)))] += 1
+        async with state.lock(meta["uid"]):
+            try:
+                new_status = await reconcile(body, state, logger)
+            except KubeError as exc:
+                raise kopf.TemporaryError(f"Kubernetes API: {exc}", delay=5) from exc
+        patch.status.update(new_status)
+
+    @kopf.timer(GROUP, VERSION, PLURAL, interval=state.config.interval, registry=registry)
+    async def tick(body: kopf.Body, logger: kopf.Logger, **_: Any) -> None:
+        meta = body["metadata"]
+        async with state.lock(meta["uid"]):
+            try:
+                fresh = await state.api.get(KIND_REFS["JudgeQueue"], meta["namespace"], meta["name"])
+            except KubeError as exc:
+                logger.warning(f"timer skipped: {exc}")
+                return
+            if fresh is None or fresh["metadata"].get("deletionTimestamp"):
+                return
+            status = fresh.get("status") or {}
+            if int(fresh["metadata"].get("generation", 0)) != int(status.get("observedGeneration", -1)):
+                return  # a change handler has not processed this generation yet: it owns the next step
+            parsed = parse_spec(fresh.get("spec"), name=meta["name"], known_judges=state.config.known_judges)
+            if isinstance(parsed, list):
+                return
+            try:
+                new_status = await reconcile(fresh, state, logger)
+            except KubeError as exc:
+                logger.warning(f"timer: Kubernetes API: {exc}")
+                return
+            degraded = conditions.find(new_status.get("conditions"), "Degraded")
+            if degraded is None or degraded.get("status") != "True":
+                merged_body = {**fresh, "status": {**status, **new_status}}
+                try:
+                    _merge(new_status, await autoscale_workers(merged_body, parsed, state, logger))
+                except KubeError as exc:
+                    logger.warning(f"timer: Kubernetes API: {exc}")
+                except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError, RedisError,
+                        SecretNotFound) as exc:
+                    logger.warning(f"timer: backlog not read: {exc!r}")
+            # Written here, under the lock, so a tick's status never lands after a newer change's.
+            try:
+                await state.api.patch(KIND_REFS["JudgeQueue"], meta["namespace"], meta["name"],
+                                      {"status": new_status}, subresource="status")
+            except KubeError as exc:
+                logger.warning(f"timer: status not written: {exc}")
+
+    return registry

@@ -1,0 +1,86 @@
+"""Run the JudgeQueue operator: the entry point ``judgequeue operator`` calls.
+
+One replica is enough (handlers are idempotent and level-based, and resume after a restart); deploy
+it with ``strategy: Recreate``. For several replicas, pass ``peering`` (needs Kopf's
+``KopfPeering``/``ClusterKopfPeering`` CRDs): replicas then elect one active operator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import kopf
+
+from .handlers import OperatorConfig, OperatorState, build_registry
+from .kube import KubeApi, connection_info, load_configuration
+
+_GLOB = set("*?[")
+
+
+def operator_settings(namespaces: Sequence[str] | None) -> kopf.OperatorSettings:
+    settings = kopf.OperatorSettings()
+    # Literal namespaces need no scanning (listing namespaces needs cluster-wide RBAC).
+    if namespaces and not any(_GLOB & set(ns) for ns in namespaces):
+        settings.scanning.disabled = True
+    return settings
+
+
+async def operate(
+    namespaces: Sequence[str] | None,
+    *,
+    liveness_port: int | None = None,
+    peering: str | None = None,
+    standalone: bool = False,
+    kubeconfig: str | None = None,
+    config: OperatorConfig | None = None,
+    stop_flag: threading.Event | asyncio.Event | None = None,
+    ready_flag: threading.Event | asyncio.Event | None = None,
+    state: OperatorState | None = None,
+) -> None:
+    """The operator as a coroutine (see :func:`run_operator`); ``state`` lets tests observe handlers."""
+    configuration = load_configuration(kubeconfig)
+    state = state or OperatorState(config=config or OperatorConfig())
+
+    async def login(**_: Any) -> kopf.ConnectionInfo:
+        return connection_info(configuration)
+
+    registry = build_registry(state, login=login, kube_factory=lambda: KubeApi(configuration))
+    await kopf.operator(
+        registry=registry,
+        settings=operator_settings(namespaces),
+        clusterwide=not namespaces,
+        namespaces=list(namespaces or ()),
+        standalone=standalone or peering is None,
+        peering_name=peering,
+        liveness_endpoint=f"http://0.0.0.0:{liveness_port}/healthz" if liveness_port else None,
+        stop_flag=stop_flag,
+        ready_flag=ready_flag,
+    )
+
+
+def run_operator(
+    namespaces: list[str] | None,
+    *,
+    liveness_port: int | None = None,
+    peering: str | None = None,
+    standalone: bool = False,
+    kubeconfig: str | None = None,
+    config: OperatorConfig | None = None,
+) -> int:
+    """Run until SIGINT/SIGTERM; returns the process exit code.
+
+    ``namespaces``: serve only these (None or empty: cluster-wide). ``liveness_port``: serve Kopf's
+    ``/healthz`` there. ``peering``: a Kopf peering name for several replicas; without it the operator
+    runs standalone (one replica). ``kubeconfig``: a kubeconfig path (default: in-cluster, else
+    ``$KUBECONFIG``/``~/.kube/config``). ``config``: timer interval and connection timeouts.
+    """
+    asyncio.run(
+        operate(
+            namespaces, liveness_port=liveness_port, peering=peering, standalone=standalone,
+            kubeconfig=kubeconfig, config=config,
+        )
+    )
+    return 0
