@@ -207,6 +207,13 @@ def cmd_role(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     catch_early_signals()  # a SIGTERM while the role still imports must still stop it cleanly
     settings = load_settings(env, overrides_from(args))
     main = load_role(args.command)
+    if args.command == "worker":
+        from .judges import load_judge
+
+        try:
+            load_judge(settings.worker.judge)  # an unknown judge is bad configuration: one line, exit 2
+        except ImportError as exc:
+            raise Failure(f"judge plugin {settings.worker.judge!r} is installed but cannot be loaded: {exc}") from None
 
     return run_role(args.command, settings, main, need_group=args.command in ("worker", "reaper"))
 

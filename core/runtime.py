@@ -20,6 +20,7 @@ import asyncpg
 import redis.asyncio as aioredis
 
 from .config import Settings, redact_url
+from .errors import ConfigError
 from .http import HealthServer, Readiness
 from .logs import setup_logging
 from .streams import GROUP, stream_key
@@ -146,6 +147,9 @@ async def serve_role(role: str, settings: Settings, main: RoleMain, *, need_grou
         if not stop.is_set():
             log.error(f"{role} ended without being asked to stop", extra={"role": role})
             code = 1
+    except ConfigError as exc:  # found by the role itself (e.g. an unknown judge plugin)
+        log.error(str(exc), extra={"role": role})
+        code = 2
     except asyncio.CancelledError:
         log.error(f"{role} cancelled before it finished shutting down", extra={"role": role})
         code = 1
