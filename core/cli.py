@@ -229,7 +229,15 @@ def cmd_operator(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     run_operator = getattr(module, "run_operator", None)
     if run_operator is None:
         raise Failure("judgequeue operator is not available in this build yet (no run_operator)")
-    result = run_operator(namespace=args.namespace, all_namespaces=args.all_namespaces)
+    namespaces = None if args.all_namespaces else args.namespace
+    try:
+        result = run_operator(
+            namespaces, liveness_port=args.liveness_port, peering=args.peering, kubeconfig=args.kubeconfig
+        )
+    except Exception as exc:
+        if type(exc).__module__.startswith("kubernetes.config"):
+            raise Failure(f"cannot load the Kubernetes configuration: {exc}") from None
+        raise
     return int(result or 0)
 
 
@@ -544,6 +552,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("operator", "run the Kubernetes operator (Kopf) for JudgeQueue resources")
     p.add_argument("--namespace", action="append", help="watch this namespace (repeatable)")
     p.add_argument("--all-namespaces", action="store_true", help="watch every namespace (default without --namespace)")
+    p.add_argument("--liveness-port", type=int, help="serve the operator's /healthz on this port")
+    p.add_argument("--peering", help="Kopf peering name, for several operator replicas (default: standalone)")
+    p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, else $KUBECONFIG or ~/.kube/config)")
     p.set_defaults(handler=cmd_operator)
 
     p = add(
@@ -677,6 +688,14 @@ def main(argv: list[str] | None = None, env: Mapping[str, str] | None = None) ->
     except KeyboardInterrupt:
         print("judgequeue: interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:
+        if not type(exc).__module__.startswith(("asyncpg", "redis")):
+            raise
+        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if getattr(exc, "sqlstate", None) in ("42P01", "3F000", "42883"):  # no table / schema / function
+            message += " (is the schema migrated? run: judgequeue migrate)"
+        print(f"judgequeue: error: {_scrub(message, secrets)}", file=sys.stderr)
+        return EXIT_FAILURE
 
 
 def _is_refusal(exc: Exception) -> bool:

@@ -209,3 +209,17 @@ def test_dlq_actions_parse_and_answer(action: str) -> None:
     # Until the streams module provides the DLQ functions the command says so and exits 1.
     assert result.returncode == 1
     assert "not available in this build yet" in result.stderr or "not wired" in result.stderr
+
+
+def test_unmigrated_database_says_to_migrate(fresh_db: str) -> None:
+    result = jq("queue", "list", dsn=fresh_db)
+    assert result.returncode == 1
+    assert result.stderr.strip().endswith("(is the schema migrated? run: judgequeue migrate)")
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_operator_without_kubernetes_configuration_is_one_line() -> None:
+    result = jq("operator", "--kubeconfig", "/nonexistent/kubeconfig", KUBECONFIG="/nonexistent/kubeconfig")
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and ("Kubernetes configuration" in lines[0] or "not available in this build" in lines[0])
