@@ -27,7 +27,7 @@ A sweep has four parts, each guarded on its own so one failing dependency does n
     order would leave a window where Redis has given up on a job that Postgres still shows
     ``PENDING`` forever, which needs a separate repair scan; this order needs none.
 
-(b) **Lease rescue** through ``judgequeue.core.leases.rescue_expired_leases`` (when installed).
+(b) **Lease rescue** through ``judgequeue.core.leases.rescue_expired_leases``, batch by batch.
 (c) **Prune**: terminal outbox rows past ``retention``, stale dispatcher waiters, and consumers of
     group ``workers`` idle longer than ten visibility timeouts with no pending entry (checked and
     deleted atomically in one script, so a consumer that just read something is never dropped).
@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -51,6 +50,7 @@ from . import metrics, outbox, streams
 from .config import Settings
 from .dispatcher import instance_id
 from .errors import TransportError
+from .leases import LeaseSweep, rescue_expired_leases
 from .stream_stats import StreamFigures, publish, stream_figures
 
 log = logging.getLogger("judgequeue.reaper")
@@ -123,7 +123,7 @@ class SweepReport:
     """One full sweep: every part's outcome, or its error."""
 
     stream: StreamSweep | None = None
-    leases: Any = None
+    leases: LeaseSweep | None = None
     pruned_rows: int = 0
     pruned_waiters: int = 0
     removed_consumers: int = 0
@@ -287,19 +287,21 @@ class Reaper:
 
     # --- (b) leases -------------------------------------------------------------------------------
 
-    async def rescue_leases(self) -> Any:
-        """Rescue expired JUDGING leases via ``judgequeue.core.leases`` (None while it is absent)."""
-        # HOOK (issue: lease rescue): resolved at call time so the reaper works before the leases
-        # module lands and picks it up as soon as it does.
-        try:
-            leases = importlib.import_module("judgequeue.core.leases")
-        except ModuleNotFoundError:
-            return None
-        rescue = getattr(leases, "rescue_expired_leases", None)
-        if rescue is None:
-            return None
-        async with self.pool.acquire() as conn:
-            return await rescue(conn, self.queue, max_retries=self.settings.reaper.max_retries, batch=500)
+    async def rescue_leases(self, *, batch: int = 500, max_batches: int = 20) -> LeaseSweep:
+        """Rescue expired JUDGING leases (new generation, or SYSTEM_ERROR at ``maxRetries``)."""
+        requeued = failed = 0
+        for _ in range(max_batches):
+            async with self.pool.acquire() as conn:
+                got = await rescue_expired_leases(
+                    conn, self.queue, max_retries=self.settings.reaper.max_retries, batch=batch
+                )
+            requeued += got.requeued
+            failed += got.failed
+            if got.requeued + got.failed < batch:
+                break
+        if requeued or failed:
+            log.info("expired leases rescued", extra={"queue": self.queue, "requeued": requeued, "failed": failed})
+        return LeaseSweep(requeued=requeued, failed=failed)
 
     # --- (c) prune --------------------------------------------------------------------------------
 

@@ -443,3 +443,22 @@ async def test_sweep_survives_unreachable_redis(pg_pool: asyncpg.Pool, pg_dsn: s
         await dead.aclose()
     assert {"stream", "consumers", "gauges"} <= set(report.errors)
     assert "RedisUnavailable" in report.errors["stream"] and "prune" not in report.errors
+
+
+async def test_sweep_rescues_expired_leases(
+    pg_pool: asyncpg.Pool, pg_dsn: str, redis_client: aioredis.Redis, queue_name: str
+) -> None:
+    async with pg_pool.acquire() as conn:
+        await create_queue(conn, queue_name)
+        sid = await outbox.submit(conn, queue_name, {})
+        await conn.execute(
+            """UPDATE judgequeue.submissions SET status = 'JUDGING', attempt_id = gen_random_uuid(),
+                      lease_expires_at = now() - interval '1 second' WHERE id = $1""",
+            sid,
+        )
+    r = make_reaper(pg_pool, redis_client, pg_dsn, queue_name, "reaper-a")
+    report = await r.sweep()
+    assert report.leases is not None and (report.leases.requeued, report.leases.failed) == (1, 0)
+    async with pg_pool.acquire() as conn:
+        row = await conn.fetchrow("SELECT status, generation FROM judgequeue.submissions WHERE id = $1", sid)
+    assert (row["status"], row["generation"]) == ("PENDING", 2)
