@@ -107,6 +107,7 @@ class StrictEmulator(kmock.KubernetesEmulator):
     _log: list[tuple[int, Any, str | None, dict[str, Any]]] = attrs.field(factory=list, init=False)
     _changed: asyncio.Event | None = attrs.field(default=None, init=False)
     _closing: bool = attrs.field(default=False, init=False)
+    _write_waiters: list[asyncio.Future[None]] = attrs.field(factory=list, init=False)
 
     def _info(self, resource: Any) -> references.ResourceInfo | None:
         for known in self.resources:
@@ -130,6 +131,16 @@ class StrictEmulator(kmock.KubernetesEmulator):
         self._log.append((self._rv, resource, namespace, {"type": event_type, "object": copy.deepcopy(obj)}))
         if self._changed is not None:
             self._changed.set()
+        waiters, self._write_waiters = self._write_waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def next_write(self) -> None:
+        """Return after the next write of any object (for latency measurements, no polling)."""
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._write_waiters.append(waiter)
+        await waiter
 
     def _get(self, resource: Any, namespace: str | None, name: str) -> dict[str, Any] | None:
         key = (resource, namespace, name)
