@@ -1,0 +1,168 @@
+"""Throwaway redis-server processes for tests that need a server of their own (faults, cluster).
+
+Each server listens on a free loopback port, keeps its files in a temporary directory, and is
+stopped by its own pid (never by name) when the context exits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import redis
+
+REDIS_SERVER = shutil.which("redis-server") or "redis-server"
+REDIS_CLI = shutil.which("redis-cli") or "redis-cli"
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def free_port(*, with_bus: bool = False) -> int:
+    """A loopback port nobody listens on (and, for cluster nodes, port + 10000 free too)."""
+    for _ in range(200):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port + 10000 > 65535 and with_bus:
+            continue
+        if not with_bus or _port_free(port + 10000):
+            return port
+    raise RuntimeError("no free port found")
+
+
+class RedisServer:
+    """One redis-server child process."""
+
+    def __init__(self, port: int, workdir: Path, args: Sequence[str] = ()) -> None:
+        self.port = port
+        self.workdir = workdir
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.process = subprocess.Popen(
+            [
+                REDIS_SERVER,
+                "--port",
+                str(port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(workdir),
+                "--logfile",
+                str(workdir / "redis.log"),
+                *args,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        self.wait_ready()
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def client(self) -> redis.Redis:
+        return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=5)
+
+    def wait_ready(self, within: float = 10.0) -> None:
+        deadline = time.monotonic() + within
+        while True:
+            if self.process.poll() is not None:
+                log = (self.workdir / "redis.log").read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"redis-server on {self.port} exited: {log}")
+            try:
+                with self.client() as c:
+                    if c.ping():
+                        return
+            except redis.RedisError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"redis-server on {self.port} not ready within {within}s")
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(5)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(5)
+
+
+@contextlib.contextmanager
+def redis_server(*args: str) -> Iterator[RedisServer]:
+    """A standalone throwaway server with extra ``args`` (e.g. ``--maxmemory``)."""
+    with tempfile.TemporaryDirectory(prefix="jq-redis-") as tmp:
+        server = RedisServer(free_port(), Path(tmp), args)
+        try:
+            yield server
+        finally:
+            server.stop()
+
+
+@contextlib.contextmanager
+def redis_cluster(masters: int = 3) -> Iterator[list[RedisServer]]:
+    """A local cluster of ``masters`` primaries (no replicas) with every slot assigned."""
+    with tempfile.TemporaryDirectory(prefix="jq-cluster-") as tmp:
+        nodes: list[RedisServer] = []
+        try:
+            for i in range(masters):
+                port = free_port(with_bus=True)
+                nodes.append(
+                    RedisServer(
+                        port,
+                        Path(tmp) / f"node{i}",
+                        [
+                            "--cluster-enabled",
+                            "yes",
+                            "--cluster-config-file",
+                            "nodes.conf",
+                            "--cluster-node-timeout",
+                            "5000",
+                        ],
+                    )
+                )
+            subprocess.run(
+                [REDIS_CLI, "--cluster", "create", *[f"127.0.0.1:{n.port}" for n in nodes], "--cluster-yes"],
+                check=True,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                timeout=60,
+            )
+            _wait_cluster_ok(nodes)
+            yield nodes
+        finally:
+            for node in nodes:
+                node.stop()
+
+
+def _wait_cluster_ok(nodes: Sequence[RedisServer], within: float = 20.0) -> None:
+    deadline = time.monotonic() + within
+    while True:
+        states = []
+        for node in nodes:
+            with node.client() as c:
+                info = c.execute_command("CLUSTER", "INFO")
+                text = info.decode() if isinstance(info, bytes) else str(info)
+                states.append("cluster_state:ok" in text)
+        if all(states):
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError("cluster did not reach cluster_state:ok")
+        time.sleep(0.05)
