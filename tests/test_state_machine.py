@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import asyncpg
 import pytest
@@ -22,6 +24,7 @@ from judgequeue.core import leases, outbox
 from judgequeue.core.queues import create_queue
 
 QUEUE = "judge"
+T = TypeVar("T")
 MAX_RETRIES = 3
 VERDICTS = ("ACCEPTED", "WRONG_ANSWER", "RUNTIME_ERROR")
 
@@ -51,7 +54,7 @@ class OutboxFenceMachine(RuleBasedStateMachine):
         self.run(create_queue(self.conn, QUEUE))
         self.model = Model()
 
-    def run(self, coro):  # type: ignore[no-untyped-def]
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
         return self.loop.run_until_complete(coro)
 
     def teardown(self) -> None:
