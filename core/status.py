@@ -18,7 +18,8 @@ from .config import format_duration
 from .outbox import OUTBOX_STATES
 from .outbox import stats as outbox_stats
 from .queues import QueueFlags, get_queue
-from .streams import GROUP, dlq_key, stream_key
+from .stream_stats import stream_figures
+from .streams import GROUP, stream_key
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,7 @@ class Figures:
     pel: int | None = None
     oldest_idle: float | None = None
     dlq_length: int | None = None
+    shadow_length: int | None = None
     consumers: int | None = None
     live_consumers: int | None = None
     group_present: bool | None = None
@@ -101,37 +103,23 @@ def evaluate(figures: Figures, thresholds: Thresholds) -> Verdict:
     return Verdict(not problems, problems)
 
 
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 async def gather_redis(client: aioredis.Redis, queue: str, *, live_window: float = 60.0) -> dict[str, Any]:
-    """Stream length, lag, PEL, oldest idle, DLQ length and consumers of ``queue``'s stream."""
-    stream = stream_key(queue)
-    pipe = client.pipeline(transaction=False)
-    pipe.xlen(stream)
-    pipe.xlen(dlq_key(queue))
-    length, dlq = await pipe.execute()
-    out: dict[str, Any] = {"stream_length": int(length), "dlq_length": int(dlq), "group_present": False}
-    try:
-        groups = await client.xinfo_groups(stream)
-    except aioredis.ResponseError:  # the stream does not exist yet
-        groups = []
-    group = next((g for g in groups if _text(g["name"]) == GROUP), None)
-    if group is None:
-        return out
-    out["group_present"] = True
-    out["pel"] = int(group["pending"])
-    lag = group.get("lag")
-    out["lag"] = int(lag) if lag is not None else None
-    consumers = await client.xinfo_consumers(stream, GROUP)
-    out["consumers"] = len(consumers)
-    out["live_consumers"] = sum(1 for c in consumers if int(c["idle"]) / 1000 <= live_window)
-    out["oldest_idle"] = 0.0
-    if out["pel"]:
-        oldest = await client.xpending_range(stream, GROUP, min="-", max="+", count=1)
-        if oldest:
-            out["oldest_idle"] = int(oldest[0]["time_since_delivered"]) / 1000
+    """The stream figures (shared with the reaper's gauges) plus how many consumers are live."""
+    f = await stream_figures(client, queue)
+    out: dict[str, Any] = {
+        "stream_length": f.length,
+        "lag": f.lag,
+        "pel": f.pel,
+        "oldest_idle": f.oldest_idle,
+        "dlq_length": f.dlq_length,
+        "shadow_length": f.shadow_length,
+        "consumers": f.consumers,
+        "group_present": f.group_present,
+        "live_consumers": 0,
+    }
+    if f.group_present and f.consumers:
+        consumers = await client.xinfo_consumers(stream_key(queue), GROUP)
+        out["live_consumers"] = sum(1 for c in consumers if int(c["idle"]) / 1000 <= live_window)
     return out
 
 
@@ -198,6 +186,7 @@ def render(figures: Figures, verdict: Verdict) -> str:
         f"  stream         length={_show(figures.stream_length)}  lag={_show(figures.lag)}  "
         f"pel={_show(figures.pel)}  oldest idle={_show(figures.oldest_idle, 's')}",
         f"  dead letters   {_show(figures.dlq_length)}",
+        f"  shadow stream  {_show(figures.shadow_length)}",
         f"  consumers      {_show(figures.live_consumers)} live of {_show(figures.consumers)}"
         + ("" if figures.group_present in (None, True) else f"  (group {GROUP!r} not created yet)"),
         f"  backlog        {figures.backlog}",
