@@ -348,7 +348,9 @@ async def evalsha_many(
             async with client.pipeline(transaction=False) as pipe:
                 for i in indexes:
                     keys, args = calls[i]
-                    pipe.evalsha(sha, len(keys), *keys, *args)
+                    # execute_command, not pipe.evalsha: a cluster pipeline blocks the latter but
+                    # routes a raw EVALSHA by its keys (all in one slot thanks to the hash tag).
+                    pipe.execute_command("EVALSHA", sha, len(keys), *keys, *args)
                 return list(await pipe.execute(raise_on_error=False))
 
         replies = await guarded(run)
