@@ -486,17 +486,84 @@ def cmd_cutover(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     return EXIT_OK
 
 
-DLQ_FUNCTIONS = {"list": "dlq_list", "show": "dlq_show", "replay": "dlq_replay", "purge": "dlq_purge"}
+async def _with_redis(url: str, fn: Callable[[Any], Awaitable[T]]) -> T:
+    import redis.asyncio as aioredis
+
+    client = aioredis.Redis.from_url(url, socket_timeout=CONNECT_TIMEOUT, socket_connect_timeout=CONNECT_TIMEOUT)
+    try:
+        return await fn(client)
+    finally:
+        await client.aclose()
+
+
+def _letter_json(letter: Any) -> dict[str, Any]:
+    return {
+        "id": letter.entry_id,
+        "submission": letter.submission,
+        "generation": letter.generation,
+        "reason": letter.reason,
+        "deliveries": letter.deliveries,
+        "consumer": letter.consumer,
+        "postgres": letter.postgres,
+        "source_id": letter.source_id,
+        "entry": letter.entry,
+    }
+
+
+def _chosen_entries(args: argparse.Namespace) -> list[str] | None:
+    """Entry ids to act on, None for --all; refuses neither or both."""
+    if args.all == bool(args.entries):
+        raise Failure(f"dlq {args.dlq_command}: give entry ids or --all (not both)", EXIT_USAGE)
+    return None if args.all else list(args.entries)
 
 
 def cmd_dlq(args: argparse.Namespace, env: Mapping[str, str]) -> int:
-    try:
-        streams = importlib.import_module("judgequeue.core.streams")
-    except ModuleNotFoundError:
-        streams = None
-    if streams is None or not hasattr(streams, DLQ_FUNCTIONS[args.dlq_command]):
-        raise Failure(f"judgequeue dlq {args.dlq_command} is not available in this build yet")
-    raise Failure(f"judgequeue dlq {args.dlq_command} is not wired to the streams module yet")
+    from . import dlq
+
+    redis_url: str = resolve(args, env, REDIS)
+    queue: str = resolve(args, env, QUEUE)
+    action = args.dlq_command
+    if action == "list":
+        letters = _run(_with_redis(redis_url, lambda r: dlq.list_entries(r, queue, args.count, after=args.after)))
+        if args.json:
+            _print_json([_letter_json(x) for x in letters])
+        else:
+            for x in letters:
+                print(
+                    f"{x.entry_id}  submission={x.submission} generation={x.generation}  "
+                    f"deliveries={x.deliveries}  {x.reason}"
+                )
+            if not letters:
+                print("no dead letters")
+        return EXIT_OK
+    if action == "show":
+        letter = _run(_with_redis(redis_url, lambda r: dlq.show(r, queue, args.entries[0])))
+        if letter is None:
+            raise Failure(f"no dead letter {args.entries[0]} in queue {queue}")
+        data = _letter_json(letter)
+        print(json.dumps(data, indent=2) if args.json else "\n".join(f"{k:<11} {v}" for k, v in data.items()))
+        return EXIT_OK
+    chosen = _chosen_entries(args)
+    if action == "purge":
+        removed = _run(_with_redis(redis_url, lambda r: dlq.purge(r, queue, chosen)))
+        print(json.dumps({"purged": removed}) if args.json else f"purged {removed} dead letters")
+        return EXIT_OK
+    dsn: str = resolve(args, env, DSN)
+
+    async def go(conn: Any) -> Any:
+        return await _with_redis(redis_url, lambda r: dlq.replay(conn, r, queue, chosen))
+
+    result = _run(_with_pg(dsn, go))
+    if args.json:
+        _print_json({"outcomes": result.outcomes, "generations": result.generations})
+    else:
+        for entry_id, outcome in result.outcomes.items():
+            extra = f" as generation {result.generations[entry_id]}" if entry_id in result.generations else ""
+            print(f"{entry_id}  {outcome}{extra}")
+        if not result.outcomes:
+            print("no dead letters")
+    failed = [o for o in result.outcomes.values() if o not in ("replayed", "superseded")]
+    return EXIT_FAILURE if failed else EXIT_OK
 
 
 # --- parser ---------------------------------------------------------------------------------------
@@ -620,15 +687,18 @@ def build_parser() -> argparse.ArgumentParser:
     for action, text in (
         ("list", "list dead-lettered entries"),
         ("show", "show one dead-lettered entry with its reason"),
-        ("replay", "re-dispatch dead-lettered jobs under a new generation (idempotent)"),
+        ("replay", "re-dispatch dead-lettered jobs under a new generation (idempotent; needs Postgres)"),
         ("purge", "delete dead-lettered entries"),
     ):
         d = dsub.add_parser(action, help=text, description=text, parents=[json_flag])
         if action in ("show", "replay", "purge"):
-            d.add_argument("entries", nargs="*" if action != "show" else 1, help="DLQ entry ids")
+            d.add_argument("entries", nargs="*" if action != "show" else 1, metavar="ENTRY", help="DLQ entry id")
         if action in ("replay", "purge"):
             d.add_argument("--all", action="store_true", help="every entry")
-        _add_variable_flags(d, conn_vars, "connection")
+        if action == "list":
+            d.add_argument("--count", type=int, default=100, help="at most this many entries (default 100)")
+            d.add_argument("--after", default="-", help="start after this entry id (paging)")
+        _add_variable_flags(d, conn_vars if action == "replay" else [REDIS, QUEUE], "connection")
         d.set_defaults(handler=cmd_dlq)
 
     p = add("rejudge", "judge submissions again under a new generation", parents=[json_flag])
