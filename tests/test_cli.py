@@ -27,6 +27,10 @@ def jq(
     return run_cli(*args, env=env)
 
 
+def text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
 def ok_json(result: subprocess.CompletedProcess[str]) -> Any:
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
@@ -213,12 +217,18 @@ async def test_dlq_list_show_replay_purge(pg_dsn: str, queue_name: str, redis_cl
         sub = await submit(conn, queue_name, {"n": 1})
     finally:
         await conn.close()
-    fields = {"source_id": "1-0", "reason": "max deliveries", "consumer": "w1", "deliveries": "5", "postgres": "dead"}
+    fields: dict[Any, Any] = {
+        "source_id": "1-0",
+        "reason": "max deliveries",
+        "consumer": "w1",
+        "deliveries": "5",
+        "postgres": "dead",
+    }
     poison = await redis_client.xadd(
         dlq_key(queue_name), {**fields, "entry.submission": str(sub), "entry.generation": "1"}
     )
     junk = await redis_client.xadd(dlq_key(queue_name), {**fields, "entry.foo": "bar"})
-    poison_id, junk_id = poison.decode(), junk.decode()
+    poison_id, junk_id = text(poison), text(junk)
     env = {"JUDGEQUEUE_REDIS_URL": REDIS_URL}
 
     listed = ok_json(jq("dlq", "list", "--json", queue=queue_name, **env))  # no Postgres needed
@@ -236,9 +246,9 @@ async def test_dlq_list_show_replay_purge(pg_dsn: str, queue_name: str, redis_cl
     gone = jq("dlq", "replay", poison_id, "--json", dsn=pg_dsn, queue=queue_name, **env)
     assert gone.returncode == 1 and json.loads(gone.stdout)["outcomes"] == {poison_id: "not_found"}
     # An interrupted replay leaves the entry behind: replaying it again must not bump twice.
-    left = (
+    left = text(
         await redis_client.xadd(dlq_key(queue_name), {**fields, "entry.submission": str(sub), "entry.generation": "1"})
-    ).decode()
+    )
     superseded = ok_json(jq("dlq", "replay", left, "--json", dsn=pg_dsn, queue=queue_name, **env))
     assert superseded == {"outcomes": {left: "superseded"}, "generations": {}}
     conn = await asyncpg.connect(pg_dsn)
