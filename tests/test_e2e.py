@@ -1,0 +1,173 @@
+"""End to end against real Postgres and Redis: dispatcher + workers + lease rescue, real SIGKILL."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+from typing import Any
+
+import asyncpg
+import pytest
+import redis.asyncio as aioredis
+
+from judgequeue.core import leases, outbox, streams
+from judgequeue.core.config import Settings
+from judgequeue.core.dispatcher import Dispatcher
+from judgequeue.core.judges import Verdict
+from judgequeue.core.judges.builtin import SleepJudge
+from judgequeue.core.queues import create_queue
+from judgequeue.core.worker import Worker
+from tests.conftest import REDIS_URL
+from tests.helpers import eventually, make_settings
+
+WORKER_MAIN = (
+    "import asyncio, os\n"
+    "from judgequeue.core import worker\n"
+    "from judgequeue.core.config import load_settings\n"
+    "asyncio.run(worker.run(load_settings(os.environ), asyncio.Event()))\n"
+)
+
+
+async def _rescue_loop(pool: asyncpg.Pool, queue: str, stop: asyncio.Event) -> None:
+    """Stands in for the reaper's lease sweep."""
+    while not stop.is_set():
+        async with pool.acquire() as conn:
+            await leases.rescue_expired_leases(conn, queue, max_retries=5)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), 0.1)
+
+
+async def _spawn_worker_process(settings: Settings, **env: str) -> asyncio.subprocess.Process:
+    environ = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "JUDGEQUEUE_POSTGRES_DSN": settings.postgres_dsn,
+        "JUDGEQUEUE_REDIS_URL": settings.redis_url,
+        "JUDGEQUEUE_QUEUE": settings.queue,
+        "JUDGEQUEUE_LEASE_TTL": f"{settings.worker.lease_ttl}s",
+    }
+    environ.update({f"JUDGEQUEUE_{k.upper()}": v for k, v in env.items()})
+    quiet = asyncio.subprocess.DEVNULL
+    return await asyncio.create_subprocess_exec(sys.executable, "-c", WORKER_MAIN, env=environ, stdout=quiet, stderr=quiet)
+
+
+class QuickJudge(SleepJudge):
+    """The live workers' judge: the payload's verdict without its sleep (only the victim dawdles)."""
+
+    async def judge(self, payload: Any) -> Verdict:
+        return await super().judge({k: v for k, v in payload.items() if k != "seconds"})
+
+
+async def _counts(pool: asyncpg.Pool) -> dict[str, int]:
+    async with pool.acquire() as conn:
+        rows = await conn.fetch("SELECT status, count(*) AS n FROM judgequeue.submissions GROUP BY status")
+    return {r["status"]: r["n"] for r in rows}
+
+
+@pytest.mark.slow
+async def test_thousand_submissions_one_correct_verdict_each_despite_a_killed_worker(
+    pg_pool: asyncpg.Pool, pg_dsn: str, redis_client: aioredis.Redis, queue_name: str
+) -> None:
+    n = 1000
+    settings = make_settings(pg_dsn, REDIS_URL, queue_name, schedule="50ms", lease_ttl="1500ms", concurrency="8",
+                             grace_period="1s")  # fmt: skip
+    statuses = ["ACCEPTED", "WRONG_ANSWER", "TIME_LIMIT", "RUNTIME_ERROR"]
+    slow = 16  # the victim's concurrency: it is killed holding exactly these leases
+    async with pg_pool.acquire() as conn:
+        await create_queue(conn, queue_name)
+        await streams.ensure_group(redis_client, queue_name)
+        async with conn.transaction():
+            for i in range(n):
+                payload = {"status": statuses[i % 4], "echo": i, "seconds": 60 if i < slow else 0}
+                await outbox.submit(conn, queue_name, payload)
+    stop = asyncio.Event()
+    tasks = [asyncio.create_task(Dispatcher(pg_pool, redis_client, settings).run(stop))]
+    victim = await _spawn_worker_process(settings, judge="sleep", concurrency=str(slow))
+
+    async def victim_holds_leases() -> bool:
+        async with pg_pool.acquire() as conn:
+            held = await conn.fetchval("SELECT count(*) FROM judgequeue.submissions WHERE status = 'JUDGING'")
+        return bool(held == slow)
+
+    try:
+        await eventually(victim_holds_leases, within=20, what="the process worker holding leases")
+        victim.send_signal(signal.SIGKILL)
+        assert await victim.wait() == -signal.SIGKILL
+        workers = [Worker(pg_pool, redis_client, settings, judge=QuickJudge()) for _ in range(3)]
+        tasks += [asyncio.create_task(w.run(stop)) for w in workers]
+        tasks.append(asyncio.create_task(_rescue_loop(pg_pool, queue_name, stop)))
+
+        async def all_done() -> bool:
+            counts = await _counts(pg_pool)
+            return counts.get("PENDING", 0) + counts.get("JUDGING", 0) == 0
+
+        await eventually(all_done, within=60, every=0.2, what="1000 verdicts")
+    finally:
+        stop.set()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if victim.returncode is None:
+            victim.kill()
+    async with pg_pool.acquire() as conn:
+        rows = await conn.fetch("SELECT id, status, verdict, generation FROM judgequeue.submissions ORDER BY id")
+    assert len(rows) == n
+    for i, row in enumerate(rows):
+        verdict = json.loads(row["verdict"])
+        assert (row["status"], verdict["details"]["echo"]) == (statuses[i % 4], i)
+        assert verdict["generation"] == row["generation"]
+    rescued = [r for r in rows if r["generation"] > 1]
+    assert len(rescued) == slow, "the killed worker's leases were rescued"
+    assert sum(w.stats.written for w in workers) == n  # every verdict written exactly once, by the live workers
+    assert await redis_client.xlen(streams.stream_key(queue_name)) == 0
+
+
+async def test_sigkilled_worker_job_is_rejudged_within_lease_ttl(
+    pg_pool: asyncpg.Pool, pg_dsn: str, redis_client: aioredis.Redis, queue_name: str
+) -> None:
+    ttl = 1.0
+    settings = make_settings(pg_dsn, REDIS_URL, queue_name, schedule="50ms", lease_ttl=f"{ttl}s")
+    async with pg_pool.acquire() as conn:
+        await create_queue(conn, queue_name)
+        await streams.ensure_group(redis_client, queue_name)
+        [sid] = [await outbox.submit(conn, queue_name, {"seconds": 30, "echo": "x"})]
+    stop = asyncio.Event()
+    tasks = [asyncio.create_task(Dispatcher(pg_pool, redis_client, settings).run(stop))]
+    victim = await _spawn_worker_process(settings, judge="sleep")
+    try:
+        async def judging() -> asyncpg.Record | None:
+            async with pg_pool.acquire() as conn:
+                return await conn.fetchrow(
+                    "SELECT attempt_id, verdict FROM judgequeue.submissions WHERE id = $1 AND status = 'JUDGING'", sid
+                )
+
+        first = await eventually(judging, within=20, what="the process worker judging")
+        assert first is not None
+        victim.send_signal(signal.SIGKILL)
+        assert await victim.wait() == -signal.SIGKILL
+        killed_at = asyncio.get_running_loop().time()
+        # The re-judge must not take 30 s: its payload is rewritten to be quick on the new attempt.
+        async with pg_pool.acquire() as conn:
+            await conn.execute(
+                "UPDATE judgequeue.submissions SET payload = '{\"echo\": \"y\"}' WHERE id = $1", sid
+            )
+        w = Worker(pg_pool, redis_client, settings, judge=SleepJudge())
+        tasks += [asyncio.create_task(w.run(stop)), asyncio.create_task(_rescue_loop(pg_pool, queue_name, stop))]
+
+        async def accepted() -> asyncpg.Record | None:
+            async with pg_pool.acquire() as conn:
+                return await conn.fetchrow(
+                    "SELECT * FROM judgequeue.submissions WHERE id = $1 AND status = 'ACCEPTED'", sid
+                )
+
+        row = await eventually(accepted, within=ttl + 5, what="re-judged after the kill")
+        assert row is not None
+        assert asyncio.get_running_loop().time() - killed_at < ttl + 5
+        assert row["generation"] == 2 and row["retry_count"] == 1 and row["attempt_id"] != first["attempt_id"]
+        assert json.loads(row["verdict"])["worker"] == w.name
+    finally:
+        stop.set()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if victim.returncode is None:
+            victim.kill()
