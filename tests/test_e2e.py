@@ -51,7 +51,9 @@ async def _spawn_worker_process(settings: Settings, **env: str) -> asyncio.subpr
     }
     environ.update({f"JUDGEQUEUE_{k.upper()}": v for k, v in env.items()})
     quiet = asyncio.subprocess.DEVNULL
-    return await asyncio.create_subprocess_exec(sys.executable, "-c", WORKER_MAIN, env=environ, stdout=quiet, stderr=quiet)
+    return await asyncio.create_subprocess_exec(
+        sys.executable, "-c", WORKER_MAIN, env=environ, stdout=quiet, stderr=quiet
+    )
 
 
 class QuickJudge(SleepJudge):
