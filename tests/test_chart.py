@@ -280,7 +280,7 @@ def test_crd_validates_against_kubernetes_schema() -> None:
     ],
 )
 def test_schema_rejects_bad_values(values: dict[str, Any], message: str) -> None:
-    merged = chart().merge_values(values) if hasattr(chart(), "merge_values") else values
+    merged = chart().merge_values(values)
     with pytest.raises(helm_python.HelmValuesError) as excinfo:
         chart().validate_schema(merged)
     assert message in str(excinfo.value)
@@ -393,6 +393,20 @@ def test_operator_args_follow_the_values() -> None:
     peering = container_of(rendered_case("peering-values.yaml"))
     assert "--peering=judgequeue-peering" in peering["args"]
     assert one(rendered_case("peering-values.yaml"), "Deployment")["spec"]["strategy"]["type"] == "RollingUpdate"
+
+
+@pytest.mark.parametrize("case", VALUE_CASES)
+def test_operator_args_parse_with_the_cli(case: str) -> None:
+    from judgequeue.core.cli import build_parser
+
+    operator = chart().merge_values(load_values(case))["operator"]
+    args = build_parser().parse_args(container_of(rendered_case(case))["args"])
+    assert args.handler.__name__ == "cmd_operator"
+    watched = operator["watchNamespaces"]
+    assert (args.namespace or []) == watched
+    assert args.all_namespaces is (not watched)
+    assert int(args.liveness_port) == operator["livenessPort"]
+    assert args.peering == (operator["peering"]["name"] if operator["peering"]["enabled"] else None)
 
 
 def test_liveness_probe_targets_the_operator_liveness_port() -> None:
