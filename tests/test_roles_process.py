@@ -57,6 +57,14 @@ def http_get(port: int, path: str, timeout: float = 5.0) -> tuple[int, str]:
         return exc.code, exc.read().decode()
 
 
+def rss_of(pid: int) -> int:
+    """Resident set size of ``pid`` in kB (Linux /proc)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise KeyError("VmRSS")
+
+
 def role_available(role: str) -> bool:
     return importlib.util.find_spec(f"judgequeue.core.{role}") is not None
 
@@ -161,6 +169,8 @@ async def test_role_serves_probes_and_metrics_and_stops_on_sigterm(
     assert checks["postgres"] == "ok" and checks["redis"] == "ok" and checks["role"] == "ok"
     if role in ("worker", "reaper"):
         assert checks["group"] == "ok"
+    rss_kb = rss_of(proc.process.pid)
+    assert rss_kb < 80 * 1024, f"{role} idles at {rss_kb / 1024:.1f} MB RSS (target 80 MB)"
     status, metrics = http_get(port, "/metrics")
     assert status == 200
     assert "# TYPE judgequeue_" in metrics and "process_resident_memory_bytes" in metrics
