@@ -14,6 +14,7 @@ import contextlib
 import ctypes
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -218,8 +219,9 @@ class Display:
         if not self._enabled or line == self._last:
             return
         self._last = line
-        if self._tty:
-            self._stream.write("\r\x1b[K" + line)
+        if self._tty:  # one line, never wrapped, so the carriage return redraws it in place
+            width = shutil.get_terminal_size().columns - 1
+            self._stream.write("\r\x1b[K" + line[:width])
         else:
             self._stream.write(line + "\n")
         self._stream.flush()
@@ -345,7 +347,8 @@ async def _local(options: LocalOptions, base_env: Mapping[str, str]) -> int:
                 code = 1
                 break
             progress = await read_progress(conn, client, manifest.queue)
-            display.show(progress_line(progress, len(children), len(children)))
+            alive = sum(1 for c in children if c.process.poll() is None)
+            display.show(progress_line(progress, alive, len(children)))
             if ids:
                 rows = {
                     r["id"]: r
