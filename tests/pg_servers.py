@@ -1,0 +1,77 @@
+"""A throwaway PostgreSQL server owned by a test (initdb + pg_ctl in a temporary directory).
+
+Restart and crash tests need a server they may stop, kill and start again without touching the
+shared one. PostgreSQL refuses to run as root, so as root the cluster belongs to the ``postgres``
+user and every command runs through ``runuser``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import pwd
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+from tests.redis_servers import free_port
+
+
+def _bindir() -> Path:
+    found = shutil.which("pg_ctl")
+    if found:
+        return Path(found).parent
+    candidates = sorted(glob.glob("/usr/lib/postgresql/*/bin/pg_ctl"))
+    if not candidates:
+        raise RuntimeError("pg_ctl not found (install postgresql)")
+    return Path(candidates[-1]).parent
+
+
+class PostgresServer:
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.data = workdir / "data"
+        self.port = free_port()
+        self.bindir = _bindir()
+        self._as_user: list[str] = []
+        if os.geteuid() == 0:
+            owner = pwd.getpwnam("postgres")
+            os.chown(workdir, owner.pw_uid, owner.pw_gid)
+            self._as_user = ["runuser", "-u", "postgres", "--"]
+        self._run("initdb", "-D", str(self.data), "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync")
+        self.start()
+
+    def _run(self, tool: str, *args: str) -> None:
+        subprocess.run([*self._as_user, str(self.bindir / tool), *args], check=True, capture_output=True)
+
+    @property
+    def dsn(self) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+
+    def start(self) -> None:
+        options = f"-p {self.port} -k {self.workdir} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=100"
+        self._run("pg_ctl", "-D", str(self.data), "-o", options, "-l", str(self.workdir / "log"), "-w", "start")
+
+    def crash(self) -> None:
+        """Stop like a crash: no checkpoint, clients cut off mid-statement."""
+        self._run("pg_ctl", "-D", str(self.data), "-m", "immediate", "-w", "stop")
+
+    def stop(self) -> None:
+        with contextlib.suppress(subprocess.CalledProcessError):
+            self._run("pg_ctl", "-D", str(self.data), "-m", "fast", "-w", "stop")
+
+
+@contextlib.contextmanager
+def postgres_server() -> Iterator[PostgresServer]:
+    workdir = Path(tempfile.mkdtemp(prefix="jq-pg-"))
+    server = None
+    try:
+        server = PostgresServer(workdir)
+        yield server
+    finally:
+        if server is not None:
+            server.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
