@@ -54,7 +54,7 @@ class Roles:
     def alive(self) -> int:
         return sum(1 for p in self.procs if p.poll() is None)
 
-    def stop(self) -> list[int | None]:
+    def stop(self) -> list[int]:
         for p in self.procs:
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
