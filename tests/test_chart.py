@@ -36,6 +36,7 @@ RUNBOOK = ROOT / "docs" / "runbook.md"
 RELEASE = "jq"
 NAMESPACE = "judgequeue-system"
 KUBE_VERSION = "1.30.0"
+INFO = 1  # Helm's lint severities: 1 info, 2 warning, 3 error
 
 VALUE_FILES = sorted(p.name for p in CI_DIR.glob("*-values.yaml"))
 VALUE_CASES = ["defaults", *VALUE_FILES]
@@ -235,7 +236,9 @@ def test_lints_clean_in_strict_mode(case: str) -> None:
     result = helm_python.lint(str(CHART_DIR), load_values(case), strict=True, namespace=NAMESPACE,
                               kube_version=KUBE_VERSION)
     assert result.get("errors") in (None, [])
-    assert result.get("messages") in (None, []), result["messages"]
+    # `helm lint --strict` fails on warnings; the only INFO allowed is the missing icon (no hosted icon yet).
+    messages = [m for m in result.get("messages") or [] if (m["severity"], m["error"]) != (INFO, "icon is recommended")]
+    assert messages == [], messages
 
 
 @pytest.mark.parametrize("case", VALUE_CASES)
