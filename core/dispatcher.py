@@ -236,7 +236,7 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
         with contextlib.suppress(TransportError):
             await streams.ensure_group(redis, settings.queue)
         dispatcher = Dispatcher(pool, redis, settings)
-        log.info("dispatcher started", extra={"name": dispatcher.name, "queue": settings.queue})
+        log.info("dispatcher started", extra={"dispatcher": dispatcher.name, "queue": settings.queue})
         await dispatcher.run(stop)
     finally:
         await redis.aclose()
