@@ -38,9 +38,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import asyncpg
@@ -138,12 +139,12 @@ def _text(value: Any) -> str:
 
 
 def _fields(raw: Any) -> dict[str, str] | None:
+    """A flat [field, value, ...] list (as the claim script returns it) as a dict; None if absent."""
     if raw is None or raw is False:
         return None
-    if isinstance(raw, dict):
+    if isinstance(raw, dict):  # an empty Lua table encodes as {}
         return {_text(k): _text(v) for k, v in raw.items()}
-    items = list(raw)
-    return {_text(items[i]): _text(items[i + 1]) for i in range(0, len(items) - 1, 2)}
+    return {_text(raw[i]): _text(raw[i + 1]) for i in range(0, len(raw) - 1, 2)}
 
 
 def _script_reply(reply: object) -> Any:
@@ -189,19 +190,22 @@ class Reaper:
         )
         if isinstance(reply, Exception) and "NOGROUP" in str(reply):
             return "0-0", [], 0  # no stream or group yet: nothing is pending
-        next_cursor, raw_entries, deleted = _script_reply(reply)
+        next_cursor, raw_entries, deleted = json.loads(_text(_script_reply(reply)))
         entries = [
-            ClaimedEntry(_text(e[0]), _fields(e[1]), _text(e[2]) if e[2] else "", int(e[3] or 0)) for e in raw_entries
+            ClaimedEntry(e[0], _fields(e[1]), e[2] or "", int(e[3] or 0))
+            for e in (raw_entries or [])  # an empty Lua table encodes as {}
         ]
-        return _text(next_cursor), entries, int(deleted)
+        return next_cursor, entries, int(deleted)
 
-    async def requeue(self, entry_ids: Sequence[str]) -> tuple[int, int]:
-        """Re-deliver entries still pending for this reaper: (requeued, skipped)."""
-        if not entry_ids:
+    async def requeue(self, decisions: Sequence[Decision]) -> tuple[int, int]:
+        """Re-deliver entries still pending for this reaper (deliveries + 1): (requeued, skipped)."""
+        args: list[str | int | float] = [self.name, ",".join(streams.ENVELOPE_FIELDS)]
+        for d in decisions:
+            assert d.envelope is not None
+            args += [d.entry.entry_id, replace(d.envelope, deliveries=d.envelope.deliveries + 1).packed()]
+        if not decisions:
             return 0, 0
-        [reply] = await streams.evalsha_many(
-            self.redis, "requeue", [([streams.stream_key(self.queue)], [self.name, *entry_ids])]
-        )
+        [reply] = await streams.evalsha_many(self.redis, "requeue", [([streams.stream_key(self.queue)], args)])
         done, skipped = _script_reply(reply)
         return int(done), int(skipped)
 
@@ -240,24 +244,34 @@ class Reaper:
         """Claim idle entries batch by batch and requeue or dead-letter each exactly once."""
         cfg = self.settings.reaper
         stats = StreamSweep()
-        cursor = "0-0"
-        while stats.batches < max_batches:
-            cursor, entries, deleted = await self.claim(cursor)
-            stats.batches += 1
-            stats.claimed += len(entries)
-            stats.deleted += deleted
-            decisions = [decide(e, cfg.max_deliveries) for e in entries]
-            requeue = [d.entry.entry_id for d in decisions if d.action == "requeue"]
-            done, skipped = await self.requeue(requeue)
-            stats.requeued += done
-            stats.skipped += skipped
-            metrics.RECLAIMS.labels(self.queue).inc(done)
-            doomed = [d for d in decisions if d.action == "dead_letter"]
-            if doomed:
-                await self._dead_letter_batch(doomed, stats)
-            if cursor == "0-0":
-                break
-        return stats
+        claiming = asyncio.ensure_future(self.claim("0-0"))
+        try:
+            while True:
+                cursor, entries, deleted = await claiming
+                stats.batches += 1
+                more = cursor != "0-0" and stats.batches < max_batches
+                if more:
+                    # Claim the next batch while this one is decided and requeued: the claim scans
+                    # past this batch's entries, so the two never overlap.
+                    claiming = asyncio.ensure_future(self.claim(cursor))
+                stats.claimed += len(entries)
+                stats.deleted += deleted
+                decisions = [decide(e, cfg.max_deliveries) for e in entries]
+                done, skipped = await self.requeue([d for d in decisions if d.action == "requeue"])
+                stats.requeued += done
+                stats.skipped += skipped
+                metrics.RECLAIMS.labels(self.queue).inc(done)
+                doomed = [d for d in decisions if d.action == "dead_letter"]
+                if doomed:
+                    await self._dead_letter_batch(doomed, stats)
+                if not more:
+                    return stats
+        finally:
+            if not claiming.done():
+                # Entries it claims stay pending under this reaper and are swept again later.
+                claiming.cancel()
+                with contextlib.suppress(BaseException):
+                    await claiming
 
     async def _dead_letter_batch(self, doomed: Sequence[Decision], stats: StreamSweep) -> None:
         try:

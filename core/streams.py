@@ -9,6 +9,7 @@ Redis failures surface as :class:`TransportError` subclasses so callers can tell
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -110,6 +111,13 @@ class Envelope:
             "deliveries": str(self.deliveries),
         }
 
+    def packed(self) -> str:
+        """The values of :meth:`fields`, in ``ENVELOPE_FIELDS`` order, joined by commas (for scripts)."""
+        return (
+            f"{self.submission},{self.generation},{self.attempt},{self.outbox},"
+            f"{self.enqueued_at:.6f},{self.deliveries}"
+        )
+
     @classmethod
     def parse(cls, raw: dict[bytes, bytes] | dict[str, str]) -> Envelope:
         """Decode a stream entry, or raise MalformedEnvelope naming what is wrong."""
@@ -158,27 +166,29 @@ return acked
 """
 
 # The batched form of ENQUEUE_LUA: one EVALSHA appends many envelopes of one queue, so the client
-# packs one command per batch instead of one per entry (the per-command cost of a Python client
-# dominates otherwise). Same per-entry semantics: SET seen NX EX, then XADD; a failed XADD removes
-# its marker. KEYS: stream, then one seen marker per entry. ARGV: TTL, the number of fields N, the
-# N field names, then N values per entry. Returns one {status, id-or-error} per entry: 1 appended,
-# 0 duplicate, -1 error (the error text; nothing of that entry is left behind).
+# packs two arguments per entry instead of a command of seven (the per-argument cost of a Python
+# client dominates otherwise), and parses one JSON reply per batch. Same per-entry semantics:
+# SET seen NX EX, then XADD; a failed XADD removes its marker. KEYS: stream, then one seen marker
+# per entry. ARGV: TTL, the field names joined by ",", then per entry its (numeric) values joined
+# by ",". Returns a JSON array with one [status, id-or-error] per entry: 1 appended, 0 duplicate,
+# -1 error (nothing of that entry is left behind).
 ENQUEUE_BATCH_LUA = """
 local ttl = ARGV[1]
-local nf = tonumber(ARGV[2])
+local names = {}
+for name in string.gmatch(ARGV[2], '[^,]+') do names[#names + 1] = name end
 local out = {}
 for i = 2, #KEYS do
-  local base = 2 + nf + (i - 2) * nf
   local set = redis.pcall('SET', KEYS[i], '1', 'NX', 'EX', ttl)
   if type(set) == 'table' and set.err then
     out[#out + 1] = {-1, set.err}
   elseif not set then
     out[#out + 1] = {0, ''}
   else
-    local fields = {}
-    for j = 1, nf do
-      fields[#fields + 1] = ARGV[2 + j]
-      fields[#fields + 1] = ARGV[base + j]
+    local fields, j = {}, 0
+    for value in string.gmatch(ARGV[i + 1], '[^,]+') do
+      j = j + 1
+      fields[#fields + 1] = names[j]
+      fields[#fields + 1] = value
     end
     local id = redis.pcall('XADD', KEYS[1], '*', unpack(fields))
     if type(id) == 'table' and id.err then
@@ -189,13 +199,14 @@ for i = 2, #KEYS do
     end
   end
 end
-return out
+return cjson.encode(out)
 """
 
 # Reaper, step 1. KEYS: stream. ARGV: reaper consumer, min idle (ms), start cursor, count.
 # Reads who held each idle entry (XPENDING IDLE) and claims the batch to the reaper's own consumer
 # (XAUTOCLAIM) in one atomic step; ids of entries deleted while pending are acked here.
-# Returns {next cursor, {{id, fields or false, last consumer, times delivered}, ...}, #deleted}.
+# Returns JSON (one parse on the client instead of a deep RESP reply):
+# [next cursor, [[id, [field, value, ...] or false, last consumer, times delivered], ...], #deleted].
 CLAIM_LUA = """
 local stream, consumer, idle, start, count = KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local owners = {}
@@ -214,36 +225,37 @@ local deleted = reply[3] or {}
 if #deleted > 0 then
   redis.call('XACK', stream, 'workers', unpack(deleted))
 end
-return {reply[1], out, #deleted}
+return cjson.encode({reply[1], out, #deleted})
 """
 
-# Reaper, requeue. KEYS: stream. ARGV: reaper consumer, entry ids. For each entry still pending
-# for this reaper's consumer (a slower reaper whose claim was taken over acts on nothing): append a
-# copy with deliveries+1, then XACK and XDEL the original. Returns {requeued, skipped}.
+# Reaper, requeue. KEYS: stream. ARGV: reaper consumer, the field names joined by ",", then per
+# entry its id and the new entry's (numeric) values joined by "," (deliveries already +1; stream
+# entries are immutable, so the values the claim returned are the entry's). For each entry still
+# pending for this reaper's consumer (a slower reaper whose claim was taken over acts on nothing):
+# append the new entry, then XACK and XDEL the originals in one call each. Returns {requeued, skipped}.
 REQUEUE_LUA = """
 local stream, consumer = KEYS[1], ARGV[1]
-local done, skipped = 0, 0
-for i = 2, #ARGV do
+local names = {}
+for name in string.gmatch(ARGV[2], '[^,]+') do names[#names + 1] = name end
+local owned = {}
+for i = 3, #ARGV, 2 do
   local id = ARGV[i]
   if #redis.call('XPENDING', stream, 'workers', id, id, 1, consumer) == 1 then
-    local e = redis.call('XRANGE', stream, id, id)
-    if #e == 1 then
-      local f = e[1][2]
-      for j = 1, #f, 2 do
-        if f[j] == 'deliveries' then f[j + 1] = tostring((tonumber(f[j + 1]) or 1) + 1) end
-      end
-      redis.call('XADD', stream, '*', unpack(f))
-      done = done + 1
-    else
-      skipped = skipped + 1
+    local fields, j = {}, 0
+    for value in string.gmatch(ARGV[i + 1], '[^,]+') do
+      j = j + 1
+      fields[#fields + 1] = names[j]
+      fields[#fields + 1] = value
     end
-    redis.call('XACK', stream, 'workers', id)
-    redis.call('XDEL', stream, id)
-  else
-    skipped = skipped + 1
+    redis.call('XADD', stream, '*', unpack(fields))
+    owned[#owned + 1] = id
   end
 end
-return {done, skipped}
+if #owned > 0 then
+  redis.call('XACK', stream, 'workers', unpack(owned))
+  redis.call('XDEL', stream, unpack(owned))
+end
+return {#owned, (#ARGV - 2) / 2 - #owned}
 """
 
 # Reaper, dead-letter. KEYS: stream, dlq, then one marker per entry (jq:{q}:dead:<id>).
@@ -380,9 +392,9 @@ class EnqueueResult:
 
 
 #: Envelopes per EVALSHA of the batched enqueue script (one pipeline carries all the batches).
-ENQUEUE_CHUNK = 100
+ENQUEUE_CHUNK = 200
 
-_ENVELOPE_FIELDS = ("submission", "generation", "attempt", "outbox", "enqueued_at", "deliveries")
+ENVELOPE_FIELDS = ("submission", "generation", "attempt", "outbox", "enqueued_at", "deliveries")
 
 
 def _server_wide(error: str) -> TransportError | None:
@@ -412,12 +424,12 @@ async def enqueue_many(
     marker = shadow_seen_key if shadow else seen_key
     ttl = max(1, int(seen_ttl))
     calls: list[tuple[Sequence[str], Sequence[str | int | float]]] = []
+    names = ",".join(ENVELOPE_FIELDS)
     for start in range(0, len(envelopes), ENQUEUE_CHUNK):
         chunk = envelopes[start : start + ENQUEUE_CHUNK]
         keys = [target] + [marker(queue, env.submission, env.generation) for env in chunk]
-        args: list[str | int | float] = [ttl, len(_ENVELOPE_FIELDS), *_ENVELOPE_FIELDS]
-        for env in chunk:
-            args += env.fields().values()
+        args: list[str | int | float] = [ttl, names]
+        args += [env.packed() for env in chunk]
         calls.append((keys, args))
     replies = await evalsha_many(client, "enqueue_batch", calls)
     out: list[EnqueueResult] = []
@@ -428,19 +440,17 @@ async def enqueue_many(
                 raise error
             out += [EnqueueResult("error", error=str(error))] * (len(call_keys) - 1)
             continue
-        assert isinstance(reply, list)
-        for status, value in reply:
-            code = int(status)
-            if code == 1:
-                out.append(EnqueueResult("appended", entry_id=_text(value)))
-            elif code == 0:
+        assert isinstance(reply, (bytes, str))
+        for status, value in json.loads(_text(reply)):
+            if status == 1:
+                out.append(EnqueueResult("appended", entry_id=value))
+            elif status == 0:
                 out.append(EnqueueResult("duplicate"))
             else:
-                text = _text(value)
-                wide = _server_wide(text)
+                wide = _server_wide(value)
                 if wide is not None:
                     raise wide
-                out.append(EnqueueResult("error", error=f"XADD failed: {text}"))
+                out.append(EnqueueResult("error", error=f"XADD failed: {value}"))
     return out
 
 

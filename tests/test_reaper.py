@@ -216,10 +216,10 @@ async def test_a_reaper_whose_claim_was_taken_over_acts_on_nothing(
     assert [e.entry_id for e in slow] == [e.entry_id for e in fast]
     slow_plan = [decide(e, 3) for e in slow]
     fast_plan = [decide(e, 3) for e in fast]
-    assert await a.requeue([d.entry.entry_id for d in slow_plan if d.action == "requeue"]) == (0, 1)
+    assert await a.requeue([d for d in slow_plan if d.action == "requeue"]) == (0, 1)
     doomed_a = [d for d in slow_plan if d.action == "dead_letter"]
     assert await a.dead_letter(doomed_a, ["x"]) == (0, 0, 1)
-    assert await b.requeue([d.entry.entry_id for d in fast_plan if d.action == "requeue"]) == (1, 0)
+    assert await b.requeue([d for d in fast_plan if d.action == "requeue"]) == (1, 0)
     doomed_b = [d for d in fast_plan if d.action == "dead_letter"]
     assert await b.dead_letter(doomed_b, ["x"]) == (1, 0, 0)
     assert await redis_client.xlen(streams.dlq_key(queue_name)) == 1
