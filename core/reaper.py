@@ -428,7 +428,7 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
         with contextlib.suppress(TransportError):
             await streams.ensure_group(redis, settings.queue)
         reaper = Reaper(pool, redis, settings)
-        log.info("reaper started", extra={"name": reaper.name, "queue": settings.queue})
+        log.info("reaper started", extra={"reaper": reaper.name, "queue": settings.queue})
         await reaper.run(stop)
     finally:
         await redis.aclose()

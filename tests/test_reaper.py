@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -416,8 +417,9 @@ async def _figures_when_idle(r: Reaper) -> stream_stats.StreamFigures | None:
 
 
 async def test_role_loop_requeues_and_stops_promptly(
-    pg_dsn: str, redis_client: aioredis.Redis, queue_name: str
+    pg_dsn: str, redis_client: aioredis.Redis, queue_name: str, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, "judgequeue.reaper")  # log records with extras must be valid
     settings = make_settings(pg_dsn, REDIS_URL, queue_name, visibility_timeout="100ms", reaper_interval="50ms")
     await streams.ensure_group(redis_client, queue_name)
     await streams.enqueue_many(redis_client, queue_name, [env(1)], seen_ttl=60)
@@ -432,6 +434,7 @@ async def test_role_loop_requeues_and_stops_promptly(
     await eventually(requeued, within=5, what="entry re-delivered by the running reaper")
     stop.set()
     await asyncio.wait_for(task, 3)
+    assert any(r.getMessage() == "reaper started" for r in caplog.records)
 
 
 async def test_sweep_survives_unreachable_redis(pg_pool: asyncpg.Pool, pg_dsn: str, queue_name: str) -> None:
