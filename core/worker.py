@@ -450,7 +450,7 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
         worker = Worker(pool, redis, settings, judge=judge)
         log.info(
             "worker started",
-            extra={"name": worker.name, "queue": settings.queue, "judge": settings.worker.judge,
+            extra={"worker": worker.name, "queue": settings.queue, "judge": settings.worker.judge,
                    "concurrency": settings.worker.concurrency},
         )
         await worker.run(stop)
