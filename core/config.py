@@ -78,6 +78,7 @@ class ReaperSettings:
     max_retries: int = 3
     retention: float = 7 * 86400.0
     sweep_batch: int = 1000
+    redispatch_after: float = 600.0  # re-send deliveries never leased this long after sending
 
 
 @dataclass(frozen=True)
@@ -178,6 +179,7 @@ _VARIABLES: dict[str, tuple[str | None, str, Callable[[str], Any]]] = {
     "MAX_RETRIES": ("reaper", "max_retries", _positive_int),
     "RETENTION": ("reaper", "retention", _positive_duration),
     "SWEEP_BATCH": ("reaper", "sweep_batch", _positive_int),
+    "REDISPATCH_AFTER": ("reaper", "redispatch_after", _positive_duration),
 }
 
 PREFIX = "JUDGEQUEUE_"

@@ -43,6 +43,11 @@ DEAD_LETTERS = Counter("judgequeue_dead_letters_total", "Entries moved to the de
 LEASE_EXPIRIES = Counter(
     "judgequeue_lease_expiries_total", "Judging leases that expired and were rescued by the reaper.", ["queue"]
 )
+RESENT_STRANDED = Counter(
+    "judgequeue_resent_stranded_total",
+    "Deliveries re-sent because they were never leased long after sending (stream data lost).",
+    ["queue"],
+)
 PRUNED_ROWS = Counter("judgequeue_pruned_outbox_rows_total", "Terminal outbox rows deleted by retention.", ["queue"])
 
 # --- worker ----------------------------------------------------------------------------------------

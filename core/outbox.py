@@ -233,7 +233,8 @@ async def mark(
 _PRUNE_SQL = """
 WITH doomed AS (
     SELECT id FROM judgequeue.outbox
-     WHERE state IN ('SENT', 'DEAD', 'SKIPPED', 'SHADOW_SENT')
+     WHERE queue = $3
+       AND state IN ('SENT', 'DEAD', 'SKIPPED', 'SHADOW_SENT')
        AND sent_at < now() - make_interval(secs => $1)
      ORDER BY id
      LIMIT $2
@@ -243,14 +244,16 @@ DELETE FROM judgequeue.outbox o USING doomed WHERE o.id = doomed.id
 """
 
 
-async def prune(conn: asyncpg.Connection, *, retention: float, batch: int = 1000, max_batches: int = 100) -> int:
-    """Delete terminal outbox rows older than ``retention`` seconds, ``batch`` rows per statement.
+async def prune(
+    conn: asyncpg.Connection, queue: str, *, retention: float, batch: int = 1000, max_batches: int = 100
+) -> int:
+    """Delete ``queue``'s terminal outbox rows older than ``retention`` seconds, ``batch`` per statement.
 
     Small batches keep each transaction short; ``max_batches`` bounds one call's work.
     """
     total = 0
     for _ in range(max_batches):
-        status = await conn.execute(_PRUNE_SQL, float(retention), batch)
+        status = await conn.execute(_PRUNE_SQL, float(retention), batch, queue)
         deleted = int(status.split()[-1])
         total += deleted
         if deleted < batch:
@@ -264,19 +267,69 @@ class OutboxStats:
     oldest_pending_age: float  # seconds, 0 when nothing is pending
 
 
-async def stats(conn: asyncpg.Connection, queue: str) -> OutboxStats:
-    """Row counts by state and the age of the oldest row still waiting to be sent."""
-    rows = await conn.fetch("SELECT state, count(*) AS n FROM judgequeue.outbox WHERE queue = $1 GROUP BY state", queue)
-    by_state: dict[str, int] = dict.fromkeys(OUTBOX_STATES, 0)
-    by_state.update({r["state"]: r["n"] for r in rows})
-    age = await conn.fetchval(
+async def stats(conn: asyncpg.Connection, queue: str, *, include_terminal: bool = True) -> OutboxStats:
+    """Row counts by state and the age of the oldest row still waiting to be sent.
+
+    PENDING/CLAIMED come from the claim index and are cheap. Terminal rows are everything kept for
+    ``retention`` and cost a scan: pass ``include_terminal=False`` on frequent refreshes (their
+    counts are then absent from ``by_state``).
+    """
+    active = await conn.fetchrow(
         """
-        SELECT coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8
+        SELECT count(*) FILTER (WHERE state = 'PENDING') AS pending,
+               count(*) FILTER (WHERE state = 'CLAIMED') AS claimed,
+               coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8 AS age
           FROM judgequeue.outbox WHERE queue = $1 AND state IN ('PENDING', 'CLAIMED')
         """,
         queue,
     )
-    return OutboxStats(by_state=by_state, oldest_pending_age=float(age))
+    assert active is not None
+    by_state: dict[str, int] = {"PENDING": active["pending"], "CLAIMED": active["claimed"]}
+    if include_terminal:
+        by_state.update(dict.fromkeys(TERMINAL_OUTBOX_STATES, 0))
+        rows = await conn.fetch(
+            "SELECT state, count(*) AS n FROM judgequeue.outbox"
+            " WHERE queue = $1 AND state <> ALL($2::text[]) GROUP BY state",
+            queue,
+            ["PENDING", "CLAIMED"],
+        )
+        by_state.update({r["state"]: r["n"] for r in rows})
+    return OutboxStats(by_state=by_state, oldest_pending_age=float(active["age"]))
+
+
+_RESEND_SQL = """
+WITH stranded AS (
+    SELECT o.id
+      FROM judgequeue.submissions s
+      JOIN judgequeue.outbox o ON o.submission_id = s.id AND o.generation = s.generation
+     WHERE s.queue = $1 AND s.status = 'PENDING'
+       AND s.created_at < now() - make_interval(secs => $2)
+       AND o.state = 'SENT' AND o.sent_at < now() - make_interval(secs => $2)
+     ORDER BY s.created_at
+     LIMIT $3
+       FOR UPDATE OF o SKIP LOCKED
+)
+UPDATE judgequeue.outbox o
+   SET state = 'PENDING',
+       next_attempt_at = now(),
+       sent_at = NULL,
+       last_error = format('re-sent: sent %s ago and never leased (stream entry lost?)',
+                           date_trunc('second', now() - o.sent_at))
+  FROM stranded
+ WHERE o.id = stranded.id
+RETURNING o.id
+"""
+
+
+async def resend_stranded(conn: asyncpg.Connection, queue: str, *, older_than: float, batch: int = 500) -> int:
+    """Put back to PENDING the SENT rows of submissions still PENDING ``older_than`` seconds after sending.
+
+    That only happens when the stream entry was lost (Redis restarted without persistence, failed
+    over to an empty replica, was flushed): the re-send reaches the stream again. If the entry did
+    survive (a very long backlog), the dispatcher's dedup marker absorbs the re-send.
+    """
+    rows = await conn.fetch(_RESEND_SQL, queue, float(older_than), batch)
+    return len(rows)
 
 
 async def register_waiter(conn: asyncpg.Connection, queue: str, dispatcher: str) -> None:

@@ -40,6 +40,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
@@ -62,6 +63,8 @@ DEAD_MARKER_TTL = 7 * 86400
 DLQ_MAXLEN = 100_000
 #: A consumer idle this many visibility timeouts with nothing pending is removed.
 IDLE_CONSUMER_FACTOR = 10
+#: Seconds between exact counts of terminal outbox rows (a scan of everything kept).
+TERMINAL_COUNT_EVERY = 60.0
 
 
 def dead_marker_key(queue: str, entry_id: str) -> str:
@@ -127,6 +130,7 @@ class SweepReport:
     leases: LeaseSweep | None = None
     pruned_rows: int = 0
     pruned_waiters: int = 0
+    resent_stranded: int = 0
     removed_consumers: int = 0
     figures: StreamFigures | None = None
     errors: dict[str, str] = field(default_factory=dict)
@@ -176,6 +180,8 @@ class Reaper:
         )
         #: Test seam: awaited after the Postgres step of a dead-letter batch, before the Redis step.
         self.between_steps: Callable[[Sequence[Decision]], Awaitable[None]] | None = None
+        self._terminal_counted_at = float("-inf")
+        self._stranded_checked_at = float("-inf")
 
     # --- (a) stream sweep -------------------------------------------------------------------------
 
@@ -323,7 +329,9 @@ class Reaper:
         """Delete terminal outbox rows past retention and stale dispatcher waiters."""
         waiter_age = max(300.0, 3 * self.settings.dispatcher.schedule)
         async with self.pool.acquire() as conn:
-            rows = await outbox.prune(conn, retention=self.settings.reaper.retention, batch=1000, max_batches=10)
+            rows = await outbox.prune(
+                conn, self.queue, retention=self.settings.reaper.retention, batch=1000, max_batches=10
+            )
             waiters = await outbox.prune_waiters(conn, older_than=waiter_age)
         metrics.PRUNED_ROWS.labels(self.queue).inc(rows)
         return rows, waiters
@@ -355,13 +363,37 @@ class Reaper:
             log.info("idle consumers removed", extra={"queue": self.queue, "count": removed})
         return removed
 
+    # --- (e) stranded deliveries -----------------------------------------------------------------
+
+    async def resend_stranded(self) -> int:
+        """Re-send deliveries that were sent but never leased within ``redispatch_after``.
+
+        Runs at most every quarter of that period: it only matters after Redis lost data.
+        """
+        now = time.monotonic()
+        after = self.settings.reaper.redispatch_after
+        if now - self._stranded_checked_at < after / 4:
+            return 0
+        self._stranded_checked_at = now
+        async with self.pool.acquire() as conn:
+            resent = await outbox.resend_stranded(conn, self.queue, older_than=after)
+        if resent:
+            metrics.RESENT_STRANDED.labels(self.queue).inc(resent)
+            log.warning("stranded deliveries re-sent", extra={"queue": self.queue, "count": resent})
+        return resent
+
     # --- (d) gauges -------------------------------------------------------------------------------
 
     async def refresh_gauges(self) -> StreamFigures:
         figures = await stream_figures(self.redis, self.queue)
         publish(self.queue, figures)
+        # Terminal counts scan everything kept for retention: refresh them once a minute.
+        now = time.monotonic()
+        include_terminal = now - self._terminal_counted_at >= TERMINAL_COUNT_EVERY
         async with self.pool.acquire() as conn:
-            stats = await outbox.stats(conn, self.queue)
+            stats = await outbox.stats(conn, self.queue, include_terminal=include_terminal)
+        if include_terminal:
+            self._terminal_counted_at = now
         for state, n in stats.by_state.items():
             metrics.OUTBOX_ROWS.labels(self.queue, state).set(n)
         metrics.OUTBOX_OLDEST_PENDING_AGE.labels(self.queue).set(stats.oldest_pending_age)
@@ -387,6 +419,7 @@ class Reaper:
         if pruned is not None:
             report.pruned_rows, report.pruned_waiters = pruned
         report.removed_consumers = await part("consumers", self.remove_idle_consumers) or 0
+        report.resent_stranded = await part("stranded", self.resend_stranded) or 0
         report.figures = await part("gauges", self.refresh_gauges)
         return report
 

@@ -299,15 +299,42 @@ async def test_prune_deletes_old_terminal_rows_in_batches(pg: asyncpg.Connection
     rows = await claim(pg, "judge", limit=200)
     await mark(pg, [outbox.Mark(r.outbox_id, "sent") for r in rows])
     await pg.execute("UPDATE judgequeue.outbox SET sent_at = now() - interval '2 days' WHERE state = 'SENT'")
-    assert await outbox.prune(pg, retention=86400, batch=30) == 200
+    assert await outbox.prune(pg, "other", retention=86400, batch=30) == 0, "another queue's retention"
+    assert await outbox.prune(pg, "judge", retention=86400, batch=30) == 200
     left = await pg.fetch("SELECT state, count(*) FROM judgequeue.outbox GROUP BY state")
     assert {r["state"]: r["count"] for r in left} == {"PENDING": 50}
-    assert await outbox.prune(pg, retention=86400, batch=30) == 0
+    assert await outbox.prune(pg, "judge", retention=86400, batch=30) == 0
 
 
 async def test_stats(pg: asyncpg.Connection) -> None:
     await create_queue(pg, "judge")
     await pg.execute("SELECT judgequeue.submit('judge', '{}'::jsonb) FROM generate_series(1, 3)")
+    rows = await claim(pg, "judge", limit=1)
+    await mark(pg, [outbox.Mark(rows[0].outbox_id, "sent")])
     stats = await outbox.stats(pg, "judge")
-    assert stats.by_state["PENDING"] == 3 and stats.by_state["SENT"] == 0
+    assert stats.by_state == {"PENDING": 2, "CLAIMED": 0, "SENT": 1, "DEAD": 0, "SKIPPED": 0, "SHADOW_SENT": 0}
     assert stats.oldest_pending_age >= 0
+    cheap = await outbox.stats(pg, "judge", include_terminal=False)
+    assert cheap.by_state == {"PENDING": 2, "CLAIMED": 0}
+
+
+async def test_resend_stranded_only_touches_sent_and_never_leased(pg: asyncpg.Connection) -> None:
+    await create_queue(pg, "judge")
+    ids = [await outbox.submit(pg, "judge", {"i": i}) for i in range(4)]
+    rows = await claim(pg, "judge", limit=4)
+    await mark(pg, [outbox.Mark(r.outbox_id, "sent") for r in rows])
+    # ids[0]: leased (JUDGING); ids[1]: finished; ids[2]: rejudged (old generation's row is stale);
+    # ids[3]: sent and never leased: the only stranded one.
+    await pg.execute("UPDATE judgequeue.submissions SET status = 'JUDGING' WHERE id = $1", ids[0])
+    await pg.execute("UPDATE judgequeue.submissions SET status = 'ACCEPTED' WHERE id = $1", ids[1])
+    await outbox.rejudge(pg, ids[2])
+    assert await outbox.resend_stranded(pg, "judge", older_than=3600) == 0, "too recent"
+    await pg.execute(
+        "UPDATE judgequeue.outbox SET sent_at = sent_at - interval '2 hours';"
+        "UPDATE judgequeue.submissions SET created_at = created_at - interval '2 hours'"
+    )
+    assert await outbox.resend_stranded(pg, "judge", older_than=3600) == 1
+    row = await pg.fetchrow("SELECT submission_id, state, last_error FROM judgequeue.outbox WHERE state = 'PENDING'"
+                            " AND generation = 1")
+    assert row["submission_id"] == ids[3] and "never leased" in row["last_error"]
+    assert await outbox.resend_stranded(pg, "judge", older_than=3600) == 0, "re-sent once, not again"

@@ -14,6 +14,7 @@ import pytest
 from judgequeue.core.migrate import migrate
 from judgequeue.core.queues import create_queue
 from tests.conftest import REDIS_URL
+from tests.helpers import eventually
 from tests.pg_servers import PostgresServer, postgres_server
 from tests.redis_servers import RedisServer, redis_server
 from tests.roles import Roles, submit_retrying, wait_all_terminal
@@ -142,3 +143,59 @@ class _pg_queue:
 
     async def __aexit__(self, *exc: object) -> None:
         return None
+
+
+async def test_redis_restarted_without_persistence_recovers_from_the_outbox(
+    pg_dsn: str, queue_name: str, tmp_path: Path
+) -> None:
+    """The stream, its group and every dedup marker are gone; the outbox still holds the intent."""
+    async with _pg_queue(pg_dsn, queue_name):
+        pass
+    with redis_server() as first:
+        roles = Roles(
+            {
+                "JUDGEQUEUE_POSTGRES_DSN": pg_dsn,
+                "JUDGEQUEUE_REDIS_URL": first.url,
+                "JUDGEQUEUE_QUEUE": queue_name,
+                "JUDGEQUEUE_REDISPATCH_AFTER": "3s",
+            },
+            tmp_path,
+        )
+        roles.start("dispatcher")
+        roles.start("reaper")
+        restarted: RedisServer | None = None
+        try:
+            # Sent while no worker runs: every delivery sits in the stream when Redis dies.
+            ids = await submit_some(pg_dsn, queue_name, 100)
+            await _wait_sent(pg_dsn, len(ids))
+            first.process.kill()
+            first.process.wait()
+            restarted = RedisServer(first.port, first.workdir)  # empty: no AOF, no RDB
+            roles.start("worker", 2)
+            ids += await submit_some(pg_dsn, queue_name, 50)
+            statuses = await wait_all_terminal(pg_dsn, ids, within=60, roles=roles)
+            assert set(statuses.values()) == {"ACCEPTED"}
+            conn = await asyncpg.connect(pg_dsn)
+            try:
+                resent = await conn.fetchval("SELECT count(*) FROM judgequeue.outbox WHERE last_error LIKE 're-sent%'")
+            finally:
+                await conn.close()
+            assert resent >= 100, "the lost deliveries were re-sent from the outbox"
+            assert roles.alive() == 4, roles.logs()
+        finally:
+            codes = roles.stop()
+            if restarted is not None:
+                restarted.stop()
+        assert codes == [0, 0, 0, 0], roles.logs()
+
+
+async def _wait_sent(dsn: str, n: int) -> None:
+    conn = await asyncpg.connect(dsn)
+    try:
+
+        async def sent() -> bool:
+            return bool(await conn.fetchval("SELECT count(*) FROM judgequeue.outbox WHERE state = 'SENT'") >= n)
+
+        await eventually(sent, within=30, what=f"{n} rows sent")
+    finally:
+        await conn.close()
