@@ -69,4 +69,9 @@ STALE_RESULTS_DROPPED = Counter(
 LEASE_RENEW_FAILURES = Counter(
     "judgequeue_lease_renew_failures_total", "Lease heartbeats that failed or found the lease lost.", ["queue"]
 )
+MALFORMED_ENTRIES = Counter(
+    "judgequeue_malformed_entries_total",
+    "Stream entries that are not judgequeue envelopes, left pending for the reaper to dead-letter.",
+    ["queue"],
+)
 JOBS_IN_FLIGHT = Gauge("judgequeue_jobs_in_flight", "Jobs this worker is judging now.", ["queue"])

@@ -48,7 +48,7 @@ from typing import Any, Literal
 import asyncpg
 import redis.asyncio as aioredis
 
-from . import metrics, outbox, streams
+from . import failpoints, metrics, outbox, streams
 from .config import Settings
 from .dispatcher import instance_id
 from .errors import TransportError
@@ -197,6 +197,8 @@ class Reaper:
         if isinstance(reply, Exception) and "NOGROUP" in str(reply):
             return "0-0", [], 0  # no stream or group yet: nothing is pending
         next_cursor, raw_entries, deleted = json.loads(_text(_script_reply(reply)))
+        if raw_entries:
+            failpoints.hit("reaper.after_claim")
         entries = [
             ClaimedEntry(e[0], _fields(e[1]), e[2] or "", int(e[3] or 0))
             for e in (raw_entries or [])  # an empty Lua table encodes as {}
@@ -289,6 +291,7 @@ class Reaper:
             return
         for outcome in outcomes:
             stats.postgres[outcome] = stats.postgres.get(outcome, 0) + 1
+        failpoints.hit("reaper.dead_letter.after_postgres")
         if self.between_steps is not None:
             await self.between_steps(doomed)
         dead, again, skipped = await self.dead_letter(doomed, outcomes)
@@ -317,6 +320,8 @@ class Reaper:
                 )
             requeued += got.requeued
             failed += got.failed
+            if got.requeued or got.failed:
+                failpoints.hit("reaper.after_lease_rescue")
             if got.requeued + got.failed < batch:
                 break
         if requeued or failed:

@@ -34,7 +34,7 @@ from typing import Any
 import asyncpg
 import redis.asyncio as aioredis
 
-from . import leases, metrics, streams
+from . import failpoints, leases, metrics, streams
 from .config import Settings
 from .dispatcher import instance_id
 from .errors import TransportError
@@ -152,6 +152,7 @@ class _VerdictWriter:
                     try:
                         async with self._pool.acquire() as conn:
                             written = await leases.write_verdicts(conn, [w for w, _ in batch])
+                        failpoints.hit("worker.after_verdict")
                         failures = 0
                         break
                     except DB_ERRORS as exc:
@@ -258,6 +259,7 @@ class Worker:
             if d.envelope is None:
                 # Left pending on purpose: the reaper dead-letters it after maxDeliveries.
                 self.stats.malformed += 1
+                metrics.MALFORMED_ENTRIES.labels(self.queue).inc()
                 log.error("malformed stream entry left pending", extra={"entry": d.entry_id, "error": d.error})
                 await streams.nack(self.redis, self.queue, [d.entry_id])
             else:
@@ -280,6 +282,8 @@ class Worker:
                 delay = backoff(failures)
                 log.warning("lease acquire failed; retrying", extra={"error": str(exc), "retry_in": delay})
                 await asyncio.sleep(delay)
+        if held:
+            failpoints.hit("worker.after_lease")
         # Launch before acking: the lease already owns recovery, and judging need not wait on Redis.
         for lease in held:
             job = _Job(lease)
@@ -288,6 +292,7 @@ class Worker:
         self.stats.leased += len(held)
         try:
             await streams.ack(self.redis, self.queue, [entry_id for entry_id, _ in good])
+            failpoints.hit("worker.after_ack")
         except TransportError as exc:
             # Harmless: the entries stay pending, get re-delivered and are then acked as stale.
             log.warning("ack failed", extra={"error": str(exc), "entries": len(good)})
@@ -314,6 +319,7 @@ class Worker:
         try:
             try:
                 verdict = await self.judge.judge(lease.payload)
+                failpoints.hit("worker.after_judge")
                 if not isinstance(verdict, Verdict):
                     raise TypeError(f"judge returned {type(verdict).__name__}, not a Verdict")
             except asyncio.CancelledError:

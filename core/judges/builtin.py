@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from typing import Any
 
 from . import Verdict
@@ -23,8 +24,9 @@ class SleepJudge:
     """Test judge driven by the payload.
 
     ``seconds`` (default 0) to sleep; ``crash: true`` raises after sleeping; ``hang: true`` never
-    returns (until cancelled); ``status`` picks the verdict (default ACCEPTED); ``echo`` is copied
-    into the details so tests can tell attempts apart.
+    returns (until cancelled); ``exit: true`` kills the whole worker process (a native judge
+    segfaulting, the OOM killer) to test poison jobs; ``status`` picks the verdict (default
+    ACCEPTED); ``echo`` is copied into the details so tests can tell attempts apart.
     """
 
     async def judge(self, payload: Any) -> Verdict:
@@ -34,6 +36,8 @@ class SleepJudge:
             await asyncio.sleep(seconds)
         if options.get("hang"):
             await asyncio.Event().wait()
+        if options.get("exit"):
+            os._exit(137)
         if options.get("crash"):
             raise JudgeCrashed("sleep judge asked to crash")
         details: dict[str, Any] = {"slept": seconds}
