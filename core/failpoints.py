@@ -53,7 +53,16 @@ def parse(spec: str) -> dict[str, _Armed]:
     return armed
 
 
-_ARMED: dict[str, _Armed] = parse(os.environ.get(ENV, ""))
+def _from_environment() -> dict[str, _Armed]:
+    try:
+        return parse(os.environ.get(ENV, ""))
+    except ValueError as exc:
+        # Same contract as every other JUDGEQUEUE_* variable: one line naming it, exit 2.
+        sys.stderr.write(f"judgequeue: {exc}\n")
+        raise SystemExit(2) from None
+
+
+_ARMED: dict[str, _Armed] = _from_environment()
 
 
 def hit(name: str) -> None:

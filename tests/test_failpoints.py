@@ -41,3 +41,17 @@ def test_armed_failpoint_kills_the_process_at_the_nth_hit() -> None:
     assert proc.returncode == -signal.SIGKILL
     assert proc.stdout.split() == ["0", "1", "2"]
     assert '"failpoint"' in proc.stderr
+
+
+def test_bad_spec_in_the_environment_is_one_line_and_exit_2() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", "import judgequeue.core.failpoints"],
+        env={"JUDGEQUEUE_FAILPOINTS": "here@zero", "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "judgequeue: JUDGEQUEUE_FAILPOINTS: 'here@zero' is not name, name@N (N >= 1) or name%P (0 <= P <= 1)"
+    ]
