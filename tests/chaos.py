@@ -94,7 +94,7 @@ class ChaosConfig:
             "JUDGEQUEUE_VISIBILITY_TIMEOUT": "1s",
             "JUDGEQUEUE_MAX_DELIVERIES": "20",
             "JUDGEQUEUE_MAX_RETRIES": "20",
-            "JUDGEQUEUE_LOG_LEVEL": "WARNING",
+            "JUDGEQUEUE_LOG_LEVEL": "INFO",
         }
     )
 
@@ -112,11 +112,15 @@ class ChaosReport:
     submissions: int = 0
     legacy: int = 0
     kills: int = 0
+    freezes: int = 0
     failpoint_deaths: int = 0
     restarts: int = 0
     pauses: int = 0
     generation_bumps: int = 0
+    duplicate_deliveries: int = 0
     duplicate_executions: int = 0
+    stale_writes_rejected: int = 0
+    leases_lost: int = 0
     system_errors: int = 0
     stale_writes_accepted: int = 0
     lost_submissions: int = 0
@@ -152,6 +156,7 @@ class Chaos:
         self.report = ChaosReport(submissions=config.submissions, legacy=config.legacy)
         self.chaos_on = True
         self._legacy_extra: list[int] = []
+        self._frozen: list[tuple[float, subprocess.Popen[bytes]]] = []
 
     # --- processes -----------------------------------------------------------------------------
     def _env(self, role: str) -> dict[str, str]:
@@ -187,15 +192,31 @@ class Chaos:
                 self._start(slot)
                 self.report.restarts += 1
 
-    def _kill_random(self) -> None:
+    def _freeze_or_kill_random(self) -> None:
         slot = self.rng.choice(self.slots)
+        if slot.role == "worker" and slot.proc is not None and slot.proc.poll() is None and self.rng.random() < 0.3:
+            # A stalled worker (GC pause, partition): it wakes after its leases expired and were
+            # rescued, and must find its heartbeat and verdicts fenced out.
+            slot.proc.send_signal(signal.SIGSTOP)
+            self._frozen.append((time.monotonic() + 2.5, slot.proc))
+            self.report.freezes += 1
+            return
         if slot.proc is not None and slot.proc.poll() is None:
             slot.proc.kill()
             slot.proc.wait()
             self.report.kills += 1
             self.report.failpoint_deaths -= 1  # _reap_dead counts every SIGKILL; this one was ours
 
+    def _thaw(self, everything: bool = False) -> None:
+        now = time.monotonic()
+        for due, proc in list(self._frozen):
+            if everything or due <= now:
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGCONT)
+                self._frozen.remove((due, proc))
+
     def stop_all(self) -> None:
+        self._thaw(everything=True)
         for slot in self.slots:
             if slot.proc is not None and slot.proc.poll() is None:
                 slot.proc.send_signal(signal.SIGTERM)
@@ -241,6 +262,7 @@ class Chaos:
                 await set_cutover(conn, self.queue, paused=False)
             await self._wait_drained(pool, list(expected))
             self.stop_all()
+            self._count_from_logs()
             await self._check(pool, redis, expected, legacy_ids + self._legacy_extra)
         finally:
             self.stop_all()
@@ -267,19 +289,21 @@ class Chaos:
                 async with pool.acquire() as conn, conn.transaction():
                     for _ in range(want):
                         status = self.rng.choice(JUDGE_STATUSES)
-                        payload = {"seconds": self.rng.uniform(0, 0.03), "status": status}
+                        payload = {"seconds": self.rng.uniform(0, 0.2), "status": status}
                         expected[await outbox.submit(conn, self.queue, payload)] = status
             now = time.monotonic()
             if now >= next_kill and now < deadline:
-                self._kill_random()
+                self._freeze_or_kill_random()
                 next_kill = now + self.rng.uniform(*self.cfg.kill_every)
                 if self.rng.random() < 0.1:
                     paused = not paused
                     async with pool.acquire() as conn:
                         await set_cutover(conn, self.queue, paused=paused)
                     self.report.pauses += int(paused)
+            self._thaw()
             self._reap_dead()
             await asyncio.sleep(0.1)  # pacing of the offered load, not synchronisation
+        self._thaw(everything=True)
         return expected
 
     async def _wait_for_state(self, pool: asyncpg.Pool, state: str, n: int, within: float) -> None:
@@ -313,6 +337,24 @@ class Chaos:
                 return
             self._reap_dead()
             await asyncio.sleep(0.1)
+
+    def _count_from_logs(self) -> None:
+        """Figures only the workers see (their metrics die with them): read from their JSON logs."""
+        for path in self.log_dir.glob("worker-*.log"):
+            for line in path.read_text(errors="replace").splitlines():
+                if not line.startswith("{"):
+                    continue
+                try:
+                    event = json.loads(line)
+                except ValueError:
+                    continue
+                msg = event.get("msg")
+                if msg == "stale envelopes acked":
+                    self.report.duplicate_deliveries += int(event.get("count", 0))
+                elif msg == "stale verdict dropped":
+                    self.report.stale_writes_rejected += 1
+                elif msg == "lease lost; judge cancelled":
+                    self.report.leases_lost += 1
 
     # --- invariants ----------------------------------------------------------------------------
     async def _check(
