@@ -1,10 +1,10 @@
 """The same end-to-end workload on a peer queue: PgQueuer (PyPI ``pgqueuer``), for the side-by-side table.
 
-Mirrors ``bench/e2e_bench.py`` on a throwaway database (``bench.common.create_database``, PgQueuer's
+Mirrors ``bench/pipeline.py`` on a throwaway database (``bench.common.create_database``, PgQueuer's
 schema installed next to judgequeue's, dropped afterwards). Workers are real OS processes, each one
 PgQueuer ``QueueManager`` with a noop entrypoint that records when it was called. Before each
 measurement 50 warm-up jobs go through every worker (processes started, connections open, LISTEN
-registered), as e2e_bench does; they are not counted.
+registered), as bench/pipeline.py does; they are not counted.
 
 1. ``peer_throughput(jobs, submitters, workers)``: ``jobs`` enqueued one per transaction (one
    ``Queries.enqueue`` call = one autocommit INSERT) by ``submitters`` concurrent connections while the
@@ -54,6 +54,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterable
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from importlib.metadata import version
 from pathlib import Path
@@ -62,6 +63,7 @@ from typing import Any
 import asyncpg
 
 from bench.common import create_database, drop_database
+from judgequeue.core.runtime import event_loop_factory
 
 ENTRYPOINT = "noop"
 DEFAULT_BATCH_SIZE = 10
@@ -183,23 +185,22 @@ class _Peer:
         if self.tmp is not None:
             self.tmp.cleanup()
 
-    async def enqueue(self, n: int, connections: int) -> list[int]:
-        """Enqueue ``n`` jobs, one per transaction, over ``connections`` concurrent connections."""
-        from pgqueuer import AsyncpgDriver, Queries
-
-        async def submitter(count: int) -> list[int]:
-            conn = await asyncpg.connect(self.dsn)
-            try:
-                queries = Queries(AsyncpgDriver(conn))
-                ids: list[int] = []
-                for _ in range(count):
-                    ids += await queries.enqueue(ENTRYPOINT, None)
-                return ids
-            finally:
-                await conn.close()
-
-        share = [n // connections + (1 if i < n % connections else 0) for i in range(connections)]
-        return [i for ids in await asyncio.gather(*(submitter(c) for c in share)) for i in ids]
+    async def enqueue(self, n: int, connections: int, processes: int = 2) -> list[int]:
+        """Enqueue ``n`` jobs, one per transaction, over ``connections`` connections in all, from
+        ``processes`` application processes on uvloop: the same submit side as judgequeue's
+        (``bench.pipeline.submit_many``)."""
+        if n < 200 or processes <= 1:
+            return await _enqueue_lanes(self.dsn, n, connections)
+        loop = asyncio.get_running_loop()
+        share = [n // processes + (1 if i < n % processes else 0) for i in range(processes)]
+        with ProcessPoolExecutor(processes) as pool:
+            parts = await asyncio.gather(
+                *(
+                    loop.run_in_executor(pool, _enqueue_process, self.dsn, k, max(1, connections // processes))
+                    for k in share
+                )
+            )
+        return [i for ids in parts for i in ids]
 
     def _collect(self) -> None:
         for path, offset in self._offsets.items():
@@ -229,6 +230,29 @@ class _Peer:
                 why = f"workers exited {dead}" if dead else f"not within {within}s"
                 raise RuntimeError(f"{missing} of {len(wanted)} PgQueuer jobs never started ({why})\n{err}")
             await asyncio.sleep(0.02)
+
+
+async def _enqueue_lanes(dsn: str, n: int, connections: int) -> list[int]:
+    from pgqueuer import AsyncpgDriver, Queries
+
+    async def submitter(count: int) -> list[int]:
+        conn = await asyncpg.connect(dsn)
+        try:
+            queries = Queries(AsyncpgDriver(conn))
+            ids: list[int] = []
+            for _ in range(count):
+                ids += await queries.enqueue(ENTRYPOINT, None)
+            return ids
+        finally:
+            await conn.close()
+
+    share = [n // connections + (1 if i < n % connections else 0) for i in range(connections)]
+    return [i for ids in await asyncio.gather(*(submitter(c) for c in share)) for i in ids]
+
+
+def _enqueue_process(dsn: str, n: int, connections: int) -> list[int]:
+    with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
+        return runner.run(_enqueue_lanes(dsn, n, connections))
 
 
 def _percentile(values: list[float], q: float) -> float:

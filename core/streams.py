@@ -9,7 +9,6 @@ Redis failures surface as :class:`TransportError` subclasses so callers can tell
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -66,12 +65,16 @@ def shadow_seen_key(queue: str, submission: int, generation: int) -> str:
 
 
 def translate_redis_error(exc: BaseException) -> TransportError:
-    """Map a redis-py exception to judgequeue's typed transport errors."""
+    """Map a redis-py exception to judgequeue's typed transport errors.
+
+    redis-py strips the error code (``OOM``, ``READONLY``) from the messages of the classes it maps
+    them to; it is put back so logs and ``last_error`` say what happened.
+    """
     message = str(exc) or type(exc).__name__
     if isinstance(exc, rexc.ReadOnlyError) or message.startswith("READONLY"):
-        return RedisReadOnly(message)
+        return RedisReadOnly(message if message.startswith("READONLY") else f"READONLY {message}")
     if isinstance(exc, rexc.OutOfMemoryError) or message.startswith("OOM"):
-        return RedisOutOfMemory(message)
+        return RedisOutOfMemory(message if message.startswith("OOM") else f"OOM {message}")
     if isinstance(exc, (rexc.ConnectionError, rexc.TimeoutError, ConnectionError, TimeoutError, OSError)):
         return RedisUnavailable(message)
     return RedisCommandError(message)
@@ -112,11 +115,12 @@ class Envelope:
         }
 
     def packed(self) -> str:
-        """The values of :meth:`fields`, in ``ENVELOPE_FIELDS`` order, joined by commas (for scripts)."""
-        return (
-            f"{self.submission},{self.generation},{self.attempt},{self.outbox},"
-            f"{self.enqueued_at:.6f},{self.deliveries}"
-        )
+        """The values of :meth:`fields`, in ``ENVELOPE_FIELDS`` order, joined by commas (requeue script)."""
+        return ",".join(str(v) for v in self.values())
+
+    def values(self) -> list[str | int]:
+        """The values of :meth:`fields`, in ``ENVELOPE_FIELDS`` order (the enqueue script's arguments)."""
+        return [self.submission, self.generation, self.attempt, self.outbox, f"{self.enqueued_at:.6f}", self.deliveries]
 
     @classmethod
     def parse(cls, raw: dict[bytes, bytes] | dict[str, str]) -> Envelope:
@@ -174,32 +178,23 @@ return acked
 # -1 error (nothing of that entry is left behind).
 ENQUEUE_BATCH_LUA = """
 local ttl = ARGV[1]
-local names = {}
-for name in string.gmatch(ARGV[2], '[^,]+') do names[#names + 1] = name end
 local out = {}
 for i = 2, #KEYS do
-  local set = redis.pcall('SET', KEYS[i], '1', 'NX', 'EX', ttl)
-  if type(set) == 'table' and set.err then
-    out[#out + 1] = {-1, set.err}
-  elseif not set then
-    out[#out + 1] = {0, ''}
-  else
-    local fields, j = {}, 0
-    for value in string.gmatch(ARGV[i + 1], '[^,]+') do
-      j = j + 1
-      fields[#fields + 1] = names[j]
-      fields[#fields + 1] = value
-    end
-    local id = redis.pcall('XADD', KEYS[1], '*', unpack(fields))
-    if type(id) == 'table' and id.err then
+  local b = (i - 2) * 6 + 1
+  if redis.call('SET', KEYS[i], '1', 'NX', 'EX', ttl) then
+    local id = redis.pcall('XADD', KEYS[1], '*', 'submission', ARGV[b + 1], 'generation', ARGV[b + 2],
+      'attempt', ARGV[b + 3], 'outbox', ARGV[b + 4], 'enqueued_at', ARGV[b + 5], 'deliveries', ARGV[b + 6])
+    if type(id) == 'table' then
       redis.call('DEL', KEYS[i])
-      out[#out + 1] = {-1, id.err}
+      out[i - 1] = '!' .. id.err
     else
-      out[#out + 1] = {1, id}
+      out[i - 1] = id
     end
+  else
+    out[i - 1] = 0
   end
 end
-return cjson.encode(out)
+return out
 """
 
 # Reaper, step 1. KEYS: stream. ARGV: reaper consumer, min idle (ms), start cursor, count.
@@ -424,12 +419,12 @@ async def enqueue_many(
     marker = shadow_seen_key if shadow else seen_key
     ttl = max(1, int(seen_ttl))
     calls: list[tuple[Sequence[str], Sequence[str | int | float]]] = []
-    names = ",".join(ENVELOPE_FIELDS)
     for start in range(0, len(envelopes), ENQUEUE_CHUNK):
         chunk = envelopes[start : start + ENQUEUE_CHUNK]
         keys = [target] + [marker(queue, env.submission, env.generation) for env in chunk]
-        args: list[str | int | float] = [ttl, names]
-        args += [env.packed() for env in chunk]
+        args: list[str | int | float] = [ttl]
+        for env in chunk:
+            args += env.values()
         calls.append((keys, args))
     replies = await evalsha_many(client, "enqueue_batch", calls)
     out: list[EnqueueResult] = []
@@ -440,17 +435,19 @@ async def enqueue_many(
                 raise error
             out += [EnqueueResult("error", error=str(error))] * (len(call_keys) - 1)
             continue
-        assert isinstance(reply, (bytes, str))
-        for status, value in json.loads(_text(reply)):
-            if status == 1:
-                out.append(EnqueueResult("appended", entry_id=value))
-            elif status == 0:
+        assert isinstance(reply, list)
+        for value in reply:
+            if value == 0:
                 out.append(EnqueueResult("duplicate"))
-            else:
-                wide = _server_wide(value)
+                continue
+            text = _text(value)
+            if text.startswith("!"):
+                wide = _server_wide(text[1:])
                 if wide is not None:
                     raise wide
-                out.append(EnqueueResult("error", error=f"XADD failed: {value}"))
+                out.append(EnqueueResult("error", error=f"XADD failed: {text[1:]}"))
+            else:
+                out.append(EnqueueResult("appended", entry_id=text))
     return out
 
 
