@@ -58,7 +58,8 @@ UPDATE judgequeue.submissions s
        attempt_id = e.attempt,
        lease_expires_at = now() + make_interval(secs => $5::float8)
   FROM unnest($1::bigint[], $2::bigint[], $3::uuid[]) AS e(id, generation, attempt)
- WHERE s.id = e.id AND s.generation = e.generation AND s.status = 'PENDING' AND s.queue = $4
+ WHERE s.id = ANY($1::bigint[])  -- a primary-key lookup whatever the backlog's size
+   AND s.id = e.id AND s.generation = e.generation AND s.status = 'PENDING' AND s.queue = $4
 RETURNING s.id, s.generation, s.attempt_id, s.payload::text AS payload, s.created_at
 """
 
@@ -66,7 +67,8 @@ RENEW_SQL = """
 UPDATE judgequeue.submissions s
    SET lease_expires_at = now() + make_interval(secs => $4::float8)
   FROM unnest($1::bigint[], $2::bigint[], $3::uuid[]) AS l(id, generation, attempt)
- WHERE s.id = l.id AND s.generation = l.generation AND s.attempt_id = l.attempt AND s.status = 'JUDGING'
+ WHERE s.id = ANY($1::bigint[])
+   AND s.id = l.id AND s.generation = l.generation AND s.attempt_id = l.attempt AND s.status = 'JUDGING'
 RETURNING s.attempt_id
 """
 
@@ -78,7 +80,8 @@ UPDATE judgequeue.submissions s
        finished_at = now()
   FROM unnest($1::bigint[], $2::bigint[], $3::uuid[], $4::text[], $5::jsonb[])
        AS v(id, generation, attempt, status, verdict)
- WHERE s.id = v.id AND s.generation = v.generation AND s.attempt_id = v.attempt AND s.status = 'JUDGING'
+ WHERE s.id = ANY($1::bigint[])
+   AND s.id = v.id AND s.generation = v.generation AND s.attempt_id = v.attempt AND s.status = 'JUDGING'
 RETURNING s.attempt_id, extract(epoch FROM now() - s.created_at)::float8 AS end_to_end
 """
 

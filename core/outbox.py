@@ -302,7 +302,7 @@ WITH stranded AS (
     SELECT o.id
       FROM judgequeue.submissions s
       JOIN judgequeue.outbox o ON o.submission_id = s.id AND o.generation = s.generation
-     WHERE s.queue = $1 AND s.status = 'PENDING'
+     WHERE s.queue = $1 AND s.status = 'PENDING' AND s.attempt_id IS NULL
        AND s.created_at < now() - make_interval(secs => $2)
        AND o.state = 'SENT' AND o.sent_at < now() - make_interval(secs => $2)
      ORDER BY s.created_at

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import uuid
 
 import asyncpg
 
@@ -140,3 +141,17 @@ async def test_concurrent_rescues_bump_each_lease_once(pg_pool: asyncpg.Pool, qu
     async with pg_pool.acquire() as conn:
         assert await conn.fetchval("SELECT count(*) FROM judgequeue.submissions WHERE generation = 2") == 200
         assert await conn.fetchval("SELECT count(*) FROM judgequeue.outbox WHERE generation = 2") == 200
+
+
+async def test_lease_acquire_looks_ids_up_even_with_a_large_backlog(pg: asyncpg.Connection) -> None:
+    """Regression: a partial index on pending rows once made the planner scan the whole backlog
+    for every lease batch (hundreds of ms each); the acquire must stay a primary-key lookup."""
+    await create_queue(pg, "judge")
+    await pg.execute("SELECT judgequeue.submit('judge', '{}'::jsonb) FROM generate_series(1, 20000)")
+    await pg.execute("ANALYZE judgequeue.submissions")
+    ids = list(range(1, 257))
+    plan = await pg.fetch(
+        "EXPLAIN " + leases.ACQUIRE_SQL, ids, [1] * len(ids), [uuid.uuid4() for _ in ids], "judge", 30.0
+    )
+    text = "\n".join(r[0] for r in plan)
+    assert "submissions_pkey" in text and "Seq Scan on submissions" not in text, text
