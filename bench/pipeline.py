@@ -258,11 +258,14 @@ async def end_to_end_latency(rate: float, seconds: float, workers: int = 1) -> d
         await wait_done(s.pool, after, total, 60)
         async with s.pool.acquire() as conn:
             rows = await conn.fetch(
-                "SELECT extract(epoch FROM finished_at - created_at)::float8 AS s"
+                "SELECT extract(epoch FROM finished_at - created_at)::float8 AS s,"
+                " (verdict->'details'->>'started_at')::float8 - extract(epoch FROM created_at)::float8 AS start"
                 " FROM judgequeue.submissions WHERE id > $1",
                 after,
             )
     samples = [r["s"] * 1000 for r in rows]
+    # The noop judge notes when it ran: commit-to-start is the peer's measure (host clock, as the peer's).
+    starts = [r["start"] * 1000 for r in rows if r["start"] is not None]
     return {
         "rate": rate,
         "seconds": seconds,
@@ -270,6 +273,9 @@ async def end_to_end_latency(rate: float, seconds: float, workers: int = 1) -> d
         "p99_ms": percentile(samples, 0.99),
         "max_ms": max(samples),
         "samples_ms": samples,
+        "start_p50_ms": percentile(starts, 0.5),
+        "start_p99_ms": percentile(starts, 0.99),
+        "start_samples_ms": starts,
     }
 
 

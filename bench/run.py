@@ -155,6 +155,7 @@ def table(r: dict[str, Any]) -> str:
     lat = jq["e2e_latency"]
     add("commit->verdict p50 @200/s", lat["p50_ms"], None, "ms", "<= 20 ms", lat["p50_ms"] <= 20)
     add("commit->verdict p99 @200/s", lat["p99_ms"], None, "ms", "(reported)", True)
+    add("commit->judge start p50 @200/s", lat["start_p50_ms"], None, "ms", "(peer's measure)", True)
     add("reaper drain", jq["reaper_drain_s"], None, "entries/s", ">= 10000", jq["reaper_drain_s"] >= 10_000)
     rec = jq["recovery"]
     add(
@@ -202,6 +203,7 @@ def plot(r: dict[str, Any], out: Path) -> list[str]:
     fig, ax = plt.subplots(figsize=(7, 4))
     for label, samples in (
         ("commit->verdict @200/s", jq["e2e_latency"]["samples_ms"]),
+        ("commit->judge start @200/s", jq["e2e_latency"]["start_samples_ms"]),
         ("commit->enqueue @1000/s", jq["commit_to_enqueue"]["samples_ms"]),
     ):
         ordered = sorted(samples)

@@ -27,6 +27,7 @@ import redis.asyncio as aioredis
 from . import failpoints, metrics, outbox, streams
 from .config import Settings
 from .errors import TransportError
+from .lifecycle import open_connections, wait_any
 
 log = logging.getLogger("judgequeue.dispatcher")
 
@@ -199,11 +200,11 @@ class Dispatcher:
                     delay = min(5.0, 0.1 * 2**failures)
                     log.warning("dispatch cycle failed", extra={"error": str(exc), "retry_in": delay})
                     registered = False
-                    await _wait_any(stop, None, delay)
+                    await wait_any(stop, None, delay)
                     continue
                 if result.claimed >= cfg.batch_size or result.claimed > 0:
                     continue
-                woke = await _wait_any(stop, wake, cfg.schedule)
+                woke = await wait_any(stop, wake, cfg.schedule)
                 if not woke and not stop.is_set():
                     registered = False  # refresh the registration on the next idle cycle
         finally:
@@ -215,29 +216,15 @@ class Dispatcher:
                     await outbox.unregister_waiter(conn, self.queue, self.name)
 
 
-async def _wait_any(stop: asyncio.Event, wake: asyncio.Event | None, within: float) -> bool:
-    """Wait until ``stop`` or ``wake`` is set or ``within`` seconds pass; True if woken by an event."""
-    events = [stop] + ([wake] if wake is not None else [])
-    waiters = [asyncio.ensure_future(e.wait()) for e in events]
-    try:
-        done, _ = await asyncio.wait(waiters, timeout=within, return_when=asyncio.FIRST_COMPLETED)
-        return bool(done)
-    finally:
-        for w in waiters:
-            w.cancel()
-
-
 async def run(settings: Settings, stop: asyncio.Event) -> None:
     """Entry point of the dispatcher role: owns its connections and runs until ``stop`` is set."""
-    pool = await asyncpg.create_pool(settings.postgres_dsn, min_size=1, max_size=4)
-    assert pool is not None
-    redis = aioredis.Redis.from_url(settings.redis_url)
+    # Claims and marks are redone if a database crash loses them: no need to wait for the WAL flush.
+    conns = await open_connections(settings, stop, pool_size=4, durable_commits=False)
+    if conns is None:
+        return
     try:
-        with contextlib.suppress(TransportError):
-            await streams.ensure_group(redis, settings.queue)
-        dispatcher = Dispatcher(pool, redis, settings)
+        dispatcher = Dispatcher(conns.pool, conns.redis, settings)
         log.info("dispatcher started", extra={"dispatcher": dispatcher.name, "queue": settings.queue})
         await dispatcher.run(stop)
     finally:
-        await redis.aclose()
-        await pool.close()
+        await conns.close()

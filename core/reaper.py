@@ -53,6 +53,7 @@ from .config import Settings
 from .dispatcher import instance_id
 from .errors import TransportError
 from .leases import LeaseSweep, rescue_expired_leases
+from .lifecycle import open_connections
 from .stream_stats import StreamFigures, publish, stream_figures
 
 log = logging.getLogger("judgequeue.reaper")
@@ -449,26 +450,12 @@ def backoff_delay(interval: float, failures: int, *, cap: float = 60.0) -> float
 
 async def run(settings: Settings, stop: asyncio.Event) -> None:
     """Entry point of the reaper role: owns its connections and sweeps until ``stop`` is set."""
-    pool: asyncpg.Pool | None = None
-    redis = aioredis.Redis.from_url(settings.redis_url)
-    failures = 0
+    conns = await open_connections(settings, stop, pool_size=2)
+    if conns is None:
+        return
     try:
-        while pool is None and not stop.is_set():
-            try:
-                pool = await asyncpg.create_pool(settings.postgres_dsn, min_size=1, max_size=2)
-            except (asyncpg.PostgresError, OSError) as exc:
-                failures += 1
-                log.warning("postgres unavailable; retrying", extra={"error": str(exc)})
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(stop.wait(), backoff_delay(1.0, failures, cap=30.0))
-        if pool is None:
-            return
-        with contextlib.suppress(TransportError):
-            await streams.ensure_group(redis, settings.queue)
-        reaper = Reaper(pool, redis, settings)
+        reaper = Reaper(conns.pool, conns.redis, settings)
         log.info("reaper started", extra={"reaper": reaper.name, "queue": settings.queue})
         await reaper.run(stop)
     finally:
-        await redis.aclose()
-        if pool is not None:
-            await pool.close()
+        await conns.close()

@@ -39,17 +39,9 @@ from .config import Settings
 from .dispatcher import instance_id
 from .errors import TransportError
 from .judges import Judge, Verdict, load_judge
+from .lifecycle import DB_ERRORS, backoff, open_connections, wait_any
 
 log = logging.getLogger("judgequeue.worker")
-
-#: Errors after which the operation is retried later (the database or the network went away).
-DB_ERRORS: tuple[type[BaseException], ...] = (
-    asyncpg.PostgresError,
-    asyncpg.InterfaceError,
-    OSError,
-    ConnectionError,
-    TimeoutError,
-)
 
 #: Verdict writes per statement.
 WRITE_BATCH = 500
@@ -81,10 +73,6 @@ class _Job:
     lost: bool = False
     releasing: bool = False
 
-
-def backoff(failures: int, *, base: float = 0.1, cap: float = 5.0) -> float:
-    """Exponential retry delay after ``failures`` consecutive failures."""
-    return float(min(cap, base * 2 ** max(0, failures - 1)))
 
 
 def verdict_document(verdict: Verdict, lease: leases.Lease, worker: str) -> dict[str, Any]:
@@ -229,7 +217,7 @@ class Worker:
                 self._slot_freed.clear()
                 free = self.cfg.concurrency - len(self._jobs)
                 if free <= 0:
-                    await _wait_any(stop, self._slot_freed, 1.0)
+                    await wait_any(stop, self._slot_freed, 1.0)
                     continue
                 try:
                     deliveries = await streams.read(
@@ -240,7 +228,7 @@ class Worker:
                     failures += 1
                     delay = backoff(failures)
                     log.warning("stream read failed", extra={"error": str(exc), "retry_in": delay})
-                    await _wait_any(stop, None, delay)
+                    await wait_any(stop, None, delay)
                     continue
                 if deliveries:
                     await self._start(deliveries, stop)
@@ -433,27 +421,14 @@ class Worker:
         log.error("could not release leases; they will expire and be rescued", extra={"leases": len(held)})
 
 
-async def _wait_any(stop: asyncio.Event, other: asyncio.Event | None, within: float) -> None:
-    """Wait until ``stop`` or ``other`` is set, or ``within`` seconds pass."""
-    events = [stop] + ([other] if other is not None else [])
-    waiters = [asyncio.ensure_future(e.wait()) for e in events]
-    try:
-        await asyncio.wait(waiters, timeout=within, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for w in waiters:
-            w.cancel()
-
-
 async def run(settings: Settings, stop: asyncio.Event) -> None:
     """Entry point of the worker role: owns its connections and runs until ``stop`` is set."""
     judge = load_judge(settings.worker.judge)  # an unknown name fails before connecting anywhere
-    pool = await asyncpg.create_pool(settings.postgres_dsn, min_size=2, max_size=4)
-    assert pool is not None
-    redis = aioredis.Redis.from_url(settings.redis_url)
+    conns = await open_connections(settings, stop, pool_size=4)
+    if conns is None:
+        return
     try:
-        with contextlib.suppress(TransportError):
-            await streams.ensure_group(redis, settings.queue)
-        worker = Worker(pool, redis, settings, judge=judge)
+        worker = Worker(conns.pool, conns.redis, settings, judge=judge)
         log.info(
             "worker started",
             extra={"worker": worker.name, "queue": settings.queue, "judge": settings.worker.judge,
@@ -461,5 +436,4 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
         )
         await worker.run(stop)
     finally:
-        await redis.aclose()
-        await pool.close()
+        await conns.close()

@@ -6,6 +6,7 @@ import asyncio
 import glob
 import os
 import shutil
+import time
 from typing import Any
 
 import pytest
@@ -58,7 +59,9 @@ def test_plugins_are_registered_and_unknown_name_lists_them() -> None:
 
 
 async def test_builtin_judges() -> None:
-    assert await NoopJudge().judge({}) == Verdict("ACCEPTED")
+    before = time.time()
+    noop = await NoopJudge().judge({})
+    assert noop.status == "ACCEPTED" and before <= noop.details["started_at"] <= time.time()
     assert (await SleepJudge().judge({"seconds": 0.01, "status": "WRONG_ANSWER"})).status == "WRONG_ANSWER"
     with pytest.raises(JudgeCrashed):
         await SleepJudge().judge({"crash": True})

@@ -13,7 +13,7 @@ import asyncpg
 import pytest
 import redis.asyncio as aioredis
 
-from judgequeue.core import leases, metrics, outbox, streams, worker
+from judgequeue.core import leases, lifecycle, metrics, outbox, streams, worker
 from judgequeue.core.config import Settings
 from judgequeue.core.dispatcher import Dispatcher
 from judgequeue.core.judges import UnknownJudge, Verdict
@@ -261,6 +261,6 @@ async def test_unknown_judge_is_a_clear_startup_error(pg_dsn: str, queue_name: s
 
 def test_pure_helpers() -> None:
     assert worker.unleased([(1, 1), (1, 1), (2, 1), (3, 1)], [(1, 1), (3, 1)]) == [(1, 1), (2, 1)]
-    assert worker.backoff(1) == 0.1 and worker.backoff(10) == 5.0
+    assert lifecycle.backoff(1) == 0.1 and lifecycle.backoff(10) == 5.0
     failure = worker.judge_failure(ValueError("boom"))
     assert failure.status == "SYSTEM_ERROR" and failure.details["reason"] == "judge raised ValueError: boom"

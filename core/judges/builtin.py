@@ -4,16 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from typing import Any
 
 from . import Verdict
 
 
 class NoopJudge:
-    """Accepts everything at once: measures the queue, not the judging."""
+    """Accepts everything at once: measures the queue, not the judging.
+
+    It records when it ran (``started_at``, unix seconds) so benchmarks can tell commit-to-start
+    from commit-to-verdict.
+    """
 
     async def judge(self, payload: Any) -> Verdict:
-        return Verdict("ACCEPTED")
+        return Verdict("ACCEPTED", {"started_at": time.time()})
 
 
 class JudgeCrashed(RuntimeError):

@@ -1,0 +1,95 @@
+"""What every role does around its work: open connections patiently, wait on events, close in time.
+
+A role started before Postgres is reachable (a pod scheduled before the database, a failover) waits
+with backoff instead of exiting; shutdown never hangs on a pool whose connections are stuck behind a
+stalled network.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+
+import asyncpg
+import redis.asyncio as aioredis
+
+from . import streams
+from .config import Settings
+from .errors import TransportError
+
+log = logging.getLogger("judgequeue.lifecycle")
+
+#: Connection errors worth retrying (the server restarting, refusing, or unreachable).
+DB_ERRORS: tuple[type[BaseException], ...] = (
+    asyncpg.PostgresError,
+    asyncpg.InterfaceError,
+    OSError,
+    ConnectionError,
+    TimeoutError,
+)
+
+
+def backoff(failures: int, *, base: float = 0.1, cap: float = 5.0) -> float:
+    """Exponential retry delay after ``failures`` consecutive failures (pure)."""
+    return float(min(cap, base * 2 ** max(0, failures - 1)))
+
+
+async def wait_any(stop: asyncio.Event, other: asyncio.Event | None, within: float) -> bool:
+    """Wait until ``stop`` or ``other`` is set or ``within`` seconds pass; True if an event fired."""
+    events = [stop] + ([other] if other is not None else [])
+    waiters = [asyncio.ensure_future(e.wait()) for e in events]
+    try:
+        done, _ = await asyncio.wait(waiters, timeout=within, return_when=asyncio.FIRST_COMPLETED)
+        return bool(done)
+    finally:
+        for w in waiters:
+            w.cancel()
+
+
+@dataclass
+class Connections:
+    pool: asyncpg.Pool
+    redis: aioredis.Redis
+
+    async def close(self, within: float = 5.0) -> None:
+        """Close both; connections still busy after ``within`` seconds are terminated."""
+        await self.redis.aclose()
+        try:
+            await asyncio.wait_for(self.pool.close(), within)
+        except TimeoutError:
+            log.warning("postgres pool did not close in time; terminating it", extra={"within": within})
+            self.pool.terminate()
+
+
+async def open_connections(
+    settings: Settings, stop: asyncio.Event, *, pool_size: int, durable_commits: bool = True
+) -> Connections | None:
+    """A Postgres pool and a Redis client for a role, waiting out an unreachable Postgres with backoff.
+
+    ``durable_commits=False`` sets ``synchronous_commit = off`` on the pool's sessions: for writes
+    whose loss in a database crash is harmless because they are redone (a dispatcher's claims and
+    marks: a lost claim is claimed again, a lost mark re-sends a row the dedup marker absorbs).
+    Returns None if ``stop`` is set first. The consumer group is created when Redis answers; if it
+    does not yet, the roles' own NOGROUP handling creates it later.
+    """
+    server_settings = {} if durable_commits else {"synchronous_commit": "off"}
+    failures = 0
+    pool: asyncpg.Pool | None = None
+    while pool is None:
+        if stop.is_set():
+            return None
+        try:
+            pool = await asyncpg.create_pool(
+                settings.postgres_dsn, min_size=1, max_size=pool_size, server_settings=server_settings
+            )
+        except DB_ERRORS as exc:
+            failures += 1
+            delay = backoff(failures, base=0.5, cap=30.0)
+            log.warning("postgres unavailable; retrying", extra={"error": str(exc), "retry_in": delay})
+            await wait_any(stop, None, delay)
+    redis = aioredis.Redis.from_url(settings.redis_url)
+    with contextlib.suppress(TransportError):
+        await streams.ensure_group(redis, settings.queue)
+    return Connections(pool, redis)
