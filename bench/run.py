@@ -109,7 +109,6 @@ def verdict(ok: bool) -> str:
 
 def table(r: dict[str, Any]) -> str:
     lim, jq = r["limits"], r["judgequeue"]
-    best_e2e = max(x["rate"] for x in jq["e2e_throughput"])
     rows: list[tuple[str, str, str, str, str]] = []
 
     def add(name: str, ours: float, ref: float | None, unit: str, target: str, ok: bool) -> None:
@@ -170,17 +169,25 @@ def table(r: dict[str, Any]) -> str:
         add(f"peak RSS {role} (under load)", mb, None, "MB", "<= 80 MB", mb <= 80)
     peer = r.get("peer")
     if peer:
+        # Like for like: the peer enqueues one job per transaction, so compare with our 1/tx runs,
+        # and its latency ends when the job starts, so compare with our commit-to-start.
         peer_best = max(x["rate"] for x in peer["throughput"])
+        ours_1tx = max(x["rate"] for x in jq["e2e_throughput"] if x["per_transaction"] == 1)
         add(
-            "peer (PgQueuer) end-to-end", peer_best, None, "jobs/s", f"judgequeue {best_e2e:,.0f}", best_e2e > peer_best
+            "peer (PgQueuer) end-to-end, 1/tx",
+            peer_best,
+            None,
+            "jobs/s",
+            f"judgequeue {ours_1tx:,.0f}",
+            ours_1tx > peer_best,
         )
         add(
-            "peer latency p50 @200/s",
+            "peer enqueue->start p50 @200/s",
             peer["latency"]["p50_ms"],
             None,
             "ms",
-            f"judgequeue {lat['p50_ms']:.1f}",
-            lat["p50_ms"] < peer["latency"]["p50_ms"],
+            f"judgequeue {lat['start_p50_ms']:.1f}",
+            lat["start_p50_ms"] < peer["latency"]["p50_ms"],
         )
     widths = [max(len(row[i]) for row in rows) for i in range(5)]
     head = ("measure", "judgequeue", "limit", "ratio", "target")
@@ -255,7 +262,8 @@ async def peer_figures(jobs: int, workers: list[int], rate: float, seconds: floa
         return None
     throughput = []
     for w in workers:
-        figures = await peer.peer_throughput(jobs=jobs, submitters=8, workers=w)
+        runs = [await peer.peer_throughput(jobs=jobs, submitters=8, workers=w) for _ in range(2)]
+        figures = max(runs, key=lambda x: float(x["jobs_per_s"]))  # best of two, as for judgequeue
         throughput.append({"workers": w, "rate": figures["jobs_per_s"], "raw": figures})
     latency = await peer.peer_latency(rate=rate, seconds=seconds, workers=1)
     return {"name": "PgQueuer", "throughput": throughput, "latency": latency}
@@ -286,12 +294,15 @@ async def main() -> int:
     e2e = []
     for per in (1, 10):
         for w in workers:
-            e2e.append(
+            # Best of two: a checkpoint or autovacuum landing in one run is not the system's figure.
+            runs = [
                 await step(
-                    f"end-to-end throughput, {w} worker(s), {per} submit(s) per transaction",
+                    f"end-to-end throughput, {w} worker(s), {per} submit(s) per transaction, run {k + 1}/2",
                     functools.partial(pipeline.end_to_end_throughput, w, jobs=jobs, per_transaction=per),
                 )
-            )
+                for k in range(2)
+            ]
+            e2e.append(max(runs, key=lambda x: float(x["rate"])))
     jq["e2e_throughput"] = e2e
     jq["peak_rss_mb"] = {
         role: max(x["peak_rss_mb"].get(role, 0.0) for x in e2e) for role in ("dispatcher", "worker", "reaper")

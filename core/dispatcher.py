@@ -4,10 +4,12 @@ One cycle claims a batch in a short statement (``FOR UPDATE SKIP LOCKED``, flags
 statement, no lock held across Redis), appends the batch in one pipeline of dedup-and-append
 scripts, then marks every row in one statement fenced on this dispatcher's claim.
 
-Wake-up: while idle the dispatcher registers in ``judgequeue.dispatch_waiters`` and blocks on
-LISTEN; ``judgequeue.submit`` notifies only while a waiter exists, so a busy system pays nothing
-per commit. A full batch loops at once; ``schedule`` is only the idle poll fallback (it also bounds
-the one race a waiter cannot close: a submit that checked for waiters just before registration).
+Wake-up: only when a claim finds nothing does the dispatcher register in
+``judgequeue.dispatch_waiters`` (then claims once more, then blocks on LISTEN); as soon as a claim
+finds work it unregisters and loops at once. ``judgequeue.submit`` notifies only while a waiter
+exists, so a busy system pays nothing per commit (a NOTIFY per commit serialises commits).
+``schedule`` is only the idle poll fallback (it also bounds the one race a waiter cannot close: a
+submit that checked for waiters just before registration).
 """
 
 from __future__ import annotations
@@ -184,12 +186,15 @@ class Dispatcher:
                         await listen_conn.add_listener(outbox.WAKEUP_CHANNEL, on_notify)
                         registered = False
                     result = await self.cycle()
-                    if registered and result.claimed >= cfg.batch_size:
-                        # Busy: stop asking submitters for notifications.
-                        async with self.pool.acquire() as conn:
-                            await outbox.unregister_waiter(conn, self.queue, self.name)
-                        registered = False
-                    elif not registered:
+                    if result.claimed > 0:
+                        if registered:
+                            # Work is flowing and we loop at once: submitters need not notify.
+                            async with self.pool.acquire() as conn:
+                                await outbox.unregister_waiter(conn, self.queue, self.name)
+                            registered = False
+                        failures = 0
+                        continue
+                    if not registered:
                         async with self.pool.acquire() as conn:
                             await outbox.register_waiter(conn, self.queue, self.name)
                         registered = True
@@ -201,8 +206,6 @@ class Dispatcher:
                     log.warning("dispatch cycle failed", extra={"error": str(exc), "retry_in": delay})
                     registered = False
                     await wait_any(stop, None, delay)
-                    continue
-                if result.claimed >= cfg.batch_size or result.claimed > 0:
                     continue
                 woke = await wait_any(stop, wake, cfg.schedule)
                 if not woke and not stop.is_set():
