@@ -2,10 +2,11 @@
 
     .venv/bin/python -m bench.run [--quick] [--out bench/out] [--skip-peer]
 
-Measures, in this order and in one process tree on this machine:
+Measures, in one process tree on this machine:
 
 1. the machine's limits: pgbench two-insert transactions and SKIP LOCKED claim-and-update of
-   50-row batches, redis-benchmark pipelined XADD;
+   50-row batches (each alternated with its judgequeue counterpart, best of two for both),
+   redis-benchmark pipelined XADD;
 2. judgequeue: submit rate through ``submit()``, claim+mark (dispatch) rate, pipelined
    dedup-and-append rate, commit-to-enqueue latency at 1,000 submits/s, end-to-end throughput with
    the noop judge at several worker counts, commit-to-verdict latency at 200 jobs/s, reaper drain
@@ -53,41 +54,58 @@ async def step(name: str, call: Callable[[], Awaitable[T]]) -> T:
     return result
 
 
-async def machine_limits(seconds: int, rows: int) -> dict[str, float]:
-    dsn = await create_database("jq_limits")
+async def _load_claim_rows(dsn: str, rows: int, *, raw: bool) -> None:
+    conn = await asyncpg.connect(dsn)
     try:
-        conn = await asyncpg.connect(dsn)
+        if raw:
+            await conn.execute("TRUNCATE raw.outbox")
+            await conn.execute(
+                "INSERT INTO raw.outbox (queue, submission_id, generation)"
+                " SELECT 'bench', i, 1 FROM generate_series(1, $1) i",
+                rows,
+            )
+            await conn.execute("VACUUM ANALYZE raw.outbox")
+        else:
+            await conn.execute("TRUNCATE judgequeue.outbox, judgequeue.submissions")
+            await conn.execute("SELECT judgequeue.submit('bench', '{}'::jsonb) FROM generate_series(1, $1)", rows)
+            await conn.execute("VACUUM ANALYZE judgequeue.outbox")
+    finally:
+        await conn.close()
+
+
+async def outbox_against_pgbench(seconds: int, rows: int, rounds: int = 2) -> tuple[dict[str, float], dict[str, float]]:
+    """pgbench's two-insert and claim limits and our submit and claim+mark rates, alternated.
+
+    Each measurement is taken ``rounds`` times, interleaved with its counterpart, and the best kept:
+    a checkpoint landing in one run then penalises neither side alone.
+    """
+    raw_dsn = await create_database("jq_limits")
+    ours_dsn = await create_database()
+    limits = {"pgbench_two_insert_tps": 0.0, "pgbench_claim_rows_s": 0.0}
+    ours = {"submit_tps": 0.0, "claim_mark_rows_s": 0.0}
+    try:
+        conn = await asyncpg.connect(raw_dsn)
         await conn.execute(outbox_bench.RAW_SETUP)
-        two_insert = pgbench(dsn, outbox_bench.RAW_SUBMIT, clients=8, seconds=seconds)
-        await conn.execute("TRUNCATE raw.outbox")
-        await conn.execute(
-            "INSERT INTO raw.outbox (queue, submission_id, generation)"
-            " SELECT 'bench', i, 1 FROM generate_series(1, $1) i",
-            rows,
-        )
-        await conn.execute("VACUUM ANALYZE raw.outbox")
         await conn.close()
-        claim = 50 * pgbench(dsn, outbox_bench.RAW_CLAIM, clients=8, transactions=rows // 50 // 8)
-    finally:
-        await drop_database(dsn)
-    xadd = redis_benchmark_xadd(pipeline=16)
-    return {"pgbench_two_insert_tps": two_insert, "pgbench_claim_rows_s": claim, "redis_xadd_pipelined_s": xadd}
-
-
-async def outbox_rates(seconds: int, rows: int) -> dict[str, float]:
-    dsn = await create_database()
-    try:
-        conn = await asyncpg.connect(dsn)
+        conn = await asyncpg.connect(ours_dsn)
         await create_queue(conn, "bench")
-        submit = await asyncio.to_thread(outbox_bench.submit_rate, dsn, 8, seconds)
-        await conn.execute("TRUNCATE judgequeue.outbox, judgequeue.submissions")
-        await conn.execute("SELECT judgequeue.submit('bench', '{}'::jsonb) FROM generate_series(1, $1)", rows)
-        await conn.execute("VACUUM ANALYZE judgequeue.outbox")
         await conn.close()
-        claim = await asyncio.to_thread(outbox_bench.claim_mark_rate, dsn, 8, 50)
+        for _ in range(rounds):
+            tps = pgbench(raw_dsn, outbox_bench.RAW_SUBMIT, clients=8, seconds=seconds)
+            limits["pgbench_two_insert_tps"] = max(limits["pgbench_two_insert_tps"], tps)
+            rate = await asyncio.to_thread(outbox_bench.submit_rate, ours_dsn, 8, seconds)
+            ours["submit_tps"] = max(ours["submit_tps"], rate)
+        for _ in range(rounds):
+            await _load_claim_rows(raw_dsn, rows, raw=True)
+            claim = 50 * pgbench(raw_dsn, outbox_bench.RAW_CLAIM, clients=8, transactions=rows // 50 // 8)
+            limits["pgbench_claim_rows_s"] = max(limits["pgbench_claim_rows_s"], claim)
+            await _load_claim_rows(ours_dsn, rows, raw=False)
+            rate = await asyncio.to_thread(outbox_bench.claim_mark_rate, ours_dsn, 8, 50)
+            ours["claim_mark_rows_s"] = max(ours["claim_mark_rows_s"], rate)
     finally:
-        await drop_database(dsn)
-    return {"submit_tps": submit, "claim_mark_rows_s": claim}
+        await drop_database(raw_dsn)
+        await drop_database(ours_dsn)
+    return limits, ours
 
 
 async def stream_rates(entries: int) -> dict[str, float]:
@@ -284,9 +302,14 @@ async def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
 
     results: dict[str, Any] = {"started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "quick": quick}
-    results["limits"] = await step("machine limits (pgbench, redis-benchmark)", lambda: machine_limits(seconds, rows))
-    jq: dict[str, Any] = {}
-    jq.update(await step("submit and claim+mark rates", lambda: outbox_rates(seconds, rows)))
+    limits, outbox_figures = await step(
+        "submit and claim+mark against pgbench (alternating, best of 2)", lambda: outbox_against_pgbench(seconds, rows)
+    )
+    limits["redis_xadd_pipelined_s"] = await step(
+        "redis-benchmark pipelined XADD", lambda: asyncio.to_thread(redis_benchmark_xadd, pipeline=16)
+    )
+    results["limits"] = limits
+    jq: dict[str, Any] = dict(outbox_figures)
     jq.update(await step("dedup+append and reaper drain", lambda: stream_rates(20_000 if quick else 100_000)))
     jq["commit_to_enqueue"] = await step(
         "commit-to-enqueue latency at 1,000 submits/s", lambda: pipeline.commit_to_enqueue(1000, seconds)
