@@ -258,7 +258,12 @@ def plot(r: dict[str, Any], out: Path) -> list[str]:
         )
     if r.get("peer"):
         pts = r["peer"]["throughput"]
-        ax.plot([x["workers"] for x in pts], [x["rate"] for x in pts], marker="s", label="PgQueuer")
+        ax.plot(
+            [x["workers"] for x in pts],
+            [x["rate"] for x in pts],
+            marker="s",
+            label="PgQueuer (1 job/transaction, to job start)",
+        )
     ax.axhline(2000, color="grey", linestyle="--", label="target 2,000 jobs/s")
     ax.set_xlabel("worker processes")
     ax.set_ylabel("jobs/s (submit to verdict)")
