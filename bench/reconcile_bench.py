@@ -49,7 +49,8 @@ async def run(changes: int) -> dict[str, float]:
                 operator.start()
                 await operator.wait_ready()
                 spec: dict[str, Any] = {
-                    "image": "judgequeue:bench", "queue": "bench",
+                    "image": "judgequeue:bench",
+                    "queue": "bench",
                     "postgres": {"secretKeyRef": {"name": "db", "key": "dsn"}},
                     "redis": {"secretKeyRef": {"name": "rd", "key": "url"}},
                 }
@@ -60,8 +61,11 @@ async def run(changes: int) -> dict[str, float]:
                 for i in range(changes):
                     size = str(200 + i)
                     started = time.perf_counter()
-                    async with emulator.patch(path, json={"spec": {"dispatcher": {"batchSize": int(size)}}},
-                                              headers={"Content-Type": "application/merge-patch+json"}) as resp:
+                    async with emulator.patch(
+                        path,
+                        json={"spec": {"dispatcher": {"batchSize": int(size)}}},
+                        headers={"Content-Type": "application/merge-patch+json"},
+                    ) as resp:
                         assert resp.status == 200
                     async with asyncio.timeout(10):
                         while _batch_size(emulator) != size:
@@ -85,9 +89,11 @@ def main() -> None:
     parser.add_argument("--changes", type=int, default=50)
     args = parser.parse_args()
     result = asyncio.run(run(args.changes))
-    print(f"reconcile latency (CR patch -> Deployment patched), {int(result['changes'])} changes: "
-          f"p50 {result['p50_ms']:.1f} ms, p99 {result['p99_ms']:.1f} ms, max {result['max_ms']:.1f} ms "
-          f"(target p50 <= 200 ms)")
+    print(
+        f"reconcile latency (CR patch -> Deployment patched), {int(result['changes'])} changes: "
+        f"p50 {result['p50_ms']:.1f} ms, p99 {result['p99_ms']:.1f} ms, max {result['max_ms']:.1f} ms "
+        f"(target p50 <= 200 ms)"
+    )
 
 
 if __name__ == "__main__":

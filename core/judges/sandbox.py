@@ -103,8 +103,12 @@ def detect_isolation() -> Isolation:
     unshare = shutil.which("unshare")
     if not prlimit:
         raise RuntimeError("the program judge needs prlimit (util-linux) on PATH")
-    if unshare and os.geteuid() == 0 and shutil.which("setpriv") and _probe([unshare, "--net", "--mount", "--pid",
-                                                                           "--fork", "true"]):
+    if (
+        unshare
+        and os.geteuid() == 0
+        and shutil.which("setpriv")
+        and _probe([unshare, "--net", "--mount", "--pid", "--fork", "true"])
+    ):
         return Isolation("full", True, prlimit)
     net = bool(unshare) and _probe([str(unshare), "-rn", "true"])
     return Isolation("basic", net, prlimit)
