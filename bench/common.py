@@ -68,9 +68,9 @@ def pgbench(
     return float(match.group(1))
 
 
-def redis_benchmark_xadd(*, pipeline: int, requests: int = 200_000) -> float:
-    """redis-benchmark XADD requests/s on the local server (pipelined ``pipeline`` deep)."""
-    url = urlsplit(REDIS_URL)
+def redis_benchmark_xadd(*, pipeline: int, requests: int = 200_000, redis_url: str = REDIS_URL) -> float:
+    """redis-benchmark XADD requests/s on the server at ``redis_url`` (pipelined ``pipeline`` deep)."""
+    url = urlsplit(redis_url)
     key = f"jq-bench-xadd-{uuid.uuid4().hex[:6]}"
     out = subprocess.run(
         [

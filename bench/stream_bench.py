@@ -18,53 +18,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import re
-import shutil
-import subprocess
 import time
 import uuid
 from typing import Any, cast
-from urllib.parse import urlsplit
 
 import asyncpg
 import redis.asyncio as aioredis
 
+from bench.common import redis_benchmark_xadd
 from judgequeue.core import streams
 from judgequeue.core.config import ReaperSettings, Settings
 from judgequeue.core.reaper import Reaper
 
 ENQUEUE_TARGET = 0.30
 DRAIN_TARGET = 10_000.0
-
-
-def redis_benchmark_xadd(url: str, key: str, requests: int = 200_000, pipeline: int = 16) -> float:
-    """Requests/s of pipelined XADD measured by redis-benchmark against the same server."""
-    binary = shutil.which("redis-benchmark")
-    if binary is None:
-        raise SystemExit("redis-benchmark not found on PATH")
-    parts = urlsplit(url)
-    command = [
-        binary,
-        "-h",
-        parts.hostname or "127.0.0.1",
-        "-p",
-        str(parts.port or 6379),
-        "-q",
-        "-P",
-        str(pipeline),
-        "-n",
-        str(requests),
-        "XADD",
-        key,
-        "*",
-        "f",
-        "v",
-    ]
-    out = subprocess.run(command, check=True, capture_output=True, text=True, timeout=300).stdout
-    rates = re.findall(r"([\d.]+) requests per second", out)
-    if not rates:
-        raise SystemExit(f"could not parse redis-benchmark output: {out[-500:]!r}")
-    return float(rates[-1])
 
 
 async def enqueue_rate(client: aioredis.Redis, queue: str, n: int, batch: int = 1000) -> float:
@@ -116,14 +83,12 @@ async def cleanup(client: aioredis.Redis, queue: str) -> None:
 
 async def main_async(url: str, entries: int, rounds: int) -> int:
     queue = f"bench-{uuid.uuid4().hex[:8]}"
-    bench_key = f"jq:{{{queue}}}:redis-benchmark"
     client = aioredis.Redis.from_url(url)
     try:
         # The machine may be shared: alternate the two measurements and keep each one's best round.
         xadd = enqueue = 0.0
         for round_ in range(rounds):
-            xadd = max(xadd, redis_benchmark_xadd(url, bench_key))
-            await client.unlink(bench_key)
+            xadd = max(xadd, redis_benchmark_xadd(pipeline=16, redis_url=url))
             round_queue = f"{queue}-r{round_}"
             await streams.ensure_group(client, round_queue)
             enqueue = max(enqueue, await enqueue_rate(client, round_queue, entries))
