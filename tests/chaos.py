@@ -19,7 +19,6 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,10 +29,8 @@ import redis.asyncio as aioredis
 
 from judgequeue.core import outbox, streams
 from judgequeue.core.queues import create_queue, set_cutover
+from tests.roles import JUDGEQUEUE, TERMINAL
 
-JUDGEQUEUE = str(Path(sys.executable).parent / "judgequeue")
-
-TERMINAL = ("ACCEPTED", "WRONG_ANSWER", "TIME_LIMIT", "MEMORY_LIMIT", "RUNTIME_ERROR", "COMPILE_ERROR", "SYSTEM_ERROR")
 JUDGE_STATUSES = ("ACCEPTED", "WRONG_ANSWER", "RUNTIME_ERROR")
 
 FAILPOINTS = {
