@@ -30,7 +30,8 @@ class Backlog:
 
 async def read_backlog(conn: asyncpg.Connection, redis: aioredis.Redis, queue: str) -> Backlog:
     """The queue's backlog from Postgres and Redis (raises if either is unreachable)."""
-    outbox = await stats(conn, queue)
+    # Only rows still waiting count; terminal counts would scan everything kept for retention.
+    outbox = await stats(conn, queue, include_terminal=False)
     figures = await stream_figures(redis, queue)
     return Backlog(
         outbox_pending=outbox.by_state.get("PENDING", 0) + outbox.by_state.get("CLAIMED", 0),
