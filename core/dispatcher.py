@@ -5,9 +5,11 @@ statement, no lock held across Redis), appends the batch in one pipeline of dedu
 scripts, then marks every row in one statement fenced on this dispatcher's claim.
 
 Wake-up: only when a claim finds nothing does the dispatcher register in
-``judgequeue.dispatch_waiters`` (then claims once more, then blocks on LISTEN); as soon as a claim
-finds work it unregisters and loops at once. ``judgequeue.submit`` notifies only while a waiter
-exists, so a busy system pays nothing per commit (a NOTIFY per commit serialises commits).
+``judgequeue.dispatch_waiters`` (then claims once more, then blocks on LISTEN). While registered, a
+trickle of work (partial batches) is dispatched and it goes straight back to LISTEN; a full batch or
+a streak of busy cycles makes it unregister and loop at once (:func:`keep_listening`).
+``judgequeue.submit`` notifies only while a waiter exists, so a busy system pays nothing per commit
+(a NOTIFY per commit serialises commits).
 ``schedule`` is only the idle poll fallback (it also bounds the one race a waiter cannot close: a
 submit that checked for waiters just before registration).
 """
@@ -70,6 +72,22 @@ def plan_marks(
         marks.append(mark)
         counts[counted] = counts.get(counted, 0) + 1
     return marks, counts
+
+
+#: Cycles in a row that must find work before a listening dispatcher stops listening and loops.
+BUSY_STREAK = 3
+
+
+def keep_listening(claimed: int, batch_size: int, streak: int) -> bool:
+    """Whether a registered dispatcher that just claimed ``claimed`` rows should go back to LISTEN (pure).
+
+    A trickle (a partial batch, and not several busy cycles in a row) is served best by notification:
+    every later commit notifies a registered waiter, so there is nothing to poll for, and staying
+    registered spares a register/unregister/re-claim round per job. A full batch or a streak of busy
+    cycles means work is flowing: looping at once is cheaper, and unregistering lets submitters stop
+    notifying (a NOTIFY per commit serialises commits).
+    """
+    return 0 < claimed < batch_size and streak < BUSY_STREAK
 
 
 class Dispatcher:
@@ -176,6 +194,7 @@ class Dispatcher:
         listen_conn: asyncpg.Connection | None = None
         registered = False
         failures = 0
+        streak = 0  # cycles in a row that found work
         try:
             while not stop.is_set():
                 wake.clear()
@@ -186,20 +205,23 @@ class Dispatcher:
                         await listen_conn.add_listener(outbox.WAKEUP_CHANNEL, on_notify)
                         registered = False
                     result = await self.cycle()
-                    if result.claimed > 0:
-                        if registered:
-                            # Work is flowing and we loop at once: submitters need not notify.
-                            async with self.pool.acquire() as conn:
-                                await outbox.unregister_waiter(conn, self.queue, self.name)
-                            registered = False
-                        failures = 0
-                        continue
-                    if not registered:
-                        async with self.pool.acquire() as conn:
-                            await outbox.register_waiter(conn, self.queue, self.name)
-                        registered = True
-                        continue  # rows committed before registering sent no notification
                     failures = 0
+                    if result.claimed:
+                        streak += 1
+                        if not (registered and keep_listening(result.claimed, cfg.batch_size, streak)):
+                            if registered:
+                                # Work is flowing and we loop at once: submitters need not notify.
+                                async with self.pool.acquire() as conn:
+                                    await outbox.unregister_waiter(conn, self.queue, self.name)
+                                registered = False
+                            continue
+                    else:
+                        streak = 0
+                        if not registered:
+                            async with self.pool.acquire() as conn:
+                                await outbox.register_waiter(conn, self.queue, self.name)
+                            registered = True
+                            continue  # rows committed before registering sent no notification
                 except (asyncpg.PostgresError, OSError, asyncpg.InterfaceError) as exc:
                     failures += 1
                     delay = min(5.0, 0.1 * 2**failures)

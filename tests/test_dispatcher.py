@@ -3,15 +3,57 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
 import asyncpg
 import redis.asyncio as aioredis
 
 from judgequeue.core import outbox, streams
-from judgequeue.core.dispatcher import Dispatcher
+from judgequeue.core.dispatcher import BUSY_STREAK, Dispatcher, keep_listening
 from judgequeue.core.queues import create_queue, set_cutover
 from tests.conftest import REDIS_URL
 from tests.helpers import eventually, make_settings
+
+
+def test_keep_listening_only_for_a_trickle() -> None:
+    assert keep_listening(1, 100, 1)
+    assert keep_listening(99, 100, BUSY_STREAK - 1)
+    assert not keep_listening(100, 100, 1)  # a full batch: more is probably waiting
+    assert not keep_listening(1, 100, BUSY_STREAK)  # work every cycle: polling is cheaper
+    assert not keep_listening(0, 100, 0)
+
+
+async def test_burst_stops_listening_then_registers_again_when_idle(
+    pg_pool: asyncpg.Pool, pg_dsn: str, redis_client: aioredis.Redis, queue_name: str
+) -> None:
+    settings = make_settings(pg_dsn, REDIS_URL, queue_name, schedule="1h", batch_size="3")
+    async with pg_pool.acquire() as conn:
+        await create_queue(conn, queue_name)
+    d = Dispatcher(pg_pool, redis_client, settings)
+    stop = asyncio.Event()
+    task = asyncio.create_task(d.run(stop))
+
+    async def waiters() -> int:
+        async with pg_pool.acquire() as conn:
+            return int(await conn.fetchval("SELECT count(*) FROM judgequeue.dispatch_waiters"))
+
+    await eventually(lambda: _equals(waiters, 1), what="dispatcher registered as waiter")
+    async with pg_pool.acquire() as conn, conn.transaction():
+        for i in range(10):
+            await outbox.submit(conn, queue_name, {"i": i})
+
+    async def all_delivered() -> bool:
+        return bool(await redis_client.xlen(streams.stream_key(queue_name)) == 10)
+
+    # Full batches loop without waiting (the 1-hour schedule would otherwise stall them).
+    await eventually(all_delivered, within=5, what="burst dispatched")
+    await eventually(lambda: _equals(waiters, 1), what="registered again once idle")
+    stop.set()
+    await asyncio.wait_for(task, 5)
+
+
+async def _equals(read: Callable[[], Awaitable[int]], expected: int) -> bool:
+    return await read() == expected
 
 
 async def test_cycle_sends_batch_and_marks_rows(
@@ -86,6 +128,8 @@ async def test_idle_dispatcher_wakes_on_submit_within_the_poll_interval(
             return bool(await redis_client.xlen(streams.stream_key(queue_name)) == n)
 
         await eventually(delivered, within=5, what=f"submission {i} dispatched")
+        # A trickle keeps the registration: no unregister/register/re-claim round per job.
+        assert await waiting()
     stop.set()
     await asyncio.wait_for(task, 5)
     async with pg_pool.acquire() as conn:
