@@ -36,6 +36,12 @@ async def test_noscript_is_reloaded(redis_client: aioredis.Redis, queue_name: st
     await redis_client.script_flush()
     results = await streams.enqueue_many(redis_client, queue_name, [env(1), env(2)], seen_ttl=60)
     assert [r.status for r in results] == ["appended", "appended"]
+    # several chunks go through one pipeline; its NOSCRIPT path reloads too
+    await redis_client.script_flush()
+    many = [env(i) for i in range(10, 10 + 2 * streams.ENQUEUE_CHUNK + 1)]
+    results = await streams.enqueue_many(redis_client, queue_name, many, seen_ttl=60)
+    assert {r.status for r in results} == {"appended"} and len(results) == len(many)
+    assert await redis_client.xlen(streams.stream_key(queue_name)) == 2 + len(many)
 
 
 async def test_entries_before_the_group_are_consumed_and_ack_deletes(
