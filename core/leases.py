@@ -53,11 +53,16 @@ class LeaseSweep:
 
 
 ACQUIRE_SQL = """
+WITH no_flush_wait AS MATERIALIZED (
+    -- SET LOCAL for this statement's own transaction: its commit does not wait for the WAL flush
+    -- (see make_durable for why that is safe).
+    SELECT set_config('synchronous_commit', 'off', true)
+)
 UPDATE judgequeue.submissions s
    SET status = 'JUDGING',
        attempt_id = e.attempt,
        lease_expires_at = now() + make_interval(secs => $5::float8)
-  FROM unnest($1::bigint[], $2::bigint[], $3::uuid[]) AS e(id, generation, attempt)
+  FROM unnest($1::bigint[], $2::bigint[], $3::uuid[]) AS e(id, generation, attempt), no_flush_wait
  WHERE s.id = ANY($1::bigint[])  -- a primary-key lookup whatever the backlog's size
    AND s.id = e.id AND s.generation = e.generation AND s.status = 'PENDING' AND s.queue = $4
 RETURNING s.id, s.generation, s.attempt_id, s.payload::text AS payload, s.created_at
@@ -85,6 +90,10 @@ UPDATE judgequeue.submissions s
 RETURNING s.attempt_id, extract(epoch FROM now() - s.created_at)::float8 AS end_to_end
 """
 
+# A transactional WAL record: committing it with synchronous_commit on flushes the WAL through
+# every earlier commit. Logical decoding consumers see it as a message with this prefix.
+DURABLE_SQL = "SELECT pg_logical_emit_message(true, 'judgequeue', 'leases')"
+
 RELEASE_SQL = "SELECT judgequeue.release_leases($1::bigint[], $2::bigint[], $3::uuid[]) AS id"
 
 RESCUE_SQL = "SELECT requeued, failed FROM judgequeue.rescue_expired_leases($1, $2, $3)"
@@ -101,6 +110,8 @@ async def acquire(
     conn: asyncpg.Connection, queue: str, envelopes: Sequence[tuple[int, int]], *, ttl: float
 ) -> list[Lease]:
     """Take leases for ``(submission, generation)`` pairs still PENDING at that generation.
+
+    The commit does not wait for the WAL flush: call :func:`make_durable` before acking the entries.
 
     Pairs absent from the result are stale (generation moved on, already judging or terminal, or
     unknown); :func:`stale_reasons` says which.
@@ -126,6 +137,17 @@ async def acquire(
         )
         for r in rows
     ]
+
+
+async def make_durable(conn: asyncpg.Connection) -> None:
+    """Return once every lease taken so far (by anyone) is on disk; ``conn`` must commit durably.
+
+    :func:`acquire` commits without waiting for the WAL flush, so the judge starts one fsync
+    sooner. A lease lost in a database crash is harmless as long as its stream entry is still
+    pending (the reaper re-delivers it and the fence drops the old attempt's verdict), so the worker
+    acks entries only after this returns.
+    """
+    await conn.execute(DURABLE_SQL)
 
 
 def classify_stale(envelope_generation: int, current_generation: int | None, status: str | None) -> str:

@@ -1,8 +1,9 @@
 """The worker role: judge jobs from the stream and write fenced verdicts (DESIGN sections 4 and 5).
 
 One loop reads only as many entries as there are free slots (``XREADGROUP COUNT=free``), takes the
-leases of the whole batch in one statement (which returns the payloads), acks the batch (XACK+XDEL)
-as soon as the leases are held, and starts one task per job. From then on the lease owns recovery:
+leases of the whole batch in one statement (which returns the payloads) and starts one task per
+job; the batch is acked (XACK+XDEL) in the background as soon as the leases are durable (the lease
+commit itself does not wait for the WAL flush). From then on the lease owns recovery:
 
 * a heartbeat task renews every held lease every ``lease_ttl / 3`` in one fenced statement; a lease
   that is gone (rejudged, rescued) cancels its running judge;
@@ -45,6 +46,8 @@ log = logging.getLogger("judgequeue.worker")
 
 #: Verdict writes per statement.
 WRITE_BATCH = 500
+#: Entry ids per ack script call.
+ACK_BATCH = 500
 
 
 @dataclass
@@ -169,6 +172,73 @@ class _VerdictWriter:
         self._pending = []
 
 
+class _AckWhenDurable:
+    """Acks stream entries once the leases taken for them are durable, a group at a time.
+
+    Leases commit without waiting for the WAL flush (the judge starts sooner); an entry may only be
+    acked once its lease cannot be lost, or a database crash would strand the submission. Each
+    group costs one :func:`leases.make_durable` and one XACK+XDEL; entries handed over meanwhile form
+    the next group. If either step fails the entries stay pending: the reaper re-delivers them, and
+    a worker then acks them as stale (lease held) or leases them again (lease lost).
+    """
+
+    def __init__(self, pool: asyncpg.Pool, redis: aioredis.Redis, queue: str) -> None:
+        self._pool = pool
+        self._redis = redis
+        self._queue = queue
+        self._pending: list[str] = []
+        self._wake = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="ack-when-durable")
+
+    def add(self, entry_ids: Sequence[str]) -> None:
+        self._pending += entry_ids
+        self._idle.clear()
+        self._wake.set()
+
+    async def _run(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self._pending:
+                group, self._pending = self._pending, []
+                await self._settle(group)
+            self._idle.set()
+
+    async def _settle(self, entry_ids: list[str]) -> None:
+        try:
+            async with self._pool.acquire() as conn:
+                await leases.make_durable(conn)
+        except DB_ERRORS as exc:
+            log.warning(
+                "leases not confirmed durable; entries left pending",
+                extra={"error": str(exc), "entries": len(entry_ids)},
+            )
+            return
+        try:
+            for start in range(0, len(entry_ids), ACK_BATCH):
+                await streams.ack(self._redis, self._queue, entry_ids[start : start + ACK_BATCH])
+            failpoints.hit("worker.after_ack")
+        except TransportError as exc:
+            # Harmless: the entries stay pending, get re-delivered and are then acked as stale.
+            log.warning("ack failed", extra={"error": str(exc), "entries": len(entry_ids)})
+
+    async def close(self, within: float) -> None:
+        """Ack what is queued within ``within`` seconds; the rest stays pending for the reaper."""
+        if self._task is None:
+            return
+        if self._pending or not self._idle.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._idle.wait(), within)
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+
+
 class Worker:
     """One worker instance: ``concurrency`` jobs at once from one queue's consumer group."""
 
@@ -194,6 +264,7 @@ class Worker:
         self._jobs: dict[uuid.UUID, _Job] = {}
         self._slot_freed = asyncio.Event()
         self._writer = _VerdictWriter(pool)
+        self._acks = _AckWhenDurable(pool, redis, self.queue)
         q = self.queue
         self._m_judge = metrics.JUDGE_DURATION.labels(q)
         self._m_e2e = metrics.END_TO_END.labels(q)
@@ -210,6 +281,7 @@ class Worker:
     async def run(self, stop: asyncio.Event) -> None:
         """Judge until ``stop`` is set, then shut down gracefully (finish or release in-flight jobs)."""
         self._writer.start()
+        self._acks.start()
         heartbeat = asyncio.create_task(self._heartbeat(), name="lease-heartbeat")
         failures = 0
         try:
@@ -272,18 +344,14 @@ class Worker:
                 await asyncio.sleep(delay)
         if held:
             failpoints.hit("worker.after_lease")
-        # Launch before acking: the lease already owns recovery, and judging need not wait on Redis.
+        # Judging starts at once; the entries are acked in the background once the leases are
+        # durable (stale ones too: their staleness may rest on someone else's not-yet-durable lease).
         for lease in held:
             job = _Job(lease)
             self._jobs[lease.attempt] = job
             job.task = asyncio.create_task(self._run_job(job))
         self.stats.leased += len(held)
-        try:
-            await streams.ack(self.redis, self.queue, [entry_id for entry_id, _ in good])
-            failpoints.hit("worker.after_ack")
-        except TransportError as exc:
-            # Harmless: the entries stay pending, get re-delivered and are then acked as stale.
-            log.warning("ack failed", extra={"error": str(exc), "entries": len(good)})
+        self._acks.add([entry_id for entry_id, _ in good])
         if len(held) < len(pairs):
             await self._count_stale(unleased(pairs, [(x.submission, x.generation) for x in held]))
 
@@ -403,6 +471,7 @@ class Worker:
         if writing:
             await asyncio.wait(writing, timeout=5.0)
         await self._writer.close(1.0)
+        await self._acks.close(1.0)
         for job in list(self._jobs.values()):
             if job.task is not None and not job.task.done():
                 job.task.cancel()

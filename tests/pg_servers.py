@@ -12,6 +12,7 @@ import glob
 import os
 import pwd
 import shutil
+import signal
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -37,6 +38,7 @@ class PostgresServer:
         self.port = free_port()
         self.bindir = _bindir()
         self._as_user: list[str] = []
+        self._held: int | None = None
         if os.geteuid() == 0:
             owner = pwd.getpwnam("postgres")
             os.chown(workdir, owner.pw_uid, owner.pw_gid)
@@ -60,8 +62,38 @@ class PostgresServer:
         self._run("pg_ctl", "-D", str(self.data), "-m", "immediate", "-w", "stop")
 
     def stop(self) -> None:
+        if self._held is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self._held, signal.SIGCONT)  # a frozen WAL writer would stall the shutdown
         with contextlib.suppress(subprocess.CalledProcessError):
             self._run("pg_ctl", "-D", str(self.data), "-m", "fast", "-w", "stop")
+
+    def wal_writer_pid(self) -> int:
+        postmaster = (self.data / "postmaster.pid").read_text().split()[0]
+        out = subprocess.run(
+            ["ps", "-o", "pid=,args=", "--ppid", postmaster], check=True, capture_output=True, text=True
+        ).stdout
+        for line in out.splitlines():
+            pid, args = line.strip().split(None, 1)
+            if "walwriter" in args:
+                return int(pid)
+        raise RuntimeError(f"no walwriter among the postmaster's children:\n{out}")
+
+    def hold_wal_writer(self) -> int:
+        """Freeze the WAL writer: asynchronous commits then stay in shared memory, lost in a crash.
+
+        (Synchronous commits still reach the OS: the committing backend writes the WAL itself.)
+        Returns its pid for :meth:`crash_by_killing`.
+        """
+        pid = self.wal_writer_pid()
+        os.kill(pid, signal.SIGSTOP)
+        self._held = pid
+        return pid
+
+    def crash_by_killing(self, pid: int) -> None:
+        """SIGKILL one server process: the postmaster resets shared memory and runs crash recovery."""
+        os.kill(pid, signal.SIGKILL)
+        self._held = None
 
 
 @contextlib.contextmanager

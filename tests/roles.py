@@ -44,12 +44,17 @@ class Roles:
         self.log_dir = log_dir
         self.procs: list[subprocess.Popen[bytes]] = []
 
-    def start(self, role: str, count: int = 1) -> None:
+    def start(self, role: str, count: int = 1, **env: str) -> list[subprocess.Popen[bytes]]:
+        """Start ``count`` processes of ``role``; ``env`` adds variables for these processes only."""
+        started = []
         for _ in range(count):
             with open(self.log_dir / f"{role}-{len(self.procs)}.log", "wb") as log:
-                self.procs.append(
-                    subprocess.Popen([JUDGEQUEUE, role], env=self.env, stdout=log, stderr=subprocess.STDOUT)
+                proc = subprocess.Popen(
+                    [JUDGEQUEUE, role], env={**self.env, **env}, stdout=log, stderr=subprocess.STDOUT
                 )
+            self.procs.append(proc)
+            started.append(proc)
+        return started
 
     def alive(self) -> int:
         return sum(1 for p in self.procs if p.poll() is None)
