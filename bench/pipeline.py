@@ -254,7 +254,7 @@ async def end_to_end_latency(rate: float, seconds: float, workers: int = 1) -> d
         s.start("worker", workers)
         s.start("reaper")
         after = await warm_up(s)
-        total = await _steady(s, rate, seconds)
+        total = await _steady(s, rate, seconds, connections=1)
         await wait_done(s.pool, after, total, 60)
         async with s.pool.acquire() as conn:
             rows = await conn.fetch(

@@ -354,6 +354,8 @@ class Worker:
         self._acks.add([entry_id for entry_id, _ in good])
         if len(held) < len(pairs):
             await self._count_stale(unleased(pairs, [(x.submission, x.generation) for x in held]))
+        # Yield once so the judges just launched start before the next read is prepared.
+        await asyncio.sleep(0)
 
     async def _count_stale(self, stale: list[tuple[int, int]]) -> None:
         self.stats.stale_envelopes += len(stale)
