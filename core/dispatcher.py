@@ -31,7 +31,7 @@ import redis.asyncio as aioredis
 from . import failpoints, metrics, outbox, streams
 from .config import Settings
 from .errors import TransportError
-from .lifecycle import open_connections, wait_any
+from .lifecycle import HeldSession, open_connections, wait_any
 
 log = logging.getLogger("judgequeue.dispatcher")
 
@@ -102,12 +102,21 @@ class Dispatcher:
         self.queue = settings.queue
         self.name = name or instance_id("dispatcher")
 
-    async def cycle(self) -> CycleResult:
-        """Claim, enqueue and mark one batch; returns what happened."""
+    async def cycle(self, conn: asyncpg.Connection | None = None) -> CycleResult:
+        """Claim, enqueue and mark one batch; returns what happened.
+
+        ``conn`` is the session for the claim and the mark (the run loop keeps one); without it
+        the cycle takes one from the pool.
+        """
+        if conn is None:
+            async with self.pool.acquire() as pooled:
+                return await self._cycle(pooled)
+        return await self._cycle(conn)
+
+    async def _cycle(self, conn: asyncpg.Connection) -> CycleResult:
         cfg = self.settings.dispatcher
         started = time.monotonic()
-        async with self.pool.acquire() as conn:
-            rows = await outbox.claim(conn, self.queue, limit=cfg.batch_size, owner=self.name, claim_ttl=cfg.claim_ttl)
+        rows = await outbox.claim(conn, self.queue, limit=cfg.batch_size, owner=self.name, claim_ttl=cfg.claim_ttl)
         result = CycleResult(claimed=len(rows))
         if rows:
             failpoints.hit("dispatcher.after_claim")
@@ -141,15 +150,14 @@ class Dispatcher:
         failpoints.hit("dispatcher.after_xadd")
 
         marks, counts = plan_marks(todo, enqueue_results)
-        async with self.pool.acquire() as conn:
-            applied = await outbox.mark(
-                conn,
-                marks,
-                owner=self.name,
-                max_attempts=cfg.max_attempts,
-                backoff_base=cfg.backoff_base,
-                backoff_max=cfg.backoff_max,
-            )
+        applied = await outbox.mark(
+            conn,
+            marks,
+            owner=self.name,
+            max_attempts=cfg.max_attempts,
+            backoff_base=cfg.backoff_base,
+            backoff_max=cfg.backoff_max,
+        )
         failpoints.hit("dispatcher.after_mark")
         lost = len(marks) - len(applied)
         if lost:
@@ -192,6 +200,7 @@ class Dispatcher:
                 wake.set()
 
         listen_conn: asyncpg.Connection | None = None
+        session = HeldSession(self.pool)
         registered = False
         failures = 0
         streak = 0  # cycles in a row that found work
@@ -204,22 +213,21 @@ class Dispatcher:
                         listen_conn = await asyncpg.connect(self.settings.postgres_dsn)
                         await listen_conn.add_listener(outbox.WAKEUP_CHANNEL, on_notify)
                         registered = False
-                    result = await self.cycle()
+                    conn = await session.get()
+                    result = await self.cycle(conn)
                     failures = 0
                     if result.claimed:
                         streak += 1
                         if not (registered and keep_listening(result.claimed, cfg.batch_size, streak)):
                             if registered:
                                 # Work is flowing and we loop at once: submitters need not notify.
-                                async with self.pool.acquire() as conn:
-                                    await outbox.unregister_waiter(conn, self.queue, self.name)
+                                await outbox.unregister_waiter(conn, self.queue, self.name)
                                 registered = False
                             continue
                     else:
                         streak = 0
                         if not registered:
-                            async with self.pool.acquire() as conn:
-                                await outbox.register_waiter(conn, self.queue, self.name)
+                            await outbox.register_waiter(conn, self.queue, self.name)
                             registered = True
                             continue  # rows committed before registering sent no notification
                 except (asyncpg.PostgresError, OSError, asyncpg.InterfaceError) as exc:
@@ -227,12 +235,14 @@ class Dispatcher:
                     delay = min(5.0, 0.1 * 2**failures)
                     log.warning("dispatch cycle failed", extra={"error": str(exc), "retry_in": delay})
                     registered = False
+                    await session.drop()
                     await wait_any(stop, None, delay)
                     continue
                 woke = await wait_any(stop, wake, cfg.schedule)
                 if not woke and not stop.is_set():
                     registered = False  # refresh the registration on the next idle cycle
         finally:
+            await session.drop()
             if listen_conn is not None:
                 with contextlib.suppress(Exception):
                     await listen_conn.close()

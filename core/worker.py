@@ -40,7 +40,7 @@ from .config import Settings
 from .dispatcher import instance_id
 from .errors import TransportError
 from .judges import Judge, Verdict, load_judge
-from .lifecycle import DB_ERRORS, backoff, open_connections, wait_any
+from .lifecycle import DB_ERRORS, HeldSession, backoff, open_connections, wait_any
 
 log = logging.getLogger("judgequeue.worker")
 
@@ -264,6 +264,7 @@ class Worker:
         self._jobs: dict[uuid.UUID, _Job] = {}
         self._slot_freed = asyncio.Event()
         self._writer = _VerdictWriter(pool)
+        self._intake = HeldSession(pool)  # the read loop's leases: one session, not one per batch
         self._acks = _AckWhenDurable(pool, redis, self.queue)
         q = self.queue
         self._m_judge = metrics.JUDGE_DURATION.labels(q)
@@ -305,6 +306,7 @@ class Worker:
                 if deliveries:
                     await self._start(deliveries, stop)
         finally:
+            await self._intake.drop()
             await self._shutdown()
             heartbeat.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -330,10 +332,11 @@ class Worker:
         failures = 0
         while True:
             try:
-                async with self.pool.acquire() as conn:
-                    held = await leases.acquire(conn, self.queue, pairs, ttl=self.cfg.lease_ttl)
+                conn = await self._intake.get()
+                held = await leases.acquire(conn, self.queue, pairs, ttl=self.cfg.lease_ttl)
                 break
             except DB_ERRORS as exc:
+                await self._intake.drop()
                 failures += 1
                 if stop.is_set():
                     # The entries stay pending; the reaper re-delivers them.

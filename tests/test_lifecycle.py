@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import asyncio
 
-from judgequeue.core.lifecycle import open_connections
+import asyncpg
+import pytest
+
+from judgequeue.core.lifecycle import DB_ERRORS, HeldSession, open_connections
 from tests.conftest import REDIS_URL
 from tests.helpers import make_settings
 
@@ -36,3 +39,22 @@ async def test_durable_commits_by_default(pg_dsn: str, queue_name: str) -> None:
         assert await conns.pool.fetchval("SHOW synchronous_commit") == "on"
     finally:
         await conns.close()
+
+
+async def test_held_session_is_reused_and_replaced_after_a_failure(pg_pool: asyncpg.Pool, pg_dsn: str) -> None:
+    session = HeldSession(pg_pool)
+    first = await session.get()
+    pid = await first.fetchval("SELECT pg_backend_pid()")
+    assert await (await session.get()).fetchval("SELECT pg_backend_pid()") == pid  # no acquire per statement
+    admin = await asyncpg.connect(pg_dsn)
+    try:
+        await admin.execute("SELECT pg_terminate_backend($1)", pid)
+    finally:
+        await admin.close()
+    with pytest.raises(DB_ERRORS):
+        await first.fetchval("SELECT 1")
+    await session.drop()  # what the roles do after an error
+    replacement = await session.get()
+    assert await replacement.fetchval("SELECT pg_backend_pid()") != pid
+    await session.drop()
+    assert pg_pool.get_idle_size() == pg_pool.get_size()  # everything given back
