@@ -35,6 +35,14 @@ INSERT INTO raw.outbox (queue, submission_id, generation) VALUES ('bench', :sid,
 END;
 """
 
+# The same transaction through judgequeue's SQL API (what a non-Python application runs), so
+# pgbench's C client measures submit's database cost against the raw inserts.
+SQL_SUBMIT = """
+BEGIN;
+SELECT judgequeue.submit('bench', '{"language":"python","source":"print(1)"}');
+END;
+"""
+
 RAW_CLAIM = """
 WITH c AS (SELECT id FROM raw.outbox
             WHERE queue = 'bench' AND state IN ('PENDING', 'CLAIMED') AND next_attempt_at <= now()
