@@ -306,7 +306,7 @@ async def peer_latency(
     """A steady ``rate`` jobs/s for ``seconds`` over one connection; enqueue -> start latency.
 
     Returns ``{"system", "version", "workers", "batch_size", "offered_per_s", "achieved_per_s", "jobs",
-    "p50_ms", "p99_ms", "max_ms", "clock", "cpus", "loadavg"}``.
+    "p50_ms", "p99_ms", "max_ms", "samples_ms", "clock", "cpus", "loadavg"}``.
     """
     from pgqueuer import AsyncpgDriver, Queries
 
@@ -338,6 +338,7 @@ async def peer_latency(
         "p50_ms": _percentile(latencies, 0.5) * 1000,
         "p99_ms": _percentile(latencies, 0.99) * 1000,
         "max_ms": latencies[-1] * 1000,
+        "samples_ms": [x * 1000 for x in latencies],
         "clock": "created (DB now(), enqueue txn start) -> time.time() at entrypoint call; same host clock",
     }
 

@@ -219,6 +219,14 @@ def table(r: dict[str, Any]) -> str:
             f"judgequeue {lat['start_p50_ms']:.1f}",
             lat["start_p50_ms"] < peer["latency"]["p50_ms"],
         )
+        add(
+            "peer enqueue->start p99 @200/s",
+            peer["latency"]["p99_ms"],
+            None,
+            "ms",
+            f"judgequeue {lat['start_p99_ms']:.1f} (reported)",
+            True,
+        )
     widths = [max(len(row[i]) for row in rows) for i in range(5)]
     head = ("measure", "judgequeue", "limit", "ratio", "target")
     widths = [max(w, len(h)) for w, h in zip(widths, head, strict=True)]
