@@ -19,6 +19,8 @@ import pytest
 import redis.asyncio as aioredis
 
 from judgequeue.core.migrate import migrate
+from judgequeue.core.queues import create_queue
+from tests.pg_servers import PostgresServer, postgres_server
 
 ADMIN_DSN = os.environ.get("JUDGEQUEUE_TEST_POSTGRES_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
 REDIS_URL = os.environ.get("JUDGEQUEUE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -119,3 +121,14 @@ async def redis_client(queue_name: str) -> AsyncIterator[aioredis.Redis]:
     for start in range(0, len(keys), 500):
         await client.delete(*keys[start : start + 500])
     await client.aclose()
+
+
+@pytest.fixture
+async def own_pg(queue_name: str) -> AsyncIterator[PostgresServer]:
+    """A throwaway Postgres server of this test's own (it may crash it), migrated, with the queue."""
+    with postgres_server() as server:
+        conn = await asyncpg.connect(server.dsn)
+        await migrate(conn)
+        await create_queue(conn, queue_name)
+        await conn.close()
+        yield server

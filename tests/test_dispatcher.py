@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import asyncpg
 import redis.asyncio as aioredis
 
 from judgequeue.core import outbox, streams
+from judgequeue.core.config import Settings
 from judgequeue.core.dispatcher import BUSY_STREAK, Dispatcher, keep_listening
 from judgequeue.core.queues import create_queue, set_cutover
 from tests.conftest import REDIS_URL
@@ -27,33 +29,37 @@ async def test_burst_stops_listening_then_registers_again_when_idle(
     pg_pool: asyncpg.Pool, pg_dsn: str, redis_client: aioredis.Redis, queue_name: str
 ) -> None:
     settings = make_settings(pg_dsn, REDIS_URL, queue_name, schedule="1h", batch_size="3")
-    async with pg_pool.acquire() as conn:
-        await create_queue(conn, queue_name)
-    d = Dispatcher(pg_pool, redis_client, settings)
+    async with running_dispatcher(pg_pool, redis_client, settings):
+        await eventually(lambda: waiters_are(pg_pool, 1), what="dispatcher registered as waiter")
+        async with pg_pool.acquire() as conn, conn.transaction():
+            for i in range(10):
+                await outbox.submit(conn, queue_name, {"i": i})
+
+        async def all_delivered() -> bool:
+            return bool(await redis_client.xlen(streams.stream_key(queue_name)) == 10)
+
+        # Full batches loop without waiting (the 1-hour schedule would otherwise stall them).
+        await eventually(all_delivered, within=5, what="burst dispatched")
+        await eventually(lambda: waiters_are(pg_pool, 1), what="registered again once idle")
+
+
+@asynccontextmanager
+async def running_dispatcher(pool: asyncpg.Pool, redis: aioredis.Redis, settings: Settings) -> AsyncIterator[None]:
+    """A dispatcher's run loop on a fresh queue, stopped (and checked to stop) on exit."""
+    async with pool.acquire() as conn:
+        await create_queue(conn, settings.queue)
     stop = asyncio.Event()
-    task = asyncio.create_task(d.run(stop))
-
-    async def waiters() -> int:
-        async with pg_pool.acquire() as conn:
-            return int(await conn.fetchval("SELECT count(*) FROM judgequeue.dispatch_waiters"))
-
-    await eventually(lambda: _equals(waiters, 1), what="dispatcher registered as waiter")
-    async with pg_pool.acquire() as conn, conn.transaction():
-        for i in range(10):
-            await outbox.submit(conn, queue_name, {"i": i})
-
-    async def all_delivered() -> bool:
-        return bool(await redis_client.xlen(streams.stream_key(queue_name)) == 10)
-
-    # Full batches loop without waiting (the 1-hour schedule would otherwise stall them).
-    await eventually(all_delivered, within=5, what="burst dispatched")
-    await eventually(lambda: _equals(waiters, 1), what="registered again once idle")
-    stop.set()
-    await asyncio.wait_for(task, 5)
+    task = asyncio.create_task(Dispatcher(pool, redis, settings).run(stop))
+    try:
+        yield
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 5)
 
 
-async def _equals(read: Callable[[], Awaitable[int]], expected: int) -> bool:
-    return await read() == expected
+async def waiters_are(pool: asyncpg.Pool, expected: int) -> bool:
+    async with pool.acquire() as conn:
+        return bool(await conn.fetchval("SELECT count(*) FROM judgequeue.dispatch_waiters") == expected)
 
 
 async def test_cycle_sends_batch_and_marks_rows(
@@ -109,31 +115,19 @@ async def test_idle_dispatcher_wakes_on_submit_within_the_poll_interval(
 ) -> None:
     # schedule of 1 hour: only the wake-up can deliver within the test's deadline
     settings = make_settings(pg_dsn, REDIS_URL, queue_name, schedule="1h")
-    async with pg_pool.acquire() as conn:
-        await create_queue(conn, queue_name)
-    d = Dispatcher(pg_pool, redis_client, settings)
-    stop = asyncio.Event()
-    task = asyncio.create_task(d.run(stop))
+    async with running_dispatcher(pg_pool, redis_client, settings):
+        await eventually(lambda: waiters_are(pg_pool, 1), what="dispatcher registered as waiter")
+        for i in range(3):
+            async with pg_pool.acquire() as conn, conn.transaction():
+                await outbox.submit(conn, queue_name, {"i": i})
 
-    async def waiting() -> bool:
-        async with pg_pool.acquire() as conn:
-            return bool(await conn.fetchval("SELECT count(*) FROM judgequeue.dispatch_waiters"))
+            async def delivered(n: int = i + 1) -> bool:
+                return bool(await redis_client.xlen(streams.stream_key(queue_name)) == n)
 
-    await eventually(waiting, what="dispatcher registered as waiter")
-    for i in range(3):
-        async with pg_pool.acquire() as conn, conn.transaction():
-            await outbox.submit(conn, queue_name, {"i": i})
-
-        async def delivered(n: int = i + 1) -> bool:
-            return bool(await redis_client.xlen(streams.stream_key(queue_name)) == n)
-
-        await eventually(delivered, within=5, what=f"submission {i} dispatched")
-        # A trickle keeps the registration: no unregister/register/re-claim round per job.
-        assert await waiting()
-    stop.set()
-    await asyncio.wait_for(task, 5)
-    async with pg_pool.acquire() as conn:
-        assert await conn.fetchval("SELECT count(*) FROM judgequeue.dispatch_waiters") == 0
+            await eventually(delivered, within=5, what=f"submission {i} dispatched")
+            # A trickle keeps the registration: no unregister/register/re-claim round per job.
+            assert await waiters_are(pg_pool, 1)
+    assert await waiters_are(pg_pool, 0)  # a stopped dispatcher unregisters
 
 
 async def test_paused_queue_dispatches_nothing_until_resumed(

@@ -9,30 +9,16 @@ shared memory until the crash that the test causes: the outcome does not depend 
 from __future__ import annotations
 
 import subprocess
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import asyncpg
-import pytest
 import redis.asyncio as aioredis
 
 from judgequeue.core import streams
-from judgequeue.core.migrate import migrate
-from judgequeue.core.queues import create_queue
 from tests.conftest import REDIS_URL
 from tests.helpers import eventually
-from tests.pg_servers import PostgresServer, postgres_server
+from tests.pg_servers import PostgresServer
 from tests.roles import Roles, submit_retrying, wait_all_terminal
-
-
-@pytest.fixture
-async def own_pg(queue_name: str) -> AsyncIterator[PostgresServer]:
-    with postgres_server() as server:
-        conn = await asyncpg.connect(server.dsn)
-        await migrate(conn)
-        await create_queue(conn, queue_name)
-        await conn.close()
-        yield server
 
 
 def roles_for(server: PostgresServer, queue: str, log_dir: Path) -> Roles:

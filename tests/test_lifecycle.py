@@ -9,7 +9,7 @@ import pytest
 
 from judgequeue.core.lifecycle import DB_ERRORS, HeldSession, open_connections
 from tests.conftest import REDIS_URL
-from tests.helpers import make_settings
+from tests.helpers import eventually, make_settings
 
 
 async def test_pool_keeps_session_settings_and_rolls_back_open_transactions(pg_dsn: str, queue_name: str) -> None:
@@ -43,18 +43,25 @@ async def test_durable_commits_by_default(pg_dsn: str, queue_name: str) -> None:
 
 async def test_held_session_is_reused_and_replaced_after_a_failure(pg_pool: asyncpg.Pool, pg_dsn: str) -> None:
     session = HeldSession(pg_pool)
-    first = await session.get()
-    pid = await first.fetchval("SELECT pg_backend_pid()")
-    assert await (await session.get()).fetchval("SELECT pg_backend_pid()") == pid  # no acquire per statement
-    admin = await asyncpg.connect(pg_dsn)
     try:
-        await admin.execute("SELECT pg_terminate_backend($1)", pid)
+        first = await session.get()
+        pid = await first.fetchval("SELECT pg_backend_pid()")
+        assert await (await session.get()).fetchval("SELECT pg_backend_pid()") == pid  # no acquire per statement
+        admin = await asyncpg.connect(pg_dsn)
+        try:
+            await admin.execute("SELECT pg_terminate_backend($1)", pid)
+
+            async def gone() -> bool:
+                return not await admin.fetchval("SELECT count(*) FROM pg_stat_activity WHERE pid = $1", pid)
+
+            await eventually(gone, what="backend terminated")
+        finally:
+            await admin.close()
+        with pytest.raises(DB_ERRORS):
+            await first.fetchval("SELECT 1")
+        await session.drop()  # what the roles do after an error
+        replacement = await session.get()
+        assert await replacement.fetchval("SELECT pg_backend_pid()") != pid
     finally:
-        await admin.close()
-    with pytest.raises(DB_ERRORS):
-        await first.fetchval("SELECT 1")
-    await session.drop()  # what the roles do after an error
-    replacement = await session.get()
-    assert await replacement.fetchval("SELECT pg_backend_pid()") != pid
-    await session.drop()
+        await session.drop()  # a connection still checked out would hang the pool's close
     assert pg_pool.get_idle_size() == pg_pool.get_size()  # everything given back

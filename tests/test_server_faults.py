@@ -5,32 +5,19 @@ submission must reach its verdict and the roles must ride out the fault without 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import asyncpg
-import pytest
 
-from judgequeue.core.migrate import migrate
 from judgequeue.core.queues import create_queue
 from tests.conftest import REDIS_URL
 from tests.helpers import eventually
-from tests.pg_servers import PostgresServer, postgres_server
+from tests.pg_servers import PostgresServer
 from tests.redis_servers import RedisServer, redis_server
 from tests.roles import Roles, submit_retrying, wait_all_terminal
 from tests.tcp_proxy import TcpProxy
 
 OK = {"seconds": 0.005, "status": "ACCEPTED"}
-
-
-@pytest.fixture
-async def own_pg(queue_name: str) -> AsyncIterator[PostgresServer]:
-    with postgres_server() as server:
-        conn = await asyncpg.connect(server.dsn)
-        await migrate(conn)
-        await create_queue(conn, queue_name)
-        await conn.close()
-        yield server
 
 
 def start_roles(roles: Roles) -> None:
