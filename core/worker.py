@@ -363,13 +363,13 @@ class Worker:
     async def _count_stale(self, stale: list[tuple[int, int]]) -> None:
         self.stats.stale_envelopes += len(stale)
         try:
-            async with self.pool.acquire() as conn:
-                reasons = await leases.stale_reasons(conn, stale)
+            reasons = await leases.stale_reasons(await self._intake.get(), stale)
         except DB_ERRORS:
+            await self._intake.drop()
             reasons = ["unknown"] * len(stale)
         for reason in reasons:
             metrics.STALE_RESULTS_DROPPED.labels(self.queue, f"envelope_{reason}").inc()
-        log.info("stale envelopes acked", extra={"count": len(stale), "reasons": sorted(set(reasons))})
+        log.info("stale envelopes (acked once durable)", extra={"count": len(stale), "reasons": sorted(set(reasons))})
 
     # --- one job ----------------------------------------------------------------------------------
 

@@ -264,3 +264,46 @@ def test_pure_helpers() -> None:
     assert lifecycle.backoff(1) == 0.1 and lifecycle.backoff(10) == 5.0
     failure = worker.judge_failure(ValueError("boom"))
     assert failure.status == "SYSTEM_ERROR" and failure.details["reason"] == "judge raised ValueError: boom"
+
+
+async def _pending_entries(redis_client: aioredis.Redis, queue: str, n: int) -> list[str]:
+    """``n`` entries read by a consumer and not acked: what a worker holds right after its leases."""
+    await streams.ensure_group(redis_client, queue)
+    for i in range(n):
+        await redis_client.xadd(streams.stream_key(queue), {"i": str(i)})
+    reply: Any = await redis_client.xreadgroup(streams.GROUP, "w", {streams.stream_key(queue): ">"}, count=n)
+    return [entry_id.decode() for entry_id, _ in reply[0][1]]
+
+
+async def _pending_count(redis_client: aioredis.Redis, queue: str) -> int:
+    info: Any = await redis_client.xpending(streams.stream_key(queue), streams.GROUP)
+    return int(info["pending"])
+
+
+async def test_entries_are_acked_after_the_durability_barrier(
+    pg_pool: asyncpg.Pool, redis_client: aioredis.Redis, queue_name: str
+) -> None:
+    ids = await _pending_entries(redis_client, queue_name, 3)
+    acks = worker._AckWhenDurable(pg_pool, redis_client, queue_name)
+    acks.start()
+    acks.add(ids[:2])
+    acks.add(ids[2:])  # handed over while the first group may be in flight: acked too
+    await acks.close(5.0)
+    assert await _pending_count(redis_client, queue_name) == 0
+    assert await redis_client.xlen(streams.stream_key(queue_name)) == 0  # XDEL with the XACK
+
+
+async def test_entries_stay_pending_when_leases_cannot_be_made_durable(
+    pg_dsn: str, redis_client: aioredis.Redis, queue_name: str
+) -> None:
+    ids = await _pending_entries(redis_client, queue_name, 2)
+    pool = await asyncpg.create_pool(pg_dsn, min_size=1, max_size=1)
+    await pool.close()  # every acquire now fails, as with the database unreachable
+    acks = worker._AckWhenDurable(pool, redis_client, queue_name)
+    acks.start()
+    acks.add(ids)
+    await asyncio.wait_for(acks._idle.wait(), 5)  # the attempt is over
+    assert acks._task is not None and not acks._task.done(), "a failed barrier must not kill the acker"
+    await acks.close(1.0)
+    # Not acked: the reaper re-delivers them, and a worker then acks them as stale or leases again.
+    assert await _pending_count(redis_client, queue_name) == 2
