@@ -369,7 +369,7 @@ class Worker:
             reasons = ["unknown"] * len(stale)
         for reason in reasons:
             metrics.STALE_RESULTS_DROPPED.labels(self.queue, f"envelope_{reason}").inc()
-        log.info("stale envelopes (acked once durable)", extra={"count": len(stale), "reasons": sorted(set(reasons))})
+        log.info("stale envelopes acked", extra={"count": len(stale), "reasons": sorted(set(reasons))})
 
     # --- one job ----------------------------------------------------------------------------------
 
