@@ -91,8 +91,14 @@ RETURNING s.attempt_id, extract(epoch FROM now() - s.created_at)::float8 AS end_
 """
 
 # A transactional WAL record: committing it with synchronous_commit on flushes the WAL through
-# every earlier commit. Logical decoding consumers see it as a message with this prefix.
-DURABLE_SQL = "SELECT pg_logical_emit_message(true, 'judgequeue', 'leases')"
+# every earlier commit. Logical decoding consumers see it as a message with this prefix. A server,
+# database or role default of synchronous_commit = off must not make this one commit lazy (stronger
+# settings such as remote_apply are kept).
+DURABLE_SQL = """
+SELECT pg_logical_emit_message(true, 'judgequeue', 'leases'),
+       CASE WHEN current_setting('synchronous_commit') = 'off'
+            THEN set_config('synchronous_commit', 'on', true) END
+"""
 
 RELEASE_SQL = "SELECT judgequeue.release_leases($1::bigint[], $2::bigint[], $3::uuid[]) AS id"
 
@@ -140,7 +146,7 @@ async def acquire(
 
 
 async def make_durable(conn: asyncpg.Connection) -> None:
-    """Return once every lease taken so far (by anyone) is on disk; ``conn`` must commit durably.
+    """Return once every lease taken so far (by anyone) is on disk, whatever the session's defaults.
 
     :func:`acquire` commits without waiting for the WAL flush, so the judge starts one fsync
     sooner. A lease lost in a database crash is harmless as long as its stream entry is still

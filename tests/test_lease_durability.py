@@ -12,6 +12,7 @@ import subprocess
 from pathlib import Path
 
 import asyncpg
+import pytest
 import redis.asyncio as aioredis
 
 from judgequeue.core import streams
@@ -78,9 +79,14 @@ async def test_lease_lost_in_a_crash_is_redelivered(own_pg: PostgresServer, queu
     assert codes[:2] == [-9, -9] and codes[2:] == [0, 0, 0], roles.logs()
 
 
+@pytest.mark.parametrize("database_default", ["on", "off"])
 async def test_acked_entry_keeps_its_lease_through_a_crash(
-    own_pg: PostgresServer, queue_name: str, tmp_path: Path
+    own_pg: PostgresServer, queue_name: str, tmp_path: Path, database_default: str
 ) -> None:
+    # "off": a database whose default is asynchronous commit; the barrier must still be durable.
+    conn = await asyncpg.connect(own_pg.dsn)
+    await conn.execute(f"ALTER DATABASE postgres SET synchronous_commit = {database_default}")
+    await conn.close()
     roles = roles_for(own_pg, queue_name, tmp_path)
     redis = aioredis.Redis.from_url(REDIS_URL)
     stream = streams.stream_key(queue_name)
