@@ -206,7 +206,11 @@ class _AckWhenDurable:
             self._wake.clear()
             while self._pending:
                 group, self._pending = self._pending, []
-                await self._settle(group)
+                try:
+                    await self._settle(group)
+                except Exception:
+                    # Never let one bad group stop every later ack; these entries stay pending.
+                    log.exception("ack group failed; entries left pending", extra={"entries": len(group)})
             self._idle.set()
 
     async def _settle(self, entry_ids: list[str]) -> None:

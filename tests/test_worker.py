@@ -307,3 +307,28 @@ async def test_entries_stay_pending_when_leases_cannot_be_made_durable(
     await acks.close(1.0)
     # Not acked: the reaper re-delivers them, and a worker then acks them as stale or leases again.
     assert await _pending_count(redis_client, queue_name) == 2
+
+
+async def test_acker_survives_an_unexpected_error(
+    pg_pool: asyncpg.Pool, redis_client: aioredis.Redis, queue_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ids = await _pending_entries(redis_client, queue_name, 2)
+    real = leases.make_durable
+    calls = 0
+
+    async def flaky(conn: asyncpg.Connection) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise RuntimeError("a bug, not a database error")
+        await real(conn)
+
+    monkeypatch.setattr(leases, "make_durable", flaky)
+    acks = worker._AckWhenDurable(pg_pool, redis_client, queue_name)
+    acks.start()
+    acks.add(ids[:1])
+    await asyncio.wait_for(acks._idle.wait(), 5)
+    acks.add(ids[1:])
+    await acks.close(5.0)
+    assert calls == 2
+    assert await _pending_count(redis_client, queue_name) == 1  # only the failed group's entry is left
