@@ -122,11 +122,15 @@ async def test_thousand_submissions_one_correct_verdict_each_despite_a_killed_wo
     rescued = [r for r in rows if r["generation"] > 1]
     assert len(rescued) == slow, "the killed worker's leases were rescued"
     assert sum(w.stats.written for w in workers) == n  # every verdict written exactly once, by the live workers
-    # Live workers ack (and delete) everything they read. Only entries the victim leased but was
-    # killed before acking may remain, pending under its consumer until the reaper's PEL sweep.
-    left = await redis_client.xlen(streams.stream_key(queue_name))
-    pending = await redis_client.xpending(streams.stream_key(queue_name), streams.GROUP)
-    assert left == pending["pending"] <= slow
+    # Live workers ack (and delete) everything they read once their leases are durable. Only
+    # entries the victim leased but was killed before acking may remain, pending under its consumer
+    # until the reaper's PEL sweep.
+    async def only_the_victims_left() -> bool:
+        left = await redis_client.xlen(streams.stream_key(queue_name))
+        pending: Any = await redis_client.xpending(streams.stream_key(queue_name), streams.GROUP)
+        return bool(left == pending["pending"] <= slow)
+
+    await eventually(only_the_victims_left, what="live workers' entries acked")
 
 
 async def test_sigkilled_worker_job_is_rejudged_within_lease_ttl(

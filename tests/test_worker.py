@@ -116,9 +116,13 @@ async def test_worker_judges_and_writes_verdicts(h: Harness) -> None:
     assert verdict["details"]["echo"] == 1 and verdict["worker"] == w.name and verdict["generation"] == 1
     assert all(r["lease_expires_at"] is None and r["finished_at"] is not None for r in rows)
     assert w.stats.written == 3
-    # Acked and deleted once leased: nothing pending, nothing left in the stream.
-    assert await h.redis.xlen(streams.stream_key(h.queue)) == 0
-    assert (await h.redis.xpending(streams.stream_key(h.queue), streams.GROUP))["pending"] == 0
+    # Acked and deleted once the leases are durable: nothing pending, nothing left in the stream.
+    await eventually(lambda: _settled(h.redis, h.queue), what="entries acked")
+
+
+async def _settled(redis_client: aioredis.Redis, queue: str) -> bool:
+    pending: Any = await redis_client.xpending(streams.stream_key(queue), streams.GROUP)
+    return bool(await redis_client.xlen(streams.stream_key(queue)) == 0 and pending["pending"] == 0)
 
 
 async def test_judge_crash_is_an_explained_system_error(h: Harness) -> None:
@@ -143,7 +147,7 @@ async def test_stale_envelope_is_acked_and_counted_never_run(h: Harness, redis_c
     assert (await h.row(sid))["generation"] == 2
     await eventually(lambda: asyncio.sleep(0, w.stats.stale_envelopes == 1))
     assert _stale(h.queue, "envelope_generation_moved") == before + 1
-    assert (await redis_client.xpending(streams.stream_key(h.queue), streams.GROUP))["pending"] == 0
+    await eventually(lambda: _settled(redis_client, h.queue), what="stale envelope acked")
 
 
 async def test_stale_worker_cannot_write_and_is_counted(h: Harness) -> None:
