@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 import uuid
@@ -91,6 +92,31 @@ def verdict_document(verdict: Verdict, lease: leases.Lease, worker: str) -> dict
     if reason is not None:
         doc["reason"] = reason
     return doc
+
+
+def storable(verdict: Verdict) -> Verdict:
+    """``verdict`` as Postgres can store it (pure).
+
+    jsonb refuses NaN, infinities and the NUL character, and JSON cannot carry arbitrary objects.
+    A plugin judge returning such details would otherwise fail its verdict write on every retry and
+    hold up every verdict of the worker behind it: unserialisable details become an explained
+    ``SYSTEM_ERROR``, NUL characters (program output may contain them) become U+FFFD.
+    """
+    try:
+        json.dumps(verdict.details, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        return Verdict("SYSTEM_ERROR", {"reason": f"verdict details not storable as JSON: {exc}"[:2000]})
+    return Verdict(verdict.status, _without_nul(verdict.details))
+
+
+def _without_nul(value: Any) -> Any:
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd")
+    if isinstance(value, dict):
+        return {_without_nul(k): _without_nul(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_without_nul(v) for v in value]
+    return value
 
 
 def judge_failure(exc: BaseException) -> Verdict:
@@ -404,6 +430,13 @@ class Worker:
                 verdict = judge_failure(exc)
             job.phase = "writing"
             self._m_judge.observe(time.monotonic() - started)
+            checked = storable(verdict)
+            if checked.status != verdict.status:
+                self.stats.judge_errors += 1
+                log.warning(
+                    "verdict not storable", extra={"submission": lease.submission, "reason": checked.details["reason"]}
+                )
+            verdict = checked
             write = leases.VerdictWrite(lease, verdict.status, verdict_document(verdict, lease, self.name))
             try:
                 end_to_end = await self._writer.write(write)

@@ -336,3 +336,29 @@ async def test_acker_survives_an_unexpected_error(
     await acks.close(5.0)
     assert calls == 2
     assert await _pending_count(redis_client, queue_name) == 1  # only the failed group's entry is left
+
+
+class OddDetailsJudge:
+    """A plugin judge whose verdict details JSON cannot carry (jsonb has no NaN, json no sets)."""
+
+    async def judge(self, payload: Any) -> Verdict:
+        if payload.get("odd") == "nan":
+            return Verdict("ACCEPTED", {"score": float("nan")})
+        if payload.get("odd") == "set":
+            return Verdict("ACCEPTED", {"tags": {"a"}})
+        if payload.get("odd") == "nul":
+            return Verdict("WRONG_ANSWER", {"stdout": "a\x00b", "lines": ["\x00"]})
+        return Verdict("ACCEPTED", {"fine": True})
+
+
+async def test_unstorable_verdict_details_are_an_explained_system_error(h: Harness) -> None:
+    # One worker, one job at a time: a write stuck on the first would hold up the others.
+    ids = await h.submit({"odd": "nan"}, {"odd": "set"}, {"odd": "nul"}, {"odd": "no"})
+    h.worker(OddDetailsJudge(), concurrency="1")
+    terminal = ("ACCEPTED", "WRONG_ANSWER", "SYSTEM_ERROR")
+    for sid in ids:
+        await eventually(functools.partial(h.status_is, sid, *terminal), what=f"verdict of {sid}")
+    rows = [await h.row(sid) for sid in ids]
+    assert [r["status"] for r in rows] == ["SYSTEM_ERROR", "SYSTEM_ERROR", "WRONG_ANSWER", "ACCEPTED"]
+    assert all("not storable" in json.loads(r["verdict"])["reason"] for r in rows[:2])
+    assert json.loads(rows[2]["verdict"])["details"] == {"stdout": "a\ufffdb", "lines": ["\ufffd"]}
