@@ -100,7 +100,8 @@ def storable(verdict: Verdict) -> Verdict:
     jsonb refuses NaN, infinities and the NUL character, and JSON cannot carry arbitrary objects.
     A plugin judge returning such details would otherwise fail its verdict write on every retry and
     hold up every verdict of the worker behind it: unserialisable details become an explained
-    ``SYSTEM_ERROR``, NUL characters (program output may contain them) become U+FFFD.
+    ``SYSTEM_ERROR``; NUL characters and lone surrogates (program output may contain them) become
+    U+FFFD.
     """
     try:
         json.dumps(verdict.details, allow_nan=False)
@@ -111,12 +112,27 @@ def storable(verdict: Verdict) -> Verdict:
 
 def _without_nul(value: Any) -> Any:
     if isinstance(value, str):
+        if value.isascii():
+            return value.replace("\x00", "\ufffd")
+        # Lone surrogates (from surrogateescape decoding) are not valid in jsonb either.
+        value = value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
         return value.replace("\x00", "\ufffd")
     if isinstance(value, dict):
         return {_without_nul(k): _without_nul(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [_without_nul(v) for v in value]
     return value
+
+
+#: Database errors that retrying the same verdict write cannot fix (data and constraint classes).
+UNSTORABLE: tuple[type[BaseException], ...] = (asyncpg.DataError, asyncpg.IntegrityConstraintViolationError)
+
+
+def unstorable_replacement(write: leases.VerdictWrite) -> leases.VerdictWrite:
+    """The SYSTEM_ERROR written in place of a verdict the database refused (pure)."""
+    reason = "verdict refused by the database (see the worker's log)"
+    doc = {**{k: v for k, v in write.verdict.items() if k != "details"}, "status": "SYSTEM_ERROR", "reason": reason}
+    return leases.VerdictWrite(write.lease, "SYSTEM_ERROR", {**doc, "details": {"reason": reason}})
 
 
 def judge_failure(exc: BaseException) -> Verdict:
@@ -172,6 +188,11 @@ class _VerdictWriter:
                         failpoints.hit("worker.after_verdict")
                         failures = 0
                         break
+                    except UNSTORABLE as exc:
+                        # Permanent for this batch: retrying it would hold up every later verdict.
+                        log.error("verdict batch refused; writing one by one", extra={"error": str(exc)})
+                        written = await self._write_one_by_one([w for w, _ in batch])
+                        break
                     except DB_ERRORS as exc:
                         failures += 1
                         delay = backoff(failures)
@@ -181,6 +202,29 @@ class _VerdictWriter:
                     if not future.done():
                         future.set_result(written.get(w.lease.attempt))
             self._idle.set()
+
+    async def _write_one_by_one(self, writes: list[leases.VerdictWrite]) -> dict[uuid.UUID, float]:
+        """Write each verdict alone; one the database refuses becomes an explained SYSTEM_ERROR.
+
+        If even that is refused (or the database goes away meanwhile) the write is given up: the
+        lease expires and the reaper rescues the job, so nothing is lost.
+        """
+        written: dict[uuid.UUID, float] = {}
+        for write in writes:
+            for attempt in (write, unstorable_replacement(write)):
+                try:
+                    async with self._pool.acquire() as conn:
+                        written.update(await leases.write_verdicts(conn, [attempt]))
+                    break
+                except UNSTORABLE as exc:
+                    log.error("verdict refused", extra={"submission": write.lease.submission, "error": str(exc)})
+                except DB_ERRORS as exc:
+                    log.warning(
+                        "verdict write failed; the lease expiry will rescue the job",
+                        extra={"submission": write.lease.submission, "error": str(exc)},
+                    )
+                    break
+        return written
 
     async def close(self, within: float) -> None:
         """Flush what is queued within ``within`` seconds; writes still pending then are abandoned."""

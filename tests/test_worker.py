@@ -347,7 +347,7 @@ class OddDetailsJudge:
         if payload.get("odd") == "set":
             return Verdict("ACCEPTED", {"tags": {"a"}})
         if payload.get("odd") == "nul":
-            return Verdict("WRONG_ANSWER", {"stdout": "a\x00b", "lines": ["\x00"]})
+            return Verdict("WRONG_ANSWER", {"stdout": "a\x00b\udcff", "lines": ["\x00"]})
         return Verdict("ACCEPTED", {"fine": True})
 
 
@@ -361,4 +361,27 @@ async def test_unstorable_verdict_details_are_an_explained_system_error(h: Harne
     rows = [await h.row(sid) for sid in ids]
     assert [r["status"] for r in rows] == ["SYSTEM_ERROR", "SYSTEM_ERROR", "WRONG_ANSWER", "ACCEPTED"]
     assert all("not storable" in json.loads(r["verdict"])["reason"] for r in rows[:2])
-    assert json.loads(rows[2]["verdict"])["details"] == {"stdout": "a\ufffdb", "lines": ["\ufffd"]}
+    assert json.loads(rows[2]["verdict"])["details"] == {"stdout": "a\ufffdb\ufffd", "lines": ["\ufffd"]}
+
+
+async def test_a_verdict_the_database_refuses_does_not_hold_up_the_others(h: Harness) -> None:
+    # Past the worker's own checks (a lone surrogate is invalid in jsonb): the group-commit writer
+    # must not retry the batch forever; the refused verdict becomes an explained SYSTEM_ERROR.
+    ids = await h.submit({"i": 1}, {"i": 2})
+    async with h.pool.acquire() as conn:
+        held = await leases.acquire(conn, h.queue, [(sid, 1) for sid in ids], ttl=30)
+    bad, good = sorted(held, key=lambda x: x.submission)
+    writer = worker._VerdictWriter(h.pool)
+    writer.start()
+    results = await asyncio.wait_for(
+        asyncio.gather(
+            writer.write(leases.VerdictWrite(bad, "ACCEPTED", {"status": "ACCEPTED", "details": {"x": "\ud800"}})),
+            writer.write(leases.VerdictWrite(good, "ACCEPTED", {"status": "ACCEPTED", "details": {}})),
+        ),
+        10,
+    )
+    await writer.close(1.0)
+    assert all(r is not None for r in results)  # both written, neither dropped as stale
+    bad_row, good_row = await h.row(bad.submission), await h.row(good.submission)
+    assert (bad_row["status"], good_row["status"]) == ("SYSTEM_ERROR", "ACCEPTED")
+    assert "refused by the database" in json.loads(bad_row["verdict"])["reason"]
