@@ -107,10 +107,10 @@ def storable(verdict: Verdict) -> Verdict:
         json.dumps(verdict.details, allow_nan=False)
     except (TypeError, ValueError) as exc:
         return Verdict("SYSTEM_ERROR", {"reason": f"verdict details not storable as JSON: {exc}"[:2000]})
-    return Verdict(verdict.status, _without_nul(verdict.details))
+    return Verdict(verdict.status, _jsonb_safe(verdict.details))
 
 
-def _without_nul(value: Any) -> Any:
+def _jsonb_safe(value: Any) -> Any:
     if isinstance(value, str):
         if value.isascii():
             return value.replace("\x00", "\ufffd")
@@ -118,9 +118,9 @@ def _without_nul(value: Any) -> Any:
         value = value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
         return value.replace("\x00", "\ufffd")
     if isinstance(value, dict):
-        return {_without_nul(k): _without_nul(v) for k, v in value.items()}
+        return {_jsonb_safe(k): _jsonb_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_without_nul(v) for v in value]
+        return [_jsonb_safe(v) for v in value]
     return value
 
 
