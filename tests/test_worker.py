@@ -6,7 +6,9 @@ import asyncio
 import contextlib
 import functools
 import json
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import UTC, datetime
 from typing import Any
 
 import asyncpg
@@ -268,6 +270,27 @@ def test_pure_helpers() -> None:
     assert lifecycle.backoff(1) == 0.1 and lifecycle.backoff(10) == 5.0
     failure = worker.judge_failure(ValueError("boom"))
     assert failure.status == "SYSTEM_ERROR" and failure.details["reason"] == "judge raised ValueError: boom"
+
+
+def test_storable_verdicts() -> None:
+    fine = Verdict("ACCEPTED", {"time": 0.5, "out": ["é", "😀"]})
+    assert worker.storable(fine) == fine
+    for odd in ({"x": float("inf")}, {"x": float("nan")}, {"x": object()}, {"x": {1, 2}}):
+        checked = worker.storable(Verdict("ACCEPTED", odd))
+        assert checked.status == "SYSTEM_ERROR" and "not storable as JSON" in checked.details["reason"]
+    cleaned = worker.storable(Verdict("WRONG_ANSWER", {"a\x00": ("b\x00", "\udcff")}))
+    assert cleaned == Verdict("WRONG_ANSWER", {"a\ufffd": ["b\ufffd", "\ufffd"]})
+
+
+def test_unstorable_replacement_keeps_the_fence_fields() -> None:
+    lease = leases.Lease(7, 2, uuid.uuid4(), {}, datetime.now(UTC))
+    doc = {"status": "ACCEPTED", "details": {"x": 1}, "attempt": str(lease.attempt), "generation": 2, "worker": "w"}
+    replaced = worker.unstorable_replacement(leases.VerdictWrite(lease, "ACCEPTED", doc))
+    assert replaced.lease is lease and replaced.status == "SYSTEM_ERROR"
+    assert replaced.verdict["status"] == "SYSTEM_ERROR" and "refused" in replaced.verdict["reason"]
+    assert (replaced.verdict["attempt"], replaced.verdict["generation"], replaced.verdict["worker"]) == (
+        str(lease.attempt), 2, "w"
+    )
 
 
 async def _pending_entries(redis_client: aioredis.Redis, queue: str, n: int) -> list[str]:
