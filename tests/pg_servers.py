@@ -69,15 +69,20 @@ class PostgresServer:
             self._run("pg_ctl", "-D", str(self.data), "-m", "fast", "-w", "stop")
 
     def wal_writer_pid(self) -> int:
-        postmaster = (self.data / "postmaster.pid").read_text().split()[0]
-        out = subprocess.run(
-            ["ps", "-o", "pid=,args=", "--ppid", postmaster], check=True, capture_output=True, text=True
-        ).stdout
-        for line in out.splitlines():
-            pid, args = line.strip().split(None, 1)
-            if "walwriter" in args:
-                return int(pid)
-        raise RuntimeError(f"no walwriter among the postmaster's children:\n{out}")
+        """The WAL writer among the postmaster's children, read from /proc (no procps needed)."""
+        postmaster = int((self.data / "postmaster.pid").read_text().split()[0])
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = (entry / "stat").read_text()
+                title = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue  # exited meanwhile
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            if ppid == postmaster and "walwriter" in title:
+                return int(entry.name)
+        raise RuntimeError(f"no walwriter among the children of postmaster {postmaster}")
 
     def hold_wal_writer(self) -> int:
         """Freeze the WAL writer: asynchronous commits then stay in shared memory, lost in a crash.
