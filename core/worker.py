@@ -104,9 +104,12 @@ def storable(verdict: Verdict) -> Verdict:
     U+FFFD.
     """
     try:
-        json.dumps(verdict.details, allow_nan=False)
+        text = json.dumps(verdict.details, allow_nan=False)
     except (TypeError, ValueError) as exc:
         return Verdict("SYSTEM_ERROR", {"reason": f"verdict details not storable as JSON: {exc}"[:2000]})
+    # ASCII-escaped JSON shows a NUL as \u0000 and any surrogate as \udXXX; only then copy and clean.
+    if "\\u0000" not in text and "\\ud" not in text:
+        return verdict
     return Verdict(verdict.status, _jsonb_safe(verdict.details))
 
 
