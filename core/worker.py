@@ -66,7 +66,7 @@ class WorkerStats:
 
 
 class WriteAbandoned(Exception):
-    """The verdict could not be written before shutdown; the lease expiry will rescue the job."""
+    """The verdict was not written (shutdown, or a failed batch); the lease expiry will rescue the job."""
 
 
 @dataclass
@@ -178,33 +178,44 @@ class _VerdictWriter:
         return await future
 
     async def _run(self) -> None:
-        failures = 0
         while True:
             await self._wake.wait()
             self._wake.clear()
             while self._pending:
                 batch, self._pending = self._pending[:WRITE_BATCH], self._pending[WRITE_BATCH:]
-                while True:
-                    try:
-                        async with self._pool.acquire() as conn:
-                            written = await leases.write_verdicts(conn, [w for w, _ in batch])
-                        failpoints.hit("worker.after_verdict")
-                        failures = 0
-                        break
-                    except UNSTORABLE as exc:
-                        # Permanent for this batch: retrying it would hold up every later verdict.
-                        log.error("verdict batch refused; writing one by one", extra={"error": str(exc)})
-                        written = await self._write_one_by_one([w for w, _ in batch])
-                        break
-                    except DB_ERRORS as exc:
-                        failures += 1
-                        delay = backoff(failures)
-                        log.warning("verdict write failed; retrying", extra={"error": str(exc), "retry_in": delay})
-                        await asyncio.sleep(delay)
+                try:
+                    written = await self._write_batch([w for w, _ in batch])
+                except Exception as exc:
+                    # Like the acker: one bad batch must not stop every later verdict. Its jobs end
+                    # unwritten and their leases expire, so the reaper rescues them.
+                    log.exception("verdict batch failed", extra={"verdicts": len(batch)})
+                    for _, future in batch:
+                        if not future.done():
+                            future.set_exception(WriteAbandoned(f"verdict write failed: {exc}"))
+                    continue
                 for w, future in batch:
                     if not future.done():
                         future.set_result(written.get(w.lease.attempt))
             self._idle.set()
+
+    async def _write_batch(self, writes: list[leases.VerdictWrite]) -> dict[uuid.UUID, float]:
+        """One statement for the batch, retried while the database is unreachable."""
+        failures = 0
+        while True:
+            try:
+                async with self._pool.acquire() as conn:
+                    written = await leases.write_verdicts(conn, writes)
+                failpoints.hit("worker.after_verdict")
+                return written
+            except UNSTORABLE as exc:
+                # Permanent for this batch: retrying it would hold up every later verdict.
+                log.error("verdict batch refused; writing one by one", extra={"error": str(exc)})
+                return await self._write_one_by_one(writes)
+            except DB_ERRORS as exc:
+                failures += 1
+                delay = backoff(failures)
+                log.warning("verdict write failed; retrying", extra={"error": str(exc), "retry_in": delay})
+                await asyncio.sleep(delay)
 
     async def _write_one_by_one(self, writes: list[leases.VerdictWrite]) -> dict[uuid.UUID, float]:
         """Write each verdict alone; one the database refuses becomes an explained SYSTEM_ERROR.
@@ -487,8 +498,8 @@ class Worker:
             write = leases.VerdictWrite(lease, verdict.status, verdict_document(verdict, lease, self.name))
             try:
                 end_to_end = await self._writer.write(write)
-            except WriteAbandoned:
-                log.warning("verdict not written before shutdown", extra={"submission": lease.submission})
+            except WriteAbandoned as exc:
+                log.warning("verdict not written", extra={"submission": lease.submission, "reason": str(exc)})
                 return
             if end_to_end is None:
                 self.stats.stale_results += 1

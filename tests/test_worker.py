@@ -408,3 +408,34 @@ async def test_a_verdict_the_database_refuses_does_not_hold_up_the_others(h: Har
     bad_row, good_row = await h.row(bad.submission), await h.row(good.submission)
     assert (bad_row["status"], good_row["status"]) == ("SYSTEM_ERROR", "ACCEPTED")
     assert "refused by the database" in json.loads(bad_row["verdict"])["reason"]
+
+
+async def test_verdict_writer_survives_an_unexpected_error(h: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    ids = await h.submit({"i": 1}, {"i": 2})
+    async with h.pool.acquire() as conn:
+        first, second = sorted(
+            await leases.acquire(conn, h.queue, [(sid, 1) for sid in ids], ttl=30), key=lambda x: x.submission
+        )
+    real = leases.write_verdicts
+    calls = 0
+
+    async def flaky(conn: asyncpg.Connection, writes: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise RuntimeError("a bug, not a database error")
+        return await real(conn, writes)
+
+    monkeypatch.setattr(leases, "write_verdicts", flaky)
+    writer = worker._VerdictWriter(h.pool)
+    writer.start()
+    with pytest.raises(worker.WriteAbandoned, match="a bug"):
+        await asyncio.wait_for(writer.write(leases.VerdictWrite(first, "ACCEPTED", {"status": "ACCEPTED"})), 5)
+    # The writer is still there for the next verdict; the first job is left to its lease expiry.
+    written = await asyncio.wait_for(writer.write(leases.VerdictWrite(second, "ACCEPTED", {"status": "ACCEPTED"})), 5)
+    assert written is not None
+    await writer.close(1.0)
+    assert ((await h.row(first.submission))["status"], (await h.row(second.submission))["status"]) == (
+        "JUDGING",
+        "ACCEPTED",
+    )
