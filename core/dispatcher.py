@@ -31,7 +31,7 @@ import redis.asyncio as aioredis
 from . import failpoints, metrics, outbox, streams
 from .config import Settings
 from .errors import TransportError
-from .lifecycle import HeldSession, open_connections, wait_any
+from .lifecycle import DB_ERRORS, HeldSession, open_connections, wait_any
 
 log = logging.getLogger("judgequeue.dispatcher")
 
@@ -230,7 +230,7 @@ class Dispatcher:
                             await outbox.register_waiter(conn, self.queue, self.name)
                             registered = True
                             continue  # rows committed before registering sent no notification
-                except (asyncpg.PostgresError, OSError, asyncpg.InterfaceError) as exc:
+                except DB_ERRORS as exc:
                     failures += 1
                     delay = min(5.0, 0.1 * 2**failures)
                     log.warning("dispatch cycle failed", extra={"error": str(exc), "retry_in": delay})
@@ -242,7 +242,7 @@ class Dispatcher:
                 if not woke and not stop.is_set():
                     registered = False  # refresh the registration on the next idle cycle
         finally:
-            await session.drop()
+            await session.release()
             if listen_conn is not None:
                 with contextlib.suppress(Exception):
                     await listen_conn.close()
