@@ -82,6 +82,18 @@ def translate_redis_error(exc: BaseException) -> TransportError:
     return RedisCommandError(message)
 
 
+def closed_transport(exc: BaseException) -> bool:
+    """Whether ``exc`` is uvloop refusing a write on a connection the peer reset (pure).
+
+    Under uvloop (the roles' loop) a TCP RST closes the transport at once, and redis-py's next write
+    on it raises ``RuntimeError: unable to perform operation on <TCPTransport closed=True ...>; the
+    handler is closed`` instead of an OSError (asyncio's loop drops the write and the read fails with
+    a ConnectionError). redis-py has already disconnected that connection, so the next call
+    reconnects: it is Redis unavailable for this call, not a bug.
+    """
+    return isinstance(exc, RuntimeError) and "handler is closed" in str(exc)
+
+
 T = TypeVar("T")
 
 
@@ -93,6 +105,10 @@ async def guarded(call: Callable[[], Awaitable[T]]) -> T:
         raise
     except (rexc.RedisError, ConnectionError, TimeoutError, OSError) as exc:
         raise translate_redis_error(exc) from exc
+    except RuntimeError as exc:
+        if not closed_transport(exc):
+            raise
+        raise RedisUnavailable(str(exc)) from exc
 
 
 @dataclass(frozen=True)
@@ -515,6 +531,10 @@ async def ensure_group(client: aioredis.Redis, queue: str) -> None:
             raise translate_redis_error(exc) from exc
     except (rexc.RedisError, OSError) as exc:
         raise translate_redis_error(exc) from exc
+    except RuntimeError as exc:
+        if not closed_transport(exc):
+            raise
+        raise RedisUnavailable(str(exc)) from exc
 
 
 @dataclass(frozen=True)
@@ -556,6 +576,10 @@ async def read(client: aioredis.Redis, queue: str, consumer: str, *, count: int,
             raise translate_redis_error(exc) from exc
         except (rexc.RedisError, OSError) as exc:
             raise translate_redis_error(exc) from exc
+        except RuntimeError as exc:
+            if not closed_transport(exc):
+                raise
+            raise RedisUnavailable(str(exc)) from exc
         if not reply:
             return []
         # RESP2: [[stream, [(id, fields), ...]]]; RESP3: {stream: [[(id, fields), ...]]}
