@@ -53,9 +53,27 @@ class PostgresServer:
     def dsn(self) -> str:
         return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
 
+    def _options(self) -> str:
+        return f"-p {self.port} -k {self.workdir} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=100"
+
     def start(self) -> None:
-        options = f"-p {self.port} -k {self.workdir} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=100"
-        self._run("pg_ctl", "-D", str(self.data), "-o", options, "-l", str(self.workdir / "log"), "-w", "start")
+        self._run("pg_ctl", "-D", str(self.data), "-o", self._options(), "-l", str(self.workdir / "log"), "-w", "start")
+
+    def restart(self, mode: str = "fast") -> None:
+        """``pg_ctl restart -m <mode>``: every session ended (``fast``: after a checkpoint), then up again."""
+        self._run(
+            "pg_ctl",
+            "-D",
+            str(self.data),
+            "-m",
+            mode,
+            "-o",
+            self._options(),
+            "-l",
+            str(self.workdir / "log"),
+            "-w",
+            "restart",
+        )
 
     def crash(self) -> None:
         """Stop like a crash: no checkpoint, clients cut off mid-statement."""

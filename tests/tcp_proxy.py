@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
+import struct
 
 from tests.redis_servers import free_port
 
 
 class TcpProxy:
-    """Forwards 127.0.0.1:<port> to an upstream; ``cut()`` drops every connection, ``stall()`` freezes them."""
+    """Forwards 127.0.0.1:<port> to an upstream; ``cut()`` drops every connection, ``reset()`` aborts them
+    with a TCP RST, ``stall()`` freezes them."""
 
     def __init__(self, upstream_port: int) -> None:
         self.upstream_port = upstream_port
@@ -33,6 +36,20 @@ class TcpProxy:
     def cut(self) -> None:
         """Close every open connection in both directions (new ones are still accepted)."""
         for writer in list(self._writers):
+            writer.transport.abort()
+        self._writers.clear()
+
+    def reset(self) -> None:
+        """Abort every open connection with a TCP RST in both directions (new ones are still accepted).
+
+        ``SO_LINGER`` with a zero timeout makes the close send RST instead of FIN, so each peer sees
+        ``ECONNRESET`` (what a middlebox or a crashed host does), not an orderly end of stream.
+        """
+        for writer in list(self._writers):
+            sock = writer.transport.get_extra_info("socket")
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             writer.transport.abort()
         self._writers.clear()
 
