@@ -1,10 +1,15 @@
 """The chaos run at a larger size than CI's (same harness as tests/test_chaos.py).
 
     .venv/bin/python -m bench.chaos_run [--submissions 5000] [--seconds 120] [--seed 1]
+    .venv/bin/python -m bench.chaos_run --server-faults [--submissions 3000] [--seconds 120] [--seed 1]
 
 Creates a throwaway database and queue, runs every role as real processes killed at random
-failpoints and random times, then prints the figures and the invariant check as JSON. The last
-run's figures are recorded in docs/reliability.md.
+failpoints and random times, then prints the figures and the invariant check as JSON. With
+``--server-faults`` the faults come from the servers instead (issue 13): the run owns a Postgres
+server and a redis-server, the roles reach them through TCP proxies, and backends are terminated,
+``idle_session_timeout`` is lowered, Postgres restarts (fast and immediate), Redis clients are
+killed and the proxies reset and stall connections. The last runs' figures are recorded in
+docs/reliability.md.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from pathlib import Path
 import redis.asyncio as aioredis
 
 from bench.common import REDIS_URL, create_database, drop_database
-from tests.chaos import Chaos, ChaosConfig
+from tests.chaos import Chaos, ChaosConfig, fault_targets
 
 
 async def main() -> int:
@@ -29,7 +34,10 @@ async def main() -> int:
     parser.add_argument("--seconds", type=float, default=120)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--server-faults", action="store_true", help="server-side faults instead of kills")
     args = parser.parse_args()
+    if args.server_faults:
+        return await server_faults(args)
 
     dsn = await create_database("jq_chaos")
     queue = f"chaos-{uuid.uuid4().hex[:8]}"
@@ -50,6 +58,24 @@ async def main() -> int:
         for i in range(0, len(keys), 500):
             await client.delete(*keys[i : i + 500])
         await client.aclose()
+    print(json.dumps(report.as_dict(), indent=1))
+    return 1 if report.violations else 0
+
+
+async def server_faults(args: argparse.Namespace) -> int:
+    """The server-fault run: its own servers (thrown away afterwards), so nothing to clean up."""
+    queue = f"chaos-{uuid.uuid4().hex[:8]}"
+    config = ChaosConfig(
+        submissions=args.submissions,
+        chaos_seconds=args.seconds,
+        seed=args.seed,
+        workers=args.workers,
+        drain_deadline=180,
+        server_faults=True,
+    )
+    with tempfile.TemporaryDirectory() as logs:
+        async with fault_targets() as targets:
+            report = await Chaos(targets.pg.dsn, targets.redis.url, queue, config, Path(logs), targets).run()
     print(json.dumps(report.as_dict(), indent=1))
     return 1 if report.violations else 0
 

@@ -9,18 +9,33 @@ Used by ``tests/test_chaos.py`` (CI size) and ``bench/chaos_run.py`` (larger). T
    restarting whatever died, and pauses/resumes the queue a few times;
 3. stops the chaos, lets the system drain, and checks every invariant of DESIGN section 9 from
    Postgres (an audit trigger records every status/generation transition) and Redis.
+
+With ``ChaosConfig.server_faults`` the faults come from the servers instead (issue 13): the run owns
+a Postgres server and a redis-server (:func:`fault_targets`), the roles reach both through TCP
+proxies, and a fault loop terminates every backend, sets ``idle_session_timeout`` to a few hundred
+milliseconds for a few seconds, restarts Postgres (fast, and immediate: a crash), kills every Redis
+client, resets every proxied connection and stalls the proxies. No role is killed and no failpoint is
+armed, so any role exit is a violation, and at the end every role must exit 0 on SIGTERM. The
+harness submits directly (not through the proxies) and, like an application, retries a commit that
+failed; only commits it saw succeed are expected. The report adds the faults of each kind and the
+recovery time after each (from the fault's end to the next verdict written).
 """
 
 from __future__ import annotations
 
 import asyncio
+import bisect
+import contextlib
+import itertools
 import json
 import os
 import random
 import signal
 import subprocess
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +43,13 @@ import asyncpg
 import redis.asyncio as aioredis
 
 from judgequeue.core import outbox, streams
+from judgequeue.core.errors import DB_ERRORS
+from judgequeue.core.migrate import migrate
 from judgequeue.core.queues import create_queue, set_cutover
+from tests.pg_servers import PostgresServer, postgres_server
+from tests.redis_servers import RedisServer, redis_server
 from tests.roles import JUDGEQUEUE, TERMINAL
+from tests.tcp_proxy import TcpProxy
 
 JUDGE_STATUSES = ("ACCEPTED", "WRONG_ANSWER", "RUNTIME_ERROR")
 
@@ -38,6 +58,17 @@ FAILPOINTS = {
     "worker": ["worker.after_lease", "worker.after_ack", "worker.after_judge", "worker.after_verdict"],
     "reaper": ["reaper.after_claim", "reaper.dead_letter.after_postgres", "reaper.after_lease_rescue"],
 }
+
+#: The server-side faults of a ``server_faults`` run, each injected by :meth:`Chaos._inject`.
+SERVER_FAULTS = (
+    "pg_terminate_backends",
+    "pg_idle_session_timeout",
+    "pg_restart_fast",
+    "pg_restart_immediate",
+    "redis_client_kill",
+    "proxy_reset",
+    "proxy_stall",
+)
 
 AUDIT_SQL = """
 CREATE TABLE public.chaos_audit (
@@ -76,6 +107,16 @@ class ChaosConfig:
     concurrency: int = 8
     drain_deadline: float = 90.0
     seed: int = 1
+    #: Server-side faults instead of kills and failpoints (needs the ``targets`` of :func:`fault_targets`).
+    server_faults: bool = False
+    #: Pause between the end of one server fault and the start of the next.
+    fault_every: tuple[float, float] = (1.0, 2.5)
+    #: How long the proxies stall, and how long ``idle_session_timeout`` stays at ``idle_session_timeout``.
+    stall_seconds: float = 1.5
+    idle_timeout_seconds: float = 3.0
+    idle_session_timeout: str = "300ms"
+    #: How long a crashed (``-m immediate``) Postgres stays down before it is started again.
+    crash_outage_seconds: float = 0.5
     role_env: dict[str, str] = field(
         default_factory=lambda: {
             "JUDGEQUEUE_JUDGE": "sleep",
@@ -128,6 +169,17 @@ class ChaosReport:
     leftover_pel: int = 0
     leftover_outbox_active: int = 0
     seen_keys_without_ttl: int = 0
+    # server-fault runs
+    faults: dict[str, int] = field(default_factory=dict)
+    backends_terminated: int = 0
+    redis_clients_killed: int = 0
+    failed_commits: int = 0
+    unexpected_exits: int = 0
+    nonzero_exit_codes: int = 0
+    worst_fault_recovery_seconds: float = 0.0
+    worst_fault_recovery_by_kind: dict[str, float] = field(default_factory=dict)
+    worst_new_work_recovery_seconds: float = 0.0
+    longest_verdict_gap_seconds: float = 0.0
     longest_recovery_seconds: float = 0.0
     p50_latency_seconds: float = 0.0
     elapsed_seconds: float = 0.0
@@ -137,12 +189,68 @@ class ChaosReport:
         return dict(vars(self))
 
 
+@dataclass
+class FaultTargets:
+    """The servers a server-fault run owns, and the proxies its roles reach them through.
+
+    The harness itself talks to the servers directly (``pg.dsn``, ``redis.url``): a proxy fault is
+    a fault of the roles' network, not of the application that submits.
+    """
+
+    pg: PostgresServer
+    redis: RedisServer
+    pg_proxy: TcpProxy
+    redis_proxy: TcpProxy
+
+    @property
+    def role_pg_dsn(self) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.pg_proxy.port}/postgres"
+
+    @property
+    def role_redis_url(self) -> str:
+        return f"redis://127.0.0.1:{self.redis_proxy.port}/0"
+
+
+@contextlib.asynccontextmanager
+async def fault_targets() -> AsyncIterator[FaultTargets]:
+    """A throwaway Postgres server (migrated) and redis-server, each behind a :class:`TcpProxy`."""
+    with postgres_server() as pg, redis_server() as redis:
+        conn = await asyncpg.connect(pg.dsn)
+        try:
+            await migrate(conn)
+        finally:
+            await conn.close()
+        pg_proxy, redis_proxy = TcpProxy(pg.port), TcpProxy(redis.port)
+        await pg_proxy.start()
+        await redis_proxy.start()
+        try:
+            yield FaultTargets(pg, redis, pg_proxy, redis_proxy)
+        finally:
+            await pg_proxy.close()
+            await redis_proxy.close()
+
+
 class Chaos:
-    def __init__(self, pg_dsn: str, redis_url: str, queue: str, config: ChaosConfig, log_dir: Path) -> None:
+    def __init__(
+        self,
+        pg_dsn: str,
+        redis_url: str,
+        queue: str,
+        config: ChaosConfig,
+        log_dir: Path,
+        targets: FaultTargets | None = None,
+    ) -> None:
+        if config.server_faults and targets is None:
+            raise ValueError("a server-fault run needs the servers it owns: pass targets=fault_targets()")
         self.pg_dsn = pg_dsn
         self.redis_url = redis_url
+        self.targets = targets
+        self.role_pg_dsn = targets.role_pg_dsn if targets is not None else pg_dsn
+        self.role_redis_url = targets.role_redis_url if targets is not None else redis_url
         self.queue = queue
         self.cfg = config
+        #: Every server fault injected: kind, wall-clock start and end (compared with server timestamps).
+        self._fault_spans: list[tuple[str, float, float]] = []
         self.rng = random.Random(config.seed)
         self.log_dir = log_dir
         self.slots = (
@@ -161,14 +269,14 @@ class Chaos:
         env.update(self.cfg.role_env)
         env.update(
             {
-                "JUDGEQUEUE_POSTGRES_DSN": self.pg_dsn,
-                "JUDGEQUEUE_REDIS_URL": self.redis_url,
+                "JUDGEQUEUE_POSTGRES_DSN": self.role_pg_dsn,
+                "JUDGEQUEUE_REDIS_URL": self.role_redis_url,
                 "JUDGEQUEUE_QUEUE": self.queue,
                 "JUDGEQUEUE_METRICS_PORT": "0",
                 "JUDGEQUEUE_CONCURRENCY": str(self.cfg.concurrency),
             }
         )
-        if self.chaos_on and self.cfg.failpoint_probability > 0:
+        if self.chaos_on and self.cfg.failpoint_probability > 0 and not self.cfg.server_faults:
             chosen = self.rng.sample(FAILPOINTS[role], k=self.rng.randint(1, len(FAILPOINTS[role])))
             env["JUDGEQUEUE_FAILPOINTS"] = ",".join(f"{name}%{self.cfg.failpoint_probability}" for name in chosen)
         return env
@@ -184,6 +292,13 @@ class Chaos:
     def _reap_dead(self) -> None:
         for slot in self.slots:
             if slot.proc is not None and slot.proc.poll() is not None:
+                if self.cfg.server_faults:
+                    # Nothing kills a role in this mode: it exited by itself, which is the finding.
+                    self.report.unexpected_exits += 1
+                    self.report.violations.append(
+                        f"{slot.role}-{slot.index} exited with {slot.proc.returncode} during the run: "
+                        + self._last_log_line(slot)
+                    )
                 if slot.proc.returncode == -signal.SIGKILL:
                     self.report.failpoint_deaths += 1  # corrected below for the kills we sent
                 self._start(slot)
@@ -212,23 +327,50 @@ class Chaos:
                     proc.send_signal(signal.SIGCONT)
                 self._frozen.remove((due, proc))
 
-    def stop_all(self) -> None:
+    def _last_log_line(self, slot: Slot) -> str:
+        """What the slot's current process died of: its last ERROR (the exception's last line), else
+        its last log line."""
+        path = self.log_dir / f"{slot.role}-{slot.index}-{slot.starts - 1}.log"
+        try:
+            lines = path.read_text(errors="replace").strip().splitlines()
+        except OSError:
+            return "(no log)"
+        for line in reversed(lines):
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(event, dict) and event.get("level") == "ERROR":
+                exc = str(event.get("exc") or "").strip().splitlines()
+                return f"{event.get('msg')}: {exc[-1] if exc else ''}"[:1000]
+        return lines[-1][:1000] if lines else "(empty log)"
+
+    def stop_all(self) -> dict[str, int]:
+        """SIGTERM every role and wait for it (SIGKILL after 15 s); returns the exit code of each.
+
+        Blocks: a server-fault run calls it in a thread, so the proxies on the event loop keep
+        forwarding while the roles shut down through them.
+        """
         self._thaw(everything=True)
+        codes: dict[str, int] = {}
         for slot in self.slots:
             if slot.proc is not None and slot.proc.poll() is None:
                 slot.proc.send_signal(signal.SIGTERM)
         for slot in self.slots:
             if slot.proc is not None:
                 try:
-                    slot.proc.wait(timeout=15)
+                    codes[f"{slot.role}-{slot.index}"] = slot.proc.wait(timeout=15)
                 except subprocess.TimeoutExpired:
                     slot.proc.kill()
-                    slot.proc.wait()
+                    codes[f"{slot.role}-{slot.index}"] = slot.proc.wait()
+        return codes
 
     # --- the run -------------------------------------------------------------------------------
     async def run(self) -> ChaosReport:
         started = time.monotonic()
-        pool = await asyncpg.create_pool(self.pg_dsn, min_size=2, max_size=4)
+        # No connection floor under server faults: asyncpg would log every failed attempt to restore it.
+        floor = 0 if self.cfg.server_faults else 2
+        pool = await asyncpg.create_pool(self.pg_dsn, min_size=floor, max_size=4, timeout=5)
         assert pool is not None
         redis = aioredis.Redis.from_url(self.redis_url)
         try:
@@ -247,22 +389,33 @@ class Chaos:
                 await self._legacy_more(conn)
                 watermark = await conn.fetchval("SELECT now()")
                 await set_cutover(conn, self.queue, mode="live", watermark=watermark)
-            expected = await self._submit_under_chaos(pool)
+            if self.cfg.server_faults:
+                expected = await self._submit_under_server_faults(pool)
+            else:
+                expected = await self._submit_under_chaos(pool)
             self.chaos_on = False
-            # Restart everything without failpoints so the drain is not interrupted.
-            for slot in self.slots:
-                if slot.proc is not None and slot.proc.poll() is None:
-                    slot.proc.kill()
-                    slot.proc.wait()
-                self._start(slot)
-            async with pool.acquire() as conn:
-                await set_cutover(conn, self.queue, paused=False)
+            if not self.cfg.server_faults:
+                # Restart everything without failpoints so the drain is not interrupted.
+                for slot in self.slots:
+                    if slot.proc is not None and slot.proc.poll() is None:
+                        slot.proc.kill()
+                        slot.proc.wait()
+                    self._start(slot)
+            await self._retrying(pool, lambda conn: set_cutover(conn, self.queue, paused=False))
             await self._wait_drained(pool, list(expected))
-            self.stop_all()
+            self._reap_dead()
+            codes = await asyncio.to_thread(self.stop_all)
+            if self.cfg.server_faults:
+                bad = {name: code for name, code in codes.items() if code != 0}
+                self.report.nonzero_exit_codes = len(bad)
+                if bad:
+                    self.report.violations.append(f"roles did not exit 0 on SIGTERM after the faults: {bad}")
             self._count_from_logs()
             await self._check(pool, redis, expected, legacy_ids + self._legacy_extra)
+            if self.cfg.server_faults:
+                await self._measure_recovery(pool)
         finally:
-            self.stop_all()
+            await asyncio.to_thread(self.stop_all)
             await redis.aclose()
             await pool.close()
         self.report.elapsed_seconds = round(time.monotonic() - started, 1)
@@ -303,6 +456,195 @@ class Chaos:
         self._thaw(everything=True)
         return expected
 
+    async def _retrying(self, pool: asyncpg.Pool, op: Any, within: float = 30.0) -> Any:
+        """Run ``op(conn)`` on a pooled connection, retrying database errors like an application.
+
+        After server faults a pooled connection may be one the server already ended; the pool
+        replaces it on the next acquire.
+        """
+        deadline = time.monotonic() + within
+        while True:
+            try:
+                async with pool.acquire() as conn:
+                    return await op(conn)
+            except DB_ERRORS:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.1)  # the application's retry pacing
+
+    async def _submit_under_server_faults(self, pool: asyncpg.Pool) -> dict[int, str]:
+        """Offer the load while the fault loop runs; a failed commit is retried at the next tick.
+
+        Only ids whose commit returned are expected (a commit that failed may still have landed:
+        that submission is not expected, but its outbox row must drain like any other).
+        """
+        expected: dict[int, str] = {}
+        deadline = time.monotonic() + self.cfg.chaos_seconds
+        per_tick = max(1, self.cfg.submissions // max(1, int(self.cfg.chaos_seconds / 0.1)))
+        faults = asyncio.create_task(self._fault_loop(deadline))
+        faults_done_at: float | None = None
+        try:
+            while True:
+                now = time.monotonic()
+                if faults.done() and faults_done_at is None:
+                    faults.result()  # a harness error in the fault loop ends the run here
+                    faults_done_at = now
+                # Keep offering load for a while after the last fault, so its recovery is measured.
+                if faults_done_at is not None and now > faults_done_at + 2.0 and len(expected) >= self.cfg.submissions:
+                    break
+                want = min(per_tick, self.cfg.submissions - len(expected)) or (1 if faults_done_at is None else 0)
+                if want > 0:
+                    batch: dict[int, str] = {}
+                    try:
+                        async with pool.acquire() as conn, conn.transaction():
+                            for _ in range(want):
+                                status = self.rng.choice(JUDGE_STATUSES)
+                                payload = {"seconds": self.rng.uniform(0, 0.2), "status": status}
+                                batch[await outbox.submit(conn, self.queue, payload)] = status
+                    except DB_ERRORS:
+                        self.report.failed_commits += 1
+                    else:
+                        expected.update(batch)
+                self._reap_dead()
+                await asyncio.sleep(0.1)  # pacing of the offered load, not synchronisation
+        finally:
+            if not faults.done():
+                faults.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await faults
+        return expected
+
+    async def _fault_loop(self, deadline: float) -> None:
+        """Inject server faults until ``deadline``: in rounds, each kind once per round in random order.
+
+        Rounds, and going on past the deadline until every kind was injected once, guarantee that even
+        a short (CI) run on a loaded machine injects every kind; the order within a round and the
+        pause between faults are random (seeded).
+        """
+        round_: list[str] = []
+        while time.monotonic() < deadline or len(self.report.faults) < len(SERVER_FAULTS):
+            if not round_:
+                round_ = list(SERVER_FAULTS)
+                self.rng.shuffle(round_)
+            kind = round_.pop()
+            began = time.time()
+            await self._inject(kind)
+            self._fault_spans.append((kind, began, time.time()))
+            self.report.faults[kind] = self.report.faults.get(kind, 0) + 1
+            await asyncio.sleep(self.rng.uniform(*self.cfg.fault_every))  # pacing of the faults
+
+    async def _inject(self, kind: str) -> None:
+        """One server fault; returns when it is over (the server is up again, the stall lifted).
+
+        Blocking steps (``pg_ctl``) run in a thread so the proxies on this event loop keep forwarding.
+        """
+        t = self.targets
+        assert t is not None
+        if kind == "pg_terminate_backends":
+            terminated = await self._admin(
+                lambda c: c.fetchval(
+                    "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity"
+                    " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                )
+            )
+            self.report.backends_terminated += int(terminated or 0)
+        elif kind == "pg_idle_session_timeout":
+            await self._admin(self._set_idle_timeout(self.cfg.idle_session_timeout))
+            await asyncio.sleep(self.cfg.idle_timeout_seconds)  # the duration of the fault
+            await self._admin(self._set_idle_timeout(None))
+        elif kind == "pg_restart_fast":
+            await asyncio.to_thread(t.pg.restart, "fast")
+        elif kind == "pg_restart_immediate":
+            await asyncio.to_thread(t.pg.crash)
+            await asyncio.sleep(self.cfg.crash_outage_seconds)  # the duration of the outage
+            await asyncio.to_thread(t.pg.start)
+        elif kind == "redis_client_kill":
+            client = aioredis.Redis.from_url(self.redis_url)
+            try:
+                killed = await client.client_kill_filter(_type="normal", skipme=True)
+            finally:
+                await client.aclose()
+            self.report.redis_clients_killed += int(killed)
+        elif kind == "proxy_reset":
+            t.pg_proxy.reset()
+            t.redis_proxy.reset()
+        elif kind == "proxy_stall":
+            t.pg_proxy.stall(True)
+            t.redis_proxy.stall(True)
+            try:
+                await asyncio.sleep(self.cfg.stall_seconds)  # the duration of the stall
+            finally:
+                t.pg_proxy.stall(False)
+                t.redis_proxy.stall(False)
+        else:
+            raise ValueError(f"unknown server fault {kind!r}")
+
+    @staticmethod
+    def _set_idle_timeout(value: str | None) -> Any:
+        async def op(conn: asyncpg.Connection) -> None:
+            if value is None:
+                await conn.execute("ALTER SYSTEM RESET idle_session_timeout")
+            else:
+                await conn.execute(f"ALTER SYSTEM SET idle_session_timeout = '{value}'")
+            await conn.execute("SELECT pg_reload_conf()")
+
+        return op
+
+    async def _admin(self, op: Any, within: float = 30.0) -> Any:
+        """Run ``op`` on a fresh direct connection (a pooled one may be the one a fault just ended)."""
+        deadline = time.monotonic() + within
+        while True:
+            try:
+                conn = await asyncpg.connect(self.pg_dsn, timeout=5)
+                try:
+                    return await op(conn)
+                finally:
+                    await conn.close()
+            except DB_ERRORS:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.1)  # retry pacing
+
+    async def _measure_recovery(self, pool: asyncpg.Pool) -> None:
+        """For each fault, the time from its end to the next verdict written (and to the first verdict
+        of a submission committed after it: the whole path, dispatcher to worker, working again).
+
+        A fault after which no verdict was ever written is a violation. Fault ends are wall-clock
+        times of this host; verdict times are the server's ``clock_timestamp()`` on the same host.
+        """
+
+        async def fetch(conn: asyncpg.Connection) -> tuple[list[Any], list[Any]]:
+            verdicts = await conn.fetch(
+                "SELECT at FROM public.chaos_audit WHERE new_status = ANY($1) ORDER BY at", list(TERMINAL)
+            )
+            finished = await conn.fetch(
+                "SELECT created_at, finished_at FROM judgequeue.submissions WHERE finished_at IS NOT NULL"
+            )
+            return verdicts, finished
+
+        verdict_rows, finished_rows = await self._retrying(pool, fetch)
+        verdict_times = [_epoch(r["at"]) for r in verdict_rows]
+        finished = [(_epoch(r["created_at"]), _epoch(r["finished_at"])) for r in finished_rows]
+        r = self.report
+        for kind, _began, ended in self._fault_spans:
+            i = bisect.bisect_right(verdict_times, ended)
+            if i == len(verdict_times):
+                r.violations.append(f"no verdict written after the {kind} fault that ended at {ended:.3f}")
+                continue
+            recovery = round(verdict_times[i] - ended, 3)
+            r.worst_fault_recovery_seconds = max(r.worst_fault_recovery_seconds, recovery)
+            r.worst_fault_recovery_by_kind[kind] = max(r.worst_fault_recovery_by_kind.get(kind, 0.0), recovery)
+            new_work = [done for created, done in finished if created >= ended]
+            if new_work:
+                r.worst_new_work_recovery_seconds = max(
+                    r.worst_new_work_recovery_seconds, round(min(new_work) - ended, 3)
+                )
+        if self._fault_spans:
+            # The longest time without any verdict while the faults went on: outage plus recovery.
+            first, last = self._fault_spans[0][1], self._fault_spans[-1][2]
+            during = [first] + [t for t in verdict_times if first <= t <= last] + [last]
+            r.longest_verdict_gap_seconds = round(max(b - a for a, b in itertools.pairwise(during)), 3)
+
     async def _wait_for_state(self, pool: asyncpg.Pool, state: str, n: int, within: float) -> None:
         deadline = time.monotonic() + within
         while True:
@@ -317,16 +659,18 @@ class Chaos:
 
     async def _wait_drained(self, pool: asyncpg.Pool, ids: list[int]) -> None:
         deadline = time.monotonic() + self.cfg.drain_deadline
+
+        async def progress(conn: asyncpg.Connection) -> tuple[int, int]:
+            left = await conn.fetchval(
+                "SELECT count(*) FROM judgequeue.submissions WHERE id = ANY($1) AND status <> ALL($2)",
+                ids,
+                list(TERMINAL),
+            )
+            active = await conn.fetchval("SELECT count(*) FROM judgequeue.outbox WHERE state IN ('PENDING', 'CLAIMED')")
+            return int(left), int(active)
+
         while True:
-            async with pool.acquire() as conn:
-                left = await conn.fetchval(
-                    "SELECT count(*) FROM judgequeue.submissions WHERE id = ANY($1) AND status <> ALL($2)",
-                    ids,
-                    list(TERMINAL),
-                )
-                active = await conn.fetchval(
-                    "SELECT count(*) FROM judgequeue.outbox WHERE state IN ('PENDING', 'CLAIMED')"
-                )
+            left, active = await self._retrying(pool, progress)
             if left == 0 and active == 0:
                 return
             if time.monotonic() > deadline:
@@ -439,6 +783,8 @@ class Chaos:
                 r.seen_keys_without_ttl += 1
         for name in (
             "lost_submissions",
+            "unexpected_exits",
+            "nonzero_exit_codes",
             "stale_writes_accepted",
             "wrong_verdicts",
             "prewatermark_live_dispatches",
@@ -450,3 +796,7 @@ class Chaos:
         ):
             if getattr(r, name):
                 r.violations.append(f"{name} = {getattr(r, name)}")
+
+
+def _epoch(value: datetime) -> float:
+    return value.timestamp()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import redis.asyncio as aioredis
 
-from tests.chaos import Chaos, ChaosConfig
+from tests.chaos import SERVER_FAULTS, Chaos, ChaosConfig, fault_targets
 from tests.conftest import REDIS_URL
 
 
@@ -21,3 +21,17 @@ async def test_chaos_keeps_every_invariant(
     assert report.kills > 5, "the run must actually kill processes"
     assert report.violations == [], report.violations
     assert report.lost_submissions == 0 and report.stale_writes_accepted == 0
+
+
+async def test_server_fault_chaos_keeps_every_invariant(queue_name: str, tmp_path: Path) -> None:
+    """Issue 13: every server-side fault kind at least once while jobs flow; no role may exit, every
+    committed submission gets its one verdict, and SIGTERM after the faults exits 0 everywhere."""
+    config = ChaosConfig(submissions=600, chaos_seconds=30, seed=13, server_faults=True, drain_deadline=90)
+    async with fault_targets() as targets:
+        chaos = Chaos(targets.pg.dsn, targets.redis.url, queue_name, config, tmp_path, targets)
+        report = await chaos.run()
+    print(json.dumps(report.as_dict(), indent=1))
+    assert set(report.faults) == set(SERVER_FAULTS), report.faults
+    assert report.violations == [], report.violations
+    assert report.lost_submissions == 0 and report.stale_writes_accepted == 0
+    assert report.unexpected_exits == 0 and report.nonzero_exit_codes == 0
