@@ -35,6 +35,7 @@ async def main() -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--server-faults", action="store_true", help="server-side faults instead of kills")
+    parser.add_argument("--log-dir", type=Path, help="keep the roles' logs here (default: a temporary directory)")
     args = parser.parse_args()
     if args.server_faults:
         return await server_faults(args)
@@ -73,9 +74,11 @@ async def server_faults(args: argparse.Namespace) -> int:
         drain_deadline=180,
         server_faults=True,
     )
-    with tempfile.TemporaryDirectory() as logs:
+    with tempfile.TemporaryDirectory() as tmp:
+        logs = args.log_dir or Path(tmp)
+        logs.mkdir(parents=True, exist_ok=True)
         async with fault_targets() as targets:
-            report = await Chaos(targets.pg.dsn, targets.redis.url, queue, config, Path(logs), targets).run()
+            report = await Chaos(targets.pg.dsn, targets.redis.url, queue, config, logs, targets).run()
     print(json.dumps(report.as_dict(), indent=1))
     return 1 if report.violations else 0
 

@@ -174,6 +174,7 @@ class ChaosReport:
     backends_terminated: int = 0
     redis_clients_killed: int = 0
     failed_commits: int = 0
+    role_warnings: int = 0
     unexpected_exits: int = 0
     nonzero_exit_codes: int = 0
     worst_fault_recovery_seconds: float = 0.0
@@ -680,7 +681,13 @@ class Chaos:
             await asyncio.sleep(0.1)
 
     def _count_from_logs(self) -> None:
-        """Figures only the workers see (their metrics die with them): read from their JSON logs."""
+        """Figures only the workers see (their metrics die with them): read from their JSON logs.
+
+        Also the warnings every role logged (failed steps it retried): under server faults, evidence
+        that the faults reached the roles.
+        """
+        for path in self.log_dir.glob("*.log"):
+            self.report.role_warnings += path.read_text(errors="replace").count('"level":"WARNING"')
         for path in self.log_dir.glob("worker-*.log"):
             for line in path.read_text(errors="replace").splitlines():
                 if not line.startswith("{"):
