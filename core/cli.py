@@ -72,7 +72,10 @@ def overrides_from(args: argparse.Namespace) -> dict[str, str]:
 
 def resolve(args: argparse.Namespace, env: Mapping[str, str], variable: str) -> Any:
     """Validate one variable from its flag or the environment; ConfigError names it."""
-    return parse_variable(variable, overrides_from(args).get(variable, env.get(variable)))
+    flags = overrides_from(args)
+    if variable in flags:
+        return parse_variable(variable, flags[variable], shown_as=flag_for(variable))
+    return parse_variable(variable, env.get(variable))
 
 
 def explain(exc: ConfigError) -> str:
@@ -205,7 +208,7 @@ def cmd_role(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     from .runtime import catch_early_signals, run_role
 
     catch_early_signals()  # a SIGTERM while the role still imports must still stop it cleanly
-    settings = load_settings(env, overrides_from(args))
+    settings = load_settings(env, overrides_from(args), override_name=flag_for)
     main = load_role(args.command)
     if args.command == "worker":
         from .judges import load_judge

@@ -76,6 +76,8 @@ def plan_marks(
 
 #: Cycles in a row that must find work before a listening dispatcher stops listening and loops.
 BUSY_STREAK = 3
+#: Seconds an idle dispatcher waits for Redis to answer its PING.
+IDLE_PING_TIMEOUT = 2.0
 
 
 def keep_listening(claimed: int, batch_size: int, streak: int) -> bool:
@@ -101,6 +103,7 @@ class Dispatcher:
         self.settings = settings
         self.queue = settings.queue
         self.name = name or instance_id("dispatcher")
+        self._redis_ok = True
 
     async def cycle(self, conn: asyncpg.Connection | None = None) -> CycleResult:
         """Claim, enqueue and mark one batch; returns what happened.
@@ -177,6 +180,23 @@ class Dispatcher:
         self._count(result)
         return result
 
+    async def _check_redis_while_idle(self) -> None:
+        """PING Redis when there is nothing to send, so an outage is logged before work arrives.
+
+        A busy dispatcher learns of a Redis outage from its appends; an idle one would otherwise
+        say nothing until the first submission fails to go out. Logged once per change of state.
+        """
+        try:
+            await streams.guarded(lambda: asyncio.wait_for(self.redis.ping(), IDLE_PING_TIMEOUT))
+        except TransportError as exc:
+            if self._redis_ok:
+                log.warning("redis unreachable while idle", extra={"error": str(exc)})
+            self._redis_ok = False
+            return
+        if not self._redis_ok:
+            log.info("redis reachable again")
+        self._redis_ok = True
+
     def _envelope(self, row: outbox.ClaimedRow) -> streams.Envelope:
         return streams.Envelope(
             submission=row.submission_id,
@@ -241,6 +261,7 @@ class Dispatcher:
                 woke = await wait_any(stop, wake, cfg.schedule)
                 if not woke and not stop.is_set():
                     registered = False  # refresh the registration on the next idle cycle
+                    await self._check_redis_while_idle()
         finally:
             await session.release()
             if listen_conn is not None:
