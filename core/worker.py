@@ -130,10 +130,6 @@ def _jsonb_safe(value: Any) -> Any:
     return value
 
 
-#: Database errors that retrying the same verdict write cannot fix (data and constraint classes).
-UNSTORABLE: tuple[type[BaseException], ...] = (asyncpg.DataError, asyncpg.IntegrityConstraintViolationError)
-
-
 def unstorable_replacement(write: leases.VerdictWrite) -> leases.VerdictWrite:
     """The SYSTEM_ERROR written in place of a verdict the database refused (pure)."""
     reason = "verdict refused by the database (see the worker's log)"
@@ -210,11 +206,11 @@ class _VerdictWriter:
                     written = await leases.write_verdicts(conn, writes)
                 failpoints.hit("worker.after_verdict")
                 return written
-            except UNSTORABLE as exc:
-                # Permanent for this batch: retrying it would hold up every later verdict.
-                log.error("verdict batch refused; writing one by one", extra={"error": str(exc)})
-                return await self._write_one_by_one(writes)
             except DB_ERRORS as exc:
+                if is_permanent(exc):
+                    # Retrying the same values would hold up every later verdict.
+                    log.error("verdict batch refused; writing one by one", extra={"error": describe(exc)})
+                    return await self._write_one_by_one(writes)
                 failures += 1
                 delay = backoff(failures)
                 log.warning("verdict write failed; retrying", extra={"error": str(exc), "retry_in": delay})
@@ -233,9 +229,11 @@ class _VerdictWriter:
                     async with self._pool.acquire() as conn:
                         written.update(await leases.write_verdicts(conn, [attempt]))
                     break
-                except UNSTORABLE as exc:
-                    log.error("verdict refused", extra={"submission": write.lease.submission, "error": str(exc)})
                 except DB_ERRORS as exc:
+                    if is_permanent(exc):
+                        submission = write.lease.submission
+                        log.error("verdict refused", extra={"submission": submission, "error": describe(exc)})
+                        continue
                     log.warning(
                         "verdict write failed; the lease expiry will rescue the job",
                         extra={"submission": write.lease.submission, "error": str(exc)},
