@@ -22,7 +22,7 @@ from datetime import datetime
 from typing import Any, NoReturn, TypeVar
 
 from .config import PREFIX, load_settings, parse_duration, parse_variable, redact_url, variable_names
-from .errors import ConfigError, JudgeQueueError
+from .errors import ConfigError, Failure, JudgeQueueError
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -40,14 +40,6 @@ exit codes: 0 ok, 1 failure or unhealthy, 2 bad usage or configuration.
 Every JUDGEQUEUE_* variable has a matching flag (JUDGEQUEUE_BATCH_SIZE -> --batch-size); flags win.
 TLS: put sslmode=require (or verify-full) in the Postgres DSN query; use a rediss:// Redis URL.
 Passwords belong in the URLs (or their Secrets) and are never printed."""
-
-
-class Failure(Exception):
-    """An expected failure: printed as one line, exit code attached."""
-
-    def __init__(self, message: str, code: int = EXIT_FAILURE) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 def flag_for(variable: str) -> str:

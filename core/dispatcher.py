@@ -19,10 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import socket
 import time
-import uuid
 from dataclasses import dataclass, field
 
 import asyncpg
@@ -31,14 +28,9 @@ import redis.asyncio as aioredis
 from . import failpoints, metrics, outbox, streams
 from .config import Settings
 from .errors import TransportError
-from .lifecycle import DB_ERRORS, HeldSession, open_connections, wait_any
+from .lifecycle import DB_ERRORS, HeldSession, instance_id, open_connections, wait_any
 
 log = logging.getLogger("judgequeue.dispatcher")
-
-
-def instance_id(role: str) -> str:
-    """A name unique to this process, readable in claims, consumers and logs."""
-    return f"{role}-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
 
 @dataclass

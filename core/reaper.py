@@ -50,10 +50,9 @@ import redis.asyncio as aioredis
 
 from . import dead_letters, failpoints, metrics, outbox, streams
 from .config import Settings
-from .dispatcher import instance_id
 from .errors import DB_ERRORS, SERVER_ERRORS
 from .leases import LeaseSweep, rescue_expired_leases
-from .lifecycle import open_connections
+from .lifecycle import instance_id, open_connections
 from .stream_stats import StreamFigures, publish, stream_figures
 
 ClaimedEntry = dead_letters.ClaimedEntry

@@ -40,10 +40,9 @@ import redis.asyncio as aioredis
 
 from . import dead_letters, failpoints, leases, metrics, streams
 from .config import Settings
-from .dispatcher import instance_id
 from .errors import SERVER_ERRORS, TransportError, describe, is_permanent
 from .judges import Judge, Verdict, load_judge
-from .lifecycle import DB_ERRORS, HeldSession, backoff, open_connections, wait_any
+from .lifecycle import DB_ERRORS, HeldSession, backoff, instance_id, open_connections, wait_any
 
 log = logging.getLogger("judgequeue.worker")
 
