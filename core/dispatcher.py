@@ -27,6 +27,7 @@ import redis.asyncio as aioredis
 
 from . import failpoints, metrics, outbox, streams
 from .config import Settings
+from .envelope import Envelope
 from .errors import TransportError
 from .lifecycle import DB_ERRORS, HeldSession, instance_id, open_connections, wait_any
 
@@ -189,8 +190,8 @@ class Dispatcher:
             log.info("redis reachable again")
         self._redis_ok = True
 
-    def _envelope(self, row: outbox.ClaimedRow) -> streams.Envelope:
-        return streams.Envelope(
+    def _envelope(self, row: outbox.ClaimedRow) -> Envelope:
+        return Envelope(
             submission=row.submission_id,
             generation=row.generation,
             attempt=row.attempts,
