@@ -1,4 +1,4 @@
-"""The dispatcher role: move committed outbox rows into the Redis stream (DESIGN section 4).
+"""The dispatcher role: move committed outbox rows into the Redis stream (docs/design.md §1).
 
 One cycle claims a batch in a short statement (``FOR UPDATE SKIP LOCKED``, flags read in the same
 statement, no lock held across Redis), appends the batch in one pipeline of dedup-and-append

@@ -1,4 +1,4 @@
-"""The reaper role: rescue idle stream entries and expired leases, prune, refresh gauges (DESIGN 4).
+"""The reaper role: rescue idle stream entries and expired leases, prune, refresh gauges (docs/design.md §1).
 
 A sweep has four parts, each guarded on its own so one failing dependency does not stop the others:
 

@@ -1,4 +1,4 @@
-"""The worker role: judge jobs from the stream and write fenced verdicts (DESIGN sections 4 and 5).
+"""The worker role: judge jobs from the stream and write fenced verdicts (docs/design.md §1, §4).
 
 One loop reads only as many entries as there are free slots (``XREADGROUP COUNT=free``), takes the
 leases of the whole batch in one statement (which returns the payloads) and starts one task per
