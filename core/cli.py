@@ -22,7 +22,7 @@ from datetime import datetime
 from typing import Any, NoReturn, TypeVar
 
 from .config import PREFIX, load_settings, parse_duration, parse_variable, redact_url, variable_names
-from .errors import ConfigError, JudgeQueueError
+from .errors import ConfigError, Failure, JudgeQueueError
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -40,14 +40,6 @@ exit codes: 0 ok, 1 failure or unhealthy, 2 bad usage or configuration.
 Every JUDGEQUEUE_* variable has a matching flag (JUDGEQUEUE_BATCH_SIZE -> --batch-size); flags win.
 TLS: put sslmode=require (or verify-full) in the Postgres DSN query; use a rediss:// Redis URL.
 Passwords belong in the URLs (or their Secrets) and are never printed."""
-
-
-class Failure(Exception):
-    """An expected failure: printed as one line, exit code attached."""
-
-    def __init__(self, message: str, code: int = EXIT_FAILURE) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 def flag_for(variable: str) -> str:
@@ -72,7 +64,10 @@ def overrides_from(args: argparse.Namespace) -> dict[str, str]:
 
 def resolve(args: argparse.Namespace, env: Mapping[str, str], variable: str) -> Any:
     """Validate one variable from its flag or the environment; ConfigError names it."""
-    return parse_variable(variable, overrides_from(args).get(variable, env.get(variable)))
+    flags = overrides_from(args)
+    if variable in flags:
+        return parse_variable(variable, flags[variable], shown_as=flag_for(variable))
+    return parse_variable(variable, env.get(variable))
 
 
 def explain(exc: ConfigError) -> str:
@@ -205,7 +200,7 @@ def cmd_role(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     from .runtime import catch_early_signals, run_role
 
     catch_early_signals()  # a SIGTERM while the role still imports must still stop it cleanly
-    settings = load_settings(env, overrides_from(args))
+    settings = load_settings(env, overrides_from(args), override_name=flag_for)
     main = load_role(args.command)
     if args.command == "worker":
         from .judges import load_judge
@@ -299,6 +294,33 @@ def cmd_queue(args: argparse.Namespace, env: Mapping[str, str]) -> int:
             print("outbox " + "  ".join(f"{k}={v}" for k, v in outbox.by_state.items()))
         return EXIT_OK
     print(json.dumps(_flags_json(flags)) if args.json else _flags_line(flags))
+    return EXIT_OK
+
+
+def cmd_problem(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    from pathlib import Path
+
+    from .problems import list_problems, upload
+
+    dsn: str = resolve(args, env, DSN)
+    if args.problem_command == "list":
+        rows = _run(_with_pg(dsn, list_problems))
+        if args.json:
+            _print_json(rows)
+        else:
+            for r in rows:
+                print(f"{r['id']}  version={r['version']}  tests={r['tests']}  bytes={r['total_bytes']}  "
+                      f"sha256={r['sha256'][:16]}")
+            if not rows:
+                print("no problems")
+        return EXIT_OK
+    done = _run(_with_pg(dsn, lambda conn: upload(conn, Path(args.dir), version=args.version)))
+    if args.json:
+        _print_json(vars(done))
+    else:
+        print(f"{done.id} version {done.version}: {done.tests} tests, {done.total_bytes} bytes "
+              f"({done.new_files} new files), sha256 {done.sha256[:16]}")
+        print(f'submit with: {{"problem": "{done.id}", "version": {done.version}, "language": ..., "source": ...}}')
     return EXIT_OK
 
 
@@ -653,6 +675,18 @@ def build_parser() -> argparse.ArgumentParser:
     q = qsub.add_parser("list", help="list every queue", description="list every queue", parents=[json_flag])
     _add_variable_flags(q, [DSN], "connection")
     q.set_defaults(handler=cmd_queue)
+
+    p = add("problem", "upload and list problem packages (tests, checker, interactor, limits, subtasks)")
+    psub = p.add_subparsers(dest="problem_command", metavar="ACTION", parser_class=_Parser, required=True)
+    text = "store the package in DIR (problem.yaml, tests/NAME.in + NAME.ans) as a new version"
+    q = psub.add_parser("upload", help=text, description=text, parents=[json_flag])
+    q.add_argument("dir", help="the package directory")
+    q.add_argument("--version", type=int, help="version number (default: problem.yaml's, else the next free one)")
+    _add_variable_flags(q, [DSN], "connection")
+    q.set_defaults(handler=cmd_problem)
+    q = psub.add_parser("list", help="list stored packages", description="list stored packages", parents=[json_flag])
+    _add_variable_flags(q, [DSN], "connection")
+    q.set_defaults(handler=cmd_problem)
 
     p = add("submit", "submit one JSON payload to a queue; prints the submission id", parents=[json_flag])
     src = p.add_mutually_exclusive_group(required=True)

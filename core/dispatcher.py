@@ -1,4 +1,4 @@
-"""The dispatcher role: move committed outbox rows into the Redis stream (DESIGN section 4).
+"""The dispatcher role: move committed outbox rows into the Redis stream (docs/design.md §1).
 
 One cycle claims a batch in a short statement (``FOR UPDATE SKIP LOCKED``, flags read in the same
 statement, no lock held across Redis), appends the batch in one pipeline of dedup-and-append
@@ -19,10 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import socket
 import time
-import uuid
 from dataclasses import dataclass, field
 
 import asyncpg
@@ -30,15 +27,11 @@ import redis.asyncio as aioredis
 
 from . import failpoints, metrics, outbox, streams
 from .config import Settings
+from .envelope import Envelope
 from .errors import TransportError
-from .lifecycle import DB_ERRORS, HeldSession, open_connections, wait_any
+from .lifecycle import DB_ERRORS, HeldSession, instance_id, open_connections, wait_any
 
 log = logging.getLogger("judgequeue.dispatcher")
-
-
-def instance_id(role: str) -> str:
-    """A name unique to this process, readable in claims, consumers and logs."""
-    return f"{role}-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
 
 @dataclass
@@ -76,6 +69,8 @@ def plan_marks(
 
 #: Cycles in a row that must find work before a listening dispatcher stops listening and loops.
 BUSY_STREAK = 3
+#: Seconds an idle dispatcher waits for Redis to answer its PING.
+IDLE_PING_TIMEOUT = 2.0
 
 
 def keep_listening(claimed: int, batch_size: int, streak: int) -> bool:
@@ -101,6 +96,7 @@ class Dispatcher:
         self.settings = settings
         self.queue = settings.queue
         self.name = name or instance_id("dispatcher")
+        self._redis_ok = True
 
     async def cycle(self, conn: asyncpg.Connection | None = None) -> CycleResult:
         """Claim, enqueue and mark one batch; returns what happened.
@@ -177,8 +173,25 @@ class Dispatcher:
         self._count(result)
         return result
 
-    def _envelope(self, row: outbox.ClaimedRow) -> streams.Envelope:
-        return streams.Envelope(
+    async def _check_redis_while_idle(self) -> None:
+        """PING Redis when there is nothing to send, so an outage is logged before work arrives.
+
+        A busy dispatcher learns of a Redis outage from its appends; an idle one would otherwise
+        say nothing until the first submission fails to go out. Logged once per change of state.
+        """
+        try:
+            await streams.guarded(lambda: asyncio.wait_for(self.redis.ping(), IDLE_PING_TIMEOUT))
+        except TransportError as exc:
+            if self._redis_ok:
+                log.warning("redis unreachable while idle", extra={"error": str(exc)})
+            self._redis_ok = False
+            return
+        if not self._redis_ok:
+            log.info("redis reachable again")
+        self._redis_ok = True
+
+    def _envelope(self, row: outbox.ClaimedRow) -> Envelope:
+        return Envelope(
             submission=row.submission_id,
             generation=row.generation,
             attempt=row.attempts,
@@ -241,6 +254,7 @@ class Dispatcher:
                 woke = await wait_any(stop, wake, cfg.schedule)
                 if not woke and not stop.is_set():
                     registered = False  # refresh the registration on the next idle cycle
+                    await self._check_redis_while_idle()
         finally:
             await session.release()
             if listen_conn is not None:

@@ -42,6 +42,14 @@ class ConfigError(JudgeQueueError, ValueError):
     """A configuration value is missing or malformed; the message names the variable."""
 
 
+class Failure(JudgeQueueError):
+    """An expected failure of a command: printed as one line, with its exit code (1 by default)."""
+
+    def __init__(self, message: str, code: int = 1) -> None:
+        super().__init__(message)
+        self.code = code
+
+
 class TransportError(JudgeQueueError):
     """Redis could not be reached or refused the command; the operation may be retried."""
 

@@ -10,6 +10,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import socket
+import uuid
 from dataclasses import dataclass
 
 import asyncpg
@@ -19,9 +22,14 @@ from . import streams
 from .config import Settings
 from .errors import DB_ERRORS, TransportError
 
-__all__ = ["DB_ERRORS", "Connections", "HeldSession", "backoff", "open_connections", "wait_any"]
+__all__ = ["DB_ERRORS", "Connections", "HeldSession", "backoff", "instance_id", "open_connections", "wait_any"]
 
 log = logging.getLogger("judgequeue.lifecycle")
+
+
+def instance_id(role: str) -> str:
+    """A name unique to this process, readable in claims, consumers and logs."""
+    return f"{role}-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
 
 def backoff(failures: int, *, base: float = 0.1, cap: float = 5.0) -> float:

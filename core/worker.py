@@ -1,4 +1,4 @@
-"""The worker role: judge jobs from the stream and write fenced verdicts (DESIGN sections 4 and 5).
+"""The worker role: judge jobs from the stream and write fenced verdicts (docs/design.md §1, §4).
 
 One loop reads only as many entries as there are free slots (``XREADGROUP COUNT=free``), takes the
 leases of the whole batch in one statement (which returns the payloads) and starts one task per
@@ -40,10 +40,10 @@ import redis.asyncio as aioredis
 
 from . import dead_letters, failpoints, leases, metrics, streams
 from .config import Settings
-from .dispatcher import instance_id
+from .envelope import Envelope
 from .errors import SERVER_ERRORS, TransportError, describe, is_permanent
 from .judges import Judge, Verdict, load_judge
-from .lifecycle import DB_ERRORS, HeldSession, backoff, open_connections, wait_any
+from .lifecycle import DB_ERRORS, HeldSession, backoff, instance_id, open_connections, wait_any
 
 log = logging.getLogger("judgequeue.worker")
 
@@ -130,10 +130,6 @@ def _jsonb_safe(value: Any) -> Any:
     return value
 
 
-#: Database errors that retrying the same verdict write cannot fix (data and constraint classes).
-UNSTORABLE: tuple[type[BaseException], ...] = (asyncpg.DataError, asyncpg.IntegrityConstraintViolationError)
-
-
 def unstorable_replacement(write: leases.VerdictWrite) -> leases.VerdictWrite:
     """The SYSTEM_ERROR written in place of a verdict the database refused (pure)."""
     reason = "verdict refused by the database (see the worker's log)"
@@ -210,11 +206,11 @@ class _VerdictWriter:
                     written = await leases.write_verdicts(conn, writes)
                 failpoints.hit("worker.after_verdict")
                 return written
-            except UNSTORABLE as exc:
-                # Permanent for this batch: retrying it would hold up every later verdict.
-                log.error("verdict batch refused; writing one by one", extra={"error": str(exc)})
-                return await self._write_one_by_one(writes)
             except DB_ERRORS as exc:
+                if is_permanent(exc):
+                    # Retrying the same values would hold up every later verdict.
+                    log.error("verdict batch refused; writing one by one", extra={"error": describe(exc)})
+                    return await self._write_one_by_one(writes)
                 failures += 1
                 delay = backoff(failures)
                 log.warning("verdict write failed; retrying", extra={"error": str(exc), "retry_in": delay})
@@ -233,9 +229,11 @@ class _VerdictWriter:
                     async with self._pool.acquire() as conn:
                         written.update(await leases.write_verdicts(conn, [attempt]))
                     break
-                except UNSTORABLE as exc:
-                    log.error("verdict refused", extra={"submission": write.lease.submission, "error": str(exc)})
                 except DB_ERRORS as exc:
+                    if is_permanent(exc):
+                        submission = write.lease.submission
+                        log.error("verdict refused", extra={"submission": submission, "error": describe(exc)})
+                        continue
                     log.warning(
                         "verdict write failed; the lease expiry will rescue the job",
                         extra={"submission": write.lease.submission, "error": str(exc)},
@@ -407,7 +405,7 @@ class Worker:
 
     async def _start(self, deliveries: Sequence[streams.Delivery], stop: asyncio.Event) -> None:
         """Lease, ack and launch a batch of deliveries; set aside what can never be judged."""
-        good: list[tuple[str, streams.Envelope]] = []
+        good: list[tuple[str, Envelope]] = []
         poison: list[dead_letters.Decision] = []
         for d in deliveries:
             if d.envelope is None:
@@ -430,7 +428,7 @@ class Worker:
         await asyncio.sleep(0)
 
     async def _lease(
-        self, batch: list[tuple[str, streams.Envelope]], stop: asyncio.Event
+        self, batch: list[tuple[str, Envelope]], stop: asyncio.Event
     ) -> tuple[list[leases.Lease] | None, list[dead_letters.Decision]]:
         """Leases for ``batch``, retrying transient errors; envelopes the database refuses for good.
 
@@ -469,7 +467,7 @@ class Worker:
                 await wait_any(stop, None, delay)
 
     def _launch(
-        self, held: list[leases.Lease], batch: list[tuple[str, streams.Envelope]], refused: list[dead_letters.Decision]
+        self, held: list[leases.Lease], batch: list[tuple[str, Envelope]], refused: list[dead_letters.Decision]
     ) -> list[tuple[int, int]]:
         """Start a judge per lease and hand the batch's entries to the acker; returns the stale envelopes."""
         if held:
@@ -487,8 +485,8 @@ class Worker:
         pairs = [(env.submission, env.generation) for _, env in kept]
         return unleased(pairs, [(x.submission, x.generation) for x in held])
 
-    def _give_up(self, entry_id: str, envelope: streams.Envelope | None, reason: str) -> dead_letters.Decision:
-        entry = dead_letters.ClaimedEntry(entry_id, None, self.name, envelope.deliveries if envelope else 1)
+    def _give_up(self, entry_id: str, envelope: Envelope | None, reason: str) -> dead_letters.Decision:
+        entry = streams.ClaimedEntry(entry_id, None, self.name, envelope.deliveries if envelope else 1)
         return dead_letters.Decision(entry, "dead_letter", reason[:1000], envelope)
 
     async def _dead_letter(self, poison: list[dead_letters.Decision]) -> None:
