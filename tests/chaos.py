@@ -404,6 +404,7 @@ class Chaos:
                     self._start(slot)
             await self._retrying(pool, lambda conn: set_cutover(conn, self.queue, paused=False))
             await self._wait_drained(pool, list(expected))
+            await self._wait_stream_settled(redis)
             self._reap_dead()
             codes = await asyncio.to_thread(self.stop_all)
             if self.cfg.server_faults:
@@ -677,6 +678,32 @@ class Chaos:
             if time.monotonic() > deadline:
                 self.report.violations.append(f"{left} submissions not terminal after the drain deadline")
                 return
+            self._reap_dead()
+            await asyncio.sleep(0.1)
+
+    async def _wait_stream_settled(self, redis: aioredis.Redis) -> None:
+        """Wait until the stream and its PEL are empty: once every verdict is written, duplicate and
+        stale deliveries still pending are acked by the workers or, once idle past the visibility
+        timeout, by a reaper. Entries still there at the drain deadline stay for :meth:`_check` to
+        count, and the pending ones are described (consumer, idle time, deliveries) to say why."""
+        deadline = time.monotonic() + self.cfg.drain_deadline
+        key = streams.stream_key(self.queue)
+        while True:
+            try:
+                length = int(await redis.xlen(key))
+                pending = await redis.xpending(key, streams.GROUP)
+                in_pel = int(pending["pending"]) if pending else 0
+                if length == 0 and in_pel == 0:
+                    return
+                if time.monotonic() > deadline:
+                    detail = await redis.xpending_range(key, streams.GROUP, min="-", max="+", count=5)
+                    self.report.violations.append(
+                        f"stream not empty after the drain deadline: {length} entries, {in_pel} pending, e.g. {detail}"
+                    )
+                    return
+            except aioredis.RedisError:
+                if time.monotonic() > deadline:
+                    raise
             self._reap_dead()
             await asyncio.sleep(0.1)
 
