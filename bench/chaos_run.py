@@ -36,6 +36,13 @@ async def main() -> int:
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--server-faults", action="store_true", help="server-side faults instead of kills")
     parser.add_argument("--log-dir", type=Path, help="keep the roles' logs here (default: a temporary directory)")
+    harsher = parser.add_argument_group("server faults, harsher than the defaults")
+    harsher.add_argument("--stall-seconds", type=float, default=1.5, help="how long a proxy stall lasts")
+    harsher.add_argument("--crash-outage", type=float, default=0.5, help="seconds down after an immediate stop")
+    harsher.add_argument("--idle-session-timeout", default="300ms", help="the idle_session_timeout a fault sets")
+    harsher.add_argument(
+        "--fault-every", type=float, nargs=2, default=(1.0, 2.5), metavar=("MIN", "MAX"), help="pause between faults"
+    )
     args = parser.parse_args()
     if args.server_faults:
         return await server_faults(args)
@@ -73,6 +80,10 @@ async def server_faults(args: argparse.Namespace) -> int:
         workers=args.workers,
         drain_deadline=180,
         server_faults=True,
+        stall_seconds=args.stall_seconds,
+        crash_outage_seconds=args.crash_outage,
+        idle_session_timeout=args.idle_session_timeout,
+        fault_every=(args.fault_every[0], args.fault_every[1]),
     )
     with tempfile.TemporaryDirectory() as tmp:
         logs = args.log_dir or Path(tmp)

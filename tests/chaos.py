@@ -181,6 +181,8 @@ class ChaosReport:
     worst_fault_recovery_by_kind: dict[str, float] = field(default_factory=dict)
     worst_new_work_recovery_seconds: float = 0.0
     longest_verdict_gap_seconds: float = 0.0
+    #: From the last verdict (and the outbox drained) to the stream and its PEL empty.
+    stream_settle_seconds: float = 0.0
     longest_recovery_seconds: float = 0.0
     p50_latency_seconds: float = 0.0
     elapsed_seconds: float = 0.0
@@ -686,7 +688,8 @@ class Chaos:
         stale deliveries still pending are acked by the workers or, once idle past the visibility
         timeout, by a reaper. Entries still there at the drain deadline stay for :meth:`_check` to
         count, and the pending ones are described (consumer, idle time, deliveries) to say why."""
-        deadline = time.monotonic() + self.cfg.drain_deadline
+        began = time.monotonic()
+        deadline = began + self.cfg.drain_deadline
         key = streams.stream_key(self.queue)
         while True:
             try:
@@ -694,6 +697,7 @@ class Chaos:
                 pending = await redis.xpending(key, streams.GROUP)
                 in_pel = int(pending["pending"]) if pending else 0
                 if length == 0 and in_pel == 0:
+                    self.report.stream_settle_seconds = round(time.monotonic() - began, 3)
                     return
                 if time.monotonic() > deadline:
                     detail = await redis.xpending_range(key, streams.GROUP, min="-", max="+", count=5)
