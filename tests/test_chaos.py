@@ -32,6 +32,8 @@ async def test_server_fault_chaos_keeps_every_invariant(queue_name: str, tmp_pat
         report = await chaos.run()
     print(json.dumps(report.as_dict(), indent=1))
     assert set(report.faults) == set(SERVER_FAULTS), report.faults
+    # The faults reached the roles: sessions ended, clients killed, failed steps retried.
+    assert report.backends_terminated > 0 and report.redis_clients_killed > 0 and report.role_warnings > 0
     assert report.violations == [], report.violations
     assert report.lost_submissions == 0 and report.stale_writes_accepted == 0
     assert report.unexpected_exits == 0 and report.nonzero_exit_codes == 0
