@@ -95,8 +95,13 @@ class ClaimedRow:
     age: float  # seconds from creation to this claim, on the DB clock
 
 
+# Claims and marks commit without waiting for the WAL flush (set per transaction, so it works behind
+# any pooler): a claim lost in a database crash is claimed again, a lost mark re-sends a row whose
+# Redis dedup marker absorbs the duplicate.
 _CLAIM_SQL = """
-WITH q AS (
+WITH no_flush_wait AS MATERIALIZED (
+    SELECT set_config('synchronous_commit', 'off', true)
+), q AS (
     SELECT mode, watermark, paused, config_version FROM judgequeue.queues WHERE name = $1
 ), picked AS (
     SELECT o.id
@@ -118,7 +123,7 @@ UPDATE judgequeue.outbox o
        claimed_by = $3,
        claim_expires_at = now() + make_interval(secs => $4),
        next_attempt_at = now() + make_interval(secs => $4)
-  FROM picked, q
+  FROM picked, q, no_flush_wait
  WHERE o.id = picked.id
 RETURNING o.id, o.submission_id, o.generation, o.created_at, o.attempts, o.state, q.mode, q.config_version,
           extract(epoch FROM now() - o.created_at)::float8 AS age
@@ -152,7 +157,9 @@ async def claim(conn: asyncpg.Connection, queue: str, *, limit: int, owner: str,
 
 
 _MARK_SQL = """
-WITH marked AS (
+WITH no_flush_wait AS MATERIALIZED (
+    SELECT set_config('synchronous_commit', 'off', true)
+), marked AS (
     UPDATE judgequeue.outbox o
        SET state = CASE
                        WHEN r.result = 'sent' THEN 'SENT'
@@ -173,7 +180,7 @@ WITH marked AS (
            sent_at = CASE
                WHEN r.result = 'release' OR (r.result = 'retry' AND o.attempts < $4) THEN NULL
                ELSE now() END
-      FROM unnest($1::bigint[], $2::text[], $3::text[]) AS r(id, result, error)
+      FROM unnest($1::bigint[], $2::text[], $3::text[]) AS r(id, result, error), no_flush_wait
      WHERE o.id = r.id AND o.claimed_by = $7 AND o.state = 'CLAIMED'
     RETURNING o.id, o.state, o.submission_id, o.generation, o.last_error, o.attempts
 ), failed AS (
