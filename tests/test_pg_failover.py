@@ -1,0 +1,108 @@
+"""Postgres failover: a primary with a synchronous streaming standby, the primary stopped like a
+crash and the standby promoted while jobs flow. Roles (and the submitting applications) hold a
+multi-host DSN with ``target_session_attrs=read-write`` and must follow the promoted standby on
+their own; with synchronous replication no committed submission may be lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import asyncpg
+import pytest
+import redis.asyncio as aioredis
+
+from judgequeue.core.migrate import migrate
+from judgequeue.core.queues import create_queue
+from tests.chaos import AUDIT_SQL
+from tests.conftest import REDIS_URL
+from tests.flow import Flow, check_flow, terminal_count
+from tests.helpers import eventually
+from tests.pg_servers import PostgresServer, postgres_server
+from tests.roles import Roles
+
+
+@pytest.fixture
+async def primary_and_standby(queue_name: str) -> AsyncIterator[tuple[PostgresServer, PostgresServer]]:
+    """A migrated primary (every commit waits for the standby's flush) and its streaming standby."""
+    with postgres_server(settings={"synchronous_standby_names": "'*'"}) as primary:
+        conn = await asyncpg.connect(primary.dsn)
+        try:
+            # Until the standby connects, a synchronous commit would wait: set up first, locally.
+            await conn.execute("SET synchronous_commit = local")
+            await migrate(conn)
+            await create_queue(conn, queue_name)
+            await conn.execute(AUDIT_SQL)
+        finally:
+            await conn.close()
+        with postgres_server(standby_of=primary) as standby:
+            conn = await asyncpg.connect(primary.dsn)
+            try:
+
+                async def synchronous() -> bool:
+                    state = await conn.fetchval("SELECT sync_state FROM pg_stat_replication")
+                    return bool(state == "sync")
+
+                await eventually(synchronous, within=30, what="the standby streaming synchronously")
+            finally:
+                await conn.close()
+            yield primary, standby
+
+
+def multi_host_dsn(*servers: PostgresServer) -> str:
+    hosts = ",".join(f"127.0.0.1:{s.port}" for s in servers)
+    return f"postgresql://postgres@{hosts}/postgres?target_session_attrs=read-write"
+
+
+async def test_roles_follow_a_promoted_standby_and_lose_nothing(
+    primary_and_standby: tuple[PostgresServer, PostgresServer],
+    queue_name: str,
+    redis_client: aioredis.Redis,
+    tmp_path: Path,
+) -> None:
+    primary, standby = primary_and_standby
+    dsn = multi_host_dsn(primary, standby)
+    roles = Roles({"JUDGEQUEUE_POSTGRES_DSN": dsn, "JUDGEQUEUE_REDIS_URL": REDIS_URL, "JUDGEQUEUE_QUEUE": queue_name,
+                   "JUDGEQUEUE_CONCURRENCY": "8"}, tmp_path)  # fmt: skip
+    roles.start("dispatcher", 2)
+    roles.start("worker", 2)
+    roles.start("reaper")
+    try:
+        flow = Flow(dsn, queue_name, submitters=3)
+
+        async def verdicts(n: int) -> bool:
+            return await terminal_count(dsn, list(flow.expected)) >= n
+
+        await eventually(lambda: verdicts(100), within=60, what="100 verdicts before the failover")
+        in_flight = len(flow.expected) - await terminal_count(dsn, list(flow.expected))
+        stopped = time.monotonic()
+        await asyncio.to_thread(primary.crash)  # jobs in flight: claimed, leased, judging
+        await asyncio.to_thread(standby.promote)
+        promoted = time.monotonic()
+
+        async def followed() -> bool:
+            after = flow.committed_after(promoted)
+            return bool(after) and await terminal_count(dsn, after) > 0
+
+        await eventually(followed, within=60, what="a submission committed after the promotion judged")
+        follow = time.monotonic() - promoted
+        before = len(flow.expected)
+        await eventually(lambda: verdicts(before + 100), within=60, what="100 more verdicts after the failover")
+        expected = await flow.stop()
+        report = await check_flow(dsn, REDIS_URL, queue_name, expected, roles, within=90)
+        print(
+            f"postgres failover: primary down to promoted {promoted - stopped:.2f}s, promoted to first verdict "
+            f"of a new submission {follow:.2f}s; {len(expected)} submissions ({in_flight} unfinished at the "
+            f"crash), lost {report.lost_submissions}, "
+            f"re-executions {report.duplicate_executions}"
+        )
+        assert report.violations == [], report.violations
+        assert report.lost_submissions == 0
+        assert in_flight > 0, "the primary must go down with jobs in flight"
+        assert roles.alive() == 5, "roles follow the new primary instead of exiting\n" + roles.logs()
+    finally:
+        codes = await asyncio.to_thread(roles.stop)
+    assert codes == [0] * 5, roles.logs()
