@@ -22,7 +22,7 @@ from datetime import datetime
 from typing import Any, NoReturn, TypeVar
 
 from .config import PREFIX, load_settings, parse_duration, parse_variable, redact_url, variable_names
-from .errors import ConfigError, JudgeQueueError
+from .errors import ConfigError, Failure, JudgeQueueError
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -40,14 +40,6 @@ exit codes: 0 ok, 1 failure or unhealthy, 2 bad usage or configuration.
 Every JUDGEQUEUE_* variable has a matching flag (JUDGEQUEUE_BATCH_SIZE -> --batch-size); flags win.
 TLS: put sslmode=require (or verify-full) in the Postgres DSN query; use a rediss:// Redis URL.
 Passwords belong in the URLs (or their Secrets) and are never printed."""
-
-
-class Failure(Exception):
-    """An expected failure: printed as one line, exit code attached."""
-
-    def __init__(self, message: str, code: int = EXIT_FAILURE) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 def flag_for(variable: str) -> str:
@@ -72,7 +64,10 @@ def overrides_from(args: argparse.Namespace) -> dict[str, str]:
 
 def resolve(args: argparse.Namespace, env: Mapping[str, str], variable: str) -> Any:
     """Validate one variable from its flag or the environment; ConfigError names it."""
-    return parse_variable(variable, overrides_from(args).get(variable, env.get(variable)))
+    flags = overrides_from(args)
+    if variable in flags:
+        return parse_variable(variable, flags[variable], shown_as=flag_for(variable))
+    return parse_variable(variable, env.get(variable))
 
 
 def explain(exc: ConfigError) -> str:
@@ -209,7 +204,7 @@ def cmd_role(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     from .runtime import catch_early_signals, run_role
 
     catch_early_signals()  # a SIGTERM while the role still imports must still stop it cleanly
-    settings = load_settings(env, overrides_from(args))
+    settings = load_settings(env, overrides_from(args), override_name=flag_for)
     main = load_role(args.command)
     if args.command == "worker":
         from .judges import load_judge

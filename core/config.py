@@ -7,6 +7,7 @@ renders the same variables from a ``JudgeQueue`` spec, so this module is the con
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
@@ -103,6 +104,7 @@ class Settings:
     # transaction pooler the dispatcher polls every ``schedule``.
     postgres_listen_dsn: str | None = None
     metrics_port: int = 9090
+    metrics_address: str = "0.0.0.0"  # all IPv4 interfaces, as Prometheus in a pod needs
     log_level: str = "INFO"
     dispatcher: DispatcherSettings = field(default_factory=DispatcherSettings)
     worker: WorkerSettings = field(default_factory=WorkerSettings)
@@ -117,6 +119,7 @@ class Settings:
             "redis_url": redact_url(self.redis_url),
             "queue": self.queue,
             "metrics_port": self.metrics_port,
+            "metrics_address": self.metrics_address,
             "log_level": self.log_level,
             "dispatcher": vars(self.dispatcher),
             "worker": vars(self.worker),
@@ -138,18 +141,27 @@ class Settings:
 T = TypeVar("T")
 
 
+_WHOLE = re.compile(r"\s*[+-]?[0-9]{1,18}\s*")
+
+
 def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise ValueError("must be a positive integer")
-    return value
+    if _WHOLE.fullmatch(text) is None or int(text) < 1:
+        raise ValueError("must be a positive whole number (1, 2, 3, ...)")
+    return int(text)
 
 
 def _port(text: str) -> int:
-    value = int(text)
-    if not 0 <= value <= 65535:
-        raise ValueError("must be a port number 0-65535")
-    return value
+    if _WHOLE.fullmatch(text) is None or not 0 <= int(text) <= 65535:
+        raise ValueError("must be a port number 0-65535 (0 picks a free port)")
+    return int(text)
+
+
+def _listen_address(text: str) -> str:
+    """An IP address to bind (``0.0.0.0`` all IPv4, ``::`` all interfaces, ``127.0.0.1`` local only)."""
+    try:
+        return str(ipaddress.ip_address(text.strip()))
+    except ValueError:
+        raise ValueError("must be an IP address to listen on, such as 0.0.0.0, 127.0.0.1 or ::") from None
 
 
 def _positive_duration(text: str) -> float:
@@ -200,6 +212,7 @@ _VARIABLES: dict[str, tuple[str | None, str, Callable[[str], Any]]] = {
     "REDIS_URL": (None, "redis_url", _redis_url),
     "QUEUE": (None, "queue", validate_queue_name),
     "METRICS_PORT": (None, "metrics_port", _port),
+    "METRICS_ADDRESS": (None, "metrics_address", _listen_address),
     "LOG_LEVEL": (None, "log_level", _log_level),
     "BATCH_SIZE": ("dispatcher", "batch_size", _positive_int),
     "SCHEDULE": ("dispatcher", "schedule", _positive_duration),
@@ -231,28 +244,31 @@ def variable_names() -> list[str]:
     return [PREFIX + suffix for suffix in _VARIABLES]
 
 
-def load_settings(env: Mapping[str, str], overrides: Mapping[str, str] | None = None) -> Settings:
+def load_settings(
+    env: Mapping[str, str],
+    overrides: Mapping[str, str] | None = None,
+    *,
+    override_name: Callable[[str], str] | None = None,
+) -> Settings:
     """Validate ``env`` (plus ``overrides`` keyed by variable name, e.g. from flags) into Settings.
 
-    Raises ConfigError naming the first bad or missing variable.
+    Raises ConfigError naming the first bad or missing variable; a bad value that came from
+    ``overrides`` is named by ``override_name(variable)`` (the flag the user typed) when given.
     """
     merged = {k: v for k, v in env.items() if k.startswith(PREFIX)}
     merged.update(overrides or {})
     top: dict[str, Any] = {}
     sections: dict[str, dict[str, Any]] = {"dispatcher": {}, "worker": {}, "reaper": {}}
-    for suffix, (section, name, parse) in _VARIABLES.items():
+    for suffix, (section, name, _parser) in _VARIABLES.items():
         variable = PREFIX + suffix
         raw = merged.get(variable)
         if raw is None or raw == "":
             if suffix in REQUIRED:
                 raise ConfigError(f"{variable} is required")
             continue
-        try:
-            value = parse(raw)
-        except (ValueError, TypeError) as exc:
-            shown = redact_url(raw) if suffix in _URL_VARIABLES else raw
-            raise ConfigError(f"{variable}={shown!r} is invalid: {exc}") from None
-        (sections[section] if section else top)[name] = value
+        from_override = overrides is not None and variable in overrides and override_name is not None
+        shown_as = override_name(variable) if from_override and override_name else variable
+        (sections[section] if section else top)[name] = _parse(variable, raw, shown_as)
     settings = Settings(
         **top,
         dispatcher=DispatcherSettings(**sections["dispatcher"]),
@@ -285,15 +301,22 @@ def variable_for(section: str | None, name: str) -> str:
     raise KeyError(f"no variable sets {section or 'settings'}.{name}")
 
 
-def parse_variable(variable: str, raw: str | None) -> Any:
-    """Validate one variable's value as :func:`load_settings` would; raises ConfigError naming it."""
+def parse_variable(variable: str, raw: str | None, *, shown_as: str | None = None) -> Any:
+    """Validate one variable's value as :func:`load_settings` would; raises ConfigError naming it
+    (or ``shown_as``, the flag the value came from)."""
     suffix = variable.removeprefix(PREFIX)
     if suffix not in _VARIABLES:
         raise KeyError(variable)
     if raw is None or raw == "":
         raise ConfigError(f"{variable} is required")
+    return _parse(variable, raw, shown_as or variable)
+
+
+def _parse(variable: str, raw: str, shown_as: str) -> Any:
+    """One variable's value through its parser; a ConfigError names it as ``shown_as`` (variable or flag)."""
+    suffix = variable.removeprefix(PREFIX)
     try:
         return _VARIABLES[suffix][2](raw)
     except (ValueError, TypeError) as exc:
         shown = redact_url(raw) if suffix in _URL_VARIABLES else raw
-        raise ConfigError(f"{variable}={shown!r} is invalid: {exc}") from None
+        raise ConfigError(f"{shown_as}={shown!r} is invalid: {exc}") from None

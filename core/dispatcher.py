@@ -24,10 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import socket
 import time
-import uuid
 from dataclasses import dataclass, field
 
 import asyncpg
@@ -37,14 +34,9 @@ from . import failpoints, metrics, outbox, streams
 from .config import Settings
 from .connect import connect_postgres
 from .errors import TransportError
-from .lifecycle import HeldSession, open_connections, wait_any
+from .lifecycle import DB_ERRORS, HeldSession, instance_id, open_connections, wait_any
 
 log = logging.getLogger("judgequeue.dispatcher")
-
-
-def instance_id(role: str) -> str:
-    """A name unique to this process, readable in claims, consumers and logs."""
-    return f"{role}-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
 
 @dataclass
@@ -82,6 +74,8 @@ def plan_marks(
 
 #: Cycles in a row that must find work before a listening dispatcher stops listening and loops.
 BUSY_STREAK = 3
+#: Seconds an idle dispatcher waits for Redis to answer its PING.
+IDLE_PING_TIMEOUT = 2.0
 
 
 def keep_listening(claimed: int, batch_size: int, streak: int) -> bool:
@@ -107,6 +101,7 @@ class Dispatcher:
         self.settings = settings
         self.queue = settings.queue
         self.name = name or instance_id("dispatcher")
+        self._redis_ok = True
 
     async def cycle(self, conn: asyncpg.Connection | None = None) -> CycleResult:
         """Claim, enqueue and mark one batch; returns what happened.
@@ -183,6 +178,23 @@ class Dispatcher:
         self._count(result)
         return result
 
+    async def _check_redis_while_idle(self) -> None:
+        """PING Redis when there is nothing to send, so an outage is logged before work arrives.
+
+        A busy dispatcher learns of a Redis outage from its appends; an idle one would otherwise
+        say nothing until the first submission fails to go out. Logged once per change of state.
+        """
+        try:
+            await streams.guarded(lambda: asyncio.wait_for(self.redis.ping(), IDLE_PING_TIMEOUT))
+        except TransportError as exc:
+            if self._redis_ok:
+                log.warning("redis unreachable while idle", extra={"error": str(exc)})
+            self._redis_ok = False
+            return
+        if not self._redis_ok:
+            log.info("redis reachable again")
+        self._redis_ok = True
+
     def _envelope(self, row: outbox.ClaimedRow) -> streams.Envelope:
         return streams.Envelope(
             submission=row.submission_id,
@@ -237,7 +249,7 @@ class Dispatcher:
                             await outbox.register_waiter(conn, self.queue, self.name)
                             registered = True
                             continue  # rows committed before registering sent no notification
-                except (asyncpg.PostgresError, OSError, asyncpg.InterfaceError) as exc:
+                except DB_ERRORS as exc:
                     failures += 1
                     delay = min(5.0, 0.1 * 2**failures)
                     log.warning("dispatch cycle failed", extra={"error": str(exc), "retry_in": delay})
@@ -248,8 +260,9 @@ class Dispatcher:
                 woke = await wait_any(stop, wake, cfg.schedule)
                 if not woke and not stop.is_set():
                     registered = False  # refresh the registration on the next idle cycle
+                    await self._check_redis_while_idle()
         finally:
-            await session.drop()
+            await session.release()
             if listen_conn is not None:
                 with contextlib.suppress(Exception):
                     await listen_conn.close()

@@ -20,7 +20,7 @@ from typing import Any, Literal
 import asyncpg
 import redis.asyncio as aioredis
 
-from .streams import dlq_key, guarded
+from .streams import MalformedEnvelope, dlq_key, guarded, parse_id
 
 
 @dataclass(frozen=True)
@@ -45,9 +45,12 @@ class DeadLetter:
 
 
 def _int(value: str | None) -> int | None:
+    """An id as the envelope codec reads it (decimal, fits bigint), else None: a DLQ entry may hold anything."""
+    if value is None:
+        return None
     try:
-        return int(value) if value is not None else None
-    except ValueError:
+        return parse_id(value, "id")
+    except MalformedEnvelope:
         return None
 
 

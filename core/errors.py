@@ -42,6 +42,14 @@ class ConfigError(JudgeQueueError, ValueError):
     """A configuration value is missing or malformed; the message names the variable."""
 
 
+class Failure(JudgeQueueError):
+    """An expected failure of a command: printed as one line, with its exit code (1 by default)."""
+
+    def __init__(self, message: str, code: int = 1) -> None:
+        super().__init__(message)
+        self.code = code
+
+
 class TransportError(JudgeQueueError):
     """Redis could not be reached or refused the command; the operation may be retried."""
 
@@ -54,6 +62,50 @@ _SQLSTATE_ERRORS: dict[str, type[JudgeQueueError]] = {
     "JQ005": WatermarkMovedBack,
     "JQ006": UnknownSubmission,
 }
+
+
+#: Every exception a database call can raise that is about the database or the link to it, not a bug
+#: in the caller: server errors, the client's view of a lost or confused connection (a backend
+#: terminated by the server can leave asyncpg's protocol in an error state for the instant before
+#: the close is seen: InternalClientError), sockets and timeouts. Roles catch exactly these.
+DB_ERRORS: tuple[type[BaseException], ...] = (
+    asyncpg.PostgresError,
+    asyncpg.InterfaceError,
+    asyncpg.exceptions.InternalClientError,
+    OSError,
+    ConnectionError,
+    TimeoutError,
+)
+
+#: What a step of a role may fail with and be retried later: Redis or the database unavailable.
+SERVER_ERRORS: tuple[type[BaseException], ...] = (TransportError, *DB_ERRORS)
+
+#: SQLSTATE classes that no retry of the same statement with the same values can fix: data
+#: exceptions (a number out of range, a bad encoding) and integrity constraint violations.
+_PERMANENT_CLASSES = ("22", "23")
+
+
+def is_permanent(exc: BaseException) -> bool:
+    """True when a database error is about the values sent, so retrying them is pointless (pure).
+
+    Everything else in :data:`DB_ERRORS` is transient: a lost or terminated connection
+    (08, 57P01-57P05), serialization failures and deadlocks (40), lock and statement timeouts
+    (55P03, 57014), too many connections (53), a server starting up or shutting down, and even a
+    missing table (42, migrations not applied yet), which an operator fixes without a restart. The
+    caller of a permanent error sets aside the one item that caused it and keeps serving the others;
+    judgequeue's own validation errors (SQLSTATE class JQ) are permanent too.
+    """
+    state = getattr(exc, "sqlstate", None)
+    if not isinstance(exc, asyncpg.PostgresError) or not isinstance(state, str):
+        return False
+    return state[:2] in _PERMANENT_CLASSES or state.startswith("JQ")
+
+
+def describe(exc: BaseException) -> str:
+    """One line naming a database error for logs, DLQ reasons and ``last_error`` (bounded)."""
+    state = getattr(exc, "sqlstate", None)
+    text = f"{type(exc).__name__}: {exc}" if not state else f"{type(exc).__name__} ({state}): {exc}"
+    return text[:500]
 
 
 def translate_pg_error(exc: asyncpg.PostgresError) -> JudgeQueueError | None:

@@ -10,6 +10,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import socket
+import uuid
 from dataclasses import dataclass
 
 import asyncpg
@@ -18,18 +21,16 @@ import redis.asyncio as aioredis
 from . import streams
 from .config import Settings
 from .connect import create_postgres_pool, redis_client
-from .errors import TransportError
+from .errors import DB_ERRORS, TransportError
+
+__all__ = ["DB_ERRORS", "Connections", "HeldSession", "backoff", "instance_id", "open_connections", "wait_any"]
 
 log = logging.getLogger("judgequeue.lifecycle")
 
-#: Connection errors worth retrying (the server restarting, refusing, or unreachable).
-DB_ERRORS: tuple[type[BaseException], ...] = (
-    asyncpg.PostgresError,
-    asyncpg.InterfaceError,
-    OSError,
-    ConnectionError,
-    TimeoutError,
-)
+
+def instance_id(role: str) -> str:
+    """A name unique to this process, readable in claims, consumers and logs."""
+    return f"{role}-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
 
 def backoff(failures: int, *, base: float = 0.1, cap: float = 5.0) -> float:
@@ -69,8 +70,15 @@ class HeldSession:
 
     A pool acquire/release pair costs about 45 us of wall time and as much CPU on this machine, and
     the dispatcher's claim and the worker's lease are on the commit-to-start path. After an error,
-    :meth:`drop` gives the connection back (the pool replaces it if it broke) and the next
-    :meth:`get` takes a fresh one.
+    :meth:`drop` discards the connection (the pool opens a new one) and the next :meth:`get` takes
+    a fresh one.
+
+    A held connection can die under the holder: when the server ends the session (a terminated
+    backend, ``idle_session_timeout``, a restart), asyncpg hands the connection back to the pool
+    itself and every later call on the holder's handle raises "released back to the pool". So
+    :meth:`get` checks the handle is still attached, and :meth:`drop` terminates rather than
+    releases: a connection that just failed may be in a protocol state no reset can repair, and
+    must never be handed to another task.
     """
 
     def __init__(self, pool: asyncpg.Pool) -> None:
@@ -78,16 +86,35 @@ class HeldSession:
         self._conn: asyncpg.Connection | None = None
 
     async def get(self) -> asyncpg.Connection:
-        if self._conn is None or self._conn.is_closed():
+        if self._conn is None or not _usable(self._conn):
             await self.drop()
             self._conn = await self._pool.acquire()
         return self._conn
 
     async def drop(self) -> None:
+        """Give up the held connection (after an error, or at the end): it is closed, not reused."""
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        with contextlib.suppress(Exception):
+            conn.terminate()  # the pool replaces it; a handle already detached raises, harmlessly
+        with contextlib.suppress(Exception):
+            await self._pool.release(conn)
+
+    async def release(self) -> None:
+        """Give the held connection back to the pool in good order (a loop ending normally)."""
         conn, self._conn = self._conn, None
         if conn is not None:
             with contextlib.suppress(Exception):
                 await self._pool.release(conn)
+
+
+def _usable(conn: asyncpg.Connection) -> bool:
+    """Whether a pooled handle is still attached to an open connection (asyncpg may have taken it back)."""
+    try:
+        return not conn.is_closed()
+    except asyncpg.InterfaceError:
+        return False
 
 
 async def keep_session(_conn: asyncpg.Connection) -> None:

@@ -29,6 +29,7 @@ import redis.asyncio as aioredis
 
 from .config import PREFIX, Settings, load_settings, redact_url
 from .connect import connect_postgres, redis_client
+from .errors import Failure
 from .manifest import Manifest, load_manifest
 from .migrate import migrate
 from .outbox import submit
@@ -283,8 +284,6 @@ async def _prepare(conn: asyncpg.Connection, manifest: Manifest) -> None:
 
 def _files(options: LocalOptions, manifest: Manifest) -> tuple[list[DemoProgram], Path]:
     """The demo set (with --demo) and the log directory, created."""
-    from .cli import Failure
-
     programs: list[DemoProgram] = []
     if options.demo:
         if manifest.cutover.paused or manifest.cutover.mode != "live":
@@ -297,8 +296,6 @@ def _files(options: LocalOptions, manifest: Manifest) -> tuple[list[DemoProgram]
 
 
 async def _local(options: LocalOptions, base_env: Mapping[str, str]) -> int:
-    from .cli import Failure
-
     manifest = load_manifest(options.manifest)
     plan = plan_children(manifest, options.workers)
 

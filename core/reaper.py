@@ -43,51 +43,28 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any
 
 import asyncpg
 import redis.asyncio as aioredis
 
-from . import failpoints, metrics, outbox, streams
+from . import dead_letters, failpoints, metrics, outbox, streams
 from .config import Settings
-from .dispatcher import instance_id
-from .errors import TransportError
+from .errors import DB_ERRORS, SERVER_ERRORS
 from .leases import LeaseSweep, rescue_expired_leases
-from .lifecycle import open_connections
+from .lifecycle import instance_id, open_connections
 from .stream_stats import StreamFigures, publish, stream_figures
+
+ClaimedEntry = dead_letters.ClaimedEntry
+Decision = dead_letters.Decision
+dead_marker_key = dead_letters.dead_marker_key
 
 log = logging.getLogger("judgequeue.reaper")
 
-#: Lifetime of the "already dead-lettered" marker of a source entry id (ids never repeat).
-DEAD_MARKER_TTL = 7 * 86400
-#: The DLQ is an operator's convenience copy (Postgres keeps the durable record): cap it.
-DLQ_MAXLEN = 100_000
 #: A consumer idle this many visibility timeouts with nothing pending is removed.
 IDLE_CONSUMER_FACTOR = 10
 #: Seconds between exact counts of terminal outbox rows (a scan of everything kept).
 TERMINAL_COUNT_EVERY = 60.0
-
-
-def dead_marker_key(queue: str, entry_id: str) -> str:
-    return f"jq:{{{queue}}}:dead:{entry_id}"
-
-
-@dataclass(frozen=True)
-class ClaimedEntry:
-    """An idle pending entry this reaper claimed, with who held it before."""
-
-    entry_id: str
-    fields: dict[str, str] | None  # None: deleted from the stream while pending
-    last_consumer: str
-    times_delivered: int
-
-
-@dataclass(frozen=True)
-class Decision:
-    entry: ClaimedEntry
-    action: Literal["requeue", "dead_letter"]
-    reason: str = ""
-    envelope: streams.Envelope | None = None
 
 
 def decide(entry: ClaimedEntry, max_deliveries: int) -> Decision:
@@ -220,34 +197,11 @@ class Reaper:
 
     async def record_dead(self, decisions: Sequence[Decision]) -> list[str]:
         """Postgres step of dead-lettering (idempotent); one outcome per decision."""
-        outcomes = ["none: not a judgequeue envelope"] * len(decisions)
-        with_env = [(i, d) for i, d in enumerate(decisions) if d.envelope is not None]
-        if not with_env:
-            return outcomes
-        async with self.pool.acquire() as conn:
-            rows = await conn.fetch(
-                "SELECT ord, outcome FROM judgequeue.record_dead_letters($1::bigint[], $2::bigint[], $3::text[])",
-                [d.envelope.submission for _, d in with_env if d.envelope],
-                [d.envelope.generation for _, d in with_env if d.envelope],
-                [d.reason for _, d in with_env],
-            )
-        for row in rows:
-            outcomes[with_env[row["ord"] - 1][0]] = row["outcome"]
-        return outcomes
+        return await dead_letters.record(self.pool, decisions)
 
     async def dead_letter(self, decisions: Sequence[Decision], outcomes: Sequence[str]) -> tuple[int, int, int]:
         """Redis step of dead-lettering: (dead-lettered, already dead, skipped)."""
-        if not decisions:
-            return 0, 0, 0
-        keys = [streams.stream_key(self.queue), streams.dlq_key(self.queue)]
-        args: list[str | int | float] = [self.name, DEAD_MARKER_TTL, DLQ_MAXLEN]
-        for d, outcome in zip(decisions, outcomes, strict=True):
-            keys.append(dead_marker_key(self.queue, d.entry.entry_id))
-            deliveries = d.envelope.deliveries if d.envelope else d.entry.times_delivered
-            args += [d.entry.entry_id, d.reason, d.entry.last_consumer, deliveries, outcome]
-        [reply] = await streams.evalsha_many(self.redis, "dead_letter", [(keys, args)])
-        dead, again, skipped = _script_reply(reply)
-        return int(dead), int(again), int(skipped)
+        return await dead_letters.to_dlq(self.redis, self.queue, self.name, decisions, outcomes)
 
     async def sweep_stream(self, *, max_batches: int = 10_000) -> StreamSweep:
         """Claim idle entries batch by batch and requeue or dead-letter each exactly once."""
@@ -285,7 +239,7 @@ class Reaper:
     async def _dead_letter_batch(self, doomed: Sequence[Decision], stats: StreamSweep) -> None:
         try:
             outcomes = await self.record_dead(doomed)
-        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
+        except DB_ERRORS as exc:
             # The entries stay pending under our consumer; a later sweep retries both steps.
             log.warning("dead-letter postponed: postgres failed", extra={"error": str(exc), "entries": len(doomed)})
             stats.deferred += len(doomed)
@@ -414,7 +368,7 @@ class Reaper:
         async def part(name: str, call: Callable[[], Awaitable[Any]]) -> Any:
             try:
                 return await call()
-            except (TransportError, asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
+            except SERVER_ERRORS as exc:
                 report.errors[name] = f"{type(exc).__name__}: {exc}"
                 log.warning("reaper step failed", extra={"step": name, "error": str(exc)})
                 return None

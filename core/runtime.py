@@ -119,11 +119,14 @@ async def serve_role(role: str, settings: Settings, main: RoleMain, *, need_grou
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     probe = ReadinessProbe(settings, need_group=need_group)
-    server = HealthServer(settings.metrics_port, probe)
+    server = HealthServer(settings.metrics_port, probe, host=settings.metrics_address)
     try:
         await server.start()
     except OSError as exc:
-        log.error("cannot listen on the metrics port", extra={"port": settings.metrics_port, "error": str(exc)})
+        log.error(
+            "cannot listen on the metrics port",
+            extra={"address": settings.metrics_address, "port": settings.metrics_port, "error": str(exc)},
+        )
         return 1
     log.info(
         f"{role} starting",

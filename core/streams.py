@@ -10,6 +10,7 @@ Redis failures surface as :class:`TransportError` subclasses so callers can tell
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -124,28 +125,67 @@ class Envelope:
         return [self.submission, self.generation, self.attempt, self.outbox, f"{self.enqueued_at:.6f}", self.deliveries]
 
     @classmethod
-    def parse(cls, raw: dict[bytes, bytes] | dict[str, str]) -> Envelope:
-        """Decode a stream entry, or raise MalformedEnvelope naming what is wrong."""
-        fields = {(k.decode() if isinstance(k, bytes) else k): v for k, v in raw.items()}
+    def parse(cls, raw: object) -> Envelope:
+        """Decode a stream entry, or raise MalformedEnvelope naming what is wrong.
 
-        def number(name: str, kind: Callable[[str], Any] = int) -> Any:
-            value = fields.get(name)
-            if value is None:
+        Total: whatever a foreign client wrote (any bytes, missing or extra fields, numbers past
+        bigint), the result is an envelope whose every id fits Postgres's ``bigint`` or a
+        :class:`MalformedEnvelope`, never another exception. Field names other than the six are
+        ignored (room for later versions).
+        """
+        if not isinstance(raw, dict):
+            raise MalformedEnvelope(f"entry is a {type(raw).__name__}, not a field map")
+        fields: dict[str, object] = {}
+        for key, value in raw.items():
+            fields[_ascii(key, "a field name")] = value
+
+        def field(name: str) -> str:
+            if name not in fields:
                 raise MalformedEnvelope(f"entry has no {name!r} field")
-            text = value.decode() if isinstance(value, bytes) else value
-            try:
-                return kind(text)
-            except ValueError:
-                raise MalformedEnvelope(f"entry field {name!r} is not a number: {text[:40]!r}") from None
+            return _ascii(fields[name], f"field {name!r}")
 
         return cls(
-            submission=number("submission"),
-            generation=number("generation"),
-            attempt=number("attempt"),
-            outbox=number("outbox"),
-            enqueued_at=number("enqueued_at", float),
-            deliveries=number("deliveries"),
+            submission=parse_id(field("submission"), "submission", minimum=1),
+            generation=parse_id(field("generation"), "generation"),
+            attempt=parse_id(field("attempt"), "attempt"),
+            outbox=parse_id(field("outbox"), "outbox"),
+            enqueued_at=_parse_time(field("enqueued_at")),
+            deliveries=parse_id(field("deliveries"), "deliveries", minimum=1),
         )
+
+
+#: The largest value of Postgres's ``bigint``, which every id of an envelope must fit.
+BIGINT_MAX = 2**63 - 1
+_DIGITS = re.compile(r"[0-9]{1,19}")
+_SECONDS = re.compile(r"[0-9]{1,12}(\.[0-9]{1,9})?")
+
+
+def _ascii(value: object, what: str) -> str:
+    """Text of an envelope name or value; envelopes are ASCII throughout."""
+    if isinstance(value, bytes):
+        try:
+            return value.decode("ascii")
+        except UnicodeDecodeError:
+            raise MalformedEnvelope(f"{what} is not ASCII text: {value[:40]!r}") from None
+    if isinstance(value, str) and value.isascii():
+        return value
+    raise MalformedEnvelope(f"{what} is not ASCII text: {value!r:.60}")
+
+
+def parse_id(text: str, name: str, *, minimum: int = 0) -> int:
+    """A decimal id in ``[minimum, BIGINT_MAX]``, or MalformedEnvelope naming the field (pure)."""
+    if _DIGITS.fullmatch(text) is None:
+        raise MalformedEnvelope(f"field {name!r} is not a decimal number of at most 19 digits: {text[:40]!r}")
+    value = int(text)
+    if not minimum <= value <= BIGINT_MAX:
+        raise MalformedEnvelope(f"field {name!r} is out of range [{minimum}, 2^63-1]: {text}")
+    return value
+
+
+def _parse_time(text: str) -> float:
+    if _SECONDS.fullmatch(text) is None:
+        raise MalformedEnvelope(f"field 'enqueued_at' is not unix seconds: {text[:40]!r}")
+    return float(text)
 
 
 # KEYS: seen marker, stream. ARGV: marker TTL (seconds), then the entry's field/value pairs.

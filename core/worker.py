@@ -15,9 +15,11 @@ commit itself does not wait for the WAL flush). From then on the lease owns reco
   them at once.
 
 A stale envelope (generation moved on, already judging or terminal) is acked and counted, never
-judged. A malformed entry is left pending (nack) for the reaper to dead-letter. Postgres and Redis
-errors are logged and retried with backoff; nothing is lost because entries stay pending until a
-lease is held, and a held lease is rescued by the reaper if this worker disappears.
+judged. An entry that can never be judged (it does not parse, or the database refuses its lease for
+its values) is dead-lettered at once with the reason, so a poison entry holds no slot beyond one
+attempt. Postgres and Redis errors are logged and retried with backoff; nothing is lost because
+entries stay pending until a lease is held, and a held lease is rescued by the reaper if this worker
+disappears.
 """
 
 from __future__ import annotations
@@ -36,12 +38,11 @@ from typing import Any
 import asyncpg
 import redis.asyncio as aioredis
 
-from . import failpoints, leases, metrics, streams
+from . import dead_letters, failpoints, leases, metrics, streams
 from .config import Settings
-from .dispatcher import instance_id
-from .errors import TransportError
+from .errors import SERVER_ERRORS, TransportError, describe, is_permanent
 from .judges import Judge, Verdict, load_judge
-from .lifecycle import DB_ERRORS, HeldSession, backoff, open_connections, wait_any
+from .lifecycle import DB_ERRORS, HeldSession, backoff, instance_id, open_connections, wait_any
 
 log = logging.getLogger("judgequeue.worker")
 
@@ -61,6 +62,7 @@ class WorkerStats:
     stale_results: int = 0
     lost_leases: int = 0
     malformed: int = 0
+    dead_lettered: int = 0
     released: int = 0
     judge_errors: int = 0
 
@@ -125,10 +127,6 @@ def _jsonb_safe(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_jsonb_safe(v) for v in value]
     return value
-
-
-#: Database errors that retrying the same verdict write cannot fix (data and constraint classes).
-UNSTORABLE: tuple[type[BaseException], ...] = (asyncpg.DataError, asyncpg.IntegrityConstraintViolationError)
 
 
 def unstorable_replacement(write: leases.VerdictWrite) -> leases.VerdictWrite:
@@ -207,11 +205,11 @@ class _VerdictWriter:
                     written = await leases.write_verdicts(conn, writes)
                 failpoints.hit("worker.after_verdict")
                 return written
-            except UNSTORABLE as exc:
-                # Permanent for this batch: retrying it would hold up every later verdict.
-                log.error("verdict batch refused; writing one by one", extra={"error": str(exc)})
-                return await self._write_one_by_one(writes)
             except DB_ERRORS as exc:
+                if is_permanent(exc):
+                    # Retrying the same values would hold up every later verdict.
+                    log.error("verdict batch refused; writing one by one", extra={"error": describe(exc)})
+                    return await self._write_one_by_one(writes)
                 failures += 1
                 delay = backoff(failures)
                 log.warning("verdict write failed; retrying", extra={"error": str(exc), "retry_in": delay})
@@ -230,9 +228,11 @@ class _VerdictWriter:
                     async with self._pool.acquire() as conn:
                         written.update(await leases.write_verdicts(conn, [attempt]))
                     break
-                except UNSTORABLE as exc:
-                    log.error("verdict refused", extra={"submission": write.lease.submission, "error": str(exc)})
                 except DB_ERRORS as exc:
+                    if is_permanent(exc):
+                        submission = write.lease.submission
+                        log.error("verdict refused", extra={"submission": submission, "error": describe(exc)})
+                        continue
                     log.warning(
                         "verdict write failed; the lease expiry will rescue the job",
                         extra={"submission": write.lease.submission, "error": str(exc)},
@@ -394,7 +394,7 @@ class Worker:
                 if deliveries:
                     await self._start(deliveries, stop)
         finally:
-            await self._intake.drop()
+            await self._intake.release()
             await self._shutdown()
             heartbeat.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -403,36 +403,72 @@ class Worker:
     # --- intake -----------------------------------------------------------------------------------
 
     async def _start(self, deliveries: Sequence[streams.Delivery], stop: asyncio.Event) -> None:
-        """Lease, ack and launch a batch of deliveries."""
+        """Lease, ack and launch a batch of deliveries; set aside what can never be judged."""
         good: list[tuple[str, streams.Envelope]] = []
+        poison: list[dead_letters.Decision] = []
         for d in deliveries:
             if d.envelope is None:
-                # Left pending on purpose: the reaper dead-letters it after maxDeliveries.
                 self.stats.malformed += 1
                 metrics.MALFORMED_ENTRIES.labels(self.queue).inc()
-                log.error("malformed stream entry left pending", extra={"entry": d.entry_id, "error": d.error})
-                await streams.nack(self.redis, self.queue, [d.entry_id])
+                poison.append(self._give_up(d.entry_id, None, f"malformed entry: {d.error}"))
             else:
                 good.append((d.entry_id, d.envelope))
-        if not good:
-            return
-        pairs = [(env.submission, env.generation) for _, env in good]
+        if good:
+            held, refused = await self._lease(good, stop)
+            if held is None:
+                return  # stopping: the entries stay pending; the reaper re-delivers them
+            poison += refused
+            stale = self._launch(held, good, refused)
+            if stale:
+                await self._count_stale(stale)
+        if poison:
+            await self._dead_letter(poison)
+        # Yield once so the judges just launched start before the next read is prepared.
+        await asyncio.sleep(0)
+
+    async def _lease(
+        self, batch: list[tuple[str, streams.Envelope]], stop: asyncio.Event
+    ) -> tuple[list[leases.Lease] | None, list[dead_letters.Decision]]:
+        """Leases for ``batch``, retrying transient errors; envelopes the database refuses for good.
+
+        A batch refused for its values (:func:`~judgequeue.core.errors.is_permanent`) is leased one
+        envelope at a time, so the envelope at fault is found and set aside on this first attempt
+        and the others are judged. Returns ``(None, [])`` if ``stop`` is set while retrying.
+        """
         failures = 0
         while True:
             try:
                 conn = await self._intake.get()
-                held = await leases.acquire(conn, self.queue, pairs, ttl=self.cfg.lease_ttl)
-                break
+                pairs = [(env.submission, env.generation) for _, env in batch]
+                return await leases.acquire(conn, self.queue, pairs, ttl=self.cfg.lease_ttl), []
             except DB_ERRORS as exc:
                 await self._intake.drop()
+                if is_permanent(exc):
+                    if len(batch) == 1:
+                        entry_id, env = batch[0]
+                        log.error("lease refused by the database", extra={"entry": entry_id, "error": describe(exc)})
+                        return [], [self._give_up(entry_id, env, f"lease refused by the database: {describe(exc)}")]
+                    held: list[leases.Lease] = []
+                    refused: list[dead_letters.Decision] = []
+                    for one in batch:
+                        got, bad = await self._lease([one], stop)
+                        if got is None:
+                            return None, []
+                        held += got
+                        refused += bad
+                    return held, refused
                 failures += 1
                 if stop.is_set():
-                    # The entries stay pending; the reaper re-delivers them.
                     log.warning("lease acquire failed at shutdown", extra={"error": str(exc)})
-                    return
+                    return None, []
                 delay = backoff(failures)
                 log.warning("lease acquire failed; retrying", extra={"error": str(exc), "retry_in": delay})
-                await asyncio.sleep(delay)
+                await wait_any(stop, None, delay)
+
+    def _launch(
+        self, held: list[leases.Lease], batch: list[tuple[str, streams.Envelope]], refused: list[dead_letters.Decision]
+    ) -> list[tuple[int, int]]:
+        """Start a judge per lease and hand the batch's entries to the acker; returns the stale envelopes."""
         if held:
             failpoints.hit("worker.after_lease")
         # Judging starts at once; the entries are acked in the background once the leases are
@@ -442,11 +478,32 @@ class Worker:
             self._jobs[lease.attempt] = job
             job.task = asyncio.create_task(self._run_job(job))
         self.stats.leased += len(held)
-        self._acks.add([entry_id for entry_id, _ in good])
-        if len(held) < len(pairs):
-            await self._count_stale(unleased(pairs, [(x.submission, x.generation) for x in held]))
-        # Yield once so the judges just launched start before the next read is prepared.
-        await asyncio.sleep(0)
+        set_aside = {d.entry.entry_id for d in refused}
+        kept = [(entry_id, env) for entry_id, env in batch if entry_id not in set_aside]
+        self._acks.add([entry_id for entry_id, _ in kept])
+        pairs = [(env.submission, env.generation) for _, env in kept]
+        return unleased(pairs, [(x.submission, x.generation) for x in held])
+
+    def _give_up(self, entry_id: str, envelope: streams.Envelope | None, reason: str) -> dead_letters.Decision:
+        entry = dead_letters.ClaimedEntry(entry_id, None, self.name, envelope.deliveries if envelope else 1)
+        return dead_letters.Decision(entry, "dead_letter", reason[:1000], envelope)
+
+    async def _dead_letter(self, poison: list[dead_letters.Decision]) -> None:
+        """Dead-letter entries no retry can judge, at once (Postgres record first, then the DLQ).
+
+        If either step fails the entries stay pending: the reaper dead-letters them after
+        ``maxDeliveries`` as before, so nothing is lost; this worker moves on either way.
+        """
+        try:
+            outcomes = await dead_letters.record(self.pool, poison)
+            dead, _again, _skipped = await dead_letters.to_dlq(self.redis, self.queue, self.name, poison, outcomes)
+        except SERVER_ERRORS as exc:
+            log.warning("dead-letter failed; left pending for the reaper", extra={"error": str(exc)})
+            return
+        self.stats.dead_lettered += dead
+        metrics.DEAD_LETTERS.labels(self.queue).inc(dead)
+        for d in poison:
+            log.error("entry dead-lettered", extra={"entry": d.entry.entry_id, "reason": d.reason})
 
     async def _count_stale(self, stale: list[tuple[int, int]]) -> None:
         self.stats.stale_envelopes += len(stale)

@@ -16,6 +16,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from judgequeue.core import streams
+from judgequeue.core.errors import DB_ERRORS
 from tests.conftest import REDIS_URL
 from tests.helpers import eventually
 from tests.pg_servers import PostgresServer
@@ -29,16 +30,19 @@ def roles_for(server: PostgresServer, queue: str, log_dir: Path) -> Roles:
 
 async def submission(dsn: str, submission_id: int) -> asyncpg.Record:
     async def fetch() -> asyncpg.Record | None:
+        # A connection made just before the postmaster resets every backend for crash recovery
+        # is closed under the query: that is "not back yet" too.
         try:
             conn = await asyncpg.connect(dsn, timeout=2)
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+            try:
+                row: asyncpg.Record | None = await conn.fetchrow(
+                    "SELECT status, generation, attempt_id FROM judgequeue.submissions WHERE id = $1", submission_id
+                )
+                return row
+            finally:
+                await conn.close()
+        except DB_ERRORS:
             return None  # still in crash recovery
-        try:
-            return await conn.fetchrow(
-                "SELECT status, generation, attempt_id FROM judgequeue.submissions WHERE id = $1", submission_id
-            )
-        finally:
-            await conn.close()
 
     return await eventually(fetch, within=30, what="the server accepting connections")
 

@@ -79,3 +79,39 @@ async def test_held_session_is_reused_and_replaced_after_a_failure(pg_pool: asyn
     finally:
         await session.drop()  # a connection still checked out would hang the pool's close
     assert pg_pool.get_idle_size() == pg_pool.get_size()  # everything given back
+
+
+async def test_held_session_notices_a_connection_the_server_ended(pg_pool: asyncpg.Pool, pg_dsn: str) -> None:
+    """asyncpg takes a connection the server ended back into the pool: get() must not trip on it."""
+    session = HeldSession(pg_pool)
+    try:
+        pid = await (await session.get()).fetchval("SELECT pg_backend_pid()")
+        admin = await asyncpg.connect(pg_dsn)
+        try:
+            await admin.execute("SELECT pg_terminate_backend($1)", pid)
+
+            async def detached() -> bool:
+                # The handle is detached once the client has seen the close.
+                try:
+                    await session._conn.fetchval("SELECT 1")  # type: ignore[union-attr]
+                except DB_ERRORS:
+                    return True
+                return False
+
+            await eventually(detached, what="the client sees the session ended")
+        finally:
+            await admin.close()
+        again = await session.get()  # no drop() in between: get() itself must see it
+        assert await again.fetchval("SELECT pg_backend_pid()") != pid
+    finally:
+        await session.release()
+    assert pg_pool.get_idle_size() == pg_pool.get_size()
+
+
+async def test_held_session_drop_closes_rather_than_reuses(pg_pool: asyncpg.Pool) -> None:
+    """After an error the held connection may be in a state no reset repairs: it is never handed on."""
+    session = HeldSession(pg_pool)
+    pid = await (await session.get()).fetchval("SELECT pg_backend_pid()")
+    await session.drop()
+    async with pg_pool.acquire() as conn:
+        assert await conn.fetchval("SELECT pg_backend_pid()") != pid

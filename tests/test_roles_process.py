@@ -214,7 +214,7 @@ SECRET = "s3cr3t-pw-do-not-print"
 @pytest.mark.parametrize(
     ("variable", "value", "accepted"),
     [
-        ("JUDGEQUEUE_BATCH_SIZE", "0", "positive integer"),
+        ("JUDGEQUEUE_BATCH_SIZE", "0", "positive whole number"),
         ("JUDGEQUEUE_SCHEDULE", "soon", "not a duration"),
         ("JUDGEQUEUE_METRICS_PORT", "70000", "port number"),
         ("JUDGEQUEUE_QUEUE", "Bad_Queue", "DNS label"),
@@ -256,7 +256,8 @@ def test_flag_overrides_the_environment() -> None:
         JUDGEQUEUE_QUEUE="q",
     )
     result = run_cli("dispatcher", "--batch-size", "-3", env=env)
-    assert result.returncode == 2 and "JUDGEQUEUE_BATCH_SIZE='-3'" in result.stderr
+    # The error names what the user typed: the flag, not the variable it overrides.
+    assert result.returncode == 2 and "--batch-size='-3' is invalid" in result.stderr, result.stderr
 
 
 def test_unreachable_postgres_never_prints_the_password(
@@ -290,3 +291,45 @@ def test_unreachable_postgres_never_prints_the_password(
     log = proc.log_path.read_text()
     assert SECRET not in log
     assert "***" in log  # the settings line shows the redacted URLs
+
+
+def test_metrics_address_binds_only_there(
+    start_role: Callable[..., RoleProcess], pg_dsn: str, queue_name: str
+) -> None:
+    """``JUDGEQUEUE_METRICS_ADDRESS`` keeps /metrics off every other interface."""
+    proc = start_role("reaper", **role_env(pg_dsn, queue_name, JUDGEQUEUE_METRICS_ADDRESS="127.0.0.2"))
+    port = proc.port()
+    with urllib.request.urlopen(f"http://127.0.0.2:{port}/healthz", timeout=5) as response:
+        assert response.status == 200
+    with pytest.raises(urllib.error.URLError):
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5)
+    assert proc.stop() == 0
+
+
+async def test_idle_dispatcher_says_when_redis_is_unreachable(
+    start_role: Callable[..., RoleProcess], pg_dsn: str, queue_name: str
+) -> None:
+    """Nothing to send is no reason to stay silent about an outage the first submission would hit."""
+    import asyncpg
+
+    from judgequeue.core.queues import create_queue
+    from tests.redis_servers import free_port
+
+    conn = await asyncpg.connect(pg_dsn)
+    try:
+        await create_queue(conn, queue_name)
+    finally:
+        await conn.close()
+    dead_redis = f"redis://127.0.0.1:{free_port()}/0"
+    proc = start_role(
+        "dispatcher",
+        **role_env(pg_dsn, queue_name, JUDGEQUEUE_REDIS_URL=dead_redis, JUDGEQUEUE_SCHEDULE="100ms"),
+    )
+
+    def warned() -> list[dict[str, Any]]:
+        return [e for e in proc.events() if e.get("msg") == "redis unreachable while idle"]
+
+    [event] = wait_for(warned, 20, "the idle dispatcher to log the Redis outage")
+    assert event["level"] == "WARNING" and "error" in event
+    assert proc.stop() == 0
+    assert len(warned()) == 1, "logged once per outage, not once per idle cycle"

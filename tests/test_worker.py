@@ -249,14 +249,20 @@ async def test_graceful_shutdown_finishes_jobs_within_grace(h: Harness) -> None:
     assert w.stats.released == 0
 
 
-async def test_malformed_entry_is_left_pending_and_counted(h: Harness, redis_client: aioredis.Redis) -> None:
+async def test_malformed_entry_is_dead_lettered_at_once_and_counted(h: Harness, redis_client: aioredis.Redis) -> None:
     await redis_client.xadd(streams.stream_key(h.queue), {"garbage": "1"})
     [sid] = await h.submit({})
     w = h.worker(SleepJudge())
     await eventually(lambda: h.status_is(sid, "ACCEPTED"))
-    await eventually(lambda: asyncio.sleep(0, w.stats.malformed == 1))
+    await eventually(lambda: asyncio.sleep(0, w.stats.dead_lettered == 1))
+    assert w.stats.malformed == 1
     pending = await redis_client.xpending(streams.stream_key(h.queue), streams.GROUP)
-    assert pending["pending"] == 1  # the reaper dead-letters it after maxDeliveries
+    assert pending["pending"] == 0  # no slot and no PEL entry beyond the one attempt
+    entries: Any = await redis_client.xrange(streams.dlq_key(h.queue))
+    [(_, dead)] = entries
+    assert dead[b"reason"] == b"malformed entry: entry has no 'submission' field"
+    assert dead[b"consumer"] == w.name.encode()
+    assert dead[b"entry.garbage"] == b"1"
 
 
 async def test_unknown_judge_is_a_clear_startup_error(pg_dsn: str, queue_name: str) -> None:
