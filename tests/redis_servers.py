@@ -19,6 +19,8 @@ import redis
 
 REDIS_SERVER = shutil.which("redis-server") or "redis-server"
 REDIS_CLI = shutil.which("redis-cli") or "redis-cli"
+#: Debian's redis-sentinel package (the same program as redis-server, started in Sentinel mode).
+REDIS_SENTINEL = shutil.which("redis-sentinel") or "redis-sentinel"
 
 
 def _port_free(port: int) -> bool:
@@ -46,7 +48,15 @@ def free_port(*, with_bus: bool = False) -> int:
 class RedisServer:
     """One redis-server child process."""
 
-    def __init__(self, port: int, workdir: Path, args: Sequence[str] = (), *, config: str | None = None) -> None:
+    def __init__(
+        self,
+        port: int,
+        workdir: Path,
+        args: Sequence[str] = (),
+        *,
+        config: str | None = None,
+        executable: str = REDIS_SERVER,
+    ) -> None:
         self.port = port
         self.workdir = workdir
         workdir.mkdir(parents=True, exist_ok=True)
@@ -54,7 +64,7 @@ class RedisServer:
             (workdir / "redis.conf").write_text(config)
         self.process = subprocess.Popen(
             [
-                REDIS_SERVER,
+                executable,
                 *([str(workdir / "redis.conf")] if config is not None else []),
                 "--port",
                 str(port),
@@ -133,7 +143,7 @@ def start_sentinel(workdir: Path, master: str, master_port: int, *, quorum: int 
             "",
         ]
     )
-    return RedisServer(free_port(), workdir, ["--sentinel"], config=config)
+    return RedisServer(free_port(), workdir, ["--sentinel"], config=config, executable=REDIS_SENTINEL)
 
 
 def wait_sentinels_settled(sentinels: Sequence[RedisServer], master: str, replicas: int, within: float = 30) -> None:
