@@ -43,9 +43,11 @@ class Flow:
         submitters: int = 3,
         pace: float = 0.02,
         connect_options: dict[str, Any] | None = None,
+        job_seconds: tuple[float, float] = (0.0, 0.05),
         seed: int = 13,
     ) -> None:
         self.dsn = dsn
+        self.job_seconds = job_seconds
         self.queue = queue
         self.pace = pace
         self.connect_options = connect_options
@@ -58,7 +60,7 @@ class Flow:
     async def _submit_loop(self) -> None:
         while not self._stop.is_set():
             status = self.rng.choice(JUDGE_STATUSES)
-            payload = {"seconds": self.rng.uniform(0, 0.05), "status": status}
+            payload = {"seconds": self.rng.uniform(*self.job_seconds), "status": status}
             sid = await submit_retrying(
                 self.dsn, self.queue, payload, within=60, connect_options=self.connect_options
             )
@@ -84,6 +86,19 @@ async def terminal_count(dsn: str, ids: list[int], **connect_options: Any) -> in
                 "SELECT count(*) FROM judgequeue.submissions"
                 " WHERE id = ANY($1) AND status NOT IN ('PENDING', 'JUDGING')",
                 ids,
+            )
+        )
+    finally:
+        await conn.close()
+
+
+async def judging_count(dsn: str, ids: list[int]) -> int:
+    """How many of ``ids`` a worker holds a lease on right now (jobs in flight)."""
+    conn = await asyncpg.connect(dsn, timeout=2)
+    try:
+        return int(
+            await conn.fetchval(
+                "SELECT count(*) FROM judgequeue.submissions WHERE id = ANY($1) AND status = 'JUDGING'", ids
             )
         )
     finally:

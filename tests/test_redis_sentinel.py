@@ -20,7 +20,7 @@ import asyncpg
 import pytest
 
 from judgequeue.core.queues import create_queue
-from tests.flow import Flow, check_flow, install_audit, terminal_count
+from tests.flow import Flow, check_flow, install_audit, judging_count, terminal_count
 from tests.helpers import eventually
 from tests.redis_servers import (
     RedisServer,
@@ -101,12 +101,17 @@ async def test_roles_follow_the_promoted_replica_and_resend_what_was_lost(
     workers = roles.start("worker", 2)
     roles.start("reaper")
     try:
-        flow = Flow(pg_dsn, queue_name, submitters=3)
+        flow = Flow(pg_dsn, queue_name, submitters=3, job_seconds=(0.05, 0.3))
 
         async def verdicts(n: int) -> bool:
             return await terminal_count(pg_dsn, list(flow.expected)) >= n
 
         await eventually(lambda: verdicts(100), within=60, what="100 verdicts before the failover")
+
+        async def judging() -> bool:
+            return await judging_count(pg_dsn, list(flow.expected)) >= 5
+
+        await eventually(judging, within=30, what="jobs being judged")  # stopped with their workers below
 
         # The asynchronous replication window, made certain: the replica stops receiving, the
         # workers stop consuming, and the dispatcher keeps appending to the master alone.
