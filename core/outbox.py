@@ -304,14 +304,35 @@ async def stats(conn: asyncpg.Connection, queue: str, *, include_terminal: bool 
     return OutboxStats(by_state=by_state, oldest_pending_age=float(active["age"]))
 
 
-_RESEND_SQL = """
+_STRANDED_WHERE = """
+     WHERE s.queue = $1 AND s.status = 'PENDING' AND s.attempt_id IS NULL
+       AND s.created_at < now() - make_interval(secs => $2)
+       AND o.state = 'SENT' AND o.sent_at < now() - make_interval(secs => $2)
+"""
+
+_FIND_STRANDED_SQL = (
+    """
+SELECT o.id, o.submission_id, o.generation
+  FROM judgequeue.submissions s
+  JOIN judgequeue.outbox o ON o.submission_id = s.id AND o.generation = s.generation
+"""
+    + _STRANDED_WHERE
+    + """
+ ORDER BY s.created_at
+ LIMIT $3
+"""
+)
+
+_RESEND_SQL = (
+    """
 WITH stranded AS (
     SELECT o.id
       FROM judgequeue.submissions s
       JOIN judgequeue.outbox o ON o.submission_id = s.id AND o.generation = s.generation
-     WHERE s.queue = $1 AND s.status = 'PENDING' AND s.attempt_id IS NULL
-       AND s.created_at < now() - make_interval(secs => $2)
-       AND o.state = 'SENT' AND o.sent_at < now() - make_interval(secs => $2)
+"""
+    + _STRANDED_WHERE
+    + """
+       AND ($4::bigint[] IS NULL OR o.id = ANY($4::bigint[]))
      ORDER BY s.created_at
      LIMIT $3
        FOR UPDATE OF o SKIP LOCKED
@@ -326,16 +347,37 @@ UPDATE judgequeue.outbox o
  WHERE o.id = stranded.id
 RETURNING o.id
 """
+)
 
 
-async def resend_stranded(conn: asyncpg.Connection, queue: str, *, older_than: float, batch: int = 500) -> int:
+@dataclass(frozen=True)
+class Stranded:
+    """A delivery sent long ago whose submission was never leased: its stream entry is likely lost."""
+
+    outbox_id: int
+    submission_id: int
+    generation: int
+
+
+async def find_stranded(conn: asyncpg.Connection, queue: str, *, older_than: float, batch: int = 500) -> list[Stranded]:
+    """The deliveries :func:`resend_stranded` would re-send now (reads only, locks nothing)."""
+    rows = await conn.fetch(_FIND_STRANDED_SQL, queue, float(older_than), batch)
+    return [Stranded(r["id"], r["submission_id"], r["generation"]) for r in rows]
+
+
+async def resend_stranded(
+    conn: asyncpg.Connection, queue: str, *, older_than: float, batch: int = 500, only: Sequence[int] | None = None
+) -> int:
     """Put back to PENDING the SENT rows of submissions still PENDING ``older_than`` seconds after sending.
 
     That only happens when the stream entry was lost (Redis restarted without persistence, failed
-    over to an empty replica, was flushed): the re-send reaches the stream again. If the entry did
-    survive (a very long backlog), the dispatcher's dedup marker absorbs the re-send.
+    over to an empty replica, was flushed; or Postgres failed over to an asynchronous standby that
+    missed a lease or a generation bump whose entry was already consumed): the re-send reaches the
+    stream again. ``only`` restricts it to these outbox ids (still re-checked): the reaper first
+    finds them with :func:`find_stranded` and clears their dedup markers, which a Postgres failover
+    leaves behind and which would otherwise absorb the re-send until they expire.
     """
-    rows = await conn.fetch(_RESEND_SQL, queue, float(older_than), batch)
+    rows = await conn.fetch(_RESEND_SQL, queue, float(older_than), batch, list(only) if only is not None else None)
     return len(rows)
 
 
