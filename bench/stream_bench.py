@@ -28,6 +28,7 @@ import redis.asyncio as aioredis
 from bench.common import redis_benchmark_xadd
 from judgequeue.core import streams
 from judgequeue.core.config import ReaperSettings, Settings
+from judgequeue.core.envelope import Envelope
 from judgequeue.core.reaper import Reaper
 
 ENQUEUE_TARGET = 0.30
@@ -35,7 +36,7 @@ DRAIN_TARGET = 10_000.0
 
 
 async def enqueue_rate(client: aioredis.Redis, queue: str, n: int, batch: int = 1000) -> float:
-    envelopes = [streams.Envelope(i, 1, 1, i, time.time()) for i in range(1, n + 1)]
+    envelopes = [Envelope(i, 1, 1, i, time.time()) for i in range(1, n + 1)]
     await streams.load_scripts(client)
     started = time.perf_counter()
     for start in range(0, n, batch):

@@ -301,6 +301,33 @@ def cmd_queue(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     return EXIT_OK
 
 
+def cmd_problem(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    from pathlib import Path
+
+    from .problems import list_problems, upload
+
+    dsn: str = resolve(args, env, DSN)
+    if args.problem_command == "list":
+        rows = _run(_with_pg(dsn, list_problems))
+        if args.json:
+            _print_json(rows)
+        else:
+            for r in rows:
+                print(f"{r['id']}  version={r['version']}  tests={r['tests']}  bytes={r['total_bytes']}  "
+                      f"sha256={r['sha256'][:16]}")
+            if not rows:
+                print("no problems")
+        return EXIT_OK
+    done = _run(_with_pg(dsn, lambda conn: upload(conn, Path(args.dir), version=args.version)))
+    if args.json:
+        _print_json(vars(done))
+    else:
+        print(f"{done.id} version {done.version}: {done.tests} tests, {done.total_bytes} bytes "
+              f"({done.new_files} new files), sha256 {done.sha256[:16]}")
+        print(f'submit with: {{"problem": "{done.id}", "version": {done.version}, "language": ..., "source": ...}}')
+    return EXIT_OK
+
+
 def _read_payload(args: argparse.Namespace) -> Any:
     if args.payload is not None:
         text, source = args.payload, "--payload"
@@ -651,6 +678,18 @@ def build_parser() -> argparse.ArgumentParser:
     q = qsub.add_parser("list", help="list every queue", description="list every queue", parents=[json_flag])
     _add_variable_flags(q, [DSN], "connection")
     q.set_defaults(handler=cmd_queue)
+
+    p = add("problem", "upload and list problem packages (tests, checker, interactor, limits, subtasks)")
+    psub = p.add_subparsers(dest="problem_command", metavar="ACTION", parser_class=_Parser, required=True)
+    text = "store the package in DIR (problem.yaml, tests/NAME.in + NAME.ans) as a new version"
+    q = psub.add_parser("upload", help=text, description=text, parents=[json_flag])
+    q.add_argument("dir", help="the package directory")
+    q.add_argument("--version", type=int, help="version number (default: problem.yaml's, else the next free one)")
+    _add_variable_flags(q, [DSN], "connection")
+    q.set_defaults(handler=cmd_problem)
+    q = psub.add_parser("list", help="list stored packages", description="list stored packages", parents=[json_flag])
+    _add_variable_flags(q, [DSN], "connection")
+    q.set_defaults(handler=cmd_problem)
 
     p = add("submit", "submit one JSON payload to a queue; prints the submission id", parents=[json_flag])
     src = p.add_mutually_exclusive_group(required=True)

@@ -1,4 +1,4 @@
-"""The dispatcher role: move committed outbox rows into the Redis stream (DESIGN section 4).
+"""The dispatcher role: move committed outbox rows into the Redis stream (docs/design.md §1).
 
 One cycle claims a batch in a short statement (``FOR UPDATE SKIP LOCKED``, flags read in the same
 statement, no lock held across Redis), appends the batch in one pipeline of dedup-and-append
@@ -33,6 +33,7 @@ import redis.asyncio as aioredis
 from . import failpoints, metrics, outbox, streams
 from .config import Settings
 from .connect import connect_postgres
+from .envelope import Envelope
 from .errors import TransportError
 from .lifecycle import DB_ERRORS, HeldSession, instance_id, open_connections, wait_any
 
@@ -195,8 +196,8 @@ class Dispatcher:
             log.info("redis reachable again")
         self._redis_ok = True
 
-    def _envelope(self, row: outbox.ClaimedRow) -> streams.Envelope:
-        return streams.Envelope(
+    def _envelope(self, row: outbox.ClaimedRow) -> Envelope:
+        return Envelope(
             submission=row.submission_id,
             generation=row.generation,
             attempt=row.attempts,

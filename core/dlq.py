@@ -1,8 +1,10 @@
-"""Dead-letter queue operations for the CLI: list, show, replay, purge (``jq:{<queue>}:dlq``).
+"""The dead-letter queue (``jq:{<queue>}:dlq``): its format, written and read here only.
 
-A DLQ entry (written by the reaper) carries ``source_id``, ``reason``, ``consumer`` (the last holder),
-``deliveries``, ``postgres`` (what the reaper recorded there) and the original entry's fields
-prefixed ``entry.``.
+A DLQ entry carries ``source_id``, ``reason``, ``consumer`` (the last holder), ``deliveries``,
+``postgres`` (what was recorded there) and the original entry's fields prefixed ``entry.``.
+:func:`add` writes it (the Redis step of giving up on an entry; the reaper and the workers call it
+through :mod:`judgequeue.core.dead_letters`), :func:`parse` reads it; list, show, replay and purge
+are the CLI's operations over it.
 
 Replay is idempotent by construction: it bumps the submission's generation *conditionally on the
 dead generation* (``judgequeue.bump_generation(id, dead_generation, false)``), then deletes the DLQ
@@ -20,7 +22,85 @@ from typing import Any, Literal
 import asyncpg
 import redis.asyncio as aioredis
 
-from .streams import MalformedEnvelope, dlq_key, guarded, parse_id
+from .envelope import MalformedEnvelope, parse_id
+from .streams import GROUP, dlq_key, guarded, run_script, script, stream_key
+
+#: Lifetime of the "already dead-lettered" marker of a source entry id (ids never repeat).
+DEAD_MARKER_TTL = 7 * 86400
+#: The DLQ is an operator's convenience copy (Postgres keeps the durable record): cap it.
+DLQ_MAXLEN = 100_000
+#: Prefix of the original entry's fields in a DLQ entry.
+ENTRY_PREFIX = "entry."
+
+# KEYS: stream, dlq, then one marker per entry (jq:{q}:dead:<id>). ARGV: group, consumer, marker
+# TTL (s), DLQ approximate max length, then per entry 5 values: id, reason, last consumer,
+# deliveries, Postgres outcome. For each entry still pending for this consumer: unless its marker
+# exists, add a DLQ entry (meta fields + the original fields prefixed "entry.") and set the marker;
+# then XACK and XDEL the original. Returns {dead, again, skipped}.
+DEAD_LETTER = script("dead_letter", """
+local stream, dlq = KEYS[1], KEYS[2]
+local group, consumer, ttl, maxlen = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local dead, again, skipped = 0, 0, 0
+for i = 3, #KEYS do
+  local b = 4 + (i - 3) * 5
+  local id = ARGV[b + 1]
+  if #redis.call('XPENDING', stream, group, id, id, 1, consumer) == 0 then
+    skipped = skipped + 1
+  else
+    if redis.call('EXISTS', KEYS[i]) == 1 then
+      again = again + 1
+    else
+      local fields = {'source_id', id, 'reason', ARGV[b + 2], 'consumer', ARGV[b + 3],
+                      'deliveries', ARGV[b + 4], 'postgres', ARGV[b + 5]}
+      local e = redis.call('XRANGE', stream, id, id)
+      if #e == 1 then
+        local f = e[1][2]
+        for j = 1, #f, 2 do
+          fields[#fields + 1] = 'entry.' .. f[j]
+          fields[#fields + 1] = f[j + 1]
+        end
+      end
+      redis.call('XADD', dlq, 'MAXLEN', '~', maxlen, '*', unpack(fields))
+      redis.call('SET', KEYS[i], '1', 'EX', ttl)
+      dead = dead + 1
+    end
+    redis.call('XACK', stream, group, id)
+    redis.call('XDEL', stream, id)
+  end
+end
+return {dead, again, skipped}
+""")
+
+
+def dead_marker_key(queue: str, entry_id: str) -> str:
+    return f"jq:{{{queue}}}:dead:{entry_id}"
+
+
+@dataclass(frozen=True)
+class Giving:
+    """One entry to dead-letter: the DLQ entry's meta fields (the original's fields are copied in Redis)."""
+
+    entry_id: str
+    reason: str
+    last_consumer: str
+    deliveries: int
+    postgres: str
+
+
+async def add(redis: aioredis.Redis, queue: str, consumer: str, items: Sequence[Giving]) -> tuple[int, int, int]:
+    """Dead-letter entries still pending for ``consumer``: (dead-lettered, already dead, skipped).
+
+    Atomic per entry: the DLQ entry, its marker and the ack of the original happen together; an
+    entry another consumer took over meanwhile is skipped (that consumer acts on it instead).
+    """
+    if not items:
+        return 0, 0, 0
+    keys = [stream_key(queue), dlq_key(queue)] + [dead_marker_key(queue, i.entry_id) for i in items]
+    args: list[str | int | float] = [GROUP, consumer, DEAD_MARKER_TTL, DLQ_MAXLEN]
+    for i in items:
+        args += [i.entry_id, i.reason, i.last_consumer, i.deliveries, i.postgres]
+    dead, again, skipped = await run_script(redis, DEAD_LETTER, keys, args)
+    return int(dead), int(again), int(skipped)
 
 
 @dataclass(frozen=True)
@@ -68,7 +148,7 @@ def parse(entry_id: Any, raw: dict[Any, Any]) -> DeadLetter:
         consumer=fields.get("consumer", ""),
         deliveries=_int(fields.get("deliveries")),
         postgres=fields.get("postgres", ""),
-        entry={k.removeprefix("entry."): v for k, v in fields.items() if k.startswith("entry.")},
+        entry={k.removeprefix(ENTRY_PREFIX): v for k, v in fields.items() if k.startswith(ENTRY_PREFIX)},
     )
 
 

@@ -1,4 +1,4 @@
-"""Judging leases and the generation/attempt fence (DESIGN sections 4 and 5).
+"""Judging leases and the generation/attempt fence (docs/design.md §1, §4).
 
 A worker turns a stream envelope ``(submission, generation)`` into a lease by moving the submission
 from PENDING to JUDGING with a fresh ``attempt_id`` and a DB-clock expiry. From then on every write

@@ -1,4 +1,4 @@
-"""A ``JudgeQueue`` manifest (DESIGN section 8) read outside Kubernetes, and rendered to role settings.
+"""A ``JudgeQueue`` manifest (see README's Kubernetes section) read outside Kubernetes, and rendered to role settings.
 
 :func:`render_env` is pure: spec in, ``JUDGEQUEUE_*`` variables out, named through
 :func:`judgequeue.core.config.variable_for` so the names live in one table. Every rendered value is

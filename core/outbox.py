@@ -1,4 +1,4 @@
-"""The transactional outbox: submit, rejudge, claim, mark and prune (DESIGN section 2).
+"""The transactional outbox: submit, rejudge, claim, mark and prune (docs/design.md §1, §3).
 
 ``submit`` runs inside the caller's transaction, so "the submission was accepted" and "a judge job
 will run" commit together. Dispatchers ``claim`` ready rows with ``FOR UPDATE SKIP LOCKED`` in one

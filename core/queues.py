@@ -1,4 +1,4 @@
-"""Queues and their cutover flags (DESIGN section 6).
+"""Queues and their cutover flags (docs/design.md §5).
 
 ``judgequeue.queues`` is the single source of truth for a queue's mode, watermark and pause flag.
 Dispatchers read it inside each claim transaction, so a change made here takes effect for every

@@ -1,4 +1,4 @@
-"""The reaper role: rescue idle stream entries and expired leases, prune, refresh gauges (DESIGN 4).
+"""The reaper role: rescue idle stream entries and expired leases, prune, refresh gauges (docs/design.md §1).
 
 A sweep has four parts, each guarded on its own so one failing dependency does not stop the others:
 
@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -50,14 +49,14 @@ import redis.asyncio as aioredis
 
 from . import dead_letters, failpoints, metrics, outbox, streams
 from .config import Settings
+from .envelope import Envelope, MalformedEnvelope
 from .errors import DB_ERRORS, SERVER_ERRORS
 from .leases import LeaseSweep, rescue_expired_leases
 from .lifecycle import instance_id, open_connections
 from .stream_stats import StreamFigures, publish, stream_figures
 
-ClaimedEntry = dead_letters.ClaimedEntry
+ClaimedEntry = streams.ClaimedEntry
 Decision = dead_letters.Decision
-dead_marker_key = dead_letters.dead_marker_key
 
 log = logging.getLogger("judgequeue.reaper")
 
@@ -72,8 +71,8 @@ def decide(entry: ClaimedEntry, max_deliveries: int) -> Decision:
     if entry.fields is None:
         return Decision(entry, "dead_letter", "entry deleted while pending")
     try:
-        envelope = streams.Envelope.parse(entry.fields)
-    except streams.MalformedEnvelope as exc:
+        envelope = Envelope.parse(entry.fields)
+    except MalformedEnvelope as exc:
         return Decision(entry, "dead_letter", f"malformed entry: {exc}")
     if envelope.deliveries >= max_deliveries:
         holder = entry.last_consumer or "unknown"
@@ -114,27 +113,6 @@ class SweepReport:
     errors: dict[str, str] = field(default_factory=dict)
 
 
-def _text(value: Any) -> str:
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "replace")
-    return str(value)
-
-
-def _fields(raw: Any) -> dict[str, str] | None:
-    """A flat [field, value, ...] list (as the claim script returns it) as a dict; None if absent."""
-    if raw is None or raw is False:
-        return None
-    if isinstance(raw, dict):  # an empty Lua table encodes as {}
-        return {_text(k): _text(v) for k, v in raw.items()}
-    return {_text(raw[i]): _text(raw[i + 1]) for i in range(0, len(raw) - 1, 2)}
-
-
-def _script_reply(reply: object) -> Any:
-    if isinstance(reply, Exception):
-        raise streams.translate_redis_error(reply)
-    return reply
-
-
 class Reaper:
     """One reaper instance; several may sweep the same queue at once."""
 
@@ -166,34 +144,25 @@ class Reaper:
     async def claim(self, cursor: str = "0-0") -> tuple[str, list[ClaimedEntry], int]:
         """Claim one batch of idle entries to this reaper: (next cursor, entries, deleted ids acked)."""
         cfg = self.settings.reaper
-        min_idle = max(1, int(cfg.visibility_timeout * 1000))
-        [reply] = await streams.evalsha_many(
+        batch = await streams.claim_idle(
             self.redis,
-            "claim",
-            [([streams.stream_key(self.queue)], [self.name, min_idle, cursor, cfg.sweep_batch])],
+            self.queue,
+            self.name,
+            min_idle_ms=int(cfg.visibility_timeout * 1000),
+            cursor=cursor,
+            count=cfg.sweep_batch,
         )
-        if isinstance(reply, Exception) and "NOGROUP" in str(reply):
-            return "0-0", [], 0  # no stream or group yet: nothing is pending
-        next_cursor, raw_entries, deleted = json.loads(_text(_script_reply(reply)))
-        if raw_entries:
+        if batch.entries:
             failpoints.hit("reaper.after_claim")
-        entries = [
-            ClaimedEntry(e[0], _fields(e[1]), e[2] or "", int(e[3] or 0))
-            for e in (raw_entries or [])  # an empty Lua table encodes as {}
-        ]
-        return next_cursor, entries, int(deleted)
+        return batch.cursor, batch.entries, batch.deleted
 
     async def requeue(self, decisions: Sequence[Decision]) -> tuple[int, int]:
         """Re-deliver entries still pending for this reaper (deliveries + 1): (requeued, skipped)."""
-        args: list[str | int | float] = [self.name, ",".join(streams.ENVELOPE_FIELDS)]
+        entries = []
         for d in decisions:
             assert d.envelope is not None
-            args += [d.entry.entry_id, replace(d.envelope, deliveries=d.envelope.deliveries + 1).packed()]
-        if not decisions:
-            return 0, 0
-        [reply] = await streams.evalsha_many(self.redis, "requeue", [([streams.stream_key(self.queue)], args)])
-        done, skipped = _script_reply(reply)
-        return int(done), int(skipped)
+            entries.append((d.entry.entry_id, replace(d.envelope, deliveries=d.envelope.deliveries + 1)))
+        return await streams.requeue(self.redis, self.queue, self.name, entries)
 
     async def record_dead(self, decisions: Sequence[Decision]) -> list[str]:
         """Postgres step of dead-lettering (idempotent); one outcome per decision."""
@@ -298,27 +267,8 @@ class Reaper:
 
     async def remove_idle_consumers(self) -> int:
         """Delete consumers of ``workers`` idle past the threshold that hold no pending entry."""
-        stream = streams.stream_key(self.queue)
-
-        async def info() -> list[dict[Any, Any]]:
-            try:
-                return list(await self.redis.xinfo_consumers(stream, streams.GROUP))
-            except aioredis.ResponseError as exc:
-                if "NOGROUP" in str(exc) or "no such key" in str(exc).lower():
-                    return []
-                raise
-
-        threshold_ms = self.idle_consumer_after * 1000
-        names = [
-            _text(c.get("name", c.get(b"name")))
-            for c in await streams.guarded(info)
-            if int(c.get("pending", c.get(b"pending", 0)) or 0) == 0
-            and int(c.get("idle", c.get(b"idle", 0)) or 0) > threshold_ms
-        ]
-        if not names:
-            return 0
-        [reply] = await streams.evalsha_many(self.redis, "delete_idle_consumers", [([stream], names)])
-        removed = int(_script_reply(reply))
+        names = await streams.idle_consumers(self.redis, self.queue, idle_ms=int(self.idle_consumer_after * 1000))
+        removed = await streams.delete_idle_consumers(self.redis, self.queue, names)
         if removed:
             log.info("idle consumers removed", extra={"queue": self.queue, "count": removed})
         return removed

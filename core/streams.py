@@ -9,16 +9,16 @@ Redis failures surface as :class:`TransportError` subclasses so callers can tell
 
 from __future__ import annotations
 
+import hashlib
 import json
-import re
-import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
 import redis.asyncio as aioredis
 import redis.exceptions as rexc
 
+from .envelope import ENVELOPE_FIELDS, Envelope, MalformedEnvelope
 from .errors import TransportError
 
 GROUP = "workers"
@@ -38,10 +38,6 @@ class RedisOutOfMemory(TransportError):
 
 class RedisCommandError(TransportError):
     """Any other error reply."""
-
-
-class MalformedEnvelope(ValueError):
-    """A stream entry that is not a judgequeue envelope (foreign writer or corruption)."""
 
 
 def stream_key(queue: str) -> str:
@@ -96,128 +92,41 @@ async def guarded(call: Callable[[], Awaitable[T]]) -> T:
 
 
 @dataclass(frozen=True)
-class Envelope:
-    """What a stream entry carries: ids only."""
+class Script:
+    """A Lua script run by its SHA1 (EVALSHA), loaded on demand when the server does not know it.
 
-    submission: int
-    generation: int
-    attempt: int  # the outbox row's dispatch attempt that appended it
-    outbox: int
-    enqueued_at: float  # unix seconds, informational
-    deliveries: int = 1
+    Every script is registered by :func:`script` in the module that owns its typed wrapper, so
+    :func:`load_scripts` can preload them all (on every primary of a cluster).
+    """
 
-    def fields(self) -> dict[str, str]:
-        return {
-            "submission": str(self.submission),
-            "generation": str(self.generation),
-            "attempt": str(self.attempt),
-            "outbox": str(self.outbox),
-            "enqueued_at": f"{self.enqueued_at:.6f}",
-            "deliveries": str(self.deliveries),
-        }
+    name: str
+    body: str
+    sha: str = field(init=False)
 
-    def packed(self) -> str:
-        """The values of :meth:`fields`, in ``ENVELOPE_FIELDS`` order, joined by commas (requeue script)."""
-        return ",".join(str(v) for v in self.values())
-
-    def values(self) -> list[str | int]:
-        """The values of :meth:`fields`, in ``ENVELOPE_FIELDS`` order (the enqueue script's arguments)."""
-        return [self.submission, self.generation, self.attempt, self.outbox, f"{self.enqueued_at:.6f}", self.deliveries]
-
-    @classmethod
-    def parse(cls, raw: object) -> Envelope:
-        """Decode a stream entry, or raise MalformedEnvelope naming what is wrong.
-
-        Total: whatever a foreign client wrote (any bytes, missing or extra fields, numbers past
-        bigint), the result is an envelope whose every id fits Postgres's ``bigint`` or a
-        :class:`MalformedEnvelope`, never another exception. Field names other than the six are
-        ignored (room for later versions).
-        """
-        if not isinstance(raw, dict):
-            raise MalformedEnvelope(f"entry is a {type(raw).__name__}, not a field map")
-        fields: dict[str, object] = {}
-        for key, value in raw.items():
-            fields[_ascii(key, "a field name")] = value
-
-        def field(name: str) -> str:
-            if name not in fields:
-                raise MalformedEnvelope(f"entry has no {name!r} field")
-            return _ascii(fields[name], f"field {name!r}")
-
-        return cls(
-            submission=parse_id(field("submission"), "submission", minimum=1),
-            generation=parse_id(field("generation"), "generation"),
-            attempt=parse_id(field("attempt"), "attempt"),
-            outbox=parse_id(field("outbox"), "outbox"),
-            enqueued_at=_parse_time(field("enqueued_at")),
-            deliveries=parse_id(field("deliveries"), "deliveries", minimum=1),
-        )
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "sha", hashlib.sha1(self.body.encode()).hexdigest())
 
 
-#: The largest value of Postgres's ``bigint``, which every id of an envelope must fit.
-BIGINT_MAX = 2**63 - 1
-_DIGITS = re.compile(r"[0-9]{1,19}")
-_SECONDS = re.compile(r"[0-9]{1,12}(\.[0-9]{1,9})?")
+_REGISTRY: dict[str, Script] = {}
 
 
-def _ascii(value: object, what: str) -> str:
-    """Text of an envelope name or value; envelopes are ASCII throughout."""
-    if isinstance(value, bytes):
-        try:
-            return value.decode("ascii")
-        except UnicodeDecodeError:
-            raise MalformedEnvelope(f"{what} is not ASCII text: {value[:40]!r}") from None
-    if isinstance(value, str) and value.isascii():
-        return value
-    raise MalformedEnvelope(f"{what} is not ASCII text: {value!r:.60}")
+def script(name: str, body: str) -> Script:
+    """Register a script under ``name`` (the names are unique) and return it."""
+    if name in _REGISTRY and _REGISTRY[name].body != body:
+        raise ValueError(f"two different scripts named {name!r}")
+    _REGISTRY[name] = found = Script(name, body)
+    return found
 
 
-def parse_id(text: str, name: str, *, minimum: int = 0) -> int:
-    """A decimal id in ``[minimum, BIGINT_MAX]``, or MalformedEnvelope naming the field (pure)."""
-    if _DIGITS.fullmatch(text) is None:
-        raise MalformedEnvelope(f"field {name!r} is not a decimal number of at most 19 digits: {text[:40]!r}")
-    value = int(text)
-    if not minimum <= value <= BIGINT_MAX:
-        raise MalformedEnvelope(f"field {name!r} is out of range [{minimum}, 2^63-1]: {text}")
-    return value
+# Each script takes the consumer group's name as an argument: nothing in Lua names it.
 
-
-def _parse_time(text: str) -> float:
-    if _SECONDS.fullmatch(text) is None:
-        raise MalformedEnvelope(f"field 'enqueued_at' is not unix seconds: {text[:40]!r}")
-    return float(text)
-
-
-# KEYS: seen marker, stream. ARGV: marker TTL (seconds), then the entry's field/value pairs.
-# Returns {1, id} when appended, {0, ""} for a duplicate (already appended: success), or an error
-# reply after removing the marker, so a failed XADD never leaves a "seen" behind.
-ENQUEUE_LUA = """
-if not redis.call('SET', KEYS[1], '1', 'NX', 'EX', ARGV[1]) then
-  return {0, ''}
-end
-local id = redis.pcall('XADD', KEYS[2], '*', unpack(ARGV, 2))
-if type(id) == 'table' and id.err then
-  redis.call('DEL', KEYS[1])
-  return redis.error_reply('XADD failed: ' .. id.err)
-end
-return {1, id}
-"""
-
-# KEYS: stream. ARGV: entry ids. Ack and delete together so acked entries never pile up.
-ACK_LUA = """
-local acked = redis.call('XACK', KEYS[1], 'workers', unpack(ARGV))
-redis.call('XDEL', KEYS[1], unpack(ARGV))
-return acked
-"""
-
-# The batched form of ENQUEUE_LUA: one EVALSHA appends many envelopes of one queue, with the same
-# per-entry semantics: SET seen NX EX, then XADD; a failed XADD removes its marker. KEYS: stream,
-# then one seen marker per entry. ARGV: TTL, then every envelope's values as one JSON array of
-# arrays (ENVELOPE_FIELDS order). Returns one element per entry: the entry id (appended), 0
-# (duplicate: already appended, success) or "!<error>" (nothing of that entry is left behind).
-# A server-wide refusal (OOM, READONLY) aborts the script as a whole; the caller retries the batch
-# and the markers absorb what was appended before it.
-ENQUEUE_BATCH_LUA = """
+# The batched dedup-and-append. KEYS: stream, then one seen marker per entry. ARGV: TTL, then every
+# envelope's values as one JSON array of arrays (ENVELOPE_FIELDS order). For each entry: SET seen NX
+# EX, then XADD; a failed XADD removes its marker. Returns one element per entry: the entry id
+# (appended), 0 (duplicate: already appended, success) or "!<error>" (nothing of that entry is left
+# behind). A server-wide refusal (OOM, READONLY) aborts the script as a whole; the caller retries
+# the batch and the markers absorb what was appended before it.
+ENQUEUE = script("enqueue_batch", """
 local ttl = ARGV[1]
 local rows = cjson.decode(ARGV[2])
 local out = {}
@@ -237,20 +146,27 @@ for i = 2, #KEYS do
   end
 end
 return out
-"""
+""")
 
-# Reaper, step 1. KEYS: stream. ARGV: reaper consumer, min idle (ms), start cursor, count.
+# KEYS: stream. ARGV: group, then entry ids. Ack and delete together so acked entries never pile up.
+ACK = script("ack", """
+local acked = redis.call('XACK', KEYS[1], ARGV[1], unpack(ARGV, 2))
+redis.call('XDEL', KEYS[1], unpack(ARGV, 2))
+return acked
+""")
+
+# Reaper, step 1. KEYS: stream. ARGV: group, reaper consumer, min idle (ms), start cursor, count.
 # Reads who held each idle entry (XPENDING IDLE) and claims the batch to the reaper's own consumer
 # (XAUTOCLAIM) in one atomic step; ids of entries deleted while pending are acked here.
 # Returns JSON (one parse on the client instead of a deep RESP reply):
 # [next cursor, [[id, [field, value, ...] or false, last consumer, times delivered], ...], #deleted].
-CLAIM_LUA = """
-local stream, consumer, idle, start, count = KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+CLAIM = script("claim", """
+local stream, group, consumer, idle, start, count = KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local owners = {}
-for _, p in ipairs(redis.call('XPENDING', stream, 'workers', 'IDLE', idle, start, '+', count)) do
+for _, p in ipairs(redis.call('XPENDING', stream, group, 'IDLE', idle, start, '+', count)) do
   owners[p[1]] = {p[2], p[4]}
 end
-local reply = redis.call('XAUTOCLAIM', stream, 'workers', consumer, idle, start, 'COUNT', count)
+local reply = redis.call('XAUTOCLAIM', stream, group, consumer, idle, start, 'COUNT', count)
 local out = {}
 for _, e in ipairs(reply[2]) do
   if e then
@@ -260,24 +176,24 @@ for _, e in ipairs(reply[2]) do
 end
 local deleted = reply[3] or {}
 if #deleted > 0 then
-  redis.call('XACK', stream, 'workers', unpack(deleted))
+  redis.call('XACK', stream, group, unpack(deleted))
 end
 return cjson.encode({reply[1], out, #deleted})
-"""
+""")
 
-# Reaper, requeue. KEYS: stream. ARGV: reaper consumer, the field names joined by ",", then per
-# entry its id and the new entry's (numeric) values joined by "," (deliveries already +1; stream
-# entries are immutable, so the values the claim returned are the entry's). For each entry still
-# pending for this reaper's consumer (a slower reaper whose claim was taken over acts on nothing):
-# append the new entry, then XACK and XDEL the originals in one call each. Returns {requeued, skipped}.
-REQUEUE_LUA = """
-local stream, consumer = KEYS[1], ARGV[1]
+# Reaper, requeue. KEYS: stream. ARGV: group, reaper consumer, the field names joined by ",", then
+# per entry its id and the new entry's (numeric) values joined by "," (stream entries are
+# immutable, so the values the claim returned are the entry's). For each entry still pending for
+# this reaper's consumer (a slower reaper whose claim was taken over acts on nothing): append the
+# new entry, then XACK and XDEL the originals in one call each. Returns {requeued, skipped}.
+REQUEUE = script("requeue", """
+local stream, group, consumer = KEYS[1], ARGV[1], ARGV[2]
 local names = {}
-for name in string.gmatch(ARGV[2], '[^,]+') do names[#names + 1] = name end
+for name in string.gmatch(ARGV[3], '[^,]+') do names[#names + 1] = name end
 local owned = {}
-for i = 3, #ARGV, 2 do
+for i = 4, #ARGV, 2 do
   local id = ARGV[i]
-  if #redis.call('XPENDING', stream, 'workers', id, id, 1, consumer) == 1 then
+  if #redis.call('XPENDING', stream, group, id, id, 1, consumer) == 1 then
     local fields, j = {}, 0
     for value in string.gmatch(ARGV[i + 1], '[^,]+') do
       j = j + 1
@@ -289,89 +205,30 @@ for i = 3, #ARGV, 2 do
   end
 end
 if #owned > 0 then
-  redis.call('XACK', stream, 'workers', unpack(owned))
+  redis.call('XACK', stream, group, unpack(owned))
   redis.call('XDEL', stream, unpack(owned))
 end
-return {#owned, (#ARGV - 2) / 2 - #owned}
-"""
+return {#owned, (#ARGV - 3) / 2 - #owned}
+""")
 
-# Reaper, dead-letter. KEYS: stream, dlq, then one marker per entry (jq:{q}:dead:<id>).
-# ARGV: reaper consumer, marker TTL (s), DLQ approximate max length, then per entry 5 values:
-# id, reason, last consumer, deliveries, Postgres outcome. For each entry still pending for this
-# reaper: unless its marker exists, add a DLQ entry (meta fields + the original fields prefixed
-# "entry.") and set the marker; then XACK and XDEL the original. Returns {dead, again, skipped}.
-DEAD_LETTER_LUA = """
-local stream, dlq = KEYS[1], KEYS[2]
-local consumer, ttl, maxlen = ARGV[1], ARGV[2], ARGV[3]
-local dead, again, skipped = 0, 0, 0
-for i = 3, #KEYS do
-  local b = 3 + (i - 3) * 5
-  local id = ARGV[b + 1]
-  if #redis.call('XPENDING', stream, 'workers', id, id, 1, consumer) == 0 then
-    skipped = skipped + 1
-  else
-    if redis.call('EXISTS', KEYS[i]) == 1 then
-      again = again + 1
-    else
-      local fields = {'source_id', id, 'reason', ARGV[b + 2], 'consumer', ARGV[b + 3],
-                      'deliveries', ARGV[b + 4], 'postgres', ARGV[b + 5]}
-      local e = redis.call('XRANGE', stream, id, id)
-      if #e == 1 then
-        local f = e[1][2]
-        for j = 1, #f, 2 do
-          fields[#fields + 1] = 'entry.' .. f[j]
-          fields[#fields + 1] = f[j + 1]
-        end
-      end
-      redis.call('XADD', dlq, 'MAXLEN', '~', maxlen, '*', unpack(fields))
-      redis.call('SET', KEYS[i], '1', 'EX', ttl)
-      dead = dead + 1
-    end
-    redis.call('XACK', stream, 'workers', id)
-    redis.call('XDEL', stream, id)
-  end
-end
-return {dead, again, skipped}
-"""
-
-# Idle consumers. KEYS: stream. ARGV: consumer names. Deletes each consumer only if it holds no
-# pending entry at this instant (XGROUP DELCONSUMER would drop its pending entries otherwise).
-DELETE_IDLE_CONSUMERS_LUA = """
+# Idle consumers. KEYS: stream. ARGV: group, then consumer names. Deletes each consumer only if it
+# holds no pending entry at this instant (XGROUP DELCONSUMER would drop its pending entries).
+DELETE_IDLE_CONSUMERS = script("delete_idle_consumers", """
 local removed = 0
-for i = 1, #ARGV do
-  if #redis.call('XPENDING', KEYS[1], 'workers', '-', '+', 1, ARGV[i]) == 0 then
-    redis.call('XGROUP', 'DELCONSUMER', KEYS[1], 'workers', ARGV[i])
+for i = 2, #ARGV do
+  if #redis.call('XPENDING', KEYS[1], ARGV[1], '-', '+', 1, ARGV[i]) == 0 then
+    redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], ARGV[i])
     removed = removed + 1
   end
 end
 return removed
-"""
-
-_SCRIPTS: dict[str, str] = {
-    "enqueue": ENQUEUE_LUA,
-    "enqueue_batch": ENQUEUE_BATCH_LUA,
-    "ack": ACK_LUA,
-    "claim": CLAIM_LUA,
-    "requeue": REQUEUE_LUA,
-    "dead_letter": DEAD_LETTER_LUA,
-    "delete_idle_consumers": DELETE_IDLE_CONSUMERS_LUA,
-}
-_SHAS: dict[str, str] = {}
-
-
-def script_sha(name: str) -> str:
-    if name not in _SHAS:
-        import hashlib
-
-        _SHAS[name] = hashlib.sha1(_SCRIPTS[name].encode()).hexdigest()
-    return _SHAS[name]
+""")
 
 
 async def load_scripts(client: aioredis.Redis) -> None:
-    """SCRIPT LOAD every script (on every primary when ``client`` is a cluster client)."""
-    for name, body in _SCRIPTS.items():
-        sha = await guarded(lambda body=body: client.script_load(body))  # type: ignore[misc]
-        _SHAS[name] = sha
+    """SCRIPT LOAD every registered script (on every primary when ``client`` is a cluster client)."""
+    for registered in list(_REGISTRY.values()):
+        await guarded(lambda body=registered.body: client.script_load(body))  # type: ignore[misc]
 
 
 def _is_noscript(result: object) -> bool:
@@ -381,7 +238,7 @@ def _is_noscript(result: object) -> bool:
 
 
 async def evalsha_many(
-    client: aioredis.Redis, script: str, calls: Sequence[tuple[Sequence[str], Sequence[str | int | float]]]
+    client: aioredis.Redis, lua: Script, calls: Sequence[tuple[Sequence[str], Sequence[str | int | float]]]
 ) -> list[object]:
     """Run one script once per (keys, args) in a single pipeline; return each call's result or error.
 
@@ -391,16 +248,15 @@ async def evalsha_many(
     results: list[object] = [None] * len(calls)
     todo = list(range(len(calls)))
     for _ in range(2):
-        sha = script_sha(script)
 
-        async def run(indexes: list[int] = todo, sha: str = sha) -> list[object]:
+        async def run(indexes: list[int] = todo) -> list[object]:
             if len(indexes) == 1:
                 # The common case (a trickle, one ack): a plain call skips the pipeline's setup,
                 # a measurable share of the commit-to-start latency. Command errors come back as
                 # values, exactly as from the pipeline below.
                 keys, args = calls[indexes[0]]
                 try:
-                    return [await client.execute_command("EVALSHA", sha, len(keys), *keys, *args)]  # type: ignore[no-untyped-call]
+                    return [await client.execute_command("EVALSHA", lua.sha, len(keys), *keys, *args)]  # type: ignore[no-untyped-call]
                 except rexc.ResponseError as exc:
                     return [exc]
             async with client.pipeline(transaction=False) as pipe:
@@ -408,7 +264,7 @@ async def evalsha_many(
                     keys, args = calls[i]
                     # execute_command, not pipe.evalsha: a cluster pipeline blocks the latter but
                     # routes a raw EVALSHA by its keys (all in one slot thanks to the hash tag).
-                    pipe.execute_command("EVALSHA", sha, len(keys), *keys, *args)
+                    pipe.execute_command("EVALSHA", lua.sha, len(keys), *keys, *args)
                 return list(await pipe.execute(raise_on_error=False))
 
         replies = await guarded(run)
@@ -420,11 +276,21 @@ async def evalsha_many(
                 results[i] = reply
         if not retry:
             return results
-        await load_scripts(client)
+        await guarded(lambda: client.script_load(lua.body))
         todo = retry
     for i in todo:  # pragma: no cover - NOSCRIPT right after SCRIPT LOAD
         results[i] = RedisCommandError("NOSCRIPT persisted after SCRIPT LOAD")
     return results
+
+
+async def run_script(
+    client: aioredis.Redis, lua: Script, keys: Sequence[str], args: Sequence[str | int | float]
+) -> Any:
+    """One call of ``lua``; an error reply raises the matching :class:`TransportError`."""
+    [reply] = await evalsha_many(client, lua, [(keys, args)])
+    if isinstance(reply, Exception):
+        raise translate_redis_error(reply)
+    return reply
 
 
 EnqueueStatus = Literal["appended", "duplicate", "error"]
@@ -439,9 +305,6 @@ class EnqueueResult:
 
 #: Envelopes per EVALSHA of the batched enqueue script (one pipeline carries all the batches).
 ENQUEUE_CHUNK = 200
-
-ENVELOPE_FIELDS = ("submission", "generation", "attempt", "outbox", "enqueued_at", "deliveries")
-
 
 def _server_wide(error: str) -> TransportError | None:
     """READONLY and OOM concern the whole server, not one entry: they are raised, not reported."""
@@ -477,7 +340,7 @@ async def enqueue_many(
         # was most of the client's time; cjson decodes it in C inside Redis.
         rows = json.dumps([env.values() for env in chunk], separators=(",", ":"))
         calls.append((keys, [ttl, rows]))
-    replies = await evalsha_many(client, "enqueue_batch", calls)
+    replies = await evalsha_many(client, ENQUEUE, calls)
     out: list[EnqueueResult] = []
     for (call_keys, _args), reply in zip(calls, replies, strict=True):
         if isinstance(reply, Exception):
@@ -573,17 +436,98 @@ async def ack(client: aioredis.Redis, queue: str, entry_ids: Sequence[str]) -> i
     """XACK and XDEL the entries in one script; returns how many were pending."""
     if not entry_ids:
         return 0
-    [reply] = await evalsha_many(client, "ack", [([stream_key(queue)], list(entry_ids))])
+    return int(await run_script(client, ACK, [stream_key(queue)], [GROUP, *entry_ids]))
+
+
+@dataclass(frozen=True)
+class ClaimedEntry:
+    """An idle pending entry claimed to a consumer, with who held it before."""
+
+    entry_id: str
+    fields: dict[str, str] | None  # None: deleted from the stream while pending
+    last_consumer: str
+    times_delivered: int
+
+
+@dataclass(frozen=True)
+class ClaimedBatch:
+    cursor: str  # "0-0" when the scan is complete
+    entries: list[ClaimedEntry]
+    deleted: int  # pending ids whose entry no longer existed, acked
+
+
+def _lossy_text(value: Any) -> str:
+    # Field names and values a foreign client wrote may be any bytes; the envelope codec decides.
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _claimed_fields(raw: Any) -> dict[str, str] | None:
+    """A flat [field, value, ...] list (as the claim script returns it) as a dict; None if absent."""
+    if raw is None or raw is False:
+        return None
+    if isinstance(raw, dict):  # an empty Lua table encodes as {}
+        return {_lossy_text(k): _lossy_text(v) for k, v in raw.items()}
+    return {_lossy_text(raw[i]): _lossy_text(raw[i + 1]) for i in range(0, len(raw) - 1, 2)}
+
+
+async def claim_idle(
+    client: aioredis.Redis, queue: str, consumer: str, *, min_idle_ms: int, cursor: str, count: int
+) -> ClaimedBatch:
+    """Claim up to ``count`` entries idle at least ``min_idle_ms`` to ``consumer``, from ``cursor``."""
+    [reply] = await evalsha_many(
+        client, CLAIM, [([stream_key(queue)], [GROUP, consumer, max(1, min_idle_ms), cursor, count])]
+    )
     if isinstance(reply, Exception):
+        if "NOGROUP" in str(reply):
+            return ClaimedBatch("0-0", [], 0)  # no stream or group yet: nothing is pending
         raise translate_redis_error(reply)
-    assert isinstance(reply, int)
-    return reply
+    next_cursor, raw_entries, deleted = json.loads(_lossy_text(reply))
+    entries = [
+        ClaimedEntry(_lossy_text(e[0]), _claimed_fields(e[1]), _lossy_text(e[2] or ""), int(e[3] or 0))
+        for e in (raw_entries or [])  # an empty Lua table encodes as {}
+    ]
+    return ClaimedBatch(str(next_cursor), entries, int(deleted))
 
 
-async def nack(client: aioredis.Redis, queue: str, entry_ids: Sequence[str]) -> None:
-    """Give up on entries without acking: they stay in the PEL and the reaper decides their fate."""
-    return None
+async def requeue(
+    client: aioredis.Redis, queue: str, consumer: str, entries: Sequence[tuple[str, Envelope]]
+) -> tuple[int, int]:
+    """Replace each entry still pending for ``consumer`` by a new one carrying its envelope.
+
+    Returns (requeued, skipped: no longer pending for ``consumer``).
+    """
+    if not entries:
+        return 0, 0
+    args: list[str | int | float] = [GROUP, consumer, ",".join(ENVELOPE_FIELDS)]
+    for entry_id, envelope in entries:
+        args += [entry_id, envelope.packed()]
+    done, skipped = await run_script(client, REQUEUE, [stream_key(queue)], args)
+    return int(done), int(skipped)
 
 
-def now() -> float:
-    return time.time()
+async def idle_consumers(client: aioredis.Redis, queue: str, *, idle_ms: int) -> list[str]:
+    """Consumers of the group idle longer than ``idle_ms`` with nothing pending (candidates to delete)."""
+
+    async def info() -> list[dict[Any, Any]]:
+        try:
+            return list(await client.xinfo_consumers(stream_key(queue), GROUP))
+        except rexc.ResponseError as exc:
+            if "NOGROUP" in str(exc) or "no such key" in str(exc).lower():
+                return []
+            raise
+
+    def number(c: dict[Any, Any], name: str) -> int:
+        return int(c.get(name, c.get(name.encode(), 0)) or 0)
+
+    return [
+        _lossy_text(c.get("name", c.get(b"name")))
+        for c in await guarded(info)
+        if number(c, "pending") == 0 and number(c, "idle") > idle_ms
+    ]
+
+
+async def delete_idle_consumers(client: aioredis.Redis, queue: str, names: Sequence[str]) -> int:
+    """Delete those of ``names`` that hold no pending entry at this instant; returns how many."""
+    if not names:
+        return 0
+    return int(await run_script(client, DELETE_IDLE_CONSUMERS, [stream_key(queue)], [GROUP, *names]))

@@ -1,4 +1,4 @@
-"""The worker role: judge jobs from the stream and write fenced verdicts (DESIGN sections 4 and 5).
+"""The worker role: judge jobs from the stream and write fenced verdicts (docs/design.md §1, §4).
 
 One loop reads only as many entries as there are free slots (``XREADGROUP COUNT=free``), takes the
 leases of the whole batch in one statement (which returns the payloads) and starts one task per
@@ -40,6 +40,7 @@ import redis.asyncio as aioredis
 
 from . import dead_letters, failpoints, leases, metrics, streams
 from .config import Settings
+from .envelope import Envelope
 from .errors import SERVER_ERRORS, TransportError, describe, is_permanent
 from .judges import Judge, Verdict, load_judge
 from .lifecycle import DB_ERRORS, HeldSession, backoff, instance_id, open_connections, wait_any
@@ -404,7 +405,7 @@ class Worker:
 
     async def _start(self, deliveries: Sequence[streams.Delivery], stop: asyncio.Event) -> None:
         """Lease, ack and launch a batch of deliveries; set aside what can never be judged."""
-        good: list[tuple[str, streams.Envelope]] = []
+        good: list[tuple[str, Envelope]] = []
         poison: list[dead_letters.Decision] = []
         for d in deliveries:
             if d.envelope is None:
@@ -427,7 +428,7 @@ class Worker:
         await asyncio.sleep(0)
 
     async def _lease(
-        self, batch: list[tuple[str, streams.Envelope]], stop: asyncio.Event
+        self, batch: list[tuple[str, Envelope]], stop: asyncio.Event
     ) -> tuple[list[leases.Lease] | None, list[dead_letters.Decision]]:
         """Leases for ``batch``, retrying transient errors; envelopes the database refuses for good.
 
@@ -466,7 +467,7 @@ class Worker:
                 await wait_any(stop, None, delay)
 
     def _launch(
-        self, held: list[leases.Lease], batch: list[tuple[str, streams.Envelope]], refused: list[dead_letters.Decision]
+        self, held: list[leases.Lease], batch: list[tuple[str, Envelope]], refused: list[dead_letters.Decision]
     ) -> list[tuple[int, int]]:
         """Start a judge per lease and hand the batch's entries to the acker; returns the stale envelopes."""
         if held:
@@ -484,8 +485,8 @@ class Worker:
         pairs = [(env.submission, env.generation) for _, env in kept]
         return unleased(pairs, [(x.submission, x.generation) for x in held])
 
-    def _give_up(self, entry_id: str, envelope: streams.Envelope | None, reason: str) -> dead_letters.Decision:
-        entry = dead_letters.ClaimedEntry(entry_id, None, self.name, envelope.deliveries if envelope else 1)
+    def _give_up(self, entry_id: str, envelope: Envelope | None, reason: str) -> dead_letters.Decision:
+        entry = streams.ClaimedEntry(entry_id, None, self.name, envelope.deliveries if envelope else 1)
         return dead_letters.Decision(entry, "dead_letter", reason[:1000], envelope)
 
     async def _dead_letter(self, poison: list[dead_letters.Decision]) -> None:

@@ -7,7 +7,7 @@ Used by ``tests/test_chaos.py`` (CI size) and ``bench/chaos_run.py`` (larger). T
 2. starts dispatchers, workers and reapers as ``judgequeue <role>`` processes with failpoints armed
    at random (``name%P``), submits the main set in bursts while SIGKILLing random processes and
    restarting whatever died, and pauses/resumes the queue a few times;
-3. stops the chaos, lets the system drain, and checks every invariant of DESIGN section 9 from
+3. stops the chaos, lets the system drain, and checks every invariant of docs/design.md §6 from
    Postgres (an audit trigger records every status/generation transition) and Redis.
 """
 

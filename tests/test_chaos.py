@@ -1,5 +1,5 @@
 """Chaos at CI size: roles as real processes, SIGKILLed at random failpoints and times, then every
-invariant of DESIGN section 9 checked from Postgres and Redis. ``bench/chaos_run.py`` runs it larger."""
+invariant of docs/design.md §6 checked from Postgres and Redis. ``bench/chaos_run.py`` runs it larger."""
 
 from __future__ import annotations
 

@@ -12,9 +12,9 @@ from redis.asyncio.cluster import RedisCluster
 
 from judgequeue.core import dlq, outbox, stream_stats, streams
 from judgequeue.core.dispatcher import Dispatcher
+from judgequeue.core.envelope import Envelope
 from judgequeue.core.queues import create_queue
 from judgequeue.core.reaper import Reaper
-from judgequeue.core.streams import Envelope
 from tests.helpers import eventually, make_settings
 from tests.redis_servers import RedisServer, redis_cluster
 

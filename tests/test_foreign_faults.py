@@ -15,6 +15,7 @@ import asyncpg
 import redis.asyncio as aioredis
 
 from judgequeue.core import streams
+from judgequeue.core.envelope import Envelope
 from judgequeue.core.queues import create_queue
 from tests.conftest import REDIS_URL
 from tests.helpers import eventually
@@ -154,7 +155,7 @@ async def test_an_envelope_at_the_edge_of_int64_for_no_submission_is_acked_as_st
     key = streams.stream_key(queue_name)
     try:
         await eventually(lambda: _group_exists(redis_client, key), within=30, what="consumer group")
-        poison = streams.Envelope(submission=2**63 - 1, generation=2**63 - 1, attempt=1, outbox=1, enqueued_at=1.0)
+        poison = Envelope(submission=2**63 - 1, generation=2**63 - 1, attempt=1, outbox=1, enqueued_at=1.0)
         await redis_client.xadd(key, poison.fields())  # type: ignore[arg-type]
         ids = [await submit_retrying(pg_dsn, queue_name, OK) for _ in range(10)]
         statuses = await wait_all_terminal(pg_dsn, ids, within=60, roles=roles)

@@ -25,6 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from judgequeue.core import outbox, streams
+from judgequeue.core.envelope import Envelope
 from judgequeue.core.queues import create_queue
 from tests.conftest import REDIS_URL
 from tests.roles import Roles
@@ -44,7 +45,7 @@ foreign_entry = st.one_of(
     st.fixed_dictionaries({n.encode(): values for n in NAMES}),
     # Well-formed envelopes naming ids that may or may not exist.
     st.builds(
-        lambda s, g, d: streams.Envelope(s, g, 1, 1, time.time(), d).fields(),
+        lambda s, g, d: Envelope(s, g, 1, 1, time.time(), d).fields(),
         st.integers(min_value=1, max_value=2**63 - 1),
         st.integers(min_value=0, max_value=2**63 - 1),
         st.integers(min_value=1, max_value=1000),

@@ -1,4 +1,4 @@
-"""Leases and the generation/attempt fence against real Postgres (DESIGN section 5)."""
+"""Leases and the generation/attempt fence against real Postgres (docs/design.md §1)."""
 
 from __future__ import annotations
 

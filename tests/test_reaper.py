@@ -14,11 +14,11 @@ from prometheus_client import REGISTRY
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from judgequeue.core import outbox, reaper, stream_stats, streams
+from judgequeue.core import dlq, outbox, reaper, stream_stats, streams
 from judgequeue.core.dispatcher import Dispatcher
+from judgequeue.core.envelope import Envelope
 from judgequeue.core.queues import create_queue
 from judgequeue.core.reaper import ClaimedEntry, Decision, Reaper, decide
-from judgequeue.core.streams import Envelope
 from tests.conftest import REDIS_URL
 from tests.helpers import eventually, make_settings
 
@@ -233,7 +233,7 @@ async def test_marker_prevents_a_second_dead_letter(
     await streams.ensure_group(redis_client, queue_name)
     await streams.enqueue_many(redis_client, queue_name, [env(1, deliveries=3)], seen_ttl=60)
     [got] = await streams.read(redis_client, queue_name, "w", count=1, block_ms=100)
-    await redis_client.set(reaper.dead_marker_key(queue_name, got.entry_id), "1")  # dead-lettered before
+    await redis_client.set(dlq.dead_marker_key(queue_name, got.entry_id), "1")  # dead-lettered before
     r = make_reaper(pg_pool, redis_client, pg_dsn, queue_name, "reaper-a")
     result = await sweep_until(r, "already_dead")
     assert (result.dead_lettered, result.already_dead) == (0, 1)

@@ -12,10 +12,10 @@ from redis.backoff import NoBackoff
 
 from judgequeue.core import dlq, outbox, stream_stats, streams
 from judgequeue.core.dispatcher import Dispatcher
+from judgequeue.core.envelope import Envelope
 from judgequeue.core.errors import TransportError
 from judgequeue.core.queues import create_queue
 from judgequeue.core.reaper import Reaper
-from judgequeue.core.streams import Envelope
 from tests.conftest import REDIS_URL
 from tests.helpers import eventually, make_settings
 from tests.redis_servers import RedisServer, free_port, redis_server

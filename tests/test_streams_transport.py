@@ -5,7 +5,7 @@ from __future__ import annotations
 import redis.asyncio as aioredis
 
 from judgequeue.core import streams
-from judgequeue.core.streams import Envelope
+from judgequeue.core.envelope import Envelope
 
 
 def env(submission: int, generation: int = 1) -> Envelope:
