@@ -47,6 +47,17 @@ async def create_postgres_pool(dsn: str, *, pooler: str = "none", **options: Any
     return pool
 
 
+class SentinelMaster(aioredis.Redis):
+    """The master's client; closing it also closes the connections it opened to the sentinels."""
+
+    sentinel_manager: Sentinel | None = None
+
+    async def aclose(self, close_connection_pool: bool | None = None) -> None:
+        await super().aclose(close_connection_pool)
+        for sentinel_client in self.sentinel_manager.sentinels if self.sentinel_manager is not None else []:
+            await sentinel_client.aclose()
+
+
 def redis_client(url: str, **options: Any) -> aioredis.Redis:
     """A Redis client for a plain URL or a ``redis+sentinel://`` URL.
 
@@ -60,12 +71,13 @@ def redis_client(url: str, **options: Any) -> aioredis.Redis:
     if target.sentinel_password:
         sentinel_options["password"] = target.sentinel_password
     sentinel = Sentinel(list(target.sentinels), sentinel_kwargs=sentinel_options)  # type: ignore[no-untyped-call]
-    client: aioredis.Redis = sentinel.master_for(
+    client: SentinelMaster = sentinel.master_for(
         target.master,
-        redis_class=aioredis.Redis,
+        redis_class=SentinelMaster,
         db=target.db,
         username=target.username,
         password=target.password,
         **options,
     )
+    client.sentinel_manager = sentinel
     return client

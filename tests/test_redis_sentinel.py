@@ -19,6 +19,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
+from judgequeue.core.connect import SentinelMaster, redis_client
 from judgequeue.core.queues import create_queue
 from tests.flow import Flow, check_flow, install_audit, judging_count, terminal_count
 from tests.helpers import eventually
@@ -183,3 +184,20 @@ async def _resent(dsn: str) -> int:
         await conn.close()
 
 
+
+
+async def test_the_sentinel_client_finds_the_master_and_closes_everything(sentinel_group: SentinelGroup) -> None:
+    client = redis_client(sentinel_group.url, socket_timeout=5)
+    await client.set("jq:{sentinel-test}:k", "v")
+    with sentinel_group.master.client() as direct:
+        assert direct.get("jq:{sentinel-test}:k") == b"v"  # it asked a sentinel and wrote to the master
+    assert isinstance(client, SentinelMaster) and client.sentinel_manager is not None
+
+    def open_to_sentinels() -> int:
+        assert isinstance(client, SentinelMaster) and client.sentinel_manager is not None
+        pools = [s.connection_pool for s in client.sentinel_manager.sentinels]
+        return sum(1 for p in pools for c in [*p._available_connections, *p._in_use_connections] if c.is_connected)
+
+    assert open_to_sentinels() >= 1
+    await client.aclose()
+    assert open_to_sentinels() == 0
