@@ -19,9 +19,10 @@ import redis.asyncio as aioredis
 
 from judgequeue.core.connect import connect_postgres
 from judgequeue.core.queues import create_queue
+from judgequeue.core.runtime import ReadinessProbe
 from tests.conftest import ADMIN_DSN, REDIS_URL
 from tests.flow import Flow, check_flow, install_audit, terminal_count
-from tests.helpers import eventually
+from tests.helpers import eventually, make_settings
 from tests.pgbouncer import PgBouncer, pgbouncer
 from tests.roles import JUDGEQUEUE, Roles, submit_retrying
 
@@ -58,7 +59,25 @@ async def test_the_pooler_really_switches_server_sessions(bouncer: PgBouncer, pg
             await other.close()
 
 
-def test_migrate_through_the_pooler_concurrently(bouncer: PgBouncer, fresh_db: str) -> None:
+async def test_readiness_probe_through_the_pooler(bouncer: PgBouncer, pg_dsn: str, queue_name: str) -> None:
+    """The probe keeps one connection across checks: it must not cache statements behind the pooler."""
+    settings = make_settings(bouncer.dsn_for(pg_dsn), REDIS_URL, queue_name, postgres_pooler="transaction")
+    probe = ReadinessProbe(settings, need_group=False, timeout=5)
+    other = await asyncpg.connect(bouncer.dsn_for(pg_dsn), **NO_CACHE)
+    try:
+        for _ in range(3):  # each check after the first runs on the session another client just released
+            busy = other.transaction()
+            await busy.start()
+            await other.execute("SELECT 1")
+            assert (await probe()).checks["postgres"] == "ok"
+            await busy.commit()
+            assert (await probe()).checks["postgres"] == "ok"
+    finally:
+        await other.close()
+        await probe.close()
+
+
+def test_migrate_and_tools_through_the_pooler(bouncer: PgBouncer, fresh_db: str) -> None:
     dsn = bouncer.dsn_for(fresh_db)
     env = {"JUDGEQUEUE_POSTGRES_DSN": dsn, "PATH": "/usr/bin:/bin"}
     runs = [
@@ -70,6 +89,9 @@ def test_migrate_through_the_pooler_concurrently(bouncer: PgBouncer, fresh_db: s
     assert sum('"applied": []' in out for out in outputs) == 2, outputs  # one run applied everything
     again = subprocess.run([JUDGEQUEUE, "migrate"], env=env, capture_output=True, text=True, timeout=60)
     assert again.returncode == 0 and "up to date" in again.stdout, again.stdout + again.stderr
+    for command in (["queue", "create", "via-pooler"], ["queue", "list"], ["queue", "show", "via-pooler"]):
+        tool = subprocess.run([JUDGEQUEUE, *command], env=env, capture_output=True, text=True, timeout=60)
+        assert tool.returncode == 0 and "via-pooler" in tool.stdout, tool.stdout + tool.stderr
 
 
 async def _setup(pg_dsn: str, queue: str) -> None:
