@@ -9,8 +9,11 @@ transaction ends, which poolers of every kind pass through). Nothing else is per
 the roles need (``synchronous_commit``) are set per transaction in their SQL, never as startup
 parameters, which PgBouncer refuses unless told to ignore them.
 
-Failover: a multi-host DSN (``postgresql://h1:5432,h2:5432/db?target_session_attrs=read-write``) is
-asyncpg's own; every new connection tries the hosts in order and keeps the writable one.
+Failover: a multi-host DSN (``postgresql://h1:5432,h2:5432/db?target_session_attrs=read-write``):
+every new connection tries the hosts in order and keeps the first that qualifies. asyncpg does this
+itself but under one timeout for all hosts, so a first host that swallows connections (a frozen
+server, a dead machine whose address drops packets) would use it all up on every attempt and the
+next host would never be tried; here each host gets :data:`HOST_CONNECT_TIMEOUT` of its own.
 
 Redis: a ``redis+sentinel://`` URL (see :mod:`judgequeue.core.redis_url`) gives a client whose
 connections ask the sentinels for the current master each time they (re)connect, and drop a
@@ -19,7 +22,9 @@ connection that finds its master demoted to a replica.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import redis.asyncio as aioredis
@@ -35,14 +40,60 @@ def postgres_options(pooler: str) -> dict[str, Any]:
     return {}
 
 
-async def connect_postgres(dsn: str, *, pooler: str = "none", **options: Any) -> asyncpg.Connection:
-    """One Postgres connection (asyncpg.connect with the options ``pooler`` needs)."""
-    return await asyncpg.connect(dsn, **postgres_options(pooler), **options)
+#: Seconds one host of a multi-host DSN may take to give a usable connection before the next is tried.
+HOST_CONNECT_TIMEOUT = 5.0
+
+
+def split_hosts(dsn: str) -> list[str]:
+    """A multi-host ``postgresql://`` URL as one URL per host, in order (same user, database and
+    options, ``target_session_attrs`` included); a single-host DSN as itself (pure)."""
+    parts = urlsplit(dsn)
+    userinfo, at, hosts = parts.netloc.rpartition("@")
+    if "," not in hosts:
+        return [dsn]
+    return [urlunsplit(parts._replace(netloc=f"{userinfo}{at}{host}")) for host in hosts.split(",") if host]
+
+
+# ``timeout`` keeps asyncpg.connect's name: the pool calls this in its place with the same keywords.
+async def _connect_in_turn(
+    dsn: str, *, timeout: float = 60.0, host_timeout: float = HOST_CONNECT_TIMEOUT, **options: Any  # noqa: ASYNC109
+) -> asyncpg.Connection:
+    """asyncpg.connect, trying the hosts of a multi-host DSN one at a time, each within ``host_timeout``.
+
+    ``timeout`` bounds the whole attempt, like asyncpg's. The last host's error is raised when none
+    qualifies (refused, timed out, or not what ``target_session_attrs`` asks for).
+    """
+    hosts = split_hosts(dsn)
+    if len(hosts) == 1:
+        return await asyncpg.connect(dsn, timeout=timeout, **options)
+    last: BaseException | None = None
+    async with asyncio.timeout(timeout):
+        for host in hosts:
+            try:
+                return await asyncpg.connect(host, timeout=min(host_timeout, timeout), **options)
+            except (
+                OSError,
+                TimeoutError,
+                asyncpg.PostgresError,
+                asyncpg.InterfaceError,
+                asyncpg.exceptions.InternalClientError,  # TargetServerAttributeNotMatched
+            ) as exc:
+                last = exc
+    assert last is not None
+    raise last
+
+
+async def connect_postgres(
+    dsn: str, *, pooler: str = "none", host_timeout: float = HOST_CONNECT_TIMEOUT, **options: Any
+) -> asyncpg.Connection:
+    """One Postgres connection with the options ``pooler`` needs, multi-host DSNs tried host by host."""
+    return await _connect_in_turn(dsn, host_timeout=host_timeout, **postgres_options(pooler), **options)
 
 
 async def create_postgres_pool(dsn: str, *, pooler: str = "none", **options: Any) -> asyncpg.Pool:
-    """A Postgres pool (asyncpg.create_pool with the options ``pooler`` needs)."""
-    pool = await asyncpg.create_pool(dsn, **postgres_options(pooler), **options)
+    """A Postgres pool with the options ``pooler`` needs; its connections are made like
+    :func:`connect_postgres`'s (host by host for a multi-host DSN)."""
+    pool = await asyncpg.create_pool(dsn, connect=_connect_in_turn, **postgres_options(pooler), **options)
     assert pool is not None  # asyncpg returns None only when not awaited
     return pool
 

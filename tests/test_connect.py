@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import socket
+from urllib.parse import urlsplit
+
+import asyncpg
 import pytest
 
 from judgequeue.core.config import load_settings, redact_url
-from judgequeue.core.connect import postgres_options, redis_client
+from judgequeue.core.connect import connect_postgres, postgres_options, redis_client, split_hosts
 from judgequeue.core.errors import ConfigError
 from judgequeue.core.redis_url import SentinelTarget, parse_sentinel_url
 
@@ -81,3 +85,29 @@ async def test_sentinel_client_is_lazy_and_plain_urls_stay_plain() -> None:
         assert plain.connection_pool.connection_kwargs["db"] == 4
     finally:
         await plain.aclose()
+
+
+def test_split_hosts() -> None:
+    assert split_hosts("postgresql://u:p@a:1,b,[::1]:3/db?target_session_attrs=read-write") == [
+        "postgresql://u:p@a:1/db?target_session_attrs=read-write",
+        "postgresql://u:p@b/db?target_session_attrs=read-write",
+        "postgresql://u:p@[::1]:3/db?target_session_attrs=read-write",
+    ]
+    assert split_hosts("postgresql://h:5432/db") == ["postgresql://h:5432/db"]
+
+
+async def test_a_host_that_swallows_connections_does_not_starve_the_next(pg_dsn: str) -> None:
+    """A frozen first host (it completes TCP handshakes, then says nothing) gets its own time only."""
+    real = urlsplit(pg_dsn)
+    with socket.socket() as black:
+        black.bind(("127.0.0.1", 0))
+        black.listen(16)  # never accepted: the kernel answers the handshake, nobody the protocol
+        hosts = f"127.0.0.1:{black.getsockname()[1]},{real.hostname}:{real.port}"
+        dsn = f"postgresql://postgres@{hosts}{real.path}?target_session_attrs=read-write"
+        with pytest.raises(TimeoutError):
+            await asyncpg.connect(dsn, timeout=2)  # asyncpg alone: the first host eats the whole timeout
+        conn = await connect_postgres(dsn, host_timeout=1, timeout=30)
+        try:
+            assert await conn.fetchval("SELECT current_database()") == real.path.lstrip("/")
+        finally:
+            await conn.close()
