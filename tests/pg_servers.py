@@ -36,10 +36,16 @@ class PostgresServer:
 
     ``settings`` are extra ``-c name=value`` server options for this server only (a standby made
     from it does not inherit them: they are command-line options, not in its configuration files).
+    ``via_port``: the standby reaches its primary through this port (a proxy the test controls).
     """
 
     def __init__(
-        self, workdir: Path, *, settings: dict[str, str] | None = None, standby_of: PostgresServer | None = None
+        self,
+        workdir: Path,
+        *,
+        settings: dict[str, str] | None = None,
+        standby_of: PostgresServer | None = None,
+        via_port: int | None = None,
     ) -> None:
         self.workdir = workdir
         self.data = workdir / "data"
@@ -58,7 +64,7 @@ class PostgresServer:
             # -R writes primary_conninfo and standby.signal; initdb's pg_hba trusts loopback replication.
             self._run(
                 "pg_basebackup", "-D", str(self.data), "-R", "-X", "stream", "-c", "fast", "--no-sync",
-                "-h", "127.0.0.1", "-p", str(standby_of.port), "-U", "postgres",
+                "-h", "127.0.0.1", "-p", str(via_port or standby_of.port), "-U", "postgres",
             )  # fmt: skip
         self.start()
 
@@ -124,12 +130,12 @@ class PostgresServer:
 
 @contextlib.contextmanager
 def postgres_server(
-    *, settings: dict[str, str] | None = None, standby_of: PostgresServer | None = None
+    *, settings: dict[str, str] | None = None, standby_of: PostgresServer | None = None, via_port: int | None = None
 ) -> Iterator[PostgresServer]:
     workdir = Path(tempfile.mkdtemp(prefix="jq-pg-"))
     server = None
     try:
-        server = PostgresServer(workdir, settings=settings, standby_of=standby_of)
+        server = PostgresServer(workdir, settings=settings, standby_of=standby_of, via_port=via_port)
         yield server
     finally:
         if server is not None:
