@@ -282,7 +282,7 @@ def control_plane(workdir: Path, *, oldest: bool = False, scheduler: bool = True
     helm = dirs["HELM_BIN"] / "helm"
     wanted = [etcd_bin, bin_dir / "kube-apiserver"]
     if not oldest:
-        wanted += [bin_dir / "kube-controller-manager", bin_dir / "kube-scheduler", bin_dir / "kubectl", helm]
+        wanted += [bin_dir / "kube-controller-manager", bin_dir / "kube-scheduler", bin_dir / "kubectl"]
     missing = [str(p) for p in wanted if not p.exists()]
     if missing:
         raise KubeTierError(f"control-plane binaries missing ({', '.join(missing)}): run scripts/install "
