@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 
 from tests.kube.cluster import ROOT, Cluster, control_plane
+from tests.kube.node import NodeAgent
+from tests.kube.tools import JUDGEQUEUE_BIN
 
 CRD_FILE = ROOT / "crds" / "judgequeue.yaml"
 CHART = ROOT / "charts" / "judgequeue"
@@ -65,3 +67,12 @@ def namespace(kube: Cluster) -> Iterator[str]:
     kube.create_namespace(name)
     yield name
     kube.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture(scope="session")
+def node(kube: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeAgent]:
+    """The test node agent: runs the pods the scheduler binds to it as local processes."""
+    agent = NodeAgent(kube, tmp_path_factory.mktemp("node"), entrypoint=str(JUDGEQUEUE_BIN))
+    agent.start()
+    yield agent
+    agent.stop()
