@@ -280,9 +280,9 @@ def control_plane(workdir: Path, *, oldest: bool = False, scheduler: bool = True
     bin_dir = dirs["KUBE_OLDEST_BIN" if oldest else "KUBE_BIN"]
     etcd_bin = dirs["ETCD_BIN"] / "etcd"
     helm = dirs["HELM_BIN"] / "helm"
-    wanted = [etcd_bin, bin_dir / "kube-apiserver"]
+    wanted = [etcd_bin, bin_dir / "kube-apiserver", dirs["KUBE_BIN"] / "kubectl"]
     if not oldest:
-        wanted += [bin_dir / "kube-controller-manager", bin_dir / "kube-scheduler", bin_dir / "kubectl"]
+        wanted += [bin_dir / "kube-controller-manager", bin_dir / "kube-scheduler"]
     missing = [str(p) for p in wanted if not p.exists()]
     if missing:
         raise KubeTierError(f"control-plane binaries missing ({', '.join(missing)}): run scripts/install "
@@ -298,7 +298,8 @@ def control_plane(workdir: Path, *, oldest: bool = False, scheduler: bool = True
     server = f"https://127.0.0.1:{api_port}"
     kubeconfig = write_kubeconfig(workdir / "kubeconfig", server=server, ca=pki / "ca.crt", token=admin_token)
     version = bin_dir.parent.name.removeprefix("kube-")
-    cluster = Cluster(workdir=workdir, bin_dir=bin_dir, helm=helm, server=server, ca=pki / "ca.crt",
+    # kubectl is always the pinned current one (the client a user of either server would have).
+    cluster = Cluster(workdir=workdir, bin_dir=dirs["KUBE_BIN"], helm=helm, server=server, ca=pki / "ca.crt",
                       token=admin_token, kubeconfig=kubeconfig, version=version)
     try:
         etcd = _start("etcd", [
