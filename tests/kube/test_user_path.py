@@ -11,7 +11,6 @@ rollback follow on the same installation (tests/kube/test_gitops_churn.py has th
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import json
 import os
@@ -22,20 +21,25 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import asyncpg
 import pytest
-import redis
 import yaml
 
-from tests.conftest import ADMIN_DSN, REDIS_URL
+from tests.conftest import ADMIN_DSN
 from tests.kube.cluster import Cluster
 from tests.kube.conftest import CHART, EXAMPLE
 from tests.kube.node import NodeAgent
-from tests.kube.tools import JUDGEQUEUE_BIN, condition, jq_path, wait_for
+from tests.kube.tools import (
+    JUDGEQUEUE_BIN,
+    KUBE_REDIS_URL,
+    clear_queue_keys,
+    condition,
+    jq_path,
+    ready_pods,
+    run_sql,
+    wait_for,
+)
 
 RELEASE_NS = "judgequeue-system"
-# A Redis database of its own: the example's queue is named "demo", as other suites' may be.
-KUBE_REDIS_URL = REDIS_URL.rsplit("/", 1)[0] + "/13"
 PAYLOAD = {"language": "python", "source": "print(sum(map(int, input().split())))",
            "tests": [{"input": "1 2", "output": "3"}], "limits": {"time": 2, "memory_mb": 256}}
 
@@ -49,16 +53,6 @@ class Installed:
 
     def jq(self) -> dict[str, Any]:
         return dict(self.kube.request("GET", jq_path(self.namespace, "demo")))
-
-
-def clear_queue_keys(url: str, queue: str) -> None:
-    client = redis.Redis.from_url(url)
-    try:
-        keys = list(client.scan_iter(match=f"jq:{{{queue}}}*", count=1000))
-        if keys:
-            client.delete(*keys)
-    finally:
-        client.close()
 
 
 def helm_install(kube: Cluster) -> subprocess.CompletedProcess[str]:
@@ -75,13 +69,6 @@ def secrets_manifest(namespace: str, dsn: str, url: str) -> str:
         {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "judgequeue-redis", "namespace": namespace},
          "type": "Opaque", "stringData": {"url": url}},
     ])
-
-
-def ready_pods(kube: Cluster, namespace: str, component: str) -> list[dict[str, Any]]:
-    pods = kube.request("GET", f"/api/v1/namespaces/{namespace}/pods?labelSelector="
-                               f"app.kubernetes.io/component%3D{component}")["items"]
-    return [p for p in pods if not p["metadata"].get("deletionTimestamp")
-            and any(c["type"] == "Ready" and c["status"] == "True" for c in p.get("status", {}).get("conditions", []))]
 
 
 @pytest.fixture(scope="module")
@@ -110,19 +97,6 @@ def installed(kube: Cluster, node: NodeAgent, tmp_path_factory: pytest.TempPathF
                  ["items"], timeout=90)
         clear_queue_keys(KUBE_REDIS_URL, "demo")
         run_sql(admin, f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
-
-
-def run_sql(dsn: str, sql: str, *args: Any) -> Any:
-    """One statement on a connection of its own (these tests are synchronous: they drive processes)."""
-
-    async def go() -> Any:
-        conn = await asyncpg.connect(dsn)
-        try:
-            return await conn.fetch(sql, *args)
-        finally:
-            await conn.close()
-
-    return asyncio.run(go())
 
 
 def test_pods_run_and_the_queue_becomes_ready(installed: Installed) -> None:

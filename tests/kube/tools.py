@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import os
@@ -14,9 +15,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import asyncpg
+import redis
+
 from judgequeue.controllers.rbac import render_rules
+from tests.conftest import REDIS_URL
 from tests.kube.cluster import ROOT, Cluster, wait_until
 
+# A Redis database of its own: the example's queue is named "demo", as other suites' may be.
+KUBE_REDIS_URL = REDIS_URL.rsplit("/", 1)[0] + "/13"
 JQ_PATH = "/apis/judgequeue.dev/v1alpha1/namespaces/{ns}/judgequeues"
 JUDGEQUEUE_BIN = Path(sys.executable).parent / "judgequeue"
 
@@ -134,3 +141,46 @@ def wait_for(what: str, probe: Callable[[], Any], *, timeout: float = 60.0,
 
 def elapsed_since(start: float) -> float:
     return time.monotonic() - start
+
+
+def clear_queue_keys(url: str, queue: str) -> None:
+    client = redis.Redis.from_url(url)
+    try:
+        keys = list(client.scan_iter(match=f"jq:{{{queue}}}*", count=1000))
+        if keys:
+            client.delete(*keys)
+    finally:
+        client.close()
+
+
+def ready_pods(kube: Cluster, namespace: str, component: str) -> list[dict[str, Any]]:
+    pods = kube.request("GET", f"/api/v1/namespaces/{namespace}/pods?labelSelector="
+                               f"app.kubernetes.io/component%3D{component}")["items"]
+    return [p for p in pods if not p["metadata"].get("deletionTimestamp")
+            and any(c["type"] == "Ready" and c["status"] == "True" for c in p.get("status", {}).get("conditions", []))]
+
+
+def run_sql(dsn: str, sql: str, *args: Any) -> Any:
+    """One statement on a connection of its own (these tests are synchronous: they drive processes)."""
+
+    async def go() -> Any:
+        conn = await asyncpg.connect(dsn)
+        try:
+            return await conn.fetch(sql, *args)
+        finally:
+            await conn.close()
+
+    return asyncio.run(go())
+
+
+def execute_sql(dsn: str, script: str) -> None:
+    """A multi-statement script (no parameters, no results)."""
+
+    async def go() -> None:
+        conn = await asyncpg.connect(dsn)
+        try:
+            await conn.execute(script)
+        finally:
+            await conn.close()
+
+    asyncio.run(go())
