@@ -16,7 +16,7 @@ import pytest
 
 from tests.kube.cluster import ROOT, Cluster, control_plane
 from tests.kube.node import NodeAgent
-from tests.kube.tools import JUDGEQUEUE_BIN
+from tests.kube.tools import JUDGEQUEUE_BIN, record_figure
 
 CRD_FILE = ROOT / "crds" / "judgequeue.yaml"
 CHART = ROOT / "charts" / "judgequeue"
@@ -40,6 +40,7 @@ def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     started = time.monotonic()
     with control_plane(tmp_path_factory.mktemp("kube")) as cluster:
         START_TIMES["current"] = time.monotonic() - started
+        record_figure("control_plane_warm_start_seconds", round(START_TIMES["current"], 2))
         yield cluster
 
 

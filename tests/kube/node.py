@@ -68,6 +68,7 @@ class PodRun:
     probe_successes: int = 0
     terminating_since: float | None = None
     reported: str = ""
+    config_error: str = ""
     exit_codes: list[int] = field(default_factory=list)
 
 
@@ -171,7 +172,12 @@ class NodeAgent:
             if pod["metadata"].get("deletionTimestamp"):
                 self._terminate(run)
                 continue
-            self._keep_running(run)
+            try:
+                self._keep_running(run)
+            except LookupError as exc:  # as a kubelet: CreateContainerConfigError, retried next round
+                run.config_error = str(exc)
+            else:
+                run.config_error = ""
             self._probe(run)
             self._report(run)
         for uid in list(self.pods):
@@ -274,6 +280,7 @@ class NodeAgent:
             run.ready = False
             if run.pod["spec"].get("restartPolicy", "Always") == "Never":
                 return
+            run.process = None
         argv, env = self._command(run)
         log = (run.workdir / "container.log").open("ab")
         run.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=run.workdir,
@@ -335,8 +342,10 @@ class NodeAgent:
         container = run.pod["spec"]["containers"][0]
         running = run.process is not None and run.process.poll() is None
         ready = "True" if run.ready and running else "False"
-        state: dict[str, Any] = ({"running": {"startedAt": run.started_at}} if running else
-                                 {"waiting": {"reason": "CrashLoopBackOff"}})
+        state: dict[str, Any] = {"running": {"startedAt": run.started_at}}
+        if not running:
+            state = ({"waiting": {"reason": "CreateContainerConfigError", "message": run.config_error}}
+                     if run.config_error else {"waiting": {"reason": "CrashLoopBackOff"}})
         status = {
             "phase": "Running" if running or run.restarts else "Pending",
             "hostIP": "127.0.0.1", "podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}],

@@ -35,6 +35,7 @@ from tests.kube.tools import (
     condition,
     jq_path,
     ready_pods,
+    record_figure,
     run_sql,
     wait_for,
 )
@@ -164,21 +165,6 @@ def test_status_is_kstatus_compatible(installed: Installed) -> None:
     assert "condition met" in waited.stdout
 
 
-def _figure(name: str, value: Any) -> None:
-    """Record a timing figure for docs/performance.md (never asserted: timings are not test outcomes)."""
-    path = os.environ.get("JUDGEQUEUE_KUBE_FIGURES")
-    if not path:
-        return
-    try:
-        with open(path) as f:
-            figures = json.load(f)
-    except (OSError, ValueError):
-        figures = {}
-    figures[name] = value
-    with open(path, "w") as f:
-        json.dump(figures, f, indent=2, sort_keys=True)
-
-
 def _quantiles(samples: list[float]) -> dict[str, float]:
     ordered = sorted(samples)
     return {"n": len(ordered), "p50": round(ordered[len(ordered) // 2], 3),
@@ -225,7 +211,7 @@ def test_gitops_flip_rollback_and_refused_watermark(installed: Installed) -> Non
         assert row["watermark"].isoformat().startswith("2026-01-01T00:00:00")
         _apply_and_time_flag(installed, shadow, "shadow")  # the rollback: the previous manifest again
         wait_for("status reports shadow", lambda: _status_reports(installed, "shadow"), timeout=30)
-    _figure("apply_to_flag_seconds", _quantiles(flips))
+    record_figure("apply_to_flag_seconds", _quantiles(flips))
     back = copy.deepcopy(live)
     back["spec"]["cutover"]["watermark"] = "2025-12-01T00:00:00Z"
     refused = installed.kube.apply(back, namespace=installed.namespace, check=False)
@@ -253,6 +239,6 @@ def test_reconcile_latency_cr_change_to_deployment_patched(installed: Installed)
         wait_for(f"dispatcher Deployment with batch size {wanted}", lambda: batch_size() == wanted,  # noqa: B023
                  timeout=30)
         samples.append(time.monotonic() - started)
-    _figure("reconcile_cr_to_deployment_seconds", _quantiles(samples))
+    record_figure("reconcile_cr_to_deployment_seconds", _quantiles(samples))
     wait_for("JudgeQueue Ready after the rollouts", lambda: condition(installed.jq(), "Ready").get("status") == "True",
              timeout=120)
