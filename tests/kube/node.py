@@ -87,6 +87,7 @@ class NodeAgent:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=f"node-{name}", daemon=True)
         self._last_heartbeat = 0.0
+        self.rounds = 0  # completed sync rounds, for tests that need "a few more rounds"
         self._api_port = int(kube.server.rsplit(":", 1)[1])
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -154,6 +155,7 @@ class NodeAgent:
                 self._sync()
             except Exception as exc:  # kept for the test to report; the agent keeps going
                 self.errors.append(repr(exc))
+            self.rounds += 1
             self._stop.wait(self.poll)
 
     def _sync(self) -> None:
@@ -346,11 +348,13 @@ class NodeAgent:
         if not running:
             state = ({"waiting": {"reason": "CreateContainerConfigError", "message": run.config_error}}
                      if run.config_error else {"waiting": {"reason": "CrashLoopBackOff"}})
+        # A container that never started (its config could not be resolved) has no start time yet.
+        since = run.started_at or run.pod["metadata"]["creationTimestamp"]
         status = {
             "phase": "Running" if running or run.restarts else "Pending",
             "hostIP": "127.0.0.1", "podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}],
-            "startTime": run.started_at,
-            "conditions": [{"type": t, "status": s, "lastTransitionTime": run.started_at} for t, s in (
+            "startTime": since,
+            "conditions": [{"type": t, "status": s, "lastTransitionTime": since} for t, s in (
                 ("PodScheduled", "True"), ("Initialized", "True"), ("ContainersReady", ready), ("Ready", ready))],
             "containerStatuses": [{"name": container["name"], "image": container["image"],
                                    "imageID": f"local://{container['image']}", "containerID": f"local://{run.uid}",

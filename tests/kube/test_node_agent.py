@@ -70,3 +70,25 @@ def test_deletion_sends_sigterm_then_sigkill_after_the_grace_period(kube: Cluste
     wait_for("stubborn pod gone", lambda: kube.get(f"/api/v1/namespaces/{ns}/pods/stubborn") is None, timeout=30)
     assert time.monotonic() - started >= 2  # SIGTERM ignored: killed only once the grace period ran out
     assert not [r for r in node.running() if r.name in ("polite", "stubborn")]
+
+
+def test_missing_secret_is_a_pod_state_not_an_agent_error(kube: Cluster, node: NodeAgent, namespace: str) -> None:
+    """As a kubelet: a container whose Secret is missing waits in CreateContainerConfigError."""
+    ns = namespace
+    errors_before = len(node.errors)
+    pod = _pod("nosecret", "sleep 600", container={
+        "env": [{"name": "A", "valueFrom": {"secretKeyRef": {"name": "absent", "key": "k"}}}]})
+    kube.request("POST", f"/api/v1/namespaces/{ns}/pods", pod)
+
+    def waiting_reason() -> str | None:
+        found = kube.get(f"/api/v1/namespaces/{ns}/pods/nosecret") or {}
+        statuses = found.get("status", {}).get("containerStatuses") or [{}]
+        reason = (statuses[0].get("state") or {}).get("waiting", {}).get("reason")
+        return None if reason is None else str(reason)
+
+    assert wait_for("CreateContainerConfigError", waiting_reason, timeout=60) == "CreateContainerConfigError"
+    # A few more rounds of the agent's loop (each reports status): still no error of its own.
+    for _ in range(3):
+        rounds = node.rounds
+        wait_for("another agent round", lambda: node.rounds > rounds, timeout=10)  # noqa: B023
+    assert node.errors[errors_before:] == []
