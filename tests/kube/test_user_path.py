@@ -204,7 +204,7 @@ def test_gitops_flip_rollback_and_refused_watermark(installed: Installed) -> Non
     _apply_and_time_flag(installed, shadow, "shadow")
     wait_for("status reports shadow", lambda: _status_reports(installed, "shadow"), timeout=30)
     flips: list[float] = []
-    for _ in range(5):
+    for _ in range(10):
         flips.append(_apply_and_time_flag(installed, live, "live"))
         wait_for("status reports live", lambda: _status_reports(installed, "live"), timeout=30)
         (row,) = run_sql(installed.dsn, "SELECT watermark FROM judgequeue.queues WHERE name = 'demo'")
@@ -231,7 +231,7 @@ def test_reconcile_latency_cr_change_to_deployment_patched(installed: Installed)
         return str(next(e["value"] for e in env if e["name"] == "JUDGEQUEUE_BATCH_SIZE"))
 
     samples: list[float] = []
-    for i in range(12):
+    for i in range(20):
         wanted = str(101 + i)
         started = time.monotonic()
         kube.request("PATCH", jq_path(ns, "demo"), {"spec": {"dispatcher": {"batchSize": int(wanted)}}},
