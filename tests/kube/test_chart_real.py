@@ -38,3 +38,11 @@ def test_chart_claims_the_kube_version_it_is_checked_on(kube: Cluster) -> None:
     assert rendered.returncode != 0 and "kubeVersion" in rendered.stderr
     rendered = kube.helm_cmd("template", "x", str(CHART), "--kube-version", kube.version.lstrip("v"))
     assert "kind: Deployment" in rendered.stdout
+
+
+def test_helm_lint_strict_with_every_ci_values_file(kube: Cluster) -> None:
+    """The real helm binary lints the chart with each values file the chart's ci/ folder ships."""
+    for values in sorted((CHART / "ci").glob("*.yaml")):
+        result = kube.helm_cmd("lint", "--strict", str(CHART), "-f", str(values), "--kube-version",
+                               kube.version.lstrip("v"), check=False)
+        assert result.returncode == 0, (values.name, result.stdout, result.stderr)
