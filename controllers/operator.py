@@ -91,9 +91,13 @@ def run_operator(
     ``interval`` overrides just the timer's. Logs are JSON lines on stderr, like the roles', so one
     log pipeline reads both (and a failing reconcile is never silent).
     """
-    setup_logging(log_level)
+    level = log_level.upper()
+    known = level in ("DEBUG", "INFO", "WARNING", "ERROR")
+    setup_logging(level if known else "INFO")
     for handler in logging.getLogger().handlers:
         handler.addFilter(_drop_kopf_settings)
+    if not known:
+        logging.getLogger(__name__).warning(f"unknown log level {log_level!r}; using INFO")
     if interval is not None:
         config = dataclasses.replace(config or OperatorConfig(), interval=interval)
     asyncio.run(

@@ -623,8 +623,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--liveness-port", type=int, help="serve the operator's /healthz on this port")
     p.add_argument("--peering", help="Kopf peering name, for several operator replicas (default: standalone)")
     p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, else $KUBECONFIG or ~/.kube/config)")
-    p.add_argument("--interval", type=float, default=10.0,
-                   help="seconds between timer ticks: autoscaling, status refresh, retries (default 10)")
+    p.add_argument("--interval", type=parse_duration, default=10.0,
+                   help="time between timer ticks: autoscaling, status refresh, retries (default 10s)")
     p.set_defaults(handler=cmd_operator)
 
     p = add(
