@@ -231,7 +231,8 @@ def cmd_operator(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     namespaces = None if args.all_namespaces else args.namespace
     try:
         result = run_operator(
-            namespaces, liveness_port=args.liveness_port, peering=args.peering, kubeconfig=args.kubeconfig
+            namespaces, liveness_port=args.liveness_port, peering=args.peering, kubeconfig=args.kubeconfig,
+            interval=args.interval, log_level=env.get("JUDGEQUEUE_LOG_LEVEL", "INFO"),
         )
     except Exception as exc:
         if type(exc).__module__.startswith("kubernetes.config"):
@@ -647,6 +648,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--liveness-port", type=int, help="serve the operator's /healthz on this port")
     p.add_argument("--peering", help="Kopf peering name, for several operator replicas (default: standalone)")
     p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, else $KUBECONFIG or ~/.kube/config)")
+    p.add_argument("--interval", type=parse_duration, default=10.0,
+                   help="time between timer ticks: autoscaling, status refresh, retries (default 10s)")
     p.set_defaults(handler=cmd_operator)
 
     p = add(
