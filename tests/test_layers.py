@@ -29,8 +29,8 @@ CORE_LAYERS: dict[str, int] = {
     "cli": 6,
 }
 ROLES = {"dispatcher", "worker", "reaper"}
-#: What the operator may take from core: types, pure helpers and the queue/backlog API.
-CONTROLLERS_MAY_USE = {"errors", "config", "queues", "backlog"}
+#: What the operator may take from core: types, pure helpers, the queue/backlog API and the log format.
+CONTROLLERS_MAY_USE = {"errors", "config", "queues", "backlog", "logs"}
 
 
 def _modules(package: str, folder: Path) -> dict[str, Path]:
