@@ -14,6 +14,8 @@ every new connection tries the hosts in order and keeps the first that qualifies
 itself but under one timeout for all hosts, so a first host that swallows connections (a frozen
 server, a dead machine whose address drops packets) would use it all up on every attempt and the
 next host would never be tried; here each host gets :data:`HOST_CONNECT_TIMEOUT` of its own.
+(Hosts are taken in order, so ``target_session_attrs=prefer-standby`` acts like ``any``: judgequeue
+writes, and wants ``read-write``.)
 
 Redis: a ``redis+sentinel://`` URL (see :mod:`judgequeue.core.redis_url`) gives a client whose
 connections ask the sentinels for the current master each time they (re)connect, and drop a
