@@ -8,16 +8,26 @@ it with ``strategy: Recreate``. For several replicas, pass ``peering`` (needs Ko
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import logging
 import threading
 from collections.abc import Sequence
 from typing import Any
 
 import kopf
 
+from judgequeue.core.logs import setup_logging
+
 from .handlers import OperatorConfig, OperatorState, build_registry
 from .kube import KubeApi, connection_info, load_configuration
 
 _GLOB = set("*?[")
+
+
+def _drop_kopf_settings(record: logging.LogRecord) -> bool:
+    """Kopf attaches its whole settings object to each object-log record; keep it out of the JSON."""
+    record.__dict__.pop("settings", None)
+    return True
 
 
 def operator_settings(namespaces: Sequence[str] | None) -> kopf.OperatorSettings:
@@ -69,14 +79,27 @@ def run_operator(
     standalone: bool = False,
     kubeconfig: str | None = None,
     config: OperatorConfig | None = None,
+    interval: float | None = None,
+    log_level: str = "INFO",
 ) -> int:
     """Run until SIGINT/SIGTERM; returns the process exit code.
 
     ``namespaces``: serve only these (None or empty: cluster-wide). ``liveness_port``: serve Kopf's
     ``/healthz`` there. ``peering``: a Kopf peering name for several replicas; without it the operator
     runs standalone (one replica). ``kubeconfig``: a kubeconfig path (default: in-cluster, else
-    ``$KUBECONFIG``/``~/.kube/config``). ``config``: timer interval and connection timeouts.
+    ``$KUBECONFIG``/``~/.kube/config``). ``config``: timer interval and connection timeouts;
+    ``interval`` overrides just the timer's. Logs are JSON lines on stderr, like the roles', so one
+    log pipeline reads both (and a failing reconcile is never silent).
     """
+    level = log_level.upper()
+    known = level in ("DEBUG", "INFO", "WARNING", "ERROR")
+    setup_logging(level if known else "INFO")
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(_drop_kopf_settings)
+    if not known:
+        logging.getLogger(__name__).warning(f"unknown log level {log_level!r}; using INFO")
+    if interval is not None:
+        config = dataclasses.replace(config or OperatorConfig(), interval=interval)
     asyncio.run(
         operate(
             namespaces, liveness_port=liveness_port, peering=peering, standalone=standalone,

@@ -23,6 +23,9 @@ RULES: tuple[Rule, ...] = (
     Rule(("judgequeue.dev",), ("judgequeues",), ("get", "list", "watch", "patch"),
          "watch JudgeQueues; Kopf's finalizer/progress annotations"),
     Rule(("judgequeue.dev",), ("judgequeues/status",), ("get", "patch", "update"), "report status and conditions"),
+    Rule(("judgequeue.dev",), ("judgequeues/finalizers",), ("update",),
+         "children's owner references set blockOwnerDeletion, which admission (OwnerReferencesPermissionEnforcement, "
+         "on in OpenShift) allows only to who may update the owner's finalizers"),
     Rule(("apps",), ("deployments",), ("get", "list", "watch", "create", "patch", "update", "delete"),
          "dispatcher, worker and reaper Deployments"),
     Rule(("",), ("services",), ("get", "list", "watch", "create", "patch", "update", "delete"), "metrics Service"),

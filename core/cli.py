@@ -107,8 +107,12 @@ def _scrub(text: str, secrets: Sequence[str]) -> str:
 async def _connect_pg(dsn: str) -> Any:
     import asyncpg
 
+    from .connect import connect_postgres
+
     try:
-        return await asyncpg.connect(dsn, timeout=CONNECT_TIMEOUT)
+        # One-shot commands gain nothing from caching prepared statements, and without the cache
+        # they work through any pooler, PgBouncer in transaction mode included.
+        return await connect_postgres(dsn, pooler="transaction", timeout=CONNECT_TIMEOUT)
     except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
         raise Failure(f"cannot connect to Postgres at {redact_url(dsn)}: {exc or type(exc).__name__}") from None
 
@@ -227,7 +231,8 @@ def cmd_operator(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     namespaces = None if args.all_namespaces else args.namespace
     try:
         result = run_operator(
-            namespaces, liveness_port=args.liveness_port, peering=args.peering, kubeconfig=args.kubeconfig
+            namespaces, liveness_port=args.liveness_port, peering=args.peering, kubeconfig=args.kubeconfig,
+            interval=args.interval, log_level=env.get("JUDGEQUEUE_LOG_LEVEL", "INFO"),
         )
     except Exception as exc:
         if type(exc).__module__.startswith("kubernetes.config"):
@@ -434,8 +439,7 @@ def _threshold(kind: Callable[[str], T]) -> Callable[[str], T | None]:
 
 
 def cmd_status(args: argparse.Namespace, env: Mapping[str, str]) -> int:
-    import redis.asyncio as aioredis
-
+    from .connect import redis_client
     from .status import Thresholds, as_json, evaluate, gather, render
 
     dsn: str = resolve(args, env, DSN)
@@ -453,7 +457,7 @@ def cmd_status(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     )
 
     async def go(conn: Any) -> Any:
-        client = aioredis.Redis.from_url(redis_url, socket_timeout=5, socket_connect_timeout=5)
+        client = redis_client(redis_url, socket_timeout=5, socket_connect_timeout=5)
         try:
             return await gather(conn, client, queue)
         finally:
@@ -509,9 +513,9 @@ def cmd_cutover(args: argparse.Namespace, env: Mapping[str, str]) -> int:
 
 
 async def _with_redis(url: str, fn: Callable[[Any], Awaitable[T]]) -> T:
-    import redis.asyncio as aioredis
+    from .connect import redis_client
 
-    client = aioredis.Redis.from_url(url, socket_timeout=CONNECT_TIMEOUT, socket_connect_timeout=CONNECT_TIMEOUT)
+    client = redis_client(url, socket_timeout=CONNECT_TIMEOUT, socket_connect_timeout=CONNECT_TIMEOUT)
     try:
         return await fn(client)
     finally:
@@ -644,6 +648,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--liveness-port", type=int, help="serve the operator's /healthz on this port")
     p.add_argument("--peering", help="Kopf peering name, for several operator replicas (default: standalone)")
     p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, else $KUBECONFIG or ~/.kube/config)")
+    p.add_argument("--interval", type=parse_duration, default=10.0,
+                   help="time between timer ticks: autoscaling, status refresh, retries (default 10s)")
     p.set_defaults(handler=cmd_operator)
 
     p = add(

@@ -16,6 +16,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from .errors import ConfigError
 from .queues import validate_queue_name
+from .redis_url import validate_redis_url
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
@@ -39,17 +40,22 @@ def format_duration(seconds: float) -> str:
     return f"{int(ms)}ms" if float(ms).is_integer() else f"{seconds}s"
 
 
+_SECRET_QUERY = re.compile(r"((?:^|&)(?:password|sentinel_password)=)[^&]*")
+
+
 def redact_url(url: str) -> str:
-    """The URL with any password replaced by ``***`` (safe to log)."""
+    """The URL with any password (userinfo, ``password=`` or ``sentinel_password=``) replaced by ``***``."""
     try:
         parts = urlsplit(url)
     except ValueError:
         return "<unparseable url>"
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rsplit("@", 1)[1]
-    user = parts.username or ""
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
+    if parts.query:
+        parts = parts._replace(query=_SECRET_QUERY.sub(r"\1***", parts.query))
+    if parts.password is not None:
+        netloc = parts.netloc.rsplit("@", 1)[1]
+        user = parts.username or ""
+        parts = parts._replace(netloc=f"{user}:***@{netloc}")
+    return urlunsplit(parts)
 
 
 @dataclass(frozen=True)
@@ -82,11 +88,21 @@ class ReaperSettings:
     redispatch_after: float = 600.0  # re-send deliveries never leased this long after sending
 
 
+#: ``JUDGEQUEUE_POSTGRES_POOLER`` values: what sits between the roles and Postgres.
+POOLERS = ("none", "session", "transaction")
+
+
 @dataclass(frozen=True)
 class Settings:
     postgres_dsn: str
     redis_url: str
     queue: str
+    # "transaction": the DSN reaches Postgres through a pooler in transaction mode (PgBouncer
+    # pool_mode=transaction): no prepared-statement cache, no LISTEN or session state through it.
+    postgres_pooler: str = "none"
+    # A direct (pooler-free) DSN for the dispatcher's LISTEN wake-up; without one behind a
+    # transaction pooler the dispatcher polls every ``schedule``.
+    postgres_listen_dsn: str | None = None
     metrics_port: int = 9090
     metrics_address: str = "0.0.0.0"  # all IPv4 interfaces, as Prometheus in a pod needs
     log_level: str = "INFO"
@@ -98,6 +114,8 @@ class Settings:
         """A loggable view: connection passwords replaced."""
         return {
             "postgres_dsn": redact_url(self.postgres_dsn),
+            "postgres_pooler": self.postgres_pooler,
+            "postgres_listen_dsn": redact_url(self.postgres_listen_dsn) if self.postgres_listen_dsn else None,
             "redis_url": redact_url(self.redis_url),
             "queue": self.queue,
             "metrics_port": self.metrics_port,
@@ -107,6 +125,17 @@ class Settings:
             "worker": vars(self.worker),
             "reaper": vars(self.reaper),
         }
+
+    @property
+    def listen_dsn(self) -> str | None:
+        """Where the dispatcher LISTENs for wake-ups, or None to poll on ``schedule`` alone.
+
+        LISTEN needs one server session for as long as it listens, which a transaction pooler
+        does not give: notifications would reach whichever client holds that server connection.
+        """
+        if self.postgres_listen_dsn:
+            return self.postgres_listen_dsn
+        return None if self.postgres_pooler == "transaction" else self.postgres_dsn
 
 
 T = TypeVar("T")
@@ -156,9 +185,17 @@ def _postgres_dsn(text: str) -> str:
 
 
 def _redis_url(text: str) -> str:
-    if not text.startswith(("redis://", "rediss://", "unix://")):
-        raise ValueError("must be a redis://, rediss:// or unix:// URL")
-    return text
+    return validate_redis_url(text)
+
+
+def _pooler(text: str) -> str:
+    value = text.strip().lower()
+    if value not in POOLERS:
+        raise ValueError(
+            "must be none (direct to Postgres), session (a session-pooling pooler) or transaction "
+            "(PgBouncer pool_mode=transaction or any transaction pooler)"
+        )
+    return value
 
 
 def _judge_name(text: str) -> str:
@@ -170,6 +207,8 @@ def _judge_name(text: str) -> str:
 # variable suffix -> (section, field, parser, what is accepted)
 _VARIABLES: dict[str, tuple[str | None, str, Callable[[str], Any]]] = {
     "POSTGRES_DSN": (None, "postgres_dsn", _postgres_dsn),
+    "POSTGRES_POOLER": (None, "postgres_pooler", _pooler),
+    "POSTGRES_LISTEN_DSN": (None, "postgres_listen_dsn", _postgres_dsn),
     "REDIS_URL": (None, "redis_url", _redis_url),
     "QUEUE": (None, "queue", validate_queue_name),
     "METRICS_PORT": (None, "metrics_port", _port),
@@ -196,6 +235,7 @@ _VARIABLES: dict[str, tuple[str | None, str, Callable[[str], Any]]] = {
 }
 
 PREFIX = "JUDGEQUEUE_"
+_URL_VARIABLES = ("POSTGRES_DSN", "POSTGRES_LISTEN_DSN", "REDIS_URL")
 REQUIRED = ("POSTGRES_DSN", "REDIS_URL", "QUEUE")
 
 
@@ -278,5 +318,5 @@ def _parse(variable: str, raw: str, shown_as: str) -> Any:
     try:
         return _VARIABLES[suffix][2](raw)
     except (ValueError, TypeError) as exc:
-        shown = redact_url(raw) if suffix in ("POSTGRES_DSN", "REDIS_URL") else raw
+        shown = redact_url(raw) if suffix in _URL_VARIABLES else raw
         raise ConfigError(f"{shown_as}={shown!r} is invalid: {exc}") from None

@@ -12,6 +12,11 @@ a streak of busy cycles makes it unregister and loop at once (:func:`keep_listen
 (a NOTIFY per commit serialises commits).
 ``schedule`` is only the idle poll fallback (it also bounds the one race a waiter cannot close: a
 submit that checked for waiters just before registration).
+
+LISTEN needs a server session of its own for as long as it listens, which a transaction pooler does
+not give. Behind one (``JUDGEQUEUE_POSTGRES_POOLER=transaction``) the dispatcher listens on
+``JUDGEQUEUE_POSTGRES_LISTEN_DSN`` (a direct connection) when it is set; without it, it neither
+listens nor registers (so submitters never notify) and polls every ``schedule``.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import redis.asyncio as aioredis
 
 from . import failpoints, metrics, outbox, streams
 from .config import Settings
+from .connect import connect_postgres
 from .envelope import Envelope
 from .errors import TransportError
 from .lifecycle import DB_ERRORS, HeldSession, instance_id, open_connections, wait_any
@@ -213,6 +219,7 @@ class Dispatcher:
                 wake.set()
 
         listen_conn: asyncpg.Connection | None = None
+        listen_dsn = self.settings.listen_dsn  # None: poll on schedule, never register
         session = HeldSession(self.pool)
         registered = False
         failures = 0
@@ -221,9 +228,9 @@ class Dispatcher:
             while not stop.is_set():
                 wake.clear()
                 try:
-                    if listen_conn is None or listen_conn.is_closed():
+                    if listen_dsn is not None and (listen_conn is None or listen_conn.is_closed()):
                         # (Re)connect before registering, so no notification can go unheard.
-                        listen_conn = await asyncpg.connect(self.settings.postgres_dsn)
+                        listen_conn = await connect_postgres(listen_dsn)
                         await listen_conn.add_listener(outbox.WAKEUP_CHANNEL, on_notify)
                         registered = False
                     conn = await session.get()
@@ -239,7 +246,7 @@ class Dispatcher:
                             continue
                     else:
                         streak = 0
-                        if not registered:
+                        if not registered and listen_dsn is not None:
                             await outbox.register_waiter(conn, self.queue, self.name)
                             registered = True
                             continue  # rows committed before registering sent no notification
@@ -267,8 +274,7 @@ class Dispatcher:
 
 async def run(settings: Settings, stop: asyncio.Event) -> None:
     """Entry point of the dispatcher role: owns its connections and runs until ``stop`` is set."""
-    # Claims and marks are redone if a database crash loses them: no need to wait for the WAL flush.
-    conns = await open_connections(settings, stop, pool_size=4, durable_commits=False)
+    conns = await open_connections(settings, stop, pool_size=4)
     if conns is None:
         return
     try:

@@ -20,6 +20,7 @@ import redis.asyncio as aioredis
 
 from . import streams
 from .config import Settings
+from .connect import create_postgres_pool, redis_client
 from .errors import DB_ERRORS, TransportError
 
 __all__ = ["DB_ERRORS", "Connections", "HeldSession", "backoff", "instance_id", "open_connections", "wait_any"]
@@ -128,29 +129,26 @@ async def keep_session(_conn: asyncpg.Connection) -> None:
     """
 
 
-async def open_connections(
-    settings: Settings, stop: asyncio.Event, *, pool_size: int, durable_commits: bool = True
-) -> Connections | None:
+async def open_connections(settings: Settings, stop: asyncio.Event, *, pool_size: int) -> Connections | None:
     """A Postgres pool and a Redis client for a role, waiting out an unreachable Postgres with backoff.
 
-    ``durable_commits=False`` sets ``synchronous_commit = off`` on the pool's sessions: for writes
-    whose loss in a database crash is harmless because they are redone (a dispatcher's claims and
-    marks: a lost claim is claimed again, a lost mark re-sends a row the dedup marker absorbs).
+    Both go through :mod:`judgequeue.core.connect` (a transaction pooler, a multi-host DSN, a
+    Sentinel URL). No session setting is passed at connect time: a role that wants one for its
+    writes sets it per transaction in its SQL, which works behind any pooler.
     Returns None if ``stop`` is set first. The consumer group is created when Redis answers; if it
     does not yet, the roles' own NOGROUP handling creates it later.
     """
-    server_settings = {} if durable_commits else {"synchronous_commit": "off"}
     failures = 0
     pool: asyncpg.Pool | None = None
     while pool is None:
         if stop.is_set():
             return None
         try:
-            pool = await asyncpg.create_pool(
+            pool = await create_postgres_pool(
                 settings.postgres_dsn,
+                pooler=settings.postgres_pooler,
                 min_size=1,
                 max_size=pool_size,
-                server_settings=server_settings,
                 reset=keep_session,
             )
         except DB_ERRORS as exc:
@@ -158,7 +156,7 @@ async def open_connections(
             delay = backoff(failures, base=0.5, cap=30.0)
             log.warning("postgres unavailable; retrying", extra={"error": str(exc), "retry_in": delay})
             await wait_any(stop, None, delay)
-    redis = aioredis.Redis.from_url(settings.redis_url)
+    redis = redis_client(settings.redis_url)
     with contextlib.suppress(TransportError):
         await streams.ensure_group(redis, settings.queue)
     return Connections(pool, redis)

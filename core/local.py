@@ -28,6 +28,7 @@ import asyncpg
 import redis.asyncio as aioredis
 
 from .config import PREFIX, Settings, load_settings, redact_url
+from .connect import connect_postgres, redis_client
 from .errors import Failure
 from .manifest import Manifest, load_manifest
 from .migrate import migrate
@@ -305,10 +306,10 @@ async def _local(options: LocalOptions, base_env: Mapping[str, str]) -> int:
     programs, log_dir = _files(options, manifest)
     display = Display(sys.stderr, enabled=not options.json_output)
     try:
-        conn = await asyncpg.connect(options.postgres_dsn, timeout=10)
+        conn = await connect_postgres(options.postgres_dsn, pooler="transaction", timeout=10)
     except (OSError, TimeoutError, asyncpg.PostgresError) as exc:
         raise Failure(f"cannot connect to Postgres at {redact_url(options.postgres_dsn)}: {exc}") from None
-    client = aioredis.Redis.from_url(options.redis_url, socket_timeout=5, socket_connect_timeout=5)
+    client = redis_client(options.redis_url, socket_timeout=5, socket_connect_timeout=5)
     children: list[Child] = []
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -1,8 +1,11 @@
 """Apply the versioned SQL migrations shipped in ``judgequeue.core.migrations``.
 
-Migrations run in file-name order, each in its own transaction, and are recorded with a checksum
-in ``judgequeue.schema_migrations``. A session advisory lock makes concurrent runs (several pods
-starting at once) safe: the second waits, then finds nothing left to do.
+Migrations run in file-name order and are recorded with a checksum in
+``judgequeue.schema_migrations``. One run is one transaction holding a transaction-level advisory
+lock, so concurrent runs (several pods starting at once) are safe: the second waits, then finds
+nothing left to do. Nothing outlives the transaction (no session lock, no session setting), so
+``migrate`` works the same directly and through a transaction pooler such as PgBouncer, and a run
+that fails leaves the schema as it was.
 """
 
 from __future__ import annotations
@@ -52,10 +55,12 @@ def available_migrations() -> list[Migration]:
 
 
 async def migrate(conn: asyncpg.Connection) -> list[int]:
-    """Apply every migration not yet recorded; return the versions applied by this call."""
+    """Apply every migration not yet recorded, in one transaction; return the versions applied."""
     applied_now: list[int] = []
-    await conn.execute("SELECT pg_advisory_lock($1)", _MIGRATE_LOCK_KEY)
-    try:
+    async with conn.transaction():
+        # Transaction-scoped: a session lock would stay on a pooled server session (or be released
+        # on another one) behind a transaction pooler.
+        await conn.execute("SELECT pg_advisory_xact_lock($1)", _MIGRATE_LOCK_KEY)
         await conn.execute(
             """
             CREATE SCHEMA IF NOT EXISTS judgequeue;
@@ -77,17 +82,14 @@ async def migrate(conn: asyncpg.Connection) -> list[int]:
                         "was applied; add a new migration instead of editing an applied one"
                     )
                 continue
-            async with conn.transaction():
-                await conn.execute(migration.sql)
-                await conn.execute(
-                    "INSERT INTO judgequeue.schema_migrations (version, name, checksum) VALUES ($1, $2, $3)",
-                    migration.version,
-                    migration.name,
-                    migration.checksum,
-                )
+            await conn.execute(migration.sql)
+            await conn.execute(
+                "INSERT INTO judgequeue.schema_migrations (version, name, checksum) VALUES ($1, $2, $3)",
+                migration.version,
+                migration.name,
+                migration.checksum,
+            )
             applied_now.append(migration.version)
-    finally:
-        await conn.execute("SELECT pg_advisory_unlock($1)", _MIGRATE_LOCK_KEY)
     return applied_now
 
 

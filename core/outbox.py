@@ -95,8 +95,13 @@ class ClaimedRow:
     age: float  # seconds from creation to this claim, on the DB clock
 
 
+# Claims and marks commit without waiting for the WAL flush (set per transaction, so it works behind
+# any pooler): a claim lost in a database crash is claimed again, a lost mark re-sends a row whose
+# Redis dedup marker absorbs the duplicate.
 _CLAIM_SQL = """
-WITH q AS (
+WITH no_flush_wait AS MATERIALIZED (
+    SELECT set_config('synchronous_commit', 'off', true)
+), q AS (
     SELECT mode, watermark, paused, config_version FROM judgequeue.queues WHERE name = $1
 ), picked AS (
     SELECT o.id
@@ -118,7 +123,7 @@ UPDATE judgequeue.outbox o
        claimed_by = $3,
        claim_expires_at = now() + make_interval(secs => $4),
        next_attempt_at = now() + make_interval(secs => $4)
-  FROM picked, q
+  FROM picked, q, no_flush_wait
  WHERE o.id = picked.id
 RETURNING o.id, o.submission_id, o.generation, o.created_at, o.attempts, o.state, q.mode, q.config_version,
           extract(epoch FROM now() - o.created_at)::float8 AS age
@@ -152,7 +157,9 @@ async def claim(conn: asyncpg.Connection, queue: str, *, limit: int, owner: str,
 
 
 _MARK_SQL = """
-WITH marked AS (
+WITH no_flush_wait AS MATERIALIZED (
+    SELECT set_config('synchronous_commit', 'off', true)
+), marked AS (
     UPDATE judgequeue.outbox o
        SET state = CASE
                        WHEN r.result = 'sent' THEN 'SENT'
@@ -173,7 +180,7 @@ WITH marked AS (
            sent_at = CASE
                WHEN r.result = 'release' OR (r.result = 'retry' AND o.attempts < $4) THEN NULL
                ELSE now() END
-      FROM unnest($1::bigint[], $2::text[], $3::text[]) AS r(id, result, error)
+      FROM unnest($1::bigint[], $2::text[], $3::text[]) AS r(id, result, error), no_flush_wait
      WHERE o.id = r.id AND o.claimed_by = $7 AND o.state = 'CLAIMED'
     RETURNING o.id, o.state, o.submission_id, o.generation, o.last_error, o.attempts
 ), failed AS (
@@ -297,14 +304,35 @@ async def stats(conn: asyncpg.Connection, queue: str, *, include_terminal: bool 
     return OutboxStats(by_state=by_state, oldest_pending_age=float(active["age"]))
 
 
-_RESEND_SQL = """
+_STRANDED_WHERE = """
+     WHERE s.queue = $1 AND s.status = 'PENDING' AND s.attempt_id IS NULL
+       AND s.created_at < now() - make_interval(secs => $2)
+       AND o.state = 'SENT' AND o.sent_at < now() - make_interval(secs => $2)
+"""
+
+_FIND_STRANDED_SQL = (
+    """
+SELECT o.id, o.submission_id, o.generation
+  FROM judgequeue.submissions s
+  JOIN judgequeue.outbox o ON o.submission_id = s.id AND o.generation = s.generation
+"""
+    + _STRANDED_WHERE
+    + """
+ ORDER BY s.created_at
+ LIMIT $3
+"""
+)
+
+_RESEND_SQL = (
+    """
 WITH stranded AS (
     SELECT o.id
       FROM judgequeue.submissions s
       JOIN judgequeue.outbox o ON o.submission_id = s.id AND o.generation = s.generation
-     WHERE s.queue = $1 AND s.status = 'PENDING' AND s.attempt_id IS NULL
-       AND s.created_at < now() - make_interval(secs => $2)
-       AND o.state = 'SENT' AND o.sent_at < now() - make_interval(secs => $2)
+"""
+    + _STRANDED_WHERE
+    + """
+       AND ($4::bigint[] IS NULL OR o.id = ANY($4::bigint[]))
      ORDER BY s.created_at
      LIMIT $3
        FOR UPDATE OF o SKIP LOCKED
@@ -319,16 +347,37 @@ UPDATE judgequeue.outbox o
  WHERE o.id = stranded.id
 RETURNING o.id
 """
+)
 
 
-async def resend_stranded(conn: asyncpg.Connection, queue: str, *, older_than: float, batch: int = 500) -> int:
+@dataclass(frozen=True)
+class Stranded:
+    """A delivery sent long ago whose submission was never leased: its stream entry is likely lost."""
+
+    outbox_id: int
+    submission_id: int
+    generation: int
+
+
+async def find_stranded(conn: asyncpg.Connection, queue: str, *, older_than: float, batch: int = 500) -> list[Stranded]:
+    """The deliveries :func:`resend_stranded` would re-send now (reads only, locks nothing)."""
+    rows = await conn.fetch(_FIND_STRANDED_SQL, queue, float(older_than), batch)
+    return [Stranded(r["id"], r["submission_id"], r["generation"]) for r in rows]
+
+
+async def resend_stranded(
+    conn: asyncpg.Connection, queue: str, *, older_than: float, batch: int = 500, only: Sequence[int] | None = None
+) -> int:
     """Put back to PENDING the SENT rows of submissions still PENDING ``older_than`` seconds after sending.
 
     That only happens when the stream entry was lost (Redis restarted without persistence, failed
-    over to an empty replica, was flushed): the re-send reaches the stream again. If the entry did
-    survive (a very long backlog), the dispatcher's dedup marker absorbs the re-send.
+    over to an empty replica, was flushed; or Postgres failed over to an asynchronous standby that
+    missed a lease or a generation bump whose entry was already consumed): the re-send reaches the
+    stream again. ``only`` restricts it to these outbox ids (still re-checked): the reaper first
+    finds them with :func:`find_stranded` and clears their dedup markers, which a Postgres failover
+    leaves behind and which would otherwise absorb the re-send until they expire.
     """
-    rows = await conn.fetch(_RESEND_SQL, queue, float(older_than), batch)
+    rows = await conn.fetch(_RESEND_SQL, queue, float(older_than), batch, list(only) if only is not None else None)
     return len(rows)
 
 

@@ -286,7 +286,19 @@ class Reaper:
             return 0
         self._stranded_checked_at = now
         async with self.pool.acquire() as conn:
-            resent = await outbox.resend_stranded(conn, self.queue, older_than=after)
+            stranded = await outbox.find_stranded(conn, self.queue, older_than=after)
+        if not stranded:
+            return 0
+        # A lost entry's dedup marker may have survived it (a Postgres failover that lost a lease
+        # or a generation bump after the entry was consumed): clear it first, or it absorbs the
+        # re-send until SEEN_TTL. If the entry did survive (a very long backlog), the re-send is a
+        # duplicate delivery, which the generation fence acks as stale.
+        keys = [streams.seen_key(self.queue, s.submission_id, s.generation) for s in stranded]
+        await streams.guarded(lambda: self.redis.delete(*keys))
+        async with self.pool.acquire() as conn:
+            resent = await outbox.resend_stranded(
+                conn, self.queue, older_than=after, only=[s.outbox_id for s in stranded]
+            )
         if resent:
             metrics.RESENT_STRANDED.labels(self.queue).inc(resent)
             log.warning("stranded deliveries re-sent", extra={"queue": self.queue, "count": resent})

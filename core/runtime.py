@@ -20,6 +20,7 @@ import asyncpg
 import redis.asyncio as aioredis
 
 from .config import Settings, redact_url
+from .connect import connect_postgres, redis_client
 from .errors import ConfigError
 from .http import HealthServer, Readiness
 from .logs import setup_logging
@@ -60,13 +61,15 @@ class ReadinessProbe:
 
     async def _check_postgres(self) -> str:
         if self._pg is None or self._pg.is_closed():
-            self._pg = await asyncpg.connect(self._settings.postgres_dsn, timeout=self._timeout)
+            self._pg = await connect_postgres(
+                self._settings.postgres_dsn, pooler=self._settings.postgres_pooler, timeout=self._timeout
+            )
         await self._pg.fetchval("SELECT 1", timeout=self._timeout)
         return "ok"
 
     async def _check_redis(self) -> list[str]:
         if self._redis is None:
-            self._redis = aioredis.Redis.from_url(
+            self._redis = redis_client(
                 self._settings.redis_url, socket_timeout=self._timeout, socket_connect_timeout=self._timeout
             )
         await self._redis.ping()

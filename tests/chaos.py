@@ -739,101 +739,119 @@ class Chaos:
     async def _check(
         self, pool: asyncpg.Pool, redis: aioredis.Redis, expected: dict[int, str], legacy: list[int]
     ) -> None:
-        r = self.report
-        ids = list(expected)
-        async with pool.acquire() as conn:
-            finals = {
-                row["id"]: row
-                for row in await conn.fetch(
-                    "SELECT id, status, generation, verdict, extract(epoch FROM finished_at - created_at) AS e2e"
-                    " FROM judgequeue.submissions WHERE id = ANY($1)",
-                    ids,
-                )
-            }
-            audit = await conn.fetch("SELECT * FROM public.chaos_audit ORDER BY seq")
-            r.leftover_outbox_active = await conn.fetchval(
-                "SELECT count(*) FROM judgequeue.outbox WHERE state IN ('PENDING', 'CLAIMED')"
+        await check_invariants(pool, redis, self.queue, expected, self.report, legacy)
+
+
+async def check_invariants(
+    pool: asyncpg.Pool,
+    redis: aioredis.Redis,
+    queue: str,
+    expected: dict[int, str],
+    report: ChaosReport,
+    legacy: list[int] | None = None,
+) -> None:
+    """Check DESIGN section 9 at the end of a run; counts and ``violations`` go into ``report``.
+
+    ``expected`` maps every committed submission to the status its payload asks for; the audit
+    table (:data:`AUDIT_SQL`) must have been installed before any job ran; ``legacy`` lists
+    pre-watermark submissions that must never have been dispatched live.
+    """
+    r = report
+    legacy = legacy or []
+    ids = list(expected)
+    async with pool.acquire() as conn:
+        finals = {
+            row["id"]: row
+            for row in await conn.fetch(
+                "SELECT id, status, generation, verdict, extract(epoch FROM finished_at - created_at) AS e2e"
+                " FROM judgequeue.submissions WHERE id = ANY($1)",
+                ids,
             )
-            legacy_states = await conn.fetch(
-                "SELECT state, count(*) FROM judgequeue.outbox WHERE submission_id = ANY($1) GROUP BY state", legacy
+        }
+        audit = await conn.fetch("SELECT * FROM public.chaos_audit ORDER BY seq")
+        r.leftover_outbox_active = await conn.fetchval(
+            "SELECT count(*) FROM judgequeue.outbox WHERE state IN ('PENDING', 'CLAIMED')"
+        )
+        legacy_states = await conn.fetch(
+            "SELECT state, count(*) FROM judgequeue.outbox WHERE submission_id = ANY($1) GROUP BY state", legacy
+        )
+    # 1. every committed submission: exactly one terminal verdict, correct or explained.
+    for sid, want in expected.items():
+        row = finals.get(sid)
+        if row is None or row["status"] not in TERMINAL:
+            r.lost_submissions += 1
+        elif row["status"] == "SYSTEM_ERROR":
+            r.system_errors += 1
+            if not (row["verdict"] and json.loads(row["verdict"]).get("reason")):
+                r.violations.append(f"submission {sid}: SYSTEM_ERROR without a reason")
+        elif row["status"] != want:
+            r.wrong_verdicts += 1
+    latencies = sorted(float(row["e2e"]) for row in finals.values() if row["e2e"] is not None)
+    if latencies:
+        r.p50_latency_seconds = round(latencies[len(latencies) // 2], 3)
+        r.longest_recovery_seconds = round(latencies[-1], 3)
+    # 2. no verdict by a stale generation or attempt: every transition into a judged status came
+    #    from JUDGING under the same generation and attempt; nothing leaves a terminal status
+    #    except a generation bump.
+    terminal_at_final: dict[int, int] = {}
+    acquisitions: dict[tuple[int, int], int] = {}
+    for a in audit:
+        sid = a["submission"]
+        if a["new_status"] == "JUDGING":
+            key = (sid, a["new_gen"])
+            acquisitions[key] = acquisitions.get(key, 0) + 1
+        if a["new_gen"] != a["old_gen"]:
+            r.generation_bumps += 1
+        if a["new_status"] in TERMINAL and a["new_status"] != "SYSTEM_ERROR":
+            fenced = (
+                a["old_status"] == "JUDGING"
+                and a["old_gen"] == a["new_gen"]
+                and a["old_attempt"] == a["new_attempt"]
+                and a["old_attempt"] is not None
             )
-        # 1. every committed submission: exactly one terminal verdict, correct or explained.
-        for sid, want in expected.items():
-            row = finals.get(sid)
-            if row is None or row["status"] not in TERMINAL:
-                r.lost_submissions += 1
-            elif row["status"] == "SYSTEM_ERROR":
-                r.system_errors += 1
-                if not (row["verdict"] and json.loads(row["verdict"]).get("reason")):
-                    r.violations.append(f"submission {sid}: SYSTEM_ERROR without a reason")
-            elif row["status"] != want:
-                r.wrong_verdicts += 1
-        latencies = sorted(float(row["e2e"]) for row in finals.values() if row["e2e"] is not None)
-        if latencies:
-            r.p50_latency_seconds = round(latencies[len(latencies) // 2], 3)
-            r.longest_recovery_seconds = round(latencies[-1], 3)
-        # 2. no verdict by a stale generation or attempt: every transition into a judged status came
-        #    from JUDGING under the same generation and attempt; nothing leaves a terminal status
-        #    except a generation bump.
-        terminal_at_final: dict[int, int] = {}
-        acquisitions: dict[tuple[int, int], int] = {}
-        for a in audit:
-            sid = a["submission"]
-            if a["new_status"] == "JUDGING":
-                key = (sid, a["new_gen"])
-                acquisitions[key] = acquisitions.get(key, 0) + 1
-            if a["new_gen"] != a["old_gen"]:
-                r.generation_bumps += 1
-            if a["new_status"] in TERMINAL and a["new_status"] != "SYSTEM_ERROR":
-                fenced = (
-                    a["old_status"] == "JUDGING"
-                    and a["old_gen"] == a["new_gen"]
-                    and a["old_attempt"] == a["new_attempt"]
-                    and a["old_attempt"] is not None
-                )
-                if not fenced:
-                    r.stale_writes_accepted += 1
-            if a["old_status"] in TERMINAL and a["new_status"] != "PENDING":
-                r.stale_writes_accepted += 1  # a terminal verdict overwritten without a new generation
-            if a["new_status"] in TERMINAL and sid in finals and a["new_gen"] == finals[sid]["generation"]:
-                terminal_at_final[sid] = terminal_at_final.get(sid, 0) + 1
-        r.multiple_terminal_verdicts = sum(1 for n in terminal_at_final.values() if n > 1)
-        # 3. one generation is leased (executed) at most once; re-executions come from new generations.
-        r.duplicate_executions = sum(n - 1 for n in acquisitions.values() if n > 1)
-        executions_per_submission: dict[int, int] = {}
-        for (sid, _gen), n in acquisitions.items():
-            executions_per_submission[sid] = executions_per_submission.get(sid, 0) + n
-        if r.duplicate_executions:
-            r.violations.append(f"{r.duplicate_executions} generations leased twice")
-        r.duplicate_executions = sum(n - 1 for n in executions_per_submission.values() if n > 1)
-        # 4. no pre-watermark (legacy) submission was ever leased by our workers.
-        legacy_set = set(legacy)
-        r.prewatermark_live_dispatches = sum(1 for a in audit if a["submission"] in legacy_set)
-        legacy_ok = {row["state"] for row in legacy_states} <= {"SHADOW_SENT", "SKIPPED"}
-        if not legacy_ok:
-            r.violations.append(f"legacy outbox rows in states {[dict(x) for x in legacy_states]}")
-        # 5. nothing left behind in Redis or Postgres.
-        r.leftover_stream_entries = await redis.xlen(streams.stream_key(self.queue))
-        pending = await redis.xpending(streams.stream_key(self.queue), streams.GROUP)
-        r.leftover_pel = int(pending["pending"]) if pending else 0
-        async for key in redis.scan_iter(match=f"jq:{{{self.queue}}}:seen:*", count=1000):
-            if await redis.ttl(key) < 0:
-                r.seen_keys_without_ttl += 1
-        for name in (
-            "lost_submissions",
-            "unexpected_exits",
-            "nonzero_exit_codes",
-            "stale_writes_accepted",
-            "wrong_verdicts",
-            "prewatermark_live_dispatches",
-            "multiple_terminal_verdicts",
-            "leftover_stream_entries",
-            "leftover_pel",
-            "leftover_outbox_active",
-            "seen_keys_without_ttl",
-        ):
-            if getattr(r, name):
-                r.violations.append(f"{name} = {getattr(r, name)}")
+            if not fenced:
+                r.stale_writes_accepted += 1
+        if a["old_status"] in TERMINAL and a["new_status"] != "PENDING":
+            r.stale_writes_accepted += 1  # a terminal verdict overwritten without a new generation
+        if a["new_status"] in TERMINAL and sid in finals and a["new_gen"] == finals[sid]["generation"]:
+            terminal_at_final[sid] = terminal_at_final.get(sid, 0) + 1
+    r.multiple_terminal_verdicts = sum(1 for n in terminal_at_final.values() if n > 1)
+    # 3. one generation is leased (executed) at most once; re-executions come from new generations.
+    r.duplicate_executions = sum(n - 1 for n in acquisitions.values() if n > 1)
+    executions_per_submission: dict[int, int] = {}
+    for (sid, _gen), n in acquisitions.items():
+        executions_per_submission[sid] = executions_per_submission.get(sid, 0) + n
+    if r.duplicate_executions:
+        r.violations.append(f"{r.duplicate_executions} generations leased twice")
+    r.duplicate_executions = sum(n - 1 for n in executions_per_submission.values() if n > 1)
+    # 4. no pre-watermark (legacy) submission was ever leased by our workers.
+    legacy_set = set(legacy)
+    r.prewatermark_live_dispatches = sum(1 for a in audit if a["submission"] in legacy_set)
+    legacy_ok = {row["state"] for row in legacy_states} <= {"SHADOW_SENT", "SKIPPED"}
+    if not legacy_ok:
+        r.violations.append(f"legacy outbox rows in states {[dict(x) for x in legacy_states]}")
+    # 5. nothing left behind in Redis or Postgres.
+    r.leftover_stream_entries = await redis.xlen(streams.stream_key(queue))
+    pending = await redis.xpending(streams.stream_key(queue), streams.GROUP)
+    r.leftover_pel = int(pending["pending"]) if pending else 0
+    async for key in redis.scan_iter(match=f"jq:{{{queue}}}:seen:*", count=1000):
+        if await redis.ttl(key) < 0:
+            r.seen_keys_without_ttl += 1
+    for name in (
+        "lost_submissions",
+        "unexpected_exits",
+        "nonzero_exit_codes",
+        "stale_writes_accepted",
+        "wrong_verdicts",
+        "prewatermark_live_dispatches",
+        "multiple_terminal_verdicts",
+        "leftover_stream_entries",
+        "leftover_pel",
+        "leftover_outbox_active",
+        "seen_keys_without_ttl",
+    ):
+        if getattr(r, name):
+            r.violations.append(f"{name} = {getattr(r, name)}")
 
 
 def _epoch(value: datetime) -> float:

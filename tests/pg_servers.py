@@ -24,7 +24,7 @@ from tests.redis_servers import free_port
 def _bindir() -> Path:
     found = shutil.which("pg_ctl")
     if found:
-        return Path(found).parent
+        return Path(found).resolve().parent  # a symlink into the version's bin directory
     candidates = sorted(glob.glob("/usr/lib/postgresql/*/bin/pg_ctl"))
     if not candidates:
         raise RuntimeError("pg_ctl not found (install postgresql)")
@@ -32,18 +32,40 @@ def _bindir() -> Path:
 
 
 class PostgresServer:
-    def __init__(self, workdir: Path) -> None:
+    """A cluster of its own: a new one (initdb), or a streaming standby of ``standby_of``.
+
+    ``settings`` are extra ``-c name=value`` server options for this server only (a standby made
+    from it does not inherit them: they are command-line options, not in its configuration files).
+    ``via_port``: the standby reaches its primary through this port (a proxy the test controls).
+    """
+
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        settings: dict[str, str] | None = None,
+        standby_of: PostgresServer | None = None,
+        via_port: int | None = None,
+    ) -> None:
         self.workdir = workdir
         self.data = workdir / "data"
         self.port = free_port()
         self.bindir = _bindir()
+        self.settings = dict(settings or {})
         self._as_user: list[str] = []
         self._held: int | None = None
         if os.geteuid() == 0:
             owner = pwd.getpwnam("postgres")
             os.chown(workdir, owner.pw_uid, owner.pw_gid)
             self._as_user = ["runuser", "-u", "postgres", "--"]
-        self._run("initdb", "-D", str(self.data), "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync")
+        if standby_of is None:
+            self._run("initdb", "-D", str(self.data), "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync")
+        else:
+            # -R writes primary_conninfo and standby.signal; initdb's pg_hba trusts loopback replication.
+            self._run(
+                "pg_basebackup", "-D", str(self.data), "-R", "-X", "stream", "-c", "fast", "--no-sync",
+                "-h", "127.0.0.1", "-p", str(via_port or standby_of.port), "-U", "postgres",
+            )  # fmt: skip
         self.start()
 
     def _run(self, tool: str, *args: str) -> None:
@@ -54,7 +76,8 @@ class PostgresServer:
         return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
 
     def _options(self) -> str:
-        return f"-p {self.port} -k {self.workdir} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=100"
+        options = f"-p {self.port} -k {self.workdir} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=100"
+        return options + "".join(f" -c {name}={value}" for name, value in self.settings.items())
 
     def start(self) -> None:
         self._run("pg_ctl", "-D", str(self.data), "-o", self._options(), "-l", str(self.workdir / "log"), "-w", "start")
@@ -62,18 +85,13 @@ class PostgresServer:
     def restart(self, mode: str = "fast") -> None:
         """``pg_ctl restart -m <mode>``: every session ended (``fast``: after a checkpoint), then up again."""
         self._run(
-            "pg_ctl",
-            "-D",
-            str(self.data),
-            "-m",
-            mode,
-            "-o",
-            self._options(),
-            "-l",
-            str(self.workdir / "log"),
-            "-w",
-            "restart",
-        )
+            "pg_ctl", "-D", str(self.data), "-m", mode, "-o", self._options(), "-l", str(self.workdir / "log"),
+            "-w", "restart",
+        )  # fmt: skip
+
+    def promote(self) -> None:
+        """End recovery on a standby: it becomes a writable primary (waits until it is)."""
+        self._run("pg_ctl", "-D", str(self.data), "-w", "promote")
 
     def crash(self) -> None:
         """Stop like a crash: no checkpoint, clients cut off mid-statement."""
@@ -120,11 +138,13 @@ class PostgresServer:
 
 
 @contextlib.contextmanager
-def postgres_server() -> Iterator[PostgresServer]:
+def postgres_server(
+    *, settings: dict[str, str] | None = None, standby_of: PostgresServer | None = None, via_port: int | None = None
+) -> Iterator[PostgresServer]:
     workdir = Path(tempfile.mkdtemp(prefix="jq-pg-"))
     server = None
     try:
-        server = PostgresServer(workdir)
+        server = PostgresServer(workdir, settings=settings, standby_of=standby_of, via_port=via_port)
         yield server
     finally:
         if server is not None:

@@ -19,6 +19,8 @@ import redis
 
 REDIS_SERVER = shutil.which("redis-server") or "redis-server"
 REDIS_CLI = shutil.which("redis-cli") or "redis-cli"
+#: Debian's redis-sentinel package (the same program as redis-server, started in Sentinel mode).
+REDIS_SENTINEL = shutil.which("redis-sentinel") or "redis-sentinel"
 
 
 def _port_free(port: int) -> bool:
@@ -46,13 +48,24 @@ def free_port(*, with_bus: bool = False) -> int:
 class RedisServer:
     """One redis-server child process."""
 
-    def __init__(self, port: int, workdir: Path, args: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        port: int,
+        workdir: Path,
+        args: Sequence[str] = (),
+        *,
+        config: str | None = None,
+        executable: str = REDIS_SERVER,
+    ) -> None:
         self.port = port
         self.workdir = workdir
         workdir.mkdir(parents=True, exist_ok=True)
+        if config is not None:  # a configuration file (a sentinel rewrites its own): options come after it
+            (workdir / "redis.conf").write_text(config)
         self.process = subprocess.Popen(
             [
-                REDIS_SERVER,
+                executable,
+                *([str(workdir / "redis.conf")] if config is not None else []),
                 "--port",
                 str(port),
                 "--bind",
@@ -114,6 +127,47 @@ def redis_server(*args: str) -> Iterator[RedisServer]:
             yield server
         finally:
             server.stop()
+
+
+def start_sentinel(workdir: Path, master: str, master_port: int, *, quorum: int = 2) -> RedisServer:
+    """A ``redis-sentinel`` monitoring ``master`` at 127.0.0.1:``master_port``, quick to act.
+
+    It declares the master down after 1 s without an answer, so a test's failover takes seconds.
+    """
+    config = "\n".join(
+        [
+            f"sentinel monitor {master} 127.0.0.1 {master_port} {quorum}",
+            f"sentinel down-after-milliseconds {master} 1000",
+            f"sentinel failover-timeout {master} 10000",
+            f"sentinel parallel-syncs {master} 1",
+            "",
+        ]
+    )
+    return RedisServer(free_port(), workdir, ["--sentinel"], config=config, executable=REDIS_SENTINEL)
+
+
+def wait_sentinels_settled(sentinels: Sequence[RedisServer], master: str, replicas: int, within: float = 30) -> None:
+    """Until every sentinel knows the others and ``replicas`` replicas (a failover needs both)."""
+    deadline = time.monotonic() + within
+    while True:
+        settled = True
+        for sentinel in sentinels:
+            with sentinel.client() as c:
+                peers = c.execute_command("SENTINEL", "SENTINELS", master)
+                known = c.execute_command("SENTINEL", "REPLICAS", master)
+                settled &= len(peers) == len(sentinels) - 1 and len(known) == replicas
+        if settled:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"sentinels did not discover each other and {replicas} replica(s) in {within}s")
+        time.sleep(0.05)
+
+
+def master_address(sentinel: RedisServer, master: str) -> tuple[str, int]:
+    """The master ``sentinel`` currently names for ``master``."""
+    with sentinel.client() as c:
+        host, port = c.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", master)
+    return (host.decode() if isinstance(host, bytes) else str(host)), int(port)
 
 
 @contextlib.contextmanager

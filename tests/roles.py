@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 
@@ -76,17 +77,20 @@ class Roles:
         return "\n".join(f"--- {f.name}\n{f.read_text()[-3000:]}" for f in sorted(self.log_dir.glob("*.log")))
 
 
-async def submit_retrying(dsn: str, queue: str, payload: object, *, within: float = 30) -> int:
+async def submit_retrying(
+    dsn: str, queue: str, payload: object, *, within: float = 30, connect_options: dict[str, Any] | None = None
+) -> int:
     """Submit like an application would during an outage: retry until the commit succeeds.
 
-    Only submissions whose id we got back count as committed.
+    Only submissions whose id we got back count as committed. ``connect_options`` go to
+    asyncpg.connect (``statement_cache_size=0`` behind a transaction pooler).
     """
     from judgequeue.core import outbox
 
     deadline = time.monotonic() + within
     while True:
         try:
-            conn = await asyncpg.connect(dsn, timeout=2)
+            conn = await asyncpg.connect(dsn, timeout=2, **(connect_options or {}))
             try:
                 async with conn.transaction():
                     return await outbox.submit(conn, queue, payload)

@@ -7,19 +7,19 @@ import asyncio
 import asyncpg
 import pytest
 
+from judgequeue.core import outbox
 from judgequeue.core.lifecycle import DB_ERRORS, HeldSession, open_connections
+from judgequeue.core.queues import create_queue
 from tests.conftest import REDIS_URL
 from tests.helpers import eventually, make_settings
 
 
 async def test_pool_keeps_session_settings_and_rolls_back_open_transactions(pg_dsn: str, queue_name: str) -> None:
-    conns = await open_connections(
-        make_settings(pg_dsn, REDIS_URL, queue_name), asyncio.Event(), pool_size=1, durable_commits=False
-    )
+    conns = await open_connections(make_settings(pg_dsn, REDIS_URL, queue_name), asyncio.Event(), pool_size=1)
     assert conns is not None
     try:
         async with conns.pool.acquire() as conn:
-            assert await conn.fetchval("SHOW synchronous_commit") == "off"
+            await conn.execute("SET application_name = 'kept'")
             await conn.execute("CREATE TABLE scratch (x int)")
             # A transaction left open by a cancelled caller must not leak into the next user.
             await conn.execute("BEGIN")
@@ -27,16 +27,30 @@ async def test_pool_keeps_session_settings_and_rolls_back_open_transactions(pg_d
         async with conns.pool.acquire() as conn:  # pool_size=1: the same session again
             assert not conn.is_in_transaction()
             assert await conn.fetchval("SELECT count(*) FROM scratch") == 0
-            assert await conn.fetchval("SHOW synchronous_commit") == "off"
+            assert await conn.fetchval("SHOW application_name") == "kept"
     finally:
         await conns.close()
 
 
-async def test_durable_commits_by_default(pg_dsn: str, queue_name: str) -> None:
+async def test_durable_commits_by_default_and_lazy_claims_per_transaction(pg_dsn: str, queue_name: str) -> None:
+    """No session setting at connect time (a pooler would refuse it); claims and marks set theirs."""
     conns = await open_connections(make_settings(pg_dsn, REDIS_URL, queue_name), asyncio.Event(), pool_size=1)
     assert conns is not None
     try:
-        assert await conns.pool.fetchval("SHOW synchronous_commit") == "on"
+        async with conns.pool.acquire() as conn:
+            assert await conn.fetchval("SHOW synchronous_commit") == "on"
+            await create_queue(conn, queue_name)
+            await outbox.submit(conn, queue_name, {})
+            async with conn.transaction():
+                [row] = await outbox.claim(conn, queue_name, limit=10, owner="me", claim_ttl=30)
+                assert await conn.fetchval("SHOW synchronous_commit") == "off"
+            async with conn.transaction():
+                await outbox.mark(
+                    conn, [outbox.Mark(row.outbox_id, "sent")], owner="me", max_attempts=3, backoff_base=1,
+                    backoff_max=2,
+                )
+                assert await conn.fetchval("SHOW synchronous_commit") == "off"
+            assert await conn.fetchval("SHOW synchronous_commit") == "on"
     finally:
         await conns.close()
 

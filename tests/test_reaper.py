@@ -465,3 +465,30 @@ async def test_sweep_rescues_expired_leases(
     async with pg_pool.acquire() as conn:
         row = await conn.fetchrow("SELECT status, generation FROM judgequeue.submissions WHERE id = $1", sid)
     assert (row["status"], row["generation"]) == ("PENDING", 2)
+
+
+async def test_stranded_resend_clears_a_marker_that_outlived_its_entry(
+    pg_pool: asyncpg.Pool, pg_dsn: str, queue_name: str, redis_client: aioredis.Redis
+) -> None:
+    """A Postgres failover to an asynchronous standby can lose a lease whose entry was acked: the
+    submission is PENDING, its row SENT, the entry gone, but the dedup marker still in Redis.
+    The re-send must reach the stream anyway, not be absorbed as a duplicate until SEEN_TTL."""
+    settings = make_settings(pg_dsn, REDIS_URL, queue_name, redispatch_after="1h")
+    async with pg_pool.acquire() as conn:
+        await create_queue(conn, queue_name)
+        sid = await outbox.submit(conn, queue_name, {})
+    dispatcher = Dispatcher(pg_pool, redis_client, settings)
+    assert (await dispatcher.cycle()).by_result == {"sent": 1}
+    stream = streams.stream_key(queue_name)
+    [(entry_id, _)] = await entries(redis_client, stream)
+    await redis_client.xdel(stream, entry_id)  # consumed and acked; then the lease was lost
+    assert await redis_client.exists(streams.seen_key(queue_name, sid, 1))
+    async with pg_pool.acquire() as conn:
+        await conn.execute(
+            "UPDATE judgequeue.outbox SET sent_at = sent_at - interval '2 hours';"
+            "UPDATE judgequeue.submissions SET created_at = created_at - interval '2 hours'"
+        )
+    assert await Reaper(pg_pool, redis_client, settings).resend_stranded() == 1
+    assert (await dispatcher.cycle()).by_result == {"sent": 1}, "appended again, not absorbed as a duplicate"
+    [(_, fields)] = await entries(redis_client, stream)
+    assert Envelope.parse(fields).submission == sid

@@ -221,6 +221,10 @@ SECRET = "s3cr3t-pw-do-not-print"
         ("JUDGEQUEUE_REDIS_URL", f"http://user:{SECRET}@127.0.0.1:6379", "redis://"),
         ("JUDGEQUEUE_POSTGRES_DSN", f"mysql://user:{SECRET}@127.0.0.1/db", "postgresql://"),
         ("JUDGEQUEUE_LOG_LEVEL", "LOUD", "DEBUG, INFO"),
+        ("JUDGEQUEUE_POSTGRES_POOLER", "pgbouncer", "transaction"),
+        ("JUDGEQUEUE_POSTGRES_LISTEN_DSN", f"pgbouncer://u:{SECRET}@127.0.0.1/db", "postgresql://"),
+        ("JUDGEQUEUE_REDIS_URL", f"redis+sentinel://:{SECRET}@127.0.0.1:26379", "master"),
+        ("JUDGEQUEUE_REDIS_URL", f"redis+sentinel://:{SECRET}@127.0.0.1:x/m", "bad port"),
     ],
 )
 def test_bad_configuration_exits_2_with_one_line_naming_the_variable(

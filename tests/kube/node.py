@@ -1,0 +1,418 @@
+"""A small node agent for the kube tier: what a kubelet does, for the pods these tests run.
+
+There is no kubelet or container runtime on the test machines, so this agent stands in for one:
+
+- registers a Node (Ready, generous capacity) and renews its Lease and heartbeat, so the scheduler
+  binds pods to it and the node lifecycle controller never evicts them;
+- runs each container of a pod bound to it as a local process from the container's own ``command``
+  and ``args`` (the image's entrypoint, when ``command`` is absent, is the project's installed
+  ``judgequeue`` command: every judgequeue image runs it) with the container's ``env``, resolving
+  ``secretKeyRef``, ``configMapKeyRef`` and ``fieldRef`` through the API as the kubelet would;
+- mounts the pod's service-account token (a TokenRequest bound to the pod) at the in-cluster path
+  in a private mount namespace and sets ``KUBERNETES_SERVICE_HOST/PORT``, so an in-cluster client
+  (the operator) runs as the pod's ServiceAccount;
+- reports phase, container state and readiness from the container's ``readinessProbe`` (httpGet,
+  tcpSocket or exec), restarts exited containers (``restartPolicy: Always``);
+- on deletion sends SIGTERM, then SIGKILL after the pod's grace period, and removes the pod.
+
+Pods share the host's network (no network namespace), so every declared ``containerPort`` is mapped
+to a free host port: the environment values and ``--flag=PORT`` arguments that name the port are
+rewritten, and probes use the mapped port. Only the first container of a pod is run (the project's
+pods have one); init containers and volumes other than the token are not supported.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from tests.kube.cluster import ApiError, Cluster, free_port
+
+TOKEN_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+ENTRYPOINT = "judgequeue"
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass
+class PodRun:
+    """One pod's container process and what the agent knows about it."""
+
+    uid: str
+    namespace: str
+    name: str
+    pod: dict[str, Any]
+    ports: dict[str, int]  # containerPort (as string) or port name -> host port
+    workdir: Path
+    process: subprocess.Popen[bytes] | None = None
+    restarts: int = 0
+    started_at: str = ""
+    ready: bool = False
+    last_probe: float = 0.0
+    probe_failures: int = 0
+    probe_successes: int = 0
+    terminating_since: float | None = None
+    reported: str = ""
+    config_error: str = ""
+    exit_codes: list[int] = field(default_factory=list)
+
+
+class NodeAgent:
+    """Runs the pods bound to one Node (see the module docstring); start() then stop()."""
+
+    def __init__(self, kube: Cluster, workdir: Path, name: str = "test-node", *, poll: float = 0.2,
+                 entrypoint: str = ENTRYPOINT) -> None:
+        self.kube = kube
+        self.name = name
+        self.workdir = workdir
+        self.poll = poll
+        self.entrypoint = entrypoint
+        self.pods: dict[str, PodRun] = {}
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=f"node-{name}", daemon=True)
+        self._last_heartbeat = 0.0
+        self.rounds = 0  # completed sync rounds, for tests that need "a few more rounds"
+        self._api_port = int(kube.server.rsplit(":", 1)[1])
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def start(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        TOKEN_DIR.mkdir(parents=True, exist_ok=True)
+        self._register()
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(30)
+        for run in list(self.pods.values()):
+            self._kill(run, grace=2.0)
+        with contextlib.suppress(ApiError):
+            self.kube.request("DELETE", f"/api/v1/nodes/{self.name}")
+
+    # -- the Node ---------------------------------------------------------------------------------
+    def _node_status(self) -> dict[str, Any]:
+        now = _now()
+        capacity = {"cpu": "64", "memory": "256Gi", "pods": "500", "ephemeral-storage": "100Gi"}
+        ready = {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "test node agent",
+                 "lastHeartbeatTime": now, "lastTransitionTime": now}
+        return {"capacity": capacity, "allocatable": capacity, "conditions": [ready],
+                "addresses": [{"type": "InternalIP", "address": "127.0.0.1"},
+                              {"type": "Hostname", "address": self.name}],
+                "nodeInfo": {"kubeletVersion": self.kube.version, "kubeProxyVersion": "", "architecture": "amd64",
+                             "operatingSystem": "linux", "containerRuntimeVersion": "local-process://1",
+                             "bootID": "", "machineID": "", "systemUUID": "", "kernelVersion": "",
+                             "osImage": "test"}}
+
+    def _register(self) -> None:
+        body = {"apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": self.name, "labels": {"kubernetes.io/hostname": self.name,
+                                                           "kubernetes.io/os": "linux"}}}
+        try:
+            self.kube.request("POST", "/api/v1/nodes", body)
+        except ApiError as exc:
+            if exc.status != 409:
+                raise
+        self._heartbeat()
+
+    def _heartbeat(self) -> None:
+        self.kube.request("PATCH", f"/api/v1/nodes/{self.name}/status", {"status": self._node_status()},
+                          content_type="application/merge-patch+json")
+        lease_path = f"/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{self.name}"
+        renew = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        lease = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": self.name},
+                 "spec": {"holderIdentity": self.name, "leaseDurationSeconds": 40, "renewTime": renew}}
+        try:
+            self.kube.request("PATCH", lease_path, {"spec": lease["spec"]},
+                              content_type="application/merge-patch+json")
+        except ApiError as exc:
+            if exc.status != 404:
+                raise
+            self.kube.request("POST", "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases", lease)
+        self._last_heartbeat = time.monotonic()
+
+    # -- the loop ----------------------------------------------------------------------------------
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                if time.monotonic() - self._last_heartbeat > 5:
+                    self._heartbeat()
+                self._sync()
+            except Exception as exc:  # kept for the test to report; the agent keeps going
+                self.errors.append(repr(exc))
+            self.rounds += 1
+            self._stop.wait(self.poll)
+
+    def _sync(self) -> None:
+        pods = self.kube.request("GET", f"/api/v1/pods?fieldSelector=spec.nodeName%3D{self.name}")["items"]
+        seen = set()
+        for pod in pods:
+            uid = pod["metadata"]["uid"]
+            seen.add(uid)
+            run = self.pods.get(uid)
+            if run is None:
+                if pod["metadata"].get("deletionTimestamp"):
+                    self._finalize(pod)
+                    continue
+                run = self._admit(pod)
+            run.pod = pod
+            if pod["metadata"].get("deletionTimestamp"):
+                self._terminate(run)
+                continue
+            try:
+                self._keep_running(run)
+            except LookupError as exc:  # as a kubelet: CreateContainerConfigError, retried next round
+                run.config_error = str(exc)
+            else:
+                run.config_error = ""
+            self._probe(run)
+            self._report(run)
+        for uid in list(self.pods):
+            if uid not in seen:  # force-deleted
+                self._kill(self.pods.pop(uid), grace=0.0)
+
+    # -- one pod ----------------------------------------------------------------------------------
+    def _admit(self, pod: dict[str, Any]) -> PodRun:
+        meta = pod["metadata"]
+        container = pod["spec"]["containers"][0]
+        ports: dict[str, int] = {}
+        for port in container.get("ports") or []:
+            host = free_port()
+            ports[str(port["containerPort"])] = host
+            if port.get("name"):
+                ports[port["name"]] = host
+        run = PodRun(uid=meta["uid"], namespace=meta["namespace"], name=meta["name"], pod=pod, ports=ports,
+                     workdir=self.workdir / f"{meta['namespace']}_{meta['name']}_{meta['uid'][:8]}")
+        run.workdir.mkdir(parents=True, exist_ok=True)
+        self.pods[run.uid] = run
+        return run
+
+    def _value_from(self, namespace: str, pod: dict[str, Any], source: dict[str, Any]) -> str | None:
+        if "secretKeyRef" in source:
+            ref = source["secretKeyRef"]
+            secret = self.kube.get(f"/api/v1/namespaces/{namespace}/secrets/{ref['name']}")
+            data = (secret or {}).get("data") or {}
+            if ref["key"] not in data:
+                if ref.get("optional"):
+                    return None
+                raise LookupError(f"secret {namespace}/{ref['name']} has no key {ref['key']!r}")
+            return base64.b64decode(data[ref["key"]]).decode()
+        if "configMapKeyRef" in source:
+            ref = source["configMapKeyRef"]
+            config_map = self.kube.get(f"/api/v1/namespaces/{namespace}/configmaps/{ref['name']}")
+            data = (config_map or {}).get("data") or {}
+            if ref["key"] not in data:
+                if ref.get("optional"):
+                    return None
+                raise LookupError(f"configmap {namespace}/{ref['name']} has no key {ref['key']!r}")
+            return str(data[ref["key"]])
+        if "fieldRef" in source:
+            path = source["fieldRef"]["fieldPath"]
+            values = {"metadata.name": pod["metadata"]["name"], "metadata.namespace": pod["metadata"]["namespace"],
+                      "metadata.uid": pod["metadata"]["uid"], "spec.nodeName": self.name,
+                      "spec.serviceAccountName": pod["spec"].get("serviceAccountName", "default"),
+                      "status.podIP": "127.0.0.1", "status.hostIP": "127.0.0.1"}
+            return values.get(path)
+        raise LookupError(f"unsupported valueFrom {sorted(source)}")
+
+    def _map_port(self, run: PodRun, value: str) -> str:
+        if value in run.ports:
+            return str(run.ports[value])
+        if value.startswith("--") and "=" in value:
+            flag, _, rest = value.partition("=")
+            if rest in run.ports:
+                return f"{flag}={run.ports[rest]}"
+        return value
+
+    def _command(self, run: PodRun) -> tuple[list[str], dict[str, str]]:
+        pod = run.pod
+        container = pod["spec"]["containers"][0]
+        command = list(container.get("command") or [self.entrypoint])
+        args = [self._map_port(run, a) for a in container.get("args") or []]
+        env: dict[str, str] = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(run.workdir),
+                               "HOSTNAME": run.name, "KUBERNETES_SERVICE_HOST": "127.0.0.1",
+                               "KUBERNETES_SERVICE_PORT": str(self._api_port)}
+        for var in container.get("env") or []:
+            if "valueFrom" in var:
+                value = self._value_from(run.namespace, pod, var["valueFrom"])
+                if value is not None:
+                    env[var["name"]] = value
+            else:
+                env[var["name"]] = self._map_port(run, str(var.get("value", "")))
+        if command[0] == ENTRYPOINT:
+            command[0] = self.entrypoint
+        argv = command + args
+        if pod["spec"].get("automountServiceAccountToken", True) is not False:
+            token_dir = run.workdir / "serviceaccount"
+            token_dir.mkdir(exist_ok=True)
+            account = pod["spec"].get("serviceAccountName", "default")
+            review = self.kube.request(
+                "POST", f"/api/v1/namespaces/{run.namespace}/serviceaccounts/{account}/token",
+                {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+                 "spec": {"expirationSeconds": 86400,
+                          "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": run.name, "uid": run.uid}}})
+            (token_dir / "token").write_text(review["status"]["token"])
+            (token_dir / "ca.crt").write_bytes(self.kube.ca.read_bytes())
+            (token_dir / "namespace").write_text(run.namespace)
+            argv = ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
+                    'mount --bind "$1" "$2" && shift 2 && exec "$@"', "sh", str(token_dir), str(TOKEN_DIR), *argv]
+        return argv, env
+
+    def _keep_running(self, run: PodRun) -> None:
+        if run.process is not None and run.process.poll() is None:
+            return
+        if run.process is not None:
+            run.exit_codes.append(int(run.process.returncode))
+            run.restarts += 1
+            run.ready = False
+            if run.pod["spec"].get("restartPolicy", "Always") == "Never":
+                return
+            run.process = None
+        argv, env = self._command(run)
+        log = (run.workdir / "container.log").open("ab")
+        run.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=run.workdir,
+                                       start_new_session=True)
+        log.close()
+        run.started_at = _now()
+        run.probe_successes = run.probe_failures = 0
+
+    def _probe_once(self, run: PodRun, probe: dict[str, Any]) -> bool:
+        timeout = float(probe.get("timeoutSeconds", 1))
+        if "httpGet" in probe:
+            get = probe["httpGet"]
+            port = run.ports.get(str(get["port"]), get["port"])
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}{get.get('path', '/')}",
+                                            timeout=timeout) as response:
+                    return 200 <= int(response.status) < 400
+            except (urllib.error.URLError, OSError):
+                return False
+        if "tcpSocket" in probe:
+            port = run.ports.get(str(probe["tcpSocket"]["port"]), probe["tcpSocket"]["port"])
+            try:
+                with socket.create_connection(("127.0.0.1", int(port)), timeout=timeout):
+                    return True
+            except OSError:
+                return False
+        if "exec" in probe:
+            try:
+                return subprocess.run(probe["exec"]["command"], timeout=timeout, capture_output=True).returncode == 0
+            except (OSError, subprocess.TimeoutExpired):
+                return False
+        return True
+
+    def _probe(self, run: PodRun) -> None:
+        if run.process is None or run.process.poll() is not None:
+            run.ready = False
+            return
+        probe = run.pod["spec"]["containers"][0].get("readinessProbe")
+        if probe is None:
+            run.ready = True
+            return
+        # Tests want readiness soon: probe at most every second (the pod's period is an upper bound).
+        period = min(float(probe.get("periodSeconds", 10)), 1.0)
+        if time.monotonic() - run.last_probe < period:
+            return
+        run.last_probe = time.monotonic()
+        if self._probe_once(run, probe):
+            run.probe_successes += 1
+            run.probe_failures = 0
+            if run.probe_successes >= int(probe.get("successThreshold", 1)):
+                run.ready = True
+        else:
+            run.probe_failures += 1
+            run.probe_successes = 0
+            if run.probe_failures >= int(probe.get("failureThreshold", 3)):
+                run.ready = False
+
+    def _report(self, run: PodRun) -> None:
+        container = run.pod["spec"]["containers"][0]
+        running = run.process is not None and run.process.poll() is None
+        ready = "True" if run.ready and running else "False"
+        state: dict[str, Any] = {"running": {"startedAt": run.started_at}}
+        if not running:
+            state = ({"waiting": {"reason": "CreateContainerConfigError", "message": run.config_error}}
+                     if run.config_error else {"waiting": {"reason": "CrashLoopBackOff"}})
+        # A container that never started (its config could not be resolved) has no start time yet.
+        since = run.started_at or run.pod["metadata"]["creationTimestamp"]
+        status = {
+            "phase": "Running" if running or run.restarts else "Pending",
+            "hostIP": "127.0.0.1", "podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}],
+            "startTime": since,
+            "conditions": [{"type": t, "status": s, "lastTransitionTime": since} for t, s in (
+                ("PodScheduled", "True"), ("Initialized", "True"), ("ContainersReady", ready), ("Ready", ready))],
+            "containerStatuses": [{"name": container["name"], "image": container["image"],
+                                   "imageID": f"local://{container['image']}", "containerID": f"local://{run.uid}",
+                                   "ready": ready == "True", "started": running, "restartCount": run.restarts,
+                                   "state": state}],
+        }
+        digest = json.dumps(status, sort_keys=True)
+        if digest == run.reported:
+            return
+        try:
+            self.kube.request("PATCH", f"/api/v1/namespaces/{run.namespace}/pods/{run.name}/status",
+                              {"status": status}, content_type="application/merge-patch+json")
+            run.reported = digest
+        except ApiError as exc:
+            if exc.status != 404:
+                raise
+
+    def _terminate(self, run: PodRun) -> None:
+        if run.terminating_since is None:
+            run.terminating_since = time.monotonic()
+            if run.process is not None and run.process.poll() is None:
+                os.killpg(run.process.pid, signal.SIGTERM)
+        grace = run.pod["metadata"].get("deletionGracePeriodSeconds")
+        if grace is None:
+            grace = run.pod["spec"].get("terminationGracePeriodSeconds", 30)
+        done = run.process is None or run.process.poll() is not None
+        if not done and time.monotonic() - run.terminating_since >= float(grace):
+            os.killpg(run.process.pid, signal.SIGKILL)  # type: ignore[union-attr]
+            run.process.wait(10)  # type: ignore[union-attr]
+            done = True
+        if done:
+            self.pods.pop(run.uid, None)
+            self._finalize(run.pod)
+
+    def _finalize(self, pod: dict[str, Any]) -> None:
+        meta = pod["metadata"]
+        try:
+            self.kube.request("DELETE", f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}",
+                              {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0,
+                               "preconditions": {"uid": meta["uid"]}})
+        except ApiError as exc:
+            if exc.status not in (404, 409):
+                raise
+
+    def _kill(self, run: PodRun, *, grace: float) -> None:
+        process = run.process
+        if process is None or process.poll() is not None:
+            return
+        try:
+            os.killpg(process.pid, signal.SIGTERM)
+            process.wait(grace)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(10)
+        except ProcessLookupError:
+            pass
+
+    # -- for tests ---------------------------------------------------------------------------------
+    def running(self, prefix: str = "") -> list[PodRun]:
+        return [r for r in list(self.pods.values())
+                if r.name.startswith(prefix) and r.process is not None and r.process.poll() is None]

@@ -1,0 +1,201 @@
+"""Helpers of the kube tier: JudgeQueue manifests, Secrets, the operator as a process, an SA's identity."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import redis
+
+from judgequeue.controllers.rbac import render_rules
+from tests.conftest import REDIS_URL
+from tests.kube.cluster import ROOT, Cluster, wait_until
+
+# A Redis database of its own: the example's queue is named "demo", as other suites' may be.
+KUBE_REDIS_URL = REDIS_URL.rsplit("/", 1)[0] + "/13"
+JQ_PATH = "/apis/judgequeue.dev/v1alpha1/namespaces/{ns}/judgequeues"
+JUDGEQUEUE_BIN = Path(sys.executable).parent / "judgequeue"
+
+
+def jq_path(namespace: str, name: str | None = None, subresource: str | None = None) -> str:
+    path = JQ_PATH.format(ns=namespace)
+    if name:
+        path += f"/{name}"
+    if subresource:
+        path += f"/{subresource}"
+    return path
+
+
+def judgequeue(name: str, queue: str, **spec: Any) -> dict[str, Any]:
+    """A JudgeQueue with the test's Secrets (see :func:`connection_secrets`) and ``spec`` merged in."""
+    body: dict[str, Any] = {
+        "image": "judgequeue:test",
+        "queue": queue,
+        "postgres": {"secretKeyRef": {"name": "judgequeue-postgres", "key": "dsn"}},
+        "redis": {"secretKeyRef": {"name": "judgequeue-redis", "key": "url"}},
+    }
+    body.update(spec)
+    return {"apiVersion": "judgequeue.dev/v1alpha1", "kind": "JudgeQueue", "metadata": {"name": name},
+            "spec": body}
+
+
+def connection_secrets(kube: Cluster, namespace: str, *, dsn: str, redis_url: str) -> None:
+    """The two Secrets the README tells a user to create (names as in examples/judgequeue.yaml)."""
+    for name, key, value in (("judgequeue-postgres", "dsn", dsn), ("judgequeue-redis", "url", redis_url)):
+        kube.request("POST", f"/api/v1/namespaces/{namespace}/secrets", {
+            "apiVersion": "v1", "kind": "Secret", "metadata": {"name": name},
+            "data": {key: base64.b64encode(value.encode()).decode()},
+        })
+
+
+def operator_identity(kube: Cluster, namespace: str, name: str = "judgequeue-operator") -> Path:
+    """A ServiceAccount bound to a ClusterRole with the chart's rules; returns a kubeconfig as it.
+
+    The same rules the chart renders (from controllers/rbac.py), so the operator runs with the
+    permissions a real install gives it, not as cluster admin."""
+    cluster_role = f"{namespace}-{name}"
+    kube.request("POST", f"/api/v1/namespaces/{namespace}/serviceaccounts",
+                 {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name}})
+    kube.request("POST", "/apis/rbac.authorization.k8s.io/v1/clusterroles", {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": cluster_role},
+        "rules": render_rules(cluster=True)})
+    kube.request("POST", "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": cluster_role},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": cluster_role},
+        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}]})
+    return kube.kubeconfig_for(kube.sa_token(namespace, name), f"{namespace}-{name}", namespace)
+
+
+@dataclass
+class OperatorProcess:
+    """``judgequeue operator`` as a child process; its stderr (JSON lines) goes to ``log``."""
+
+    process: subprocess.Popen[bytes]
+    log: Path
+
+    def lines(self) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        for line in self.log.read_text(errors="replace").splitlines():
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(event, dict):
+                out.append(event)
+        return out
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def check(self) -> None:
+        if self.process.poll() is not None:
+            raise AssertionError(f"operator exited with {self.process.returncode}:\n{self.text()[-3000:]}")
+
+    def stop(self, timeout: float = 20.0) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout)
+
+
+def start_operator(kubeconfig: Path, namespace: str, log: Path, *, interval: float = 1.0,
+                   extra_env: Mapping[str, str] | None = None) -> OperatorProcess:
+    """Run the installed ``judgequeue operator`` command for one namespace with a short timer."""
+    handle = log.open("ab")
+    process = subprocess.Popen(
+        [str(JUDGEQUEUE_BIN), "operator", "--namespace", namespace, "--kubeconfig", str(kubeconfig),
+         "--interval", str(interval)],
+        stdout=handle, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True,
+        env={**os.environ, "JUDGEQUEUE_LOG_LEVEL": "INFO", **(extra_env or {})},
+    )
+    handle.close()
+    return OperatorProcess(process, log)
+
+
+def condition(obj: Mapping[str, Any] | None, type_: str) -> dict[str, Any]:
+    for cond in ((obj or {}).get("status") or {}).get("conditions") or []:
+        if cond.get("type") == type_:
+            return dict(cond)
+    return {}
+
+
+def wait_for(what: str, probe: Callable[[], Any], *, timeout: float = 60.0,
+             check: Callable[[], None] | None = None) -> Any:
+    return wait_until(what, probe, timeout=timeout, interval=0.1, check=check)
+
+
+def elapsed_since(start: float) -> float:
+    return time.monotonic() - start
+
+
+def clear_queue_keys(url: str, queue: str) -> None:
+    client = redis.Redis.from_url(url)
+    try:
+        keys = list(client.scan_iter(match=f"jq:{{{queue}}}*", count=1000))
+        if keys:
+            client.delete(*keys)
+    finally:
+        client.close()
+
+
+def ready_pods(kube: Cluster, namespace: str, component: str) -> list[dict[str, Any]]:
+    pods = kube.request("GET", f"/api/v1/namespaces/{namespace}/pods?labelSelector="
+                               f"app.kubernetes.io/component%3D{component}")["items"]
+    return [p for p in pods if not p["metadata"].get("deletionTimestamp")
+            and any(c["type"] == "Ready" and c["status"] == "True" for c in p.get("status", {}).get("conditions", []))]
+
+
+def run_sql(dsn: str, sql: str, *args: Any) -> Any:
+    """One statement on a connection of its own (these tests are synchronous: they drive processes)."""
+
+    async def go() -> Any:
+        conn = await asyncpg.connect(dsn)
+        try:
+            return await conn.fetch(sql, *args)
+        finally:
+            await conn.close()
+
+    return asyncio.run(go())
+
+
+def execute_sql(dsn: str, script: str) -> None:
+    """A multi-statement script (no parameters, no results)."""
+
+    async def go() -> None:
+        conn = await asyncpg.connect(dsn)
+        try:
+            await conn.execute(script)
+        finally:
+            await conn.close()
+
+    asyncio.run(go())
+
+
+def record_figure(name: str, value: Any) -> None:
+    """Record a timing figure for docs/performance.md (never asserted: timings are not test outcomes)."""
+    path = os.environ.get("JUDGEQUEUE_KUBE_FIGURES")
+    if not path:
+        return
+    try:
+        with open(path) as f:
+            figures = json.load(f)
+    except (OSError, ValueError):
+        figures = {}
+    figures[name] = value
+    with open(path, "w") as f:
+        json.dump(figures, f, indent=2, sort_keys=True)
