@@ -42,6 +42,16 @@ def postgres_options(pooler: str) -> dict[str, Any]:
     return {}
 
 
+#: Seconds a role's statement may run, and a role may wait for a pooled connection, before giving up
+#: as if the connection broke. Every statement a role runs is a short, indexed batch (milliseconds);
+#: without a bound, a server that stops answering without closing (frozen, partitioned, an old
+#: primary after failover) holds the call until TCP gives up, minutes later. The acquire bound
+#: matters as much: asyncpg's release of a connection whose statement was cancelled waits for the
+#: server to acknowledge the cancel, for as long as the acquire's timeout, forever without one.
+STATEMENT_TIMEOUT = 10.0
+#: The same bound for a role's Redis calls (a worker's blocking read waits far less than this).
+REDIS_TIMEOUT = 10.0
+
 #: Seconds one host of a multi-host DSN may take to give a usable connection before the next is tried.
 HOST_CONNECT_TIMEOUT = 5.0
 

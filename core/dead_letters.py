@@ -25,6 +25,7 @@ import asyncpg
 import redis.asyncio as aioredis
 
 from . import dlq, streams
+from .connect import STATEMENT_TIMEOUT
 from .envelope import Envelope
 from .errors import describe, is_permanent
 
@@ -55,7 +56,7 @@ async def record(pool: asyncpg.Pool, decisions: Sequence[Decision]) -> list[str]
     if not with_env:
         return outcomes
     try:
-        async with pool.acquire() as conn:
+        async with pool.acquire(timeout=STATEMENT_TIMEOUT) as conn:
             rows = await conn.fetch(
                 RECORD_SQL, [e.submission for _, _, e in with_env], [e.generation for _, _, e in with_env],
                 [d.reason for _, d, _ in with_env],

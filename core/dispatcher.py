@@ -32,10 +32,18 @@ import redis.asyncio as aioredis
 
 from . import failpoints, metrics, outbox, streams
 from .config import Settings
-from .connect import connect_postgres
+from .connect import STATEMENT_TIMEOUT, connect_postgres
 from .envelope import Envelope
 from .errors import TransportError
-from .lifecycle import DB_ERRORS, HeldSession, instance_id, open_connections, wait_any
+from .lifecycle import (
+    DB_ERRORS,
+    SHUTDOWN_STEP,
+    HeldSession,
+    instance_id,
+    open_connections,
+    unless_stopped,
+    wait_any,
+)
 
 log = logging.getLogger("judgequeue.dispatcher")
 
@@ -111,7 +119,7 @@ class Dispatcher:
         the cycle takes one from the pool.
         """
         if conn is None:
-            async with self.pool.acquire() as pooled:
+            async with self.pool.acquire(timeout=STATEMENT_TIMEOUT) as pooled:
                 return await self._cycle(pooled)
         return await self._cycle(conn)
 
@@ -234,7 +242,10 @@ class Dispatcher:
                         await listen_conn.add_listener(outbox.WAKEUP_CHANNEL, on_notify)
                         registered = False
                     conn = await session.get()
-                    result = await self.cycle(conn)
+                    result = await unless_stopped(stop, self.cycle(conn))
+                    if result is None:
+                        await session.drop()  # abandoned mid-statement: never reuse that session
+                        break
                     failures = 0
                     if result.claimed:
                         streak += 1
@@ -265,11 +276,14 @@ class Dispatcher:
         finally:
             await session.release()
             if listen_conn is not None:
-                with contextlib.suppress(Exception):
-                    await listen_conn.close()
+                listen_conn.terminate()  # nothing to flush; a graceful close could wait on a dead link
+            # Best effort and bounded: a waiter row left behind is pruned by the reaper.
             with contextlib.suppress(Exception):
-                async with self.pool.acquire() as conn:
-                    await outbox.unregister_waiter(conn, self.queue, self.name)
+                await asyncio.wait_for(self._unregister(), SHUTDOWN_STEP)
+
+    async def _unregister(self) -> None:
+        async with self.pool.acquire(timeout=STATEMENT_TIMEOUT) as conn:
+            await outbox.unregister_waiter(conn, self.queue, self.name)
 
 
 async def run(settings: Settings, stop: asyncio.Event) -> None:

@@ -13,19 +13,38 @@ import logging
 import os
 import socket
 import uuid
+from collections.abc import Awaitable
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import asyncpg
 import redis.asyncio as aioredis
 
 from . import streams
 from .config import Settings
-from .connect import create_postgres_pool, redis_client
+from .connect import REDIS_TIMEOUT, STATEMENT_TIMEOUT, create_postgres_pool, redis_client
 from .errors import DB_ERRORS, TransportError
 
-__all__ = ["DB_ERRORS", "Connections", "HeldSession", "backoff", "instance_id", "open_connections", "wait_any"]
+__all__ = [
+    "DB_ERRORS",
+    "Connections",
+    "HeldSession",
+    "backoff",
+    "cancel_within",
+    "instance_id",
+    "open_connections",
+    "unless_stopped",
+    "wait_any",
+]
 
 log = logging.getLogger("judgequeue.lifecycle")
+
+T = TypeVar("T")
+
+
+#: Seconds each clean-up step at shutdown may take (releasing leases, unregistering, closing): the
+#: network may be what failed, and a shutdown that waits for it ends in a SIGKILL instead.
+SHUTDOWN_STEP = 1.0
 
 
 def instance_id(role: str) -> str:
@@ -50,19 +69,55 @@ async def wait_any(stop: asyncio.Event, other: asyncio.Event | None, within: flo
             w.cancel()
 
 
+async def unless_stopped(stop: asyncio.Event, work: Awaitable[T]) -> T | None:
+    """``await work``, unless ``stop`` is set first: then ``work`` is cancelled and None returned.
+
+    A role's step may be stuck on a server that stopped answering (bounded only by
+    :data:`STATEMENT_TIMEOUT`); SIGTERM must not wait that out. Every step wrapped in this is safe
+    to abandon half-way: its effects are redone or rescued like a crash's.
+    """
+    task = asyncio.ensure_future(work)
+    if task.done():
+        return task.result()
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait((task, stopping), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopping.cancel()
+    if task.done():
+        return task.result()
+    await cancel_within(task, SHUTDOWN_STEP)
+    return None
+
+
+async def cancel_within(task: asyncio.Future[Any], within: float) -> None:
+    """Cancel ``task`` and wait at most ``within`` seconds for it to finish.
+
+    A task cancelled in the middle of a database call may still be releasing its connection (asyncpg
+    waits for the server to acknowledge the cancel, bounded by the acquire's timeout); shutdown
+    does not wait for that beyond ``within``.
+    """
+    task.cancel()
+    await asyncio.wait({task}, timeout=within)
+
+
 @dataclass
 class Connections:
     pool: asyncpg.Pool
     redis: aioredis.Redis
 
-    async def close(self, within: float = 5.0) -> None:
+    async def close(self, within: float = SHUTDOWN_STEP) -> None:
         """Close both; connections still busy after ``within`` seconds are terminated."""
-        await self.redis.aclose()
-        try:
-            await asyncio.wait_for(self.pool.close(), within)
-        except TimeoutError:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.redis.aclose(), within)
+        # Not wait_for: cancelling a pool's close waits for that close to unwind, which a stalled
+        # server can drag out; terminate cuts every connection at once instead.
+        closing = asyncio.ensure_future(self.pool.close())
+        await asyncio.wait({closing}, timeout=within)
+        if not closing.done():
             log.warning("postgres pool did not close in time; terminating it", extra={"within": within})
             self.pool.terminate()
+            await cancel_within(closing, within)
 
 
 class HeldSession:
@@ -88,7 +143,7 @@ class HeldSession:
     async def get(self) -> asyncpg.Connection:
         if self._conn is None or not _usable(self._conn):
             await self.drop()
-            self._conn = await self._pool.acquire()
+            self._conn = await self._pool.acquire(timeout=STATEMENT_TIMEOUT)
         return self._conn
 
     async def drop(self) -> None:
@@ -150,13 +205,15 @@ async def open_connections(settings: Settings, stop: asyncio.Event, *, pool_size
                 min_size=1,
                 max_size=pool_size,
                 reset=keep_session,
+                command_timeout=STATEMENT_TIMEOUT,
+                timeout=STATEMENT_TIMEOUT,  # to connect
             )
         except DB_ERRORS as exc:
             failures += 1
             delay = backoff(failures, base=0.5, cap=30.0)
             log.warning("postgres unavailable; retrying", extra={"error": str(exc), "retry_in": delay})
             await wait_any(stop, None, delay)
-    redis = redis_client(settings.redis_url)
+    redis = redis_client(settings.redis_url, socket_timeout=REDIS_TIMEOUT, socket_connect_timeout=REDIS_TIMEOUT)
     with contextlib.suppress(TransportError):
         await streams.ensure_group(redis, settings.queue)
     return Connections(pool, redis)

@@ -33,6 +33,7 @@ from typing import Any
 import asyncpg
 import yaml
 
+from .connect import STATEMENT_TIMEOUT
 from .errors import JudgeQueueError
 from .judges.checkers import InvalidChecker, parse_spec
 from .judges.scoring import InvalidScoring, parse_scoring
@@ -345,7 +346,7 @@ class ProblemCache:
             self.stats.evictions += 1
 
     async def _fetch(self, problem: str, version: int) -> LocalPackage:
-        async with self.pool.acquire() as conn:
+        async with self.pool.acquire(timeout=STATEMENT_TIMEOUT) as conn:
             manifest, digest = await manifest_of(conn, problem, version)
             size = int(manifest.get("total_bytes", 0))
             if size > self.max_bytes:

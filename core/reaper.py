@@ -49,10 +49,11 @@ import redis.asyncio as aioredis
 
 from . import dead_letters, failpoints, metrics, outbox, streams
 from .config import Settings
+from .connect import STATEMENT_TIMEOUT
 from .envelope import Envelope, MalformedEnvelope
 from .errors import DB_ERRORS, SERVER_ERRORS
 from .leases import LeaseSweep, rescue_expired_leases
-from .lifecycle import instance_id, open_connections
+from .lifecycle import instance_id, open_connections, unless_stopped
 from .stream_stats import StreamFigures, publish, stream_figures
 
 ClaimedEntry = streams.ClaimedEntry
@@ -238,7 +239,7 @@ class Reaper:
         """Rescue expired JUDGING leases (new generation, or SYSTEM_ERROR at ``maxRetries``)."""
         requeued = failed = 0
         for _ in range(max_batches):
-            async with self.pool.acquire() as conn:
+            async with self.pool.acquire(timeout=STATEMENT_TIMEOUT) as conn:
                 got = await rescue_expired_leases(
                     conn, self.queue, max_retries=self.settings.reaper.max_retries, batch=batch
                 )
@@ -257,7 +258,7 @@ class Reaper:
     async def prune_outbox(self) -> tuple[int, int]:
         """Delete terminal outbox rows past retention and stale dispatcher waiters."""
         waiter_age = max(300.0, 3 * self.settings.dispatcher.schedule)
-        async with self.pool.acquire() as conn:
+        async with self.pool.acquire(timeout=STATEMENT_TIMEOUT) as conn:
             rows = await outbox.prune(
                 conn, self.queue, retention=self.settings.reaper.retention, batch=1000, max_batches=10
             )
@@ -285,7 +286,7 @@ class Reaper:
         if now - self._stranded_checked_at < after / 4:
             return 0
         self._stranded_checked_at = now
-        async with self.pool.acquire() as conn:
+        async with self.pool.acquire(timeout=STATEMENT_TIMEOUT) as conn:
             stranded = await outbox.find_stranded(conn, self.queue, older_than=after)
         if not stranded:
             return 0
@@ -295,7 +296,7 @@ class Reaper:
         # duplicate delivery, which the generation fence acks as stale.
         keys = [streams.seen_key(self.queue, s.submission_id, s.generation) for s in stranded]
         await streams.guarded(lambda: self.redis.delete(*keys))
-        async with self.pool.acquire() as conn:
+        async with self.pool.acquire(timeout=STATEMENT_TIMEOUT) as conn:
             resent = await outbox.resend_stranded(
                 conn, self.queue, older_than=after, only=[s.outbox_id for s in stranded]
             )
@@ -312,7 +313,7 @@ class Reaper:
         # Terminal counts scan everything kept for retention: refresh them once a minute.
         now = time.monotonic()
         include_terminal = now - self._terminal_counted_at >= TERMINAL_COUNT_EVERY
-        async with self.pool.acquire() as conn:
+        async with self.pool.acquire(timeout=STATEMENT_TIMEOUT) as conn:
             stats = await outbox.stats(conn, self.queue, include_terminal=include_terminal)
         if include_terminal:
             self._terminal_counted_at = now
@@ -357,7 +358,9 @@ class Reaper:
         interval = self.settings.reaper.interval
         failures = 0
         while not stop.is_set():
-            report = await self.sweep(stop)
+            report = await unless_stopped(stop, self.sweep(stop))
+            if report is None:
+                return  # stopped mid-sweep: every step is safe to abandon (see the module docstring)
             failures = failures + 1 if report.errors else 0
             delay = backoff_delay(interval, failures)
             with contextlib.suppress(asyncio.TimeoutError):

@@ -114,6 +114,24 @@ class ReadinessProbe:
             self._redis = None
 
 
+def await_chain(task: asyncio.Task[Any]) -> str:
+    """Where a task waits: its coroutine and every coroutine it awaits, outermost first."""
+    frames = []
+    awaited: Any = task.get_coro()
+    while awaited is not None:
+        frame = getattr(awaited, "cr_frame", None) or getattr(awaited, "gi_frame", None)
+        if frame is not None:
+            frames.append(f"{frame.f_code.co_filename.rsplit('/', 2)[-1]}:{frame.f_lineno} {frame.f_code.co_name}")
+        awaited = getattr(awaited, "cr_await", None) or getattr(awaited, "gi_yieldfrom", None)
+    return " -> ".join(frames) or "(not started)"
+
+
+def log_tasks() -> None:
+    """On SIGUSR1: log where every task of the role is waiting, one line each (a stuck role's map)."""
+    for task in asyncio.all_tasks():
+        log.warning("task", extra={"task": task.get_name(), "awaiting": await_chain(task)})
+
+
 async def serve_role(role: str, settings: Settings, main: RoleMain, *, need_group: bool) -> int:
     """Run ``main`` with the HTTP port and signal handling around it; return the exit code."""
     stop = asyncio.Event()
@@ -145,6 +163,7 @@ async def serve_role(role: str, settings: Settings, main: RoleMain, *, need_grou
 
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, on_signal, signum)
+    loop.add_signal_handler(signal.SIGUSR1, log_tasks)
     if _early_signals:
         on_signal(_early_signals[0])
     code = 0
@@ -163,7 +182,7 @@ async def serve_role(role: str, settings: Settings, main: RoleMain, *, need_grou
         log.exception(f"{role} failed", extra={"role": role})
         code = 1
     finally:
-        for signum in (signal.SIGTERM, signal.SIGINT):
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
             loop.remove_signal_handler(signum)
         await server.close()
         await probe.close()

@@ -40,10 +40,21 @@ import redis.asyncio as aioredis
 
 from . import dead_letters, failpoints, leases, metrics, streams
 from .config import Settings
+from .connect import STATEMENT_TIMEOUT
 from .envelope import Envelope
 from .errors import SERVER_ERRORS, TransportError, describe, is_permanent
 from .judges import Judge, Verdict, load_judge
-from .lifecycle import DB_ERRORS, HeldSession, backoff, instance_id, open_connections, wait_any
+from .lifecycle import (
+    DB_ERRORS,
+    SHUTDOWN_STEP,
+    HeldSession,
+    backoff,
+    cancel_within,
+    instance_id,
+    open_connections,
+    unless_stopped,
+    wait_any,
+)
 
 log = logging.getLogger("judgequeue.worker")
 
@@ -202,7 +213,7 @@ class _VerdictWriter:
         failures = 0
         while True:
             try:
-                async with self._pool.acquire() as conn:
+                async with self._pool.acquire(timeout=STATEMENT_TIMEOUT) as conn:
                     written = await leases.write_verdicts(conn, writes)
                 failpoints.hit("worker.after_verdict")
                 return written
@@ -226,7 +237,7 @@ class _VerdictWriter:
         for write in writes:
             for attempt in (write, unstorable_replacement(write)):
                 try:
-                    async with self._pool.acquire() as conn:
+                    async with self._pool.acquire(timeout=STATEMENT_TIMEOUT) as conn:
                         written.update(await leases.write_verdicts(conn, [attempt]))
                     break
                 except DB_ERRORS as exc:
@@ -248,9 +259,7 @@ class _VerdictWriter:
         if self._pending:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._idle.wait(), within)
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
+        await cancel_within(self._task, SHUTDOWN_STEP)
         for _, future in self._pending:
             if not future.done():
                 future.set_exception(WriteAbandoned("worker stopped before the verdict was written"))
@@ -300,7 +309,7 @@ class _AckWhenDurable:
 
     async def _settle(self, entry_ids: list[str]) -> None:
         try:
-            async with self._pool.acquire() as conn:
+            async with self._pool.acquire(timeout=STATEMENT_TIMEOUT) as conn:
                 await leases.make_durable(conn)
         except DB_ERRORS as exc:
             log.warning(
@@ -323,9 +332,7 @@ class _AckWhenDurable:
         if self._pending or not self._idle.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._idle.wait(), within)
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
+        await cancel_within(self._task, SHUTDOWN_STEP)
 
 
 class Worker:
@@ -397,9 +404,7 @@ class Worker:
         finally:
             await self._intake.release()
             await self._shutdown()
-            heartbeat.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await heartbeat
+            await cancel_within(heartbeat, SHUTDOWN_STEP)
 
     # --- intake -----------------------------------------------------------------------------------
 
@@ -441,7 +446,13 @@ class Worker:
             try:
                 conn = await self._intake.get()
                 pairs = [(env.submission, env.generation) for _, env in batch]
-                return await leases.acquire(conn, self.queue, pairs, ttl=self.cfg.lease_ttl), []
+                got = await unless_stopped(stop, leases.acquire(conn, self.queue, pairs, ttl=self.cfg.lease_ttl))
+                if got is None:
+                    # Stopping while the statement hung: the entries stay pending for the reaper,
+                    # and a lease it did take expires and is rescued like a crashed worker's.
+                    await self._intake.drop()
+                    return None, []
+                return got, []
             except DB_ERRORS as exc:
                 await self._intake.drop()
                 if is_permanent(exc):
@@ -588,7 +599,7 @@ class Worker:
             if not jobs:
                 continue
             try:
-                async with self.pool.acquire() as conn:
+                async with self.pool.acquire(timeout=STATEMENT_TIMEOUT) as conn:
                     held = await leases.renew(conn, [j.lease for j in jobs], ttl=self.cfg.lease_ttl)
             except DB_ERRORS as exc:
                 # Keep judging: the fence decides at write time whether the result still counts.
@@ -627,24 +638,33 @@ class Worker:
         # Jobs caught writing their verdict get a little longer; the rest is the lease's business.
         writing = [j.task for j in self._jobs.values() if j.task is not None and not j.task.done()]
         if writing:
-            await asyncio.wait(writing, timeout=5.0)
-        await self._writer.close(1.0)
-        await self._acks.close(1.0)
+            await asyncio.wait(writing, timeout=SHUTDOWN_STEP)
+        # Flush what can still be written and acked, side by side: each is bounded on its own.
+        await asyncio.gather(self._writer.close(SHUTDOWN_STEP), self._acks.close(SHUTDOWN_STEP))
         for job in list(self._jobs.values()):
             if job.task is not None and not job.task.done():
                 job.task.cancel()
 
     async def _release(self, held: list[leases.Lease]) -> None:
+        """Give in-flight leases back so another worker takes the jobs at once; bounded, best effort.
+
+        If the database does not answer within :data:`SHUTDOWN_STEP` the leases simply expire and
+        the reaper rescues the jobs: slower, never lost.
+        """
+        deadline = asyncio.get_running_loop().time() + SHUTDOWN_STEP
         for attempt in range(3):
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                break
             try:
-                async with self.pool.acquire() as conn:
+                async with asyncio.timeout(left), self.pool.acquire(timeout=STATEMENT_TIMEOUT) as conn:
                     released = await leases.release(conn, held)
                 self.stats.released += len(released)
                 log.info("released in-flight jobs", extra={"released": len(released), "asked": len(held)})
                 return
             except DB_ERRORS as exc:
                 log.warning("lease release failed", extra={"error": str(exc), "attempt": attempt + 1})
-                await asyncio.sleep(backoff(attempt + 1))
+                await asyncio.sleep(min(backoff(attempt + 1), max(0.0, left)))
         log.error("could not release leases; they will expire and be rescued", extra={"leases": len(held)})
 
 

@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 
 import asyncpg
-import pytest
 
 from judgequeue.core.queues import create_queue
 from tests.chaos import FaultTargets, fault_targets
@@ -56,7 +55,15 @@ async def _exit_codes_while_stalled(
             if all(p.poll() is not None for p in roles.procs) or time.monotonic() > deadline:
                 break
             await asyncio.sleep(0.05)  # the proxies run on this loop: poll, never block it
-        return {f"{NAMES[i]}-{i}": p.poll() for i, p in enumerate(roles.procs)}
+        codes = {f"{NAMES[i]}-{i}": p.poll() for i, p in enumerate(roles.procs)}
+        if any(c != 0 for c in codes.values()):
+            print(roles.logs())  # shown by pytest when the assertion below fails
+            for p in roles.procs:
+                if p.poll() is None:
+                    p.send_signal(signal.SIGUSR1)
+            await asyncio.sleep(0.5)
+            print(roles.logs())
+        return codes
     finally:
         proxy.stall(False)
         await asyncio.to_thread(roles.stop)
@@ -70,12 +77,6 @@ async def test_sigterm_during_a_redis_stall_exits_0_before_the_stall_ends(queue_
     assert codes == {"dispatcher-0": 0, "worker-1": 0, "worker-2": 0, "reaper-3": 0}, codes
 
 
-@pytest.mark.xfail(
-    reason="known: asyncpg calls have no timeout, so a role's statement in flight (and the dispatcher's"
-    " unregister and the worker's lease release on the way out) wait for the network; every role exits 0"
-    " only once the stall ends",
-    strict=False,
-)
 async def test_sigterm_during_a_postgres_stall_exits_0_before_the_stall_ends(queue_name: str, tmp_path: Path) -> None:
     async with fault_targets() as t:
         codes = await _exit_codes_while_stalled(t, t.pg_proxy, queue_name, tmp_path, within=10)
