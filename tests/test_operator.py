@@ -176,7 +176,7 @@ INVALID: list[tuple[dict[str, Any], str]] = [
     ({"dispatcher": {"batchSize": -1}}, "spec.dispatcher.batchSize"),
     ({"worker": {"minReplicas": 5, "maxReplicas": 2}}, "spec.worker.minReplicas"),
     ({"reaper": {"interval": "sometimes"}}, "spec.reaper.interval"),
-    ({"worker": {"judge": "oracle"}}, "unknown judge 'oracle'"),
+    ({"worker": {"judge": "Oracle!"}}, "spec.worker.judge"),
     ({"postgres": {"secretKeyRef": {"name": "no-such-secret", "key": "dsn"}}}, "no-such-secret not found"),
     ({"redis": {"secretKeyRef": {"name": "jq-redis", "key": "nope"}}}, "has no key 'nope'"),
     ({"image": ""}, "spec.image"),

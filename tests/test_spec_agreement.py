@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 
 from judgequeue.controllers import render
-from judgequeue.controllers.spec import parse_spec
 from judgequeue.core.config import load_settings
 from judgequeue.core.errors import ConfigError
 from judgequeue.core.manifest import ManifestError, parse_manifest
+from judgequeue.core.spec import ROLES, parse_spec
 
 BASE: dict[str, Any] = {
     "image": "judgequeue:test",
@@ -33,7 +33,7 @@ def operator_accepts(spec: dict[str, Any]) -> bool:
     parsed = parse_spec(spec, name="judge")
     if isinstance(parsed, list):
         return False
-    for role in render.ROLES:
+    for role in ROLES:
         env = {e["name"]: e["value"] for e in render.role_env(parsed, role) if "value" in e}
         try:
             load_settings({**env, **CONNECTIONS})
@@ -48,7 +48,8 @@ def local_accepts(spec: dict[str, Any]) -> bool:
            "spec": copy.deepcopy(spec)}
     try:
         manifest = parse_manifest(doc)
-        load_settings({**manifest.env, **CONNECTIONS})
+        for role in ROLES:
+            load_settings({**manifest.env(role), **CONNECTIONS})
     except (ManifestError, ConfigError):
         return False
     return True
