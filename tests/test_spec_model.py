@@ -233,3 +233,39 @@ def test_role_setting_defaults_are_config_defaults() -> None:
                            "JUDGEQUEUE_QUEUE": "judge"})
     for role in ROLES:
         assert settings[role] == plain, role
+
+
+DURATIONS = ["250ms", "1s", "59s", "1m", "61s", "59m", "1h", "2h"]
+INTEGERS = [0, 1, 2, 10]
+
+
+def _cel_holds(rule: str, obj: dict[str, Any]) -> bool:
+    import celpy
+    from celpy.adapter import json_to_cel
+    from celpy.evaluation import CELEvalError
+
+    env = celpy.Environment()
+    result = env.program(env.compile(rule)).evaluate({"self": json_to_cel(copy.deepcopy(obj))})
+    assert not isinstance(result, CELEvalError), (rule, obj, result)
+    return bool(result)
+
+
+@pytest.mark.parametrize("rule", RULES, ids=[r.message for r in RULES])
+def test_cel_rules_and_model_rules_decide_alike(rule: Any) -> None:
+    """Matching messages are not enough: on edge values of its fields, each CEL rule of the CRD and the
+    model's rule of the same message accept and refuse the same objects."""
+    import itertools
+
+    node = schema_of(load_crd())["properties"]["spec"]
+    for key in rule.obj:
+        node = node["properties"][key]
+    (cel,) = [v["rule"] for v in node["x-kubernetes-validations"] if v["message"] == rule.message]
+    fields = [FIELD_BY_PATH[(*rule.obj, name)] for name in rule.uses]
+    choices = [DURATIONS if f.kind == "duration" else INTEGERS for f in fields]
+    outcomes = set()
+    for combo in itertools.product(*choices):
+        obj = dict(zip(rule.uses, combo, strict=True))
+        model = rule.check({n: _normal(f, v) for n, f, v in zip(rule.uses, fields, combo, strict=True)})
+        assert _cel_holds(cel, obj) == model, (rule.message, obj)
+        outcomes.add(model)
+    assert outcomes == {True, False}, "the edge values must exercise both outcomes"
