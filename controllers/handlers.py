@@ -27,12 +27,12 @@ from redis.exceptions import RedisError
 from judgequeue.core.backlog import Backlog, read_backlog
 from judgequeue.core.errors import JudgeQueueError, WatermarkMovedBack
 from judgequeue.core.queues import create_queue, set_cutover
+from judgequeue.core.spec import JudgeQueueSpec, parse_spec
 
 from . import autoscale, conditions
 from .diff import child_patch
 from .kube import KIND_REFS, KubeApi, KubeError, SecretNotFound
 from .render import GROUP, PLURAL, VERSION, Owner, render_children, selector_labels, worker_replicas
-from .spec import BUILTIN_JUDGES, JudgeQueueSpec, parse_spec
 
 Status = dict[str, Any]
 
@@ -43,7 +43,6 @@ class OperatorConfig:
 
     interval: float = 10.0  # timer: autoscale, status refresh, retries
     db_timeout: float = 5.0  # connecting to Postgres/Redis for cutover and backlog
-    known_judges: frozenset[str] = BUILTIN_JUDGES
 
 
 @dataclass
@@ -213,7 +212,7 @@ async def reconcile(
     generation = int(meta.get("generation", 0))
     status: Mapping[str, Any] = body.get("status") or {}
     previous = status.get("conditions")
-    parsed = parse_spec(body.get("spec"), name=meta["name"], known_judges=state.config.known_judges)
+    parsed = parse_spec(body.get("spec"), name=meta["name"])
     if isinstance(parsed, list):
         logger.error(f"invalid spec, nothing changed: {'; '.join(parsed)}")
         warn_event(state, body, "InvalidSpec", "; ".join(parsed))
@@ -371,7 +370,7 @@ def build_registry(
             status = fresh.get("status") or {}
             if int(fresh["metadata"].get("generation", 0)) != int(status.get("observedGeneration", -1)):
                 return  # a change handler has not processed this generation yet: it owns the next step
-            parsed = parse_spec(fresh.get("spec"), name=meta["name"], known_judges=state.config.known_judges)
+            parsed = parse_spec(fresh.get("spec"), name=meta["name"])
             if isinstance(parsed, list):
                 return
             try:

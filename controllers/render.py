@@ -13,9 +13,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from judgequeue.core.config import format_duration
-
-from .spec import JudgeQueueSpec
+from judgequeue.core.spec import ROLES as ROLES
+from judgequeue.core.spec import JudgeQueueSpec, role_settings
+from judgequeue.core.spec import Role as Role
 
 GROUP = "judgequeue.dev"
 VERSION = "v1alpha1"
@@ -28,9 +28,6 @@ GRACE_MARGIN_SECONDS = 10
 ROLE_GRACE_SECONDS = 30
 RUN_AS_USER = 10001
 MANAGED_BY = "judgequeue-operator"
-
-Role = Literal["dispatcher", "worker", "reaper"]
-ROLES: tuple[Role, ...] = ("dispatcher", "worker", "reaper")
 
 
 @dataclass(frozen=True)
@@ -84,12 +81,9 @@ def owner_reference(owner: Owner) -> dict[str, Any]:
     }
 
 
-def _dur(seconds: float) -> str:
-    return format_duration(seconds)
-
-
 def role_env(spec: JudgeQueueSpec, role: Role) -> list[dict[str, Any]]:
-    """The ``JUDGEQUEUE_*`` variables of one role (names per ``judgequeue.core.config``)."""
+    """One role's environment: connections from the Secrets, the metrics port, then exactly the
+    ``JUDGEQUEUE_*`` settings the role reads (:func:`judgequeue.core.spec.role_settings`)."""
     env: list[dict[str, Any]] = [
         {
             "name": "JUDGEQUEUE_POSTGRES_DSN",
@@ -99,39 +93,9 @@ def role_env(spec: JudgeQueueSpec, role: Role) -> list[dict[str, Any]]:
             "name": "JUDGEQUEUE_REDIS_URL",
             "valueFrom": {"secretKeyRef": {"name": spec.redis.name, "key": spec.redis.key}},
         },
-        {"name": "JUDGEQUEUE_QUEUE", "value": spec.queue},
         {"name": "JUDGEQUEUE_METRICS_PORT", "value": str(METRICS_PORT)},
-        {"name": "JUDGEQUEUE_LOG_LEVEL", "value": spec.log_level},
     ]
-    values: dict[str, str]
-    if role == "dispatcher":
-        d = spec.dispatcher
-        values = {
-            "BATCH_SIZE": str(d.batch_size),
-            "SCHEDULE": _dur(d.schedule),
-            "MAX_ATTEMPTS": str(d.max_attempts),
-            "BACKOFF_BASE": _dur(d.backoff.base),
-            "BACKOFF_MAX": _dur(d.backoff.max),
-        }
-    elif role == "worker":
-        w = spec.worker
-        values = {
-            "CONCURRENCY": str(w.concurrency),
-            "JUDGE": w.judge,
-            "LEASE_TTL": _dur(spec.reaper.lease_ttl),
-            "GRACE_PERIOD": _dur(w.grace_period),
-        }
-    else:
-        rp = spec.reaper
-        values = {
-            "REAPER_INTERVAL": _dur(rp.interval),
-            "VISIBILITY_TIMEOUT": _dur(rp.visibility_timeout),
-            "MAX_DELIVERIES": str(rp.max_deliveries),
-            "LEASE_TTL": _dur(rp.lease_ttl),
-            "MAX_RETRIES": str(rp.max_retries),
-            "RETENTION": _dur(rp.retention),
-        }
-    env.extend({"name": f"JUDGEQUEUE_{k}", "value": v} for k, v in values.items())
+    env.extend({"name": k, "value": v} for k, v in role_settings(spec, role).items())
     return env
 
 

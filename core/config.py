@@ -150,6 +150,12 @@ def _positive_int(text: str) -> int:
     return int(text)
 
 
+def _count(text: str) -> int:
+    if _WHOLE.fullmatch(text) is None or int(text) < 0:
+        raise ValueError("must be a whole number, 0 or more")
+    return int(text)
+
+
 def _port(text: str) -> int:
     if _WHOLE.fullmatch(text) is None or not 0 <= int(text) <= 65535:
         raise ValueError("must be a port number 0-65535 (0 picks a free port)")
@@ -228,7 +234,7 @@ _VARIABLES: dict[str, tuple[str | None, str, Callable[[str], Any]]] = {
     "REAPER_INTERVAL": ("reaper", "interval", _positive_duration),
     "VISIBILITY_TIMEOUT": ("reaper", "visibility_timeout", _positive_duration),
     "MAX_DELIVERIES": ("reaper", "max_deliveries", _positive_int),
-    "MAX_RETRIES": ("reaper", "max_retries", _positive_int),
+    "MAX_RETRIES": ("reaper", "max_retries", _count),  # 0: give up at the first lease expiry
     "RETENTION": ("reaper", "retention", _positive_duration),
     "SWEEP_BATCH": ("reaper", "sweep_batch", _positive_int),
     "REDISPATCH_AFTER": ("reaper", "redispatch_after", _positive_duration),

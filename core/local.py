@@ -34,10 +34,10 @@ from .manifest import Manifest, load_manifest
 from .migrate import migrate
 from .outbox import submit
 from .queues import create_queue, set_cutover
+from .spec import ROLES, Role
 from .status import Figures, gather
 
 TERMINAL = ("ACCEPTED", "WRONG_ANSWER", "TIME_LIMIT", "MEMORY_LIMIT", "RUNTIME_ERROR", "COMPILE_ERROR", "SYSTEM_ERROR")
-ROLES = ("dispatcher", "worker", "reaper")
 
 
 @dataclass(frozen=True)
@@ -86,18 +86,22 @@ def load_demo(directory: Path) -> list[DemoProgram]:
     return programs
 
 
-def role_env(base: Mapping[str, str], manifest: Manifest, options: LocalOptions, port: int) -> dict[str, str]:
-    """A child's environment: the caller's, then the manifest's settings, then the connections. Pure."""
+def role_env(
+    base: Mapping[str, str], manifest: Manifest, role: Role, options: LocalOptions, port: int
+) -> dict[str, str]:
+    """One ``role`` child's environment: the caller's, then the settings the manifest gives that role
+    (as its Deployment would get them), then the connections. Pure."""
+    rendered = manifest.env(role)
     env = {k: v for k, v in base.items() if not k.startswith(PREFIX)}
-    env.update({k: v for k, v in base.items() if k.startswith(PREFIX) and k not in manifest.env})
-    env.update(manifest.env)
+    env.update({k: v for k, v in base.items() if k.startswith(PREFIX) and k not in rendered})
+    env.update(rendered)
     env[PREFIX + "POSTGRES_DSN"] = options.postgres_dsn
     env[PREFIX + "REDIS_URL"] = options.redis_url
     env[PREFIX + "METRICS_PORT"] = str(port)
     return env
 
 
-def plan_children(manifest: Manifest, workers: int | None) -> list[str]:
+def plan_children(manifest: Manifest, workers: int | None) -> list[Role]:
     """Which role processes to start, in start order. Pure."""
     counts = {
         "dispatcher": manifest.replicas.dispatcher,
@@ -300,9 +304,12 @@ async def _local(options: LocalOptions, base_env: Mapping[str, str]) -> int:
     plan = plan_children(manifest, options.workers)
 
     def env_for(i: int) -> dict[str, str]:
-        return role_env(base_env, manifest, options, options.metrics_port + i if options.metrics_port else 0)
+        return role_env(base_env, manifest, plan[i], options, options.metrics_port + i if options.metrics_port else 0)
 
-    settings: Settings = load_settings(env_for(0))  # a bad rendered value stops here, naming the variable
+    # A bad value (from the caller's environment) stops here, naming the variable, before anything runs.
+    settings: Settings = load_settings(role_env(base_env, manifest, "worker", options, 0))
+    for role in ("dispatcher", "reaper"):
+        load_settings(role_env(base_env, manifest, role, options, 0))
     programs, log_dir = _files(options, manifest)
     display = Display(sys.stderr, enabled=not options.json_output)
     try:

@@ -10,7 +10,7 @@ import pytest
 from celpy.adapter import json_to_cel
 from celpy.evaluation import CELEvalError
 
-from judgequeue.controllers.spec import parse_spec
+from judgequeue.core.spec import parse_spec
 from tests.kube_schema import admit, load_crd, schema_of
 
 MINIMAL: dict[str, Any] = {

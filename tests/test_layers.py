@@ -19,7 +19,7 @@ CORE_LAYERS: dict[str, int] = {
     "redis_url": 0,
     # one server or one concern each: the Redis door, the tables, the judges
     "streams": 1, "queues": 1, "leases": 1, "migrate": 1, "judges": 1, "connect": 1,
-    "config": 2, "outbox": 2, "dlq": 2, "dead_letters": 2, "stream_stats": 2, "problems": 2,
+    "config": 2, "spec": 2, "outbox": 2, "dlq": 2, "dead_letters": 2, "stream_stats": 2, "problems": 2,
     # what every role runs on, and read-only views over the queue
     "lifecycle": 3, "backlog": 3, "status": 3, "runtime": 3, "manifest": 3,
     # the roles
@@ -29,8 +29,9 @@ CORE_LAYERS: dict[str, int] = {
     "cli": 6,
 }
 ROLES = {"dispatcher", "worker", "reaper"}
-#: What the operator may take from core: types, pure helpers, the queue/backlog API and the log format.
-CONTROLLERS_MAY_USE = {"errors", "config", "queues", "backlog", "logs"}
+#: What the operator may take from core: types, pure helpers, the queue/backlog API, the log format, and
+#: the JudgeQueue spec model (``judgequeue local`` runs the same manifests, so both must parse them alike).
+CONTROLLERS_MAY_USE = {"errors", "config", "queues", "backlog", "logs", "spec"}
 
 
 def _modules(package: str, folder: Path) -> dict[str, Path]:

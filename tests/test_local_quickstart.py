@@ -159,11 +159,12 @@ def test_local_bad_manifest_is_one_line_exit_2(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text(
         "apiVersion: judgequeue.dev/v1alpha1\nkind: JudgeQueue\nmetadata: {name: x}\n"
-        "spec: {dispatcher: {batchSize: 0}}\n"
+        "spec: {image: judgequeue:test, postgres: {secretKeyRef: {name: db}}, redis: {secretKeyRef: {name: rd}},\n"
+        "       dispatcher: {batchSize: 0}}\n"
     )
     result = subprocess.run(
         [JUDGEQUEUE, "local", "-f", str(bad)], env=clean_env(), capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and "spec.dispatcher.batchSize" in lines[0] and "JUDGEQUEUE_BATCH_SIZE" in lines[0]
+    assert len(lines) == 1 and "spec.dispatcher.batchSize: must be between 1 and 10000, got 0" in lines[0]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import time
 from collections.abc import AsyncIterator
@@ -15,9 +16,12 @@ import pytest
 import redis.asyncio as aioredis
 
 from judgequeue.controllers.handlers import OperatorConfig
+from judgequeue.core.config import load_settings
+from judgequeue.core.judges import load_judge
 from judgequeue.core.outbox import submit
 from judgequeue.core.queues import get_queue
 from tests.conftest import REDIS_URL
+from tests.helpers import install_judge_plugin
 from tests.kmock_emulator import (
     DEPLOYMENTS,
     EVENTS,
@@ -172,7 +176,7 @@ INVALID: list[tuple[dict[str, Any], str]] = [
     ({"dispatcher": {"batchSize": -1}}, "spec.dispatcher.batchSize"),
     ({"worker": {"minReplicas": 5, "maxReplicas": 2}}, "spec.worker.minReplicas"),
     ({"reaper": {"interval": "sometimes"}}, "spec.reaper.interval"),
-    ({"worker": {"judge": "oracle"}}, "unknown judge 'oracle'"),
+    ({"worker": {"judge": "Oracle!"}}, "spec.worker.judge"),
     ({"postgres": {"secretKeyRef": {"name": "no-such-secret", "key": "dsn"}}}, "no-such-secret not found"),
     ({"redis": {"secretKeyRef": {"name": "jq-redis", "key": "nope"}}}, "has no key 'nope'"),
     ({"image": ""}, "spec.image"),
@@ -332,3 +336,20 @@ async def test_operator_resumes_after_restart(env: Env, queue_name: str, tmp_pat
     finally:
         await restarted.stop()
     await asyncio.sleep(0)
+
+
+async def test_a_judge_plugin_installed_in_the_image_is_accepted(env: Env, queue_name: str, tmp_path: Path) -> None:
+    """Issue 17: the operator must not refuse a judge because it is not built in; whether a plugin is
+    installed is known where it runs (the worker loads it at start). Here "gpu" is installed in this
+    test's environment, as a plugin would be in the image, and the rendered worker loads it."""
+    with contextlib.contextmanager(install_judge_plugin)(tmp_path / "site", "gpu"):
+        env.kmock.put_object(JQ, NS, {"metadata": {"name": "judge"}, "spec": spec(queue_name, worker={"judge": "gpu"})})
+        await env.observed(1)
+        assert env.condition("Degraded").get("status") == "False", env.condition("Degraded")
+        worker = env.kmock.current(DEPLOYMENTS, NS, "judge-worker")
+        assert worker is not None
+        plain = {k: v for k, v in _env_of(worker).items() if isinstance(v, str)}
+        settings = load_settings({**plain, "JUDGEQUEUE_POSTGRES_DSN": env.pg_dsn, "JUDGEQUEUE_REDIS_URL": REDIS_URL})
+        assert settings.worker.judge == "gpu"
+        verdict = await load_judge(settings.worker.judge).judge({})
+        assert verdict.status == "ACCEPTED"

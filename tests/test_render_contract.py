@@ -1,5 +1,5 @@
-"""The operator (controllers.render) and `judgequeue local` (core.manifest) turn the same JudgeQueue
-spec into environment variables independently; a role must get the same settings from both."""
+"""The operator (controllers.render) and ``judgequeue local`` (core.manifest) run the same JudgeQueue
+spec; both render a role's variables through core.spec, and a role must get the same ones from both."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 
 from judgequeue.controllers import render
-from judgequeue.controllers.spec import JudgeQueueSpec, parse_spec
-from judgequeue.core.config import Settings, load_settings
-from judgequeue.core.manifest import render_env
+from judgequeue.core.config import load_settings
+from judgequeue.core.manifest import parse_manifest
+from judgequeue.core.spec import JudgeQueueSpec, Role, parse_spec
 
 SPEC: dict[str, Any] = {
     "image": "judgequeue:test",
@@ -25,27 +25,40 @@ SPEC: dict[str, Any] = {
         "visibilityTimeout": "45s",
         "maxDeliveries": 7,
         "leaseTtl": "20s",
-        "maxRetries": 5,
+        "maxRetries": 0,
         "retention": "3d",
     },
 }
 CONNECTIONS = {"JUDGEQUEUE_POSTGRES_DSN": "postgresql://h/db", "JUDGEQUEUE_REDIS_URL": "redis://h/0"}
 
 
-def operator_settings(role: render.Role) -> Settings:
+def operator_env(role: Role) -> dict[str, str]:
     parsed = parse_spec(SPEC, name="judge")
     assert isinstance(parsed, JudgeQueueSpec), parsed
-    env = {e["name"]: e["value"] for e in render.role_env(parsed, role) if "value" in e}
-    return load_settings({**env, **CONNECTIONS})
+    return {e["name"]: e["value"] for e in render.role_env(parsed, role) if "value" in e}
 
 
-def local_settings() -> Settings:
-    return load_settings({**render_env(SPEC), **CONNECTIONS})
+def local_env(role: Role) -> dict[str, str]:
+    doc = {"apiVersion": "judgequeue.dev/v1alpha1", "kind": "JudgeQueue", "metadata": {"name": "judge"}, "spec": SPEC}
+    return parse_manifest(doc).env(role)
 
 
-@pytest.mark.parametrize("role", ["dispatcher", "worker", "reaper"])
-def test_operator_and_local_mode_give_a_role_the_same_settings(role: render.Role) -> None:
-    op, local = operator_settings(role), local_settings()
-    assert (op.queue, op.log_level) == (local.queue, local.log_level)
-    # Each role's Deployment carries its own section; every value of it must match local mode's.
-    assert getattr(op, role) == getattr(local, role)
+@pytest.mark.parametrize("role", render.ROLES)
+def test_operator_and_local_mode_give_a_role_the_same_settings(role: Role) -> None:
+    op, local = operator_env(role), local_env(role)
+    # The operator adds only the metrics port (connections come from Secrets, not values).
+    assert {k: v for k, v in op.items() if k != "JUDGEQUEUE_METRICS_PORT"} == local
+    settings = load_settings({**op, **CONNECTIONS})
+    assert (settings.queue, settings.log_level) == ("contract", "DEBUG")
+
+
+def test_each_spec_value_reaches_the_role_that_reads_it() -> None:
+    dispatcher = load_settings({**operator_env("dispatcher"), **CONNECTIONS}).dispatcher
+    worker = load_settings({**operator_env("worker"), **CONNECTIONS}).worker
+    reaper = load_settings({**operator_env("reaper"), **CONNECTIONS})
+    assert (dispatcher.batch_size, dispatcher.schedule, dispatcher.max_attempts) == (77, 3.0, 4)
+    assert (dispatcher.backoff_base, dispatcher.backoff_max) == (2.0, 90.0)
+    assert (worker.concurrency, worker.judge, worker.grace_period, worker.lease_ttl) == (6, "sleep", 12.0, 20.0)
+    assert (reaper.reaper.interval, reaper.reaper.visibility_timeout, reaper.reaper.max_deliveries) == (4.0, 45.0, 7)
+    assert (reaper.reaper.max_retries, reaper.reaper.retention) == (0, 3 * 86400.0)
+    assert reaper.dispatcher.schedule == 3.0  # the reaper prunes dispatcher waiters by it

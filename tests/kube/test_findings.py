@@ -24,7 +24,7 @@ import yaml
 
 from judgequeue.controllers.rbac import render_rules
 from judgequeue.controllers.render import Owner, render_deployment
-from judgequeue.controllers.spec import parse_spec
+from judgequeue.core.spec import parse_spec
 from tests.conftest import REDIS_URL
 from tests.kube.cluster import ApiError, Cluster
 from tests.kube.conftest import CHART, CRD_FILE, EXAMPLE

@@ -1,0 +1,549 @@
+"""The one model of a ``JudgeQueue`` spec: fields, defaults, ranges, cross-field rules, role settings (pure).
+
+Before this module the operator (``controllers/spec.py``) and ``judgequeue local`` (``core/manifest.py``)
+parsed the same manifest independently and disagreed (issue 17). Now both call :func:`parse_spec`,
+and both turn a parsed spec into a role's ``JUDGEQUEUE_*`` variables with :func:`role_settings`:
+
+- :data:`FIELDS` lists every scalar field once: its type, default, bounds and, when it configures a
+  role, the :class:`~judgequeue.core.config.Settings` field it sets. A field that sets a role's setting
+  takes its default from ``core/config.py`` (what a role uses when the variable is absent), so each
+  default is written once. ``tests/test_spec_model.py`` checks the CRD's types, defaults, bounds,
+  patterns and CEL rules against this table, the way ``scripts/gen_chart_files.py`` checks the RBAC.
+- :data:`RULES` are the cross-field rules, with the same messages as the CRD's CEL rules.
+- A role gets exactly the variables it reads: a setting's section names its role (``worker.lease_ttl``
+  goes to workers only), and :attr:`Field.also_read_by` names other roles that read it (the reaper
+  prunes dispatcher waiters by the dispatchers' schedule). ``tests/test_spec_model.py`` checks this
+  against what each role module reads.
+
+The judge is checked by name only (the CRD's pattern): whether the plugin is installed is known only
+in the image, so the worker checks it at start (``load_judge``) rather than the operator against a
+list of built-in names.
+
+The API server's schema rejects most mistakes at admission, but the operator must not trust that (a
+CRD applied without its schema, an older CRD version, a hand-edited object), so every rule is checked
+here too. Every error starts with the field's path (``spec.worker.minReplicas: ...``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import MISSING, dataclass, field, fields
+from datetime import datetime
+from typing import Any, Literal
+
+from .config import (
+    DispatcherSettings,
+    ReaperSettings,
+    Settings,
+    WorkerSettings,
+    format_duration,
+    parse_duration,
+    variable_for,
+)
+from .errors import InvalidQueueName
+from .queues import validate_queue_name
+
+Role = Literal["dispatcher", "worker", "reaper"]
+ROLES: tuple[Role, ...] = ("dispatcher", "worker", "reaper")
+
+Kind = Literal["integer", "duration", "string", "choice", "boolean", "timestamp"]
+
+# Durations compared by CEL rules must be Go durations (CEL's duration() has no "d" unit); retention
+# is never compared, so it may use days.
+DURATION_PATTERN = r"^[0-9]+(\.[0-9]+)?(ms|s|m|h)$"
+LONG_DURATION_PATTERN = r"^[0-9]+(\.[0-9]+)?(ms|s|m|h|d)$"
+QUEUE_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+JUDGE_PATTERN = r"^[a-z][a-z0-9_-]*$"
+SECRET_KEY_PATTERN = r"^[-._a-zA-Z0-9]+$"
+_SECRET_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+_QUANTITY = re.compile(r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$")
+DURATION_MAX_LENGTH = 16
+
+_SETTINGS_CLASSES: dict[str | None, type[Any]] = {
+    None: Settings,
+    "dispatcher": DispatcherSettings,
+    "worker": WorkerSettings,
+    "reaper": ReaperSettings,
+}
+
+
+def setting_default(section: str | None, name: str) -> Any:
+    """The default ``core/config.py`` gives ``Settings.<section>.<name>`` (a role's value when unset)."""
+    for f in fields(_SETTINGS_CLASSES[section]):
+        if f.name == name:
+            if f.default is not MISSING:
+                return f.default
+            if f.default_factory is not MISSING:
+                return f.default_factory()
+    raise KeyError(f"{section or 'settings'}.{name} has no default")
+
+
+@dataclass(frozen=True)
+class Field:
+    """One scalar field of the spec: where it is, what it accepts, and what it configures.
+
+    ``default`` is the model's value when the field is absent (seconds for durations; None: no
+    default). ``setting`` is the ``Settings`` (section, name) it sets; such a field's default comes
+    from core/config.py. ``schema_default``, when given, is ``(what the CRD writes,)`` where it deliberately
+    differs from the model's default.
+    """
+
+    path: tuple[str, ...]
+    kind: Kind
+    default: Any = None
+    minimum: int | None = None
+    maximum: int | None = None
+    choices: tuple[str, ...] = ()
+    pattern: str | None = None
+    max_length: int | None = None
+    min_length: int | None = None
+    required: bool = False
+    setting: tuple[str | None, str] | None = None
+    also_read_by: tuple[Role, ...] = ()
+    schema_default: tuple[Any] | None = None
+    hint: str = ""  # what a value refused by ``pattern`` should look like
+
+    @property
+    def name(self) -> str:
+        return "spec." + ".".join(self.path)
+
+    @property
+    def roles(self) -> tuple[Role, ...]:
+        """The roles that read this field's setting (none if it sets no role's setting)."""
+        if self.setting is None:
+            return ()
+        section = self.setting[0]
+        own: tuple[Role, ...] = ROLES if section is None else tuple(r for r in ROLES if r == section)
+        return own + tuple(r for r in self.also_read_by if r not in own)
+
+
+def _duration(path: tuple[str, ...], default: float | None = None, *, setting: tuple[str | None, str] | None = None,
+              long: bool = False, also_read_by: tuple[Role, ...] = ()) -> Field:
+    if setting is not None:
+        default = float(setting_default(*setting))
+    return Field(path, "duration", default, pattern=LONG_DURATION_PATTERN if long else DURATION_PATTERN,
+                 max_length=DURATION_MAX_LENGTH, setting=setting, also_read_by=also_read_by)
+
+
+def _integer(path: tuple[str, ...], lo: int, hi: int, default: int | None = None, *,
+             setting: tuple[str | None, str] | None = None, schema_default: tuple[Any] | None = None) -> Field:
+    if setting is not None:
+        default = int(setting_default(*setting))
+    return Field(path, "integer", default, minimum=lo, maximum=hi, setting=setting, schema_default=schema_default)
+
+
+def _secret(path: tuple[str, ...], key: str) -> tuple[Field, Field]:
+    return (
+        Field((*path, "secretKeyRef", "name"), "string", required=True, min_length=1, max_length=253),
+        Field((*path, "secretKeyRef", "key"), "string", key, pattern=SECRET_KEY_PATTERN, hint="a Secret key"),
+    )
+
+
+#: Every scalar field of ``JudgeQueue.spec``. ``resources`` (requests/limits of quantities) are the
+#: only other leaves; see :data:`RESOURCES`.
+FIELDS: tuple[Field, ...] = (
+    Field(("image",), "string", required=True, min_length=1),
+    Field(("imagePullPolicy",), "choice", "IfNotPresent", choices=("Always", "IfNotPresent", "Never")),
+    Field(("queue",), "string", pattern=QUEUE_PATTERN, max_length=63, setting=(None, "queue")),
+    Field(("logLevel",), "choice", setting_default(None, "log_level"), choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+          setting=(None, "log_level")),
+    Field(("paused",), "boolean", False),
+    *_secret(("postgres",), "dsn"),
+    *_secret(("redis",), "url"),
+    _integer(("dispatcher", "replicas"), 0, 100, 1),
+    _integer(("dispatcher", "batchSize"), 1, 10000, setting=("dispatcher", "batch_size")),
+    # The reaper prunes dispatcher waiters older than a few schedules, so it reads the schedule too.
+    _duration(("dispatcher", "schedule"), setting=("dispatcher", "schedule"), also_read_by=("reaper",)),
+    _integer(("dispatcher", "maxAttempts"), 1, 1000, setting=("dispatcher", "max_attempts")),
+    _duration(("dispatcher", "backoff", "base"), setting=("dispatcher", "backoff_base")),
+    _duration(("dispatcher", "backoff", "max"), setting=("dispatcher", "backoff_max")),
+    # The scale subresource's count: absent means "not set" (the CRD writes 1 so reading the scale
+    # subresource always answers); honoured only when autoscaling is external.
+    _integer(("worker", "replicas"), 0, 1000, None, schema_default=(1,)),
+    _integer(("worker", "minReplicas"), 0, 1000, 1),
+    _integer(("worker", "maxReplicas"), 1, 1000, 10),
+    _integer(("worker", "targetBacklogPerReplica"), 1, 1_000_000, 10),
+    _integer(("worker", "concurrency"), 1, 256, setting=("worker", "concurrency")),
+    Field(("worker", "judge"), "string", setting_default("worker", "judge"), pattern=JUDGE_PATTERN,
+          setting=("worker", "judge"), hint="a judge plugin name: lowercase letters, digits, - and _"),
+    Field(("worker", "autoscaling"), "choice", "internal", choices=("internal", "external")),
+    _duration(("worker", "scaleDownStabilization"), 300.0),
+    _duration(("worker", "gracePeriod"), setting=("worker", "grace_period")),
+    _integer(("reaper", "replicas"), 0, 20, 1),
+    _duration(("reaper", "interval"), setting=("reaper", "interval")),
+    _duration(("reaper", "visibilityTimeout"), setting=("reaper", "visibility_timeout")),
+    _integer(("reaper", "maxDeliveries"), 1, 1000, setting=("reaper", "max_deliveries")),
+    # Workers heartbeat by this TTL; the reaper rescues leases by the expiry stored in Postgres and
+    # never reads it, so it goes to the workers only.
+    _duration(("reaper", "leaseTtl"), setting=("worker", "lease_ttl")),
+    _integer(("reaper", "maxRetries"), 0, 100, setting=("reaper", "max_retries")),
+    _duration(("reaper", "retention"), setting=("reaper", "retention"), long=True),
+    Field(("cutover", "mode"), "choice", "live", choices=("live", "shadow")),
+    Field(("cutover", "watermark"), "timestamp", max_length=64),
+)
+
+FIELD_BY_PATH: dict[tuple[str, ...], Field] = {f.path: f for f in FIELDS}
+
+#: Objects that hold ``resources`` (``requests`` and ``limits`` maps of quantities).
+RESOURCES: tuple[tuple[str, ...], ...] = (("dispatcher",), ("worker",), ("reaper",))
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A cross-field rule of one object: ``check(values of that object)`` must hold.
+
+    ``message`` and ``field`` are the CRD's CEL rule's ``message`` and ``fieldPath`` (checked equal by
+    tests/test_spec_model.py); the error reads ``spec.<object>.<field>: <message>``.
+    """
+
+    obj: tuple[str, ...]
+    field: str
+    uses: tuple[str, ...]
+    message: str
+    check: Callable[[Mapping[str, Any]], bool]
+
+
+RULES: tuple[Rule, ...] = (
+    Rule(("dispatcher", "backoff"), "base", ("base", "max"),
+         "dispatcher.backoff.base must not exceed dispatcher.backoff.max",
+         lambda v: v["base"] <= v["max"]),
+    Rule(("worker",), "minReplicas", ("minReplicas", "maxReplicas"),
+         "worker.minReplicas must not exceed worker.maxReplicas",
+         lambda v: v["minReplicas"] <= v["maxReplicas"]),
+    Rule(("worker",), "gracePeriod", ("gracePeriod",),
+         "worker.gracePeriod must be under 1h",
+         lambda v: v["gracePeriod"] < 3600),
+    Rule(("reaper",), "interval", ("interval", "visibilityTimeout"),
+         "reaper.interval must not exceed reaper.visibilityTimeout (sweeps would miss idle entries)",
+         lambda v: v["interval"] <= v["visibilityTimeout"]),
+    Rule(("reaper",), "leaseTtl", ("leaseTtl", "visibilityTimeout"),
+         "reaper.leaseTtl must not exceed reaper.visibilityTimeout",
+         lambda v: v["leaseTtl"] <= v["visibilityTimeout"]),
+)
+
+
+def object_paths() -> dict[tuple[str, ...], set[str]]:
+    """Every object of the spec (``()`` is the spec) and the names of its properties."""
+    objects: dict[tuple[str, ...], set[str]] = {(): set()}
+    for f in FIELDS:
+        for i in range(len(f.path)):
+            objects.setdefault(f.path[:i], set()).add(f.path[i])
+    for path in RESOURCES:
+        objects[path].add("resources")
+    return objects
+
+
+# --- the typed spec -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SecretKeyRef:
+    """A key of a Secret in the JudgeQueue's namespace."""
+
+    name: str
+    key: str
+
+
+@dataclass(frozen=True)
+class Backoff:
+    base: float
+    max: float
+
+
+@dataclass(frozen=True)
+class DispatcherSpec:
+    replicas: int
+    batch_size: int
+    schedule: float
+    max_attempts: int
+    backoff: Backoff
+    resources: Mapping[str, Any] = field(default_factory=dict)
+
+
+Autoscaling = Literal["internal", "external"]
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    min_replicas: int
+    max_replicas: int
+    replicas: int | None  # the scale subresource; honoured in external mode
+    target_backlog_per_replica: int
+    concurrency: int
+    judge: str
+    autoscaling: Autoscaling
+    scale_down_window: float
+    grace_period: float
+    resources: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ReaperSpec:
+    replicas: int
+    interval: float
+    visibility_timeout: float
+    max_deliveries: int
+    lease_ttl: float
+    max_retries: int
+    retention: float
+    resources: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CutoverSpec:
+    mode: Literal["live", "shadow"]
+    watermark: datetime | None
+
+
+@dataclass(frozen=True)
+class JudgeQueueSpec:
+    """A validated spec; durations in seconds. ``values`` holds every field by path (defaults filled),
+    ``given`` the paths the manifest wrote."""
+
+    image: str
+    queue: str
+    postgres: SecretKeyRef
+    redis: SecretKeyRef
+    image_pull_policy: str
+    log_level: str
+    paused: bool
+    dispatcher: DispatcherSpec
+    worker: WorkerSpec
+    reaper: ReaperSpec
+    cutover: CutoverSpec
+    values: Mapping[tuple[str, ...], Any] = field(default_factory=dict, repr=False, compare=False)
+    given: frozenset[tuple[str, ...]] = field(default=frozenset(), repr=False, compare=False)
+
+
+# --- parsing ------------------------------------------------------------------------------------
+
+
+def parse_timestamp(value: object) -> datetime | None:
+    """An RFC 3339 timestamp with a zone (or an aware datetime, as YAML loads one) as a datetime, else None."""
+    if isinstance(value, datetime):
+        return value if value.tzinfo is not None else None
+    if not isinstance(value, str):
+        return None
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo is not None else None
+
+
+def _read(f: Field, value: Any) -> tuple[Any, str | None]:
+    """One present field's value, or an error (without the path) saying what it accepts."""
+    if f.kind == "integer":
+        if isinstance(value, bool) or not isinstance(value, int):
+            return None, f"must be an integer, got {value!r}"
+        assert f.minimum is not None and f.maximum is not None
+        if not f.minimum <= value <= f.maximum:
+            return None, f"must be between {f.minimum} and {f.maximum}, got {value}"
+        return value, None
+    if f.kind == "duration":
+        assert f.pattern is not None
+        units = "ms, s, m, h, d" if f.pattern == LONG_DURATION_PATTERN else "ms, s, m, h"
+        if not isinstance(value, str) or not re.match(f.pattern, value) or len(value) > DURATION_MAX_LENGTH:
+            return None, f"{value!r} is not a duration (a number with unit {units}, e.g. 30s)"
+        seconds = parse_duration(value)
+        if seconds <= 0:
+            return None, f"must be positive, got {value!r}"
+        return seconds, None
+    if f.kind == "choice":
+        if value not in f.choices:
+            return None, f"must be one of {', '.join(f.choices)}, got {value!r}"
+        return value, None
+    if f.kind == "boolean":
+        if not isinstance(value, bool):
+            return None, f"must be true or false, got {value!r}"
+        return value, None
+    if f.kind == "timestamp":
+        stamp = parse_timestamp(value)
+        if stamp is None:
+            return None, f"{value!r} is not an RFC 3339 timestamp with a zone (e.g. 2025-01-31T12:00:00Z)"
+        return stamp, None
+    if not isinstance(value, str):
+        return None, f"must be a string, got {value!r}"
+    if f.min_length is not None and len(value.strip()) < f.min_length:
+        return None, "is required"
+    if f.max_length is not None and len(value) > f.max_length:
+        return None, f"must be at most {f.max_length} characters"
+    if f.pattern is not None and not re.match(f.pattern, value):
+        return None, f"{value!r} is not {f.hint or 'valid'} (pattern {f.pattern})"
+    return value, None
+
+
+def _resources(value: Any, where: str, errors: list[str]) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        errors.append(f"{where}: must be an object")
+        return {}
+    for part, amounts in value.items():
+        if part not in ("requests", "limits"):
+            errors.append(f"{where}.{part}: unknown field (resources has requests and limits)")
+            continue
+        if amounts is None:
+            continue
+        if not isinstance(amounts, Mapping):
+            errors.append(f"{where}.{part}: must be an object")
+            continue
+        for name, amount in amounts.items():
+            if isinstance(amount, bool) or not (
+                isinstance(amount, int | float) or (isinstance(amount, str) and _QUANTITY.match(amount))
+            ):
+                errors.append(f"{where}.{part}.{name}: {amount!r} is not a quantity")
+    return dict(value)
+
+
+def _walk(spec: Mapping[str, Any], errors: list[str]) -> dict[tuple[str, ...], Any]:
+    """Every present scalar by path (objects type-checked, unknown fields reported)."""
+    raw: dict[tuple[str, ...], Any] = {}
+    objects = object_paths()
+
+    def visit(node: Mapping[str, Any], path: tuple[str, ...]) -> None:
+        for key, value in node.items():
+            here = (*path, str(key))
+            where = "spec." + ".".join(here)
+            if key not in objects[path]:
+                errors.append(f"{where}: unknown field (see crds/judgequeue.yaml for the JudgeQueue schema)")
+            elif key == "resources" and path in RESOURCES:
+                raw[here] = value
+            elif here in objects:
+                if value is None:
+                    continue
+                if not isinstance(value, Mapping):
+                    errors.append(f"{where}: must be an object")
+                    continue
+                visit(value, here)
+            elif value is not None:
+                raw[here] = value
+
+    visit(spec, ())
+    return raw
+
+
+def parse_spec(spec: Any, *, name: str) -> JudgeQueueSpec | list[str]:
+    """Validate ``spec`` (a JudgeQueue's ``.spec``, schema defaults applied or not) of the object ``name``.
+
+    Returns the typed spec, or every error found, each starting with the field's path. The operator
+    and ``judgequeue local`` both call this, so they accept and refuse the same manifests.
+    """
+    errors: list[str] = []
+    if not isinstance(spec, Mapping):
+        errors.append("spec: must be an object")
+        spec = {}
+    raw = _walk(spec, errors)
+    values: dict[tuple[str, ...], Any] = {}
+    bad: set[tuple[str, ...]] = set()
+    for f in FIELDS:
+        if f.path == ("queue",):  # checked below by the queue's own rule, which explains it
+            values[f.path] = raw.get(f.path)
+            continue
+        if f.path not in raw:
+            if f.required:
+                errors.append(f"{f.name}: is required")
+                bad.add(f.path)
+            values[f.path] = f.default
+            continue
+        value, error = _read(f, raw[f.path])
+        if error is not None:
+            errors.append(f"{f.name}: {error}")
+            bad.add(f.path)
+            value = f.default
+        values[f.path] = value
+    queue = values[("queue",)] if values[("queue",)] is not None else name
+    try:
+        values[("queue",)] = validate_queue_name(queue)
+    except InvalidQueueName as exc:
+        errors.append(f"spec.queue: {exc}")
+    for ref in (("postgres",), ("redis",)):
+        secret = values[(*ref, "secretKeyRef", "name")]
+        if isinstance(secret, str) and secret and (len(secret) > 253 or not _SECRET_NAME.match(secret)):
+            errors.append(f"spec.{ref[0]}.secretKeyRef.name: {secret!r} is not a valid Secret name")
+    for rule in RULES:
+        if any((*rule.obj, k) in bad for k in rule.uses):
+            continue  # a field of the rule is already reported
+        inputs = {k: values[(*rule.obj, k)] for k in rule.uses}
+        if not rule.check(inputs):
+            errors.append(f"spec.{'.'.join((*rule.obj, rule.field))}: {rule.message}")
+    resources = {p: _resources(raw.get((*p, "resources")), f"spec.{'.'.join(p)}.resources", errors)
+                 for p in RESOURCES}
+    if errors:
+        return errors
+    return _build(values, resources, frozenset(raw))
+
+
+def _build(
+    v: Mapping[tuple[str, ...], Any], resources: Mapping[tuple[str, ...], dict[str, Any]],
+    given: frozenset[tuple[str, ...]],
+) -> JudgeQueueSpec:
+    return JudgeQueueSpec(
+        image=v[("image",)],
+        queue=v[("queue",)],
+        postgres=SecretKeyRef(v[("postgres", "secretKeyRef", "name")], v[("postgres", "secretKeyRef", "key")]),
+        redis=SecretKeyRef(v[("redis", "secretKeyRef", "name")], v[("redis", "secretKeyRef", "key")]),
+        image_pull_policy=v[("imagePullPolicy",)],
+        log_level=v[("logLevel",)],
+        paused=v[("paused",)],
+        dispatcher=DispatcherSpec(
+            replicas=v[("dispatcher", "replicas")],
+            batch_size=v[("dispatcher", "batchSize")],
+            schedule=v[("dispatcher", "schedule")],
+            max_attempts=v[("dispatcher", "maxAttempts")],
+            backoff=Backoff(v[("dispatcher", "backoff", "base")], v[("dispatcher", "backoff", "max")]),
+            resources=resources[("dispatcher",)],
+        ),
+        worker=WorkerSpec(
+            min_replicas=v[("worker", "minReplicas")],
+            max_replicas=v[("worker", "maxReplicas")],
+            replicas=v[("worker", "replicas")],
+            target_backlog_per_replica=v[("worker", "targetBacklogPerReplica")],
+            concurrency=v[("worker", "concurrency")],
+            judge=v[("worker", "judge")],
+            autoscaling=v[("worker", "autoscaling")],
+            scale_down_window=v[("worker", "scaleDownStabilization")],
+            grace_period=v[("worker", "gracePeriod")],
+            resources=resources[("worker",)],
+        ),
+        reaper=ReaperSpec(
+            replicas=v[("reaper", "replicas")],
+            interval=v[("reaper", "interval")],
+            visibility_timeout=v[("reaper", "visibilityTimeout")],
+            max_deliveries=v[("reaper", "maxDeliveries")],
+            lease_ttl=v[("reaper", "leaseTtl")],
+            max_retries=v[("reaper", "maxRetries")],
+            retention=v[("reaper", "retention")],
+            resources=resources[("reaper",)],
+        ),
+        cutover=CutoverSpec(mode=v[("cutover", "mode")], watermark=v[("cutover", "watermark")]),
+        values=dict(v),
+        given=given,
+    )
+
+
+# --- role settings ------------------------------------------------------------------------------
+
+
+def _text(f: Field, value: Any) -> str:
+    return format_duration(float(value)) if f.kind == "duration" else str(value)
+
+
+def role_fields(role: Role) -> tuple[Field, ...]:
+    """The fields whose settings ``role`` reads."""
+    return tuple(f for f in FIELDS if role in f.roles)
+
+
+def role_settings(spec: JudgeQueueSpec, role: Role, *, given_only: bool = False) -> dict[str, str]:
+    """The ``JUDGEQUEUE_*`` variables (names from core/config.py) a spec sets for one role, and only
+    those the role reads, so a change to another role's setting does not restart it. Connections and
+    the metrics port are not part of the spec: a cluster takes them from Secrets, ``local`` from flags.
+
+    ``given_only`` leaves out fields the manifest did not write (``local`` lets the caller's
+    environment set those; the defaults are the same either way, being config's)."""
+    return {
+        variable_for(*f.setting): _text(f, spec.values[f.path])
+        for f in role_fields(role)
+        if f.setting and (not given_only or f.path in spec.given or f.path == ("queue",))
+    }
