@@ -112,6 +112,12 @@ class SweepReport:
     removed_consumers: int = 0
     figures: StreamFigures | None = None
     errors: dict[str, str] = field(default_factory=dict)
+    succeeded: int = 0  # parts that ran without error
+
+    @property
+    def unreachable(self) -> bool:
+        """Every part that ran failed: the servers are down, not merely flaky (pure)."""
+        return bool(self.errors) and self.succeeded == 0
 
 
 class Reaper:
@@ -337,11 +343,13 @@ class Reaper:
             if stop is not None and stop.is_set():
                 return None
             try:
-                return await call()
+                result = await call()
             except SERVER_ERRORS as exc:
                 report.errors[name] = f"{type(exc).__name__}: {exc}"
                 log.warning("reaper step failed", extra={"step": name, "error": str(exc)})
                 return None
+            report.succeeded += 1
+            return result
 
         report.stream = await part("stream", self.sweep_stream)
         report.leases = await part("leases", self.rescue_leases)
@@ -361,7 +369,11 @@ class Reaper:
             report = await unless_stopped(stop, self.sweep(stop))
             if report is None:
                 return  # stopped mid-sweep: every step is safe to abandon (see the module docstring)
-            failures = failures + 1 if report.errors else 0
+            # Back off only while nothing works. A sweep whose first call met a connection killed while
+            # the reaper slept (a restart, a reset, an idle timeout) did the rest of its work: under
+            # frequent faults, backing off on that doubled the pause to a minute exactly when
+            # rescues were most needed.
+            failures = failures + 1 if report.unreachable else 0
             delay = backoff_delay(interval, failures)
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(stop.wait(), delay)

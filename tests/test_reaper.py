@@ -21,6 +21,7 @@ from judgequeue.core.queues import create_queue
 from judgequeue.core.reaper import ClaimedEntry, Decision, Reaper, decide
 from tests.conftest import REDIS_URL
 from tests.helpers import eventually, make_settings
+from tests.redis_servers import free_port
 
 
 def env(submission: int, deliveries: int = 1, generation: int = 1) -> Envelope:
@@ -446,6 +447,23 @@ async def test_sweep_survives_unreachable_redis(pg_pool: asyncpg.Pool, pg_dsn: s
         await dead.aclose()
     assert {"stream", "consumers", "gauges"} <= set(report.errors)
     assert "RedisUnavailable" in report.errors["stream"] and "prune" not in report.errors
+    # The Postgres parts worked: flaky, not unreachable, so the next sweep comes at its interval.
+    assert report.succeeded >= 2 and not report.unreachable
+
+
+async def test_a_sweep_with_every_part_failing_is_unreachable(queue_name: str) -> None:
+    """Backoff is for servers that are down: both dead, every part fails, the sweep says so."""
+    dead_redis = aioredis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.5, retry=Retry(NoBackoff(), 0))
+    dead_pg = await asyncpg.create_pool(
+        f"postgresql://postgres@127.0.0.1:{free_port()}/x", min_size=0, max_size=1, timeout=0.5
+    )
+    try:
+        r = Reaper(dead_pg, dead_redis, make_settings("postgresql://x/y", REDIS_URL, queue_name))
+        report = await r.sweep()
+    finally:
+        await dead_redis.aclose()
+        await dead_pg.close()
+    assert report.unreachable and report.succeeded == 0, report.errors
 
 
 async def test_sweep_rescues_expired_leases(
