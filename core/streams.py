@@ -93,18 +93,30 @@ def closed_transport(exc: BaseException) -> bool:
 T = TypeVar("T")
 
 
+def transport_error(exc: BaseException) -> TransportError | None:
+    """The :class:`TransportError` a failed Redis call means, or None when it is not one (a bug).
+
+    One place for the whole mapping: redis-py's errors, socket errors and timeouts, and uvloop's
+    refusal to write on a connection the peer reset (:func:`closed_transport`).
+    """
+    if isinstance(exc, TransportError):
+        return exc
+    if isinstance(exc, (rexc.RedisError, ConnectionError, TimeoutError, OSError)):
+        return translate_redis_error(exc)
+    if closed_transport(exc):
+        return RedisUnavailable(str(exc))
+    return None
+
+
 async def guarded(call: Callable[[], Awaitable[T]]) -> T:
     """Run a Redis call, turning redis-py errors into :class:`TransportError`."""
     try:
         return await call()
-    except TransportError:
-        raise
-    except (rexc.RedisError, ConnectionError, TimeoutError, OSError) as exc:
-        raise translate_redis_error(exc) from exc
-    except RuntimeError as exc:
-        if not closed_transport(exc):
+    except Exception as exc:
+        mapped = transport_error(exc)
+        if mapped is None or mapped is exc:
             raise
-        raise RedisUnavailable(str(exc)) from exc
+        raise mapped from exc
 
 
 @dataclass(frozen=True)
@@ -392,12 +404,11 @@ async def ensure_group(client: aioredis.Redis, queue: str) -> None:
     except rexc.ResponseError as exc:
         if "BUSYGROUP" not in str(exc):
             raise translate_redis_error(exc) from exc
-    except (rexc.RedisError, OSError) as exc:
-        raise translate_redis_error(exc) from exc
-    except RuntimeError as exc:
-        if not closed_transport(exc):
+    except Exception as exc:
+        mapped = transport_error(exc)
+        if mapped is None:
             raise
-        raise RedisUnavailable(str(exc)) from exc
+        raise mapped from exc
 
 
 @dataclass(frozen=True)
@@ -437,12 +448,11 @@ async def read(client: aioredis.Redis, queue: str, consumer: str, *, count: int,
                 await ensure_group(client, queue)
                 continue
             raise translate_redis_error(exc) from exc
-        except (rexc.RedisError, OSError) as exc:
-            raise translate_redis_error(exc) from exc
-        except RuntimeError as exc:
-            if not closed_transport(exc):
+        except Exception as exc:
+            mapped = transport_error(exc)
+            if mapped is None:
                 raise
-            raise RedisUnavailable(str(exc)) from exc
+            raise mapped from exc
         if not reply:
             return []
         # RESP2: [[stream, [(id, fields), ...]]]; RESP3: {stream: [[(id, fields), ...]]}
