@@ -28,13 +28,14 @@ import asyncpg
 import redis.asyncio as aioredis
 
 from .config import PREFIX, Settings, load_settings, redact_url
+from .judges import STATUSES
 from .manifest import Manifest, load_manifest
 from .migrate import migrate
 from .outbox import submit
 from .queues import create_queue, set_cutover
 from .status import Figures, gather
 
-TERMINAL = ("ACCEPTED", "WRONG_ANSWER", "TIME_LIMIT", "MEMORY_LIMIT", "RUNTIME_ERROR", "COMPILE_ERROR", "SYSTEM_ERROR")
+TERMINAL = STATUSES  # every verdict status is terminal
 ROLES = ("dispatcher", "worker", "reaper")
 
 

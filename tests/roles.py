@@ -12,9 +12,11 @@ from pathlib import Path
 
 import asyncpg
 
+from judgequeue.core.judges import STATUSES
+
 JUDGEQUEUE = str(Path(sys.executable).parent / "judgequeue")
 
-TERMINAL = ("ACCEPTED", "WRONG_ANSWER", "TIME_LIMIT", "MEMORY_LIMIT", "RUNTIME_ERROR", "COMPILE_ERROR", "SYSTEM_ERROR")
+TERMINAL = STATUSES  # every verdict status is terminal
 
 FAST_SETTINGS = {
     "JUDGEQUEUE_JUDGE": "sleep",
