@@ -20,13 +20,15 @@ import contextlib
 import fcntl
 import os
 import shutil
+import stat
 import time
 from dataclasses import dataclass, replace
 from typing import Any
 
+from ..errors import ConfigError
 from . import Status, Verdict
 from .cgroups import BoxGroup, Roots, remove_stale
-from .isolation import JudgeSettings, detect, load_judge_settings
+from .isolation import SANDBOX_DIR_VAR, JudgeSettings, detect, load_judge_settings
 from .sandbox import BOX, Isolation, Limits, RunFacts, run
 
 LANGUAGES = ("python", "c", "cpp")
@@ -202,6 +204,18 @@ def _claim_range(sandbox_dir: str) -> tuple[int, int]:
     raise RuntimeError(f"all {RANGES} sandbox uid ranges under {sandbox_dir} are in use")
 
 
+def untraversable(path: str) -> str | None:
+    """The first directory on ``path`` that other users cannot enter (box uids must reach their box)."""
+    current = os.path.abspath(path)
+    while True:
+        if os.path.exists(current) and not os.stat(current).st_mode & stat.S_IXOTH:
+            return current
+        parent = os.path.dirname(current)
+        if parent == current:
+            return None
+        current = parent
+
+
 class ProgramJudge:
     """Judge submitted programs in boxes; ``slots`` bounds concurrent submissions (one box each).
 
@@ -218,6 +232,9 @@ class ProgramJudge:
         root = self.settings.sandbox_dir
         os.makedirs(root, mode=0o711, exist_ok=True)
         os.chmod(root, 0o711)
+        closed = untraversable(root) if self.isolation.mode == "full" else None
+        if closed:
+            raise ConfigError(f"{SANDBOX_DIR_VAR}={root!r}: box uids cannot enter {closed} (it needs o+x)")
         self.range, self._lock_fd = _claim_range(root)
         self.uid_base = UID_BASE + self.range * slots
         self.boxes_dir = os.path.join(root, str(self.range))
@@ -287,8 +304,8 @@ class ProgramJudge:
         for i, (stdin, expected) in enumerate(program.tests):
             left = deadline - time.monotonic()
             if left <= 0:
-                reason = f"submission time budget of {self.settings.budget:g}s used up before test {i}"
-                return Verdict("TIME_LIMIT", {**base, "failed_test": i, "tests": results, "reason": reason})
+                used_up = f"submission time budget of {self.settings.budget:g}s used up before test {i}"
+                return Verdict("TIME_LIMIT", {**base, "failed_test": i, "tests": results, "reason": used_up})
             this = replace(limits, wall=min(limits.wall, left))
             facts = await run(
                 argv, box=box, uid=uid, stdin=stdin.encode(), limits=this, isolation=self.isolation, group=group,

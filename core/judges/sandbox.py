@@ -136,6 +136,7 @@ def bwrap_args(
         args += ["--symlink", target, link]
     args += ["--dev", "/dev", "--size", str(limits.scratch), "--tmpfs", SCRATCH]
     args += ["--bind" if writable_box else "--ro-bind", box, BOX]
+    args += ["--remount-ro", "/"]  # bubblewrap's own root is a tmpfs; only /tmp (and /box) stay writable
     args += ["--chdir", BOX if writable_box else SCRATCH, "--setenv", "TMPDIR", SCRATCH]
     args += ["--seccomp", str(seccomp_fd), "--json-status-fd", str(status_fd)]
     return args
