@@ -67,6 +67,11 @@ class WorkerSpec:
     scale_down_window: float = 300.0
     grace_period: float = 25.0
     resources: Mapping[str, Any] = field(default_factory=dict)
+    # isolated: the program judge's sandbox works (and is required); trusted: it runs code unisolated.
+    sandbox: Literal["isolated", "trusted"] = "isolated"
+
+
+SANDBOX_MODES = ("isolated", "trusted")
 
 
 @dataclass(frozen=True)
@@ -256,6 +261,7 @@ def parse_spec(
         scale_down_window=r.duration(w, "scaleDownStabilization", p, "5m"),
         grace_period=r.duration(w, "gracePeriod", p, "25s"),
         resources=r.resources(w, p),
+        sandbox="trusted" if r.choice(w, "sandbox", p, "isolated", SANDBOX_MODES) == "trusted" else "isolated",
     )
 
     rp = r.section(s, "reaper", "spec")
