@@ -286,7 +286,14 @@ async def run(
             _kill_run(proc, group if full else None)
 
         exited = asyncio.Event()
-        loop.add_reader(pidfd, exited.set)
+
+        def on_exit() -> None:
+            # A pidfd stays readable once the process has exited: a reader left in place would
+            # wake the loop on every iteration (a busy loop while the box is emptied and drained).
+            loop.remove_reader(pidfd)
+            exited.set()
+
+        loop.add_reader(pidfd, on_exit)
         out = _Pipe(loop, out_r, limits.output, on_over=lambda: kill("output"))
         err = _Pipe(loop, err_r, limits.stderr)
         pipes = [out, err]
