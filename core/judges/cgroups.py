@@ -117,9 +117,27 @@ class BoxGroup:
         """The files a process writes its pid into to join the box (all three hierarchies)."""
         return [os.path.join(d, "cgroup.procs") for d in self.dirs()]
 
+    def leftover(self) -> bool:
+        """Whether any of the groups exists (a run that could not be cleaned up)."""
+        return any(os.path.isdir(d) for d in self.dirs())
+
+    def try_remove(self) -> bool:
+        """Remove the groups if they are empty, without waiting; True when none is left."""
+        if self.pids_in():
+            return False
+        for d in self.dirs():
+            try:
+                os.rmdir(d)
+            except FileNotFoundError:
+                continue
+            except OSError:
+                return False
+        return True
+
     def create(self, *, memory: int, processes: int) -> None:
         """Fresh groups with the memory (+swap) and process limits; leftovers are removed first."""
-        self.destroy(deadline=time.monotonic() + 5)
+        if self.leftover():
+            self.destroy(deadline=time.monotonic() + 5)
         for d in self.dirs():
             os.mkdir(d)
         _write(os.path.join(self.memory, "memory.limit_in_bytes"), str(memory))

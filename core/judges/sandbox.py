@@ -248,7 +248,10 @@ async def run(
     full = isolation.mode == "full"
     if full:
         assert group is not None
-        await asyncio.to_thread(group.create, memory=limits.memory, processes=limits.processes)
+        # A few small writes to cgroupfs (well under a millisecond): not worth a thread hop.
+        if group.leftover():
+            await asyncio.to_thread(group.destroy, time.monotonic() + REAP_GRACE)
+        group.create(memory=limits.memory, processes=limits.processes)
     stdin_fd = os.memfd_create("stdin", os.MFD_CLOEXEC)
     out_r, out_w = os.pipe2(os.O_CLOEXEC)
     err_r, err_w = os.pipe2(os.O_CLOEXEC)
@@ -316,7 +319,8 @@ async def run(
                 await asyncio.wait_for(exited.wait(), wait)
         # The main process ended (or was killed): nothing of the box may outlive it.
         if full and group is not None:
-            await asyncio.to_thread(group.kill_all, time.monotonic() + REAP_GRACE)
+            if group.pids_in():  # usually empty already: bubblewrap's init took the namespace down
+                await asyncio.to_thread(group.kill_all, time.monotonic() + REAP_GRACE)
         else:
             _kill_run(proc, None)
         stuck = False
@@ -332,7 +336,7 @@ async def run(
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.gather(*(p.eof.wait() for p in pipes)), REAP_GRACE)
         if full and group is not None:
-            usage = await asyncio.to_thread(group.usage)
+            usage = group.usage()  # four small reads
             exit_code = engine_exit_code(bytes(status.data))
             return RunFacts(
                 exit_code=exit_code, signal=None, stdout=bytes(out.data[: limits.output]), stderr=bytes(err.data),
@@ -363,7 +367,8 @@ async def run(
         for fd in (stdin_fd, out_r, out_w, err_r, err_w, status_r, status_w, seccomp_fd):
             if fd >= 0:
                 os.close(fd)
-        if full and group is not None:
+        # Something still leaving the groups is waited for in a thread.
+        if full and group is not None and not group.try_remove():
             await asyncio.shield(asyncio.to_thread(group.destroy, time.monotonic() + REAP_GRACE))
 
 
