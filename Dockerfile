@@ -23,6 +23,12 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
+# bubblewrap is the program judge's isolation engine (setpriv comes with util-linux); without it
+# the judge refuses to start. Compilers are not shipped: add gcc/g++ in a derived image to judge C/C++.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends bubblewrap \
+ && rm -rf /var/lib/apt/lists/* \
+ && bwrap --version && setpriv --version
 RUN groupadd --system --gid 10001 judgequeue \
  && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent \
       --shell /usr/sbin/nologin judgequeue

@@ -29,6 +29,16 @@ ROLE_GRACE_SECONDS = 30
 RUN_AS_USER = 10001
 MANAGED_BY = "judgequeue-operator"
 
+#: What the program judge's sandbox needs in a worker container (docs/judges.md, "On Kubernetes"):
+#: root inside the container to give each box its own uid (SETUID/SETGID), own and clean its
+#: directory (CHOWN, DAC_OVERRIDE, FOWNER) and kill what is left of it (KILL); user namespaces, which
+#: RuntimeDefault seccomp forbids, for bubblewrap; and a writable cgroup v1 hierarchy for the limits.
+SANDBOX_CAPABILITIES = ("SETUID", "SETGID", "CHOWN", "DAC_OVERRIDE", "FOWNER", "KILL")
+CGROUP_ROOT = "/sys/fs/cgroup"
+MIB = 1024 * 1024
+WORKER_BASE_MEMORY_MIB = 256  # the worker process itself
+PER_SLOT_MEMORY_MIB = 1024  # one box at a time per slot; compiling is the largest (1 GiB)
+
 
 @dataclass(frozen=True)
 class Owner:
@@ -103,6 +113,18 @@ def _resources(resources: Mapping[str, Any]) -> dict[str, Any]:
     return {k: {n: str(a) for n, a in v.items()} for k, v in resources.items() if k in ("requests", "limits") and v}
 
 
+def sandboxed(spec: JudgeQueueSpec, role: Role) -> bool:
+    """Worker pods that run the program judge with its sandbox get the privileges it needs."""
+    return role == "worker" and spec.worker.judge == "program" and spec.worker.sandbox == "isolated"
+
+
+def default_worker_resources(spec: JudgeQueueSpec) -> dict[str, dict[str, str]]:
+    """Requests and limits for workers whose spec sets none: memory for every slot's box at once."""
+    memory = f"{WORKER_BASE_MEMORY_MIB + spec.worker.concurrency * PER_SLOT_MEMORY_MIB}Mi"
+    return {"requests": {"cpu": "500m", "memory": memory}, "limits": {"cpu": str(spec.worker.concurrency),
+                                                                      "memory": memory}}  # fmt: skip
+
+
 def termination_grace_seconds(spec: JudgeQueueSpec, role: Role) -> int:
     """Workers get their in-flight grace period plus a margin for shutdown; others a fixed 30s."""
     if role == "worker":
@@ -145,6 +167,8 @@ def render_deployment(spec: JudgeQueueSpec, owner: Owner, role: Role, *, replica
         "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
     }
     rendered = _resources(resources)
+    if not rendered and role == "worker":
+        rendered = default_worker_resources(spec)
     if rendered:
         container["resources"] = rendered
     spec_body: dict[str, Any] = {
@@ -165,6 +189,8 @@ def render_deployment(spec: JudgeQueueSpec, owner: Owner, role: Role, *, replica
             },
         },
     }
+    if sandboxed(spec, role):
+        _grant_sandbox(container, spec_body["template"]["spec"])
     if replicas is not None:
         spec_body["replicas"] = replicas
     body = {
@@ -179,6 +205,24 @@ def render_deployment(spec: JudgeQueueSpec, owner: Owner, role: Role, *, replica
         "spec": spec_body,
     }
     return Child("apps/v1", "Deployment", name, body)
+
+
+def _grant_sandbox(container: dict[str, Any], pod: dict[str, Any]) -> None:
+    """Root in the container with only the sandbox's capabilities, unconfined seccomp (bubblewrap
+    makes user namespaces and loads its own allow-list into every box) and the node's cgroup v1
+    hierarchy writable for the boxes' groups."""
+    container["securityContext"] = {
+        "runAsUser": 0,
+        "runAsGroup": 0,
+        "runAsNonRoot": False,
+        "readOnlyRootFilesystem": True,
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"], "add": list(SANDBOX_CAPABILITIES)},
+        "seccompProfile": {"type": "Unconfined"},
+    }
+    container["volumeMounts"] = [*container["volumeMounts"], {"name": "cgroup", "mountPath": CGROUP_ROOT}]
+    pod["securityContext"] = {"seccompProfile": {"type": "RuntimeDefault"}}
+    pod["volumes"] = [*pod["volumes"], {"name": "cgroup", "hostPath": {"path": CGROUP_ROOT, "type": "Directory"}}]
 
 
 def render_service(owner: Owner) -> Child:

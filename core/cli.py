@@ -23,6 +23,7 @@ from typing import Any, NoReturn, TypeVar
 
 from .config import PREFIX, load_settings, parse_duration, parse_variable, redact_url, variable_names
 from .errors import ConfigError, Failure, JudgeQueueError
+from .judges import STATUSES
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -344,7 +345,7 @@ def _read_payload(args: argparse.Namespace) -> Any:
         raise Failure(f"{source} is not valid JSON: {exc}", EXIT_USAGE) from None
 
 
-TERMINAL = ("ACCEPTED", "WRONG_ANSWER", "TIME_LIMIT", "MEMORY_LIMIT", "RUNTIME_ERROR", "COMPILE_ERROR", "SYSTEM_ERROR")
+TERMINAL = STATUSES  # every verdict status is terminal
 
 
 async def wait_for_verdicts(conn: Any, ids: Sequence[int], within: float, poll: float = 0.2) -> dict[int, Any]:

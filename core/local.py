@@ -30,6 +30,7 @@ import redis.asyncio as aioredis
 from .config import PREFIX, Settings, load_settings, redact_url
 from .connect import connect_postgres, redis_client
 from .errors import Failure
+from .judges import STATUSES
 from .manifest import Manifest, load_manifest
 from .migrate import migrate
 from .outbox import submit
@@ -37,7 +38,7 @@ from .queues import create_queue, set_cutover
 from .spec import ROLES, Role
 from .status import Figures, gather
 
-TERMINAL = ("ACCEPTED", "WRONG_ANSWER", "TIME_LIMIT", "MEMORY_LIMIT", "RUNTIME_ERROR", "COMPILE_ERROR", "SYSTEM_ERROR")
+TERMINAL = STATUSES  # every verdict status is terminal
 
 
 @dataclass(frozen=True)

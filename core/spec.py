@@ -44,6 +44,10 @@ from .config import (
 from .errors import InvalidQueueName
 from .queues import validate_queue_name
 
+#: ``spec.worker.sandbox``: whether the program judge must isolate (the default) or may trust the code.
+SANDBOX_MODES = ("isolated", "trusted")
+SANDBOX_VARIABLE = "JUDGEQUEUE_SANDBOX"
+
 Role = Literal["dispatcher", "worker", "reaper"]
 ROLES: tuple[Role, ...] = ("dispatcher", "worker", "reaper")
 
@@ -170,6 +174,9 @@ FIELDS: tuple[Field, ...] = (
     Field(("worker", "autoscaling"), "choice", "internal", choices=("internal", "external")),
     _duration(("worker", "scaleDownStabilization"), 300.0),
     _duration(("worker", "gracePeriod"), setting=("worker", "grace_period")),
+    # isolated: the program judge's sandbox is required (and the operator grants the pod what it
+    # needs); trusted: submissions are trusted code and run without isolation (JUDGEQUEUE_SANDBOX).
+    Field(("worker", "sandbox"), "choice", "isolated", choices=SANDBOX_MODES),
     _integer(("reaper", "replicas"), 0, 20, 1),
     _duration(("reaper", "interval"), setting=("reaper", "interval")),
     _duration(("reaper", "visibilityTimeout"), setting=("reaper", "visibility_timeout")),
@@ -276,6 +283,7 @@ class WorkerSpec:
     scale_down_window: float
     grace_period: float
     resources: Mapping[str, Any] = field(default_factory=dict)
+    sandbox: Literal["isolated", "trusted"] = "isolated"
 
 
 @dataclass(frozen=True)
@@ -506,6 +514,7 @@ def _build(
             scale_down_window=v[("worker", "scaleDownStabilization")],
             grace_period=v[("worker", "gracePeriod")],
             resources=resources[("worker",)],
+            sandbox=v[("worker", "sandbox")],
         ),
         reaper=ReaperSpec(
             replicas=v[("reaper", "replicas")],
@@ -542,8 +551,12 @@ def role_settings(spec: JudgeQueueSpec, role: Role, *, given_only: bool = False)
 
     ``given_only`` leaves out fields the manifest did not write (``local`` lets the caller's
     environment set those; the defaults are the same either way, being config's)."""
-    return {
+    values = {
         variable_for(*f.setting): _text(f, spec.values[f.path])
         for f in role_fields(role)
         if f.setting and (not given_only or f.path in spec.given or f.path == ("queue",))
     }
+    if role == "worker" and spec.worker.sandbox == "trusted":
+        # Read by the program judge itself (judges/isolation.py), not core/config.py.
+        values[SANDBOX_VARIABLE] = "trusted"
+    return values

@@ -16,13 +16,23 @@ from ..errors import ConfigError
 ENTRY_POINT_GROUP = "judgequeue.judges"
 
 Status = Literal[
-    "ACCEPTED", "WRONG_ANSWER", "TIME_LIMIT", "MEMORY_LIMIT", "RUNTIME_ERROR", "COMPILE_ERROR", "SYSTEM_ERROR"
+    "ACCEPTED",
+    "WRONG_ANSWER",
+    "TIME_LIMIT",
+    "MEMORY_LIMIT",
+    "OUTPUT_LIMIT",
+    "IDLENESS_LIMIT",
+    "RUNTIME_ERROR",
+    "COMPILE_ERROR",
+    "SYSTEM_ERROR",
 ]
 STATUSES: tuple[Status, ...] = (
     "ACCEPTED",
     "WRONG_ANSWER",
     "TIME_LIMIT",
     "MEMORY_LIMIT",
+    "OUTPUT_LIMIT",
+    "IDLENESS_LIMIT",
     "RUNTIME_ERROR",
     "COMPILE_ERROR",
     "SYSTEM_ERROR",

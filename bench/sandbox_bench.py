@@ -1,0 +1,187 @@
+"""The program judge's sandbox: what it costs per test, and judged tests/s through the whole system.
+
+Prints, in one run:
+
+* overhead per test: a trivial accepted Python program run ``--runs`` times in a box (cgroups,
+  bubblewrap, seccomp, a box uid) against the same interpreter started bare, median and p99;
+* realistic load: ``--submissions`` submissions of ``--tests`` tests each through the whole system
+  (dispatcher, ``--workers`` workers with the program judge, reaper) against running the same
+  programs bare with the same parallelism; judged tests/s and the ratio.
+
+Run as root (the sandbox needs it): ``.venv/bin/python -m bench.sandbox_bench``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import statistics
+import subprocess
+import tempfile
+import time
+from typing import Any
+
+from bench.pipeline import percentile, stack, wait_done
+from judgequeue.core import outbox
+from judgequeue.core.judges.cgroups import BoxGroup
+from judgequeue.core.judges.isolation import JudgeSettings
+from judgequeue.core.judges.program import ProgramJudge, run_limits
+from judgequeue.core.judges.sandbox import BOX, run
+
+PYTHON = "/usr/bin/python3"
+TRIVIAL = "print(5)\n"
+# A small realistic solution: read numbers, sort, answer.
+SOLUTION = "import sys\nnums = sorted(map(int, sys.stdin.read().split()))\nprint(sum(nums[-3:]))\n"
+
+
+def _write(path: str, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def test_case(i: int) -> dict[str, str]:
+    nums = [(i * 7919 + k * 104729) % 1000 for k in range(200)]
+    return {"input": " ".join(map(str, nums)), "output": str(sum(sorted(nums)[-3:]))}
+
+
+async def overhead(runs: int) -> dict[str, Any]:
+    """Wall time per run of the trivial program, boxed and bare, interleaved so load hits both alike."""
+    sandbox_dir = tempfile.mkdtemp(prefix="jq-bench-sandbox-", dir="/tmp")
+    os.chmod(sandbox_dir, 0o711)
+    judge = ProgramJudge(settings=JudgeSettings(sandbox_dir=sandbox_dir), slots=1)
+    box = os.path.join(judge.boxes_dir, "0")
+    os.mkdir(box, 0o700)
+    os.chown(box, judge.uid_base, judge.uid_base)
+    bare_dir = tempfile.mkdtemp(prefix="jq-bench-bare-")
+    for d in (box, bare_dir):
+        await asyncio.to_thread(_write, os.path.join(d, "main.py"), TRIVIAL)
+    limits = run_limits(judge_program())
+    assert judge.roots is not None
+    group = BoxGroup(judge.roots, f"{judge.range}-0")
+    boxed: list[float] = []
+    bare: list[float] = []
+    try:
+        for _ in range(runs):
+            started = time.perf_counter()
+            facts = await run(
+                [PYTHON, "-I", "-S", "-B", f"{BOX}/main.py"], box=box, uid=judge.uid_base, stdin=b"", limits=limits,
+                isolation=judge.isolation, group=group,
+            )  # fmt: skip
+            boxed.append(time.perf_counter() - started)
+            assert facts.exit_code == 0 and facts.stdout == b"5\n", facts
+            started = time.perf_counter()
+            done = await asyncio.to_thread(
+                subprocess.run, [PYTHON, "-I", "-S", "-B", "main.py"], cwd=bare_dir, capture_output=True, env={}
+            )
+            bare.append(time.perf_counter() - started)
+            assert done.stdout == b"5\n"
+    finally:
+        judge.close()
+        shutil.rmtree(sandbox_dir, ignore_errors=True)
+        shutil.rmtree(bare_dir, ignore_errors=True)
+    over = [b - a for a, b in zip(sorted(bare), sorted(boxed), strict=True)]
+    return {
+        "runs": runs,
+        "bare_median_ms": statistics.median(bare) * 1000,
+        "bare_p99_ms": percentile(bare, 0.99) * 1000,
+        "boxed_median_ms": statistics.median(boxed) * 1000,
+        "boxed_p99_ms": percentile(boxed, 0.99) * 1000,
+        "overhead_median_ms": (statistics.median(boxed) - statistics.median(bare)) * 1000,
+        "overhead_p99_ms": percentile(over, 0.99) * 1000,
+    }
+
+
+def judge_program() -> Any:
+    from judgequeue.core.judges.program import parse_payload
+
+    return parse_payload({"language": "python", "source": TRIVIAL, "tests": [{"output": "5"}]})
+
+
+async def bare_load(submissions: int, tests: int, parallel: int) -> float:
+    """Tests/s running the same programs and inputs bare, ``parallel`` at a time, checking outputs."""
+    work = tempfile.mkdtemp(prefix="jq-bench-bare-")
+    await asyncio.to_thread(_write, os.path.join(work, "main.py"), SOLUTION)
+    cases = [test_case(i) for i in range(tests)]
+    queue: asyncio.Queue[dict[str, str]] = asyncio.Queue()
+    for _ in range(submissions):
+        for case in cases:
+            queue.put_nowait(case)
+
+    async def lane() -> None:
+        while not queue.empty():
+            case = queue.get_nowait()
+            proc = await asyncio.create_subprocess_exec(
+                PYTHON, "-I", "-S", "-B", "main.py", cwd=work, env={}, stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+            )  # fmt: skip
+            out, _ = await proc.communicate(case["input"].encode())
+            assert out.decode().strip() == case["output"]
+
+    started = time.perf_counter()
+    await asyncio.gather(*(lane() for _ in range(parallel)))
+    elapsed = time.perf_counter() - started
+    shutil.rmtree(work, ignore_errors=True)
+    return submissions * tests / elapsed
+
+
+async def system_load(submissions: int, tests: int, workers: int, concurrency: int) -> dict[str, Any]:
+    """Tests/s from the first submit to the last verdict through dispatcher, workers (program judge), reaper."""
+    payload = {"language": "python", "source": SOLUTION, "tests": [test_case(i) for i in range(tests)],
+               "limits": {"time": 2, "memory_mb": 256}}  # fmt: skip
+    async with stack(JUDGE="program", CONCURRENCY=str(concurrency)) as s:
+        s.start("dispatcher")
+        s.start("worker", workers)
+        s.start("reaper")
+        async with s.pool.acquire() as conn:
+            for _ in range(4):  # warm-up: processes started, judge detected, connections open
+                await outbox.submit(conn, s.queue, payload)
+            after: int = await conn.fetchval("SELECT max(id) FROM judgequeue.submissions")
+        await wait_done(s.pool, 0, 4, 120)
+        async with s.pool.acquire() as conn, conn.transaction():
+            for _ in range(submissions):
+                await outbox.submit(conn, s.queue, payload)
+        await wait_done(s.pool, after, submissions, 3600)
+        async with s.pool.acquire() as conn:
+            span: float = await conn.fetchval(
+                "SELECT extract(epoch FROM max(finished_at) - min(created_at))::float8"
+                " FROM judgequeue.submissions WHERE id > $1",
+                after,
+            )
+            statuses = dict(
+                await conn.fetch(
+                    "SELECT status, count(*) FROM judgequeue.submissions WHERE id > $1 GROUP BY 1", after
+                )
+            )
+    return {"rate": submissions * tests / span, "statuses": statuses, "seconds": span}
+
+
+async def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=200)
+    parser.add_argument("--submissions", type=int, default=1000)
+    parser.add_argument("--tests", type=int, default=10)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--concurrency", type=int, default=2, help="judge slots per worker")
+    args = parser.parse_args()
+    o = await overhead(args.runs)
+    print(f"overhead per test ({o['runs']} runs of a trivial accepted Python program):")
+    print(f"  bare   median {o['bare_median_ms']:.1f} ms  p99 {o['bare_p99_ms']:.1f} ms")
+    print(f"  boxed  median {o['boxed_median_ms']:.1f} ms  p99 {o['boxed_p99_ms']:.1f} ms")
+    print(f"  overhead median {o['overhead_median_ms']:.1f} ms  p99 {o['overhead_p99_ms']:.1f} ms  (target <= 10 ms)")
+    parallel = args.workers * args.concurrency
+    if args.submissions <= 0:
+        return 0
+    bare = await bare_load(args.submissions, args.tests, parallel)
+    system = await system_load(args.submissions, args.tests, args.workers, args.concurrency)
+    print(f"realistic load ({args.submissions} submissions x {args.tests} tests, {args.workers} workers x "
+          f"{args.concurrency} slots, {os.cpu_count()} CPUs):")  # fmt: skip
+    print(f"  bare              {bare:.0f} tests/s ({parallel} at a time)")
+    print(f"  whole system      {system['rate']:.0f} tests/s in {system['seconds']:.0f}s  {system['statuses']}")
+    print(f"  ratio             {system['rate'] / bare:.0%} of bare (target >= 60%)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(asyncio.run(main()))

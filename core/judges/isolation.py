@@ -1,0 +1,151 @@
+"""Decide, once per worker, how the program judge isolates runs, and refuse to start without it.
+
+Full isolation needs: bubblewrap and setpriv, root (to give each box its own uid and to create
+cgroups), user namespaces that bubblewrap may create, cgroup v1 memory/pids/cpuacct groups this
+process may create, and a seccomp allow-list for the CPU architecture. When any is missing the
+judge fails closed: :class:`SandboxUnavailable` names every missing piece, unless
+``JUDGEQUEUE_SANDBOX=trusted`` says the code it will run is trusted (then it runs without isolation
+and every verdict says so).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from ..errors import ConfigError
+from . import cgroups
+from .sandbox import Isolation
+from .seccomp import SeccompUnsupported, build_filter
+
+SANDBOX_VAR = "JUDGEQUEUE_SANDBOX"
+SANDBOX_DIR_VAR = "JUDGEQUEUE_SANDBOX_DIR"
+MAX_TESTS_VAR = "JUDGEQUEUE_PROGRAM_MAX_TESTS"
+BUDGET_VAR = "JUDGEQUEUE_PROGRAM_BUDGET"
+SANDBOX_MODES = ("required", "trusted")
+#: Directories a language runtime needs, bound read-only when they exist (symlinks are recreated).
+RUNTIME_PATHS = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/etc/ld.so.cache")
+
+
+class SandboxUnavailable(ConfigError):
+    """Full isolation is not possible here and the code was not declared trusted."""
+
+
+@dataclass(frozen=True)
+class JudgeSettings:
+    """The program judge's own settings (environment variables, validated at start-up)."""
+
+    sandbox: str = "required"
+    sandbox_dir: str = "/tmp/judgequeue-sandbox"
+    max_tests: int = 1000
+    budget: float = 120.0  # seconds of wall time for a whole submission (compile + every test)
+
+
+def load_judge_settings(env: Mapping[str, str]) -> JudgeSettings:
+    """Parse the judge's variables; a bad value raises ConfigError naming the variable (pure)."""
+    sandbox = env.get(SANDBOX_VAR, "required").strip() or "required"
+    if sandbox not in SANDBOX_MODES:
+        raise ConfigError(f"{SANDBOX_VAR} must be one of {', '.join(SANDBOX_MODES)}, got {sandbox!r}")
+    sandbox_dir = env.get(SANDBOX_DIR_VAR, "/tmp/judgequeue-sandbox")
+    if not os.path.isabs(sandbox_dir):
+        raise ConfigError(f"{SANDBOX_DIR_VAR} must be an absolute path, got {sandbox_dir!r}")
+    try:
+        max_tests = int(env.get(MAX_TESTS_VAR, "1000"))
+    except ValueError:
+        raise ConfigError(f"{MAX_TESTS_VAR} must be an integer, got {env.get(MAX_TESTS_VAR)!r}") from None
+    if not 1 <= max_tests <= 100_000:
+        raise ConfigError(f"{MAX_TESTS_VAR} must be between 1 and 100000, got {max_tests}")
+    try:
+        budget = float(env.get(BUDGET_VAR, "120"))
+    except ValueError:
+        raise ConfigError(f"{BUDGET_VAR} must be a number of seconds, got {env.get(BUDGET_VAR)!r}") from None
+    if not 1 <= budget <= 3600:
+        raise ConfigError(f"{BUDGET_VAR} must be between 1 and 3600 seconds, got {budget:g}")
+    return JudgeSettings(sandbox, sandbox_dir, max_tests, budget)
+
+
+def runtime_layout(paths: tuple[str, ...] = RUNTIME_PATHS) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
+    """(read-only binds, symlinks) that recreate the runtime's directories inside a box."""
+    binds: list[str] = []
+    links: list[tuple[str, str]] = []
+    for path in paths:
+        if os.path.islink(path):
+            links.append((os.readlink(path), path))
+        elif os.path.exists(path):
+            binds.append(path)
+    return tuple(binds), tuple(links)
+
+
+def missing_for_full(cgroup_roots: cgroups.Roots | str) -> list[str]:
+    """Every reason full isolation is impossible on this host (empty when it is possible)."""
+    missing = []
+    if shutil.which("bwrap") is None:
+        missing.append("bubblewrap (bwrap) is not installed")
+    if shutil.which("setpriv") is None:
+        missing.append("setpriv (util-linux) is not installed")
+    if os.geteuid() != 0:
+        missing.append(f"the worker runs as uid {os.geteuid()}, not root (needed for a uid and cgroups per box)")
+    try:
+        build_filter()
+    except SeccompUnsupported as exc:
+        missing.append(str(exc))
+    if isinstance(cgroup_roots, str):
+        missing.append(cgroup_roots)
+    elif os.geteuid() == 0:
+        problem = cgroups.memory_controllers_usable(cgroup_roots)
+        if problem:
+            missing.append(problem)
+    if not missing:
+        problem = probe_bwrap()
+        if problem:
+            missing.append(problem)
+    return missing
+
+
+def probe_bwrap(uid: int = 65534) -> str | None:
+    """Run bubblewrap once as an unprivileged uid with the namespaces a box uses; None if it works."""
+    binds, links = runtime_layout()
+    argv = [
+        shutil.which("setpriv") or "setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
+        "--no-new-privs", "--", shutil.which("bwrap") or "bwrap", "--unshare-all", "--unshare-user",
+        "--disable-userns", "--die-with-parent",
+    ]  # fmt: skip
+    for b in binds:
+        argv += ["--ro-bind", b, b]
+    for target, link in links:
+        argv += ["--symlink", target, link]
+    argv += ["--", "/bin/true"]
+    try:
+        with tempfile.TemporaryDirectory() as cwd:
+            done = subprocess.run(argv, capture_output=True, timeout=10, env={}, cwd=cwd)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"bubblewrap could not be started ({exc})"
+    if done.returncode != 0:
+        why = done.stderr.decode(errors="replace").strip().splitlines()
+        return f"bubblewrap cannot create namespaces here: {why[-1] if why else done.returncode} (user namespaces?)"
+    return None
+
+
+def detect(settings: JudgeSettings) -> tuple[Isolation, cgroups.Roots | None]:
+    """Full isolation, or trusted mode when declared; else raise SandboxUnavailable naming what is missing."""
+    roots = cgroups.read_roots()
+    missing = missing_for_full(roots)
+    if not missing:
+        assert isinstance(roots, cgroups.Roots)
+        binds, links = runtime_layout()
+        isolation = Isolation(
+            mode="full", bwrap=shutil.which("bwrap") or "", setpriv=shutil.which("setpriv") or "",
+            ro_paths=binds, symlinks=links, seccomp=build_filter(),
+        )  # fmt: skip
+        return isolation, roots
+    if settings.sandbox == "trusted":
+        return Isolation(mode="trusted"), None
+    raise SandboxUnavailable(
+        "the program judge cannot isolate untrusted code on this worker: "
+        + "; ".join(missing)
+        + f". Fix that (docs/judges.md), or set {SANDBOX_VAR}=trusted if every submission is trusted code."
+    )
