@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -74,6 +75,19 @@ class Roles:
                 p.kill()
                 codes.append(p.wait())
         return codes
+
+    def events(self, role: str) -> list[dict[str, Any]]:
+        """Every JSON log event of ``role``'s processes (lines that are not JSON are skipped)."""
+        out = []
+        for path in sorted(self.log_dir.glob(f"{role}-*.log")):
+            for line in path.read_text(errors="replace").splitlines():
+                try:
+                    event = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(event, dict):
+                    out.append(event)
+        return out
 
     def logs(self) -> str:
         return "\n".join(f"--- {f.name}\n{f.read_text()[-3000:]}" for f in sorted(self.log_dir.glob("*.log")))
