@@ -32,7 +32,7 @@ from judgequeue.core.spec import JudgeQueueSpec, parse_spec
 
 from . import autoscale, conditions
 from .diff import child_patch
-from .kube import KIND_REFS, KubeApi, KubeError, SecretNotFound
+from .kube import KIND_REFS, PODS, KubeApi, KubeError, SecretNotFound
 from .render import GROUP, PLURAL, VERSION, Owner, render_children, selector_labels, worker_replicas
 
 Status = dict[str, Any]
@@ -113,6 +113,30 @@ async def _connections(api: KubeApi, namespace: str, spec: JudgeQueueSpec) -> Co
         redis_url=await api.secret_value(namespace, spec.redis.name, spec.redis.key),
         pooler=spec.postgres_pooler,
     )
+
+
+async def _failures(
+    api: KubeApi, owner: Owner, roles: list[conditions.RoleAvailability],
+    logger: logging.Logger | logging.LoggerAdapter[Any],
+) -> list[conditions.PodFailure]:
+    """The last termination message of each role short of replicas, read from its pods, so status
+    says why a role is unavailable (e.g. an uninstalled judge plugin). Best effort: an API error
+    (say, RBAC without ``pods: list``) leaves status at the replica counts."""
+    failures: list[conditions.PodFailure] = []
+    for role in roles:
+        if not role.exists or role.available >= role.desired:
+            continue
+        labels = {**selector_labels(owner.name), "app.kubernetes.io/component": role.role}
+        selector = ",".join(f"{k}={v}" for k, v in labels.items())
+        try:
+            pods = await api.list_objects(PODS, owner.namespace, label_selector=selector)
+        except KubeError as exc:
+            logger.warning(f"cannot read {role.role} pods for their termination messages: {exc}")
+            continue
+        failure = conditions.last_failure(role.role, pods)
+        if failure is not None:
+            failures.append(failure)
+    return failures
 
 
 async def _apply_children(
@@ -263,7 +287,8 @@ async def reconcile(
         }
     children = await _apply_children(api, parsed, owner, logger)
     roles = [conditions.availability(r, children.get(f"{owner.name}-{r}")) for r in ("dispatcher", "worker", "reaper")]
-    updates = conditions.rollout(roles)
+    failures = await _failures(api, owner, roles, logger)
+    updates = conditions.rollout(roles, failures)
     new_status: Status = {
         "observedGeneration": generation,
         "workers": _workers_status(parsed, owner, children.get(f"{owner.name}-worker")),

@@ -138,6 +138,10 @@ def render_deployment(spec: JudgeQueueSpec, owner: Owner, role: Role, *, replica
             "capabilities": {"drop": ["ALL"]},
         },
         "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+        # A role that exits on bad configuration writes its one error line to the termination log
+        # (and prints it last): either way the pod's status carries it, and the operator reports it.
+        "terminationMessagePath": "/dev/termination-log",
+        "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     rendered = _resources(resources)
     if rendered:
