@@ -182,9 +182,9 @@ async def apply_cutover(
 ) -> dict[str, Any]:
     """Write the queue's flags in one transaction (created if missing); returns what the row now says.
 
-    ``pooler`` is the spec's ``postgres.pooler``: behind a transaction pooler the connection caches no
-    prepared statements (one transaction here, but PgBouncer may hand each statement's successor
-    another server session between transactions of a reused client, so none are named)."""
+    ``pooler`` is the spec's ``postgres.pooler``: behind a transaction pooler the connection names no
+    prepared statements, since named ones stay on the pooler's server session after this connection
+    closes and collide with the same names from a later (restarted) operator process."""
     conn = await connect_postgres(dsn, pooler=pooler, timeout=connect_timeout)
     try:
         async with conn.transaction():
