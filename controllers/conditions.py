@@ -109,16 +109,69 @@ def failure(reason: str, message: str) -> list[Condition]:
     ]
 
 
-def rollout(roles: Sequence[RoleAvailability]) -> list[Condition]:
-    """Ready / Progressing / Degraded from the children's availability after a successful reconcile."""
+#: The exit code of a role refusing its configuration (core/cli.py EXIT_USAGE): restarts cannot fix it.
+CONFIG_EXIT_CODE = 2
+#: How much of a termination message a condition quotes (the kubelet keeps up to 4096 bytes).
+MESSAGE_LIMIT = 400
+
+
+@dataclass(frozen=True)
+class PodFailure:
+    """Why one of a role's containers last stopped, as its pod status tells it."""
+
+    role: str
+    pod: str
+    exit_code: int
+    message: str
+
+
+def last_failure(role: str, pods: Sequence[Mapping[str, Any]]) -> PodFailure | None:
+    """The most recent non-zero container exit among ``role``'s pods that left a termination message
+    (``state.terminated``, else ``lastState.terminated`` of a restarted container), or None.
+
+    The message is the last non-empty line of the termination message: a role's fatal error is one
+    line, and with ``FallbackToLogsOnError`` the kubelet takes the log tail, whose last line it is.
+    """
+    found: list[tuple[str, PodFailure]] = []
+    for pod in pods:
+        name = str((pod.get("metadata") or {}).get("name", ""))
+        for status in (pod.get("status") or {}).get("containerStatuses") or ():
+            for where in ("state", "lastState"):
+                terminated = (status.get(where) or {}).get("terminated") or {}
+                code = int(terminated.get("exitCode", 0) or 0)
+                lines = [line.strip() for line in str(terminated.get("message") or "").splitlines() if line.strip()]
+                if code != 0 and lines:
+                    text = lines[-1]
+                    if len(text) > MESSAGE_LIMIT:
+                        text = text[: MESSAGE_LIMIT - 3] + "..."
+                    found.append((str(terminated.get("finishedAt") or ""), PodFailure(role, name, code, text)))
+                    break  # the current state is more recent than lastState
+    return max(found, key=lambda item: item[0])[1] if found else None
+
+
+def rollout(roles: Sequence[RoleAvailability], failures: Sequence[PodFailure] = ()) -> list[Condition]:
+    """Ready / Progressing / Degraded from the children's availability after a successful reconcile.
+
+    ``failures`` are the last termination messages of roles short of replicas (:func:`last_failure`):
+    Ready quotes them, so ``kubectl get jq`` says why, not just "worker 0/1"; a role that exited
+    refusing its configuration (exit 2: an uninstalled judge plugin, a bad variable) also makes the
+    JudgeQueue Degraded, since restarting it cannot help.
+    """
     missing = [r.role for r in roles if not r.exists]
     short = [r for r in roles if r.exists and r.available < r.desired]
     rolling = [r for r in roles if r.exists and r.updated < r.desired]
+    short_roles = {r.role for r in short}
+    failing = [f for f in failures if f.role in short_roles]
     if missing:
         ready = Condition("Ready", "False", "ChildrenMissing", f"not created yet: {', '.join(missing)}")
     elif short:
         detail = ", ".join(f"{r.role} {r.available}/{r.desired}" for r in short)
-        ready = Condition("Ready", "False", "ReplicasUnavailable", f"available replicas: {detail}")
+        message = f"available replicas: {detail}"
+        if failing:
+            why = "; ".join(f"{f.role} pod {f.pod} exited {f.exit_code}: {f.message}" for f in failing)
+            ready = Condition("Ready", "False", "ContainersFailing", f"{message}; {why}")
+        else:
+            ready = Condition("Ready", "False", "ReplicasUnavailable", message)
     else:
         detail = ", ".join(f"{r.role} {r.available}/{r.desired}" for r in roles)
         ready = Condition("Ready", "True", "AllReplicasAvailable", detail)
@@ -126,4 +179,8 @@ def rollout(roles: Sequence[RoleAvailability]) -> list[Condition]:
         progressing = Condition("Progressing", "True", "RollingOut", "children are being updated")
     else:
         progressing = Condition("Progressing", "False", "Reconciled", "children match the spec")
+    misconfigured = [f for f in failing if f.exit_code == CONFIG_EXIT_CODE]
+    if misconfigured and not missing:
+        why = "; ".join(f"{f.role} refuses its configuration: {f.message}" for f in misconfigured)
+        return [ready, progressing, Condition("Degraded", "True", "RoleMisconfigured", why)]
     return [ready, progressing, Condition("Degraded", "False", "Reconciled", "the spec is applied")]

@@ -21,17 +21,18 @@ from typing import Any, cast
 
 import asyncpg
 import kopf
-import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from judgequeue.core.backlog import Backlog, read_backlog
+from judgequeue.core.connect import connect_postgres, redis_client
 from judgequeue.core.errors import JudgeQueueError, WatermarkMovedBack
 from judgequeue.core.queues import create_queue, set_cutover
+from judgequeue.core.redis_url import validate_redis_url
 from judgequeue.core.spec import JudgeQueueSpec, parse_spec
 
 from . import autoscale, conditions
 from .diff import child_patch
-from .kube import KIND_REFS, KubeApi, KubeError, SecretNotFound
+from .kube import KIND_REFS, PODS, KubeApi, KubeError, SecretNotFound
 from .render import GROUP, PLURAL, VERSION, Owner, render_children, selector_labels, worker_replicas
 
 Status = dict[str, Any]
@@ -88,8 +89,13 @@ def warn_event(state: OperatorState, body: Mapping[str, Any], reason: str, messa
 
 @dataclass(frozen=True)
 class Connections:
+    """Where the operator's own connections go, read from the JudgeQueue's Secrets; they are opened
+    through :mod:`judgequeue.core.connect` exactly as the roles open theirs, so the operator works
+    behind the same PgBouncer (``pooler``) and with the same ``redis+sentinel://`` URL."""
+
     postgres_dsn: str
     redis_url: str
+    pooler: str = "none"
 
 
 def _now() -> datetime:
@@ -105,7 +111,32 @@ async def _connections(api: KubeApi, namespace: str, spec: JudgeQueueSpec) -> Co
     return Connections(
         postgres_dsn=await api.secret_value(namespace, spec.postgres.name, spec.postgres.key),
         redis_url=await api.secret_value(namespace, spec.redis.name, spec.redis.key),
+        pooler=spec.postgres_pooler,
     )
+
+
+async def _failures(
+    api: KubeApi, owner: Owner, roles: list[conditions.RoleAvailability],
+    logger: logging.Logger | logging.LoggerAdapter[Any],
+) -> list[conditions.PodFailure]:
+    """The last termination message of each role short of replicas, read from its pods, so status
+    says why a role is unavailable (e.g. an uninstalled judge plugin). Best effort: an API error
+    (say, RBAC without ``pods: list``) leaves status at the replica counts."""
+    failures: list[conditions.PodFailure] = []
+    for role in roles:
+        if not role.exists or role.available >= role.desired:
+            continue
+        labels = {**selector_labels(owner.name), "app.kubernetes.io/component": role.role}
+        selector = ",".join(f"{k}={v}" for k, v in labels.items())
+        try:
+            pods = await api.list_objects(PODS, owner.namespace, label_selector=selector)
+        except KubeError as exc:
+            logger.warning(f"cannot read {role.role} pods for their termination messages: {exc}")
+            continue
+        failure = conditions.last_failure(role.role, pods)
+        if failure is not None:
+            failures.append(failure)
+    return failures
 
 
 async def _apply_children(
@@ -146,9 +177,15 @@ def _cutover_applied(status: Mapping[str, Any], wanted: Mapping[str, Any]) -> bo
     return bool(same and cond is not None and cond.get("status") == "True")
 
 
-async def apply_cutover(dsn: str, spec: JudgeQueueSpec, *, connect_timeout: float) -> dict[str, Any]:
-    """Write the queue's flags in one transaction (created if missing); returns what the row now says."""
-    conn = await asyncpg.connect(dsn, timeout=connect_timeout)
+async def apply_cutover(
+    dsn: str, spec: JudgeQueueSpec, *, connect_timeout: float, pooler: str = "none"
+) -> dict[str, Any]:
+    """Write the queue's flags in one transaction (created if missing); returns what the row now says.
+
+    ``pooler`` is the spec's ``postgres.pooler``: behind a transaction pooler the connection names no
+    prepared statements, since named ones stay on the pooler's server session after this connection
+    closes and collide with the same names from a later (restarted) operator process."""
+    conn = await connect_postgres(dsn, pooler=pooler, timeout=connect_timeout)
     try:
         async with conn.transaction():
             await create_queue(conn, spec.queue, mode=spec.cutover.mode)
@@ -176,7 +213,8 @@ async def _cutover(
     if _cutover_applied(status, wanted):
         return None, None
     try:
-        applied = await apply_cutover(conns.postgres_dsn, spec, connect_timeout=config.db_timeout)
+        applied = await apply_cutover(conns.postgres_dsn, spec, connect_timeout=config.db_timeout,
+                                      pooler=conns.pooler)
     except WatermarkMovedBack as exc:
         return None, conditions.Condition("CutoverApplied", "False", "WatermarkMovedBack", str(exc))
     except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError, JudgeQueueError) as exc:
@@ -235,9 +273,22 @@ async def reconcile(
                 previous, conditions.failure("SecretNotFound", str(exc)), generation=generation, now=_now()
             ),
         }
+    try:
+        validate_redis_url(conns.redis_url)
+    except ValueError as exc:  # the message never echoes a password
+        message = f"Secret {parsed.redis.name} key {parsed.redis.key}: the Redis URL {exc}"
+        logger.error(f"{message}; nothing changed, will retry")
+        warn_event(state, body, "InvalidConnection", message)
+        return {
+            "observedGeneration": generation,
+            "conditions": conditions.merge_conditions(
+                previous, conditions.failure("InvalidConnection", message), generation=generation, now=_now()
+            ),
+        }
     children = await _apply_children(api, parsed, owner, logger)
     roles = [conditions.availability(r, children.get(f"{owner.name}-{r}")) for r in ("dispatcher", "worker", "reaper")]
-    updates = conditions.rollout(roles)
+    failures = await _failures(api, owner, roles, logger)
+    updates = conditions.rollout(roles, failures)
     new_status: Status = {
         "observedGeneration": generation,
         "workers": _workers_status(parsed, owner, children.get(f"{owner.name}-worker")),
@@ -252,8 +303,15 @@ async def reconcile(
 
 
 async def measure_backlog(conns: Connections, queue: str, *, io_timeout: float) -> Backlog:
-    conn = await asyncpg.connect(conns.postgres_dsn, timeout=io_timeout)
-    redis = aioredis.Redis.from_url(conns.redis_url, socket_timeout=io_timeout, socket_connect_timeout=io_timeout)
+    """The queue's backlog (outbox, stream lag, PEL), read through the connections the roles use:
+    the spec's pooler for Postgres, a plain or ``redis+sentinel://`` URL for Redis. A malformed Redis
+    URL raises ValueError (the caller reports it)."""
+    redis = redis_client(conns.redis_url, socket_timeout=io_timeout, socket_connect_timeout=io_timeout)
+    try:
+        conn = await connect_postgres(conns.postgres_dsn, pooler=conns.pooler, timeout=io_timeout)
+    except BaseException:
+        await redis.aclose()
+        raise
     try:
         return await read_backlog(conn, redis, queue)
     finally:
@@ -388,7 +446,7 @@ def build_registry(
                     logger.warning(f"timer: Kubernetes API: {exc}")
                     warn_event(state, fresh, "AutoscaleFailed", f"Kubernetes API: {exc}")
                 except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError, RedisError,
-                        SecretNotFound) as exc:
+                        SecretNotFound, ValueError) as exc:
                     logger.warning(f"timer: backlog not read: {exc!r}")
             # Written here, under the lock, so a tick's status never lands after a newer change's.
             try:

@@ -13,6 +13,7 @@ import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 import aiohttp
 import kopf
@@ -90,6 +91,7 @@ DEPLOYMENTS = Ref("apps/v1", "deployments")
 SERVICES = Ref("v1", "services")
 SECRETS = Ref("v1", "secrets")
 JUDGEQUEUES = Ref("judgequeue.dev/v1alpha1", "judgequeues")
+PODS = Ref("v1", "pods")
 
 KIND_REFS = {"Deployment": DEPLOYMENTS, "Service": SERVICES, "Secret": SECRETS, "JudgeQueue": JUDGEQUEUES}
 
@@ -150,6 +152,11 @@ class KubeApi:
 
     async def get(self, ref: Ref, namespace: str, name: str) -> dict[str, Any] | None:
         return await self._request("GET", ref.path(namespace, name))
+
+    async def list_objects(self, ref: Ref, namespace: str, *, label_selector: str) -> list[dict[str, Any]]:
+        """The objects of one kind in ``namespace`` matching ``label_selector`` (one page: a role's pods)."""
+        data = await self._request("GET", f"{ref.path(namespace)}?labelSelector={quote(label_selector)}")
+        return list((data or {}).get("items") or [])
 
     async def create(self, ref: Ref, namespace: str, body: Mapping[str, Any]) -> dict[str, Any]:
         return await self._request("POST", ref.path(namespace), body) or {}

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from judgequeue.core.spec import ROLES as ROLES
-from judgequeue.core.spec import JudgeQueueSpec, role_settings
+from judgequeue.core.spec import JudgeQueueSpec, role_secrets, role_settings
 from judgequeue.core.spec import Role as Role
 
 GROUP = "judgequeue.dev"
@@ -92,19 +92,14 @@ def owner_reference(owner: Owner) -> dict[str, Any]:
 
 
 def role_env(spec: JudgeQueueSpec, role: Role) -> list[dict[str, Any]]:
-    """One role's environment: connections from the Secrets, the metrics port, then exactly the
-    ``JUDGEQUEUE_*`` settings the role reads (:func:`judgequeue.core.spec.role_settings`)."""
+    """One role's environment: the connections it reads from the Secrets (the dispatcher's direct
+    LISTEN DSN only to dispatchers, :func:`judgequeue.core.spec.role_secrets`), the metrics port, then
+    exactly the ``JUDGEQUEUE_*`` settings the role reads (:func:`judgequeue.core.spec.role_settings`)."""
     env: list[dict[str, Any]] = [
-        {
-            "name": "JUDGEQUEUE_POSTGRES_DSN",
-            "valueFrom": {"secretKeyRef": {"name": spec.postgres.name, "key": spec.postgres.key}},
-        },
-        {
-            "name": "JUDGEQUEUE_REDIS_URL",
-            "valueFrom": {"secretKeyRef": {"name": spec.redis.name, "key": spec.redis.key}},
-        },
-        {"name": "JUDGEQUEUE_METRICS_PORT", "value": str(METRICS_PORT)},
+        {"name": name, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}
+        for name, ref in role_secrets(spec, role).items()
     ]
+    env.append({"name": "JUDGEQUEUE_METRICS_PORT", "value": str(METRICS_PORT)})
     env.extend({"name": k, "value": v} for k, v in role_settings(spec, role).items())
     return env
 
@@ -165,6 +160,10 @@ def render_deployment(spec: JudgeQueueSpec, owner: Owner, role: Role, *, replica
             "capabilities": {"drop": ["ALL"]},
         },
         "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+        # A role that exits on bad configuration writes its one error line to the termination log
+        # (and prints it last): either way the pod's status carries it, and the operator reports it.
+        "terminationMessagePath": "/dev/termination-log",
+        "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     rendered = _resources(resources)
     if not rendered and role == "worker":

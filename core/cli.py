@@ -29,6 +29,29 @@ EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
 
+#: Where a container's fatal line goes for Kubernetes (the pod's ``terminationMessagePath``): the
+#: kubelet puts the file's content in the container's ``terminated.message``, which the operator
+#: quotes in the JudgeQueue's status. Written only when it exists (the kubelet creates it), so a run
+#: outside a container never creates a file in /dev.
+TERMINATION_LOG = "/dev/termination-log"
+
+
+def write_termination_message(line: str, path: str = TERMINATION_LOG) -> None:
+    """Leave ``line`` (already scrubbed of secrets) in the termination log, if there is one to write."""
+    if not (os.path.isfile(path) and os.access(path, os.W_OK)):
+        return
+    try:
+        with open(path, "w", encoding="utf-8") as log:
+            log.write(line + "\n")
+    except OSError:
+        pass  # best effort: the line is on stderr too, which FallbackToLogsOnError reads
+
+
+def _fatal(line: str) -> None:
+    """Print a command's one error line and leave it for Kubernetes as the termination message."""
+    print(line, file=sys.stderr)
+    write_termination_message(line, TERMINATION_LOG)  # looked up now, so a test can point it elsewhere
+
 DSN = PREFIX + "POSTGRES_DSN"
 REDIS = PREFIX + "REDIS_URL"
 QUEUE = PREFIX + "QUEUE"
@@ -788,13 +811,13 @@ def main(argv: list[str] | None = None, env: Mapping[str, str] | None = None) ->
         code: int = args.handler(args, environ)
         return code
     except ConfigError as exc:
-        print(f"judgequeue: error: {_scrub(explain(exc), secrets)}", file=sys.stderr)
+        _fatal(f"judgequeue: error: {_scrub(explain(exc), secrets)}")
         return EXIT_USAGE
     except Failure as exc:
-        print(f"judgequeue: error: {_scrub(str(exc), secrets)}", file=sys.stderr)
+        _fatal(f"judgequeue: error: {_scrub(str(exc), secrets)}")
         return exc.code
     except JudgeQueueError as exc:
-        print(f"judgequeue: error: {_scrub(str(exc), secrets)}", file=sys.stderr)
+        _fatal(f"judgequeue: error: {_scrub(str(exc), secrets)}")
         return EXIT_USAGE if isinstance(exc, ValueError) and not _is_refusal(exc) else EXIT_FAILURE
     except KeyboardInterrupt:
         print("judgequeue: interrupted", file=sys.stderr)
@@ -805,7 +828,7 @@ def main(argv: list[str] | None = None, env: Mapping[str, str] | None = None) ->
         message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         if getattr(exc, "sqlstate", None) in ("42P01", "3F000", "42883"):  # no table / schema / function
             message += " (is the schema migrated? run: judgequeue migrate)"
-        print(f"judgequeue: error: {_scrub(message, secrets)}", file=sys.stderr)
+        _fatal(f"judgequeue: error: {_scrub(message, secrets)}")
         return EXIT_FAILURE
 
 

@@ -33,6 +33,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 from .config import (
+    POOLERS,
     DispatcherSettings,
     ReaperSettings,
     Settings,
@@ -154,6 +155,13 @@ FIELDS: tuple[Field, ...] = (
           setting=(None, "log_level")),
     Field(("paused",), "boolean", False),
     *_secret(("postgres",), "dsn"),
+    # What sits between the roles (and the operator) and Postgres: every role connects through it.
+    Field(("postgres", "pooler"), "choice", setting_default(None, "postgres_pooler"), choices=POOLERS,
+          setting=(None, "postgres_pooler")),
+    # Optional: a direct (pooler-free) DSN for the dispatcher's LISTEN wake-up (see LISTEN_SECRET).
+    Field(("postgres", "listen", "secretKeyRef", "name"), "string", min_length=1, max_length=253),
+    Field(("postgres", "listen", "secretKeyRef", "key"), "string", "dsn", pattern=SECRET_KEY_PATTERN,
+          hint="a Secret key"),
     *_secret(("redis",), "url"),
     _integer(("dispatcher", "replicas"), 0, 100, 1),
     _integer(("dispatcher", "batchSize"), 1, 10000, setting=("dispatcher", "batch_size")),
@@ -188,6 +196,17 @@ FIELDS: tuple[Field, ...] = (
     _duration(("reaper", "retention"), setting=("reaper", "retention"), long=True),
     Field(("cutover", "mode"), "choice", "live", choices=("live", "shadow")),
     Field(("cutover", "watermark"), "timestamp", max_length=64),
+)
+
+#: Where the dispatcher's direct LISTEN DSN is referenced (a Secret, like every connection string).
+LISTEN_SECRET: tuple[str, ...] = ("postgres", "listen")
+#: The connection variables taken from Secrets, which roles read them, and where the Secret is named.
+#: Connections never pass through :func:`role_settings`: they are rendered as ``secretKeyRef``s.
+SECRET_SETTINGS: tuple[tuple[tuple[str, ...], tuple[str | None, str], tuple[Role, ...]], ...] = (
+    (("postgres",), (None, "postgres_dsn"), ROLES),
+    (("redis",), (None, "redis_url"), ROLES),
+    # Only the dispatcher LISTENs (core/dispatcher.py, Settings.listen_dsn).
+    (LISTEN_SECRET, (None, "postgres_listen_dsn"), ("dispatcher",)),
 )
 
 FIELD_BY_PATH: dict[tuple[str, ...], Field] = {f.path: f for f in FIELDS}
@@ -320,6 +339,8 @@ class JudgeQueueSpec:
     worker: WorkerSpec
     reaper: ReaperSpec
     cutover: CutoverSpec
+    postgres_pooler: str = "none"  # none, session or transaction (core/config.py POOLERS)
+    postgres_listen: SecretKeyRef | None = None  # the dispatcher's direct LISTEN DSN, if any
     values: Mapping[tuple[str, ...], Any] = field(default_factory=dict, repr=False, compare=False)
     given: frozenset[tuple[str, ...]] = field(default=frozenset(), repr=False, compare=False)
 
@@ -466,10 +487,12 @@ def parse_spec(spec: Any, *, name: str) -> JudgeQueueSpec | list[str]:
         values[("queue",)] = validate_queue_name(queue)
     except InvalidQueueName as exc:
         errors.append(f"spec.queue: {exc}")
-    for ref in (("postgres",), ("redis",)):
+    for ref in (("postgres",), ("redis",), LISTEN_SECRET):
         secret = values[(*ref, "secretKeyRef", "name")]
         if isinstance(secret, str) and secret and (len(secret) > 253 or not _SECRET_NAME.match(secret)):
-            errors.append(f"spec.{ref[0]}.secretKeyRef.name: {secret!r} is not a valid Secret name")
+            errors.append(f"spec.{'.'.join(ref)}.secretKeyRef.name: {secret!r} is not a valid Secret name")
+    if (*LISTEN_SECRET, "secretKeyRef", "key") in raw and (*LISTEN_SECRET, "secretKeyRef", "name") not in raw:
+        errors.append("spec.postgres.listen.secretKeyRef.name: is required")
     for rule in RULES:
         if any((*rule.obj, k) in bad for k in rule.uses):
             continue  # a field of the rule is already reported
@@ -527,6 +550,11 @@ def _build(
             resources=resources[("reaper",)],
         ),
         cutover=CutoverSpec(mode=v[("cutover", "mode")], watermark=v[("cutover", "watermark")]),
+        postgres_pooler=v[("postgres", "pooler")],
+        postgres_listen=(
+            SecretKeyRef(v[(*LISTEN_SECRET, "secretKeyRef", "name")], v[(*LISTEN_SECRET, "secretKeyRef", "key")])
+            if v[(*LISTEN_SECRET, "secretKeyRef", "name")] is not None else None
+        ),
         values=dict(v),
         given=given,
     )
@@ -560,3 +588,17 @@ def role_settings(spec: JudgeQueueSpec, role: Role, *, given_only: bool = False)
         # Read by the program judge itself (judges/isolation.py), not core/config.py.
         values[SANDBOX_VARIABLE] = "trusted"
     return values
+
+
+def role_secrets(spec: JudgeQueueSpec, role: Role) -> dict[str, SecretKeyRef]:
+    """The connection variables ``role`` reads, each with the Secret key that holds its value
+    (:data:`SECRET_SETTINGS`); an optional connection the spec does not reference is left out."""
+    refs: dict[tuple[str, ...], SecretKeyRef | None] = {
+        ("postgres",): spec.postgres, ("redis",): spec.redis, LISTEN_SECRET: spec.postgres_listen,
+    }
+    out: dict[str, SecretKeyRef] = {}
+    for path, setting, roles in SECRET_SETTINGS:
+        ref = refs[path]
+        if role in roles and ref is not None:
+            out[variable_for(*setting)] = ref
+    return out

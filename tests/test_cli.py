@@ -275,3 +275,31 @@ def test_operator_without_kubernetes_configuration_is_one_line() -> None:
     assert result.returncode == 1
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and ("Kubernetes configuration" in lines[0] or "not available in this build" in lines[0])
+
+
+#: ``judgequeue <args>`` with the termination log at argv[1] (in a pod it is /dev/termination-log).
+WITH_TERMINATION_LOG = (
+    "import sys; import judgequeue.core.cli as cli; cli.TERMINATION_LOG = sys.argv[1]; "
+    "sys.exit(cli.main(sys.argv[2:]))"
+)
+
+
+def test_a_worker_with_an_uninstalled_judge_leaves_its_line_in_the_termination_log(tmp_path: Path) -> None:
+    """Kubernetes shows the file's content as the container's termination message, and the operator
+    quotes it in the JudgeQueue's status; the file is written only if it exists (the kubelet makes it)."""
+    import sys
+
+    log = tmp_path / "termination-log"
+    log.touch()
+    env = clean_env(JUDGEQUEUE_POSTGRES_DSN=f"postgresql://postgres:{SECRET}@127.0.0.1:1/x",
+                    JUDGEQUEUE_REDIS_URL=REDIS_URL, JUDGEQUEUE_QUEUE="q", JUDGEQUEUE_JUDGE="gpu")
+    result = subprocess.run([sys.executable, "-c", WITH_TERMINATION_LOG, str(log), "worker"], env=env,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    line = result.stderr.strip()
+    assert line.startswith("judgequeue: error: JUDGEQUEUE_JUDGE='gpu' is not an installed judge plugin"), line
+    assert log.read_text() == line + "\n"
+    absent = tmp_path / "none"
+    result = subprocess.run([sys.executable, "-c", WITH_TERMINATION_LOG, str(absent), "worker"], env=env,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and not absent.exists()

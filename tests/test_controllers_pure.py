@@ -197,6 +197,69 @@ def test_rollout_conditions() -> None:
     assert degraded.status == "True" and degraded.reason == "InvalidSpec" and "spec.image" in degraded.message
 
 
+GPU_LINE = ("judgequeue: error: JUDGEQUEUE_JUDGE='gpu' is not an installed judge plugin "
+            "(available: noop, program, sleep)")
+
+
+def _pod(name: str, *, state: dict[str, Any] | None = None, last: dict[str, Any] | None = None) -> dict[str, Any]:
+    waiting = {"waiting": {"reason": "CrashLoopBackOff"}}
+    status: dict[str, Any] = {"name": "worker", "restartCount": 3, "state": state or waiting}
+    if last is not None:
+        status["lastState"] = last
+    return {"metadata": {"name": name}, "status": {"containerStatuses": [status]}}
+
+
+def _terminated(code: int, message: str, at: str) -> dict[str, Any]:
+    return {"terminated": {"exitCode": code, "reason": "Error", "message": message, "finishedAt": at}}
+
+
+def test_last_failure_takes_the_newest_nonzero_exit_and_its_last_line() -> None:
+    logs = "starting\n" + GPU_LINE + "\n\n"  # FallbackToLogsOnError: the log tail, fatal line last
+    pods = [
+        _pod("judge-worker-a", last=_terminated(2, logs, "2026-01-01T00:00:05Z")),
+        _pod("judge-worker-b", state=_terminated(1, "judgequeue: error: connection refused", "2026-01-01T00:00:01Z")),
+        _pod("judge-worker-c", last=_terminated(0, "bye", "2026-01-01T00:00:09Z")),  # a clean exit says nothing
+        _pod("judge-worker-d", last=_terminated(137, "", "2026-01-01T00:00:09Z")),  # no message to quote
+    ]
+    failure = conditions.last_failure("worker", pods)
+    assert failure == conditions.PodFailure("worker", "judge-worker-a", 2, GPU_LINE)
+    assert conditions.last_failure("worker", pods[2:]) is None
+    assert conditions.last_failure("worker", []) is None
+    long = conditions.last_failure("worker", [_pod("p", last=_terminated(1, "x" * 5000, "t"))])
+    assert long is not None and len(long.message) == conditions.MESSAGE_LIMIT and long.message.endswith("...")
+
+
+def test_rollout_names_why_a_role_is_unavailable() -> None:
+    up = {"metadata": {"generation": 1}, "spec": {"replicas": 1},
+          "status": {"observedGeneration": 1, "availableReplicas": 1, "readyReplicas": 1, "updatedReplicas": 1}}
+    down = {"metadata": {"generation": 1}, "spec": {"replicas": 1},
+            "status": {"observedGeneration": 1, "availableReplicas": 0, "updatedReplicas": 1}}
+    roles = [conditions.availability("dispatcher", up), conditions.availability("worker", down),
+             conditions.availability("reaper", up)]
+    gpu = conditions.PodFailure("worker", "judge-worker-a", 2, GPU_LINE)
+    ready, _, degraded = conditions.rollout(roles, [gpu])
+    assert (ready.status, ready.reason) == ("False", "ContainersFailing")
+    assert ready.message == f"available replicas: worker 0/1; worker pod judge-worker-a exited 2: {GPU_LINE}"
+    assert (degraded.status, degraded.reason) == ("True", "RoleMisconfigured") and GPU_LINE in degraded.message
+    # A runtime failure (exit 1: say, Postgres unreachable) is quoted but is not a configuration error.
+    ready, _, degraded = conditions.rollout(roles, [conditions.PodFailure("worker", "p", 1, "connection refused")])
+    assert "connection refused" in ready.message and degraded.status == "False"
+    # A failure of a role that is available again is history, not the reason for anything.
+    ready, _, degraded = conditions.rollout([*roles[:1], conditions.availability("worker", up), roles[2]], [gpu])
+    assert (ready.status, degraded.status) == ("True", "False") and GPU_LINE not in ready.message
+    ready, _, _ = conditions.rollout(roles)
+    assert (ready.reason, ready.message) == ("ReplicasUnavailable", "available replicas: worker 0/1")
+
+
+def test_role_containers_fall_back_to_logs_for_their_termination_message() -> None:
+    parsed = parse_spec(SPEC, name="judge")
+    assert isinstance(parsed, JudgeQueueSpec)
+    for child in render.render_children(parsed, render.Owner("judge", "ns", "u"), worker_replicas=1)[:3]:
+        container = child.body["spec"]["template"]["spec"]["containers"][0]
+        assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
+        assert container["terminationMessagePath"] == "/dev/termination-log"
+
+
 def _decide(backlog: int, current: int, now: float, state: autoscale.ScaleState) -> autoscale.ScaleDecision:
     return autoscale.decide(backlog=backlog, current=current, min_replicas=1, max_replicas=5,
                             target_per_replica=10, window=60, now=now, state=state)
@@ -231,6 +294,7 @@ def test_rbac_rules() -> None:
     assert "patch" in by_resource["judgequeues/status"]["verbs"]
     assert set(by_resource["deployments"]["verbs"]) >= {"get", "create", "patch"}
     assert by_resource["secrets"]["verbs"] == ["get"]
+    assert by_resource["pods"]["verbs"] == ["get", "list"]  # termination messages for status; nothing more
     assert "namespaces" not in by_resource
     cluster = rbac.render_role("jq-operator", kind="ClusterRole")
     assert any("namespaces" in r["resources"] for r in cluster["rules"])

@@ -30,8 +30,11 @@ CORE_LAYERS: dict[str, int] = {
 }
 ROLES = {"dispatcher", "worker", "reaper"}
 #: What the operator may take from core: types, pure helpers, the queue/backlog API, the log format, and
-#: the JudgeQueue spec model (``judgequeue local`` runs the same manifests, so both must parse them alike).
-CONTROLLERS_MAY_USE = {"errors", "config", "queues", "backlog", "logs", "spec"}
+#: the JudgeQueue spec model (``judgequeue local`` runs the same manifests, so both must parse them alike),
+#: and the connection door (``connect``, with ``redis_url`` to check a Secret's URL before using it): the
+#: operator's own cutover writes and backlog reads must work behind the same PgBouncer and Sentinel
+#: setup as the roles, which only connections made the roles' way do.
+CONTROLLERS_MAY_USE = {"errors", "config", "queues", "backlog", "logs", "spec", "connect", "redis_url"}
 
 
 def _modules(package: str, folder: Path) -> dict[str, Path]:

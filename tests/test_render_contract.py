@@ -16,7 +16,7 @@ SPEC: dict[str, Any] = {
     "image": "judgequeue:test",
     "queue": "contract",
     "logLevel": "DEBUG",
-    "postgres": {"secretKeyRef": {"name": "db", "key": "dsn"}},
+    "postgres": {"secretKeyRef": {"name": "db", "key": "dsn"}, "pooler": "session"},
     "redis": {"secretKeyRef": {"name": "rd", "key": "url"}},
     "dispatcher": {"batchSize": 77, "schedule": "3s", "maxAttempts": 4, "backoff": {"base": "2s", "max": "90s"}},
     "worker": {"minReplicas": 1, "maxReplicas": 3, "concurrency": 6, "judge": "sleep", "gracePeriod": "12s"},
@@ -49,7 +49,7 @@ def test_operator_and_local_mode_give_a_role_the_same_settings(role: Role) -> No
     # The operator adds only the metrics port (connections come from Secrets, not values).
     assert {k: v for k, v in op.items() if k != "JUDGEQUEUE_METRICS_PORT"} == local
     settings = load_settings({**op, **CONNECTIONS})
-    assert (settings.queue, settings.log_level) == ("contract", "DEBUG")
+    assert (settings.queue, settings.log_level, settings.postgres_pooler) == ("contract", "DEBUG", "session")
 
 
 def test_each_spec_value_reaches_the_role_that_reads_it() -> None:
@@ -62,3 +62,36 @@ def test_each_spec_value_reaches_the_role_that_reads_it() -> None:
     assert (reaper.reaper.interval, reaper.reaper.visibility_timeout, reaper.reaper.max_deliveries) == (4.0, 45.0, 7)
     assert (reaper.reaper.max_retries, reaper.reaper.retention) == (0, 3 * 86400.0)
     assert reaper.dispatcher.schedule == 3.0  # the reaper prunes dispatcher waiters by it
+
+
+def test_pooler_goes_to_every_role_and_the_listen_dsn_to_dispatchers_only() -> None:
+    """A direct LISTEN DSN is a Secret reference rendered only where it is read (the dispatcher), so
+    adding one rolls no worker; the pooler reaches every role, since each connects through it."""
+    spec = {**SPEC, "postgres": {"secretKeyRef": {"name": "db"}, "pooler": "transaction",
+                                 "listen": {"secretKeyRef": {"name": "direct", "key": "listen-dsn"}}}}
+    parsed = parse_spec(spec, name="judge")
+    assert isinstance(parsed, JudgeQueueSpec), parsed
+    for role in render.ROLES:
+        env = {e["name"]: e for e in render.role_env(parsed, role)}
+        assert env["JUDGEQUEUE_POSTGRES_POOLER"]["value"] == "transaction"
+        assert "value" not in env["JUDGEQUEUE_POSTGRES_DSN"]  # from the Secret, never inline
+        listen = env.get("JUDGEQUEUE_POSTGRES_LISTEN_DSN")
+        if role == "dispatcher":
+            assert listen == {"name": "JUDGEQUEUE_POSTGRES_LISTEN_DSN",
+                              "valueFrom": {"secretKeyRef": {"name": "direct", "key": "listen-dsn"}}}
+        else:
+            assert listen is None, role
+    without = parse_spec(SPEC, name="judge")
+    assert isinstance(without, JudgeQueueSpec)
+    assert "JUDGEQUEUE_POSTGRES_LISTEN_DSN" not in {e["name"] for e in render.role_env(without, "dispatcher")}
+
+
+@pytest.mark.parametrize(("postgres", "error"), [
+    ({"pooler": "pgbouncer"}, "spec.postgres.pooler: must be one of none, session, transaction, got 'pgbouncer'"),
+    ({"listen": {"secretKeyRef": {"key": "dsn"}}}, "spec.postgres.listen.secretKeyRef.name: is required"),
+    ({"listen": {"secretKeyRef": {"name": "Bad_Name"}}},
+     "spec.postgres.listen.secretKeyRef.name: 'Bad_Name' is not a valid Secret name"),
+])
+def test_bad_connection_options_are_named(postgres: dict[str, Any], error: str) -> None:
+    spec = {**SPEC, "postgres": {"secretKeyRef": {"name": "db"}, **postgres}}
+    assert parse_spec(spec, name="judge") == [error]

@@ -195,8 +195,8 @@ def full_spec() -> JudgeQueueSpec:
     return parsed
 
 
-#: Read by every role through core/runtime (logging) and the role's own queue.
-COMMON = {variable_for(None, "queue"), variable_for(None, "log_level")}
+#: Read by every role through core/runtime (logging, connections: the pooler) and the role's own queue.
+COMMON = {variable_for(None, "queue"), variable_for(None, "log_level"), variable_for(None, "postgres_pooler")}
 
 
 def test_the_source_reading_finds_what_roles_read() -> None:

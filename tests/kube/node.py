@@ -12,7 +12,11 @@ There is no kubelet or container runtime on the test machines, so this agent sta
   in a private mount namespace and sets ``KUBERNETES_SERVICE_HOST/PORT``, so an in-cluster client
   (the operator) runs as the pod's ServiceAccount;
 - reports phase, container state and readiness from the container's ``readinessProbe`` (httpGet,
-  tcpSocket or exec), restarts exited containers (``restartPolicy: Always``);
+  tcpSocket or exec), restarts exited containers (``restartPolicy: Always``) and reports the last
+  exit as ``lastState.terminated`` with its termination message: under
+  ``terminationMessagePolicy: FallbackToLogsOnError`` a failed run's log tail (its last 80 lines, at
+  most 2048 bytes), as the kubelet does when the container wrote no termination-message file (a
+  process here has no private /dev, so ``terminationMessagePath`` itself is not mounted);
 - on deletion sends SIGTERM, then SIGKILL after the pod's grace period, and removes the pod.
 
 Pods share the host's network (no network namespace), so every declared ``containerPort`` is mapped
@@ -70,6 +74,8 @@ class PodRun:
     reported: str = ""
     config_error: str = ""
     exit_codes: list[int] = field(default_factory=list)
+    log_offset: int = 0  # where the current run's output starts in container.log
+    last_terminated: dict[str, Any] | None = None  # the last exit, as containerStatuses[].lastState.terminated
 
 
 class NodeAgent:
@@ -278,6 +284,7 @@ class NodeAgent:
             return
         if run.process is not None:
             run.exit_codes.append(int(run.process.returncode))
+            run.last_terminated = self._terminated(run, int(run.process.returncode))
             run.restarts += 1
             run.ready = False
             if run.pod["spec"].get("restartPolicy", "Always") == "Never":
@@ -285,11 +292,27 @@ class NodeAgent:
             run.process = None
         argv, env = self._command(run)
         log = (run.workdir / "container.log").open("ab")
+        run.log_offset = log.tell()
         run.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=run.workdir,
                                        start_new_session=True)
         log.close()
         run.started_at = _now()
         run.probe_successes = run.probe_failures = 0
+
+    def _terminated(self, run: PodRun, code: int) -> dict[str, Any]:
+        """The kubelet's record of a finished run; its message under FallbackToLogsOnError is the
+        run's log tail if the run failed (the kubelet's limits: 80 lines, 2048 bytes)."""
+        container = run.pod["spec"]["containers"][0]
+        terminated: dict[str, Any] = {"exitCode": code, "reason": "Completed" if code == 0 else "Error",
+                                      "startedAt": run.started_at, "finishedAt": _now(),
+                                      "containerID": f"local://{run.uid}"}
+        if code != 0 and container.get("terminationMessagePolicy") == "FallbackToLogsOnError":
+            with (run.workdir / "container.log").open("rb") as log:
+                log.seek(run.log_offset)
+                tail = b"\n".join(log.read().splitlines()[-80:])[-2048:]
+            if tail:
+                terminated["message"] = tail.decode(errors="replace")
+        return terminated
 
     def _probe_once(self, run: PodRun, probe: dict[str, Any]) -> bool:
         timeout = float(probe.get("timeoutSeconds", 1))
@@ -359,7 +382,9 @@ class NodeAgent:
             "containerStatuses": [{"name": container["name"], "image": container["image"],
                                    "imageID": f"local://{container['image']}", "containerID": f"local://{run.uid}",
                                    "ready": ready == "True", "started": running, "restartCount": run.restarts,
-                                   "state": state}],
+                                   "state": state,
+                                   **({"lastState": {"terminated": run.last_terminated}}
+                                      if run.last_terminated else {})}],
         }
         digest = json.dumps(status, sort_keys=True)
         if digest == run.reported:
