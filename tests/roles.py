@@ -13,9 +13,11 @@ from typing import Any
 
 import asyncpg
 
+from judgequeue.core.states import VERDICTS
+
 JUDGEQUEUE = str(Path(sys.executable).parent / "judgequeue")
 
-TERMINAL = ("ACCEPTED", "WRONG_ANSWER", "TIME_LIMIT", "MEMORY_LIMIT", "RUNTIME_ERROR", "COMPILE_ERROR", "SYSTEM_ERROR")
+TERMINAL = VERDICTS  # one list of verdicts, core/states.py
 
 FAST_SETTINGS = {
     "JUDGEQUEUE_JUDGE": "sleep",
