@@ -23,7 +23,6 @@ from typing import Any, NoReturn, TypeVar
 
 from .config import PREFIX, load_settings, parse_duration, parse_variable, redact_url, variable_names
 from .errors import ConfigError, Failure, JudgeQueueError
-from .judges import STATUSES
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -368,21 +367,15 @@ def _read_payload(args: argparse.Namespace) -> Any:
         raise Failure(f"{source} is not valid JSON: {exc}", EXIT_USAGE) from None
 
 
-TERMINAL = STATUSES  # every verdict status is terminal
-
-
 async def wait_for_verdicts(conn: Any, ids: Sequence[int], within: float, poll: float = 0.2) -> dict[int, Any]:
     """Poll until every submission in ``ids`` is terminal or ``within`` seconds pass; return the rows seen."""
+    from . import submissions
+
     loop = asyncio.get_running_loop()
     deadline = loop.time() + within
     while True:
-        rows = await conn.fetch(
-            "SELECT id, status, generation, verdict, created_at, finished_at FROM judgequeue.submissions "
-            "WHERE id = any($1::bigint[])",
-            list(ids),
-        )
-        found = {r["id"]: r for r in rows}
-        if all(i in found and found[i]["status"] in TERMINAL for i in ids) or loop.time() >= deadline:
+        found = await submissions.read(conn, ids)
+        if all(i in found and submissions.is_terminal(found[i]["status"]) for i in ids) or loop.time() >= deadline:
             return found
         await asyncio.sleep(poll)
 
@@ -399,6 +392,7 @@ def _verdict_json(row: Any) -> dict[str, Any]:
 
 def cmd_submit(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     from .outbox import submit
+    from .submissions import is_terminal
 
     dsn: str = resolve(args, env, DSN)
     queue: str = resolve(args, env, QUEUE)
@@ -415,7 +409,7 @@ def cmd_submit(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         print(json.dumps({"id": submission_id, "queue": queue}) if args.json else submission_id)
         return EXIT_OK
     row = rows.get(submission_id)
-    done = row is not None and row["status"] in TERMINAL
+    done = row is not None and is_terminal(row["status"])
     if args.json:
         _print_json({**_verdict_json(row), "queue": queue, "finished": done} if row else {"id": submission_id})
     else:
@@ -508,7 +502,7 @@ def parse_time(text: str) -> datetime:
 
 
 def cmd_cutover(args: argparse.Namespace, env: Mapping[str, str]) -> int:
-    from .queues import get_queue, set_cutover
+    from .queues import database_now, get_queue, set_cutover
 
     dsn: str = resolve(args, env, DSN)
     queue: str = resolve(args, env, QUEUE)
@@ -527,7 +521,7 @@ def cmd_cutover(args: argparse.Namespace, env: Mapping[str, str]) -> int:
             if args.watermark is not None:
                 # "now" is the database clock, like every other time decision.
                 changes["watermark"] = (
-                    await conn.fetchval("SELECT now()") if args.watermark == "now" else parse_time(args.watermark)
+                    await database_now(conn) if args.watermark == "now" else parse_time(args.watermark)
                 )
             return await set_cutover(conn, queue, **changes)
 

@@ -24,12 +24,12 @@ from typing import Literal
 import asyncpg
 import redis.asyncio as aioredis
 
-from . import dlq, streams
+from . import dlq, sql, streams
 from .connect import STATEMENT_TIMEOUT
 from .envelope import Envelope
 from .errors import describe, is_permanent
 
-RECORD_SQL = "SELECT ord, outcome FROM judgequeue.record_dead_letters($1::bigint[], $2::bigint[], $3::text[])"
+RECORD_SQL = sql.query("record_dead_letters")
 
 #: Postgres outcome of an entry that names no submission (it could not be parsed).
 NOT_AN_ENVELOPE = "none: not a judgequeue envelope"

@@ -22,6 +22,7 @@ from typing import Any, Literal
 import asyncpg
 import redis.asyncio as aioredis
 
+from . import submissions
 from .envelope import MalformedEnvelope, parse_id
 from .streams import GROUP, dlq_key, guarded, run_script, script, stream_key
 
@@ -222,13 +223,11 @@ async def replay(
         if submission is None or generation is None:
             result.outcomes[entry_id] = "not_an_envelope"
             continue
-        new_generation = await conn.fetchval(
-            "SELECT judgequeue.bump_generation($1::bigint, $2::bigint, false)", submission, generation
-        )
+        new_generation = await submissions.bump_generation(conn, submission, generation)
         if new_generation is not None:
             result.outcomes[entry_id] = "replayed"
             result.generations[entry_id] = int(new_generation)
-        elif await conn.fetchval("SELECT true FROM judgequeue.submissions WHERE id = $1", submission):
+        elif await submissions.exists(conn, submission):
             result.outcomes[entry_id] = "superseded"
         else:
             result.outcomes[entry_id] = "unknown_submission"  # kept for inspection; purge it

@@ -21,7 +21,7 @@ from typing import Any
 
 import asyncpg
 
-from . import metrics
+from . import metrics, sql
 
 
 @dataclass(frozen=True)
@@ -52,64 +52,13 @@ class LeaseSweep:
     failed: int
 
 
-ACQUIRE_SQL = """
-WITH no_flush_wait AS MATERIALIZED (
-    -- SET LOCAL for this statement's own transaction: its commit does not wait for the WAL flush
-    -- (see make_durable for why that is safe).
-    SELECT set_config('synchronous_commit', 'off', true)
-)
-UPDATE judgequeue.submissions s
-   SET status = 'JUDGING',
-       attempt_id = e.attempt,
-       lease_expires_at = now() + make_interval(secs => $5::float8)
-  FROM unnest($1::bigint[], $2::bigint[], $3::uuid[]) AS e(id, generation, attempt), no_flush_wait
- WHERE s.id = ANY($1::bigint[])  -- a primary-key lookup whatever the backlog's size
-   AND s.id = e.id AND s.generation = e.generation AND s.status = 'PENDING' AND s.queue = $4
-RETURNING s.id, s.generation, s.attempt_id, s.payload::text AS payload, s.created_at
-"""
-
-RENEW_SQL = """
-UPDATE judgequeue.submissions s
-   SET lease_expires_at = now() + make_interval(secs => $4::float8)
-  FROM unnest($1::bigint[], $2::bigint[], $3::uuid[]) AS l(id, generation, attempt)
- WHERE s.id = ANY($1::bigint[])
-   AND s.id = l.id AND s.generation = l.generation AND s.attempt_id = l.attempt AND s.status = 'JUDGING'
-RETURNING s.attempt_id
-"""
-
-VERDICT_SQL = """
-UPDATE judgequeue.submissions s
-   SET status = v.status,
-       verdict = v.verdict,
-       lease_expires_at = NULL,
-       finished_at = now()
-  FROM unnest($1::bigint[], $2::bigint[], $3::uuid[], $4::text[], $5::jsonb[])
-       AS v(id, generation, attempt, status, verdict)
- WHERE s.id = ANY($1::bigint[])
-   AND s.id = v.id AND s.generation = v.generation AND s.attempt_id = v.attempt AND s.status = 'JUDGING'
-RETURNING s.attempt_id, extract(epoch FROM now() - s.created_at)::float8 AS end_to_end
-"""
-
-# A transactional WAL record: committing it with synchronous_commit on flushes the WAL through
-# every earlier commit. Logical decoding consumers see it as a message with this prefix. A server,
-# database or role default of synchronous_commit = off must not make this one commit lazy (stronger
-# settings such as remote_apply are kept).
-DURABLE_SQL = """
-SELECT pg_logical_emit_message(true, 'judgequeue', 'leases'),
-       CASE WHEN current_setting('synchronous_commit') = 'off'
-            THEN set_config('synchronous_commit', 'on', true) END
-"""
-
-RELEASE_SQL = "SELECT judgequeue.release_leases($1::bigint[], $2::bigint[], $3::uuid[]) AS id"
-
-RESCUE_SQL = "SELECT requeued, failed FROM judgequeue.rescue_expired_leases($1, $2, $3)"
-
-STALE_REASON_SQL = """
-SELECT e.id, e.generation, s.generation AS current_generation, s.status
-  FROM unnest($1::bigint[], $2::bigint[]) WITH ORDINALITY AS e(id, generation, n)
-  LEFT JOIN judgequeue.submissions s ON s.id = e.id
- ORDER BY e.n
-"""
+ACQUIRE_SQL = sql.query("lease_acquire")
+RENEW_SQL = sql.query("lease_renew")
+VERDICT_SQL = sql.query("lease_verdict")
+DURABLE_SQL = sql.query("lease_make_durable")
+RELEASE_SQL = sql.query("lease_release")
+RESCUE_SQL = sql.query("lease_rescue_expired")
+STALE_REASON_SQL = sql.query("lease_stale_reasons")
 
 
 async def acquire(

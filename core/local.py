@@ -27,18 +27,17 @@ from typing import IO, Any
 import asyncpg
 import redis.asyncio as aioredis
 
+from . import submissions
 from .config import PREFIX, Settings, load_settings, redact_url
 from .connect import connect_postgres, redis_client
 from .errors import Failure
-from .judges import STATUSES
 from .manifest import Manifest, load_manifest
 from .migrate import migrate
 from .outbox import submit
 from .queues import create_queue, set_cutover
 from .spec import ROLES, Role
+from .states import VERDICTS
 from .status import Figures, gather
-
-TERMINAL = STATUSES  # every verdict status is terminal
 
 
 @dataclass(frozen=True)
@@ -190,7 +189,7 @@ class Progress:
 def progress_line(p: Progress, children_alive: int, children_total: int) -> str:
     """One line of the live display. Pure."""
     f = p.figures
-    verdicts = "  ".join(f"{k}={v}" for k, v in sorted(p.verdicts.items()) if k in TERMINAL) or "none yet"
+    verdicts = "  ".join(f"{k}={v}" for k, v in sorted(p.verdicts.items()) if k in VERDICTS) or "none yet"
     judging = p.verdicts.get("JUDGING", 0)
     stream = f"lag {f.lag if f.lag is not None else '-'}  pel {f.pel if f.pel is not None else '-'}"
     return (
@@ -201,16 +200,9 @@ def progress_line(p: Progress, children_alive: int, children_total: int) -> str:
 
 async def read_progress(conn: asyncpg.Connection, client: aioredis.Redis, queue: str, window: float = 5.0) -> Progress:
     figures = await gather(conn, client, queue, redis_timeout=2.0)
-    rows = await conn.fetch(
-        "SELECT status, count(*) AS n FROM judgequeue.submissions WHERE queue = $1 GROUP BY 1", queue
-    )
-    recent = await conn.fetchval(
-        "SELECT count(*) FROM judgequeue.submissions"
-        " WHERE queue = $1 AND finished_at > now() - make_interval(secs => $2)",
-        queue,
-        window,
-    )
-    return Progress(figures, {r["status"]: r["n"] for r in rows}, recent / window)
+    counts = await submissions.count_by_status(conn, queue)
+    recent = await submissions.finished_since(conn, queue, window)
+    return Progress(figures, counts, recent / window)
 
 
 class Display:
@@ -356,13 +348,8 @@ async def _local(options: LocalOptions, base_env: Mapping[str, str]) -> int:
             alive = sum(1 for c in children if c.process.poll() is None)
             display.show(progress_line(progress, alive, len(children)))
             if ids:
-                rows = {
-                    r["id"]: r
-                    for r in await conn.fetch(
-                        "SELECT id, status, verdict FROM judgequeue.submissions WHERE id = any($1::bigint[])", ids
-                    )
-                }
-                if all(rows.get(i) is not None and rows[i]["status"] in TERMINAL for i in ids):
+                rows = await submissions.read(conn, ids)
+                if all(rows.get(i) is not None and submissions.is_terminal(rows[i]["status"]) for i in ids):
                     results = verdict_table(programs, ids, rows)
                     code = 0 if all(r["ok"] for r in results) else 1
                     break

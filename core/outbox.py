@@ -17,8 +17,13 @@ from typing import Any, Literal
 
 import asyncpg
 
+from . import sql
 from .errors import InvalidPayload, PayloadTooLarge, UnknownSubmission, translate_pg_error
 from .queues import validate_queue_name
+from .states import OUTBOX_STATES as OUTBOX_STATES  # re-exported: callers know them as outbox's
+from .states import TERMINAL_OUTBOX_STATES as TERMINAL_OUTBOX_STATES
+from .states import WAITING_OUTBOX_STATES as WAITING_OUTBOX_STATES
+from .states import OutboxState as OutboxState
 
 #: Largest accepted payload, as UTF-8 JSON text. The SQL function enforces the same limit.
 MAX_PAYLOAD_BYTES = 1_048_576
@@ -26,9 +31,8 @@ MAX_PAYLOAD_BYTES = 1_048_576
 #: Channel that idle dispatchers LISTEN on; submit() notifies it only while one is waiting.
 WAKEUP_CHANNEL = "judgequeue_wakeup"
 
-OutboxState = Literal["PENDING", "CLAIMED", "SENT", "DEAD", "SKIPPED", "SHADOW_SENT"]
-OUTBOX_STATES: tuple[OutboxState, ...] = ("PENDING", "CLAIMED", "SENT", "DEAD", "SKIPPED", "SHADOW_SENT")
-TERMINAL_OUTBOX_STATES: tuple[OutboxState, ...] = ("SENT", "DEAD", "SKIPPED", "SHADOW_SENT")
+_SUBMIT_SQL = sql.query("submit")
+_REJUDGE_SQL = sql.query("rejudge")
 
 #: sent / shadow_sent / dead are final; retry counts an attempt and backs off; release backs off
 #: without counting (the transport as a whole was down, not this row's fault).
@@ -47,9 +51,9 @@ def encode_payload(payload: Any) -> str:
     return text
 
 
-async def _call(conn: asyncpg.Connection, sql: str, *args: Any) -> Any:
+async def _call(conn: asyncpg.Connection, statement: str, *args: Any) -> Any:
     try:
-        return await conn.fetchval(sql, *args)
+        return await conn.fetchval(statement, *args)
     except asyncpg.PostgresError as exc:
         translated = translate_pg_error(exc)
         if translated is not None:
@@ -65,7 +69,7 @@ async def submit(conn: asyncpg.Connection, queue: str, payload: Any) -> int:
     """
     validate_queue_name(queue)
     text = encode_payload(payload)
-    submission_id: int = await _call(conn, "SELECT judgequeue.submit($1, $2::jsonb)", queue, text)
+    submission_id: int = await _call(conn, _SUBMIT_SQL, queue, text)
     return submission_id
 
 
@@ -74,7 +78,7 @@ async def rejudge(conn: asyncpg.Connection, submission_id: int) -> int:
 
     A running attempt of the old generation can no longer write its verdict (the fence drops it).
     """
-    generation: int | None = await _call(conn, "SELECT judgequeue.rejudge($1)", submission_id)
+    generation: int | None = await _call(conn, _REJUDGE_SQL, submission_id)
     if generation is None:  # pragma: no cover - the SQL function raises JQ006 instead
         raise UnknownSubmission(f"unknown submission {submission_id}")
     return generation
@@ -98,36 +102,7 @@ class ClaimedRow:
 # Claims and marks commit without waiting for the WAL flush (set per transaction, so it works behind
 # any pooler): a claim lost in a database crash is claimed again, a lost mark re-sends a row whose
 # Redis dedup marker absorbs the duplicate.
-_CLAIM_SQL = """
-WITH no_flush_wait AS MATERIALIZED (
-    SELECT set_config('synchronous_commit', 'off', true)
-), q AS (
-    SELECT mode, watermark, paused, config_version FROM judgequeue.queues WHERE name = $1
-), picked AS (
-    SELECT o.id
-      FROM judgequeue.outbox o
-     WHERE o.queue = $1
-       AND o.state IN ('PENDING', 'CLAIMED')
-       AND o.next_attempt_at <= now()
-       AND NOT coalesce((SELECT paused FROM q), true)
-     ORDER BY o.next_attempt_at, o.id
-     LIMIT $2
-       FOR UPDATE SKIP LOCKED
-)
-UPDATE judgequeue.outbox o
-   SET state = CASE WHEN q.mode = 'live' AND q.watermark IS NOT NULL AND o.created_at < q.watermark
-                    THEN 'SKIPPED' ELSE 'CLAIMED' END,
-       sent_at = CASE WHEN q.mode = 'live' AND q.watermark IS NOT NULL AND o.created_at < q.watermark
-                      THEN now() ELSE NULL END,
-       attempts = o.attempts + 1,
-       claimed_by = $3,
-       claim_expires_at = now() + make_interval(secs => $4),
-       next_attempt_at = now() + make_interval(secs => $4)
-  FROM picked, q, no_flush_wait
- WHERE o.id = picked.id
-RETURNING o.id, o.submission_id, o.generation, o.created_at, o.attempts, o.state, q.mode, q.config_version,
-          extract(epoch FROM now() - o.created_at)::float8 AS age
-"""
+_CLAIM_SQL = sql.query("outbox_claim")
 
 
 async def claim(conn: asyncpg.Connection, queue: str, *, limit: int, owner: str, claim_ttl: float) -> list[ClaimedRow]:
@@ -156,47 +131,7 @@ async def claim(conn: asyncpg.Connection, queue: str, *, limit: int, owner: str,
     return claimed
 
 
-_MARK_SQL = """
-WITH no_flush_wait AS MATERIALIZED (
-    SELECT set_config('synchronous_commit', 'off', true)
-), marked AS (
-    UPDATE judgequeue.outbox o
-       SET state = CASE
-                       WHEN r.result = 'sent' THEN 'SENT'
-                       WHEN r.result = 'shadow_sent' THEN 'SHADOW_SENT'
-                       WHEN r.result = 'dead' THEN 'DEAD'
-                       WHEN r.result = 'retry' AND o.attempts >= $4 THEN 'DEAD'
-                       ELSE 'PENDING'
-                   END,
-           attempts = CASE WHEN r.result = 'release' THEN greatest(o.attempts - 1, 0) ELSE o.attempts END,
-           last_error = coalesce(r.error, o.last_error),
-           next_attempt_at = CASE
-               WHEN r.result = 'retry' THEN now() + make_interval(
-                   secs => least($6::float8, $5::float8 * power(2, greatest(o.attempts - 1, 0)))
-                           * (0.5 + random() * 0.5))
-               WHEN r.result = 'release' THEN now() + make_interval(secs => $5::float8 * (0.5 + random() * 0.5))
-               ELSE o.next_attempt_at END,
-           claim_expires_at = NULL,
-           sent_at = CASE
-               WHEN r.result = 'release' OR (r.result = 'retry' AND o.attempts < $4) THEN NULL
-               ELSE now() END
-      FROM unnest($1::bigint[], $2::text[], $3::text[]) AS r(id, result, error), no_flush_wait
-     WHERE o.id = r.id AND o.claimed_by = $7 AND o.state = 'CLAIMED'
-    RETURNING o.id, o.state, o.submission_id, o.generation, o.last_error, o.attempts
-), failed AS (
-    -- A delivery intent that will never be sent must not leave its submission waiting forever.
-    UPDATE judgequeue.submissions s
-       SET status = 'SYSTEM_ERROR',
-           verdict = jsonb_build_object(
-               'status', 'SYSTEM_ERROR',
-               'reason', format('dispatch failed after %s attempts: %s', m.attempts, m.last_error)),
-           finished_at = now()
-      FROM marked m
-     WHERE m.state = 'DEAD' AND s.id = m.submission_id AND s.generation = m.generation
-       AND s.status = 'PENDING'
-)
-SELECT id, state FROM marked
-"""
+_MARK_SQL = sql.query("outbox_mark")
 
 
 @dataclass(frozen=True)
@@ -237,18 +172,9 @@ async def mark(
     return {r["id"]: r["state"] for r in rows}
 
 
-_PRUNE_SQL = """
-WITH doomed AS (
-    SELECT id FROM judgequeue.outbox
-     WHERE queue = $3
-       AND state IN ('SENT', 'DEAD', 'SKIPPED', 'SHADOW_SENT')
-       AND sent_at < now() - make_interval(secs => $1)
-     ORDER BY id
-     LIMIT $2
-       FOR UPDATE SKIP LOCKED
-)
-DELETE FROM judgequeue.outbox o USING doomed WHERE o.id = doomed.id
-"""
+_PRUNE_SQL = sql.query("outbox_prune")
+_WAITING_STATS_SQL = sql.query("outbox_waiting_stats")
+_OTHER_STATS_SQL = sql.query("outbox_other_stats")
 
 
 async def prune(
@@ -260,7 +186,7 @@ async def prune(
     """
     total = 0
     for _ in range(max_batches):
-        status = await conn.execute(_PRUNE_SQL, float(retention), batch, queue)
+        status = await conn.execute(_PRUNE_SQL, float(retention), batch, queue, list(TERMINAL_OUTBOX_STATES))
         deleted = int(status.split()[-1])
         total += deleted
         if deleted < batch:
@@ -281,73 +207,21 @@ async def stats(conn: asyncpg.Connection, queue: str, *, include_terminal: bool 
     ``retention`` and cost a scan: pass ``include_terminal=False`` on frequent refreshes (their
     counts are then absent from ``by_state``).
     """
-    active = await conn.fetchrow(
-        """
-        SELECT count(*) FILTER (WHERE state = 'PENDING') AS pending,
-               count(*) FILTER (WHERE state = 'CLAIMED') AS claimed,
-               coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8 AS age
-          FROM judgequeue.outbox WHERE queue = $1 AND state IN ('PENDING', 'CLAIMED')
-        """,
-        queue,
-    )
+    active = await conn.fetchrow(_WAITING_STATS_SQL, queue)
     assert active is not None
     by_state: dict[str, int] = {"PENDING": active["pending"], "CLAIMED": active["claimed"]}
     if include_terminal:
         by_state.update(dict.fromkeys(TERMINAL_OUTBOX_STATES, 0))
-        rows = await conn.fetch(
-            "SELECT state, count(*) AS n FROM judgequeue.outbox"
-            " WHERE queue = $1 AND state <> ALL($2::text[]) GROUP BY state",
-            queue,
-            ["PENDING", "CLAIMED"],
-        )
+        rows = await conn.fetch(_OTHER_STATS_SQL, queue, list(WAITING_OUTBOX_STATES))
         by_state.update({r["state"]: r["n"] for r in rows})
     return OutboxStats(by_state=by_state, oldest_pending_age=float(active["age"]))
 
 
-_STRANDED_WHERE = """
-     WHERE s.queue = $1 AND s.status = 'PENDING' AND s.attempt_id IS NULL
-       AND s.created_at < now() - make_interval(secs => $2)
-       AND o.state = 'SENT' AND o.sent_at < now() - make_interval(secs => $2)
-"""
-
-_FIND_STRANDED_SQL = (
-    """
-SELECT o.id, o.submission_id, o.generation
-  FROM judgequeue.submissions s
-  JOIN judgequeue.outbox o ON o.submission_id = s.id AND o.generation = s.generation
-"""
-    + _STRANDED_WHERE
-    + """
- ORDER BY s.created_at
- LIMIT $3
-"""
-)
-
-_RESEND_SQL = (
-    """
-WITH stranded AS (
-    SELECT o.id
-      FROM judgequeue.submissions s
-      JOIN judgequeue.outbox o ON o.submission_id = s.id AND o.generation = s.generation
-"""
-    + _STRANDED_WHERE
-    + """
-       AND ($4::bigint[] IS NULL OR o.id = ANY($4::bigint[]))
-     ORDER BY s.created_at
-     LIMIT $3
-       FOR UPDATE OF o SKIP LOCKED
-)
-UPDATE judgequeue.outbox o
-   SET state = 'PENDING',
-       next_attempt_at = now(),
-       sent_at = NULL,
-       last_error = format('re-sent: sent %s ago and never leased (stream entry lost?)',
-                           date_trunc('second', now() - o.sent_at))
-  FROM stranded
- WHERE o.id = stranded.id
-RETURNING o.id
-"""
-)
+_FIND_STRANDED_SQL = sql.query("outbox_find_stranded")
+_RESEND_SQL = sql.query("outbox_resend_stranded")
+_REGISTER_WAITER_SQL = sql.query("waiter_register")
+_UNREGISTER_WAITER_SQL = sql.query("waiter_unregister")
+_PRUNE_WAITERS_SQL = sql.query("waiter_prune")
 
 
 @dataclass(frozen=True)
@@ -383,26 +257,14 @@ async def resend_stranded(
 
 async def register_waiter(conn: asyncpg.Connection, queue: str, dispatcher: str) -> None:
     """Tell submitters that ``dispatcher`` is about to sleep on the wake-up channel."""
-    await conn.execute(
-        """
-        INSERT INTO judgequeue.dispatch_waiters (queue, dispatcher) VALUES ($1, $2)
-        ON CONFLICT (queue, dispatcher) DO UPDATE SET since = now()
-        """,
-        queue,
-        dispatcher,
-    )
+    await conn.execute(_REGISTER_WAITER_SQL, queue, dispatcher)
 
 
 async def unregister_waiter(conn: asyncpg.Connection, queue: str, dispatcher: str) -> None:
-    await conn.execute(
-        "DELETE FROM judgequeue.dispatch_waiters WHERE queue = $1 AND dispatcher = $2", queue, dispatcher
-    )
+    await conn.execute(_UNREGISTER_WAITER_SQL, queue, dispatcher)
 
 
 async def prune_waiters(conn: asyncpg.Connection, *, older_than: float) -> int:
     """Forget waiters of crashed dispatchers (they only cost extra notifications, never correctness)."""
-    status = await conn.execute(
-        "DELETE FROM judgequeue.dispatch_waiters WHERE since < now() - make_interval(secs => $1)",
-        float(older_than),
-    )
+    status = await conn.execute(_PRUNE_WAITERS_SQL, float(older_than))
     return int(status.split()[-1])

@@ -33,6 +33,7 @@ from typing import Any
 import asyncpg
 import yaml
 
+from . import sql
 from .connect import STATEMENT_TIMEOUT
 from .errors import JudgeQueueError
 from .judges.checkers import InvalidChecker, parse_spec
@@ -44,26 +45,15 @@ _ID = re.compile(r"[a-z0-9]([-a-z0-9_.]*[a-z0-9])?")
 MAX_TESTS = 10_000
 LANGUAGES = ("python", "c", "cpp")
 
-FILE_EXISTS_SQL = "SELECT true FROM judgequeue.problem_files WHERE sha256 = $1"
-INSERT_FILE_SQL = """
-INSERT INTO judgequeue.problem_files (sha256, size, chunks) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING
-"""
-INSERT_CHUNK_SQL = """
-INSERT INTO judgequeue.problem_chunks (sha256, seq, data) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING
-"""
-NEXT_VERSION_SQL = "SELECT coalesce(max(version), 0) + 1 FROM judgequeue.problems WHERE id = $1"
-INSERT_PROBLEM_SQL = """
-INSERT INTO judgequeue.problems (id, version, manifest, sha256) VALUES ($1, $2, $3::jsonb, $4)
-ON CONFLICT (id, version) DO NOTHING
-RETURNING version
-"""
-PROBLEM_SQL = "SELECT manifest::text AS manifest, sha256 FROM judgequeue.problems WHERE id = $1 AND version = $2"
-LIST_SQL = """
-SELECT id, version, sha256, created_at, jsonb_array_length(manifest->'tests') AS tests,
-       (manifest->>'total_bytes')::bigint AS total_bytes
-  FROM judgequeue.problems ORDER BY id, version
-"""
-CHUNKS_SQL = "SELECT data FROM judgequeue.problem_chunks WHERE sha256 = $1 AND seq >= $2 ORDER BY seq LIMIT $3"
+FILE_EXISTS_SQL = sql.query("problem_file_exists")
+INSERT_FILE_SQL = sql.query("problem_file_insert")
+INSERT_CHUNK_SQL = sql.query("problem_chunk_insert")
+LOCK_SQL = sql.query("problem_lock")
+NEXT_VERSION_SQL = sql.query("problem_next_version")
+INSERT_PROBLEM_SQL = sql.query("problem_insert")
+PROBLEM_SQL = sql.query("problem_get")
+LIST_SQL = sql.query("problem_list")
+CHUNKS_SQL = sql.query("problem_chunks")
 
 
 class InvalidPackage(JudgeQueueError, ValueError):
@@ -216,7 +206,7 @@ async def upload(conn: asyncpg.Connection, root: Path, *, version: int | None = 
     for f in package.files.values():
         new_files += await _store_file(conn, f)
     async with conn.transaction():
-        await conn.execute("SELECT pg_advisory_xact_lock(hashtext('judgequeue.problems'), hashtext($1))", package.id)
+        await conn.execute(LOCK_SQL, package.id)
         number = version or package.version or int(await conn.fetchval(NEXT_VERSION_SQL, package.id))
         manifest = {**package.manifest, "id": package.id, "version": number}
         digest = manifest_digest(manifest)

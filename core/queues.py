@@ -11,14 +11,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Literal
 
 import asyncpg
 
+from . import sql
 from .errors import InvalidQueueName, UnknownQueue, translate_pg_error
-
-Mode = Literal["live", "shadow"]
-MODES: tuple[Mode, ...] = ("live", "shadow")
+from .states import MODES as MODES  # re-exported: the operator knows them as queues'
+from .states import Mode as Mode
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
@@ -55,7 +54,11 @@ def _flags(row: asyncpg.Record) -> QueueFlags:
     )
 
 
-_COLUMNS = "name, mode, watermark, paused, config_version, updated_at"
+_CREATE_SQL = sql.query("queue_create")
+_GET_SQL = sql.query("queue_get")
+_LIST_SQL = sql.query("queue_list")
+_SET_CUTOVER_SQL = sql.query("queue_set_cutover")
+_NOW_SQL = sql.query("db_now")
 
 
 async def create_queue(conn: asyncpg.Connection, name: str, *, mode: Mode = "live") -> QueueFlags:
@@ -66,23 +69,19 @@ async def create_queue(conn: asyncpg.Connection, name: str, *, mode: Mode = "liv
     validate_queue_name(name)
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    await conn.execute(
-        "INSERT INTO judgequeue.queues (name, mode) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING",
-        name,
-        mode,
-    )
+    await conn.execute(_CREATE_SQL, name, mode)
     return await get_queue(conn, name)
 
 
 async def get_queue(conn: asyncpg.Connection, name: str) -> QueueFlags:
-    row = await conn.fetchrow(f"SELECT {_COLUMNS} FROM judgequeue.queues WHERE name = $1", name)
+    row = await conn.fetchrow(_GET_SQL, name)
     if row is None:
         raise UnknownQueue(f"unknown queue {name!r} (create it with: judgequeue queue create {name})")
     return _flags(row)
 
 
 async def list_queues(conn: asyncpg.Connection) -> list[QueueFlags]:
-    return [_flags(r) for r in await conn.fetch(f"SELECT {_COLUMNS} FROM judgequeue.queues ORDER BY name")]
+    return [_flags(r) for r in await conn.fetch(_LIST_SQL)]
 
 
 _UNSET: object = object()
@@ -109,14 +108,7 @@ async def set_cutover(
         raise ValueError("watermark must be timezone-aware")
     try:
         row = await conn.fetchrow(
-            f"""
-            UPDATE judgequeue.queues
-               SET mode = coalesce($2, mode),
-                   watermark = CASE WHEN $3 THEN $4 ELSE watermark END,
-                   paused = coalesce($5, paused)
-             WHERE name = $1
-            RETURNING {_COLUMNS}
-            """,
+            _SET_CUTOVER_SQL,
             name,
             mode,
             watermark is not _UNSET,
@@ -131,3 +123,9 @@ async def set_cutover(
     if row is None:
         raise UnknownQueue(f"unknown queue {name!r} (create it with: judgequeue queue create {name})")
     return _flags(row)
+
+
+async def database_now(conn: asyncpg.Connection) -> datetime:
+    """The database clock, which every watermark and time decision uses (never the caller's clock)."""
+    now: datetime = await conn.fetchval(_NOW_SQL)
+    return now

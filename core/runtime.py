@@ -19,6 +19,7 @@ from typing import Any
 import asyncpg
 import redis.asyncio as aioredis
 
+from . import sql
 from .config import Settings, redact_url
 from .connect import connect_postgres, redis_client
 from .errors import ConfigError
@@ -64,7 +65,7 @@ class ReadinessProbe:
             self._pg = await connect_postgres(
                 self._settings.postgres_dsn, pooler=self._settings.postgres_pooler, timeout=self._timeout
             )
-        await self._pg.fetchval("SELECT 1", timeout=self._timeout)
+        await self._pg.fetchval(sql.query("ping"), timeout=self._timeout)
         return "ok"
 
     async def _check_redis(self) -> list[str]:

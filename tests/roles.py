@@ -14,11 +14,11 @@ from typing import Any
 
 import asyncpg
 
-from judgequeue.core.judges import STATUSES
+from judgequeue.core.states import VERDICTS
 
 JUDGEQUEUE = str(Path(sys.executable).parent / "judgequeue")
 
-TERMINAL = STATUSES  # every verdict status is terminal
+TERMINAL = VERDICTS  # one list of verdicts, core/states.py
 
 FAST_SETTINGS = {
     "JUDGEQUEUE_JUDGE": "sleep",

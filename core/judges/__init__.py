@@ -9,34 +9,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from ..errors import ConfigError
+from ..states import VERDICTS
+from ..states import Verdict as StateVerdict
 
 ENTRY_POINT_GROUP = "judgequeue.judges"
 
-Status = Literal[
-    "ACCEPTED",
-    "WRONG_ANSWER",
-    "TIME_LIMIT",
-    "MEMORY_LIMIT",
-    "OUTPUT_LIMIT",
-    "IDLENESS_LIMIT",
-    "RUNTIME_ERROR",
-    "COMPILE_ERROR",
-    "SYSTEM_ERROR",
-]
-STATUSES: tuple[Status, ...] = (
-    "ACCEPTED",
-    "WRONG_ANSWER",
-    "TIME_LIMIT",
-    "MEMORY_LIMIT",
-    "OUTPUT_LIMIT",
-    "IDLENESS_LIMIT",
-    "RUNTIME_ERROR",
-    "COMPILE_ERROR",
-    "SYSTEM_ERROR",
-)
+#: The verdict set is defined once, in judgequeue.core.states (the tables' CHECK is tested against it).
+Status = StateVerdict
+STATUSES: tuple[Status, ...] = VERDICTS
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,69 @@
+"""Every SQL statement judgequeue runs, by name: one door to Postgres (docs/design.md §2).
+
+``queries.sql`` holds each statement under ``-- name: <name>`` followed by a one-line ``-- ``
+comment. It is read once, at import; modules fetch their statements with :func:`query` at import
+time too, so a misspelt name fails the moment its module is imported (and ``tests/test_sql.py``
+checks that every statement is used and none is written inline elsewhere). Statements are fixed
+text: values go in as parameters and state lists as arrays from :mod:`judgequeue.core.states`.
+The migrations and the migration runner's bookkeeping are the only SQL kept elsewhere.
+"""
+
+from __future__ import annotations
+
+import re
+from importlib import resources
+from types import MappingProxyType
+from typing import Final
+
+_NAME = re.compile(r"^-- name: ([a-z][a-z0-9_]*)\s*$")
+
+
+def parse(text: str) -> dict[str, tuple[str, str]]:
+    """``{name: (comment, statement)}`` from the text of a queries file.
+
+    Raises ValueError on a duplicate name, a name without its one-line comment, or an empty
+    statement, so a malformed file fails at import rather than at the first call.
+    """
+    found: dict[str, tuple[str, str]] = {}
+    name: str | None = None
+    comment = ""
+    body: list[str] = []
+
+    def close() -> None:
+        if name is None:
+            return
+        statement = "\n".join(body).strip()
+        if not comment or not statement:
+            raise ValueError(f"query {name!r} needs a one-line '-- ' comment and a statement")
+        found[name] = (comment, statement)
+
+    for line in text.splitlines():
+        match = _NAME.match(line)
+        if match:
+            close()
+            name, comment, body = match.group(1), "", []
+            if name in found:
+                raise ValueError(f"query {name!r} is named twice")
+        elif name is not None and not comment and not body and line.startswith("-- "):
+            comment = line[3:].strip()
+        elif name is not None:
+            body.append(line)
+    close()
+    return found
+
+
+_PARSED: Final = parse(resources.files(__name__).joinpath("queries.sql").read_text(encoding="utf-8"))
+
+#: Every statement by name (read-only).
+QUERIES: Final = MappingProxyType({name: statement for name, (_, statement) in _PARSED.items()})
+
+#: The one-line comment of each statement, for documentation and tests.
+COMMENTS: Final = MappingProxyType({name: comment for name, (comment, _) in _PARSED.items()})
+
+
+def query(name: str) -> str:
+    """The statement called ``name``; KeyError naming the file if there is none."""
+    try:
+        return QUERIES[name]
+    except KeyError:
+        raise KeyError(f"no query named {name!r} in judgequeue/core/sql/queries.sql") from None

@@ -1,0 +1,314 @@
+-- Every SQL statement judgequeue runs, outside the migrations and the migration runner's own
+-- bookkeeping (docs/design.md §2). Each sits under `-- name: <name>` with a one-line comment and
+-- is run through judgequeue.core.sql.query(name). Statements are fixed text: values are parameters,
+-- and state lists come from judgequeue.core.states as array parameters (except where a literal list
+-- must match a partial index predicate; tests/test_sql.py checks those against states too).
+
+-- name: submit
+-- Write a submission and its outbox row in the caller's transaction; returns the id.
+SELECT judgequeue.submit($1, $2::jsonb)
+
+-- name: rejudge
+-- Start a new generation of a submission and queue it; returns the generation.
+SELECT judgequeue.rejudge($1)
+
+-- name: outbox_claim
+-- Claim ready rows with the queue's flags in one statement (hot path: keep text and plan).
+WITH no_flush_wait AS MATERIALIZED (
+    SELECT set_config('synchronous_commit', 'off', true)
+), q AS (
+    SELECT mode, watermark, paused, config_version FROM judgequeue.queues WHERE name = $1
+), picked AS (
+    SELECT o.id
+      FROM judgequeue.outbox o
+     WHERE o.queue = $1
+       AND o.state IN ('PENDING', 'CLAIMED')
+       AND o.next_attempt_at <= now()
+       AND NOT coalesce((SELECT paused FROM q), true)
+     ORDER BY o.next_attempt_at, o.id
+     LIMIT $2
+       FOR UPDATE SKIP LOCKED
+)
+UPDATE judgequeue.outbox o
+   SET state = CASE WHEN q.mode = 'live' AND q.watermark IS NOT NULL AND o.created_at < q.watermark
+                    THEN 'SKIPPED' ELSE 'CLAIMED' END,
+       sent_at = CASE WHEN q.mode = 'live' AND q.watermark IS NOT NULL AND o.created_at < q.watermark
+                      THEN now() ELSE NULL END,
+       attempts = o.attempts + 1,
+       claimed_by = $3,
+       claim_expires_at = now() + make_interval(secs => $4),
+       next_attempt_at = now() + make_interval(secs => $4)
+  FROM picked, q, no_flush_wait
+ WHERE o.id = picked.id
+RETURNING o.id, o.submission_id, o.generation, o.created_at, o.attempts, o.state, q.mode, q.config_version,
+          extract(epoch FROM now() - o.created_at)::float8 AS age
+
+-- name: outbox_mark
+-- Record a dispatched batch's outcomes, fenced on the claim owner (hot path: keep text and plan).
+WITH no_flush_wait AS MATERIALIZED (
+    SELECT set_config('synchronous_commit', 'off', true)
+), marked AS (
+    UPDATE judgequeue.outbox o
+       SET state = CASE
+                       WHEN r.result = 'sent' THEN 'SENT'
+                       WHEN r.result = 'shadow_sent' THEN 'SHADOW_SENT'
+                       WHEN r.result = 'dead' THEN 'DEAD'
+                       WHEN r.result = 'retry' AND o.attempts >= $4 THEN 'DEAD'
+                       ELSE 'PENDING'
+                   END,
+           attempts = CASE WHEN r.result = 'release' THEN greatest(o.attempts - 1, 0) ELSE o.attempts END,
+           last_error = coalesce(r.error, o.last_error),
+           next_attempt_at = CASE
+               WHEN r.result = 'retry' THEN now() + make_interval(
+                   secs => least($6::float8, $5::float8 * power(2, greatest(o.attempts - 1, 0)))
+                           * (0.5 + random() * 0.5))
+               WHEN r.result = 'release' THEN now() + make_interval(secs => $5::float8 * (0.5 + random() * 0.5))
+               ELSE o.next_attempt_at END,
+           claim_expires_at = NULL,
+           sent_at = CASE
+               WHEN r.result = 'release' OR (r.result = 'retry' AND o.attempts < $4) THEN NULL
+               ELSE now() END
+      FROM unnest($1::bigint[], $2::text[], $3::text[]) AS r(id, result, error), no_flush_wait
+     WHERE o.id = r.id AND o.claimed_by = $7 AND o.state = 'CLAIMED'
+    RETURNING o.id, o.state, o.submission_id, o.generation, o.last_error, o.attempts
+), failed AS (
+    -- A delivery intent that will never be sent must not leave its submission waiting forever.
+    UPDATE judgequeue.submissions s
+       SET status = 'SYSTEM_ERROR',
+           verdict = jsonb_build_object(
+               'status', 'SYSTEM_ERROR',
+               'reason', format('dispatch failed after %s attempts: %s', m.attempts, m.last_error)),
+           finished_at = now()
+      FROM marked m
+     WHERE m.state = 'DEAD' AND s.id = m.submission_id AND s.generation = m.generation
+       AND s.status = 'PENDING'
+)
+SELECT id, state FROM marked
+
+-- name: outbox_prune
+-- Delete a batch of a queue's terminal outbox rows older than the retention; $4 = states.TERMINAL_OUTBOX_STATES.
+WITH doomed AS (
+    SELECT id FROM judgequeue.outbox
+     WHERE queue = $3
+       AND state = ANY($4::text[])
+       AND sent_at < now() - make_interval(secs => $1)
+     ORDER BY id
+     LIMIT $2
+       FOR UPDATE SKIP LOCKED
+)
+DELETE FROM judgequeue.outbox o USING doomed WHERE o.id = doomed.id
+
+-- name: outbox_waiting_stats
+-- PENDING/CLAIMED counts and the oldest waiting row's age; the literal list is outbox_claim's partial index predicate.
+SELECT count(*) FILTER (WHERE state = 'PENDING') AS pending,
+       count(*) FILTER (WHERE state = 'CLAIMED') AS claimed,
+       coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8 AS age
+  FROM judgequeue.outbox WHERE queue = $1 AND state IN ('PENDING', 'CLAIMED')
+
+-- name: outbox_other_stats
+-- Row counts of a queue's outbox by state, for states not in $2 (states.WAITING_OUTBOX_STATES).
+SELECT state, count(*) AS n FROM judgequeue.outbox WHERE queue = $1 AND state <> ALL($2::text[]) GROUP BY state
+
+-- name: outbox_find_stranded
+-- Deliveries sent long ago whose submission was never leased (reads only).
+SELECT o.id, o.submission_id, o.generation
+  FROM judgequeue.submissions s
+  JOIN judgequeue.outbox o ON o.submission_id = s.id AND o.generation = s.generation
+
+     WHERE s.queue = $1 AND s.status = 'PENDING' AND s.attempt_id IS NULL
+       AND s.created_at < now() - make_interval(secs => $2)
+       AND o.state = 'SENT' AND o.sent_at < now() - make_interval(secs => $2)
+
+ ORDER BY s.created_at
+ LIMIT $3
+
+-- name: outbox_resend_stranded
+-- Put such deliveries back to PENDING ($4: only these outbox ids, or NULL).
+WITH stranded AS (
+    SELECT o.id
+      FROM judgequeue.submissions s
+      JOIN judgequeue.outbox o ON o.submission_id = s.id AND o.generation = s.generation
+
+     WHERE s.queue = $1 AND s.status = 'PENDING' AND s.attempt_id IS NULL
+       AND s.created_at < now() - make_interval(secs => $2)
+       AND o.state = 'SENT' AND o.sent_at < now() - make_interval(secs => $2)
+
+       AND ($4::bigint[] IS NULL OR o.id = ANY($4::bigint[]))
+     ORDER BY s.created_at
+     LIMIT $3
+       FOR UPDATE OF o SKIP LOCKED
+)
+UPDATE judgequeue.outbox o
+   SET state = 'PENDING',
+       next_attempt_at = now(),
+       sent_at = NULL,
+       last_error = format('re-sent: sent %s ago and never leased (stream entry lost?)',
+                           date_trunc('second', now() - o.sent_at))
+  FROM stranded
+ WHERE o.id = stranded.id
+RETURNING o.id
+
+-- name: waiter_register
+-- A dispatcher is about to sleep on the wake-up channel.
+INSERT INTO judgequeue.dispatch_waiters (queue, dispatcher) VALUES ($1, $2)
+ON CONFLICT (queue, dispatcher) DO UPDATE SET since = now()
+
+-- name: waiter_unregister
+-- A dispatcher woke up.
+DELETE FROM judgequeue.dispatch_waiters WHERE queue = $1 AND dispatcher = $2
+
+-- name: waiter_prune
+-- Forget waiters of crashed dispatchers.
+DELETE FROM judgequeue.dispatch_waiters WHERE since < now() - make_interval(secs => $1)
+
+-- name: lease_acquire
+-- Take leases PENDING -> JUDGING by primary key (hot path: keep text and plan).
+WITH no_flush_wait AS MATERIALIZED (
+    -- SET LOCAL for this statement's own transaction: its commit does not wait for the WAL flush
+    -- (see make_durable for why that is safe).
+    SELECT set_config('synchronous_commit', 'off', true)
+)
+UPDATE judgequeue.submissions s
+   SET status = 'JUDGING',
+       attempt_id = e.attempt,
+       lease_expires_at = now() + make_interval(secs => $5::float8)
+  FROM unnest($1::bigint[], $2::bigint[], $3::uuid[]) AS e(id, generation, attempt), no_flush_wait
+ WHERE s.id = ANY($1::bigint[])  -- a primary-key lookup whatever the backlog's size
+   AND s.id = e.id AND s.generation = e.generation AND s.status = 'PENDING' AND s.queue = $4
+RETURNING s.id, s.generation, s.attempt_id, s.payload::text AS payload, s.created_at
+
+-- name: lease_renew
+-- Extend live leases under their fence (heartbeat).
+UPDATE judgequeue.submissions s
+   SET lease_expires_at = now() + make_interval(secs => $4::float8)
+  FROM unnest($1::bigint[], $2::bigint[], $3::uuid[]) AS l(id, generation, attempt)
+ WHERE s.id = ANY($1::bigint[])
+   AND s.id = l.id AND s.generation = l.generation AND s.attempt_id = l.attempt AND s.status = 'JUDGING'
+RETURNING s.attempt_id
+
+-- name: lease_verdict
+-- Write verdicts fenced on (id, generation, attempt, JUDGING) (hot path: keep text and plan).
+UPDATE judgequeue.submissions s
+   SET status = v.status,
+       verdict = v.verdict,
+       lease_expires_at = NULL,
+       finished_at = now()
+  FROM unnest($1::bigint[], $2::bigint[], $3::uuid[], $4::text[], $5::jsonb[])
+       AS v(id, generation, attempt, status, verdict)
+ WHERE s.id = ANY($1::bigint[])
+   AND s.id = v.id AND s.generation = v.generation AND s.attempt_id = v.attempt AND s.status = 'JUDGING'
+RETURNING s.attempt_id, extract(epoch FROM now() - s.created_at)::float8 AS end_to_end
+
+-- name: lease_make_durable
+-- A transactional WAL record whose synchronous commit flushes every earlier lazy commit.
+SELECT pg_logical_emit_message(true, 'judgequeue', 'leases'),
+       CASE WHEN current_setting('synchronous_commit') = 'off'
+            THEN set_config('synchronous_commit', 'on', true) END
+
+-- name: lease_release
+-- Give leases back (PENDING, same generation) so another worker can take them.
+SELECT judgequeue.release_leases($1::bigint[], $2::bigint[], $3::uuid[]) AS id
+
+-- name: lease_rescue_expired
+-- Requeue or fail a batch of expired leases on the database clock.
+SELECT requeued, failed FROM judgequeue.rescue_expired_leases($1, $2, $3)
+
+-- name: lease_stale_reasons
+-- The current generation and status of each (id, generation) pair, in order.
+SELECT e.id, e.generation, s.generation AS current_generation, s.status
+  FROM unnest($1::bigint[], $2::bigint[]) WITH ORDINALITY AS e(id, generation, n)
+  LEFT JOIN judgequeue.submissions s ON s.id = e.id
+ ORDER BY e.n
+
+-- name: submissions_read
+-- The rows of these submissions (ids as a bigint array).
+SELECT id, status, generation, verdict, created_at, finished_at FROM judgequeue.submissions WHERE id = any($1::bigint[])
+
+-- name: submissions_count_by_status
+-- A queue's submissions counted by status.
+SELECT status, count(*) AS n FROM judgequeue.submissions WHERE queue = $1 GROUP BY 1
+
+-- name: submissions_finished_since
+-- How many of a queue's submissions finished in the last $2 seconds.
+SELECT count(*) FROM judgequeue.submissions WHERE queue = $1 AND finished_at > now() - make_interval(secs => $2)
+
+-- name: submission_exists
+-- True when the submission exists, else no row.
+SELECT true FROM judgequeue.submissions WHERE id = $1
+
+-- name: submission_bump_generation
+-- New generation of a submission still at $2 (a DLQ replay); NULL when superseded or unknown.
+SELECT judgequeue.bump_generation($1::bigint, $2::bigint, false)
+
+-- name: record_dead_letters
+-- Record in Postgres why entries were dead-lettered, before they reach the DLQ.
+SELECT ord, outcome FROM judgequeue.record_dead_letters($1::bigint[], $2::bigint[], $3::text[])
+
+-- name: queue_create
+-- Create a queue if it does not exist; an existing queue keeps its flags.
+INSERT INTO judgequeue.queues (name, mode) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING
+
+-- name: queue_get
+-- One queue's flags.
+SELECT name, mode, watermark, paused, config_version, updated_at FROM judgequeue.queues WHERE name = $1
+
+-- name: queue_list
+-- Every queue's flags.
+SELECT name, mode, watermark, paused, config_version, updated_at FROM judgequeue.queues ORDER BY name
+
+-- name: queue_set_cutover
+-- Change any of a queue's flags in one statement (the watermark trigger refuses moving it back).
+UPDATE judgequeue.queues
+   SET mode = coalesce($2, mode),
+       watermark = CASE WHEN $3 THEN $4 ELSE watermark END,
+       paused = coalesce($5, paused)
+ WHERE name = $1
+RETURNING name, mode, watermark, paused, config_version, updated_at
+
+-- name: problem_file_exists
+-- True when a package file is stored.
+SELECT true FROM judgequeue.problem_files WHERE sha256 = $1
+
+-- name: problem_file_insert
+-- Store a package file's header.
+INSERT INTO judgequeue.problem_files (sha256, size, chunks) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING
+
+-- name: problem_chunk_insert
+-- Store one chunk of a package file.
+INSERT INTO judgequeue.problem_chunks (sha256, seq, data) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING
+
+-- name: problem_lock
+-- Serialise uploads of one problem id for this transaction.
+SELECT pg_advisory_xact_lock(hashtext('judgequeue.problems'), hashtext($1))
+
+-- name: problem_next_version
+-- The next version number of a problem.
+SELECT coalesce(max(version), 0) + 1 FROM judgequeue.problems WHERE id = $1
+
+-- name: problem_insert
+-- Store a problem version; no row when that version exists.
+INSERT INTO judgequeue.problems (id, version, manifest, sha256) VALUES ($1, $2, $3::jsonb, $4)
+ON CONFLICT (id, version) DO NOTHING
+RETURNING version
+
+-- name: problem_get
+-- A stored manifest and its digest.
+SELECT manifest::text AS manifest, sha256 FROM judgequeue.problems WHERE id = $1 AND version = $2
+
+-- name: problem_list
+-- Every stored problem version.
+SELECT id, version, sha256, created_at, jsonb_array_length(manifest->'tests') AS tests,
+       (manifest->>'total_bytes')::bigint AS total_bytes
+  FROM judgequeue.problems ORDER BY id, version
+
+-- name: problem_chunks
+-- A batch of a file's chunks from $2 on.
+SELECT data FROM judgequeue.problem_chunks WHERE sha256 = $1 AND seq >= $2 ORDER BY seq LIMIT $3
+
+-- name: db_now
+-- The database clock (every time decision uses it).
+SELECT now()
+
+-- name: ping
+-- A readiness probe's round trip.
+SELECT 1
