@@ -37,6 +37,30 @@ FAST_SETTINGS = {
 }
 
 
+def json_events(path: Path) -> list[dict[str, Any]]:
+    """The JSON log events of one process's log file (lines that are not JSON objects are skipped)."""
+    out: list[dict[str, Any]] = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(event, dict):
+            out.append(event)
+    return out
+
+
+def stop_process(process: subprocess.Popen[bytes], timeout: float) -> None:
+    """SIGTERM, then SIGKILL if it has not exited within ``timeout`` seconds (as a kubelet would)."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout)
+
+
 class Roles:
     """A set of role processes sharing one environment; logs go to ``log_dir``."""
 
@@ -78,16 +102,7 @@ class Roles:
 
     def events(self, role: str) -> list[dict[str, Any]]:
         """Every JSON log event of ``role``'s processes (lines that are not JSON are skipped)."""
-        out = []
-        for path in sorted(self.log_dir.glob(f"{role}-*.log")):
-            for line in path.read_text(errors="replace").splitlines():
-                try:
-                    event = json.loads(line)
-                except ValueError:
-                    continue
-                if isinstance(event, dict):
-                    out.append(event)
-        return out
+        return [event for path in sorted(self.log_dir.glob(f"{role}-*.log")) for event in json_events(path)]
 
     def logs(self) -> str:
         return "\n".join(f"--- {f.name}\n{f.read_text()[-3000:]}" for f in sorted(self.log_dir.glob("*.log")))

@@ -16,7 +16,6 @@ import base64
 import json
 import os
 import shutil
-import signal
 import socket
 import ssl
 import subprocess
@@ -30,6 +29,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
+
+from tests.roles import stop_process
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = ROOT / "scripts" / "build-kube"
@@ -127,13 +128,7 @@ class Component:
             raise KubeTierError(f"{self.name} exited with {self.process.returncode}:\n{self.tail()}")
 
     def stop(self, timeout: float = 10.0) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout)
+        stop_process(self.process, timeout)
 
 
 class ApiError(Exception):

@@ -6,7 +6,6 @@ import asyncio
 import base64
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ import redis
 from judgequeue.controllers.rbac import render_rules
 from tests.conftest import REDIS_URL
 from tests.kube.cluster import ROOT, Cluster, wait_until
+from tests.roles import json_events, stop_process
 
 # A Redis database of its own: the example's queue is named "demo", as other suites' may be.
 KUBE_REDIS_URL = REDIS_URL.rsplit("/", 1)[0] + "/13"
@@ -86,15 +86,7 @@ class OperatorProcess:
     log: Path
 
     def lines(self) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = []
-        for line in self.log.read_text(errors="replace").splitlines():
-            try:
-                event = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(event, dict):
-                out.append(event)
-        return out
+        return json_events(self.log)
 
     def text(self) -> str:
         return self.log.read_text(errors="replace")
@@ -104,13 +96,7 @@ class OperatorProcess:
             raise AssertionError(f"operator exited with {self.process.returncode}:\n{self.text()[-3000:]}")
 
     def stop(self, timeout: float = 20.0) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout)
+        stop_process(self.process, timeout)
 
 
 def start_operator(kubeconfig: Path, namespace: str, log: Path, *, interval: float = 1.0,
