@@ -123,7 +123,7 @@ class Connections:
 class HeldSession:
     """One pooled connection kept across a role's sequential loop instead of one per statement.
 
-    A pool acquire/release pair costs about 45 us of wall time and as much CPU on this machine, and
+    A pool acquire/release pair costs wall time and CPU on every statement (docs/performance.md), and
     the dispatcher's claim and the worker's lease are on the commit-to-start path. After an error,
     :meth:`drop` discards the connection (the pool opens a new one) and the next :meth:`get` takes
     a fresh one.
@@ -177,7 +177,7 @@ async def keep_session(_conn: asyncpg.Connection) -> None:
 
     asyncpg's default reset sends ``RESET ALL; UNLISTEN *; ...`` on every release, a full round trip
     that each ``async with pool.acquire()`` waits for, between the claim and the append and between
-    the lease and the judge (removing it took commit-to-start from about 2.85 to 2.5 ms here).
+    the lease and the judge (one round trip per acquire on the critical path; docs/performance.md has the measurement).
     The roles never SET, LISTEN or take session advisory locks on pooled connections (the
     dispatcher listens on its own connection), and asyncpg still rolls back any transaction left
     open before calling this hook.
