@@ -25,7 +25,7 @@ from pathlib import Path
 import redis.asyncio as aioredis
 
 from bench.common import REDIS_URL, create_database, drop_database
-from tests.chaos import Chaos, ChaosConfig, fault_targets
+from tests.support.chaos import Chaos, ChaosConfig, fault_targets
 
 
 async def main() -> int:

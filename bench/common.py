@@ -1,4 +1,5 @@
-"""Helpers shared by benchmark scripts: throwaway databases, pgbench and redis-benchmark runs."""
+"""Helpers shared by benchmark scripts: throwaway databases (from ``tests.support.databases``), pgbench and
+redis-benchmark runs."""
 
 from __future__ import annotations
 
@@ -8,43 +9,12 @@ import shutil
 import subprocess
 import tempfile
 import uuid
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
-import asyncpg
+# The throwaway databases are the tests' own (one implementation, no pytest import there).
+from tests.support.databases import REDIS_URL, create_database, drop_database
 
-from judgequeue.core.migrate import migrate
-
-ADMIN_DSN = os.environ.get("JUDGEQUEUE_TEST_POSTGRES_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
-REDIS_URL = os.environ.get("JUDGEQUEUE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
-
-
-def dsn_for(database: str) -> str:
-    return urlunsplit(urlsplit(ADMIN_DSN)._replace(path="/" + database))
-
-
-async def create_database(prefix: str = "jq_bench") -> str:
-    """A new migrated database; returns its DSN (drop it with drop_database)."""
-    name = f"{prefix}_{uuid.uuid4().hex[:8]}"
-    admin = await asyncpg.connect(ADMIN_DSN)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await admin.close()
-    conn = await asyncpg.connect(dsn_for(name))
-    try:
-        await migrate(conn)
-    finally:
-        await conn.close()
-    return dsn_for(name)
-
-
-async def drop_database(dsn: str) -> None:
-    name = urlsplit(dsn).path.lstrip("/")
-    admin = await asyncpg.connect(ADMIN_DSN)
-    try:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        await admin.close()
+__all__ = ["REDIS_URL", "create_database", "drop_database", "pgbench", "ratio", "redis_benchmark_xadd"]
 
 
 def pgbench(

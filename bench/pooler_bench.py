@@ -17,7 +17,7 @@ import json
 from typing import Any
 
 from bench.pipeline import percentile, stack, submit_many, wait_done, warm_up
-from tests.pgbouncer import pgbouncer
+from tests.support.pgbouncer import pgbouncer
 
 
 async def measure(jobs: int, workers: int, *, through_pooler: bool) -> dict[str, Any]:

@@ -22,8 +22,8 @@ import kmock
 
 from bench.common import REDIS_URL, create_database, drop_database
 from judgequeue.controllers.handlers import OperatorConfig
-from tests.kmock_emulator import DEPLOYMENTS, JQ, SECRETS, OperatorThread, StrictEmulator, eventually, secret
-from tests.kmock_emulator import write_kubeconfig as kubeconfig_for
+from tests.support.kmock_emulator import DEPLOYMENTS, JQ, SECRETS, OperatorThread, StrictEmulator, eventually, secret
+from tests.support.kmock_emulator import write_kubeconfig as kubeconfig_for
 
 NS = "bench"
 

@@ -12,7 +12,6 @@ import asyncio
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import pytest
@@ -20,76 +19,34 @@ import redis.asyncio as aioredis
 
 from judgequeue.core.migrate import migrate
 from judgequeue.core.queues import create_queue
-from tests.pg_servers import PostgresServer, postgres_server
-
-ADMIN_DSN = os.environ.get("JUDGEQUEUE_TEST_POSTGRES_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
-REDIS_URL = os.environ.get("JUDGEQUEUE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
-
-
-def dsn_for(database: str) -> str:
-    """The admin DSN pointed at another database."""
-    parts = urlsplit(ADMIN_DSN)
-    return urlunsplit(parts._replace(path="/" + database))
-
-
-def _worker_suffix() -> str:
-    return os.environ.get("PYTEST_XDIST_WORKER", "main") + f"_{os.getpid()}"
-
-
-async def _create_template(name: str) -> None:
-    admin = await asyncpg.connect(ADMIN_DSN)
-    try:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}"')
-        await admin.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await admin.close()
-    conn = await asyncpg.connect(dsn_for(name))
-    try:
-        await migrate(conn)
-    finally:
-        await conn.close()
-
-
-async def _drop(name: str) -> None:
-    admin = await asyncpg.connect(ADMIN_DSN)
-    try:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        await admin.close()
+from tests.support.databases import REDIS_URL, create_database, drop_database
+from tests.support.pg_servers import PostgresServer, postgres_server
 
 
 @pytest.fixture(scope="session")
 def template_db() -> Iterator[str]:
-    name = f"jq_template_{_worker_suffix()}"
-    asyncio.run(_create_template(name))
+    """A migrated database every test database is cloned from (one per session and xdist worker)."""
+    name = f"jq_template_{os.environ.get('PYTEST_XDIST_WORKER', 'main')}_{os.getpid()}"
+    asyncio.run(drop_database(name))
+    asyncio.run(create_database(name=name))
     yield name
-    asyncio.run(_drop(name))
+    asyncio.run(drop_database(name))
 
 
 @pytest.fixture
 async def fresh_db() -> AsyncIterator[str]:
     """An empty database (no migrations) for migration tests; yields its DSN."""
-    name = f"jq_t_{uuid.uuid4().hex[:12]}"
-    admin = await asyncpg.connect(ADMIN_DSN)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await admin.close()
-    yield dsn_for(name)
-    await _drop(name)
+    dsn = await create_database("jq_t", migrated=False)
+    yield dsn
+    await drop_database(dsn)
 
 
 @pytest.fixture
 async def pg_dsn(template_db: str) -> AsyncIterator[str]:
     """A migrated database of this test's own; yields its DSN."""
-    name = f"jq_t_{uuid.uuid4().hex[:12]}"
-    admin = await asyncpg.connect(ADMIN_DSN)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"')
-    finally:
-        await admin.close()
-    yield dsn_for(name)
-    await _drop(name)
+    dsn = await create_database("jq_t", template=template_db)
+    yield dsn
+    await drop_database(dsn)
 
 
 @pytest.fixture

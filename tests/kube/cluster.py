@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 
 import yaml
 
-from tests.roles import stop_process
+from tests.support.roles import stop_process
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = ROOT / "scripts" / "build-kube"

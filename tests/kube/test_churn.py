@@ -20,7 +20,6 @@ from typing import Any
 
 import asyncpg
 
-from tests.chaos import AUDIT_SQL
 from tests.kube.cluster import Cluster
 from tests.kube.node import NodeAgent
 from tests.kube.tools import (
@@ -38,6 +37,7 @@ from tests.kube.tools import (
     start_operator,
     wait_for,
 )
+from tests.support.chaos import AUDIT_SQL
 
 SUBMISSIONS = 2000
 TERMINAL = ("ACCEPTED", "WRONG_ANSWER", "TIME_LIMIT", "MEMORY_LIMIT", "RUNTIME_ERROR", "COMPILE_ERROR",

@@ -25,7 +25,6 @@ import yaml
 from judgequeue.controllers.rbac import render_rules
 from judgequeue.controllers.render import Owner, render_deployment
 from judgequeue.core.spec import parse_spec
-from tests.conftest import REDIS_URL
 from tests.kube.cluster import ApiError, Cluster
 from tests.kube.conftest import CHART, CRD_FILE, EXAMPLE
 from tests.kube.tools import (
@@ -37,6 +36,7 @@ from tests.kube.tools import (
     start_operator,
     wait_for,
 )
+from tests.support.databases import REDIS_URL
 
 
 def test_crd_is_accepted_by_a_current_api_server(kube: Cluster) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import REDIS_URL
 from tests.kube.cluster import Cluster
 from tests.kube.node import NodeAgent
 from tests.kube.tools import (
@@ -23,6 +22,7 @@ from tests.kube.tools import (
     start_operator,
     wait_for,
 )
+from tests.support.databases import REDIS_URL
 
 NOT_INSTALLED = "JUDGEQUEUE_JUDGE='gpu' is not an installed judge plugin"
 

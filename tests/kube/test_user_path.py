@@ -24,7 +24,6 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.conftest import ADMIN_DSN
 from tests.kube.cluster import Cluster
 from tests.kube.conftest import CHART, EXAMPLE
 from tests.kube.node import NodeAgent
@@ -39,6 +38,7 @@ from tests.kube.tools import (
     run_sql,
     wait_for,
 )
+from tests.support.databases import ADMIN_DSN
 
 RELEASE_NS = "judgequeue-system"
 PAYLOAD = {"language": "python", "source": "print(sum(map(int, input().split())))",

@@ -18,9 +18,9 @@ import asyncpg
 import redis
 
 from judgequeue.controllers.rbac import render_rules
-from tests.conftest import REDIS_URL
 from tests.kube.cluster import ROOT, Cluster, wait_until
-from tests.roles import json_events, stop_process
+from tests.support.databases import REDIS_URL
+from tests.support.roles import json_events, stop_process
 
 # A Redis database of its own: the example's queue is named "demo", as other suites' may be.
 KUBE_REDIS_URL = REDIS_URL.rsplit("/", 1)[0] + "/13"

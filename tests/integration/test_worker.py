@@ -1,0 +1,466 @@
+"""The worker role in-process against real Postgres and Redis: leases, fence, heartbeat, shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import json
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import UTC, datetime
+from typing import Any
+
+import asyncpg
+import pytest
+import redis.asyncio as aioredis
+
+from judgequeue.core import leases, lifecycle, metrics, outbox, streams, worker
+from judgequeue.core.config import Settings
+from judgequeue.core.dispatcher import Dispatcher
+from judgequeue.core.judges import UnknownJudge, Verdict
+from judgequeue.core.judges.builtin import SleepJudge
+from judgequeue.core.queues import create_queue
+from judgequeue.core.worker import Worker
+from tests.support.databases import REDIS_URL
+from tests.support.queries import submission
+from tests.support.settings import make_settings
+from tests.support.waiting import eventually
+
+
+class GateJudge:
+    """A judge the test steers: each job waits until released; starts and cancellations are recorded."""
+
+    def __init__(self) -> None:
+        self.started: list[int] = []
+        self.cancelled: list[int] = []
+        self.gate = asyncio.Event()
+
+    async def judge(self, payload: Any) -> Verdict:
+        self.started.append(payload["i"])
+        try:
+            await self.gate.wait()
+        except asyncio.CancelledError:
+            self.cancelled.append(payload["i"])
+            raise
+        return Verdict(payload.get("status", "ACCEPTED"), {"i": payload["i"]})
+
+
+class Harness:
+    """A queue, a dispatcher task and helpers to start workers and read submissions."""
+
+    def __init__(self, pool: asyncpg.Pool, redis: aioredis.Redis, dsn: str, queue: str) -> None:
+        self.pool, self.redis, self.dsn, self.queue = pool, redis, dsn, queue
+        self.tasks: list[tuple[asyncio.Event, asyncio.Task[None]]] = []
+
+    def settings(self, **env: str) -> Settings:
+        return make_settings(self.dsn, REDIS_URL, self.queue, **env)
+
+    async def start(self) -> None:
+        async with self.pool.acquire() as conn:
+            await create_queue(conn, self.queue)
+        await streams.ensure_group(self.redis, self.queue)
+        self.spawn(Dispatcher(self.pool, self.redis, self.settings(schedule="50ms")).run)
+
+    def spawn(self, run: Callable[[asyncio.Event], Awaitable[None]]) -> asyncio.Event:
+        stop = asyncio.Event()
+        self.tasks.append((stop, asyncio.ensure_future(run(stop))))
+        return stop
+
+    def worker(self, judge: Any, **env: str) -> Worker:
+        env.setdefault("grace_period", "500ms")
+        w = Worker(self.pool, self.redis, self.settings(**env), judge=judge)
+        self.spawn(w.run)
+        return w
+
+    async def submit(self, *payloads: dict[str, Any]) -> list[int]:
+        async with self.pool.acquire() as conn:
+            return [await outbox.submit(conn, self.queue, p) for p in payloads]
+
+    async def row(self, sid: int) -> asyncpg.Record:
+        async with self.pool.acquire() as conn:
+            row = await submission(conn, sid)
+        assert row is not None
+        return row
+
+    async def status_is(self, sid: int, *statuses: str) -> bool:
+        return (await self.row(sid))["status"] in statuses
+
+    async def close(self) -> None:
+        for stop, _ in self.tasks:
+            stop.set()
+        for _, task in self.tasks:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(task, 10)
+
+
+@pytest.fixture
+async def h(
+    pg_pool: asyncpg.Pool, redis_client: aioredis.Redis, pg_dsn: str, queue_name: str
+) -> AsyncIterator[Harness]:
+    harness = Harness(pg_pool, redis_client, pg_dsn, queue_name)
+    await harness.start()
+    yield harness
+    await harness.close()
+
+
+def _stale(queue: str, reason: str) -> float:
+    value = metrics.STALE_RESULTS_DROPPED.labels(queue, reason)._value.get()
+    return float(value)
+
+
+async def test_worker_judges_and_writes_verdicts(h: Harness) -> None:
+    ids = await h.submit(*({"status": s, "echo": i} for i, s in enumerate(["ACCEPTED", "WRONG_ANSWER", "TIME_LIMIT"])))
+    w = h.worker(SleepJudge(), concurrency="2")
+    for sid in ids:
+        await eventually(functools.partial(h.status_is, sid, "ACCEPTED", "WRONG_ANSWER", "TIME_LIMIT"))
+    rows = [await h.row(sid) for sid in ids]
+    assert [r["status"] for r in rows] == ["ACCEPTED", "WRONG_ANSWER", "TIME_LIMIT"]
+    verdict = json.loads(rows[1]["verdict"])
+    assert verdict["details"]["echo"] == 1 and verdict["worker"] == w.name and verdict["generation"] == 1
+    assert all(r["lease_expires_at"] is None and r["finished_at"] is not None for r in rows)
+    assert w.stats.written == 3
+    # Acked and deleted once the leases are durable: nothing pending, nothing left in the stream.
+    await eventually(lambda: _settled(h.redis, h.queue), what="entries acked")
+
+
+async def _settled(redis_client: aioredis.Redis, queue: str) -> bool:
+    pending: Any = await redis_client.xpending(streams.stream_key(queue), streams.GROUP)
+    return bool(await redis_client.xlen(streams.stream_key(queue)) == 0 and pending["pending"] == 0)
+
+
+async def test_judge_crash_is_an_explained_system_error(h: Harness) -> None:
+    [sid] = await h.submit({"crash": True})
+    h.worker(SleepJudge())
+    await eventually(lambda: h.status_is(sid, "SYSTEM_ERROR"))
+    assert "judge raised JudgeCrashed" in json.loads((await h.row(sid))["verdict"])["reason"]
+
+
+async def test_stale_envelope_is_acked_and_counted_never_run(h: Harness, redis_client: aioredis.Redis) -> None:
+    [sid] = await h.submit({"i": 1})
+    # Deliver generation 1 to the stream, then rejudge before any worker reads it.
+    await Dispatcher(h.pool, h.redis, h.settings()).cycle()
+    async with h.pool.acquire() as conn:
+        await outbox.rejudge(conn, sid)
+    before = _stale(h.queue, "envelope_generation_moved")
+    judge = GateJudge()
+    judge.gate.set()
+    w = h.worker(judge)
+    await eventually(lambda: h.status_is(sid, "ACCEPTED"))
+    assert judge.started == [1]  # judged once, for generation 2
+    assert (await h.row(sid))["generation"] == 2
+    await eventually(lambda: asyncio.sleep(0, w.stats.stale_envelopes == 1))
+    assert _stale(h.queue, "envelope_generation_moved") == before + 1
+    await eventually(lambda: _settled(redis_client, h.queue), what="stale envelope acked")
+
+
+async def test_stale_worker_cannot_write_and_is_counted(h: Harness) -> None:
+    """A rejudge bumps the generation under a running judge; its result is dropped, the new one wins."""
+    [sid] = await h.submit({"i": 7, "status": "WRONG_ANSWER"})
+    old = GateJudge()
+    w_old = h.worker(old, lease_ttl="30s", concurrency="1")  # heartbeat far away: the fence at write time must catch it
+    await eventually(lambda: asyncio.sleep(0, old.started == [7]))
+    async with h.pool.acquire() as conn:
+        await outbox.rejudge(conn, sid)
+    new = GateJudge()
+    new.gate.set()
+    h.worker(new)
+    await eventually(lambda: h.status_is(sid, "WRONG_ANSWER"))
+    first = await h.row(sid)
+    before = _stale(h.queue, "stale_verdict")
+    old.gate.set()  # the stale attempt now finishes and tries to write
+    await eventually(lambda: asyncio.sleep(0, w_old.stats.stale_results == 1))
+    assert _stale(h.queue, "stale_verdict") == before + 1
+    after = await h.row(sid)
+    assert (after["generation"], after["attempt_id"], after["verdict"]) == (2, first["attempt_id"], first["verdict"])
+
+
+async def test_rejudge_of_a_finished_submission(h: Harness) -> None:
+    [sid] = await h.submit({"echo": "x"})
+    h.worker(SleepJudge())
+    await eventually(lambda: h.status_is(sid, "ACCEPTED"))
+    first = await h.row(sid)
+    async with h.pool.acquire() as conn:
+        await outbox.rejudge(conn, sid)
+    await eventually(lambda: h.status_is(sid, "ACCEPTED"))
+    second = await h.row(sid)
+    assert second["generation"] == 2 and second["attempt_id"] != first["attempt_id"]
+    assert json.loads(second["verdict"])["generation"] == 2
+
+
+async def test_rejudge_of_running_submission_cancels_judge_via_lost_lease(h: Harness) -> None:
+    [sid] = await h.submit({"i": 3})
+    judge = GateJudge()
+    w = h.worker(judge, lease_ttl="600ms")  # heartbeat every 200 ms
+    await eventually(lambda: asyncio.sleep(0, judge.started == [3]))
+    async with h.pool.acquire() as conn:
+        await outbox.rejudge(conn, sid)
+    # The heartbeat finds the lease gone and cancels the running judge; the same worker (now free)
+    # then judges generation 2.
+    await eventually(lambda: asyncio.sleep(0, judge.cancelled == [3]), within=5)
+    assert w.stats.lost_leases == 1
+    judge.gate.set()
+    await eventually(lambda: h.status_is(sid, "ACCEPTED"))
+    assert (await h.row(sid))["generation"] == 2
+
+
+async def test_heartbeat_keeps_a_long_job_alive_beyond_ttl(h: Harness) -> None:
+    """A job that outlives its first lease still holds a live one: the heartbeat renewed it.
+
+    Decided by the database's clock and the job's own state, not by racing a reaper loop: the judge
+    is held until the server's ``now()`` has passed the first lease's expiry, and a rescue sweep run
+    then finds nothing to rescue.
+    """
+    [sid] = await h.submit({"i": 1})
+    judge = GateJudge()
+    h.worker(judge, lease_ttl="3s")  # heartbeat every second
+    await eventually(lambda: asyncio.sleep(0, judge.started == [1]))
+    first_expiry = (await h.row(sid))["lease_expires_at"]
+
+    async def outlived_first_lease() -> bool:
+        async with h.pool.acquire() as conn:
+            return bool(
+                await conn.fetchval(
+                    "SELECT now() > $2 AND lease_expires_at > now() FROM judgequeue.submissions"
+                    " WHERE id = $1 AND status = 'JUDGING' AND generation = 1",
+                    sid,
+                    first_expiry,
+                )
+            )
+
+    await eventually(outlived_first_lease, within=30, every=0.1, what="the job outliving its first lease")
+    async with h.pool.acquire() as conn:
+        assert await leases.rescue_expired_leases(conn, h.queue, max_retries=3) == leases.LeaseSweep(0, 0)
+    judge.gate.set()
+    await eventually(lambda: h.status_is(sid, "ACCEPTED"), within=10)
+    row = await h.row(sid)
+    assert row["generation"] == 1 and row["retry_count"] == 0
+
+
+async def test_graceful_shutdown_releases_unfinished_jobs(h: Harness) -> None:
+    ids = await h.submit({"i": 1}, {"i": 2}, {"i": 3, "seconds": 0})
+    quick = GateJudge()
+    slow = GateJudge()
+    w = Worker(h.pool, h.redis, h.settings(concurrency="2", grace_period="300ms"), judge=slow)
+    stop = h.spawn(w.run)
+    await eventually(lambda: asyncio.sleep(0, len(slow.started) == 2))
+    held = sorted(slow.started)
+    stop.set()
+    await eventually(lambda: asyncio.sleep(0, w.stats.released == 2), within=5)
+    assert sorted(slow.cancelled) == held and w.in_flight == 0
+    for i in held:
+        row = await h.row(ids[i - 1])
+        assert (row["status"], row["generation"], row["retry_count"]) == ("PENDING", 2, 1)
+    # Another worker takes them at once (no lease expiry needed).
+    quick.gate.set()
+    h.worker(quick)
+    for sid in ids:
+        await eventually(functools.partial(h.status_is, sid, "ACCEPTED"), within=5)
+
+
+async def test_graceful_shutdown_finishes_jobs_within_grace(h: Harness) -> None:
+    [sid] = await h.submit({"seconds": 0.3})
+    w = Worker(h.pool, h.redis, h.settings(grace_period="10s"), judge=SleepJudge())
+    stop = h.spawn(w.run)
+    await eventually(lambda: h.status_is(sid, "JUDGING"))
+    stop.set()
+    await eventually(lambda: h.status_is(sid, "ACCEPTED"), within=5)
+    assert w.stats.released == 0
+
+
+async def test_malformed_entry_is_dead_lettered_at_once_and_counted(h: Harness, redis_client: aioredis.Redis) -> None:
+    await redis_client.xadd(streams.stream_key(h.queue), {"garbage": "1"})
+    [sid] = await h.submit({})
+    w = h.worker(SleepJudge())
+    await eventually(lambda: h.status_is(sid, "ACCEPTED"))
+    await eventually(lambda: asyncio.sleep(0, w.stats.dead_lettered == 1))
+    assert w.stats.malformed == 1
+    pending = await redis_client.xpending(streams.stream_key(h.queue), streams.GROUP)
+    assert pending["pending"] == 0  # no slot and no PEL entry beyond the one attempt
+    entries: Any = await redis_client.xrange(streams.dlq_key(h.queue))
+    [(_, dead)] = entries
+    assert dead[b"reason"] == b"malformed entry: entry has no 'submission' field"
+    assert dead[b"consumer"] == w.name.encode()
+    assert dead[b"entry.garbage"] == b"1"
+
+
+async def test_unknown_judge_is_a_clear_startup_error(pg_dsn: str, queue_name: str) -> None:
+    settings = make_settings(pg_dsn, REDIS_URL, queue_name, judge="nope")
+    with pytest.raises(UnknownJudge, match=r"'nope'.*available: .*noop.*program.*sleep"):
+        await worker.run(settings, asyncio.Event())
+
+
+def test_pure_helpers() -> None:
+    assert worker.unleased([(1, 1), (1, 1), (2, 1), (3, 1)], [(1, 1), (3, 1)]) == [(1, 1), (2, 1)]
+    assert lifecycle.backoff(1) == 0.1 and lifecycle.backoff(10) == 5.0
+    failure = worker.judge_failure(ValueError("boom"))
+    assert failure.status == "SYSTEM_ERROR" and failure.details["reason"] == "judge raised ValueError: boom"
+
+
+def test_storable_verdicts() -> None:
+    fine = Verdict("ACCEPTED", {"time": 0.5, "out": ["é", "😀"]})
+    assert worker.storable(fine) == fine
+    for odd in ({"x": float("inf")}, {"x": float("nan")}, {"x": object()}, {"x": {1, 2}}):
+        checked = worker.storable(Verdict("ACCEPTED", odd))
+        assert checked.status == "SYSTEM_ERROR" and "not storable as JSON" in checked.details["reason"]
+    cleaned = worker.storable(Verdict("WRONG_ANSWER", {"a\x00": ("b\x00", "\udcff")}))
+    assert cleaned == Verdict("WRONG_ANSWER", {"a\ufffd": ["b\ufffd", "\ufffd"]})
+
+
+def test_unstorable_replacement_keeps_the_fence_fields() -> None:
+    lease = leases.Lease(7, 2, uuid.uuid4(), {}, datetime.now(UTC))
+    doc = {"status": "ACCEPTED", "details": {"x": 1}, "attempt": str(lease.attempt), "generation": 2, "worker": "w"}
+    replaced = worker.unstorable_replacement(leases.VerdictWrite(lease, "ACCEPTED", doc))
+    assert replaced.lease is lease and replaced.status == "SYSTEM_ERROR"
+    assert replaced.verdict["status"] == "SYSTEM_ERROR" and "refused" in replaced.verdict["reason"]
+    assert (replaced.verdict["attempt"], replaced.verdict["generation"], replaced.verdict["worker"]) == (
+        str(lease.attempt), 2, "w"
+    )
+
+
+async def _pending_entries(redis_client: aioredis.Redis, queue: str, n: int) -> list[str]:
+    """``n`` entries read by a consumer and not acked: what a worker holds right after its leases."""
+    await streams.ensure_group(redis_client, queue)
+    for i in range(n):
+        await redis_client.xadd(streams.stream_key(queue), {"i": str(i)})
+    reply: Any = await redis_client.xreadgroup(streams.GROUP, "w", {streams.stream_key(queue): ">"}, count=n)
+    return [entry_id.decode() for entry_id, _ in reply[0][1]]
+
+
+async def _pending_count(redis_client: aioredis.Redis, queue: str) -> int:
+    info: Any = await redis_client.xpending(streams.stream_key(queue), streams.GROUP)
+    return int(info["pending"])
+
+
+async def test_entries_are_acked_after_the_durability_barrier(
+    pg_pool: asyncpg.Pool, redis_client: aioredis.Redis, queue_name: str
+) -> None:
+    ids = await _pending_entries(redis_client, queue_name, 3)
+    acks = worker._AckWhenDurable(pg_pool, redis_client, queue_name)
+    acks.start()
+    acks.add(ids[:2])
+    acks.add(ids[2:])  # handed over while the first group may be in flight: acked too
+    await acks.close(5.0)
+    assert await _pending_count(redis_client, queue_name) == 0
+    assert await redis_client.xlen(streams.stream_key(queue_name)) == 0  # XDEL with the XACK
+
+
+async def test_entries_stay_pending_when_leases_cannot_be_made_durable(
+    pg_dsn: str, redis_client: aioredis.Redis, queue_name: str
+) -> None:
+    ids = await _pending_entries(redis_client, queue_name, 2)
+    pool = await asyncpg.create_pool(pg_dsn, min_size=1, max_size=1)
+    await pool.close()  # every acquire now fails, as with the database unreachable
+    acks = worker._AckWhenDurable(pool, redis_client, queue_name)
+    acks.start()
+    acks.add(ids)
+    await asyncio.wait_for(acks._idle.wait(), 5)  # the attempt is over
+    assert acks._task is not None and not acks._task.done(), "a failed barrier must not kill the acker"
+    await acks.close(1.0)
+    # Not acked: the reaper re-delivers them, and a worker then acks them as stale or leases again.
+    assert await _pending_count(redis_client, queue_name) == 2
+
+
+async def test_acker_survives_an_unexpected_error(
+    pg_pool: asyncpg.Pool, redis_client: aioredis.Redis, queue_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ids = await _pending_entries(redis_client, queue_name, 2)
+    real = leases.make_durable
+    calls = 0
+
+    async def flaky(conn: asyncpg.Connection) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise RuntimeError("a bug, not a database error")
+        await real(conn)
+
+    monkeypatch.setattr(leases, "make_durable", flaky)
+    acks = worker._AckWhenDurable(pg_pool, redis_client, queue_name)
+    acks.start()
+    acks.add(ids[:1])
+    await asyncio.wait_for(acks._idle.wait(), 5)
+    acks.add(ids[1:])
+    await acks.close(5.0)
+    assert calls == 2
+    assert await _pending_count(redis_client, queue_name) == 1  # only the failed group's entry is left
+
+
+class OddDetailsJudge:
+    """A plugin judge whose verdict details JSON cannot carry (jsonb has no NaN, json no sets)."""
+
+    async def judge(self, payload: Any) -> Verdict:
+        if payload.get("odd") == "nan":
+            return Verdict("ACCEPTED", {"score": float("nan")})
+        if payload.get("odd") == "set":
+            return Verdict("ACCEPTED", {"tags": {"a"}})
+        if payload.get("odd") == "nul":
+            return Verdict("WRONG_ANSWER", {"stdout": "a\x00b\udcff", "lines": ["\x00"]})
+        return Verdict("ACCEPTED", {"fine": True})
+
+
+async def test_unstorable_verdict_details_are_an_explained_system_error(h: Harness) -> None:
+    # One worker, one job at a time: a write stuck on the first would hold up the others.
+    ids = await h.submit({"odd": "nan"}, {"odd": "set"}, {"odd": "nul"}, {"odd": "no"})
+    h.worker(OddDetailsJudge(), concurrency="1")
+    terminal = ("ACCEPTED", "WRONG_ANSWER", "SYSTEM_ERROR")
+    for sid in ids:
+        await eventually(functools.partial(h.status_is, sid, *terminal), what=f"verdict of {sid}")
+    rows = [await h.row(sid) for sid in ids]
+    assert [r["status"] for r in rows] == ["SYSTEM_ERROR", "SYSTEM_ERROR", "WRONG_ANSWER", "ACCEPTED"]
+    assert all("not storable" in json.loads(r["verdict"])["reason"] for r in rows[:2])
+    assert json.loads(rows[2]["verdict"])["details"] == {"stdout": "a\ufffdb\ufffd", "lines": ["\ufffd"]}
+
+
+async def test_a_verdict_the_database_refuses_does_not_hold_up_the_others(h: Harness) -> None:
+    # Past the worker's own checks (a lone surrogate is invalid in jsonb): the group-commit writer
+    # must not retry the batch forever; the refused verdict becomes an explained SYSTEM_ERROR.
+    ids = await h.submit({"i": 1}, {"i": 2})
+    async with h.pool.acquire() as conn:
+        held = await leases.acquire(conn, h.queue, [(sid, 1) for sid in ids], ttl=30)
+    bad, good = sorted(held, key=lambda x: x.submission)
+    writer = worker._VerdictWriter(h.pool)
+    writer.start()
+    results = await asyncio.wait_for(
+        asyncio.gather(
+            writer.write(leases.VerdictWrite(bad, "ACCEPTED", {"status": "ACCEPTED", "details": {"x": "\ud800"}})),
+            writer.write(leases.VerdictWrite(good, "ACCEPTED", {"status": "ACCEPTED", "details": {}})),
+        ),
+        10,
+    )
+    await writer.close(1.0)
+    assert all(r is not None for r in results)  # both written, neither dropped as stale
+    bad_row, good_row = await h.row(bad.submission), await h.row(good.submission)
+    assert (bad_row["status"], good_row["status"]) == ("SYSTEM_ERROR", "ACCEPTED")
+    assert "refused by the database" in json.loads(bad_row["verdict"])["reason"]
+
+
+async def test_verdict_writer_survives_an_unexpected_error(h: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    ids = await h.submit({"i": 1}, {"i": 2})
+    async with h.pool.acquire() as conn:
+        first, second = sorted(
+            await leases.acquire(conn, h.queue, [(sid, 1) for sid in ids], ttl=30), key=lambda x: x.submission
+        )
+    real = leases.write_verdicts
+    calls = 0
+
+    async def flaky(conn: asyncpg.Connection, writes: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise RuntimeError("a bug, not a database error")
+        return await real(conn, writes)
+
+    monkeypatch.setattr(leases, "write_verdicts", flaky)
+    writer = worker._VerdictWriter(h.pool)
+    writer.start()
+    with pytest.raises(worker.WriteAbandoned, match="a bug"):
+        await asyncio.wait_for(writer.write(leases.VerdictWrite(first, "ACCEPTED", {"status": "ACCEPTED"})), 5)
+    # The writer is still there for the next verdict; the first job is left to its lease expiry.
+    written = await asyncio.wait_for(writer.write(leases.VerdictWrite(second, "ACCEPTED", {"status": "ACCEPTED"})), 5)
+    assert written is not None
+    await writer.close(1.0)
+    assert ((await h.row(first.submission))["status"], (await h.row(second.submission))["status"]) == (
+        "JUDGING",
+        "ACCEPTED",
+    )

@@ -1,0 +1,39 @@
+"""Chaos at CI size: roles as real processes, SIGKILLed at random failpoints and times, then every
+invariant of docs/design.md §6 checked from Postgres and Redis. ``bench/chaos_run.py`` runs it larger."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import redis.asyncio as aioredis
+
+from tests.support.chaos import SERVER_FAULTS, Chaos, ChaosConfig, fault_targets
+from tests.support.databases import REDIS_URL
+
+
+async def test_chaos_keeps_every_invariant(
+    pg_dsn: str, queue_name: str, redis_client: aioredis.Redis, tmp_path: Path
+) -> None:
+    config = ChaosConfig(submissions=1200, chaos_seconds=25, seed=7)
+    report = await Chaos(pg_dsn, REDIS_URL, queue_name, config, tmp_path).run()
+    print(json.dumps(report.as_dict(), indent=1))
+    assert report.kills > 5, "the run must actually kill processes"
+    assert report.violations == [], report.violations
+    assert report.lost_submissions == 0 and report.stale_writes_accepted == 0
+
+
+async def test_server_fault_chaos_keeps_every_invariant(queue_name: str, tmp_path: Path) -> None:
+    """Issue 13: every server-side fault kind at least once while jobs flow; no role may exit, every
+    committed submission gets its one verdict, and SIGTERM after the faults exits 0 everywhere."""
+    config = ChaosConfig(submissions=600, chaos_seconds=30, seed=13, server_faults=True, drain_deadline=90)
+    async with fault_targets() as targets:
+        chaos = Chaos(targets.pg.dsn, targets.redis.url, queue_name, config, tmp_path, targets)
+        report = await chaos.run()
+    print(json.dumps(report.as_dict(), indent=1))
+    assert set(report.faults) == set(SERVER_FAULTS), report.faults
+    # The faults reached the roles: sessions ended, clients killed, failed steps retried.
+    assert report.backends_terminated > 0 and report.redis_clients_killed > 0 and report.role_warnings > 0
+    assert report.violations == [], report.violations
+    assert report.lost_submissions == 0 and report.stale_writes_accepted == 0
+    assert report.unexpected_exits == 0 and report.nonzero_exit_codes == 0

@@ -1,0 +1,148 @@
+"""``judgequeue local`` end to end: the README quickstart as written, a demo run, and Ctrl-C.
+
+The quickstart test reads the command block under "## Quickstart" in README.md and runs it from
+the repository root. ``scripts/install`` is the step that made the virtualenv these tests run in, so
+it is checked to be the first line rather than re-run; every other line runs verbatim through bash,
+pointed at this test's own database and a redis-server of its own through the environment (the
+quickstart's queue name is fixed, so a shared Redis would be shared with any other suite running).
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.redis_servers import redis_server
+from tests.support.roles import JUDGEQUEUE, RoleProcess, clean_env
+from tests.support.waiting import wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def local_redis() -> Iterator[str]:
+    """A redis-server of this test's own: ``judgequeue local`` and the quickstart name their queues."""
+    with redis_server() as server:
+        yield server.url
+
+
+def quickstart_commands() -> list[str]:
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## Quickstart", 1)[1]
+    block = re.search(r"```sh\n(.*?)```", section, re.S)
+    assert block, "README.md has a sh block under ## Quickstart"
+    return [line for line in block.group(1).splitlines() if line.strip()]
+
+
+def test_readme_quickstart_as_written_shows_verdicts(pg_dsn: str, local_redis: str) -> None:
+    commands = quickstart_commands()
+    assert commands[0] == "scripts/install"
+    env = clean_env(JUDGEQUEUE_POSTGRES_DSN=pg_dsn, JUDGEQUEUE_REDIS_URL=local_redis)
+    for command in commands[1:]:
+        result = subprocess.run(["bash", "-c", command], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stdout + result.stderr
+    rows = [line.split() for line in result.stdout.splitlines()[1:]]
+    verdicts = {row[0]: (row[2], row[3]) for row in rows}
+    assert verdicts["accepted.py"] == ("ACCEPTED", "ACCEPTED")
+    assert verdicts["wrong_answer.py"] == ("WRONG_ANSWER", "WRONG_ANSWER")
+    assert verdicts["time_limit.py"] == ("TIME_LIMIT", "TIME_LIMIT")
+    assert verdicts["runtime_error.py"] == ("RUNTIME_ERROR", "RUNTIME_ERROR")
+    assert "all roles stopped cleanly" in result.stderr
+
+
+def sleep_manifest(tmp_path: Path, queue: str) -> Path:
+    """The example manifest with the test judge (the sleep judge accepts every payload)."""
+    text = (ROOT / "examples" / "judgequeue.yaml").read_text()
+    text = text.replace("judge: program", "judge: sleep").replace("queue: demo", f"queue: {queue}")
+    path = tmp_path / "judgequeue.yaml"
+    path.write_text(text)
+    demo = tmp_path / "demo"
+    demo.mkdir()
+    (demo / "one.py").write_text("print(1)\n")
+    (demo / "two.py").write_text("print(2)\n")
+    (demo / "demo.yaml").write_text(
+        "problem: {tests: [{input: '', output: '1'}], limits: {time: 1}}\n"
+        "programs:\n  - {file: one.py, expect: ACCEPTED}\n  - {file: two.py, expect: ACCEPTED}\n"
+    )
+    return path
+
+
+def test_local_demo_runs_every_role_and_prints_verdicts(
+    pg_dsn: str, local_redis: str, tmp_path: Path, queue_name: str
+) -> None:
+    manifest = sleep_manifest(tmp_path, queue_name)
+    env = clean_env(JUDGEQUEUE_POSTGRES_DSN=pg_dsn, JUDGEQUEUE_REDIS_URL=local_redis)
+    result = subprocess.run(
+        [JUDGEQUEUE, "local", "-f", str(manifest), "--demo", "--json", "--log-dir", str(tmp_path / "logs")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    import json
+
+    data = json.loads(result.stdout)
+    assert data["queue"] == queue_name
+    assert [(r["program"], r["verdict"], r["ok"]) for r in data["results"]] == [
+        ("one.py", "ACCEPTED", True),
+        ("two.py", "ACCEPTED", True),
+    ]
+    logs = sorted(p.name for p in (tmp_path / "logs").iterdir())
+    assert logs == ["dispatcher-0.log", "reaper-0.log", "worker-0.log", "worker-1.log"]
+
+
+def test_local_ctrl_c_stops_every_role_gracefully(
+    pg_dsn: str, local_redis: str, tmp_path: Path, queue_name: str
+) -> None:
+    manifest = sleep_manifest(tmp_path, queue_name)
+    env = clean_env(JUDGEQUEUE_POSTGRES_DSN=pg_dsn, JUDGEQUEUE_REDIS_URL=local_redis)
+    out = tmp_path / "local.out"
+    local = RoleProcess("local", env, out, "-f", str(manifest), "--workers", "1")
+    try:
+        wait_for(lambda: "Ctrl-C stops" in out.read_text(), 30, "local to start its roles")
+        submitted = subprocess.run(
+            [
+                JUDGEQUEUE,
+                "submit",
+                "--payload",
+                '{"seconds": 0.1, "status": "WRONG_ANSWER"}',
+                "--wait",
+                "--timeout",
+                "60s",
+            ],
+            env={**env, "JUDGEQUEUE_QUEUE": queue_name},
+            capture_output=True,
+            text=True,
+            timeout=90,
+        )
+        assert submitted.returncode == 0 and submitted.stdout.split()[1] == "WRONG_ANSWER", submitted.stderr
+        wait_for(lambda: "WRONG_ANSWER=1" in out.read_text(), 30, "the progress line to show the verdict")
+        started = time.monotonic()
+        local.send_signal(signal.SIGINT)
+        assert local.wait(timeout=60) == 0, out.read_text()
+        assert time.monotonic() - started < 60
+        assert "all roles stopped cleanly" in out.read_text()
+    finally:
+        local.ensure_dead()
+
+
+def test_local_bad_manifest_is_one_line_exit_2(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        "apiVersion: judgequeue.dev/v1alpha1\nkind: JudgeQueue\nmetadata: {name: x}\n"
+        "spec: {image: judgequeue:test, postgres: {secretKeyRef: {name: db}}, redis: {secretKeyRef: {name: rd}},\n"
+        "       dispatcher: {batchSize: 0}}\n"
+    )
+    result = subprocess.run(
+        [JUDGEQUEUE, "local", "-f", str(bad)], env=clean_env(), capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "spec.dispatcher.batchSize: must be between 1 and 10000, got 0" in lines[0]

@@ -1,0 +1,60 @@
+"""Throwaway databases on the shared Postgres, and where the shared servers are.
+
+The one place that knows the admin DSN and the Redis URL of the servers ``scripts/install`` starts.
+The test fixtures (``tests/conftest.py``) and the benchmarks (``bench/common.py``) both make their
+databases here; nothing in this module imports pytest, so a benchmark can use it as a plain library.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+
+from judgequeue.core.migrate import migrate
+
+ADMIN_DSN = os.environ.get("JUDGEQUEUE_TEST_POSTGRES_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
+REDIS_URL = os.environ.get("JUDGEQUEUE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+def dsn_for(database: str) -> str:
+    """The admin DSN pointed at another database."""
+    return urlunsplit(urlsplit(ADMIN_DSN)._replace(path="/" + database))
+
+
+def unique_name(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:12]}"
+
+
+async def _admin(statement: str) -> None:
+    admin = await asyncpg.connect(ADMIN_DSN)
+    try:
+        await admin.execute(statement)
+    finally:
+        await admin.close()
+
+
+async def create_database(
+    prefix: str = "jq_bench", *, name: str | None = None, template: str | None = None, migrated: bool = True
+) -> str:
+    """A new database (a copy of ``template``, else migrated unless ``migrated=False``); returns its DSN.
+
+    Drop it with :func:`drop_database`.
+    """
+    name = name or unique_name(prefix)
+    await _admin(f'CREATE DATABASE "{name}"' + (f' TEMPLATE "{template}"' if template else ""))
+    if migrated and template is None:
+        conn = await asyncpg.connect(dsn_for(name))
+        try:
+            await migrate(conn)
+        finally:
+            await conn.close()
+    return dsn_for(name)
+
+
+async def drop_database(dsn_or_name: str) -> None:
+    """Drop a database made by :func:`create_database` (by DSN or by name), whoever is connected."""
+    name = urlsplit(dsn_or_name).path.lstrip("/") if "://" in dsn_or_name else dsn_or_name
+    await _admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

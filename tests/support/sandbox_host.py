@@ -1,0 +1,86 @@
+"""What a sandbox test checks on the host after a run: nothing of any box is left behind."""
+
+from __future__ import annotations
+
+import asyncio
+import glob
+import os
+
+from judgequeue.core.judges.program import ProgramJudge
+from tests.support.waiting import eventually
+
+SCRATCH_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
+
+
+def box_uids(judge: ProgramJudge) -> range:
+    return range(judge.uid_base, judge.uid_base + judge.slots)
+
+
+def processes_of(uids: range) -> list[int]:
+    """Live (not zombie) processes whose real uid is in ``uids``."""
+    found = []
+    for status in glob.glob("/proc/[0-9]*/status"):
+        try:
+            with open(status) as f:
+                lines = f.read().splitlines()
+        except OSError:
+            continue
+        fields = dict(line.split(":", 1) for line in lines if ":" in line)
+        if int(fields.get("Uid", "-1 0").split()[0]) in uids and not fields.get("State", "").strip().startswith("Z"):
+            found.append(int(status.split("/")[2]))
+    return found
+
+
+def files_of(uids: range, dirs: tuple[str, ...] = SCRATCH_DIRS) -> list[str]:
+    found = []
+    for d in dirs:
+        try:
+            entries = list(os.scandir(d))
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                if entry.stat(follow_symlinks=False).st_uid in uids:
+                    found.append(entry.path)
+            except OSError:
+                continue
+    return found
+
+
+def ipc_objects_of(uids: range) -> list[str]:
+    """SysV shared memory, semaphores and message queues owned by a box uid (host IPC namespace)."""
+    found = []
+    for kind in ("shm", "sem", "msg"):
+        try:
+            with open(f"/proc/sysvipc/{kind}") as f:
+                rows = f.read().splitlines()
+        except OSError:
+            continue
+        header = rows[0].split()
+        for row in rows[1:]:
+            cols = dict(zip(header, row.split(), strict=False))
+            if int(cols.get("uid", -1)) in uids:
+                found.append(f"{kind}:{cols.get('key')}")
+    return found
+
+
+def box_leftovers(judge: ProgramJudge) -> list[str]:
+    left = [os.path.join(judge.boxes_dir, n) for n in os.listdir(judge.boxes_dir)]
+    if judge.roots is not None:
+        for root in judge.roots.all():
+            left += [os.path.join(root, n) for n in os.listdir(root) if n.startswith(f"{judge.range}-")]
+    return left
+
+
+async def assert_host_clean(judge: ProgramJudge) -> None:
+    """No process, box directory, cgroup, file or IPC object of any box of ``judge`` is left."""
+    uids = box_uids(judge)
+
+    async def no_processes() -> bool:
+        await asyncio.sleep(0)
+        return not processes_of(uids)
+
+    await eventually(no_processes, within=5, what=f"no process of uids {uids.start}-{uids.stop - 1}")
+    assert box_leftovers(judge) == []
+    assert files_of(uids) == []
+    assert ipc_objects_of(uids) == []

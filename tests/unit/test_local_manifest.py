@@ -1,0 +1,154 @@
+"""Pure parts of ``judgequeue local``: manifest validation and rendering, the child plan, the display."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from judgequeue.core.config import load_settings
+from judgequeue.core.local import (
+    DemoProgram,
+    LocalOptions,
+    Progress,
+    load_demo,
+    plan_children,
+    progress_line,
+    role_env,
+    verdict_table,
+)
+from judgequeue.core.manifest import ManifestError, load_manifest, parse_manifest
+from judgequeue.core.outbox import OUTBOX_STATES
+from judgequeue.core.spec import ROLES
+from judgequeue.core.status import Figures
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+REQUIRED: dict[str, Any] = {
+    "image": "judgequeue:test",
+    "postgres": {"secretKeyRef": {"name": "db"}},
+    "redis": {"secretKeyRef": {"name": "rd"}},
+}
+
+
+def manifest(**spec: Any) -> dict[str, Any]:
+    return {"apiVersion": "judgequeue.dev/v1alpha1", "kind": "JudgeQueue", "metadata": {"name": "judge"},
+            "spec": {**REQUIRED, **spec}}
+
+
+def test_each_role_gets_the_settings_the_manifest_writes_for_it() -> None:
+    m = parse_manifest(manifest(
+        queue="judge",
+        logLevel="DEBUG",
+        dispatcher={"batchSize": 50, "schedule": "250ms", "backoff": {"base": "2s", "max": "1m"}},
+        worker={"concurrency": 8, "judge": "sleep", "gracePeriod": "5s"},
+        reaper={"leaseTtl": "20s", "interval": "2s", "visibilityTimeout": "45s", "retention": "1d"},
+    ))
+    common = {"JUDGEQUEUE_QUEUE": "judge", "JUDGEQUEUE_LOG_LEVEL": "DEBUG"}
+    assert m.env("dispatcher") == {
+        **common,
+        "JUDGEQUEUE_BATCH_SIZE": "50",
+        "JUDGEQUEUE_SCHEDULE": "250ms",
+        "JUDGEQUEUE_BACKOFF_BASE": "2s",
+        "JUDGEQUEUE_BACKOFF_MAX": "1m",
+    }
+    assert m.env("worker") == {
+        **common,
+        "JUDGEQUEUE_CONCURRENCY": "8",
+        "JUDGEQUEUE_JUDGE": "sleep",
+        "JUDGEQUEUE_GRACE_PERIOD": "5s",
+        "JUDGEQUEUE_LEASE_TTL": "20s",
+    }
+    assert m.env("reaper") == {
+        **common,
+        "JUDGEQUEUE_SCHEDULE": "250ms",
+        "JUDGEQUEUE_REAPER_INTERVAL": "2s",
+        "JUDGEQUEUE_VISIBILITY_TIMEOUT": "45s",
+        "JUDGEQUEUE_RETENTION": "1d",
+    }
+    settings = load_settings(
+        {**m.env("worker"), "JUDGEQUEUE_POSTGRES_DSN": "postgresql://h/db", "JUDGEQUEUE_REDIS_URL": "redis://h"}
+    )
+    assert settings.worker.lease_ttl == 20 and settings.worker.concurrency == 8
+
+
+def test_bad_values_name_the_manifest_field() -> None:
+    with pytest.raises(ManifestError, match=r"spec\.dispatcher\.batchSize: must be between 1 and 10000, got 0"):
+        parse_manifest(manifest(dispatcher={"batchSize": 0}))
+    with pytest.raises(ManifestError, match=r"spec\.reaper\.interval: 'soon' is not a duration"):
+        parse_manifest(manifest(reaper={"interval": "soon"}))
+    with pytest.raises(ManifestError, match=r"spec\.image: is required"):
+        parse_manifest({**manifest(), "spec": {k: v for k, v in REQUIRED.items() if k != "image"}})
+    with pytest.raises(ManifestError, match=r"spec\.worker\.concurency: unknown field"):
+        parse_manifest(manifest(worker={"concurency": 3}))
+    with pytest.raises(ManifestError, match=r"spec\.queue: .*DNS label"):
+        parse_manifest(manifest(queue="Not_A_Label"))
+    with pytest.raises(ManifestError, match=r"spec\.worker\.minReplicas: worker\.minReplicas must not exceed"):
+        parse_manifest(manifest(worker={"minReplicas": 3, "maxReplicas": 2}))
+    with pytest.raises(ManifestError, match=r"spec\.cutover\.mode"):
+        parse_manifest(manifest(cutover={"mode": "dark"}))
+    with pytest.raises(ManifestError, match=r"spec\.cutover\.watermark: .*with a zone"):
+        parse_manifest(manifest(cutover={"watermark": "2025-01-01T00:00:00"}))
+    with pytest.raises(ManifestError, match=r"apiVersion"):
+        parse_manifest({**manifest(), "apiVersion": "v1"})
+
+
+def test_defaults_queue_from_name_and_cutover() -> None:
+    m = parse_manifest(manifest(cutover={"mode": "shadow", "watermark": "2025-01-31T12:00:00Z"}, paused=True))
+    assert m.queue == "judge" and all(m.env(role)["JUDGEQUEUE_QUEUE"] == "judge" for role in ROLES)
+    assert m.cutover.mode == "shadow" and m.cutover.paused
+    assert m.cutover.watermark == datetime(2025, 1, 31, 12, tzinfo=UTC)
+    assert (m.replicas.dispatcher, m.replicas.worker, m.replicas.reaper) == (1, 1, 1)
+
+
+def test_example_manifest_and_demo_set_load(tmp_path: Path) -> None:
+    m = load_manifest(ROOT / "examples" / "judgequeue.yaml")
+    assert m.queue == "demo" and m.cutover.mode == "live" and not m.cutover.paused
+    assert plan_children(m, None) == ["dispatcher", "worker", "worker", "reaper"]
+    assert plan_children(m, 1) == ["dispatcher", "worker", "reaper"]
+    programs = load_demo(ROOT / "examples" / "demo")
+    expected = {p.expect for p in programs}
+    assert {"ACCEPTED", "WRONG_ANSWER", "TIME_LIMIT", "RUNTIME_ERROR"} <= expected
+    for program in programs:
+        assert set(program.payload) == {"language", "source", "tests", "limits"}
+        assert program.payload["language"] == "python" and program.payload["tests"]
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("apiVersion: [unclosed\n")
+    with pytest.raises(ManifestError, match="not valid YAML"):
+        load_manifest(bad)
+    with pytest.raises(ManifestError, match="No such file"):
+        load_manifest(tmp_path / "missing.yaml")
+
+
+def test_role_env_layers_caller_env_manifest_then_connections() -> None:
+    m = parse_manifest(manifest(worker={"concurrency": 3}))
+    options = LocalOptions(manifest="x", postgres_dsn="postgresql://h/db", redis_url="redis://h/1")
+    base = {"PATH": "/bin", "JUDGEQUEUE_CONCURRENCY": "9", "JUDGEQUEUE_LOG_LEVEL": "DEBUG"}
+    env = role_env(base, m, "worker", options, port=9191)
+    assert env["PATH"] == "/bin"
+    assert env["JUDGEQUEUE_CONCURRENCY"] == "3"  # the manifest wins over the caller's environment
+    assert env["JUDGEQUEUE_LOG_LEVEL"] == "DEBUG"  # the caller's value stays where the manifest is silent
+    assert env["JUDGEQUEUE_POSTGRES_DSN"] == "postgresql://h/db" and env["JUDGEQUEUE_METRICS_PORT"] == "9191"
+
+
+def test_verdict_table_and_progress_line() -> None:
+    programs = [
+        DemoProgram("accepted.py", "ACCEPTED", {}),
+        DemoProgram("slow.py", "TIME_LIMIT", {}),
+        DemoProgram("free.py", None, {}),
+    ]
+    rows = {
+        1: {"status": "ACCEPTED", "verdict": '{"status": "ACCEPTED"}'},
+        2: {"status": "WRONG_ANSWER", "verdict": None},
+    }
+    table = verdict_table(programs, [1, 2, 3], rows)
+    assert [r["ok"] for r in table] == [True, False, True]
+    assert table[0]["detail"] == {"status": "ACCEPTED"} and table[2]["verdict"] == "UNKNOWN"
+    outbox: dict[str, int] = {**dict.fromkeys(OUTBOX_STATES, 0), "PENDING": 3}
+    figures = Figures(queue="q", outbox=outbox, oldest_pending_age=1.0, lag=2, pel=1)
+    line = progress_line(Progress(figures, {"ACCEPTED": 4, "JUDGING": 1}, 2.5), 3, 4)
+    assert "backlog 6" in line and "judging 1" in line and "2.5 verdicts/s" in line
+    assert "roles 3/4" in line and "ACCEPTED=4" in line
