@@ -9,6 +9,7 @@ import pytest
 from judgequeue.core import api, leases
 from judgequeue.core.leases import VerdictWrite
 from judgequeue.core.queues import create_queue
+from tests.support.queries import count_submissions
 
 
 async def test_submit_result_verdict_and_rejudge(pg: asyncpg.Connection, queue_name: str) -> None:
@@ -43,7 +44,7 @@ async def test_errors_are_the_public_ones_and_write_nothing(pg: asyncpg.Connecti
     refusals = (api.UnknownSubmission, api.UnknownQueue, api.InvalidQueueName, api.PayloadTooLarge, api.InvalidPayload)
     for error in refusals:
         assert issubclass(error, api.JudgeQueueError)
-    assert await pg.fetchval("SELECT count(*) FROM judgequeue.submissions") == 0
+    assert await count_submissions(pg) == 0
 
 
 def test_plugin_interface_is_public() -> None:
