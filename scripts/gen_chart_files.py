@@ -8,7 +8,7 @@
   (metric names as in ``judgequeue.core.metrics``).
 
 Run ``.venv/bin/python scripts/gen_chart_files.py`` after changing either source;
-``--check`` exits 1 (naming the stale files) instead of writing. tests/test_chart.py runs the check.
+``--check`` exits 1 (naming the stale files) instead of writing. tests/unit/test_chart.py runs the check.
 """
 
 from __future__ import annotations
