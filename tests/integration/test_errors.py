@@ -6,6 +6,7 @@ import asyncpg
 import pytest
 
 from judgequeue.core.errors import DB_ERRORS, describe, is_permanent
+from tests.support.databases import connection
 
 
 async def _error_of(pg: asyncpg.Connection, sql: str) -> BaseException:
@@ -28,11 +29,8 @@ async def _error_of(pg: asyncpg.Connection, sql: str) -> BaseException:
     ],
 )
 async def test_classification_against_the_real_server(pg_dsn: str, sql: str, permanent: bool) -> None:
-    conn = await asyncpg.connect(pg_dsn)
-    try:
+    async with connection(pg_dsn) as conn:
         exc = await _error_of(conn, sql)
-    finally:
-        await conn.close()
     assert is_permanent(exc) is permanent, describe(exc)
     assert len(describe(exc)) <= 500
 

@@ -10,7 +10,7 @@ import pytest
 from judgequeue.core import outbox
 from judgequeue.core.lifecycle import DB_ERRORS, HeldSession, open_connections
 from judgequeue.core.queues import create_queue
-from tests.support.databases import REDIS_URL
+from tests.support.databases import REDIS_URL, connection
 from tests.support.settings import make_settings
 from tests.support.waiting import eventually
 
@@ -62,16 +62,13 @@ async def test_held_session_is_reused_and_replaced_after_a_failure(pg_pool: asyn
         first = await session.get()
         pid = await first.fetchval("SELECT pg_backend_pid()")
         assert await (await session.get()).fetchval("SELECT pg_backend_pid()") == pid  # no acquire per statement
-        admin = await asyncpg.connect(pg_dsn)
-        try:
+        async with connection(pg_dsn) as admin:
             await admin.execute("SELECT pg_terminate_backend($1)", pid)
 
             async def gone() -> bool:
                 return not await admin.fetchval("SELECT count(*) FROM pg_stat_activity WHERE pid = $1", pid)
 
             await eventually(gone, what="backend terminated")
-        finally:
-            await admin.close()
         with pytest.raises(DB_ERRORS):
             await first.fetchval("SELECT 1")
         await session.drop()  # what the roles do after an error
@@ -87,8 +84,7 @@ async def test_held_session_notices_a_connection_the_server_ended(pg_pool: async
     session = HeldSession(pg_pool)
     try:
         pid = await (await session.get()).fetchval("SELECT pg_backend_pid()")
-        admin = await asyncpg.connect(pg_dsn)
-        try:
+        async with connection(pg_dsn) as admin:
             await admin.execute("SELECT pg_terminate_backend($1)", pid)
 
             async def detached() -> bool:
@@ -100,8 +96,6 @@ async def test_held_session_notices_a_connection_the_server_ended(pg_pool: async
                 return False
 
             await eventually(detached, what="the client sees the session ended")
-        finally:
-            await admin.close()
         again = await session.get()  # no drop() in between: get() itself must see it
         assert await again.fetchval("SELECT pg_backend_pid()") != pid
     finally:

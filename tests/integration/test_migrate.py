@@ -7,19 +7,17 @@ import asyncio
 import asyncpg
 
 from judgequeue.core.migrate import applied_versions, available_migrations, migrate
+from tests.support.databases import connection
 
 
 async def test_fresh_then_rerun_is_a_noop(fresh_db: str) -> None:
-    conn = await asyncpg.connect(fresh_db)
-    try:
+    async with connection(fresh_db) as conn:
         assert await applied_versions(conn) == []
         first = await migrate(conn)
         assert first == [m.version for m in available_migrations()]
         assert await migrate(conn) == []
         assert await applied_versions(conn) == first
         assert await conn.fetchval("SELECT to_regproc('judgequeue.submit') IS NOT NULL")
-    finally:
-        await conn.close()
 
 
 async def test_two_concurrent_runs_apply_each_migration_once(fresh_db: str) -> None:
@@ -35,8 +33,7 @@ async def test_two_concurrent_runs_apply_each_migration_once(fresh_db: str) -> N
 
 
 async def test_edited_migration_is_detected(fresh_db: str) -> None:
-    conn = await asyncpg.connect(fresh_db)
-    try:
+    async with connection(fresh_db) as conn:
         await migrate(conn)
         await conn.execute("UPDATE judgequeue.schema_migrations SET checksum = 'x' WHERE version = 1")
         try:
@@ -45,5 +42,3 @@ async def test_edited_migration_is_detected(fresh_db: str) -> None:
             assert "was changed after it was applied" in str(exc)
         else:
             raise AssertionError("an edited migration must be refused")
-    finally:
-        await conn.close()

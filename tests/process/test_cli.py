@@ -12,7 +12,7 @@ import redis.asyncio as aioredis
 
 from judgequeue.core.cli import build_parser
 from judgequeue.core.migrate import available_migrations
-from tests.support.databases import REDIS_URL
+from tests.support.databases import REDIS_URL, connection
 from tests.support.roles import JUDGEQUEUE, clean_env, run_cli
 from tests.support.settings import SECRET
 
@@ -206,18 +206,14 @@ def test_cutover_show_set_and_watermark_never_moves_back(pg_dsn: str, queue_name
 
 
 async def test_dlq_list_show_replay_purge(pg_dsn: str, queue_name: str, redis_client: aioredis.Redis) -> None:
-    import asyncpg
 
     from judgequeue.core.outbox import submit
     from judgequeue.core.queues import create_queue
     from judgequeue.core.streams import dlq_key
 
-    conn = await asyncpg.connect(pg_dsn)
-    try:
+    async with connection(pg_dsn) as conn:
         await create_queue(conn, queue_name)
         sub = await submit(conn, queue_name, {"n": 1})
-    finally:
-        await conn.close()
     fields: dict[Any, Any] = {
         "source_id": "1-0",
         "reason": "max deliveries",
@@ -252,11 +248,8 @@ async def test_dlq_list_show_replay_purge(pg_dsn: str, queue_name: str, redis_cl
     )
     superseded = ok_json(jq("dlq", "replay", left, "--json", dsn=pg_dsn, queue=queue_name, **env))
     assert superseded == {"outcomes": {left: "superseded"}, "generations": {}}
-    conn = await asyncpg.connect(pg_dsn)
-    try:
+    async with connection(pg_dsn) as conn:
         assert await conn.fetchval("SELECT generation FROM judgequeue.submissions WHERE id = $1", sub) == 2
-    finally:
-        await conn.close()
     junk_replay = jq("dlq", "replay", "--all", dsn=pg_dsn, queue=queue_name, **env)
     assert junk_replay.returncode == 1 and "not_an_envelope" in junk_replay.stdout
     purged = ok_json(jq("dlq", "purge", "--all", "--json", queue=queue_name, **env))

@@ -17,7 +17,7 @@ import redis.asyncio as aioredis
 from judgequeue.core import streams
 from judgequeue.core.envelope import Envelope
 from judgequeue.core.queues import create_queue
-from tests.support.databases import REDIS_URL
+from tests.support.databases import connection
 from tests.support.roles import Roles, submit_retrying, wait_all_terminal
 from tests.support.waiting import eventually
 
@@ -25,10 +25,7 @@ OK = {"seconds": 0.002, "status": "ACCEPTED"}
 
 
 def _roles(pg_dsn: str, queue: str, tmp_path: Path, **env: str) -> Roles:
-    return Roles(
-        {"JUDGEQUEUE_POSTGRES_DSN": pg_dsn, "JUDGEQUEUE_REDIS_URL": REDIS_URL, "JUDGEQUEUE_QUEUE": queue, **env},
-        tmp_path,
-    )
+    return Roles.on(pg_dsn, queue, tmp_path, **env)
 
 
 async def _terminate_backends(admin: asyncpg.Connection, database: str) -> int:
@@ -40,18 +37,14 @@ async def _terminate_backends(admin: asyncpg.Connection, database: str) -> int:
     return int(terminated or 0)
 
 
-async def test_roles_survive_every_backend_terminated_repeatedly(
-    pg_dsn: str, queue_name: str, tmp_path: Path
-) -> None:
+async def test_roles_survive_every_backend_terminated_repeatedly(pg_dsn: str, queue_name: str, tmp_path: Path) -> None:
     """``pg_terminate_backend`` of every session, again and again, while jobs flow."""
     conn = await asyncpg.connect(pg_dsn)
     await create_queue(conn, queue_name)
     await conn.close()
     database = pg_dsn.rsplit("/", 1)[1]
     roles = _roles(pg_dsn, queue_name, tmp_path)
-    roles.start("dispatcher", 2)
-    roles.start("worker", 2)
-    roles.start("reaper")
+    roles.start_all(dispatchers=2, workers=2)
     admin = await asyncpg.connect(pg_dsn.rsplit("/", 1)[0] + "/postgres")
     ids: list[int] = []
     terminated = 0
@@ -73,13 +66,10 @@ async def test_roles_survive_every_backend_terminated_repeatedly(
         await admin.close()
         codes = roles.stop()
     assert codes == [0] * 5, roles.logs()
-    conn = await asyncpg.connect(pg_dsn)
-    try:
+    async with connection(pg_dsn) as conn:
         verdicts = await conn.fetchval(
             "SELECT count(*) FROM judgequeue.submissions WHERE id = ANY($1) AND verdict IS NOT NULL", ids + after
         )
-    finally:
-        await conn.close()
     assert verdicts == len(ids) + len(after)
 
 
@@ -95,16 +85,20 @@ async def test_foreign_entries_leave_the_pel_and_the_workers_stay_up(
     conn = await asyncpg.connect(pg_dsn)
     await create_queue(conn, queue_name)
     roles = _roles(pg_dsn, queue_name, tmp_path, JUDGEQUEUE_CONCURRENCY="1")
-    roles.start("dispatcher")
-    roles.start("worker", 2)
-    roles.start("reaper")
+    roles.start_all(workers=2)
     key = streams.stream_key(queue_name)
     try:
         await eventually(lambda: _group_exists(redis_client, key), within=30, what="consumer group")
         foreign = [
             {b"submission": b"\xff\xfe\x01", b"generation": b"1"},
-            {b"submission": b"99999999999999999999999", b"generation": b"1", b"attempt": b"1", b"outbox": b"1",
-             b"enqueued_at": b"1.0", b"deliveries": b"1"},
+            {
+                b"submission": b"99999999999999999999999",
+                b"generation": b"1",
+                b"attempt": b"1",
+                b"outbox": b"1",
+                b"enqueued_at": b"1.0",
+                b"deliveries": b"1",
+            },
             {b"\xff\xfe": b"\x00", b"generation": b"1"},
         ]
         for fields in foreign:
@@ -149,9 +143,7 @@ async def test_an_envelope_at_the_edge_of_int64_for_no_submission_is_acked_as_st
     conn = await asyncpg.connect(pg_dsn)
     await create_queue(conn, queue_name)
     roles = _roles(pg_dsn, queue_name, tmp_path, JUDGEQUEUE_CONCURRENCY="1")
-    roles.start("dispatcher")
-    roles.start("worker")
-    roles.start("reaper")
+    roles.start_all()
     key = streams.stream_key(queue_name)
     try:
         await eventually(lambda: _group_exists(redis_client, key), within=30, what="consumer group")

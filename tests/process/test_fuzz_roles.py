@@ -140,20 +140,15 @@ def test_running_roles_survive_arbitrary_entries(pg_dsn: str, queue_name: str, t
         await conn.close()
 
     asyncio.run(setup())
-    roles = Roles(
-        {
-            "JUDGEQUEUE_POSTGRES_DSN": pg_dsn,
-            "JUDGEQUEUE_REDIS_URL": REDIS_URL,
-            "JUDGEQUEUE_QUEUE": queue_name,
-            "JUDGEQUEUE_VISIBILITY_TIMEOUT": "500ms",
-            "JUDGEQUEUE_REAPER_INTERVAL": "100ms",
-            "JUDGEQUEUE_LOG_LEVEL": "ERROR",
-        },
+    roles = Roles.on(
+        pg_dsn,
+        queue_name,
         tmp_path,
+        JUDGEQUEUE_VISIBILITY_TIMEOUT="500ms",
+        JUDGEQUEUE_REAPER_INTERVAL="100ms",
+        JUDGEQUEUE_LOG_LEVEL="ERROR",
     )
-    roles.start("dispatcher")
-    roles.start("worker", 2)
-    roles.start("reaper")
+    roles.start_all(workers=2)
     fuzz = Fuzz(pg_dsn, queue_name, roles)
     try:
 

@@ -18,7 +18,7 @@ import redis.asyncio as aioredis
 from judgequeue.core import streams
 from judgequeue.core.errors import DB_ERRORS
 from tests.support import queries
-from tests.support.databases import REDIS_URL
+from tests.support.databases import REDIS_URL, connection
 from tests.support.pg_servers import PostgresServer
 from tests.support.roles import Roles, submit_retrying, wait_all_terminal
 from tests.support.waiting import eventually
@@ -34,12 +34,9 @@ async def submission(dsn: str, submission_id: int) -> asyncpg.Record:
         # A connection made just before the postmaster resets every backend for crash recovery
         # is closed under the query: that is "not back yet" too.
         try:
-            conn = await asyncpg.connect(dsn, timeout=2)
-            try:
+            async with connection(dsn, timeout=2) as conn:
                 row: asyncpg.Record | None = await queries.submission(conn, submission_id)
                 return row
-            finally:
-                await conn.close()
         except DB_ERRORS:
             return None  # still in crash recovery
 
@@ -69,9 +66,7 @@ async def test_lease_lost_in_a_crash_is_redelivered(own_pg: PostgresServer, queu
         pending = await redis.xpending(streams.stream_key(queue_name), streams.GROUP)
         assert pending["pending"] == 1, "the entry must still be pending: it was never acked"
 
-        roles.start("dispatcher")
-        roles.start("worker")
-        roles.start("reaper")
+        roles.start_all()
         statuses = await wait_all_terminal(own_pg.dsn, [sid], within=60, roles=roles)
         assert statuses == {sid: "ACCEPTED"}
         row = await submission(own_pg.dsn, sid)

@@ -13,15 +13,14 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import asyncpg
 import pytest
 import redis.asyncio as aioredis
 
 from judgequeue.core.migrate import migrate
 from judgequeue.core.queues import create_queue
 from tests.support.chaos import AUDIT_SQL
-from tests.support.databases import REDIS_URL
-from tests.support.flow import Flow, check_flow, judging_count, terminal_count
+from tests.support.databases import REDIS_URL, connection
+from tests.support.flow import Flow, check_flow, terminal_count
 from tests.support.pg_servers import PostgresServer, postgres_server
 from tests.support.roles import Roles
 from tests.support.tcp_proxy import TcpProxy
@@ -32,26 +31,20 @@ from tests.support.waiting import eventually
 async def primary_and_standby(queue_name: str) -> AsyncIterator[tuple[PostgresServer, PostgresServer]]:
     """A migrated primary (every commit waits for the standby's flush) and its streaming standby."""
     with postgres_server(settings={"synchronous_standby_names": "'*'"}) as primary:
-        conn = await asyncpg.connect(primary.dsn)
-        try:
+        async with connection(primary.dsn) as conn:
             # Until the standby connects, a synchronous commit would wait: set up first, locally.
             await conn.execute("SET synchronous_commit = local")
             await migrate(conn)
             await create_queue(conn, queue_name)
             await conn.execute(AUDIT_SQL)
-        finally:
-            await conn.close()
         with postgres_server(standby_of=primary) as standby:
-            conn = await asyncpg.connect(primary.dsn)
-            try:
+            async with connection(primary.dsn) as conn:
 
                 async def synchronous() -> bool:
                     state = await conn.fetchval("SELECT sync_state FROM pg_stat_replication")
                     return bool(state == "sync")
 
                 await eventually(synchronous, within=30, what="the standby streaming synchronously")
-            finally:
-                await conn.close()
             yield primary, standby
 
 
@@ -68,23 +61,14 @@ async def test_roles_follow_a_promoted_standby_and_lose_nothing(
 ) -> None:
     primary, standby = primary_and_standby
     dsn = multi_host_dsn(primary, standby)
-    roles = Roles({"JUDGEQUEUE_POSTGRES_DSN": dsn, "JUDGEQUEUE_REDIS_URL": REDIS_URL, "JUDGEQUEUE_QUEUE": queue_name,
-                   "JUDGEQUEUE_CONCURRENCY": "8"}, tmp_path)  # fmt: skip
-    roles.start("dispatcher", 2)
-    roles.start("worker", 2)
-    roles.start("reaper")
+    roles = Roles.on(dsn, queue_name, tmp_path, JUDGEQUEUE_CONCURRENCY="8")  # fmt: skip
+    roles.start_all(dispatchers=2, workers=2)
     try:
         flow = Flow(dsn, queue_name, submitters=3, job_seconds=(0.1, 0.5))
 
-        async def verdicts(n: int) -> bool:
-            return await terminal_count(dsn, list(flow.expected)) >= n
+        await flow.wait_verdicts(100, what="verdicts before the failover")
 
-        await eventually(lambda: verdicts(100), within=60, what="100 verdicts before the failover")
-
-        async def judging() -> bool:
-            return await judging_count(dsn, list(flow.expected)) >= 5
-
-        await eventually(judging, within=30, what="jobs being judged")  # they take 0.1-0.5 s each
+        await flow.wait_judging(5)  # they take 0.1-0.5 s each
         in_flight = len(flow.expected) - await terminal_count(dsn, list(flow.expected))
         stopped = time.monotonic()
         await asyncio.to_thread(primary.crash)  # jobs in flight: claimed, leased, judging
@@ -105,7 +89,7 @@ async def test_roles_follow_a_promoted_standby_and_lose_nothing(
         await eventually(followed, within=60, what="a submission committed after the promotion judged")
         follow = time.monotonic() - promoted
         before = len(flow.expected)
-        await eventually(lambda: verdicts(before + 100), within=60, what="100 more verdicts after the failover")
+        await flow.wait_verdicts(before + 100, what="verdicts (100 more after the failover)")
         expected = await flow.stop()
         report = await check_flow(dsn, REDIS_URL, queue_name, expected, roles, within=90)
         print(
@@ -127,13 +111,10 @@ async def test_roles_follow_a_promoted_standby_and_lose_nothing(
 async def primary_and_async_standby(queue_name: str) -> AsyncIterator[tuple[PostgresServer, PostgresServer, TcpProxy]]:
     """A migrated primary and a standby replicating asynchronously through a proxy the test controls."""
     with postgres_server() as primary:
-        conn = await asyncpg.connect(primary.dsn)
-        try:
+        async with connection(primary.dsn) as conn:
             await migrate(conn)
             await create_queue(conn, queue_name)
             await conn.execute(AUDIT_SQL)
-        finally:
-            await conn.close()
         link = TcpProxy(primary.port)
         await link.start()
         workdir = Path(tempfile.mkdtemp(prefix="jq-pg-standby-"))
@@ -160,24 +141,18 @@ async def test_asynchronous_standby_loses_only_the_lag_window(
     mark the failover lost with them (docs/reliability.md has the table)."""
     primary, standby, link = primary_and_async_standby
     dsn = multi_host_dsn(primary, standby)
-    roles = Roles({"JUDGEQUEUE_POSTGRES_DSN": dsn, "JUDGEQUEUE_REDIS_URL": REDIS_URL, "JUDGEQUEUE_QUEUE": queue_name,
-                   "JUDGEQUEUE_CONCURRENCY": "8", "JUDGEQUEUE_REDISPATCH_AFTER": "3s"}, tmp_path)  # fmt: skip
-    roles.start("dispatcher", 2)
-    roles.start("worker", 2)
-    roles.start("reaper")
+    roles = Roles.on(dsn, queue_name, tmp_path, JUDGEQUEUE_CONCURRENCY="8", JUDGEQUEUE_REDISPATCH_AFTER="3s")
+    roles.start_all(dispatchers=2, workers=2)
     try:
         flow = Flow(dsn, queue_name, submitters=3, job_seconds=(0.1, 0.5))
 
-        async def verdicts(n: int) -> bool:
-            return await terminal_count(dsn, list(flow.expected)) >= n
-
-        await eventually(lambda: verdicts(100), within=60, what="100 verdicts before the failover")
+        await flow.wait_verdicts(100, what="verdicts before the failover")
         link.stall(True)  # the lag window: from here on the standby receives nothing
         window_opened = time.monotonic()
         judged = await terminal_count(dsn, list(flow.expected))
 
         async def window_full() -> bool:
-            return len(flow.committed_after(window_opened)) >= 30 and await verdicts(judged + 30)
+            return len(flow.committed_after(window_opened)) >= 30 and await flow.verdicts() >= judged + 30
 
         await eventually(window_full, within=60, what="30 submissions and 30 verdicts the standby never got")
         await asyncio.to_thread(primary.crash)
@@ -191,21 +166,15 @@ async def test_asynchronous_standby_loses_only_the_lag_window(
 
         await eventually(followed, within=90, what="20 submissions committed after the promotion judged")
         expected = await flow.stop()
-        conn = await asyncpg.connect(dsn)
-        try:
+        async with connection(dsn) as conn:
             present = {r["id"] for r in await conn.fetch("SELECT id FROM judgequeue.submissions")}
-        finally:
-            await conn.close()
         lost = [sid for sid in expected if sid not in present]
         assert lost, "the stalled link must have cost some commits"
         assert all(flow.committed_at[sid] >= window_opened for sid in lost), "lost outside the window"
         survivors = {sid: status for sid, status in expected.items() if sid in present}
         report = await check_flow(dsn, REDIS_URL, queue_name, survivors, roles, within=90)
-        conn = await asyncpg.connect(dsn)
-        try:
+        async with connection(dsn) as conn:
             resent = await conn.fetchval("SELECT count(*) FROM judgequeue.outbox WHERE last_error LIKE 're-sent%'")
-        finally:
-            await conn.close()
         print(
             f"asynchronous failover: {len(expected)} submissions, {len(lost)} lost (all committed in the lag "
             f"window), {len(survivors)} judged once each; re-executions {report.duplicate_executions}, "

@@ -20,7 +20,7 @@ import redis.asyncio as aioredis
 from judgequeue.core.connect import connect_postgres
 from judgequeue.core.queues import create_queue
 from judgequeue.core.runtime import ReadinessProbe
-from tests.support.databases import ADMIN_DSN, REDIS_URL
+from tests.support.databases import ADMIN_DSN, REDIS_URL, connection
 from tests.support.flow import Flow, check_flow, install_audit, terminal_count
 from tests.support.pgbouncer import PgBouncer, pgbouncer
 from tests.support.roles import JUDGEQUEUE, Roles, submit_retrying
@@ -64,8 +64,7 @@ async def test_readiness_probe_through_the_pooler(bouncer: PgBouncer, pg_dsn: st
     """The probe keeps one connection across checks: it must not cache statements behind the pooler."""
     settings = make_settings(bouncer.dsn_for(pg_dsn), REDIS_URL, queue_name, postgres_pooler="transaction")
     probe = ReadinessProbe(settings, need_group=False, timeout=5)
-    other = await asyncpg.connect(bouncer.dsn_for(pg_dsn), **NO_CACHE)
-    try:
+    async with connection(bouncer.dsn_for(pg_dsn), **NO_CACHE) as other:
         for _ in range(3):  # each check after the first runs on the session another client just released
             busy = other.transaction()
             await busy.start()
@@ -73,8 +72,6 @@ async def test_readiness_probe_through_the_pooler(bouncer: PgBouncer, pg_dsn: st
             assert (await probe()).checks["postgres"] == "ok"
             await busy.commit()
             assert (await probe()).checks["postgres"] == "ok"
-    finally:
-        await other.close()
         await probe.close()
 
 
@@ -97,11 +94,8 @@ def test_migrate_and_tools_through_the_pooler(bouncer: PgBouncer, fresh_db: str)
 
 async def _setup(pg_dsn: str, queue: str) -> None:
     await install_audit(pg_dsn)
-    conn = await asyncpg.connect(pg_dsn)
-    try:
+    async with connection(pg_dsn) as conn:
         await create_queue(conn, queue)
-    finally:
-        await conn.close()
 
 
 async def test_roles_and_submit_through_pgbouncer_polling(
@@ -110,19 +104,8 @@ async def test_roles_and_submit_through_pgbouncer_polling(
     """No direct DSN: the dispatcher polls on ``schedule`` and never registers, so no submit notifies."""
     await _setup(pg_dsn, queue_name)
     pooled = bouncer.dsn_for(pg_dsn)
-    roles = Roles(
-        {
-            "JUDGEQUEUE_POSTGRES_DSN": pooled,
-            "JUDGEQUEUE_POSTGRES_POOLER": "transaction",
-            "JUDGEQUEUE_REDIS_URL": REDIS_URL,
-            "JUDGEQUEUE_QUEUE": queue_name,
-            "JUDGEQUEUE_CONCURRENCY": "8",
-        },
-        tmp_path,
-    )
-    roles.start("dispatcher", 2)
-    roles.start("worker", 2)
-    roles.start("reaper")
+    roles = Roles.on(pooled, queue_name, tmp_path, JUDGEQUEUE_POSTGRES_POOLER="transaction", JUDGEQUEUE_CONCURRENCY="8")
+    roles.start_all(dispatchers=2, workers=2)
     try:
         flow = Flow(pooled, queue_name, submitters=4, connect_options=NO_CACHE)
 
@@ -134,11 +117,8 @@ async def test_roles_and_submit_through_pgbouncer_polling(
         report = await check_flow(pg_dsn, REDIS_URL, queue_name, expected, roles, within=60)
         print(report.as_dict())
         assert report.violations == [], report.violations
-        conn = await asyncpg.connect(pg_dsn)
-        try:
+        async with connection(pg_dsn) as conn:
             assert await conn.fetchval("SELECT count(*) FROM judgequeue.dispatch_waiters") == 0
-        finally:
-            await conn.close()
         assert roles.alive() == 5, roles.logs()
     finally:
         codes = roles.stop()
@@ -154,29 +134,23 @@ async def test_listen_dsn_wakes_the_dispatcher_behind_the_pooler(
     """
     await _setup(pg_dsn, queue_name)
     pooled = bouncer.dsn_for(pg_dsn)
-    roles = Roles(
-        {
-            "JUDGEQUEUE_POSTGRES_DSN": pooled,
-            "JUDGEQUEUE_POSTGRES_POOLER": "transaction",
-            "JUDGEQUEUE_POSTGRES_LISTEN_DSN": pg_dsn,
-            "JUDGEQUEUE_REDIS_URL": REDIS_URL,
-            "JUDGEQUEUE_QUEUE": queue_name,
-            "JUDGEQUEUE_SCHEDULE": "1h",
-        },
+    roles = Roles.on(
+        pooled,
+        queue_name,
         tmp_path,
+        JUDGEQUEUE_POSTGRES_POOLER="transaction",
+        JUDGEQUEUE_POSTGRES_LISTEN_DSN=pg_dsn,
+        JUDGEQUEUE_SCHEDULE="1h",
     )
     roles.start("dispatcher")
     roles.start("worker")
     try:
-        conn = await asyncpg.connect(pg_dsn)
-        try:
+        async with connection(pg_dsn) as conn:
 
             async def registered() -> bool:
                 return bool(await conn.fetchval("SELECT count(*) FROM judgequeue.dispatch_waiters"))
 
             await eventually(registered, within=30, what="the idle dispatcher registered as a waiter")
-        finally:
-            await conn.close()
         expected: dict[int, str] = {}
         for _ in range(5):  # one at a time: each finds the dispatcher idle and listening
             payload = {"seconds": 0, "status": "ACCEPTED"}

@@ -15,7 +15,6 @@ import redis.asyncio as aioredis
 
 from judgequeue.core import streams
 from judgequeue.core.queues import create_queue
-from tests.support.databases import REDIS_URL
 from tests.support.queries import status_of, submission
 from tests.support.roles import Roles, submit_retrying, wait_all_terminal
 
@@ -27,18 +26,8 @@ async def test_worker_killing_payload_ends_system_error_after_max_retries(
 ) -> None:
     conn = await asyncpg.connect(pg_dsn)
     await create_queue(conn, queue_name)
-    roles = Roles(
-        {
-            "JUDGEQUEUE_POSTGRES_DSN": pg_dsn,
-            "JUDGEQUEUE_REDIS_URL": REDIS_URL,
-            "JUDGEQUEUE_QUEUE": queue_name,
-            "JUDGEQUEUE_MAX_RETRIES": "3",
-            "JUDGEQUEUE_LEASE_TTL": "1s",
-            # One job per worker: a process-killing payload takes every job in flight beside it
-            # down too (docs/reliability.md), which is not what this test is about.
-            "JUDGEQUEUE_CONCURRENCY": "1",
-        },
-        tmp_path,
+    roles = Roles.on(
+        pg_dsn, queue_name, tmp_path, JUDGEQUEUE_MAX_RETRIES="3", JUDGEQUEUE_LEASE_TTL="1s", JUDGEQUEUE_CONCURRENCY="1"
     )
     roles.start("dispatcher")
     roles.start("reaper")
@@ -77,16 +66,7 @@ async def test_unparseable_entry_is_dead_lettered_after_max_deliveries(
     await conn.close()
     await streams.ensure_group(redis_client, queue_name)
     await redis_client.xadd(streams.stream_key(queue_name), {"submission": "not-a-number"})
-    roles = Roles(
-        {
-            "JUDGEQUEUE_POSTGRES_DSN": pg_dsn,
-            "JUDGEQUEUE_REDIS_URL": REDIS_URL,
-            "JUDGEQUEUE_QUEUE": queue_name,
-            "JUDGEQUEUE_MAX_DELIVERIES": "3",
-            "JUDGEQUEUE_VISIBILITY_TIMEOUT": "300ms",
-        },
-        tmp_path,
-    )
+    roles = Roles.on(pg_dsn, queue_name, tmp_path, JUDGEQUEUE_MAX_DELIVERIES="3", JUDGEQUEUE_VISIBILITY_TIMEOUT="300ms")
     roles.start("worker")
     roles.start("reaper")
     try:

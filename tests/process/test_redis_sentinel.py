@@ -16,12 +16,12 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import asyncpg
 import pytest
 
 from judgequeue.core.connect import SentinelMaster, redis_client
 from judgequeue.core.queues import create_queue
-from tests.support.flow import Flow, check_flow, install_audit, judging_count, terminal_count
+from tests.support.databases import connection
+from tests.support.flow import Flow, check_flow, install_audit, terminal_count
 from tests.support.redis_servers import (
     RedisServer,
     free_port,
@@ -83,20 +83,10 @@ async def test_roles_follow_the_promoted_replica_and_resend_what_was_lost(
 ) -> None:
     group = sentinel_group
     await install_audit(pg_dsn)
-    conn = await asyncpg.connect(pg_dsn)
-    try:
+    async with connection(pg_dsn) as conn:
         await create_queue(conn, queue_name)
-    finally:
-        await conn.close()
-    roles = Roles(
-        {
-            "JUDGEQUEUE_POSTGRES_DSN": pg_dsn,
-            "JUDGEQUEUE_REDIS_URL": group.url,
-            "JUDGEQUEUE_QUEUE": queue_name,
-            "JUDGEQUEUE_CONCURRENCY": "8",
-            "JUDGEQUEUE_REDISPATCH_AFTER": "3s",
-        },
-        tmp_path,
+    roles = Roles.on(
+        pg_dsn, queue_name, tmp_path, redis_url=group.url, JUDGEQUEUE_CONCURRENCY="8", JUDGEQUEUE_REDISPATCH_AFTER="3s"
     )
     roles.start("dispatcher")
     workers = roles.start("worker", 2)
@@ -104,15 +94,9 @@ async def test_roles_follow_the_promoted_replica_and_resend_what_was_lost(
     try:
         flow = Flow(pg_dsn, queue_name, submitters=3, job_seconds=(0.05, 0.3))
 
-        async def verdicts(n: int) -> bool:
-            return await terminal_count(pg_dsn, list(flow.expected)) >= n
+        await flow.wait_verdicts(100, what="verdicts before the failover")
 
-        await eventually(lambda: verdicts(100), within=60, what="100 verdicts before the failover")
-
-        async def judging() -> bool:
-            return await judging_count(pg_dsn, list(flow.expected)) >= 5
-
-        await eventually(judging, within=30, what="jobs being judged")  # stopped with their workers below
+        await flow.wait_judging(5)  # stopped with their workers below
 
         # The asynchronous replication window, made certain: the replica stops receiving, the
         # workers stop consuming, and the dispatcher keeps appending to the master alone.
@@ -148,7 +132,7 @@ async def test_roles_follow_the_promoted_replica_and_resend_what_was_lost(
         await eventually(followed, within=60, what="a submission committed after the promotion judged")
         follow = time.monotonic() - killed - promoted_after
         before = len(flow.expected)
-        await eventually(lambda: verdicts(before + 100), within=60, what="100 more verdicts after the failover")
+        await flow.wait_verdicts(before + 100, what="verdicts (100 more after the failover)")
         expected = await flow.stop()
         report = await check_flow(pg_dsn, group.url, queue_name, expected, roles, within=90)
         resent = await _resent(pg_dsn)
@@ -171,21 +155,13 @@ async def test_roles_follow_the_promoted_replica_and_resend_what_was_lost(
 
 
 async def _sent(dsn: str) -> int:
-    conn = await asyncpg.connect(dsn)
-    try:
+    async with connection(dsn) as conn:
         return int(await conn.fetchval("SELECT count(*) FROM judgequeue.outbox WHERE state = 'SENT'"))
-    finally:
-        await conn.close()
 
 
 async def _resent(dsn: str) -> int:
-    conn = await asyncpg.connect(dsn)
-    try:
+    async with connection(dsn) as conn:
         return int(await conn.fetchval("SELECT count(*) FROM judgequeue.outbox WHERE last_error LIKE 're-sent%'"))
-    finally:
-        await conn.close()
-
-
 
 
 async def test_the_sentinel_client_finds_the_master_and_closes_everything(sentinel_group: SentinelGroup) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import asyncpg
 
 from judgequeue.core.queues import create_queue
-from tests.support.databases import REDIS_URL
+from tests.support.databases import REDIS_URL, connection
 from tests.support.pg_servers import PostgresServer
 from tests.support.redis_servers import RedisServer, redis_server
 from tests.support.roles import Roles, submit_retrying, wait_all_terminal
@@ -21,9 +21,7 @@ OK = {"seconds": 0.005, "status": "ACCEPTED"}
 
 
 def start_roles(roles: Roles) -> None:
-    roles.start("dispatcher")
-    roles.start("worker", 2)
-    roles.start("reaper")
+    roles.start_all(workers=2)
 
 
 async def submit_some(dsn: str, queue: str, n: int) -> list[int]:
@@ -31,10 +29,7 @@ async def submit_some(dsn: str, queue: str, n: int) -> list[int]:
 
 
 async def test_postgres_crash_restart_mid_run(own_pg: PostgresServer, queue_name: str, tmp_path: Path) -> None:
-    roles = Roles(
-        {"JUDGEQUEUE_POSTGRES_DSN": own_pg.dsn, "JUDGEQUEUE_REDIS_URL": REDIS_URL, "JUDGEQUEUE_QUEUE": queue_name},
-        tmp_path,
-    )
+    roles = Roles.on(own_pg.dsn, queue_name, tmp_path)
     start_roles(roles)
     try:
         ids = await submit_some(own_pg.dsn, queue_name, 150)
@@ -54,10 +49,7 @@ async def test_redis_killed_and_restarted_with_aof(pg_dsn: str, queue_name: str,
     async with _pg_queue(pg_dsn, queue_name):
         pass
     with redis_server("--appendonly", "yes", "--appendfsync", "always") as first:
-        roles = Roles(
-            {"JUDGEQUEUE_POSTGRES_DSN": pg_dsn, "JUDGEQUEUE_REDIS_URL": first.url, "JUDGEQUEUE_QUEUE": queue_name},
-            tmp_path,
-        )
+        roles = Roles.on(pg_dsn, queue_name, tmp_path, redis_url=first.url)
         start_roles(roles)
         restarted: RedisServer | None = None
         try:
@@ -86,13 +78,11 @@ async def test_connections_cut_and_stalled_by_a_proxy(pg_dsn: str, queue_name: s
     pg_proxy, redis_proxy = TcpProxy(pg_port), TcpProxy(redis_port)
     await pg_proxy.start()
     await redis_proxy.start()
-    roles = Roles(
-        {
-            "JUDGEQUEUE_POSTGRES_DSN": f"postgresql://postgres@127.0.0.1:{pg_proxy.port}/{db}",
-            "JUDGEQUEUE_REDIS_URL": f"redis://127.0.0.1:{redis_proxy.port}/0",
-            "JUDGEQUEUE_QUEUE": queue_name,
-        },
+    roles = Roles.on(
+        f"postgresql://postgres@127.0.0.1:{pg_proxy.port}/{db}",
+        queue_name,
         tmp_path,
+        redis_url=f"redis://127.0.0.1:{redis_proxy.port}/0",
     )
     start_roles(roles)
     try:
@@ -139,15 +129,7 @@ async def test_redis_restarted_without_persistence_recovers_from_the_outbox(
     async with _pg_queue(pg_dsn, queue_name):
         pass
     with redis_server() as first:
-        roles = Roles(
-            {
-                "JUDGEQUEUE_POSTGRES_DSN": pg_dsn,
-                "JUDGEQUEUE_REDIS_URL": first.url,
-                "JUDGEQUEUE_QUEUE": queue_name,
-                "JUDGEQUEUE_REDISPATCH_AFTER": "3s",
-            },
-            tmp_path,
-        )
+        roles = Roles.on(pg_dsn, queue_name, tmp_path, redis_url=first.url, JUDGEQUEUE_REDISPATCH_AFTER="3s")
         roles.start("dispatcher")
         roles.start("reaper")
         restarted: RedisServer | None = None
@@ -179,12 +161,9 @@ async def test_redis_restarted_without_persistence_recovers_from_the_outbox(
 
 
 async def _wait_sent(dsn: str, n: int) -> None:
-    conn = await asyncpg.connect(dsn)
-    try:
+    async with connection(dsn) as conn:
 
         async def sent() -> bool:
             return bool(await conn.fetchval("SELECT count(*) FROM judgequeue.outbox WHERE state = 'SENT'") >= n)
 
         await eventually(sent, within=30, what=f"{n} rows sent")
-    finally:
-        await conn.close()

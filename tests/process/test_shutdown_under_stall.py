@@ -12,10 +12,9 @@ import signal
 import time
 from pathlib import Path
 
-import asyncpg
-
 from judgequeue.core.queues import create_queue
 from tests.support.chaos import FaultTargets, fault_targets
+from tests.support.databases import connection
 from tests.support.roles import Roles, submit_retrying, wait_all_terminal
 from tests.support.tcp_proxy import TcpProxy
 
@@ -28,18 +27,10 @@ async def _exit_codes_while_stalled(
 ) -> dict[str, int | None]:
     """Start the roles through the proxies, let them judge, stall ``proxy``, SIGTERM every role and
     return each role's exit code, or None for a role still running ``within`` seconds later."""
-    conn = await asyncpg.connect(t.pg.dsn)
-    try:
+    async with connection(t.pg.dsn) as conn:
         await create_queue(conn, queue)
-    finally:
-        await conn.close()
-    roles = Roles(
-        {"JUDGEQUEUE_POSTGRES_DSN": t.role_pg_dsn, "JUDGEQUEUE_REDIS_URL": t.role_redis_url, "JUDGEQUEUE_QUEUE": queue},
-        tmp_path,
-    )
-    roles.start("dispatcher")
-    roles.start("worker", 2)
-    roles.start("reaper")
+    roles = Roles.on(t.role_pg_dsn, queue, tmp_path, redis_url=t.role_redis_url)
+    roles.start_all(workers=2)
     try:
         ids = [await submit_retrying(t.pg.dsn, queue, OK) for _ in range(30)]
         await wait_all_terminal(t.pg.dsn, ids, within=60, roles=roles)

@@ -45,6 +45,7 @@ from judgequeue.core import outbox, streams
 from judgequeue.core.errors import DB_ERRORS
 from judgequeue.core.migrate import migrate
 from judgequeue.core.queues import create_queue, set_cutover
+from tests.support.databases import connection
 from tests.support.pg_servers import PostgresServer, postgres_server
 from tests.support.queries import count_submissions
 from tests.support.redis_servers import RedisServer, redis_server
@@ -214,11 +215,8 @@ class FaultTargets:
 async def fault_targets() -> AsyncIterator[FaultTargets]:
     """A throwaway Postgres server (migrated) and redis-server, each behind a :class:`TcpProxy`."""
     with postgres_server() as pg, redis_server() as redis:
-        conn = await asyncpg.connect(pg.dsn)
-        try:
+        async with connection(pg.dsn) as conn:
             await migrate(conn)
-        finally:
-            await conn.close()
         pg_proxy, redis_proxy = TcpProxy(pg.port), TcpProxy(redis.port)
         await pg_proxy.start()
         await redis_proxy.start()
@@ -562,11 +560,8 @@ class Chaos:
         deadline = time.monotonic() + within
         while True:
             try:
-                conn = await asyncpg.connect(self.pg_dsn, timeout=5)
-                try:
+                async with connection(self.pg_dsn, timeout=5) as conn:
                     return await op(conn)
-                finally:
-                    await conn.close()
             except DB_ERRORS:
                 if time.monotonic() > deadline:
                     raise

@@ -7,8 +7,11 @@ databases here; nothing in this module imports pytest, so a benchmark can use it
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
+from collections.abc import AsyncIterator
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
@@ -28,12 +31,19 @@ def unique_name(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:12]}"
 
 
-async def _admin(statement: str) -> None:
-    admin = await asyncpg.connect(ADMIN_DSN)
+@contextlib.asynccontextmanager
+async def connection(dsn: str, **options: Any) -> AsyncIterator[asyncpg.Connection]:
+    """One connection to ``dsn`` (``options`` go to ``asyncpg.connect``), closed at the end of the block."""
+    conn = await asyncpg.connect(dsn, **options)
     try:
-        await admin.execute(statement)
+        yield conn
     finally:
-        await admin.close()
+        await conn.close()
+
+
+async def _admin(statement: str) -> None:
+    async with connection(ADMIN_DSN) as admin:
+        await admin.execute(statement)
 
 
 async def create_database(
@@ -46,11 +56,8 @@ async def create_database(
     name = name or unique_name(prefix)
     await _admin(f'CREATE DATABASE "{name}"' + (f' TEMPLATE "{template}"' if template else ""))
     if migrated and template is None:
-        conn = await asyncpg.connect(dsn_for(name))
-        try:
+        async with connection(dsn_for(name)) as conn:
             await migrate(conn)
-        finally:
-            await conn.close()
     return dsn_for(name)
 
 

@@ -20,17 +20,16 @@ import redis.asyncio as aioredis
 
 from judgequeue.core.connect import redis_client
 from tests.support.chaos import AUDIT_SQL, JUDGE_STATUSES, ChaosReport, check_invariants
+from tests.support.databases import connection
 from tests.support.queries import count_submissions
 from tests.support.roles import Roles, submit_retrying, wait_all_terminal
+from tests.support.waiting import eventually
 
 
 async def install_audit(dsn: str) -> None:
     """The chaos audit trigger: every status/generation transition recorded (install before any job)."""
-    conn = await asyncpg.connect(dsn)
-    try:
+    async with connection(dsn) as conn:
         await conn.execute(AUDIT_SQL)
-    finally:
-        await conn.close()
 
 
 class Flow:
@@ -75,26 +74,38 @@ class Flow:
         await asyncio.gather(*self._tasks)
         return dict(self.expected)
 
+    async def verdicts(self) -> int:
+        """How many committed submissions have their verdict."""
+        return await terminal_count(self.dsn, list(self.expected), **(self.connect_options or {}))
+
+    async def wait_verdicts(self, n: int, *, within: float = 60, what: str = "verdicts") -> None:
+        async def enough() -> bool:
+            return await self.verdicts() >= n
+
+        await eventually(enough, within=within, what=f"{n} {what}")
+
+    async def wait_judging(self, n: int, *, within: float = 30) -> None:
+        """Until at least ``n`` committed submissions are leased by a worker (jobs in flight)."""
+
+        async def enough() -> bool:
+            return await judging_count(self.dsn, list(self.expected)) >= n
+
+        await eventually(enough, within=within, what=f"{n} jobs being judged")
+
     def committed_after(self, moment: float) -> list[int]:
         return [sid for sid, at in self.committed_at.items() if at > moment]
 
 
 async def terminal_count(dsn: str, ids: list[int], **connect_options: Any) -> int:
     """How many of ``ids`` have their verdict."""
-    conn = await asyncpg.connect(dsn, timeout=2, **connect_options)
-    try:
+    async with connection(dsn, timeout=2, **connect_options) as conn:
         return await count_submissions(conn, ids=ids, not_status=("PENDING", "JUDGING"))
-    finally:
-        await conn.close()
 
 
 async def judging_count(dsn: str, ids: list[int]) -> int:
     """How many of ``ids`` a worker holds a lease on right now (jobs in flight)."""
-    conn = await asyncpg.connect(dsn, timeout=2)
-    try:
+    async with connection(dsn, timeout=2) as conn:
         return await count_submissions(conn, ids=ids, status="JUDGING")
-    finally:
-        await conn.close()
 
 
 async def check_flow(

@@ -12,6 +12,7 @@ from typing import Any, TypeAlias
 import asyncpg
 
 from judgequeue.core.queues import create_queue
+from tests.support.databases import connection
 
 Db: TypeAlias = "asyncpg.Connection | asyncpg.Pool"
 
@@ -68,8 +69,5 @@ async def status_counts(db: Db) -> dict[str, int]:
 
 async def create_queue_at(dsn: str, queue: str, **options: Any) -> None:
     """Create ``queue`` in the database at ``dsn`` (one short connection)."""
-    conn = await asyncpg.connect(dsn)
-    try:
+    async with connection(dsn) as conn:
         await create_queue(conn, queue, **options)
-    finally:
-        await conn.close()

@@ -23,7 +23,7 @@ from typing import Any
 import asyncpg
 
 from judgequeue.core.states import VERDICTS
-from tests.support.databases import REDIS_URL
+from tests.support.databases import REDIS_URL, connection
 from tests.support.queries import submissions
 from tests.support.settings import FAST_ROLE_ENV
 from tests.support.waiting import wait_for
@@ -174,6 +174,12 @@ class Roles:
             started.append(proc)
         return started
 
+    def start_all(self, dispatchers: int = 1, workers: int = 1, reapers: int = 1) -> None:
+        """Start a whole deployment: dispatchers, then workers, then reapers (log files numbered in that order)."""
+        for role, count in (("dispatcher", dispatchers), ("worker", workers), ("reaper", reapers)):
+            if count:
+                self.start(role, count)
+
     def alive(self) -> int:
         return sum(1 for p in self.procs if p.poll() is None)
 
@@ -205,12 +211,8 @@ async def submit_retrying(
     deadline = time.monotonic() + within
     while True:
         try:
-            conn = await asyncpg.connect(dsn, timeout=2, **(connect_options or {}))
-            try:
-                async with conn.transaction():
-                    return await outbox.submit(conn, queue, payload)
-            finally:
-                await conn.close()
+            async with connection(dsn, timeout=2, **(connect_options or {})) as conn, conn.transaction():
+                return await outbox.submit(conn, queue, payload)
         except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
             if time.monotonic() > deadline:
                 raise
@@ -223,11 +225,8 @@ async def wait_all_terminal(dsn: str, ids: list[int], *, within: float, roles: R
     last: dict[int, str] = {}
     while True:
         try:
-            conn = await asyncpg.connect(dsn, timeout=2)
-            try:
+            async with connection(dsn, timeout=2) as conn:
                 rows = await submissions(conn, ids)
-            finally:
-                await conn.close()
             last = {sid: row["status"] for sid, row in rows.items()}
             if len(last) == len(ids) and all(s in TERMINAL for s in last.values()):
                 return last
