@@ -59,6 +59,21 @@ async def idle_pel(redis: aioredis.Redis, queue: str, at_least_ms: int) -> bool:
     return bool(found) and all(p["time_since_delivered"] >= at_least_ms for p in found)
 
 
+async def judging_submission(pool: asyncpg.Pool, queue: str, *, lease_expired: bool = False) -> int:
+    """A new submission on a new ``queue`` marked JUDGING as if leased (its lease already expired if asked)."""
+    async with pool.acquire() as conn:
+        await create_queue(conn, queue)
+        sid: int = await outbox.submit(conn, queue, {})
+        await conn.execute(
+            "UPDATE judgequeue.submissions SET status = 'JUDGING', attempt_id = gen_random_uuid(),"
+            " lease_expires_at = now() + CASE WHEN $2 THEN interval '-1 second' ELSE interval '1 hour' END"
+            " WHERE id = $1",
+            sid,
+            lease_expired,
+        )
+    return sid
+
+
 async def sweep_until(r: Reaper, check: str, within: float = 5.0) -> reaper.StreamSweep:
     """Sweep until the sweep did something of kind ``check`` (e.g. requeued)."""
 
@@ -132,10 +147,7 @@ async def test_unacked_entry_is_requeued_then_dead_lettered_with_postgres_update
 async def test_judging_submission_is_left_to_its_lease(
     pg_pool: asyncpg.Pool, pg_dsn: str, redis_client: aioredis.Redis, queue_name: str
 ) -> None:
-    async with pg_pool.acquire() as conn:
-        await create_queue(conn, queue_name)
-        sid = await outbox.submit(conn, queue_name, {})
-        await conn.execute("UPDATE judgequeue.submissions SET status = 'JUDGING' WHERE id = $1", sid)
+    sid = await judging_submission(pg_pool, queue_name)
     await streams.ensure_group(redis_client, queue_name)
     await streams.enqueue_many(redis_client, queue_name, [env(sid, deliveries=3)], seen_ttl=60)
     await streams.read(redis_client, queue_name, "w", count=1, block_ms=100)
@@ -471,14 +483,7 @@ async def test_a_sweep_with_every_part_failing_is_unreachable(queue_name: str) -
 async def test_sweep_rescues_expired_leases(
     pg_pool: asyncpg.Pool, pg_dsn: str, redis_client: aioredis.Redis, queue_name: str
 ) -> None:
-    async with pg_pool.acquire() as conn:
-        await create_queue(conn, queue_name)
-        sid = await outbox.submit(conn, queue_name, {})
-        await conn.execute(
-            """UPDATE judgequeue.submissions SET status = 'JUDGING', attempt_id = gen_random_uuid(),
-                      lease_expires_at = now() - interval '1 second' WHERE id = $1""",
-            sid,
-        )
+    sid = await judging_submission(pg_pool, queue_name, lease_expired=True)
     r = make_reaper(pg_pool, redis_client, pg_dsn, queue_name, "reaper-a")
     report = await r.sweep()
     assert report.leases is not None and (report.leases.requeued, report.leases.failed) == (1, 0)

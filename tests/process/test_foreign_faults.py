@@ -16,16 +16,25 @@ import redis.asyncio as aioredis
 
 from judgequeue.core import streams
 from judgequeue.core.envelope import Envelope
-from judgequeue.core.queues import create_queue
 from tests.support.databases import connection
+from tests.support.queries import count_submissions, create_queue_at
 from tests.support.roles import Roles, submit_retrying, wait_all_terminal
 from tests.support.waiting import eventually
 
 OK = {"seconds": 0.002, "status": "ACCEPTED"}
 
 
-def _roles(pg_dsn: str, queue: str, tmp_path: Path, **env: str) -> Roles:
-    return Roles.on(pg_dsn, queue, tmp_path, **env)
+async def _started(pg_dsn: str, queue: str, redis: aioredis.Redis, tmp_path: Path, *, workers: int) -> Roles:
+    """The queue, its roles (one job at a time per worker) running, and the consumer group in place."""
+    await create_queue_at(pg_dsn, queue)
+    roles = Roles.on(pg_dsn, queue, tmp_path, JUDGEQUEUE_CONCURRENCY="1")
+    roles.start_all(workers=workers)
+    try:
+        await eventually(lambda: _group_exists(redis, streams.stream_key(queue)), within=30, what="consumer group")
+    except BaseException:
+        roles.stop()
+        raise
+    return roles
 
 
 async def _terminate_backends(admin: asyncpg.Connection, database: str) -> int:
@@ -39,11 +48,9 @@ async def _terminate_backends(admin: asyncpg.Connection, database: str) -> int:
 
 async def test_roles_survive_every_backend_terminated_repeatedly(pg_dsn: str, queue_name: str, tmp_path: Path) -> None:
     """``pg_terminate_backend`` of every session, again and again, while jobs flow."""
-    conn = await asyncpg.connect(pg_dsn)
-    await create_queue(conn, queue_name)
-    await conn.close()
+    await create_queue_at(pg_dsn, queue_name)
     database = pg_dsn.rsplit("/", 1)[1]
-    roles = _roles(pg_dsn, queue_name, tmp_path)
+    roles = Roles.on(pg_dsn, queue_name, tmp_path)
     roles.start_all(dispatchers=2, workers=2)
     admin = await asyncpg.connect(pg_dsn.rsplit("/", 1)[0] + "/postgres")
     ids: list[int] = []
@@ -67,10 +74,8 @@ async def test_roles_survive_every_backend_terminated_repeatedly(pg_dsn: str, qu
         codes = roles.stop()
     assert codes == [0] * 5, roles.logs()
     async with connection(pg_dsn) as conn:
-        verdicts = await conn.fetchval(
-            "SELECT count(*) FROM judgequeue.submissions WHERE id = ANY($1) AND verdict IS NOT NULL", ids + after
-        )
-    assert verdicts == len(ids) + len(after)
+        verdicts = await count_submissions(conn, ids=ids + after, not_status=("PENDING", "JUDGING"))
+    assert verdicts == len(ids) + len(after), "every one has its verdict"
 
 
 async def _pending(redis: aioredis.Redis, queue: str) -> int:
@@ -82,13 +87,9 @@ async def test_foreign_entries_leave_the_pel_and_the_workers_stay_up(
     pg_dsn: str, queue_name: str, redis_client: aioredis.Redis, tmp_path: Path
 ) -> None:
     """Non-UTF-8 bytes and a submission id beyond int64, written with XADD by a foreign client."""
-    conn = await asyncpg.connect(pg_dsn)
-    await create_queue(conn, queue_name)
-    roles = _roles(pg_dsn, queue_name, tmp_path, JUDGEQUEUE_CONCURRENCY="1")
-    roles.start_all(workers=2)
+    roles = await _started(pg_dsn, queue_name, redis_client, tmp_path, workers=2)
     key = streams.stream_key(queue_name)
     try:
-        await eventually(lambda: _group_exists(redis_client, key), within=30, what="consumer group")
         foreign = [
             {b"submission": b"\xff\xfe\x01", b"generation": b"1"},
             {
@@ -117,7 +118,6 @@ async def test_foreign_entries_leave_the_pel_and_the_workers_stay_up(
         assert all("malformed" in r for r in reasons), reasons
     finally:
         codes = roles.stop()
-        await conn.close()
     assert codes == [0] * 4, roles.logs()
 
 
@@ -140,13 +140,9 @@ async def test_an_envelope_at_the_edge_of_int64_for_no_submission_is_acked_as_st
     pg_dsn: str, queue_name: str, redis_client: aioredis.Redis, tmp_path: Path
 ) -> None:
     """Well-formed numbers at the very top of bigint, naming no submission: acked, nothing else stops."""
-    conn = await asyncpg.connect(pg_dsn)
-    await create_queue(conn, queue_name)
-    roles = _roles(pg_dsn, queue_name, tmp_path, JUDGEQUEUE_CONCURRENCY="1")
-    roles.start_all()
+    roles = await _started(pg_dsn, queue_name, redis_client, tmp_path, workers=1)
     key = streams.stream_key(queue_name)
     try:
-        await eventually(lambda: _group_exists(redis_client, key), within=30, what="consumer group")
         poison = Envelope(submission=2**63 - 1, generation=2**63 - 1, attempt=1, outbox=1, enqueued_at=1.0)
         await redis_client.xadd(key, poison.fields())  # type: ignore[arg-type]
         ids = [await submit_retrying(pg_dsn, queue_name, OK) for _ in range(10)]
@@ -156,5 +152,4 @@ async def test_an_envelope_at_the_edge_of_int64_for_no_submission_is_acked_as_st
         assert roles.alive() == 3, roles.logs()
     finally:
         codes = roles.stop()
-        await conn.close()
     assert codes == [0] * 3, roles.logs()

@@ -326,7 +326,7 @@ class Chaos:
                 slot.proc.send_signal(signal.SIGTERM)
         for slot in self.slots:
             if slot.proc is not None:
-                codes[f"{slot.role}-{slot.index}"] = stop_process(slot.proc, 15)
+                codes[f"{slot.role}-{slot.index}"] = stop_process(slot.proc, 15, terminate=False)
         return codes
 
     # --- the run -------------------------------------------------------------------------------

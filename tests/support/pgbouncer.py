@@ -17,12 +17,13 @@ import signal
 import socket
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 from tests.support.redis_servers import free_port
+from tests.support.roles import stop_process
+from tests.support.waiting import wait_for
 
 PGBOUNCER = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
 
@@ -91,27 +92,20 @@ class PgBouncer:
             return None
 
     def _wait_ready(self, within: float = 10.0) -> None:
-        deadline = time.monotonic() + within
-        while True:
+        def listening() -> bool:
             if self.process.poll() is not None:
                 raise RuntimeError(f"pgbouncer exited ({self.process.returncode}): {self.log()}")
             with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", self.port)) == 0:
-                    return
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"pgbouncer not listening on {self.port} within {within}s: {self.log()}")
-            time.sleep(0.02)
+                return s.connect_ex(("127.0.0.1", self.port)) == 0
+
+        wait_for(listening, within, f"pgbouncer listening on {self.port}", every=0.02)
 
     def stop(self) -> None:
         pid = self._pid()
         if pid is not None and self.process.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)  # pgbouncer itself (runuser only waits for it)
-        try:
-            self.process.wait(10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(5)
+        stop_process(self.process, 10, terminate=False)
 
 
 @contextlib.contextmanager

@@ -11,11 +11,13 @@ import shutil
 import socket
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import redis
+
+from tests.support.roles import stop_process
+from tests.support.waiting import wait_for
 
 REDIS_SERVER = shutil.which("redis-server") or "redis-server"
 REDIS_CLI = shutil.which("redis-cli") or "redis-cli"
@@ -93,29 +95,20 @@ class RedisServer:
         return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=5)
 
     def wait_ready(self, within: float = 10.0) -> None:
-        deadline = time.monotonic() + within
-        while True:
+        def answers() -> bool:
             if self.process.poll() is not None:
                 log = (self.workdir / "redis.log").read_text(errors="replace")[-2000:]
                 raise RuntimeError(f"redis-server on {self.port} exited: {log}")
             try:
                 with self.client() as c:
-                    if c.ping():
-                        return
+                    return bool(c.ping())
             except redis.RedisError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"redis-server on {self.port} not ready within {within}s")
-            time.sleep(0.02)
+                return False
+
+        wait_for(answers, within, f"redis-server on {self.port} answering PING", every=0.02)
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(5)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(5)
+        stop_process(self.process, 5)
 
 
 @contextlib.contextmanager
@@ -148,19 +141,16 @@ def start_sentinel(workdir: Path, master: str, master_port: int, *, quorum: int 
 
 def wait_sentinels_settled(sentinels: Sequence[RedisServer], master: str, replicas: int, within: float = 30) -> None:
     """Until every sentinel knows the others and ``replicas`` replicas (a failover needs both)."""
-    deadline = time.monotonic() + within
-    while True:
-        settled = True
+    def settled() -> bool:
         for sentinel in sentinels:
             with sentinel.client() as c:
                 peers = c.execute_command("SENTINEL", "SENTINELS", master)
                 known = c.execute_command("SENTINEL", "REPLICAS", master)
-                settled &= len(peers) == len(sentinels) - 1 and len(known) == replicas
-        if settled:
-            return
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"sentinels did not discover each other and {replicas} replica(s) in {within}s")
-        time.sleep(0.05)
+                if len(peers) != len(sentinels) - 1 or len(known) != replicas:
+                    return False
+        return True
+
+    wait_for(settled, within, f"sentinels knowing each other and {replicas} replica(s)")
 
 
 def master_address(sentinel: RedisServer, master: str) -> tuple[str, int]:
@@ -207,16 +197,9 @@ def redis_cluster(masters: int = 3) -> Iterator[list[RedisServer]]:
 
 
 def _wait_cluster_ok(nodes: Sequence[RedisServer], within: float = 20.0) -> None:
-    deadline = time.monotonic() + within
-    while True:
-        states = []
-        for node in nodes:
-            with node.client() as c:
-                info = c.execute_command("CLUSTER", "INFO")
-                text = info.decode() if isinstance(info, bytes) else str(info)
-                states.append("cluster_state:ok" in text)
-        if all(states):
-            return
-        if time.monotonic() > deadline:
-            raise RuntimeError("cluster did not reach cluster_state:ok")
-        time.sleep(0.05)
+    def ok(node: RedisServer) -> bool:
+        with node.client() as c:
+            info = c.execute_command("CLUSTER", "INFO")
+        return "cluster_state:ok" in (info.decode() if isinstance(info, bytes) else str(info))
+
+    wait_for(lambda: all(ok(node) for node in nodes), within, "cluster_state:ok on every node")

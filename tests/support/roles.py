@@ -81,9 +81,11 @@ def last_error(path: Path) -> str:
     return str(lines[-1].get("unparsed", lines[-1]))[:1000] if lines else "(empty log)"
 
 
-def stop_process(process: subprocess.Popen[bytes], timeout: float) -> int:
-    """SIGTERM, then SIGKILL if it has not exited within ``timeout`` seconds (as a kubelet would)."""
-    if process.poll() is None:
+def stop_process(process: subprocess.Popen[bytes], timeout: float, *, terminate: bool = True) -> int:
+    """SIGTERM (unless already sent: ``terminate=False``), then SIGKILL if it has not exited within
+    ``timeout`` seconds, as a kubelet would. A second SIGTERM is never sent: a role may take it as
+    "stop now"."""
+    if terminate and process.poll() is None:
         process.send_signal(signal.SIGTERM)
     try:
         return process.wait(timeout)
@@ -188,7 +190,7 @@ class Roles:
         for p in self.procs:
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
-        return [stop_process(p, timeout) for p in self.procs]
+        return [stop_process(p, timeout, terminate=False) for p in self.procs]
 
     def events(self, role: str) -> list[dict[str, Any]]:
         """Every JSON log event of ``role``'s processes (lines that are not JSON are skipped)."""
