@@ -16,13 +16,12 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
+import uvloop
 
 from judgequeue.core import streams
 from tests.support.redis_servers import redis_server
 from tests.support.tcp_proxy import TcpProxy
 from tests.support.waiting import eventually
-
-uvloop = pytest.importorskip("uvloop")
 
 
 def _transports_closed(client: aioredis.Redis) -> Callable[[], Awaitable[bool]]:

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to become an unprivileged user")
+pytestmark = pytest.mark.usefixtures("as_root")  # to become an unprivileged user
 
 NOBODY = 65534
 
