@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import asyncpg
@@ -21,8 +19,7 @@ from judgequeue.core.problems import (
     read_package_dir,
     upload,
 )
-
-JUDGEQUEUE = str(Path(sys.executable).with_name("judgequeue"))
+from tests.support.roles import clean_env, run_cli
 
 PROBLEM_YAML = """\
 id: mean
@@ -48,9 +45,7 @@ def make_package(root: Path, *, yaml_text: str = PROBLEM_YAML, big: int = 0) -> 
 
 
 def cli(*args: str, dsn: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("JUDGEQUEUE_")}
-    env["JUDGEQUEUE_POSTGRES_DSN"] = dsn
-    return subprocess.run([JUDGEQUEUE, *args], env=env, capture_output=True, text=True, timeout=60)
+    return run_cli(*args, env=clean_env(JUDGEQUEUE_POSTGRES_DSN=dsn))
 
 
 def test_read_package_dir_orders_tests_naturally_and_validates(tmp_path: Path) -> None:

@@ -6,11 +6,8 @@ import asyncio
 import base64
 import json
 import os
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,12 +17,12 @@ import redis
 from judgequeue.controllers.rbac import render_rules
 from tests.kube.cluster import ROOT, Cluster, wait_until
 from tests.support.databases import REDIS_URL
-from tests.support.roles import json_events, stop_process
+from tests.support.roles import JUDGEQUEUE, RoleProcess, json_events
 
 # A Redis database of its own: the example's queue is named "demo", as other suites' may be.
 KUBE_REDIS_URL = REDIS_URL.rsplit("/", 1)[0] + "/13"
 JQ_PATH = "/apis/judgequeue.dev/v1alpha1/namespaces/{ns}/judgequeues"
-JUDGEQUEUE_BIN = Path(sys.executable).parent / "judgequeue"
+JUDGEQUEUE_BIN = Path(JUDGEQUEUE)
 
 
 def jq_path(namespace: str, name: str | None = None, subresource: str | None = None) -> str:
@@ -78,39 +75,26 @@ def operator_identity(kube: Cluster, namespace: str, name: str = "judgequeue-ope
     return kube.kubeconfig_for(kube.sa_token(namespace, name), f"{namespace}-{name}", namespace)
 
 
-@dataclass
-class OperatorProcess:
-    """``judgequeue operator`` as a child process; its stderr (JSON lines) goes to ``log``."""
-
-    process: subprocess.Popen[bytes]
-    log: Path
+class OperatorProcess(RoleProcess):
+    """``judgequeue operator`` as a child process; its output (JSON lines) goes to ``log_path``."""
 
     def lines(self) -> list[dict[str, Any]]:
-        return json_events(self.log)
+        return json_events(self.log_path)
 
     def text(self) -> str:
-        return self.log.read_text(errors="replace")
+        return self.log()
 
     def check(self) -> None:
-        if self.process.poll() is not None:
-            raise AssertionError(f"operator exited with {self.process.returncode}:\n{self.text()[-3000:]}")
-
-    def stop(self, timeout: float = 20.0) -> None:
-        stop_process(self.process, timeout)
+        if self.poll() is not None:
+            raise AssertionError(f"operator exited with {self.returncode}:\n{self.text()[-3000:]}")
 
 
 def start_operator(kubeconfig: Path, namespace: str, log: Path, *, interval: float = 1.0,
                    extra_env: Mapping[str, str] | None = None) -> OperatorProcess:
     """Run the installed ``judgequeue operator`` command for one namespace with a short timer."""
-    handle = log.open("ab")
-    process = subprocess.Popen(
-        [str(JUDGEQUEUE_BIN), "operator", "--namespace", namespace, "--kubeconfig", str(kubeconfig),
-         "--interval", str(interval)],
-        stdout=handle, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True,
-        env={**os.environ, "JUDGEQUEUE_LOG_LEVEL": "INFO", **(extra_env or {})},
-    )
-    handle.close()
-    return OperatorProcess(process, log)
+    env = {**os.environ, "JUDGEQUEUE_LOG_LEVEL": "INFO", **(extra_env or {})}
+    return OperatorProcess("operator", env, log, "--namespace", namespace, "--kubeconfig", str(kubeconfig),
+                           "--interval", str(interval), cwd=ROOT, new_session=True, append=True)  # fmt: skip
 
 
 def condition(obj: Mapping[str, Any] | None, type_: str) -> dict[str, Any]:

@@ -9,7 +9,6 @@ applications submit, then check exactly one verdict per submission.
 from __future__ import annotations
 
 import asyncio
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,7 +22,7 @@ from judgequeue.core.runtime import ReadinessProbe
 from tests.support.databases import ADMIN_DSN, REDIS_URL, connection
 from tests.support.flow import Flow, check_flow, install_audit, terminal_count
 from tests.support.pgbouncer import PgBouncer, pgbouncer
-from tests.support.roles import JUDGEQUEUE, Roles, submit_retrying
+from tests.support.roles import RoleProcess, Roles, run_cli, submit_retrying
 from tests.support.settings import make_settings
 from tests.support.waiting import eventually
 
@@ -75,20 +74,18 @@ async def test_readiness_probe_through_the_pooler(bouncer: PgBouncer, pg_dsn: st
         await probe.close()
 
 
-def test_migrate_and_tools_through_the_pooler(bouncer: PgBouncer, fresh_db: str) -> None:
+def test_migrate_and_tools_through_the_pooler(bouncer: PgBouncer, fresh_db: str, tmp_path: Path) -> None:
     dsn = bouncer.dsn_for(fresh_db)
     env = {"JUDGEQUEUE_POSTGRES_DSN": dsn, "PATH": "/usr/bin:/bin"}
-    runs = [
-        subprocess.Popen([JUDGEQUEUE, "migrate", "--json"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        for _ in range(3)
-    ]
-    outputs = [run.communicate(timeout=60)[0].decode() for run in runs]
-    assert [run.returncode for run in runs] == [0, 0, 0], outputs
+    runs = [RoleProcess("migrate", env, tmp_path / f"migrate-{i}.log", "--json") for i in range(3)]
+    codes = [run.wait(60) for run in runs]
+    outputs = [run.log() for run in runs]
+    assert codes == [0, 0, 0], outputs
     assert sum('"applied": []' in out for out in outputs) == 2, outputs  # one run applied everything
-    again = subprocess.run([JUDGEQUEUE, "migrate"], env=env, capture_output=True, text=True, timeout=60)
+    again = run_cli("migrate", env=env)
     assert again.returncode == 0 and "up to date" in again.stdout, again.stdout + again.stderr
     for command in (["queue", "create", "via-pooler"], ["queue", "list"], ["queue", "show", "via-pooler"]):
-        tool = subprocess.run([JUDGEQUEUE, *command], env=env, capture_output=True, text=True, timeout=60)
+        tool = run_cli(*command, env=env)
         assert tool.returncode == 0 and "via-pooler" in tool.stdout, tool.stdout + tool.stderr
 
 

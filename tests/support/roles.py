@@ -117,12 +117,27 @@ class RoleProcess(subprocess.Popen[bytes]):
     ``Popen`` with the log helpers beside it.
     """
 
-    def __init__(self, role: str, env: dict[str, str], log_path: Path, *args: str) -> None:
+    def __init__(
+        self,
+        role: str,
+        env: dict[str, str],
+        log_path: Path,
+        *args: str,
+        cwd: Path | None = None,
+        new_session: bool = False,
+        append: bool = False,
+    ) -> None:
         self.role = role
         self.log_path = log_path
-        with log_path.open("wb") as log:
+        with log_path.open("ab" if append else "wb") as log:
             super().__init__(
-                [JUDGEQUEUE, role, *args], env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
+                [JUDGEQUEUE, role, *args],
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=cwd,
+                start_new_session=new_session,
             )
 
     def events(self) -> list[dict[str, Any]]:
