@@ -53,6 +53,10 @@ def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def _b64(value: str) -> str:
+    return base64.b64decode(value).decode()
+
+
 @dataclass
 class PodRun:
     """One pod's container process and what the agent knows about it."""
@@ -209,24 +213,16 @@ class NodeAgent:
         return run
 
     def _value_from(self, namespace: str, pod: dict[str, Any], source: dict[str, Any]) -> str | None:
-        if "secretKeyRef" in source:
-            ref = source["secretKeyRef"]
-            secret = self.kube.get(f"/api/v1/namespaces/{namespace}/secrets/{ref['name']}")
-            data = (secret or {}).get("data") or {}
-            if ref["key"] not in data:
-                if ref.get("optional"):
-                    return None
-                raise LookupError(f"secret {namespace}/{ref['name']} has no key {ref['key']!r}")
-            return base64.b64decode(data[ref["key"]]).decode()
-        if "configMapKeyRef" in source:
-            ref = source["configMapKeyRef"]
-            config_map = self.kube.get(f"/api/v1/namespaces/{namespace}/configmaps/{ref['name']}")
-            data = (config_map or {}).get("data") or {}
-            if ref["key"] not in data:
-                if ref.get("optional"):
-                    return None
-                raise LookupError(f"configmap {namespace}/{ref['name']} has no key {ref['key']!r}")
-            return str(data[ref["key"]])
+        for key, plural, decode in (("secretKeyRef", "secrets", _b64), ("configMapKeyRef", "configmaps", str)):
+            if key in source:
+                ref = source[key]
+                obj = self.kube.get(f"/api/v1/namespaces/{namespace}/{plural}/{ref['name']}")
+                data = (obj or {}).get("data") or {}
+                if ref["key"] not in data:
+                    if ref.get("optional"):
+                        return None
+                    raise LookupError(f"{plural[:-1]} {namespace}/{ref['name']} has no key {ref['key']!r}")
+                return decode(data[ref["key"]])
         if "fieldRef" in source:
             path = source["fieldRef"]["fieldPath"]
             values = {"metadata.name": pod["metadata"]["name"], "metadata.namespace": pod["metadata"]["namespace"],

@@ -5,6 +5,7 @@ submission must reach its verdict and the roles must ride out the fault without 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from pathlib import Path
 
 import asyncpg
@@ -48,24 +49,22 @@ async def test_postgres_crash_restart_mid_run(own_pg: PostgresServer, queue_name
 async def test_redis_killed_and_restarted_with_aof(pg_dsn: str, queue_name: str, tmp_path: Path) -> None:
     async with _pg_queue(pg_dsn, queue_name):
         pass
-    with redis_server("--appendonly", "yes", "--appendfsync", "always") as first:
+    with redis_server("--appendonly", "yes", "--appendfsync", "always") as first, contextlib.ExitStack() as later:
         roles = Roles.on(pg_dsn, queue_name, tmp_path, redis_url=first.url)
         start_roles(roles)
-        restarted: RedisServer | None = None
         try:
             ids = await submit_some(pg_dsn, queue_name, 150)
             first.process.kill()  # SIGKILL: only what the AOF holds survives
             first.process.wait()
             await asyncio.sleep(1.0)  # the outage lasts a second
             restarted = RedisServer(first.port, first.workdir, ["--appendonly", "yes", "--appendfsync", "always"])
+            later.callback(restarted.stop)  # after the roles stopped
             ids += await submit_some(pg_dsn, queue_name, 150)
             statuses = await wait_all_terminal(pg_dsn, ids, within=60, roles=roles)
             assert set(statuses.values()) == {"ACCEPTED"}
             assert roles.alive() == 4, roles.logs()
         finally:
             codes = roles.stop()
-            if restarted is not None:
-                restarted.stop()
         assert codes == [0, 0, 0, 0], roles.logs()
 
 
@@ -128,11 +127,10 @@ async def test_redis_restarted_without_persistence_recovers_from_the_outbox(
     """The stream, its group and every dedup marker are gone; the outbox still holds the intent."""
     async with _pg_queue(pg_dsn, queue_name):
         pass
-    with redis_server() as first:
+    with redis_server() as first, contextlib.ExitStack() as later:
         roles = Roles.on(pg_dsn, queue_name, tmp_path, redis_url=first.url, JUDGEQUEUE_REDISPATCH_AFTER="3s")
         roles.start("dispatcher")
         roles.start("reaper")
-        restarted: RedisServer | None = None
         try:
             # Sent while no worker runs: every delivery sits in the stream when Redis dies.
             ids = await submit_some(pg_dsn, queue_name, 100)
@@ -140,6 +138,7 @@ async def test_redis_restarted_without_persistence_recovers_from_the_outbox(
             first.process.kill()
             first.process.wait()
             restarted = RedisServer(first.port, first.workdir)  # empty: no AOF, no RDB
+            later.callback(restarted.stop)  # after the roles stopped
             roles.start("worker", 2)
             ids += await submit_some(pg_dsn, queue_name, 50)
             statuses = await wait_all_terminal(pg_dsn, ids, within=60, roles=roles)
@@ -155,8 +154,6 @@ async def test_redis_restarted_without_persistence_recovers_from_the_outbox(
             assert roles.alive() == 4, roles.logs()
         finally:
             codes = roles.stop()
-            if restarted is not None:
-                restarted.stop()
         assert codes == [0, 0, 0, 0], roles.logs()
 
 
