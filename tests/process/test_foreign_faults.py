@@ -142,14 +142,10 @@ async def test_an_envelope_at_the_edge_of_int64_for_no_submission_is_acked_as_st
     """Well-formed numbers at the very top of bigint, naming no submission: acked, nothing else stops."""
     roles = await _started(pg_dsn, queue_name, redis_client, tmp_path, workers=1)
     key = streams.stream_key(queue_name)
-    try:
+    async with roles.all_stay_up():
         poison = Envelope(submission=2**63 - 1, generation=2**63 - 1, attempt=1, outbox=1, enqueued_at=1.0)
         await redis_client.xadd(key, poison.fields())  # type: ignore[arg-type]
         ids = [await submit_retrying(pg_dsn, queue_name, OK) for _ in range(10)]
         statuses = await wait_all_terminal(pg_dsn, ids, within=60, roles=roles)
         assert set(statuses.values()) == {"ACCEPTED"}
         await eventually(lambda: _pel_empty(redis_client, queue_name), within=30, what="empty PEL")
-        assert roles.alive() == 3, roles.logs()
-    finally:
-        codes = roles.stop()
-    assert codes == [0] * 3, roles.logs()

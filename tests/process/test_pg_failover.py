@@ -61,9 +61,9 @@ async def test_roles_follow_a_promoted_standby_and_lose_nothing(
 ) -> None:
     primary, standby = primary_and_standby
     dsn = multi_host_dsn(primary, standby)
-    roles = Roles.on(dsn, queue_name, tmp_path, JUDGEQUEUE_CONCURRENCY="8")  # fmt: skip
+    roles = Roles.on(dsn, queue_name, tmp_path, JUDGEQUEUE_CONCURRENCY="8")
     roles.start_all(dispatchers=2, workers=2)
-    try:
+    async with roles.all_stay_up():
         flow = Flow(dsn, queue_name, submitters=3, job_seconds=(0.1, 0.5))
 
         await flow.wait_verdicts(100, what="verdicts before the failover")
@@ -101,10 +101,6 @@ async def test_roles_follow_a_promoted_standby_and_lose_nothing(
         )
         assert report.violations == [], report.violations
         assert report.lost_submissions == 0
-        assert roles.alive() == 5, "roles follow the new primary instead of exiting\n" + roles.logs()
-    finally:
-        codes = await asyncio.to_thread(roles.stop)
-    assert codes == [0] * 5, roles.logs()
 
 
 @pytest.fixture
@@ -143,7 +139,7 @@ async def test_asynchronous_standby_loses_only_the_lag_window(
     dsn = multi_host_dsn(primary, standby)
     roles = Roles.on(dsn, queue_name, tmp_path, JUDGEQUEUE_CONCURRENCY="8", JUDGEQUEUE_REDISPATCH_AFTER="3s")
     roles.start_all(dispatchers=2, workers=2)
-    try:
+    async with roles.all_stay_up():
         flow = Flow(dsn, queue_name, submitters=3, job_seconds=(0.1, 0.5))
 
         await flow.wait_verdicts(100, what="verdicts before the failover")
@@ -181,7 +177,3 @@ async def test_asynchronous_standby_loses_only_the_lag_window(
             f"re-sent from the outbox {resent}"
         )
         assert report.violations == [], report.violations
-        assert roles.alive() == 5, roles.logs()
-    finally:
-        codes = await asyncio.to_thread(roles.stop)
-    assert codes == [0] * 5, roles.logs()

@@ -9,6 +9,7 @@ probe tests and the kube tier's node agent all start and stop processes through 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -17,6 +18,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -206,6 +208,18 @@ class Roles:
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
         return [stop_process(p, timeout, terminate=False) for p in self.procs]
+
+    @contextlib.asynccontextmanager
+    async def all_stay_up(self) -> AsyncIterator[Roles]:
+        """Whatever the block does to the servers, every process must still be running at its end;
+        then each is stopped (SIGTERM, from a thread: proxies on this event loop keep forwarding)
+        and must exit 0. If the block fails, the processes are stopped and its error stands."""
+        try:
+            yield self
+            assert self.alive() == len(self.procs), f"a role exited during the run\n{self.logs()}"
+        finally:
+            codes = await asyncio.to_thread(self.stop)
+        assert codes == [0] * len(codes), f"exit codes {codes}\n{self.logs()}"
 
     def events(self, role: str) -> list[dict[str, Any]]:
         """Every JSON log event of ``role``'s processes (lines that are not JSON are skipped)."""
