@@ -149,7 +149,7 @@ async def test_stale_envelope_is_acked_and_counted_never_run(h: Harness, redis_c
     await eventually(lambda: h.status_is(sid, "ACCEPTED"))
     assert judge.started == [1]  # judged once, for generation 2
     assert (await h.row(sid))["generation"] == 2
-    await eventually(lambda: asyncio.sleep(0, w.stats.stale_envelopes == 1))
+    await eventually(lambda: w.stats.stale_envelopes == 1)
     assert _stale(h.queue, "envelope_generation_moved") == before + 1
     await eventually(lambda: _settled(redis_client, h.queue), what="stale envelope acked")
 
@@ -159,7 +159,7 @@ async def test_stale_worker_cannot_write_and_is_counted(h: Harness) -> None:
     [sid] = await h.submit({"i": 7, "status": "WRONG_ANSWER"})
     old = GateJudge()
     w_old = h.worker(old, lease_ttl="30s", concurrency="1")  # heartbeat far away: the fence at write time must catch it
-    await eventually(lambda: asyncio.sleep(0, old.started == [7]))
+    await eventually(lambda: old.started == [7])
     async with h.pool.acquire() as conn:
         await outbox.rejudge(conn, sid)
     new = GateJudge()
@@ -169,7 +169,7 @@ async def test_stale_worker_cannot_write_and_is_counted(h: Harness) -> None:
     first = await h.row(sid)
     before = _stale(h.queue, "stale_verdict")
     old.gate.set()  # the stale attempt now finishes and tries to write
-    await eventually(lambda: asyncio.sleep(0, w_old.stats.stale_results == 1))
+    await eventually(lambda: w_old.stats.stale_results == 1)
     assert _stale(h.queue, "stale_verdict") == before + 1
     after = await h.row(sid)
     assert (after["generation"], after["attempt_id"], after["verdict"]) == (2, first["attempt_id"], first["verdict"])
@@ -192,12 +192,12 @@ async def test_rejudge_of_running_submission_cancels_judge_via_lost_lease(h: Har
     [sid] = await h.submit({"i": 3})
     judge = GateJudge()
     w = h.worker(judge, lease_ttl="600ms")  # heartbeat every 200 ms
-    await eventually(lambda: asyncio.sleep(0, judge.started == [3]))
+    await eventually(lambda: judge.started == [3])
     async with h.pool.acquire() as conn:
         await outbox.rejudge(conn, sid)
     # The heartbeat finds the lease gone and cancels the running judge; the same worker (now free)
     # then judges generation 2.
-    await eventually(lambda: asyncio.sleep(0, judge.cancelled == [3]), within=5)
+    await eventually(lambda: judge.cancelled == [3], within=5)
     assert w.stats.lost_leases == 1
     judge.gate.set()
     await eventually(lambda: h.status_is(sid, "ACCEPTED"))
@@ -214,7 +214,7 @@ async def test_heartbeat_keeps_a_long_job_alive_beyond_ttl(h: Harness) -> None:
     [sid] = await h.submit({"i": 1})
     judge = GateJudge()
     h.worker(judge, lease_ttl="3s")  # heartbeat every second
-    await eventually(lambda: asyncio.sleep(0, judge.started == [1]))
+    await eventually(lambda: judge.started == [1])
     first_expiry = (await h.row(sid))["lease_expires_at"]
 
     async def outlived_first_lease() -> bool:
@@ -243,10 +243,10 @@ async def test_graceful_shutdown_releases_unfinished_jobs(h: Harness) -> None:
     slow = GateJudge()
     w = Worker(h.pool, h.redis, h.settings(concurrency="2", grace_period="300ms"), judge=slow)
     stop = h.spawn(w.run)
-    await eventually(lambda: asyncio.sleep(0, len(slow.started) == 2))
+    await eventually(lambda: len(slow.started) == 2)
     held = sorted(slow.started)
     stop.set()
-    await eventually(lambda: asyncio.sleep(0, w.stats.released == 2), within=5)
+    await eventually(lambda: w.stats.released == 2, within=5)
     assert sorted(slow.cancelled) == held and w.in_flight == 0
     for i in held:
         row = await h.row(ids[i - 1])
@@ -273,7 +273,7 @@ async def test_malformed_entry_is_dead_lettered_at_once_and_counted(h: Harness, 
     [sid] = await h.submit({})
     w = h.worker(SleepJudge())
     await eventually(lambda: h.status_is(sid, "ACCEPTED"))
-    await eventually(lambda: asyncio.sleep(0, w.stats.dead_lettered == 1))
+    await eventually(lambda: w.stats.dead_lettered == 1)
     assert w.stats.malformed == 1
     pending = await redis_client.xpending(streams.stream_key(h.queue), streams.GROUP)
     assert pending["pending"] == 0  # no slot and no PEL entry beyond the one attempt
