@@ -21,11 +21,13 @@ import sys
 import tempfile
 import uuid
 from pathlib import Path
+from typing import Any
 
 import redis.asyncio as aioredis
 
 from bench.common import REDIS_URL, create_database, drop_database
 from tests.support.chaos import Chaos, ChaosConfig, fault_targets
+from tests.support.databases import delete_queue_keys
 
 
 async def main() -> int:
@@ -49,36 +51,36 @@ async def main() -> int:
 
     dsn = await create_database("jq_chaos")
     queue = f"chaos-{uuid.uuid4().hex[:8]}"
-    config = ChaosConfig(
-        submissions=args.submissions,
-        chaos_seconds=args.seconds,
-        seed=args.seed,
-        workers=args.workers,
-        drain_deadline=180,
-    )
+    config = _config(args)
     try:
         with tempfile.TemporaryDirectory() as logs:
             report = await Chaos(dsn, REDIS_URL, queue, config, Path(logs)).run()
     finally:
         await drop_database(dsn)
         client = aioredis.Redis.from_url(REDIS_URL)
-        keys = [k async for k in client.scan_iter(match=f"jq:{{{queue}}}:*", count=1000)]
-        for i in range(0, len(keys), 500):
-            await client.delete(*keys[i : i + 500])
+        await delete_queue_keys(client, queue)
         await client.aclose()
     print(json.dumps(report.as_dict(), indent=1))
     return 1 if report.violations else 0
 
 
-async def server_faults(args: argparse.Namespace) -> int:
-    """The server-fault run: its own servers (thrown away afterwards), so nothing to clean up."""
-    queue = f"chaos-{uuid.uuid4().hex[:8]}"
-    config = ChaosConfig(
+def _config(args: argparse.Namespace, **more: Any) -> ChaosConfig:
+    """The run's size from the command line, a drain deadline for it, and ``more``."""
+    return ChaosConfig(
         submissions=args.submissions,
         chaos_seconds=args.seconds,
         seed=args.seed,
         workers=args.workers,
         drain_deadline=180,
+        **more,
+    )
+
+
+async def server_faults(args: argparse.Namespace) -> int:
+    """The server-fault run: its own servers (thrown away afterwards), so nothing to clean up."""
+    queue = f"chaos-{uuid.uuid4().hex[:8]}"
+    config = _config(
+        args,
         server_faults=True,
         stall_seconds=args.stall_seconds,
         crash_outage_seconds=args.crash_outage,

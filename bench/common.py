@@ -11,10 +11,20 @@ import tempfile
 import uuid
 from urllib.parse import urlsplit
 
+import asyncpg
+
 # The throwaway databases are the tests' own (one implementation, no pytest import there).
 from tests.support.databases import REDIS_URL, create_database, drop_database
 
-__all__ = ["REDIS_URL", "create_database", "drop_database", "pgbench", "ratio", "redis_benchmark_xadd"]
+__all__ = [
+    "REDIS_URL",
+    "create_database",
+    "drop_database",
+    "pgbench",
+    "ratio",
+    "redis_benchmark_xadd",
+    "span_seconds",
+]
 
 
 def pgbench(
@@ -73,6 +83,16 @@ def redis_benchmark_xadd(*, pipeline: int, requests: int = 200_000, redis_url: s
     if not match:
         raise RuntimeError(f"unexpected redis-benchmark output:\n{out}")
     return float(match.group(1))
+
+
+async def span_seconds(db: asyncpg.Connection | asyncpg.Pool, after: int) -> float:
+    """Seconds from the first submit to the last verdict of the submissions with ``id > after``."""
+    span: float = await db.fetchval(
+        "SELECT extract(epoch FROM max(finished_at) - min(created_at))::float8"
+        " FROM judgequeue.submissions WHERE id > $1",
+        after,
+    )
+    return span
 
 
 def ratio(ours: float, limit: float) -> str:

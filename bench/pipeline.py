@@ -28,7 +28,7 @@ from typing import Any
 import asyncpg
 import redis.asyncio as aioredis
 
-from bench.common import REDIS_URL, create_database, drop_database
+from bench.common import REDIS_URL, create_database, drop_database, span_seconds
 from judgequeue.core import outbox, streams
 from judgequeue.core.queues import create_queue
 from judgequeue.core.runtime import event_loop_factory
@@ -214,11 +214,7 @@ async def end_to_end_throughput(
         await submit_many(s, jobs, submitters, per_transaction)
         await wait_done(s.pool, after, jobs, 300)
         async with s.pool.acquire() as conn:
-            span: float = await conn.fetchval(
-                "SELECT extract(epoch FROM max(finished_at) - min(created_at))::float8"
-                " FROM judgequeue.submissions WHERE id > $1",
-                after,
-            )
+            span = await span_seconds(conn, after)
         memory = s.peak_memory()
     return {
         "workers": workers,

@@ -16,6 +16,7 @@ import asyncio
 import json
 from typing import Any
 
+from bench.common import span_seconds
 from bench.pipeline import percentile, stack, submit_many, wait_done, warm_up
 from tests.support.pgbouncer import pgbouncer
 
@@ -38,11 +39,7 @@ async def measure(jobs: int, workers: int, *, through_pooler: bool) -> dict[str,
             await submit_many(s, jobs, 8)
             await wait_done(s.pool, after, jobs, 300)
             async with s.pool.acquire() as conn:
-                span: float = await conn.fetchval(
-                    "SELECT extract(epoch FROM max(finished_at) - min(created_at))::float8"
-                    " FROM judgequeue.submissions WHERE id > $1",
-                    after,
-                )
+                span = await span_seconds(conn, after)
                 latencies = [
                     r["s"] * 1000
                     for r in await conn.fetch(

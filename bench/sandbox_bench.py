@@ -23,6 +23,7 @@ import tempfile
 import time
 from typing import Any
 
+from bench.common import span_seconds
 from bench.pipeline import percentile, stack, wait_done
 from judgequeue.core import outbox
 from judgequeue.core.judges.cgroups import BoxGroup
@@ -144,11 +145,7 @@ async def system_load(submissions: int, tests: int, workers: int, concurrency: i
                 await outbox.submit(conn, s.queue, payload)
         await wait_done(s.pool, after, submissions, 3600)
         async with s.pool.acquire() as conn:
-            span: float = await conn.fetchval(
-                "SELECT extract(epoch FROM max(finished_at) - min(created_at))::float8"
-                " FROM judgequeue.submissions WHERE id > $1",
-                after,
-            )
+            span = await span_seconds(conn, after)
             statuses = dict(
                 await conn.fetch(
                     "SELECT status, count(*) FROM judgequeue.submissions WHERE id > $1 GROUP BY 1", after

@@ -19,7 +19,7 @@ import redis.asyncio as aioredis
 
 from judgequeue.core.migrate import migrate
 from judgequeue.core.queues import create_queue
-from tests.support.databases import REDIS_URL, create_database, drop_database
+from tests.support.databases import REDIS_URL, create_database, delete_queue_keys, drop_database
 from tests.support.pg_servers import PostgresServer, postgres_server
 
 
@@ -74,9 +74,7 @@ def queue_name() -> str:
 async def redis_client(queue_name: str) -> AsyncIterator[aioredis.Redis]:
     client = aioredis.Redis.from_url(REDIS_URL)
     yield client
-    keys = [key async for key in client.scan_iter(match=f"jq:{{{queue_name}}}:*", count=1000)]
-    for start in range(0, len(keys), 500):
-        await client.delete(*keys[start : start + 500])
+    await delete_queue_keys(client, queue_name)
     await client.aclose()
 
 

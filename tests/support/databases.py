@@ -15,6 +15,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
+import redis.asyncio as aioredis
 
 from judgequeue.core.migrate import migrate
 
@@ -65,3 +66,10 @@ async def drop_database(dsn_or_name: str) -> None:
     """Drop a database made by :func:`create_database` (by DSN or by name), whoever is connected."""
     name = urlsplit(dsn_or_name).path.lstrip("/") if "://" in dsn_or_name else dsn_or_name
     await _admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+async def delete_queue_keys(client: aioredis.Redis, queue: str) -> None:
+    """Delete every Redis key of ``queue`` (they all share the ``jq:{<queue>}`` prefix)."""
+    keys = [key async for key in client.scan_iter(match=f"jq:{{{queue}}}:*", count=1000)]
+    for start in range(0, len(keys), 500):
+        await client.delete(*keys[start : start + 500])
