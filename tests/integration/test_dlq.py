@@ -12,6 +12,7 @@ from judgequeue.core.dispatcher import Dispatcher
 from judgequeue.core.queues import create_queue
 from judgequeue.core.reaper import Reaper
 from tests.support.databases import REDIS_URL
+from tests.support.queries import submissions
 from tests.support.settings import make_settings
 from tests.support.waiting import eventually
 
@@ -77,7 +78,7 @@ async def test_replay_creates_one_new_generation_and_removes_the_entry(
     assert again.outcomes == {letters[1].entry_id: "superseded", letters[2].entry_id: "replayed"}
     assert await dlq.length(redis_client, queue_name) == 0
     async with pg_pool.acquire() as conn:
-        rows = await conn.fetch("SELECT id, generation, status, retry_count FROM judgequeue.submissions ORDER BY id")
+        rows = list((await submissions(conn)).values())
         assert [(r["generation"], r["status"]) for r in rows] == [(2, "PENDING")] * 3
         assert await conn.fetchval("SELECT count(*) FROM judgequeue.outbox WHERE generation = 2") == 3
         assert await conn.fetchval("SELECT count(*) FROM judgequeue.outbox WHERE state = 'PENDING'") == 3

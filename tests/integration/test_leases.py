@@ -10,7 +10,7 @@ import asyncpg
 from judgequeue.core import leases, outbox
 from judgequeue.core.leases import Lease, VerdictWrite, classify_stale
 from judgequeue.core.queues import create_queue
-from tests.support.queries import count_submissions, status_of, submission
+from tests.support.queries import count_submissions, status_of, submission, submissions
 
 
 async def _submit(conn: asyncpg.Connection, queue: str, n: int = 1) -> list[int]:
@@ -64,7 +64,7 @@ async def test_verdict_write_is_fenced_on_generation_and_attempt(pg: asyncpg.Con
     await outbox.rejudge(pg, a)  # a's generation moves on under its lease
     written = await leases.write_verdicts(pg, [_write(la), _write(forged), _write(lb, "WRONG_ANSWER")])
     assert set(written) == {lb.attempt} and 0 <= written[lb.attempt] < 60
-    rows = {r["id"]: r for r in await pg.fetch("SELECT id, status, generation, verdict FROM judgequeue.submissions")}
+    rows = await submissions(pg)
     assert rows[a]["status"] == "PENDING" and rows[a]["generation"] == 2 and rows[a]["verdict"] is None
     assert rows[b]["status"] == "WRONG_ANSWER"
     # A second write of the same attempt finds the row terminal: exactly one verdict.

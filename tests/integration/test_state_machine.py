@@ -22,6 +22,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from judgequeue.core import leases, outbox
 from judgequeue.core.queues import create_queue
+from tests.support.queries import submissions
 
 QUEUE = "judge"
 T = TypeVar("T")
@@ -149,7 +150,7 @@ class OutboxFenceMachine(RuleBasedStateMachine):
 
     @invariant()
     def database_matches_model(self) -> None:
-        rows = self.run(self.conn.fetch("SELECT id, status, generation, attempt_id FROM judgequeue.submissions"))
+        rows = list(self.run(submissions(self.conn)).values())
         assert len(rows) == len(self.model.subs)
         for r in rows:
             sub = self.model.subs[r["id"]]

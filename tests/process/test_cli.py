@@ -13,6 +13,7 @@ import redis.asyncio as aioredis
 from judgequeue.core.cli import build_parser
 from judgequeue.core.migrate import available_migrations
 from tests.support.databases import REDIS_URL, connection
+from tests.support.queries import submission
 from tests.support.roles import JUDGEQUEUE, clean_env, run_cli
 from tests.support.settings import SECRET
 
@@ -249,7 +250,7 @@ async def test_dlq_list_show_replay_purge(pg_dsn: str, queue_name: str, redis_cl
     superseded = ok_json(jq("dlq", "replay", left, "--json", dsn=pg_dsn, queue=queue_name, **env))
     assert superseded == {"outcomes": {left: "superseded"}, "generations": {}}
     async with connection(pg_dsn) as conn:
-        assert await conn.fetchval("SELECT generation FROM judgequeue.submissions WHERE id = $1", sub) == 2
+        assert (await submission(conn, sub))["generation"] == 2
     junk_replay = jq("dlq", "replay", "--all", dsn=pg_dsn, queue=queue_name, **env)
     assert junk_replay.returncode == 1 and "not_an_envelope" in junk_replay.stdout
     purged = ok_json(jq("dlq", "purge", "--all", "--json", queue=queue_name, **env))

@@ -28,6 +28,7 @@ from judgequeue.core import outbox, streams
 from judgequeue.core.envelope import Envelope
 from judgequeue.core.queues import create_queue
 from tests.support.databases import REDIS_URL
+from tests.support.queries import count_submissions, submissions
 from tests.support.roles import Roles
 
 NAMES = ("submission", "generation", "attempt", "outbox", "enqueued_at", "deliveries")
@@ -93,12 +94,9 @@ class Fuzz:
                 frozen[0].send_signal(signal.SIGCONT)
             await self._until(lambda: self._all_good_done(conn, good), "every good submission judged")
             await self._until(lambda: self._stream_empty(redis), "stream and PEL empty")
-            counts = await conn.fetch(
-                "SELECT id, status, verdict IS NOT NULL AS has_verdict FROM judgequeue.submissions WHERE id = ANY($1)",
-                good,
-            )
-            assert {r["id"] for r in counts} == set(good)
-            assert all(r["status"] == TERMINAL_OK and r["has_verdict"] for r in counts), counts
+            rows = await submissions(conn, good)
+            assert set(rows) == set(good)
+            assert all(r["status"] == TERMINAL_OK and r["verdict"] is not None for r in rows.values()), rows
             dead: Any = await redis.xrange(streams.dlq_key(self.queue))
             assert all(fields.get(b"reason") for _, fields in dead), "every dead letter says why"
             assert self.roles.alive() == len(self.roles.procs), self.roles.logs()
@@ -122,10 +120,7 @@ class Fuzz:
         return all(int(c["pending"]) == 0 for c in workers)
 
     async def _all_good_done(self, conn: asyncpg.Connection, ids: list[int]) -> bool:
-        done = await conn.fetchval(
-            "SELECT count(*) FROM judgequeue.submissions WHERE id = ANY($1) AND status = $2", ids, TERMINAL_OK
-        )
-        return bool(done == len(ids))
+        return await count_submissions(conn, ids=ids, status=TERMINAL_OK) == len(ids)
 
     async def _stream_empty(self, redis: aioredis.Redis) -> bool:
         key = streams.stream_key(self.queue)

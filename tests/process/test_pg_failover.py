@@ -22,6 +22,7 @@ from tests.support.chaos import AUDIT_SQL
 from tests.support.databases import REDIS_URL, connection
 from tests.support.flow import Flow, check_flow, terminal_count
 from tests.support.pg_servers import PostgresServer, postgres_server
+from tests.support.queries import submissions
 from tests.support.roles import Roles
 from tests.support.tcp_proxy import TcpProxy
 from tests.support.waiting import eventually
@@ -163,7 +164,7 @@ async def test_asynchronous_standby_loses_only_the_lag_window(
         await eventually(followed, within=90, what="20 submissions committed after the promotion judged")
         expected = await flow.stop()
         async with connection(dsn) as conn:
-            present = {r["id"] for r in await conn.fetch("SELECT id FROM judgequeue.submissions")}
+            present = set(await submissions(conn))
         lost = [sid for sid in expected if sid not in present]
         assert lost, "the stalled link must have cost some commits"
         assert all(flow.committed_at[sid] >= window_opened for sid in lost), "lost outside the window"
