@@ -17,10 +17,7 @@ import asyncpg
 import pytest
 import redis.asyncio as aioredis
 
-from judgequeue.core.migrate import migrate
-from judgequeue.core.queues import create_queue
 from tests.support.databases import REDIS_URL, create_database, delete_queue_keys, drop_database
-from tests.support.pg_servers import PostgresServer, postgres_server
 
 
 @pytest.fixture(scope="session")
@@ -76,14 +73,3 @@ async def redis_client(queue_name: str) -> AsyncIterator[aioredis.Redis]:
     yield client
     await delete_queue_keys(client, queue_name)
     await client.aclose()
-
-
-@pytest.fixture
-async def own_pg(queue_name: str) -> AsyncIterator[PostgresServer]:
-    """A throwaway Postgres server of this test's own (it may crash it), migrated, with the queue."""
-    with postgres_server() as server:
-        conn = await asyncpg.connect(server.dsn)
-        await migrate(conn)
-        await create_queue(conn, queue_name)
-        await conn.close()
-        yield server
