@@ -28,8 +28,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import hashlib
 import os
 import shutil
+import socket
 import stat
 import time
 from collections.abc import Callable
@@ -446,6 +448,11 @@ class ProgramJudge:
         if closed:
             raise ConfigError(f"{SANDBOX_DIR_VAR}={root!r}: box uids cannot enter {closed} (it needs o+x)")
         self.range, self._lock_fd = _claim_range(root)
+        # The cgroup tree is the whole host's (a node's, under Kubernetes) while ranges are only unique
+        # per sandbox directory (per pod): group names carry both, so two workers never share a group
+        # or remove each other's as "stale".
+        tag = hashlib.sha256(f"{socket.gethostname()}:{os.path.abspath(root)}".encode()).hexdigest()[:8]
+        self.group_prefix = f"{tag}-{self.range}-"
         self.uid_base = UID_BASE + self.range * slots
         self.boxes_dir = os.path.join(root, str(self.range))
         self.stale_removed = self._remove_stale()
@@ -470,7 +477,7 @@ class ProgramJudge:
     def _remove_stale(self) -> list[str]:
         removed = []
         if self.roots is not None:
-            removed += remove_stale(self.roots, f"{self.range}-", time.monotonic() + 10)
+            removed += remove_stale(self.roots, self.group_prefix, time.monotonic() + 10)
         if os.path.isdir(self.boxes_dir):
             removed += [os.path.join(self.boxes_dir, n) for n in os.listdir(self.boxes_dir)]
             shutil.rmtree(self.boxes_dir, ignore_errors=True)
@@ -505,7 +512,7 @@ class ProgramJudge:
     async def _judge_with(self, program: Program, problem: Problem) -> Verdict:
         slot = await self._free.get()
         uid = self.uid_base + slot
-        named = f"{self.range}-{slot}"
+        named = f"{self.group_prefix}{slot}"
         box = _Box(
             uid, os.path.join(self.boxes_dir, str(slot)), BoxGroup(self.roots, named) if self.roots else None,
             os.path.join(self.boxes_dir, f"{slot}-helper"), BoxGroup(self.roots, f"{named}-h") if self.roots else None,
