@@ -37,13 +37,14 @@ from . import sql
 from .connect import STATEMENT_TIMEOUT
 from .errors import JudgeQueueError
 from .judges.checkers import InvalidChecker, parse_spec
+from .judges.languages import LANGUAGES as LANGUAGE_TABLE
 from .judges.scoring import InvalidScoring, parse_scoring
 
 CHUNK = 1024 * 1024
 MANIFEST_FILE = "problem.yaml"
 _ID = re.compile(r"[a-z0-9]([-a-z0-9_.]*[a-z0-9])?")
 MAX_TESTS = 10_000
-LANGUAGES = ("python", "c", "cpp")
+LANGUAGES = tuple(LANGUAGE_TABLE)  # a checker or interactor may be written in any language the judge runs
 
 FILE_EXISTS_SQL = sql.query("problem_file_exists")
 INSERT_FILE_SQL = sql.query("problem_file_insert")

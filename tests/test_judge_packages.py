@@ -266,8 +266,9 @@ async def test_a_new_version_does_not_disturb_judging_of_the_old(
 ) -> None:
     root = write_package(tmp_path / "mean", MEAN_YAML, MEAN_TESTS)
     old = await put(pg_pool, root)
-    assert judge.packages is not None
-    async with judge.packages.package("mean", old) as held:  # judging of v1 in progress
+    cache = judge.packages
+    assert isinstance(cache, ProblemCache)
+    async with cache.package("mean", old) as held:  # judging of v1 in progress
         (root / "tests" / "1.ans").write_text("99\n")  # v2 changes an answer
         new = await put(pg_pool, root)
         v1, v2 = await asyncio.gather(
@@ -276,6 +277,8 @@ async def test_a_new_version_does_not_disturb_judging_of_the_old(
         )
         assert held.path(held.manifest["tests"][0]["answer"]).read_text() == "1.5\n"
     assert v1["problem"]["sha256"] != v2["problem"]["sha256"] and v2["failed_test"] == 1
+    # v1 was fetched once (a miss) and then found by its judge (a hit); v2 was a miss of its own.
+    assert (cache.stats.misses, cache.stats.hits, cache.stats.evictions) == (2, 1, 0)
 
 
 # --- languages -------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ DETAILS = {
     "problem": {"id": "mean", "version": 2, "sha256": "0" * 64},
     "tests": [
         {"test": 1, "verdict": "ACCEPTED", "score": 1.0, "cpu_ms": 21, "wall_ms": 40, "memory_kb": 9000,
-         "exit_code": 0, "message": "1 tokens"},
+         "exit_code": 0, "message": "1 token"},
         {"test": 3, "verdict": "RUNTIME_ERROR", "score": 0.0, "cpu_ms": 5, "wall_ms": 9, "memory_kb": 800,
          "signal": 11, "message": "killed by signal 11"},
     ],
@@ -34,7 +34,7 @@ def test_render_shows_each_test_the_groups_and_the_score() -> None:
     lines = render_verdict("RUNTIME_ERROR", DETAILS)
     assert lines[0] == "RUNTIME_ERROR on test 3, score 40/100 (mean v2)"
     assert lines[1].split() == ["test", "verdict", "cpu", "ms", "wall", "ms", "mem", "KiB", "exit", "message"]
-    assert lines[2].split() == ["1", "ACCEPTED", "21", "40", "9000", "0", "1", "tokens"]
+    assert lines[2].split() == ["1", "ACCEPTED", "21", "40", "9000", "0", "1", "token"]
     assert lines[3].split() == ["3", "RUNTIME_ERROR", "5", "9", "800", "sig", "11", "killed", "by", "signal", "11"]
     assert lines[4:] == ["  group small: 40/40 (tests 1, 2)", "  group large: 0/60 (tests 3)"]
     # A verdict with no tests (a compile error) shows its reason and the compiler's output instead.
