@@ -191,6 +191,34 @@ async def test_custom_checker_partial_points_presentation_and_a_crash(
     assert "RuntimeError: checker bug on purpose" in crashed["reason"], crashed
 
 
+C_CHECKER = r"""
+#include <stdio.h>
+int main(int argc, char **argv) {
+    long out, ans;
+    FILE *o = fopen(argv[2], "r"), *a = fopen(argv[3], "r");
+    if (!o || !a || fscanf(a, "%ld", &ans) != 1) { fprintf(stderr, "cannot read the answer"); return 3; }
+    if (fscanf(o, "%ld", &out) != 1) { fprintf(stderr, "no number"); return 1; }
+    if (out != ans) { fprintf(stderr, "expected %ld, got %ld", ans, out); return 1; }
+    fprintf(stderr, "ok %ld", out);
+    return 0;
+}
+"""
+
+
+async def test_a_compiled_checker_is_built_once_per_worker(
+    judge: ProgramJudge, pg_pool: asyncpg.Pool, tmp_path: Path
+) -> None:
+    if "gcc" not in judge.tools:
+        pytest.skip("no C compiler")
+    spec = "id: cchk\nlimits: {time: 1}\nchecker: {type: custom, source: check.c, language: c}\n"
+    version = await put(pg_pool, write_package(tmp_path / "cchk", spec, {"1": ("4\n", "4\n")}, {"check.c": C_CHECKER}))
+    before = judge.helper_builds
+    ok = await expect(judge, sub("cchk", version, ECHO), "ACCEPTED")
+    wrong = await expect(judge, sub("cchk", version, "print(5)"), "WRONG_ANSWER")
+    assert (ok["tests"][0]["message"], wrong["reason"]) == ("ok 4", "expected 4, got 5")
+    assert judge.helper_builds == before + 1, "the second submission reused the first one's build"
+
+
 # --- interactive: a guessing game ------------------------------------------------------------------
 
 # Input: the secret and the number of queries allowed. The submission asks "? x" and hears "<", ">"

@@ -72,6 +72,8 @@ HELPER_LIMITS = Limits(
 #: an interactor waiting on a silent submission sees EOF and answers, and the submission's
 #: IDLENESS_LIMIT is what is reported.
 INTERACTOR_GRACE = 2.0
+#: Built checkers/interactors a worker keeps (oldest removed first).
+MAX_KEPT_HELPERS = 32
 
 
 class InvalidProgramPayload(ValueError):
@@ -96,10 +98,12 @@ class Program:
 
 @dataclass(frozen=True)
 class Helper:
-    """A checker or interactor program of a package: its language and its file on local disk."""
+    """A checker or interactor program of a package: its language, its file on local disk, and the
+    file's sha256 (packages are content-addressed: the same digest is the same program)."""
 
     language: str
     path: Path
+    sha256: str = ""
 
 
 @dataclass(frozen=True)
@@ -220,7 +224,7 @@ def package_problem(
             return None
         if spec.get("language") not in LANGUAGES:
             raise InvalidProgramPayload(f"{where}: {name}.language {spec.get('language')!r} is not known here")
-        return Helper(spec["language"], path_of(spec["file"]))
+        return Helper(spec["language"], path_of(spec["file"]), str(spec["file"]))
 
     custom = helper("checker") if checker.kind == "custom" else None
     if checker.kind == "custom" and custom is None:
@@ -456,6 +460,11 @@ class ProgramJudge:
         self.uid_base = UID_BASE + self.range * slots
         self.boxes_dir = os.path.join(root, str(self.range))
         self.stale_removed = self._remove_stale()
+        # Built checkers and interactors (see _prepare_helper); a crashed worker's are not trusted.
+        self.helpers_dir = os.path.join(root, "helpers", str(self.range))
+        shutil.rmtree(self.helpers_dir, ignore_errors=True)
+        os.makedirs(self.helpers_dir, mode=0o700)
+        self.helper_builds = 0
         os.makedirs(self.boxes_dir, mode=0o711, exist_ok=True)
         self._free = asyncio.Queue[int]()
         for i in range(slots):
@@ -586,11 +595,7 @@ class ProgramJudge:
         helper = problem.interactor or problem.checker_program
         if helper is not None:
             kind = "interactor" if problem.interactor is not None else "checker"
-            await asyncio.to_thread(self._make_dir, box.helper_dir, box.uid)
-            source = await asyncio.to_thread(helper.path.read_text)
-            built = await self._build(
-                LANGUAGES[helper.language], source, box.helper_dir, box, box.helper_group, deadline, helper=True
-            )
+            built = await self._prepare_helper(helper, box, deadline)
             if isinstance(built, Verdict):
                 why = built.details.get("output") or built.details.get("reason", "")
                 return Verdict("SYSTEM_ERROR", {**base, "reason": f"the {kind} does not build: {why}"[:2000]})
@@ -624,6 +629,47 @@ class ProgramJudge:
             if result.verdict == "SYSTEM_ERROR":
                 break  # the judging itself failed: no later test can be trusted to mean anything
         return verdict_details(results, problem, base, failing_stderr)
+
+    async def _prepare_helper(self, helper: Helper, box: _Box, deadline: float) -> list[str] | Verdict:
+        """Put a checker or interactor into the box's helper directory, ready to run.
+
+        A compiled one is built once per worker and program (its sha256): a testlib checker takes
+        seconds to compile, which every submission of the problem would otherwise pay. The build's
+        directory is kept (root's, 0700) and copied into each later submission's helper directory.
+        """
+        language = LANGUAGES[helper.language]
+        await asyncio.to_thread(self._make_dir, box.helper_dir, box.uid)
+        kept = os.path.join(self.helpers_dir, f"{helper.sha256}-{helper.language}") if helper.sha256 else None
+        if language.compile is not None and kept is not None and await asyncio.to_thread(os.path.isdir, kept):
+            await asyncio.to_thread(self._restore_helper, kept, box)
+            run_template = language.helper_run or language.run
+            return expand(run_template, self._inside(box.helper_dir), self.tools)
+        source = await asyncio.to_thread(helper.path.read_text)
+        built = await self._build(language, source, box.helper_dir, box, box.helper_group, deadline, helper=True)
+        if not isinstance(built, Verdict) and language.compile is not None and kept is not None:
+            await asyncio.to_thread(self._keep_helper, box.helper_dir, kept)
+            self.helper_builds += 1
+        return built
+
+    def _keep_helper(self, built: str, kept: str) -> None:
+        staging = f"{kept}.{os.getpid()}-{time.monotonic_ns()}"
+        shutil.copytree(built, staging, symlinks=True)
+        try:
+            os.rename(staging, kept)
+        except OSError:  # another submission kept the same build first
+            shutil.rmtree(staging, ignore_errors=True)
+        entries = sorted(
+            (os.path.join(self.helpers_dir, n) for n in os.listdir(self.helpers_dir)), key=os.path.getmtime
+        )
+        for old in entries[: max(0, len(entries) - MAX_KEPT_HELPERS)]:
+            shutil.rmtree(old, ignore_errors=True)
+
+    def _restore_helper(self, kept: str, box: _Box) -> None:
+        shutil.copytree(kept, box.helper_dir, symlinks=True, dirs_exist_ok=True)
+        if self.isolation.mode == "full":
+            for where, dirs, files in os.walk(box.helper_dir):
+                for name in dirs + files:
+                    os.lchown(os.path.join(where, name), box.uid, box.uid)
 
     async def _test(
         self, number: int, case: Case, given: bytes, argv: list[str], checker_argv: list[str] | None,
