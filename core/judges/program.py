@@ -465,6 +465,9 @@ class ProgramJudge:
         shutil.rmtree(self.helpers_dir, ignore_errors=True)
         os.makedirs(self.helpers_dir, mode=0o700)
         self.helper_builds = 0
+        self.staging_dir = os.path.join(root, "staging", str(self.range))
+        shutil.rmtree(self.staging_dir, ignore_errors=True)
+        os.makedirs(self.staging_dir, mode=0o700)
         os.makedirs(self.boxes_dir, mode=0o711, exist_ok=True)
         self._free = asyncio.Queue[int]()
         for i in range(slots):
@@ -539,10 +542,15 @@ class ProgramJudge:
         shutil.rmtree(box.helper_dir, ignore_errors=True)
 
     def _make_dir(self, path: str, uid: int) -> None:
+        """A fresh 0700 directory owned by ``uid``, appearing at ``path`` only once it is both (made
+        elsewhere and renamed into place: nobody ever sees it root's or with another mode)."""
         shutil.rmtree(path, ignore_errors=True)
-        os.mkdir(path, 0o700)
+        staging = os.path.join(self.staging_dir, os.path.basename(path))
+        shutil.rmtree(staging, ignore_errors=True)
+        os.mkdir(staging, 0o700)
         if self.isolation.mode == "full":
-            os.chown(path, uid, uid)
+            os.chown(staging, uid, uid)
+        os.rename(staging, path)
 
     def _inside(self, path: str) -> str:
         """Where directory ``path`` appears to a run that has it as its box."""
