@@ -68,6 +68,11 @@ def verdict_series(queue: str) -> dict[str, Any]:
     return {status: VERDICTS.labels(queue, status) for status in VERDICT_STATUSES}
 
 
+PROBLEM_CACHE = Counter(
+    "judgequeue_problem_cache_total",
+    "Problem package lookups in the worker's local cache, by result (hit, miss: copied from Postgres, eviction).",
+    ["result"],
+)
 JUDGE_DURATION = Histogram(
     "judgequeue_judge_duration_seconds", "Time spent in the judge per job.", ["queue"], buckets=_JUDGE_BUCKETS
 )

@@ -33,7 +33,7 @@ from typing import Any
 import asyncpg
 import yaml
 
-from . import sql
+from . import metrics, sql
 from .connect import STATEMENT_TIMEOUT
 from .errors import JudgeQueueError
 from .judges.checkers import InvalidChecker, parse_spec
@@ -314,8 +314,10 @@ class ProblemCache:
             entry = self._entries.get(key)
             if entry is not None:
                 self.stats.hits += 1
+                metrics.PROBLEM_CACHE.labels("hit").inc()
             else:
                 self.stats.misses += 1
+                metrics.PROBLEM_CACHE.labels("miss").inc()
                 entry = await self._fetch(problem, version)
                 self._entries[key] = entry
             entry.pins += 1
@@ -335,6 +337,7 @@ class ProblemCache:
             del self._entries[(victim.id, victim.version)]
             shutil.rmtree(victim.root, ignore_errors=True)
             self.stats.evictions += 1
+            metrics.PROBLEM_CACHE.labels("eviction").inc()
 
     async def _fetch(self, problem: str, version: int) -> LocalPackage:
         async with self.pool.acquire(timeout=STATEMENT_TIMEOUT) as conn:

@@ -15,6 +15,7 @@ from typing import Any
 
 import asyncpg
 import pytest
+from prometheus_client import REGISTRY
 
 from judgequeue.core.judges import Verdict
 from judgequeue.core.judges.isolation import JudgeSettings
@@ -296,6 +297,7 @@ async def test_a_new_version_does_not_disturb_judging_of_the_old(
     old = await put(pg_pool, root)
     cache = judge.packages
     assert isinstance(cache, ProblemCache)
+    misses_before = REGISTRY.get_sample_value("judgequeue_problem_cache_total", {"result": "miss"}) or 0
     async with cache.package("mean", old) as held:  # judging of v1 in progress
         (root / "tests" / "1.ans").write_text("99\n")  # v2 changes an answer
         new = await put(pg_pool, root)
@@ -307,6 +309,7 @@ async def test_a_new_version_does_not_disturb_judging_of_the_old(
     assert v1["problem"]["sha256"] != v2["problem"]["sha256"] and v2["failed_test"] == 1
     # v1 was fetched once (a miss) and then found by its judge (a hit); v2 was a miss of its own.
     assert (cache.stats.misses, cache.stats.hits, cache.stats.evictions) == (2, 1, 0)
+    assert REGISTRY.get_sample_value("judgequeue_problem_cache_total", {"result": "miss"}) == misses_before + 2
 
 
 # --- languages -------------------------------------------------------------------------------------
