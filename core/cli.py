@@ -390,6 +390,35 @@ def _verdict_json(row: Any) -> dict[str, Any]:
     }
 
 
+def _verdict_lines(row: Any) -> list[str]:
+    """A stored verdict for people: summary, per-test table, groups (see judges.report)."""
+    from .judges.report import render_verdict
+
+    doc = _verdict_json(row)["verdict"] or {}
+    details = doc.get("details") if isinstance(doc, dict) else None
+    return render_verdict(row["status"], details if isinstance(details, dict) else {})
+
+
+def cmd_submission_status(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    """``status --submission ID``: each submission's status and, once judged, its per-test results."""
+    from . import submissions
+
+    dsn: str = resolve(args, env, DSN)
+    rows = _run(_with_pg(dsn, lambda conn: submissions.read(conn, args.submission)))
+    missing = [i for i in args.submission if i not in rows]
+    if args.json:
+        _print_json([_verdict_json(rows[i]) for i in args.submission if i in rows])
+    else:
+        for i in args.submission:
+            if i in rows:
+                lines = _verdict_lines(rows[i]) if submissions.is_terminal(rows[i]["status"]) else [rows[i]["status"]]
+                print(f"{i} " + "\n".join(lines))
+    if missing:
+        print(f"judgequeue: error: no submission {', '.join(map(str, missing))}", file=sys.stderr)
+        return EXIT_FAILURE
+    return EXIT_OK
+
+
 def cmd_submit(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     from .outbox import submit
     from .submissions import is_terminal
@@ -414,6 +443,8 @@ def cmd_submit(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         _print_json({**_verdict_json(row), "queue": queue, "finished": done} if row else {"id": submission_id})
     else:
         print(f"{submission_id} {row['status'] if row else 'UNKNOWN'}")
+        if done:
+            print("\n".join(_verdict_lines(row)[1:]))
     if not done:
         print(f"judgequeue: error: no verdict for submission {submission_id} within {args.timeout:g}s", file=sys.stderr)
         return EXIT_FAILURE
@@ -457,6 +488,8 @@ def _threshold(kind: Callable[[str], T]) -> Callable[[str], T | None]:
 
 
 def cmd_status(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    if args.submission:
+        return cmd_submission_status(args, env)
     from .connect import redis_client
     from .status import Thresholds, as_json, evaluate, gather, render
 
@@ -737,6 +770,10 @@ def build_parser() -> argparse.ArgumentParser:
     th.add_argument("--max-dlq", type=count, default=0, help="dead-letter entries (default 0)")
     th.add_argument("--max-dead", type=count, default=None, help="DEAD outbox rows (default off)")
     th.add_argument("--min-live-consumers", type=count, default=None, help="consumers active in the last 60s")
+    p.add_argument(
+        "--submission", type=int, action="append", metavar="ID",
+        help="instead: show this submission's verdict with its per-test results (repeatable; needs Postgres only)",
+    )  # fmt: skip
     _add_variable_flags(p, conn_vars, "connection")
     p.set_defaults(handler=cmd_status)
 

@@ -31,9 +31,11 @@ from . import submissions
 from .config import PREFIX, Settings, load_settings, redact_url
 from .connect import connect_postgres, redis_client
 from .errors import Failure
+from .judges.report import render_verdict
 from .manifest import Manifest, load_manifest
 from .migrate import migrate
 from .outbox import submit
+from .problems import InvalidPackage, read_package_dir, upload
 from .queues import create_queue, set_cutover
 from .spec import ROLES, Role
 from .states import VERDICTS
@@ -61,8 +63,13 @@ class DemoProgram:
     payload: dict[str, Any]
 
 
-def load_demo(directory: Path) -> list[DemoProgram]:
-    """The demo set in ``directory/demo.yaml``: one problem and the programs to submit for it."""
+def load_demo(directory: Path) -> tuple[list[DemoProgram], Path | None]:
+    """The demo set in ``directory/demo.yaml``: one problem and the programs to submit for it.
+
+    The problem is either a package directory (``problem: {package: DIR}``, uploaded before the
+    programs are submitted, which then name it by id and version) or inline ``tests``/``limits``.
+    Returns the programs and the package directory to upload (None for inline tests).
+    """
     import yaml
 
     from .manifest import ManifestError
@@ -73,17 +80,23 @@ def load_demo(directory: Path) -> list[DemoProgram]:
     except OSError as exc:
         raise ManifestError(f"{index}: {exc.strerror or exc}") from None
     problem = doc.get("problem") or {}
+    package: Path | None = None
+    reference: dict[str, Any] = {"tests": problem.get("tests", []), "limits": problem.get("limits", {})}
+    if problem.get("package"):
+        package = directory / str(problem["package"])
+        try:
+            found = read_package_dir(package)
+        except InvalidPackage as exc:
+            raise ManifestError(f"{index}: problem.package: {exc}") from None
+        if found.version is None:
+            raise ManifestError(f"{index}: problem.package: {package}/problem.yaml needs a version (reruns reuse it)")
+        reference = {"problem": found.id, "version": found.version}
     programs = []
     for entry in doc.get("programs") or []:
         source = (directory / entry["file"]).read_text()
-        payload = {
-            "language": entry.get("language", "python"),
-            "source": source,
-            "tests": problem.get("tests", []),
-            "limits": problem.get("limits", {}),
-        }
+        payload = {"language": entry.get("language", "python"), "source": source, **reference}
         programs.append(DemoProgram(name=entry["file"], expect=entry.get("expect"), payload=payload))
-    return programs
+    return programs, package
 
 
 def role_env(
@@ -262,11 +275,17 @@ def verdict_table(programs: Sequence[DemoProgram], ids: Sequence[int], rows: Map
 
 
 def format_table(results: Sequence[Mapping[str, Any]]) -> str:
+    """One line per program, then (after a blank line) each program's per-test results. Pure."""
     width = max([len("program"), *(len(r["program"]) for r in results)])
-    lines = [f"{'program':<{width}}  {'id':>6}  {'verdict':<14}  expected"]
+    lines = [f"{'program':<{width}}  {'id':>6}  {'verdict':<18}  expected"]
     for r in results:
         mark = "" if r["ok"] else "   <-- unexpected"
-        lines.append(f"{r['program']:<{width}}  {r['id']:>6}  {r['verdict']:<14}  {r['expected'] or '-'}{mark}")
+        lines.append(f"{r['program']:<{width}}  {r['id']:>6}  {r['verdict']:<18}  {r['expected'] or '-'}{mark}")
+    for r in results:
+        detail = r.get("detail")
+        details = detail.get("details") if isinstance(detail, Mapping) else None
+        shown = render_verdict(r["verdict"], details if isinstance(details, Mapping) else {})
+        lines += ["", f"{r['program']} (id {r['id']}): {shown[0]}", *shown[1:]]
     return "\n".join(lines)
 
 
@@ -279,17 +298,18 @@ async def _prepare(conn: asyncpg.Connection, manifest: Manifest) -> None:
     await set_cutover(conn, manifest.queue, **changes)
 
 
-def _files(options: LocalOptions, manifest: Manifest) -> tuple[list[DemoProgram], Path]:
-    """The demo set (with --demo) and the log directory, created."""
+def _files(options: LocalOptions, manifest: Manifest) -> tuple[list[DemoProgram], Path | None, Path]:
+    """The demo set (with --demo), its package directory if any, and the log directory, created."""
     programs: list[DemoProgram] = []
+    package: Path | None = None
     if options.demo:
         if manifest.cutover.paused or manifest.cutover.mode != "live":
             raise Failure("--demo needs a live, unpaused queue (spec.cutover.mode: live, spec.paused: false)")
         demo_dir = Path(options.demo_dir) if options.demo_dir else Path(options.manifest).resolve().parent / "demo"
-        programs = load_demo(demo_dir)
+        programs, package = load_demo(demo_dir)
     log_dir = Path(options.log_dir or tempfile.mkdtemp(prefix="judgequeue-local-"))
     log_dir.mkdir(parents=True, exist_ok=True)
-    return programs, log_dir
+    return programs, package, log_dir
 
 
 async def _local(options: LocalOptions, base_env: Mapping[str, str]) -> int:
@@ -303,7 +323,7 @@ async def _local(options: LocalOptions, base_env: Mapping[str, str]) -> int:
     settings: Settings = load_settings(role_env(base_env, manifest, "worker", options, 0))
     for role in ("dispatcher", "reaper"):
         load_settings(role_env(base_env, manifest, role, options, 0))
-    programs, log_dir = _files(options, manifest)
+    programs, package, log_dir = _files(options, manifest)
     display = Display(sys.stderr, enabled=not options.json_output)
     try:
         conn = await connect_postgres(options.postgres_dsn, pooler="transaction", timeout=10)
@@ -323,6 +343,9 @@ async def _local(options: LocalOptions, base_env: Mapping[str, str]) -> int:
         except Exception as exc:
             raise Failure(f"cannot reach Redis at {redact_url(options.redis_url)}: {type(exc).__name__}") from None
         await _prepare(conn, manifest)
+        if package is not None:
+            uploaded = await upload(conn, package)
+            display.say(f"problem {uploaded.id} version {uploaded.version}: {uploaded.tests} tests uploaded")
         display.say(
             f"queue {manifest.queue}: mode={manifest.cutover.mode} paused={manifest.cutover.paused}; "
             f"postgres {redact_url(options.postgres_dsn)}, redis {redact_url(options.redis_url)}"

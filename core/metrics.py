@@ -6,7 +6,11 @@ Names start with ``judgequeue_``. Gauges describing the queue's health are refre
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import Counter, Gauge, Histogram
+
+from .states import VERDICTS as VERDICT_STATUSES
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 _JUDGE_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300)
@@ -51,7 +55,24 @@ RESENT_STRANDED = Counter(
 PRUNED_ROWS = Counter("judgequeue_pruned_outbox_rows_total", "Terminal outbox rows deleted by retention.", ["queue"])
 
 # --- worker ----------------------------------------------------------------------------------------
-VERDICTS = Counter("judgequeue_verdicts_total", "Verdicts written, by status.", ["queue", "status"])
+VERDICTS = Counter(
+    "judgequeue_verdicts_total",
+    "Verdicts written, by status (one of judgequeue.core.states.VERDICTS; PRESENTATION_ERROR only from checkers).",
+    ["queue", "status"],
+)
+
+
+def verdict_series(queue: str) -> dict[str, Any]:
+    """One ``judgequeue_verdicts_total`` child per verdict of the queue, created at zero, so a rate or an
+    alert on a status that has not happened yet (a first PRESENTATION_ERROR) sees a series, not nothing."""
+    return {status: VERDICTS.labels(queue, status) for status in VERDICT_STATUSES}
+
+
+PROBLEM_CACHE = Counter(
+    "judgequeue_problem_cache_total",
+    "Problem package lookups in the worker's local cache, by result (hit, miss: copied from Postgres, eviction).",
+    ["result"],
+)
 JUDGE_DURATION = Histogram(
     "judgequeue_judge_duration_seconds", "Time spent in the judge per job.", ["queue"], buckets=_JUDGE_BUCKETS
 )

@@ -33,17 +33,18 @@ from typing import Any
 import asyncpg
 import yaml
 
-from . import sql
+from . import metrics, sql
 from .connect import STATEMENT_TIMEOUT
 from .errors import JudgeQueueError
 from .judges.checkers import InvalidChecker, parse_spec
+from .judges.languages import LANGUAGES as LANGUAGE_TABLE
 from .judges.scoring import InvalidScoring, parse_scoring
 
 CHUNK = 1024 * 1024
 MANIFEST_FILE = "problem.yaml"
 _ID = re.compile(r"[a-z0-9]([-a-z0-9_.]*[a-z0-9])?")
 MAX_TESTS = 10_000
-LANGUAGES = ("python", "c", "cpp")
+LANGUAGES = tuple(LANGUAGE_TABLE)  # a checker or interactor may be written in any language the judge runs
 
 FILE_EXISTS_SQL = sql.query("problem_file_exists")
 INSERT_FILE_SQL = sql.query("problem_file_insert")
@@ -313,8 +314,10 @@ class ProblemCache:
             entry = self._entries.get(key)
             if entry is not None:
                 self.stats.hits += 1
+                metrics.PROBLEM_CACHE.labels("hit").inc()
             else:
                 self.stats.misses += 1
+                metrics.PROBLEM_CACHE.labels("miss").inc()
                 entry = await self._fetch(problem, version)
                 self._entries[key] = entry
             entry.pins += 1
@@ -334,6 +337,7 @@ class ProblemCache:
             del self._entries[(victim.id, victim.version)]
             shutil.rmtree(victim.root, ignore_errors=True)
             self.stats.evictions += 1
+            metrics.PROBLEM_CACHE.labels("eviction").inc()
 
     async def _fetch(self, problem: str, version: int) -> LocalPackage:
         async with self.pool.acquire(timeout=STATEMENT_TIMEOUT) as conn:

@@ -15,6 +15,8 @@ from typing import Final, Literal, get_args
 WAITING_STATUSES: Final[tuple[str, ...]] = ("PENDING", "JUDGING")
 
 #: A verdict: the terminal status a judge gives a submission (SYSTEM_ERROR carries a reason).
+#: PRESENTATION_ERROR is only ever given when a custom checker asks for it (testlib exit code 2);
+#: docs/judges.md has the one table saying what each means.
 Verdict = Literal[
     "ACCEPTED",
     "WRONG_ANSWER",
@@ -24,6 +26,7 @@ Verdict = Literal[
     "IDLENESS_LIMIT",
     "RUNTIME_ERROR",
     "COMPILE_ERROR",
+    "PRESENTATION_ERROR",
     "SYSTEM_ERROR",
 ]
 

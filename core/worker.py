@@ -33,6 +33,7 @@ import uuid
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -43,7 +44,7 @@ from .config import Settings
 from .connect import STATEMENT_TIMEOUT
 from .envelope import Envelope
 from .errors import SERVER_ERRORS, TransportError, describe, is_permanent
-from .judges import Judge, Verdict, load_judge
+from .judges import Judge, UsesPackages, Verdict, load_judge
 from .lifecycle import (
     DB_ERRORS,
     SHUTDOWN_STEP,
@@ -55,6 +56,7 @@ from .lifecycle import (
     unless_stopped,
     wait_any,
 )
+from .problems import ProblemCache
 
 log = logging.getLogger("judgequeue.worker")
 
@@ -367,7 +369,7 @@ class Worker:
         self._m_e2e = metrics.END_TO_END.labels(q)
         self._m_in_flight = metrics.JOBS_IN_FLIGHT.labels(q)
         self._m_renew_failures = metrics.LEASE_RENEW_FAILURES.labels(q)
-        self._m_verdicts: dict[str, Any] = {}
+        self._m_verdicts: dict[str, Any] = metrics.verdict_series(q)
 
     # --- public -----------------------------------------------------------------------------------
 
@@ -668,6 +670,17 @@ class Worker:
         log.error("could not release leases; they will expire and be rescued", extra={"leases": len(held)})
 
 
+def attach_package_cache(judge: Judge, pool: asyncpg.Pool) -> ProblemCache | None:
+    """Give a judge that judges problem packages by reference its cache of them (judges never
+    connect to Postgres themselves); None for judges that need none."""
+    if not isinstance(judge, UsesPackages):
+        return None
+    directory, max_bytes = judge.package_cache()
+    cache = ProblemCache(Path(directory), max_bytes, pool)
+    judge.attach_packages(cache)
+    return cache
+
+
 async def run(settings: Settings, stop: asyncio.Event) -> None:
     """Entry point of the worker role: owns its connections and runs until ``stop`` is set."""
     judge = load_judge(settings.worker.judge)  # an unknown name fails before connecting anywhere
@@ -675,6 +688,7 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
     if conns is None:
         return
     try:
+        attach_package_cache(judge, conns.pool)
         worker = Worker(conns.pool, conns.redis, settings, judge=judge)
         log.info(
             "worker started",

@@ -7,8 +7,10 @@ worker start-up so a typo fails at once, listing what is installed.
 
 from __future__ import annotations
 
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from ..errors import ConfigError
@@ -41,6 +43,37 @@ class Judge(Protocol):
     async def judge(self, payload: Any) -> Verdict: ...
 
 
+class PackageView(Protocol):
+    """A problem package on this worker's disk, as a judge sees it (``problems.LocalPackage`` is one)."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def version(self) -> int: ...
+    @property
+    def sha256(self) -> str: ...
+    @property
+    def manifest(self) -> dict[str, Any]: ...
+    def path(self, sha256: str) -> Path: ...
+
+
+class PackageSource(Protocol):
+    """Where a judge gets packages from: the worker's ``problems.ProblemCache``. Judges are layer 1
+    and never talk to Postgres themselves; the worker injects this (:class:`UsesPackages`)."""
+
+    def package(self, problem: str, version: int) -> AbstractAsyncContextManager[PackageView]: ...
+
+
+@runtime_checkable
+class UsesPackages(Protocol):
+    """A judge that judges problem packages by reference: the worker asks where it wants its cache
+    (directory, bytes) and attaches one before the first job."""
+
+    def package_cache(self) -> tuple[str, int]: ...
+
+    def attach_packages(self, source: PackageSource) -> None: ...
+
+
 class UnknownJudge(ConfigError):
     """The configured judge name is not an installed plugin."""
 
@@ -67,8 +100,11 @@ __all__ = [
     "ENTRY_POINT_GROUP",
     "STATUSES",
     "Judge",
+    "PackageSource",
+    "PackageView",
     "Status",
     "UnknownJudge",
+    "UsesPackages",
     "Verdict",
     "available_judges",
     "load_judge",

@@ -125,7 +125,11 @@ def _lines(output: bytes, answer: bytes) -> CheckResult:
             return CheckResult.wrong(f"line {i + 1}: expected {_quote(b)}, got {_quote(a)}")
     if len(got) != len(want):
         return CheckResult.wrong(f"expected {len(want)} lines, got {len(got)}")
-    return CheckResult.accepted(f"{len(want)} lines")
+    return CheckResult.accepted(_count(len(want), "line"))
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
 def _number(token: bytes) -> float | None:
@@ -157,7 +161,7 @@ def _tokens(output: bytes, answer: bytes, floats: tuple[float, float] | None) ->
         return CheckResult.wrong(f"token {i + 1}: expected {_quote(b)}, got {_quote(a)}")
     if len(got) != len(want):
         return CheckResult.wrong(f"expected {len(want)} tokens, got {len(got)}")
-    message = f"{len(want)} tokens" + (f", max error {worst:.3g}" if floats is not None and worst else "")
+    message = _count(len(want), "token") + (f", max error {worst:.3g}" if floats is not None and worst else "")
     return CheckResult.accepted(message)
 
 

@@ -26,6 +26,8 @@ SANDBOX_VAR = "JUDGEQUEUE_SANDBOX"
 SANDBOX_DIR_VAR = "JUDGEQUEUE_SANDBOX_DIR"
 MAX_TESTS_VAR = "JUDGEQUEUE_PROGRAM_MAX_TESTS"
 BUDGET_VAR = "JUDGEQUEUE_PROGRAM_BUDGET"
+CACHE_DIR_VAR = "JUDGEQUEUE_PROBLEM_CACHE_DIR"
+CACHE_MB_VAR = "JUDGEQUEUE_PROBLEM_CACHE_MB"
 SANDBOX_MODES = ("required", "trusted")
 #: Directories a language runtime needs, bound read-only when they exist (symlinks are recreated).
 RUNTIME_PATHS = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/etc/ld.so.cache")
@@ -43,6 +45,12 @@ class JudgeSettings:
     sandbox_dir: str = "/tmp/judgequeue-sandbox"
     max_tests: int = 1000
     budget: float = 120.0  # seconds of wall time for a whole submission (compile + every test)
+    problem_cache_dir: str = ""  # local copies of problem packages; "" is <sandbox_dir>/problems
+    problem_cache_mb: int = 1024  # bound of that cache (least recently used packages go first)
+
+    @property
+    def cache_dir(self) -> str:
+        return self.problem_cache_dir or os.path.join(self.sandbox_dir, "problems")
 
 
 def load_judge_settings(env: Mapping[str, str]) -> JudgeSettings:
@@ -65,7 +73,16 @@ def load_judge_settings(env: Mapping[str, str]) -> JudgeSettings:
         raise ConfigError(f"{BUDGET_VAR} must be a number of seconds, got {env.get(BUDGET_VAR)!r}") from None
     if not 1 <= budget <= 3600:
         raise ConfigError(f"{BUDGET_VAR} must be between 1 and 3600 seconds, got {budget:g}")
-    return JudgeSettings(sandbox, sandbox_dir, max_tests, budget)
+    cache_dir = env.get(CACHE_DIR_VAR, "")
+    if cache_dir and not os.path.isabs(cache_dir):
+        raise ConfigError(f"{CACHE_DIR_VAR} must be an absolute path, got {cache_dir!r}")
+    try:
+        cache_mb = int(env.get(CACHE_MB_VAR, "1024"))
+    except ValueError:
+        raise ConfigError(f"{CACHE_MB_VAR} must be an integer (MiB), got {env.get(CACHE_MB_VAR)!r}") from None
+    if not 1 <= cache_mb <= 1024 * 1024:
+        raise ConfigError(f"{CACHE_MB_VAR} must be between 1 and 1048576 MiB, got {cache_mb}")
+    return JudgeSettings(sandbox, sandbox_dir, max_tests, budget, cache_dir, cache_mb)
 
 
 def runtime_layout(paths: tuple[str, ...] = RUNTIME_PATHS) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:

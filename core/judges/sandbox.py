@@ -241,8 +241,16 @@ async def run(
     group: BoxGroup | None,
     writable_box: bool = False,
     parallelism: int | None = None,
+    stdin_fd: int | None = None,
+    stdout_fd: int | None = None,
 ) -> RunFacts:
-    """Run ``argv`` in the box and report the facts. Cancellation kills the whole run first."""
+    """Run ``argv`` in the box and report the facts. Cancellation kills the whole run first.
+
+    ``stdin_fd``/``stdout_fd`` (interactive problems) connect the run to pipes instead of the
+    ``stdin`` bytes and the captured stdout; the run owns them: they are closed once the box has
+    them (or when the run fails before that), so the other end sees EOF when the box is gone.
+    Its facts then have no stdout and no output limit is enforced on that pipe.
+    """
     loop = asyncio.get_running_loop()
     parallelism = parallelism or os.cpu_count() or 1
     full = isolation.mode == "full"
@@ -252,8 +260,13 @@ async def run(
         if group.leftover():
             await asyncio.to_thread(group.destroy, time.monotonic() + REAP_GRACE)
         group.create(memory=limits.memory, processes=limits.processes)
-    stdin_fd = os.memfd_create("stdin", os.MFD_CLOEXEC)
-    out_r, out_w = os.pipe2(os.O_CLOEXEC)
+    given_stdin = stdin_fd is not None
+    if stdin_fd is None:
+        stdin_fd = os.memfd_create("stdin", os.MFD_CLOEXEC)
+    if stdout_fd is None:
+        out_r, out_w = os.pipe2(os.O_CLOEXEC)
+    else:
+        out_r, out_w = -1, stdout_fd
     err_r, err_w = os.pipe2(os.O_CLOEXEC)
     status_r, status_w = os.pipe2(os.O_CLOEXEC)
     seccomp_fd = os.memfd_create("seccomp", os.MFD_CLOEXEC)
@@ -263,8 +276,9 @@ async def run(
     pipes: list[_Pipe] = []
     started = time.monotonic()
     try:
-        os.write(stdin_fd, stdin)
-        os.lseek(stdin_fd, 0, os.SEEK_SET)
+        if not given_stdin:
+            os.write(stdin_fd, stdin)
+            os.lseek(stdin_fd, 0, os.SEEK_SET)
         os.write(seccomp_fd, isolation.seccomp)
         os.lseek(seccomp_fd, 0, os.SEEK_SET)
         command = build_command(
@@ -297,9 +311,9 @@ async def run(
             exited.set()
 
         loop.add_reader(pidfd, on_exit)
-        out = _Pipe(loop, out_r, limits.output, on_over=lambda: kill("output"))
+        out = _Pipe(loop, out_r, limits.output, on_over=lambda: kill("output")) if out_r >= 0 else None
         err = _Pipe(loop, err_r, limits.stderr)
-        pipes = [out, err]
+        pipes = [err] if out is None else [out, err]
         status = _Pipe(loop, status_r, 4096)
         pipes.append(status)
         out_r = err_r = status_r = -1
@@ -335,18 +349,19 @@ async def run(
         # Every writer is dead now; what is left in the pipes is bounded by their buffers.
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.gather(*(p.eof.wait() for p in pipes)), REAP_GRACE)
+        stdout = bytes(out.data[: limits.output]) if out else b""
         if full and group is not None:
             usage = group.usage()  # four small reads
             exit_code = engine_exit_code(bytes(status.data))
             return RunFacts(
-                exit_code=exit_code, signal=None, stdout=bytes(out.data[: limits.output]), stderr=bytes(err.data),
+                exit_code=exit_code, signal=None, stdout=stdout, stderr=bytes(err.data),
                 wall=wall, cpu=usage.cpu_ns / 1e9, memory_peak=usage.memory_peak, oom_killed=usage.oom_kills > 0,
                 killed_for=killed_for, processes_refused=usage.pids_refused, stuck=stuck,
             )  # fmt: skip
         sig = os.WTERMSIG(wait_status) if os.WIFSIGNALED(wait_status) else None
         code = os.WEXITSTATUS(wait_status) if os.WIFEXITED(wait_status) else None
         return RunFacts(
-            exit_code=code, signal=sig, stdout=bytes(out.data[: limits.output]), stderr=bytes(err.data),
+            exit_code=code, signal=sig, stdout=stdout, stderr=bytes(err.data),
             wall=wall, cpu=rusage.ru_utime + rusage.ru_stime, memory_peak=rusage.ru_maxrss * 1024,
             oom_killed=False, killed_for=killed_for, stuck=stuck,
         )  # fmt: skip

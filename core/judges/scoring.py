@@ -132,8 +132,10 @@ def summarize(results: Sequence[TestResult], scoring: Scoring, test_count: int) 
     report = []
     total = 0.0
     for g in groups:
-        scores = [by_test[t].score if t in by_test and by_test[t].verdict in ("ACCEPTED", "WRONG_ANSWER") else 0.0
-                  for t in g.tests]
+        scores = [
+            by_test[t].score if t in by_test and by_test[t].verdict in ("ACCEPTED", "WRONG_ANSWER") else 0.0
+            for t in g.tests
+        ]
         earned = g.points * min(scores)
         total += earned
         report.append({"name": g.name, "points": g.points, "earned": round(earned, 6), "tests": list(g.tests)})

@@ -1,2 +1,3 @@
-a, b = map(int, input().split())
-print(a + b)
+n = int(input())
+xs = list(map(int, input().split()))
+print(sum(xs) / n)

@@ -1,3 +1,3 @@
-a, b = map(int, input().split())
+n = int(input())
 while True:
-    a += 1
+    n += 1

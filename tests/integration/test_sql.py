@@ -168,6 +168,18 @@ async def test_state_lists_match_the_check_constraints(pg: asyncpg.Connection) -
     assert await _check_values(pg, "queues", "mode") == set(states.MODES)
 
 
+def test_the_verdict_list_is_the_one_documented_and_counted() -> None:
+    """docs/judges.md has one verdict table; it, the metrics' zero series and states.VERDICTS agree
+    (the CHECK is compared above), PRESENTATION_ERROR included (migration 0008)."""
+    from judgequeue.core.metrics import verdict_series
+
+    section = (ROOT / "docs" / "judges.md").read_text().split("## Verdicts", 1)[1].split("\n## ", 1)[0]
+    documented = re.findall(r"^\| `([A-Z_]+)` \|", section, re.M)
+    assert documented == list(states.VERDICTS)
+    assert "PRESENTATION_ERROR" in states.VERDICTS
+    assert set(verdict_series("q")) == set(states.VERDICTS)
+
+
 def test_state_lists_partition_cleanly() -> None:
     assert not set(states.WAITING_STATUSES) & set(states.VERDICTS)
     assert not set(states.WAITING_OUTBOX_STATES) & set(states.TERMINAL_OUTBOX_STATES)

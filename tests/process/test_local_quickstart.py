@@ -47,12 +47,21 @@ def test_readme_quickstart_as_written_shows_verdicts(pg_dsn: str, local_redis: s
     for command in commands[1:]:
         result = subprocess.run(["bash", "-c", command], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
         assert result.returncode == 0, result.stdout + result.stderr
-    rows = [line.split() for line in result.stdout.splitlines()[1:]]
+    table, _, per_test = result.stdout.partition("\n\n")
+    rows = [line.split() for line in table.splitlines()[1:]]
     verdicts = {row[0]: (row[2], row[3]) for row in rows}
     assert verdicts["accepted.py"] == ("ACCEPTED", "ACCEPTED")
     assert verdicts["wrong_answer.py"] == ("WRONG_ANSWER", "WRONG_ANSWER")
     assert verdicts["time_limit.py"] == ("TIME_LIMIT", "TIME_LIMIT")
     assert verdicts["runtime_error.py"] == ("RUNTIME_ERROR", "RUNTIME_ERROR")
+    # The demo problem is a package with two subtasks and a float checker; each program's tests show.
+    assert "problem demo-mean version 1: 4 tests uploaded" in result.stderr
+    assert "accepted.py (id 1): ACCEPTED, score 100/100 (demo-mean v1)" in per_test
+    assert "wrong_answer.py (id 2): WRONG_ANSWER on test 3, score 40/100 (demo-mean v1)" in per_test
+    assert "group small: 40/40 (tests 1, 2)" in per_test and "group large: 0/60 (tests 3, 4)" in per_test
+    accepted = per_test.split("\n\n")[0].splitlines()
+    assert accepted[1].split() == ["test", "verdict", "cpu", "ms", "wall", "ms", "mem", "KiB", "exit", "message"]
+    assert [line.split()[:2] for line in accepted[2:6]] == [[str(t), "ACCEPTED"] for t in range(1, 5)]
     assert "all roles stopped cleanly" in result.stderr
 
 

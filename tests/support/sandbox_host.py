@@ -68,7 +68,7 @@ def box_leftovers(judge: ProgramJudge) -> list[str]:
     left = [os.path.join(judge.boxes_dir, n) for n in os.listdir(judge.boxes_dir)]
     if judge.roots is not None:
         for root in judge.roots.all():
-            left += [os.path.join(root, n) for n in os.listdir(root) if n.startswith(f"{judge.range}-")]
+            left += [os.path.join(root, n) for n in os.listdir(root) if n.startswith(judge.group_prefix)]
     return left
 
 

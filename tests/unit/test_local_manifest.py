@@ -109,12 +109,13 @@ def test_example_manifest_and_demo_set_load(tmp_path: Path) -> None:
     assert m.queue == "demo" and m.cutover.mode == "live" and not m.cutover.paused
     assert plan_children(m, None) == ["dispatcher", "worker", "worker", "reaper"]
     assert plan_children(m, 1) == ["dispatcher", "worker", "reaper"]
-    programs = load_demo(ROOT / "examples" / "demo")
+    programs, package = load_demo(ROOT / "examples" / "demo")
+    assert package is not None and (package / "problem.yaml").is_file()
     expected = {p.expect for p in programs}
     assert {"ACCEPTED", "WRONG_ANSWER", "TIME_LIMIT", "RUNTIME_ERROR"} <= expected
     for program in programs:
-        assert set(program.payload) == {"language", "source", "tests", "limits"}
-        assert program.payload["language"] == "python" and program.payload["tests"]
+        assert set(program.payload) == {"language", "source", "problem", "version"}
+        assert program.payload["language"] == "python" and program.payload["problem"] == "demo-mean"
     bad = tmp_path / "bad.yaml"
     bad.write_text("apiVersion: [unclosed\n")
     with pytest.raises(ManifestError, match="not valid YAML"):

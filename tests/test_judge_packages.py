@@ -1,0 +1,337 @@
+"""The program judge on problem packages, for real: uploaded to Postgres, fetched through the worker's
+cache, judged in boxes. Per-test results, subtasks and scores, custom checkers (partial points,
+presentation error, a crashing checker), interactive problems (a guessing game), and a new version
+uploaded while the old one is being judged. Each test checks the host is clean afterwards. Needs root."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import pytest
+from prometheus_client import REGISTRY
+
+from judgequeue.core.judges import Verdict
+from judgequeue.core.judges.isolation import JudgeSettings
+from judgequeue.core.judges.program import ProgramJudge
+from judgequeue.core.problems import ProblemCache, upload
+from judgequeue.core.worker import attach_package_cache
+from tests.sandbox_host import assert_host_clean
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox needs root (CI runs as root)")
+
+MEAN_YAML = """\
+id: mean
+limits: {time: 1, memory_mb: 128}
+checker: {type: floats, abs: 1.0e-6, rel: 1.0e-6}
+scoring:
+  groups:
+    - {name: small, points: 40, tests: [1, 2]}
+    - {name: large, points: 60, tests: [3, 4]}
+"""
+MEAN_TESTS = {
+    "1": ("2\n1 2\n", "1.5\n"),
+    "2": ("1\n7\n", "7\n"),
+    "3": ("3\n1 1 2\n", "1.3333333333\n"),
+    "4": ("4\n1000000 1 1 1\n", "250000.75\n"),
+}
+MEAN_OK = "n = int(input())\nxs = list(map(int, input().split()))\nprint(sum(xs) / n)\n"
+# Right on small inputs, wrong on large ones (integer division): earns the small group only.
+MEAN_SMALL_ONLY = (
+    "n = int(input())\nxs = list(map(int, input().split()))\nprint(sum(xs) // n if n > 2 else sum(xs) / n)\n"
+)
+
+
+def write_package(
+    root: Path, yaml_text: str, tests: dict[str, tuple[str, str]], files: dict[str, str] | None = None
+) -> Path:
+    (root / "tests").mkdir(parents=True, exist_ok=True)
+    (root / "problem.yaml").write_text(yaml_text)
+    for name, (given, answer) in tests.items():
+        (root / "tests" / f"{name}.in").write_text(given)
+        (root / "tests" / f"{name}.ans").write_text(answer)
+    for name, text in (files or {}).items():
+        (root / name).write_text(text)
+    return root
+
+
+@pytest.fixture(scope="module")
+def sandbox_dir() -> Iterator[str]:
+    # Not under pytest's tmp_path: that is 0700, and each box's uid must be able to reach its box.
+    path = f"/tmp/jq-packages-test-{uuid.uuid4().hex[:8]}"
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+async def judge(sandbox_dir: str, pg_pool: asyncpg.Pool) -> AsyncIterator[ProgramJudge]:
+    """A program judge with a package cache attached the way the worker attaches it."""
+    j = ProgramJudge(settings=JudgeSettings(sandbox_dir=sandbox_dir), slots=8)
+    assert j.isolation.mode == "full"
+    cache = attach_package_cache(j, pg_pool)
+    assert isinstance(cache, ProblemCache) and str(cache.root).startswith(sandbox_dir)
+    yield j
+    await assert_host_clean(j)
+    j.close()
+
+
+async def put(pool: asyncpg.Pool, root: Path) -> int:
+    async with pool.acquire() as conn:
+        return (await upload(conn, root)).version
+
+
+def sub(problem: str, version: int, source: str, language: str = "python") -> dict[str, Any]:
+    return {"problem": problem, "version": version, "language": language, "source": source}
+
+
+async def expect(judge: ProgramJudge, payload: dict[str, Any], status: str) -> dict[str, Any]:
+    verdict = await judge.judge(payload)
+    assert isinstance(verdict, Verdict)
+    assert verdict.status == status, verdict.details
+    return verdict.details
+
+
+# --- subtasks, float checker, per-test results ----------------------------------------------------
+
+
+async def test_subtasks_with_a_float_checker_score_per_group(
+    judge: ProgramJudge, pg_pool: asyncpg.Pool, tmp_path: Path
+) -> None:
+    version = await put(pg_pool, write_package(tmp_path / "mean", MEAN_YAML, MEAN_TESTS))
+    ok, small = await asyncio.gather(
+        expect(judge, sub("mean", version, MEAN_OK), "ACCEPTED"),
+        expect(judge, sub("mean", version, MEAN_SMALL_ONLY), "WRONG_ANSWER"),
+    )
+    assert (ok["score"], ok["max_score"]) == (100, 100)
+    assert ok["problem"]["id"] == "mean" and ok["problem"]["version"] == version and len(ok["problem"]["sha256"]) == 64
+    assert [t["test"] for t in ok["tests"]] == [1, 2, 3, 4]
+    for t in ok["tests"]:
+        assert t["verdict"] == "ACCEPTED" and t["score"] == 1.0 and t["exit_code"] == 0
+        assert t["cpu_ms"] > 0 and t["wall_ms"] > 0 and t["memory_kb"] > 0 and t["message"]
+    # The large group fails at its first test, so its second is skipped: it cannot change the score.
+    assert (small["score"], small["failed_test"]) == (40, 3)
+    assert [(t["test"], t["verdict"]) for t in small["tests"]] == [
+        (1, "ACCEPTED"),
+        (2, "ACCEPTED"),
+        (3, "WRONG_ANSWER"),
+    ]
+    assert "token 1: expected '1.3333333333', got '1'" in small["reason"]
+    assert [(g["name"], g["earned"]) for g in small["groups"]] == [("small", 40), ("large", 0)]
+
+
+async def test_unscored_package_stops_at_the_first_failure_and_inline_tests_still_work(
+    judge: ProgramJudge, pg_pool: asyncpg.Pool, tmp_path: Path
+) -> None:
+    plain = MEAN_YAML.split("scoring:")[0]
+    version = await put(pg_pool, write_package(tmp_path / "mean", plain, MEAN_TESTS))
+    details = await expect(judge, sub("mean", version, MEAN_SMALL_ONLY), "WRONG_ANSWER")
+    assert len(details["tests"]) == 3 and "score" not in details and details["failed_test"] == 3
+    inline = {
+        "language": "python", "source": "print(input().strip())",
+        "tests": [{"input": "a  b\n", "output": "a b"}, {"input": "c\n", "output": "x"}],
+        "checker": "tokens", "scoring": {"run_all": True},
+    }  # fmt: skip
+    run_all = await expect(judge, inline, "WRONG_ANSWER")
+    assert (run_all["score"], [t["verdict"] for t in run_all["tests"]]) == (50, ["ACCEPTED", "WRONG_ANSWER"])
+    missing = await expect(judge, sub("nosuch", 1, MEAN_OK), "SYSTEM_ERROR")
+    assert "no problem package 'nosuch' version 1" in missing["reason"]
+
+
+# --- custom checkers -------------------------------------------------------------------------------
+
+# testlib's convention: checker INPUT OUTPUT ANSWER; exit 0 ok, 1 wrong, 2 presentation, 7 points.
+CHECKER = """\
+import sys
+given, output, answer = (open(p).read() for p in sys.argv[1:4])
+want = int(answer)
+if given.startswith("crash"):
+    raise RuntimeError("checker bug on purpose")
+if output.strip() != output.rstrip("\\n"):
+    print("leading spaces", file=sys.stderr); sys.exit(2)
+try:
+    got = int(output)
+except ValueError:
+    print("not a number", file=sys.stderr); sys.exit(1)
+if got == want:
+    print("exact", file=sys.stderr); sys.exit(0)
+if abs(got - want) <= 2:
+    print("0.5\\nclose enough", file=sys.stderr); sys.exit(7)
+print(f"far off: {got}", file=sys.stderr); sys.exit(1)
+"""
+CHECKED_YAML = """\
+id: near
+limits: {time: 1, memory_mb: 128}
+checker: {type: custom, source: check.py, language: python}
+scoring: {run_all: true}
+"""
+ECHO = "print(input())\n"
+
+
+async def test_custom_checker_partial_points_presentation_and_a_crash(
+    judge: ProgramJudge, pg_pool: asyncpg.Pool, tmp_path: Path
+) -> None:
+    tests = {"1": ("10\n", "10\n"), "2": ("11\n", "12\n")}
+    version = await put(pg_pool, write_package(tmp_path / "near", CHECKED_YAML, tests, {"check.py": CHECKER}))
+    partial = await expect(judge, sub("near", version, ECHO), "WRONG_ANSWER")
+    assert [(t["verdict"], t["score"], t["message"]) for t in partial["tests"]] == [
+        ("ACCEPTED", 1.0, "exact"),
+        ("WRONG_ANSWER", 0.5, "close enough"),
+    ]
+    assert partial["score"] == 75  # two tests of 50 points: 50 + 0.5 * 50
+    presentation = await expect(judge, sub("near", version, "print('  ' + input())"), "PRESENTATION_ERROR")
+    assert presentation["reason"] == "leading spaces"
+    crashing = {"1": ("crash\n", "1\n")}
+    broken = await put(pg_pool, write_package(tmp_path / "broken", CHECKED_YAML, crashing, {"check.py": CHECKER}))
+    crashed = await expect(judge, sub("near", broken, ECHO), "SYSTEM_ERROR")
+    assert "RuntimeError: checker bug on purpose" in crashed["reason"], crashed
+
+
+C_CHECKER = r"""
+#include <stdio.h>
+int main(int argc, char **argv) {
+    long out, ans;
+    FILE *o = fopen(argv[2], "r"), *a = fopen(argv[3], "r");
+    if (!o || !a || fscanf(a, "%ld", &ans) != 1) { fprintf(stderr, "cannot read the answer"); return 3; }
+    if (fscanf(o, "%ld", &out) != 1) { fprintf(stderr, "no number"); return 1; }
+    if (out != ans) { fprintf(stderr, "expected %ld, got %ld", ans, out); return 1; }
+    fprintf(stderr, "ok %ld", out);
+    return 0;
+}
+"""
+
+
+async def test_a_compiled_checker_is_built_once_per_worker(
+    judge: ProgramJudge, pg_pool: asyncpg.Pool, tmp_path: Path
+) -> None:
+    if "gcc" not in judge.tools:
+        pytest.skip("no C compiler")
+    spec = "id: cchk\nlimits: {time: 1}\nchecker: {type: custom, source: check.c, language: c}\n"
+    version = await put(pg_pool, write_package(tmp_path / "cchk", spec, {"1": ("4\n", "4\n")}, {"check.c": C_CHECKER}))
+    before = judge.helper_builds
+    ok = await expect(judge, sub("cchk", version, ECHO), "ACCEPTED")
+    wrong = await expect(judge, sub("cchk", version, "print(5)"), "WRONG_ANSWER")
+    assert (ok["tests"][0]["message"], wrong["reason"]) == ("ok 4", "expected 4, got 5")
+    assert judge.helper_builds == before + 1, "the second submission reused the first one's build"
+
+
+# --- interactive: a guessing game ------------------------------------------------------------------
+
+# Input: the secret and the number of queries allowed. The submission asks "? x" and hears "<", ">"
+# or "="; it answers "! x". The interactor's exit code is the verdict (testlib's codes).
+INTERACTOR = """\
+import sys
+secret, allowed = map(int, open(sys.argv[1]).read().split())
+asked = 0
+for line in sys.stdin:
+    kind, _, value = line.strip().partition(" ")
+    guess = int(value)
+    if kind == "!":
+        if guess == secret:
+            print(f"found in {asked} queries", file=sys.stderr); sys.exit(0)
+        print(f"wrong guess {guess}", file=sys.stderr); sys.exit(1)
+    asked += 1
+    if asked > allowed:
+        print(f"more than {allowed} queries", file=sys.stderr); sys.exit(1)
+    print("=" if guess == secret else "<" if secret < guess else ">", flush=True)
+print("no answer before EOF", file=sys.stderr); sys.exit(1)
+"""
+GAME_YAML = """\
+id: guess
+limits: {time: 1, memory_mb: 128}
+interactor: {source: interactor.py, language: python}
+"""
+BISECT = """\
+lo, hi = 1, 1000
+while True:
+    mid = (lo + hi) // 2
+    print("?", mid, flush=True)
+    said = input()
+    if said == "=":
+        print("!", mid, flush=True)
+        break
+    lo, hi = (lo, mid - 1) if said == "<" else (mid + 1, hi)
+"""
+WRONG_GUESS = "print('! 1', flush=True)\n"
+LINEAR = """\
+for x in range(1, 1001):
+    print("?", x, flush=True)
+    if input() == "=":
+        print("!", x, flush=True)
+        break
+"""
+SILENT = "input()\n"  # waits for the interactor, which waits for it: nobody speaks
+
+
+async def test_interactive_guessing_game(judge: ProgramJudge, pg_pool: asyncpg.Pool, tmp_path: Path) -> None:
+    tests = {"1": ("700 10\n", "700\n"), "2": ("3 10\n", "3\n")}
+    root = write_package(tmp_path / "guess", GAME_YAML, tests, {"interactor.py": INTERACTOR})
+    version = await put(pg_pool, root)
+    ok, wrong, chatty, silent = await asyncio.gather(
+        expect(judge, sub("guess", version, BISECT), "ACCEPTED"),
+        expect(judge, sub("guess", version, WRONG_GUESS), "WRONG_ANSWER"),
+        expect(judge, sub("guess", version, LINEAR), "WRONG_ANSWER"),
+        expect(judge, sub("guess", version, SILENT), "IDLENESS_LIMIT"),
+    )
+    assert [t["verdict"] for t in ok["tests"]] == ["ACCEPTED", "ACCEPTED"]
+    assert ok["tests"][0]["message"].startswith("found in ")
+    assert wrong["reason"] == "wrong guess 1"
+    # 700 needs more than 10 linear queries; the submission dies writing to a closed pipe, but the
+    # interactor's verdict decides.
+    assert (chatty["reason"], chatty["failed_test"]) == ("more than 10 queries", 1)
+    assert silent["failed_test"] == 1 and "wall time over" in silent["reason"]
+
+
+# --- versions --------------------------------------------------------------------------------------
+
+
+async def test_a_new_version_does_not_disturb_judging_of_the_old(
+    judge: ProgramJudge, pg_pool: asyncpg.Pool, tmp_path: Path
+) -> None:
+    root = write_package(tmp_path / "mean", MEAN_YAML, MEAN_TESTS)
+    old = await put(pg_pool, root)
+    cache = judge.packages
+    assert isinstance(cache, ProblemCache)
+    misses_before = REGISTRY.get_sample_value("judgequeue_problem_cache_total", {"result": "miss"}) or 0
+    async with cache.package("mean", old) as held:  # judging of v1 in progress
+        (root / "tests" / "1.ans").write_text("99\n")  # v2 changes an answer
+        new = await put(pg_pool, root)
+        v1, v2 = await asyncio.gather(
+            expect(judge, sub("mean", old, MEAN_OK), "ACCEPTED"),
+            expect(judge, sub("mean", new, MEAN_OK), "WRONG_ANSWER"),
+        )
+        assert held.path(held.manifest["tests"][0]["answer"]).read_text() == "1.5\n"
+    assert v1["problem"]["sha256"] != v2["problem"]["sha256"] and v2["failed_test"] == 1
+    # v1 was fetched once (a miss) and then found by its judge (a hit); v2 was a miss of its own.
+    assert (cache.stats.misses, cache.stats.hits, cache.stats.evictions) == (2, 1, 0)
+    assert REGISTRY.get_sample_value("judgequeue_problem_cache_total", {"result": "miss"}) == misses_before + 2
+
+
+# --- languages -------------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not shutil.which("javac"), reason="no JDK on this machine")
+async def test_java_from_the_language_table(judge: ProgramJudge) -> None:
+    source = (
+        "import java.util.*;\npublic class Main { public static void main(String[] a) {"
+        " Scanner s = new Scanner(System.in); System.out.println(s.nextInt() + s.nextInt()); } }"
+    )
+    tests = [{"input": "2 3\n", "output": "5\n"}]
+    details = await expect(
+        judge, {"language": "java", "source": source, "tests": tests, "limits": {"time": 5}}, "ACCEPTED"
+    )
+    assert details["language"] == "java"
+
+
+async def test_compile_errors_return_bounded_compiler_output(judge: ProgramJudge) -> None:
+    if "gcc" not in judge.tools:
+        pytest.skip("no C compiler")
+    noisy = "int main(void) {\n" + "  undefined_thing();\n" * 2000 + "}\n"
+    details = await expect(judge, {"language": "c", "source": noisy, "tests": [{"output": ""}]}, "COMPILE_ERROR")
+    assert details["reason"] == "compilation failed"
+    assert "undefined_thing" in details["output"] and len(details["output"]) <= 4000
