@@ -128,7 +128,7 @@ async def test_create_renders_children_status_and_cutover(env: Env, queue_name: 
     assert dispatcher is not None
     variables = _env_of(dispatcher)
     assert variables["JUDGEQUEUE_QUEUE"] == queue_name
-    assert variables["JUDGEQUEUE_POSTGRES_DSN"] == {"secretKeyRef": {"name": "jq-db", "key": "dsn"}}
+    assert variables["JUDGEQUEUE_POSTGRES_DSN_FILE"] == "/var/run/secrets/judgequeue/postgres-dsn"
     assert variables["JUDGEQUEUE_BATCH_SIZE"] == "100"
     assert env.replicas() == 1
     flags = await get_queue(pg, queue_name)
