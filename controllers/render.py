@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from judgequeue.core.config import FILE_SUFFIX
+from judgequeue.core.config import FILE_SUFFIX, JUDGE_REFUSED_VARIABLE
 from judgequeue.core.spec import ROLES as ROLES
 from judgequeue.core.spec import EgressPeer, JudgeQueueSpec, role_secrets, role_settings
 from judgequeue.core.spec import Role as Role
@@ -128,7 +128,14 @@ def role_env(spec: JudgeQueueSpec, role: Role) -> list[dict[str, Any]]:
     ]
     env.append({"name": "JUDGEQUEUE_METRICS_PORT", "value": str(METRICS_PORT)})
     env.extend({"name": k, "value": v} for k, v in role_settings(spec, role).items())
+    env.extend({"name": k, "value": v} for k, v in pod_only_settings(role).items())
     return env
+
+
+def pod_only_settings(role: Role) -> dict[str, str]:
+    """Variables a pod gets that ``judgequeue local`` does not: a worker whose judge cannot isolate
+    stays up and unready, naming what is missing on ``/readyz`` (a local worker exits instead)."""
+    return {JUDGE_REFUSED_VARIABLE: "unready"} if role == "worker" else {}
 
 
 def _resources(resources: Mapping[str, Any]) -> dict[str, Any]:

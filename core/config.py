@@ -344,6 +344,23 @@ def _check_consistency(settings: Settings) -> None:
         raise ConfigError(f"{PREFIX}GRACE_PERIOD must be positive")
 
 
+#: What a worker does when its judge refuses to start because it cannot isolate (the program judge's
+#: fail-closed start): ``exit`` (status 2, one line; the default, for ``judgequeue local`` and
+#: shells) or ``unready`` (keep serving ``/healthz``, answer ``/readyz`` with 503 naming what is
+#: missing, take no job; what the operator renders, so a pod says why it is not ready).
+JUDGE_REFUSED_VARIABLE = PREFIX + "JUDGE_REFUSED"
+JUDGE_REFUSED_MODES = ("exit", "unready")
+
+
+def judge_refused_mode(env: Mapping[str, str]) -> str:
+    """``JUDGEQUEUE_JUDGE_REFUSED`` validated (ConfigError naming it); ``exit`` when unset."""
+    value = env.get(JUDGE_REFUSED_VARIABLE, "").strip().lower() or "exit"
+    if value not in JUDGE_REFUSED_MODES:
+        raise ConfigError(f"{JUDGE_REFUSED_VARIABLE} must be one of {', '.join(JUDGE_REFUSED_MODES)}, "
+                          f"got {env.get(JUDGE_REFUSED_VARIABLE)!r}")
+    return value
+
+
 def section_fields(section: type[Any]) -> list[str]:
     return [f.name for f in fields(section)]
 

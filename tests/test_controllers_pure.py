@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from judgequeue.controllers import autoscale, conditions, diff, rbac, render
-from judgequeue.core.config import file_variable_names, load_settings, variable_names
+from judgequeue.core.config import JUDGE_REFUSED_VARIABLE, file_variable_names, load_settings, variable_names
 from judgequeue.core.spec import JudgeQueueSpec, parse_spec
 
 SPEC: dict[str, Any] = {
@@ -86,7 +86,7 @@ def test_render_children_env_security_probes_and_owner() -> None:
         ("Deployment", "judge-dispatcher"), ("Deployment", "judge-worker"), ("Deployment", "judge-reaper"),
         ("Service", "judge-metrics"),
     ]
-    known = set(variable_names()) | set(file_variable_names())
+    known = set(variable_names()) | set(file_variable_names()) | {JUDGE_REFUSED_VARIABLE}
     for child in children[:3]:
         body = child.body
         assert body["metadata"]["ownerReferences"] == [{

@@ -35,8 +35,11 @@ CONNECTIONS = {"JUDGEQUEUE_POSTGRES_DSN": "postgresql://h/db", "JUDGEQUEUE_REDIS
 def operator_env(role: Role) -> dict[str, str]:
     parsed = parse_spec(SPEC, name="judge")
     assert isinstance(parsed, JudgeQueueSpec), parsed
-    # Connections are *_FILE paths of the Secrets' volume (connections, not settings): left out.
-    return {e["name"]: e["value"] for e in render.role_env(parsed, role) if not e["name"].endswith("_FILE")}
+    # Connections are *_FILE paths of the Secrets' volume (connections, not settings): left out, as
+    # are the pod-only variables (a refused judge leaves a pod unready; a local worker exits).
+    pod_only = render.pod_only_settings(role)
+    return {e["name"]: e["value"] for e in render.role_env(parsed, role)
+            if not e["name"].endswith("_FILE") and e["name"] not in pod_only}
 
 
 def local_env(role: Role) -> dict[str, str]:
