@@ -288,7 +288,7 @@ class NodeAgent:
         return argv, env
 
     def _secret_volumes(self, run: PodRun, container: dict[str, Any]) -> list[tuple[Path, Path]]:
-        """Write the pod's ``secret`` and ``projected`` (secret sources) volumes that the container
+        """Write the pod's ``secret`` and ``projected`` (Secret sources only) volumes that the container
         mounts into its workdir, with the volume's mode, as the kubelet's atomic writer would; returns
         (host directory, mount path) pairs. A missing Secret or key fails the start, as it holds the
         kubelet's ContainerCreating."""
@@ -299,11 +299,11 @@ class NodeAgent:
             if "secret" in volume:
                 sources = [{"secret": {"name": volume["secret"]["secretName"], **volume["secret"]}}]
                 mode = int(volume["secret"].get("defaultMode", 0o644))
-            elif "projected" in volume:
+            elif "projected" in volume and all("secret" in source for source in volume["projected"]["sources"]):
                 sources = volume["projected"]["sources"]
                 mode = int(volume["projected"].get("defaultMode", 0o644))
             else:
-                continue
+                continue  # the injected token volume (mounted above from a TokenRequest), emptyDir, ...
             target = run.workdir / "volumes" / mount["name"]
             target.mkdir(parents=True, exist_ok=True)
             for source in sources:
