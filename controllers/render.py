@@ -48,6 +48,12 @@ MIB = 1024 * 1024
 WORKER_BASE_MEMORY_MIB = 256  # the worker process itself
 PER_SLOT_MEMORY_MIB = 1024  # one box at a time per slot; compiling is the largest (1 GiB)
 DNS_PORT = 53
+#: Dispatchers and reapers without explicit ``resources``: peak RSS is ~41 MB under the end-to-end
+#: load (docs/performance.md), so 128Mi requested and 256Mi as the ceiling; a whole core at most.
+DEFAULT_ROLE_RESOURCES: dict[str, dict[str, str]] = {
+    "requests": {"cpu": "100m", "memory": "128Mi"},
+    "limits": {"cpu": "1", "memory": "256Mi"},
+}
 
 
 @dataclass(frozen=True)
@@ -201,8 +207,8 @@ def render_deployment(spec: JudgeQueueSpec, owner: Owner, role: Role, *, replica
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     rendered = _resources(resources)
-    if not rendered and role == "worker":
-        rendered = default_worker_resources(spec)
+    if not rendered:
+        rendered = default_worker_resources(spec) if role == "worker" else dict(DEFAULT_ROLE_RESOURCES)
     if rendered:
         container["resources"] = rendered
     spec_body: dict[str, Any] = {
