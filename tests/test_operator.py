@@ -348,7 +348,7 @@ async def test_a_judge_plugin_installed_in_the_image_is_accepted(env: Env, queue
         assert env.condition("Degraded").get("status") == "False", env.condition("Degraded")
         worker = env.kmock.current(DEPLOYMENTS, NS, "judge-worker")
         assert worker is not None
-        plain = {k: v for k, v in _env_of(worker).items() if isinstance(v, str)}
+        plain = {k: v for k, v in _env_of(worker).items() if isinstance(v, str) and not k.endswith("_FILE")}
         settings = load_settings({**plain, "JUDGEQUEUE_POSTGRES_DSN": env.pg_dsn, "JUDGEQUEUE_REDIS_URL": REDIS_URL})
         assert settings.worker.judge == "gpu"
         verdict = await load_judge(settings.worker.judge).judge({})

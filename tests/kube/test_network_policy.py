@@ -1,8 +1,8 @@
 """The workers' egress NetworkPolicy on the real control plane, reconciled by the operator with exactly
 the chart's RBAC: the API server accepts what the operator renders (its validation of ports and
-ipBlock CIDRs, which kmock does not do), the policy follows the spec, and the garbage collector
-removes it with the JudgeQueue (owner reference). Whether a CNI enforces it is the cluster's part:
-there is no CNI here (docs/judges.md)."""
+ipBlock CIDRs, which kmock does not do), the policy follows the spec, the operator deletes it when
+the spec turns it off, and the garbage collector removes it with the JudgeQueue (owner reference).
+Whether a CNI enforces it is the cluster's part: there is no CNI here (docs/judges.md)."""
 
 from __future__ import annotations
 
@@ -57,6 +57,15 @@ def test_the_egress_policy_follows_the_spec_and_goes_with_the_judgequeue(
         ]
         wait_for("the narrowed policy", lambda: (kube.get(path) or {}).get("spec", {}).get("egress") == narrowed,
                  timeout=60, check=operator.check)
+        # Turned off: the operator deletes it (its RBAC has delete); turned on: created again.
+        kube.request("PATCH", jq_path(namespace, "judge"), {"spec": {"worker": {"networkPolicy": {"enabled": False}}}},
+                     content_type="application/merge-patch+json")
+        wait_for("the policy deleted by the operator", lambda: kube.get(path) is None, timeout=60,
+                 check=operator.check)
+        kube.request("PATCH", jq_path(namespace, "judge"), {"spec": {"worker": {"networkPolicy": {"enabled": True}}}},
+                     content_type="application/merge-patch+json")
+        again = wait_for("the policy created again", lambda: kube.get(path), timeout=60, check=operator.check)
+        assert again["metadata"]["uid"] != policy["metadata"]["uid"] and again["spec"]["egress"] == narrowed
         # Deleting the JudgeQueue: the real garbage collector removes the policy it owns.
         kube.request("DELETE", jq_path(namespace, "judge"))
         wait_for("the policy removed with the JudgeQueue", lambda: kube.get(path) is None, timeout=90,
