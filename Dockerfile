@@ -2,8 +2,10 @@
 # One image for every role: `docker run IMAGE worker` (or dispatcher, reaper, operator, migrate, status...).
 #
 # Stage 1 builds wheels for judgequeue and its dependencies; stage 2 installs them into a clean slim
-# Python with no compiler, no pip cache, no setuptools/wheel, and runs as a fixed non-root UID so
-# Kubernetes `runAsNonRoot` / `runAsUser: 10001` (what the operator renders) match the image.
+# Python with no pip cache and no setuptools/wheel, plus what the program judge needs (bubblewrap,
+# gcc/g++ for C/C++ submissions), and runs as a fixed non-root UID so Kubernetes `runAsNonRoot` /
+# `runAsUser: 10001` (what the operator renders for dispatchers and reapers) match the image;
+# sandboxed workers are rendered as root with a few capabilities (docs/judges.md).
 
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
@@ -24,11 +26,15 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 # bubblewrap is the program judge's isolation engine (setpriv comes with util-linux); without it
-# the judge refuses to start. Compilers are not shipped: add gcc/g++ in a derived image to judge C/C++.
+# the judge refuses to start. gcc and g++ compile the C and C++ submissions (inside the sandbox);
+# libc6-dev (C headers, crt files) is only a Recommends of gcc, so it is named.
 RUN apt-get update \
- && apt-get install -y --no-install-recommends bubblewrap \
+ && apt-get install -y --no-install-recommends bubblewrap gcc g++ libc6-dev \
  && rm -rf /var/lib/apt/lists/* \
- && bwrap --version && setpriv --version
+ && bwrap --version && setpriv --version \
+ && printf '#include <stdio.h>\nint main(void){puts("ok");return 0;}\n' | gcc -x c -o /tmp/c-ok - \
+ && printf '#include <iostream>\nint main(){std::cout<<"ok";}\n' | g++ -x c++ -o /tmp/cpp-ok - \
+ && /tmp/c-ok && /tmp/cpp-ok && rm /tmp/c-ok /tmp/cpp-ok
 RUN groupadd --system --gid 10001 judgequeue \
  && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent \
       --shell /usr/sbin/nologin judgequeue

@@ -33,7 +33,16 @@ from judgequeue.core.spec import JudgeQueueSpec, parse_spec
 from . import autoscale, conditions
 from .diff import child_patch
 from .kube import KIND_REFS, PODS, KubeApi, KubeError, SecretNotFound
-from .render import GROUP, PLURAL, VERSION, Owner, render_children, selector_labels, worker_replicas
+from .render import (
+    GROUP,
+    PLURAL,
+    VERSION,
+    Owner,
+    optional_children,
+    render_children,
+    selector_labels,
+    worker_replicas,
+)
 
 Status = dict[str, Any]
 
@@ -160,7 +169,21 @@ async def _apply_children(
             result[child.name] = await api.patch(ref, owner.namespace, child.name, patch)
         else:
             result[child.name] = live
+    rendered = {(c.kind, c.name) for c in desired}
+    for kind, name in optional_children(owner):
+        if (kind, name) in rendered:
+            continue
+        live = await api.get(KIND_REFS[kind], owner.namespace, name)
+        if live is None or not _owned_by(live, owner):
+            continue  # never ours (someone's own policy of that name): leave it
+        logger.info(f"deleting {kind} {name}: the spec no longer renders it")
+        await api.delete(KIND_REFS[kind], owner.namespace, name, uid=live["metadata"].get("uid"))
     return result
+
+
+def _owned_by(obj: Mapping[str, Any], owner: Owner) -> bool:
+    refs = obj.get("metadata", {}).get("ownerReferences") or []
+    return any(r.get("uid") == owner.uid and r.get("controller") for r in refs)
 
 
 def _cutover_wanted(spec: JudgeQueueSpec) -> dict[str, Any]:

@@ -92,8 +92,10 @@ SERVICES = Ref("v1", "services")
 SECRETS = Ref("v1", "secrets")
 JUDGEQUEUES = Ref("judgequeue.dev/v1alpha1", "judgequeues")
 PODS = Ref("v1", "pods")
+NETWORK_POLICIES = Ref("networking.k8s.io/v1", "networkpolicies")
 
-KIND_REFS = {"Deployment": DEPLOYMENTS, "Service": SERVICES, "Secret": SECRETS, "JudgeQueue": JUDGEQUEUES}
+KIND_REFS = {"Deployment": DEPLOYMENTS, "Service": SERVICES, "Secret": SECRETS, "JudgeQueue": JUDGEQUEUES,
+             "NetworkPolicy": NETWORK_POLICIES}
 
 
 class KubeApi:
@@ -166,6 +168,19 @@ class KubeApi:
     ) -> dict[str, Any]:
         path = ref.path(namespace, name) + (f"/{subresource}" if subresource else "")
         return await self._request("PATCH", path, patch, MERGE_PATCH) or {}
+
+    async def delete(self, ref: Ref, namespace: str, name: str, *, uid: str | None = None) -> bool:
+        """Delete one object (only if its uid is still ``uid``, when given); False if it was gone."""
+        body: dict[str, Any] | None = None
+        if uid is not None:
+            body = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": uid}}
+        try:
+            await self._request("DELETE", ref.path(namespace, name), body)
+        except KubeError as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
 
     async def secret_value(self, namespace: str, name: str, key: str) -> str:
         """The decoded value of ``key`` in Secret ``name``; raises SecretNotFound naming what is missing."""

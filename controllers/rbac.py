@@ -29,6 +29,8 @@ RULES: tuple[Rule, ...] = (
     Rule(("apps",), ("deployments",), ("get", "list", "watch", "create", "patch", "update", "delete"),
          "dispatcher, worker and reaper Deployments"),
     Rule(("",), ("services",), ("get", "list", "watch", "create", "patch", "update", "delete"), "metrics Service"),
+    Rule(("networking.k8s.io",), ("networkpolicies",), ("get", "list", "watch", "create", "patch", "update", "delete"),
+         "program-judge workers' egress NetworkPolicy (deleted when the spec turns it off)"),
     Rule(("",), ("pods",), ("get", "list"),
          "read a failing role's pods' last termination message (an uninstalled judge plugin) into status"),
     Rule(("",), ("secrets",), ("get",), "read the Postgres/Redis connections: cutover flags and backlog"),

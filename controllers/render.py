@@ -2,8 +2,10 @@
 
 Three Deployments (dispatcher, worker, reaper) run the one image with ``judgequeue <role>``, each with
 only the ``JUDGEQUEUE_*`` variables its role reads (so a dispatcher-only change rolls only the
-dispatchers), and a Service exposes every pod's metrics port. Connections come from the referenced
-Secrets through ``secretKeyRef``; the operator never copies credentials into a child.
+dispatchers), a Service exposes every pod's metrics port, and workers that run the program judge get
+an egress NetworkPolicy. Connections come from the referenced Secrets as files of a projected volume
+(``JUDGEQUEUE_*_FILE`` names them); the operator never copies credentials into a child, and no
+credential is ever an environment variable of a pod.
 """
 
 from __future__ import annotations
@@ -13,8 +15,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from judgequeue.core.config import FILE_SUFFIX, JUDGE_REFUSED_VARIABLE
 from judgequeue.core.spec import ROLES as ROLES
-from judgequeue.core.spec import JudgeQueueSpec, role_secrets, role_settings
+from judgequeue.core.spec import EgressPeer, JudgeQueueSpec, role_secrets, role_settings
 from judgequeue.core.spec import Role as Role
 
 GROUP = "judgequeue.dev"
@@ -29,6 +32,12 @@ ROLE_GRACE_SECONDS = 30
 RUN_AS_USER = 10001
 MANAGED_BY = "judgequeue-operator"
 
+#: Connections reach the roles as files of one projected Secret volume (core/config.py reads the
+#: ``*_FILE`` variables), mode 0440: the container's user, or the pod's fsGroup.
+CREDENTIALS_DIR = "/var/run/secrets/judgequeue"
+CREDENTIALS_VOLUME = "credentials"
+CREDENTIALS_MODE = 0o440
+
 #: What the program judge's sandbox needs in a worker container (docs/judges.md, "On Kubernetes"):
 #: root inside the container to give each box its own uid (SETUID/SETGID), own and clean its
 #: directory (CHOWN, DAC_OVERRIDE, FOWNER) and kill what is left of it (KILL); user namespaces, which
@@ -38,6 +47,13 @@ CGROUP_ROOT = "/sys/fs/cgroup"
 MIB = 1024 * 1024
 WORKER_BASE_MEMORY_MIB = 256  # the worker process itself
 PER_SLOT_MEMORY_MIB = 1024  # one box at a time per slot; compiling is the largest (1 GiB)
+DNS_PORT = 53
+#: Dispatchers and reapers without explicit ``resources``: peak RSS is ~41 MB under the end-to-end
+#: load (docs/performance.md), so 128Mi requested and 256Mi as the ceiling; a whole core at most.
+DEFAULT_ROLE_RESOURCES: dict[str, dict[str, str]] = {
+    "requests": {"cpu": "100m", "memory": "128Mi"},
+    "limits": {"cpu": "1", "memory": "256Mi"},
+}
 
 
 @dataclass(frozen=True)
@@ -91,17 +107,41 @@ def owner_reference(owner: Owner) -> dict[str, Any]:
     }
 
 
-def role_env(spec: JudgeQueueSpec, role: Role) -> list[dict[str, Any]]:
-    """One role's environment: the connections it reads from the Secrets (the dispatcher's direct
-    LISTEN DSN only to dispatchers, :func:`judgequeue.core.spec.role_secrets`), the metrics port, then
-    exactly the ``JUDGEQUEUE_*`` settings the role reads (:func:`judgequeue.core.spec.role_settings`)."""
-    env: list[dict[str, Any]] = [
-        {"name": name, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}
+def credential_file(variable: str) -> str:
+    """Where the pod finds the value of connection ``variable`` (``JUDGEQUEUE_POSTGRES_DSN`` ->
+    ``/var/run/secrets/judgequeue/postgres-dsn``)."""
+    return f"{CREDENTIALS_DIR}/{variable.removeprefix('JUDGEQUEUE_').lower().replace('_', '-')}"
+
+
+def credentials_volume(spec: JudgeQueueSpec, role: Role) -> dict[str, Any]:
+    """One projected volume with exactly the Secret keys ``role`` reads, each at its
+    :func:`credential_file` name, readable by the owner and the pod's fsGroup only."""
+    sources = [
+        {"secret": {"name": ref.name, "items": [{"key": ref.key, "path": credential_file(name).rsplit("/", 1)[1]}]}}
         for name, ref in role_secrets(spec, role).items()
+    ]
+    return {"name": CREDENTIALS_VOLUME, "projected": {"sources": sources, "defaultMode": CREDENTIALS_MODE}}
+
+
+def role_env(spec: JudgeQueueSpec, role: Role) -> list[dict[str, Any]]:
+    """One role's environment: where the connections it reads are mounted, as ``*_FILE`` variables
+    (the values come from the Secrets as files, never as environment variables, which any process of
+    the pod's uid can read from ``/proc``; the dispatcher's direct LISTEN DSN only to dispatchers,
+    :func:`judgequeue.core.spec.role_secrets`), the metrics port, then exactly the ``JUDGEQUEUE_*``
+    settings the role reads (:func:`judgequeue.core.spec.role_settings`)."""
+    env: list[dict[str, Any]] = [
+        {"name": f"{name}{FILE_SUFFIX}", "value": credential_file(name)} for name in role_secrets(spec, role)
     ]
     env.append({"name": "JUDGEQUEUE_METRICS_PORT", "value": str(METRICS_PORT)})
     env.extend({"name": k, "value": v} for k, v in role_settings(spec, role).items())
+    env.extend({"name": k, "value": v} for k, v in pod_only_settings(role).items())
     return env
+
+
+def pod_only_settings(role: Role) -> dict[str, str]:
+    """Variables a pod gets that ``judgequeue local`` does not: a worker whose judge cannot isolate
+    stays up and unready, naming what is missing on ``/readyz`` (a local worker exits instead)."""
+    return {JUDGE_REFUSED_VARIABLE: "unready"} if role == "worker" else {}
 
 
 def _resources(resources: Mapping[str, Any]) -> dict[str, Any]:
@@ -159,15 +199,16 @@ def render_deployment(spec: JudgeQueueSpec, owner: Owner, role: Role, *, replica
             "allowPrivilegeEscalation": False,
             "capabilities": {"drop": ["ALL"]},
         },
-        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"},
+                         {"name": CREDENTIALS_VOLUME, "mountPath": CREDENTIALS_DIR, "readOnly": True}],
         # A role that exits on bad configuration writes its one error line to the termination log
         # (and prints it last): either way the pod's status carries it, and the operator reports it.
         "terminationMessagePath": "/dev/termination-log",
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     rendered = _resources(resources)
-    if not rendered and role == "worker":
-        rendered = default_worker_resources(spec)
+    if not rendered:
+        rendered = default_worker_resources(spec) if role == "worker" else dict(DEFAULT_ROLE_RESOURCES)
     if rendered:
         container["resources"] = rendered
     spec_body: dict[str, Any] = {
@@ -181,10 +222,11 @@ def render_deployment(spec: JudgeQueueSpec, owner: Owner, role: Role, *, replica
                     "runAsNonRoot": True,
                     "runAsUser": RUN_AS_USER,
                     "runAsGroup": RUN_AS_USER,
+                    "fsGroup": RUN_AS_USER,  # the group that may read the credential files
                     "seccompProfile": {"type": "RuntimeDefault"},
                 },
                 "automountServiceAccountToken": False,
-                "volumes": [{"name": "tmp", "emptyDir": {}}],
+                "volumes": [{"name": "tmp", "emptyDir": {}}, credentials_volume(spec, role)],
             },
         },
     }
@@ -244,14 +286,69 @@ def render_service(owner: Owner) -> Child:
     return Child("v1", "Service", name, body)
 
 
+def network_policy_name(owner: str) -> str:
+    return f"{child_name(owner, 'worker')}-egress"
+
+
+def wants_network_policy(spec: JudgeQueueSpec) -> bool:
+    """Workers that run the program judge (isolated or trusted) get the egress policy unless disabled."""
+    return spec.worker.judge == "program" and spec.worker.network_policy.enabled
+
+
+def _egress_rule(peer: EgressPeer, ports: list[int]) -> dict[str, Any]:
+    rule: dict[str, Any] = {"ports": [{"protocol": "TCP", "port": p} for p in ports]}
+    if peer.cidr is not None:
+        rule["to"] = [{"ipBlock": {"cidr": peer.cidr}}]
+    return rule
+
+
+def render_network_policy(spec: JudgeQueueSpec, owner: Owner) -> Child:
+    """The worker pods' egress allow-list: DNS (UDP and TCP 53) anywhere, Postgres' port and Redis'
+    (and Sentinel's) ports, each to its CIDR if the spec names one. Nothing else leaves a worker pod,
+    so code that escaped its box still reaches neither the cloud's metadata service, nor the API
+    server, nor the internet. Ingress (metrics scrapes) is not restricted."""
+    policy = spec.worker.network_policy
+    redis_ports = [policy.redis.port] + ([policy.sentinel_port] if policy.sentinel_port else [])
+    name = network_policy_name(owner.name)
+    body = {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {
+            "name": name,
+            "namespace": owner.namespace,
+            "labels": common_labels(owner.name, "worker"),
+            "ownerReferences": [owner_reference(owner)],
+        },
+        "spec": {
+            "podSelector": {"matchLabels": selector_labels(owner.name, "worker")},
+            "policyTypes": ["Egress"],
+            "egress": [
+                {"ports": [{"protocol": "UDP", "port": DNS_PORT}, {"protocol": "TCP", "port": DNS_PORT}]},
+                _egress_rule(policy.postgres, [policy.postgres.port]),
+                _egress_rule(policy.redis, redis_ports),
+            ],
+        },
+    }
+    return Child("networking.k8s.io/v1", "NetworkPolicy", name, body)
+
+
 def render_children(spec: JudgeQueueSpec, owner: Owner, *, worker_replicas: int | None) -> list[Child]:
     """Everything the JudgeQueue owns, in creation order."""
-    return [
+    children = [
         render_deployment(spec, owner, "dispatcher", replicas=spec.dispatcher.replicas),
         render_deployment(spec, owner, "worker", replicas=worker_replicas),
         render_deployment(spec, owner, "reaper", replicas=spec.reaper.replicas),
         render_service(owner),
     ]
+    if wants_network_policy(spec):
+        children.append(render_network_policy(spec, owner))
+    return children
+
+
+def optional_children(owner: Owner) -> list[tuple[str, str]]:
+    """(kind, name) of every child the operator may render or not: one that is live but no longer
+    rendered is deleted."""
+    return [("NetworkPolicy", network_policy_name(owner.name))]
 
 
 def clamp(value: int, lo: int, hi: int) -> int:

@@ -21,7 +21,15 @@ from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from datetime import datetime
 from typing import Any, NoReturn, TypeVar
 
-from .config import PREFIX, load_settings, parse_duration, parse_variable, redact_url, variable_names
+from .config import (
+    PREFIX,
+    judge_refused_mode,
+    load_settings,
+    parse_duration,
+    parse_variable,
+    redact_url,
+    variable_names,
+)
 from .errors import ConfigError, Failure, JudgeQueueError
 
 EXIT_OK = 0
@@ -231,11 +239,21 @@ def cmd_role(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     main = load_role(args.command)
     if args.command == "worker":
         from .judges import load_judge
+        from .judges.isolation import SandboxUnavailable
 
+        refused = judge_refused_mode(env)
         try:
             load_judge(settings.worker.judge)  # an unknown judge is bad configuration: one line, exit 2
         except ImportError as exc:
             raise Failure(f"judge plugin {settings.worker.judge!r} is installed but cannot be loaded: {exc}") from None
+        except SandboxUnavailable as exc:
+            if refused == "exit":
+                raise
+            # In a pod (the operator sets "unready"): stay up, unready, naming what is missing.
+            _fatal(f"judgequeue: error: {exc}")
+            from .runtime import run_refused
+
+            return run_refused(args.command, settings, str(exc))
 
     return run_role(args.command, settings, main, need_group=args.command in ("worker", "reaper"))
 

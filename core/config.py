@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
@@ -243,11 +243,59 @@ _VARIABLES: dict[str, tuple[str | None, str, Callable[[str], Any]]] = {
 PREFIX = "JUDGEQUEUE_"
 _URL_VARIABLES = ("POSTGRES_DSN", "POSTGRES_LISTEN_DSN", "REDIS_URL")
 REQUIRED = ("POSTGRES_DSN", "REDIS_URL", "QUEUE")
+#: ``JUDGEQUEUE_POSTGRES_DSN_FILE=/path`` gives the connection as a file (a mounted Secret), so the
+#: credential is in no process's environment; the plain variable still works (``judgequeue local``).
+FILE_SUFFIX = "_FILE"
+#: The variables that may come from a file instead: the connections, which carry passwords.
+FILE_VARIABLES = _URL_VARIABLES
+MAX_CREDENTIAL_FILE = 64 * 1024
+
+
+def read_credential_files(env: Mapping[str, str], *, ignore: Collection[str] = ()) -> dict[str, str]:
+    """The values of every ``JUDGEQUEUE_<connection>_FILE`` set in ``env``, keyed by the plain variable.
+
+    Raises ConfigError naming the ``_FILE`` variable when its file is missing, unreadable, empty or
+    too large, or when the plain variable is set too (two sources of one credential is a mistake).
+    Surrounding whitespace (a trailing newline from ``kubectl create secret --from-file``) is dropped.
+    Variables in ``ignore`` (given by a flag, which wins) are not read from files.
+    """
+    values: dict[str, str] = {}
+    for suffix in FILE_VARIABLES:
+        variable = PREFIX + suffix
+        file_variable = variable + FILE_SUFFIX
+        path = env.get(file_variable)
+        if variable in ignore:
+            continue
+        if path is None or path == "":
+            continue
+        if env.get(variable):
+            raise ConfigError(f"{variable} and {file_variable} are both set: set only one")
+        try:
+            with open(path, "rb") as handle:
+                raw = handle.read(MAX_CREDENTIAL_FILE + 1)
+        except OSError as exc:
+            raise ConfigError(f"{file_variable}={path!r}: cannot read the file ({exc.strerror or exc})") from None
+        if len(raw) > MAX_CREDENTIAL_FILE:
+            raise ConfigError(f"{file_variable}={path!r}: the file is over {MAX_CREDENTIAL_FILE} bytes")
+        try:
+            text = raw.decode().strip()
+        except UnicodeDecodeError:
+            raise ConfigError(f"{file_variable}={path!r}: the file is not UTF-8 text") from None
+        if not text:
+            raise ConfigError(f"{file_variable}={path!r}: the file is empty")
+        values[variable] = text
+    return values
 
 
 def variable_names() -> list[str]:
-    """Every environment variable :func:`load_settings` reads."""
+    """Every environment variable :func:`load_settings` reads, but the ``*_FILE`` forms
+    (:func:`file_variable_names`)."""
     return [PREFIX + suffix for suffix in _VARIABLES]
+
+
+def file_variable_names() -> list[str]:
+    """The ``*_FILE`` variables: a connection's value read from the file they name."""
+    return [PREFIX + suffix + FILE_SUFFIX for suffix in FILE_VARIABLES]
 
 
 def load_settings(
@@ -263,6 +311,7 @@ def load_settings(
     """
     merged = {k: v for k, v in env.items() if k.startswith(PREFIX)}
     merged.update(overrides or {})
+    merged.update(read_credential_files(merged, ignore=set(overrides or ())))
     top: dict[str, Any] = {}
     sections: dict[str, dict[str, Any]] = {"dispatcher": {}, "worker": {}, "reaper": {}}
     for suffix, (section, name, _parser) in _VARIABLES.items():
@@ -293,6 +342,23 @@ def _check_consistency(settings: Settings) -> None:
         )
     if settings.worker.grace_period <= 0:  # pragma: no cover - parser forbids it
         raise ConfigError(f"{PREFIX}GRACE_PERIOD must be positive")
+
+
+#: What a worker does when its judge refuses to start because it cannot isolate (the program judge's
+#: fail-closed start): ``exit`` (status 2, one line; the default, for ``judgequeue local`` and
+#: shells) or ``unready`` (keep serving ``/healthz``, answer ``/readyz`` with 503 naming what is
+#: missing, take no job; what the operator renders, so a pod says why it is not ready).
+JUDGE_REFUSED_VARIABLE = PREFIX + "JUDGE_REFUSED"
+JUDGE_REFUSED_MODES = ("exit", "unready")
+
+
+def judge_refused_mode(env: Mapping[str, str]) -> str:
+    """``JUDGEQUEUE_JUDGE_REFUSED`` validated (ConfigError naming it); ``exit`` when unset."""
+    value = env.get(JUDGE_REFUSED_VARIABLE, "").strip().lower() or "exit"
+    if value not in JUDGE_REFUSED_MODES:
+        raise ConfigError(f"{JUDGE_REFUSED_VARIABLE} must be one of {', '.join(JUDGE_REFUSED_MODES)}, "
+                          f"got {env.get(JUDGE_REFUSED_VARIABLE)!r}")
+    return value
 
 
 def section_fields(section: type[Any]) -> list[str]:

@@ -115,6 +115,24 @@ class ReadinessProbe:
             self._redis = None
 
 
+class RefusedReadiness:
+    """Readiness of a worker whose judge refused to start: never ready, saying why (fail closed)."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+    async def __call__(self) -> Readiness:
+        return Readiness(False, {"judge": self.reason})
+
+    async def close(self) -> None:
+        return None
+
+
+async def _idle(_settings: Settings, stop: asyncio.Event) -> None:
+    """The role of a refused worker: connect nowhere, take no job, wait to be stopped."""
+    await stop.wait()
+
+
 def await_chain(task: asyncio.Task[Any]) -> str:
     """Where a task waits: its coroutine and every coroutine it awaits, outermost first."""
     frames = []
@@ -133,11 +151,20 @@ def log_tasks() -> None:
         log.warning("task", extra={"task": task.get_name(), "awaiting": await_chain(task)})
 
 
-async def serve_role(role: str, settings: Settings, main: RoleMain, *, need_group: bool) -> int:
-    """Run ``main`` with the HTTP port and signal handling around it; return the exit code."""
+async def serve_role(
+    role: str, settings: Settings, main: RoleMain, *, need_group: bool, refused: str | None = None
+) -> int:
+    """Run ``main`` with the HTTP port and signal handling around it; return the exit code.
+
+    ``refused`` (a worker whose judge cannot start, e.g. no sandbox): serve ``/healthz`` and
+    ``/metrics`` but answer ``/readyz`` 503 with that reason, run nothing, and exit 2 once stopped."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    probe = ReadinessProbe(settings, need_group=need_group)
+    probe: ReadinessProbe | RefusedReadiness
+    if refused is not None:
+        probe, main = RefusedReadiness(refused), _idle
+    else:
+        probe = ReadinessProbe(settings, need_group=need_group)
     server = HealthServer(settings.metrics_port, probe, host=settings.metrics_address)
     try:
         await server.start()
@@ -152,7 +179,11 @@ async def serve_role(role: str, settings: Settings, main: RoleMain, *, need_grou
         extra={"role": role, "pid": os.getpid(), "port": server.port, "settings": settings.redacted()},
     )
     task = asyncio.create_task(main(settings, stop), name=role)
-    probe.role_alive = lambda: not task.done() and not stop.is_set()
+    if isinstance(probe, ReadinessProbe):
+        probe.role_alive = lambda: not task.done() and not stop.is_set()
+    else:
+        log.error(f"{role} refused to start its judge: not ready, taking no jobs",
+                  extra={"role": role, "reason": probe.reason})
 
     def on_signal(signum: int) -> None:
         if stop.is_set():
@@ -173,6 +204,8 @@ async def serve_role(role: str, settings: Settings, main: RoleMain, *, need_grou
         if not stop.is_set():
             log.error(f"{role} ended without being asked to stop", extra={"role": role})
             code = 1
+        elif refused is not None:
+            code = 2  # it never ran: the exit says so, as the plain refusal's does
     except ConfigError as exc:  # found by the role itself (e.g. an unknown judge plugin)
         log.error(str(exc), extra={"role": role})
         code = 2
@@ -199,6 +232,14 @@ def run_role(role: str, settings: Settings, main: RoleMain, *, need_group: bool)
     )
     with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
         return runner.run(serve_role(role, settings, main, need_group=need_group))
+
+
+def run_refused(role: str, settings: Settings, reason: str) -> int:
+    """Serve a worker whose judge refused to start until it is stopped: live, never ready (``reason``
+    on ``/readyz``), no connection opened, no job taken; exit code 2."""
+    setup_logging(settings.log_level)
+    with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
+        return runner.run(serve_role(role, settings, _idle, need_group=False, refused=reason))
 
 
 def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:

@@ -26,6 +26,7 @@ here too. Every error starts with the field's path (``spec.worker.minReplicas: .
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, field, fields
@@ -61,6 +62,8 @@ LONG_DURATION_PATTERN = r"^[0-9]+(\.[0-9]+)?(ms|s|m|h|d)$"
 QUEUE_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 JUDGE_PATTERN = r"^[a-z][a-z0-9_-]*$"
 SECRET_KEY_PATTERN = r"^[-._a-zA-Z0-9]+$"
+#: An IPv4 or IPv6 CIDR's shape; :func:`parse_spec` checks the address itself (no host bits set).
+CIDR_PATTERN = r"^[0-9a-fA-F:.]+/[0-9]{1,3}$"
 _SECRET_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 _QUANTITY = re.compile(r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$")
 DURATION_MAX_LENGTH = 16
@@ -185,6 +188,18 @@ FIELDS: tuple[Field, ...] = (
     # isolated: the program judge's sandbox is required (and the operator grants the pod what it
     # needs); trusted: submissions are trusted code and run without isolation (JUDGEQUEUE_SANDBOX).
     Field(("worker", "sandbox"), "choice", "isolated", choices=SANDBOX_MODES),
+    # The egress NetworkPolicy of program-judge workers (docs/judges.md, "On Kubernetes"): only DNS,
+    # Postgres and Redis (+ Sentinel) ports, to anywhere unless a CIDR narrows each; enabled: false
+    # drops it (for clusters whose CNI enforces none, or a policy of your own).
+    Field(("worker", "networkPolicy", "enabled"), "boolean", True),
+    _integer(("worker", "networkPolicy", "postgres", "port"), 1, 65535, 5432),
+    Field(("worker", "networkPolicy", "postgres", "cidr"), "string", pattern=CIDR_PATTERN, max_length=43,
+          hint="a CIDR such as 10.0.0.0/16"),
+    _integer(("worker", "networkPolicy", "redis", "port"), 1, 65535, 6379),
+    # 0: no Sentinel port.
+    _integer(("worker", "networkPolicy", "redis", "sentinelPort"), 0, 65535, 26379),
+    Field(("worker", "networkPolicy", "redis", "cidr"), "string", pattern=CIDR_PATTERN, max_length=43,
+          hint="a CIDR such as 10.0.0.0/16"),
     _integer(("reaper", "replicas"), 0, 20, 1),
     _duration(("reaper", "interval"), setting=("reaper", "interval")),
     _duration(("reaper", "visibilityTimeout"), setting=("reaper", "visibility_timeout")),
@@ -291,6 +306,24 @@ Autoscaling = Literal["internal", "external"]
 
 
 @dataclass(frozen=True)
+class EgressPeer:
+    """Where workers may connect for one service: a TCP port, to ``cidr`` only or (None) anywhere."""
+
+    port: int
+    cidr: str | None = None
+
+
+@dataclass(frozen=True)
+class NetworkPolicySpec:
+    """``spec.worker.networkPolicy``: the program-judge workers' egress allow-list."""
+
+    enabled: bool = True
+    postgres: EgressPeer = EgressPeer(5432)
+    redis: EgressPeer = EgressPeer(6379)
+    sentinel_port: int = 26379  # 0: none
+
+
+@dataclass(frozen=True)
 class WorkerSpec:
     min_replicas: int
     max_replicas: int
@@ -303,6 +336,7 @@ class WorkerSpec:
     grace_period: float
     resources: Mapping[str, Any] = field(default_factory=dict)
     sandbox: Literal["isolated", "trusted"] = "isolated"
+    network_policy: NetworkPolicySpec = NetworkPolicySpec()
 
 
 @dataclass(frozen=True)
@@ -491,6 +525,13 @@ def parse_spec(spec: Any, *, name: str) -> JudgeQueueSpec | list[str]:
         secret = values[(*ref, "secretKeyRef", "name")]
         if isinstance(secret, str) and secret and (len(secret) > 253 or not _SECRET_NAME.match(secret)):
             errors.append(f"spec.{'.'.join(ref)}.secretKeyRef.name: {secret!r} is not a valid Secret name")
+    for service in ("postgres", "redis"):
+        cidr = values[("worker", "networkPolicy", service, "cidr")]
+        if isinstance(cidr, str) and ("worker", "networkPolicy", service, "cidr") not in bad:
+            try:
+                ipaddress.ip_network(cidr, strict=True)
+            except ValueError as exc:
+                errors.append(f"spec.worker.networkPolicy.{service}.cidr: {cidr!r} is not a CIDR ({exc})")
     if (*LISTEN_SECRET, "secretKeyRef", "key") in raw and (*LISTEN_SECRET, "secretKeyRef", "name") not in raw:
         errors.append("spec.postgres.listen.secretKeyRef.name: is required")
     for rule in RULES:
@@ -538,6 +579,14 @@ def _build(
             grace_period=v[("worker", "gracePeriod")],
             resources=resources[("worker",)],
             sandbox=v[("worker", "sandbox")],
+            network_policy=NetworkPolicySpec(
+                enabled=v[("worker", "networkPolicy", "enabled")],
+                postgres=EgressPeer(v[("worker", "networkPolicy", "postgres", "port")],
+                                    v[("worker", "networkPolicy", "postgres", "cidr")]),
+                redis=EgressPeer(v[("worker", "networkPolicy", "redis", "port")],
+                                 v[("worker", "networkPolicy", "redis", "cidr")]),
+                sentinel_port=v[("worker", "networkPolicy", "redis", "sentinelPort")],
+            ),
         ),
         reaper=ReaperSpec(
             replicas=v[("reaper", "replicas")],

@@ -66,7 +66,7 @@ async def test_create_renders_children_status_and_cutover(env: Env, queue_name: 
     assert dispatcher is not None
     variables = _env_of(dispatcher)
     assert variables["JUDGEQUEUE_QUEUE"] == queue_name
-    assert variables["JUDGEQUEUE_POSTGRES_DSN"] == {"secretKeyRef": {"name": "jq-db", "key": "dsn"}}
+    assert variables["JUDGEQUEUE_POSTGRES_DSN_FILE"] == "/var/run/secrets/judgequeue/postgres-dsn"
     assert variables["JUDGEQUEUE_BATCH_SIZE"] == "100"
     assert env.replicas() == 1
     flags = await get_queue(pg, queue_name)
@@ -294,7 +294,7 @@ async def test_a_judge_plugin_installed_in_the_image_is_accepted(env: Env, queue
         assert env.condition("Degraded").get("status") == "False", env.condition("Degraded")
         worker = env.kmock.current(DEPLOYMENTS, NS, "judge-worker")
         assert worker is not None
-        plain = {k: v for k, v in _env_of(worker).items() if isinstance(v, str)}
+        plain = {k: v for k, v in _env_of(worker).items() if isinstance(v, str) and not k.endswith("_FILE")}
         settings = load_settings({**plain, "JUDGEQUEUE_POSTGRES_DSN": env.pg_dsn, "JUDGEQUEUE_REDIS_URL": REDIS_URL})
         assert settings.worker.judge == "gpu"
         verdict = await load_judge(settings.worker.judge).judge({})

@@ -22,7 +22,9 @@ There is no kubelet or container runtime on the test machines, so this agent sta
 Pods share the host's network (no network namespace), so every declared ``containerPort`` is mapped
 to a free host port: the environment values and ``--flag=PORT`` arguments that name the port are
 rewritten, and probes use the mapped port. Only the first container of a pod is run (the project's
-pods have one); init containers and volumes other than the token are not supported.
+pods have one); ``secret`` and ``projected`` (Secret sources) volumes are written to the pod's
+workdir and bound at their mount paths in the same private mount namespace as the token; init
+containers and other volumes (emptyDir, hostPath) are not supported (the process sees the host's).
 """
 
 from __future__ import annotations
@@ -259,6 +261,7 @@ class NodeAgent:
         if command[0] == ENTRYPOINT:
             command[0] = self.entrypoint
         argv = command + args
+        binds = self._secret_volumes(run, container)  # (host dir, mount path)
         if pod["spec"].get("automountServiceAccountToken", True) is not False:
             token_dir = run.workdir / "serviceaccount"
             token_dir.mkdir(exist_ok=True)
@@ -271,9 +274,50 @@ class NodeAgent:
             (token_dir / "token").write_text(review["status"]["token"])
             (token_dir / "ca.crt").write_bytes(self.kube.ca.read_bytes())
             (token_dir / "namespace").write_text(run.namespace)
-            argv = ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
-                    'mount --bind "$1" "$2" && shift 2 && exec "$@"', "sh", str(token_dir), str(TOKEN_DIR), *argv]
+            binds.append((token_dir, TOKEN_DIR))
+        if binds:
+            # Each volume bound at its path in a private mount namespace: the pod sees it, the host not.
+            script = 'while [ "$1" != -- ]; do mount --bind "$1" "$2" || exit 1; shift 2; done; shift; exec "$@"'
+            pairs = [str(p) for host, target in binds for p in (host, target)]
+            argv = ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", script, "sh", *pairs, "--",
+                    *argv]
         return argv, env
+
+    def _secret_volumes(self, run: PodRun, container: dict[str, Any]) -> list[tuple[Path, Path]]:
+        """Write the pod's ``secret`` and ``projected`` (Secret sources only) volumes that the container
+        mounts into its workdir, with the volume's mode, as the kubelet's atomic writer would; returns
+        (host directory, mount path) pairs. A missing Secret or key fails the start, as it holds the
+        kubelet's ContainerCreating."""
+        volumes = {v["name"]: v for v in run.pod["spec"].get("volumes") or []}
+        binds: list[tuple[Path, Path]] = []
+        for mount in container.get("volumeMounts") or []:
+            volume = volumes.get(mount["name"]) or {}
+            if "secret" in volume:
+                sources = [{"secret": {"name": volume["secret"]["secretName"], **volume["secret"]}}]
+                mode = int(volume["secret"].get("defaultMode", 0o644))
+            elif "projected" in volume and all("secret" in source for source in volume["projected"]["sources"]):
+                sources = volume["projected"]["sources"]
+                mode = int(volume["projected"].get("defaultMode", 0o644))
+            else:
+                continue  # the injected token volume (mounted above from a TokenRequest), emptyDir, ...
+            target = run.workdir / "volumes" / mount["name"]
+            target.mkdir(parents=True, exist_ok=True)
+            for source in sources:
+                ref = source["secret"]
+                secret = self.kube.get(f"/api/v1/namespaces/{run.namespace}/secrets/{ref['name']}")
+                if secret is None:
+                    raise LookupError(f"secret {run.namespace}/{ref['name']} not found")
+                data = secret.get("data") or {}
+                items = ref.get("items") or [{"key": k, "path": k} for k in data]
+                for item in items:
+                    if item["key"] not in data:
+                        raise LookupError(f"secret {run.namespace}/{ref['name']} has no key {item['key']!r}")
+                    path = target / item["path"]
+                    path.write_bytes(base64.b64decode(data[item["key"]]))
+                    os.chmod(path, int(item.get("mode", mode)))
+            Path(mount["mountPath"]).mkdir(parents=True, exist_ok=True)
+            binds.append((target, Path(mount["mountPath"])))
+        return binds
 
     def _keep_running(self, run: PodRun) -> None:
         if run.process is not None and run.process.poll() is None:

@@ -127,12 +127,18 @@ def test_multi_stage_on_slim_python_311(dockerfile: tuple[dict[str, str], list[S
     assert any("pip wheel" in run for run in build.all("RUN"))
     runs = " ".join(final.all("RUN"))
     assert "--no-index" in runs and f"from={build.name}" in runs  # installs only the build stage's wheels
-    for tool in ("gcc", "build-essential", "python -m build"):
-        assert tool not in runs, f"final stage must not install build tools ({tool})"
-    # The only OS package the final stage adds is the program judge's isolation engine.
+    for tool in ("build-essential", "python -m build", "pip wheel"):
+        assert tool not in runs, f"final stage must not install Python build tools ({tool})"
+    # The OS packages the final stage adds are the program judge's: its isolation engine and the C and
+    # C++ compilers with the C headers (only a Recommends of gcc), without recommends; each is run once.
     installs = re.findall(r"apt-get install ((?:-[-\w]+ )*)([\w.+-]+(?: [\w.+-]+)*)", runs)
-    assert [pkgs for _, pkgs in installs] == ["bubblewrap"], installs
+    assert [(flags.split(), sorted(pkgs.split())) for flags, pkgs in installs] == [
+        (["-y", "--no-install-recommends"], ["bubblewrap", "g++", "gcc", "libc6-dev"])], installs
+    for check in ("bwrap --version", "setpriv --version", "| gcc -x c", "| g++ -x c++", "/tmp/c-ok && /tmp/cpp-ok"):
+        assert check in runs, check
+    assert "rm -rf /var/lib/apt/lists/*" in runs
     assert "pip uninstall --yes setuptools wheel" in runs
+
 
 
 def test_runs_as_fixed_non_root_user(dockerfile: tuple[dict[str, str], list[Stage]]) -> None:

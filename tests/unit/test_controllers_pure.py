@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from judgequeue.controllers import autoscale, conditions, diff, rbac, render
-from judgequeue.core.config import load_settings, variable_names
+from judgequeue.core.config import JUDGE_REFUSED_VARIABLE, file_variable_names, load_settings, variable_names
 from judgequeue.core.spec import JudgeQueueSpec, parse_spec
 
 SPEC: dict[str, Any] = {
@@ -86,7 +86,7 @@ def test_render_children_env_security_probes_and_owner() -> None:
         ("Deployment", "judge-dispatcher"), ("Deployment", "judge-worker"), ("Deployment", "judge-reaper"),
         ("Service", "judge-metrics"),
     ]
-    known = set(variable_names())
+    known = set(variable_names()) | set(file_variable_names()) | {JUDGE_REFUSED_VARIABLE}
     for child in children[:3]:
         body = child.body
         assert body["metadata"]["ownerReferences"] == [{
@@ -108,10 +108,12 @@ def test_render_children_env_security_probes_and_owner() -> None:
         assert sc["capabilities"] == {"drop": ["ALL"]}
         env = _env(child)
         assert set(env) <= known, set(env) - known
-        assert env["JUDGEQUEUE_POSTGRES_DSN"] == {"secretKeyRef": {"name": "db", "key": "dsn"}}
-        assert env["JUDGEQUEUE_REDIS_URL"] == {"secretKeyRef": {"name": "rd", "key": "url"}}
+        # Connections are files of the Secrets (tests/test_credentials_files.py), never env values.
+        assert env["JUDGEQUEUE_POSTGRES_DSN_FILE"] == "/var/run/secrets/judgequeue/postgres-dsn"
+        assert env["JUDGEQUEUE_REDIS_URL_FILE"] == "/var/run/secrets/judgequeue/redis-url"
+        assert not any(isinstance(v, dict) for v in env.values())
         # The role's config loads with core's own parser (the contract between operator and roles).
-        plain = {k: v for k, v in env.items() if isinstance(v, str)}
+        plain = {k: v for k, v in env.items() if isinstance(v, str) and not k.endswith("_FILE")}
         settings = load_settings({**plain, "JUDGEQUEUE_POSTGRES_DSN": "postgresql://x/y",
                                   "JUDGEQUEUE_REDIS_URL": "redis://x"})
         assert settings.queue == "judge"

@@ -35,7 +35,11 @@ CONNECTIONS = {"JUDGEQUEUE_POSTGRES_DSN": "postgresql://h/db", "JUDGEQUEUE_REDIS
 def operator_env(role: Role) -> dict[str, str]:
     parsed = parse_spec(SPEC, name="judge")
     assert isinstance(parsed, JudgeQueueSpec), parsed
-    return {e["name"]: e["value"] for e in render.role_env(parsed, role) if "value" in e}
+    # Connections are *_FILE paths of the Secrets' volume (connections, not settings): left out, as
+    # are the pod-only variables (a refused judge leaves a pod unready; a local worker exits).
+    pod_only = render.pod_only_settings(role)
+    return {e["name"]: e["value"] for e in render.role_env(parsed, role)
+            if not e["name"].endswith("_FILE") and e["name"] not in pod_only}
 
 
 def local_env(role: Role) -> dict[str, str]:
@@ -74,16 +78,21 @@ def test_pooler_goes_to_every_role_and_the_listen_dsn_to_dispatchers_only() -> N
     for role in render.ROLES:
         env = {e["name"]: e for e in render.role_env(parsed, role)}
         assert env["JUDGEQUEUE_POSTGRES_POOLER"]["value"] == "transaction"
-        assert "value" not in env["JUDGEQUEUE_POSTGRES_DSN"]  # from the Secret, never inline
-        listen = env.get("JUDGEQUEUE_POSTGRES_LISTEN_DSN")
+        assert "JUDGEQUEUE_POSTGRES_DSN" not in env  # a file of the Secret, never inline or in env
+        assert env["JUDGEQUEUE_POSTGRES_DSN_FILE"]["value"] == "/var/run/secrets/judgequeue/postgres-dsn"
+        listen = env.get("JUDGEQUEUE_POSTGRES_LISTEN_DSN_FILE")
+        sources = render.credentials_volume(parsed, role)["projected"]["sources"]
         if role == "dispatcher":
-            assert listen == {"name": "JUDGEQUEUE_POSTGRES_LISTEN_DSN",
-                              "valueFrom": {"secretKeyRef": {"name": "direct", "key": "listen-dsn"}}}
+            assert listen == {"name": "JUDGEQUEUE_POSTGRES_LISTEN_DSN_FILE",
+                              "value": "/var/run/secrets/judgequeue/postgres-listen-dsn"}
+            assert {"secret": {"name": "direct", "items": [{"key": "listen-dsn", "path": "postgres-listen-dsn"}]}} \
+                in sources
         else:
             assert listen is None, role
+            assert all(s["secret"]["name"] != "direct" for s in sources), role
     without = parse_spec(SPEC, name="judge")
     assert isinstance(without, JudgeQueueSpec)
-    assert "JUDGEQUEUE_POSTGRES_LISTEN_DSN" not in {e["name"] for e in render.role_env(without, "dispatcher")}
+    assert "JUDGEQUEUE_POSTGRES_LISTEN_DSN_FILE" not in {e["name"] for e in render.role_env(without, "dispatcher")}
 
 
 @pytest.mark.parametrize(("postgres", "error"), [

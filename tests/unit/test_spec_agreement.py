@@ -34,7 +34,7 @@ def operator_accepts(spec: dict[str, Any]) -> bool:
     if isinstance(parsed, list):
         return False
     for role in ROLES:
-        env = {e["name"]: e["value"] for e in render.role_env(parsed, role) if "value" in e}
+        env = {e["name"]: e["value"] for e in render.role_env(parsed, role) if not e["name"].endswith("_FILE")}
         try:
             load_settings({**env, **CONNECTIONS})
         except ConfigError:
