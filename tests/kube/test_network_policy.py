@@ -9,7 +9,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import REDIS_URL
 from tests.kube.cluster import Cluster
 from tests.kube.tools import (
     connection_secrets,
@@ -19,6 +18,7 @@ from tests.kube.tools import (
     start_operator,
     wait_for,
 )
+from tests.support.databases import REDIS_URL
 
 DNS = {"ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]}
 

@@ -1,5 +1,6 @@
 """Fail closed: a worker that cannot isolate refuses to run the program judge, naming what is missing,
-unless JUDGEQUEUE_SANDBOX=trusted says the code is trusted. Run as an unprivileged user (nobody)."""
+unless JUDGEQUEUE_SANDBOX=trusted says the code is trusted; in a pod (JUDGEQUEUE_JUDGE_REFUSED=unready)
+it stays up and unready instead of exiting. Run as an unprivileged user (nobody)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,12 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
+import redis
+
+from tests.support.databases import REDIS_URL
+from tests.support.redis_servers import free_port
+from tests.support.roles import http_get, stop_process
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.usefixtures("as_root")  # to become an unprivileged user
 
@@ -22,8 +29,8 @@ NOBODY = 65534
 #: everything the worker does, including deciding its isolation, happens as nobody.
 AS_NOBODY = f"""
 import os, sys
-import judgequeue.core.cli, judgequeue.core.worker, judgequeue.core.judges.program
-import asyncpg, redis.asyncio, uvloop, concurrent.futures.thread, json, logging.handlers
+import judgequeue.core.cli, judgequeue.core.worker, judgequeue.core.judges.program, judgequeue.core.runtime
+import asyncpg, redis.asyncio, uvloop, concurrent.futures.thread, json, logging.handlers, encodings.idna
 os.setgroups([])
 os.setgid({NOBODY})
 os.setuid({NOBODY})
@@ -33,8 +40,12 @@ sys.exit(judgequeue.core.cli.main(sys.argv[1:]))
 
 
 def as_nobody(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    argv = [sys.executable, "-c", AS_NOBODY, *args]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env, cwd="/")
+    return subprocess.run(nobody_argv(args), capture_output=True, text=True, timeout=60, env=env, cwd="/")
+
+
+def nobody_argv(args: list[str]) -> list[str]:
+    """``judgequeue ARGS`` as nobody (see :data:`AS_NOBODY`)."""
+    return [sys.executable, "-c", AS_NOBODY, *args]
 
 
 @pytest.fixture
@@ -94,3 +105,69 @@ def test_trusted_mode_runs_without_isolation_and_says_so(nobody_dir: str) -> Non
     done = subprocess.run([sys.executable, "-c", TRUSTED_RUN], capture_output=True, text=True, timeout=60, env=env)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == ["ACCEPTED", "trusted"]
+
+
+@pytest.fixture
+def dispatched_queue() -> Iterator[str]:
+    """A queue whose stream holds one job and the workers' group, as if dispatched already."""
+    name = f"unready-{uuid.uuid4().hex[:8]}"
+    client = redis.Redis.from_url(REDIS_URL)
+    stream = f"jq:{{{name}}}:stream"
+    client.xgroup_create(stream, "workers", id="0-0", mkstream=True)
+    client.xadd(stream, {"submission": "1", "generation": "1", "attempt": "0", "outbox": "1",
+                         "enqueued_at": "0", "deliveries": "0"})  # fmt: skip
+    yield name
+    client.delete(stream)
+    client.close()
+
+
+def test_in_a_pod_an_unisolated_worker_stays_up_unready_and_takes_no_job(
+    nobody_dir: str, dispatched_queue: str
+) -> None:
+    port = free_port()
+    env = worker_env(
+        os.path.join(nobody_dir, "sandbox"), JUDGEQUEUE_REDIS_URL=REDIS_URL, JUDGEQUEUE_QUEUE=dispatched_queue,
+        JUDGEQUEUE_METRICS_PORT=str(port), JUDGEQUEUE_METRICS_ADDRESS="127.0.0.1", JUDGEQUEUE_JUDGE_REFUSED="unready",
+    )  # fmt: skip
+    proc = subprocess.Popen(nobody_argv(["worker"]), env=env, cwd="/", stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+    def serving() -> bool:
+        assert proc.poll() is None, proc.communicate()
+        try:
+            return http_get(port, "/healthz", timeout=2)[0] == 200
+        except OSError:
+            return False
+
+    try:
+        wait_for(serving, 30, "the unready worker to serve /healthz")
+        status, body = http_get(port, "/readyz")
+        assert status == 503
+        readiness = json.loads(body)
+        assert readiness["ready"] is False
+        reason = readiness["checks"]["judge"]
+        assert reason.startswith("the program judge cannot isolate untrusted code")
+        assert f"runs as uid {NOBODY}, not root" in reason
+        assert http_get(port, "/metrics")[0] == 200
+        # It took no job: the entry is still undelivered and no consumer joined the group.
+        client = redis.Redis.from_url(REDIS_URL)
+        try:
+            group = client.xinfo_groups(f"jq:{{{dispatched_queue}}}:stream")[0]
+            assert (group["consumers"], group["pending"]) == (0, 0)
+        finally:
+            client.close()
+        assert http_get(port, "/readyz")[0] == 503  # and stays unready
+    finally:
+        code = stop_process(proc, 30)
+        out, err = (b.decode(errors="replace") for b in proc.communicate(timeout=30))
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert lines[0].startswith("judgequeue: error: the program judge cannot isolate untrusted code"), err
+    events = [json.loads(line) for line in lines[1:] if line.startswith("{")]
+    assert any(e.get("reason", "").startswith("the program judge cannot isolate") for e in events), err
+    assert "s3cr3t" not in err + out
+
+
+def test_a_bad_refusal_setting_is_named(nobody_dir: str) -> None:
+    done = as_nobody(["worker"], worker_env(os.path.join(nobody_dir, "sandbox"), JUDGEQUEUE_JUDGE_REFUSED="later"))
+    assert done.returncode == 2
+    assert "JUDGEQUEUE_JUDGE_REFUSED must be one of exit, unready, got 'later'" in done.stderr

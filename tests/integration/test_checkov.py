@@ -22,7 +22,7 @@ import yaml
 from judgequeue.controllers import render
 from judgequeue.core.spec import JudgeQueueSpec, parse_spec
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CHECKOV = Path(os.environ.get("JUDGEQUEUE_CHECKOV", ROOT / ".venv-checkov" / "bin" / "checkov"))
 OWNER = render.Owner("judge", "judge-ns", "uid-1")
 

@@ -22,7 +22,7 @@ from judgequeue.core.judges.isolation import JudgeSettings
 from judgequeue.core.judges.program import ProgramJudge
 from judgequeue.core.problems import ProblemCache, upload
 from judgequeue.core.worker import attach_package_cache
-from tests.sandbox_host import assert_host_clean
+from tests.support.sandbox_host import assert_host_clean
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox needs root (CI runs as root)")
 

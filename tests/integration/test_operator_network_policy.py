@@ -14,8 +14,8 @@ import kmock
 import pytest
 
 from judgequeue.controllers.handlers import OperatorConfig
-from tests.conftest import REDIS_URL
-from tests.kmock_emulator import (
+from tests.support.databases import REDIS_URL
+from tests.support.kmock_emulator import (
     JQ,
     SECRETS,
     OperatorThread,

@@ -10,7 +10,7 @@ import asyncpg
 from judgequeue.core.judges.report import render_verdict
 from judgequeue.core.outbox import submit
 from judgequeue.core.queues import create_queue
-from tests.test_cli import jq
+from tests.process.test_cli import jq
 
 DETAILS = {
     "isolation": "full",
