@@ -1,4 +1,4 @@
-"""The chaos run at a larger size than CI's (same harness as tests/test_chaos.py).
+"""The chaos run at a larger size than CI's (same harness as tests/process/test_chaos.py).
 
     .venv/bin/python -m bench.chaos_run [--submissions 5000] [--seconds 120] [--seed 1]
     .venv/bin/python -m bench.chaos_run --server-faults [--submissions 3000] [--seconds 120] [--seed 1]

@@ -7,12 +7,12 @@ and both turn a parsed spec into a role's ``JUDGEQUEUE_*`` variables with :func:
 - :data:`FIELDS` lists every scalar field once: its type, default, bounds and, when it configures a
   role, the :class:`~judgequeue.core.config.Settings` field it sets. A field that sets a role's setting
   takes its default from ``core/config.py`` (what a role uses when the variable is absent), so each
-  default is written once. ``tests/test_spec_model.py`` checks the CRD's types, defaults, bounds,
+  default is written once. ``tests/unit/test_spec_model.py`` checks the CRD's types, defaults, bounds,
   patterns and CEL rules against this table, the way ``scripts/gen_chart_files.py`` checks the RBAC.
 - :data:`RULES` are the cross-field rules, with the same messages as the CRD's CEL rules.
 - A role gets exactly the variables it reads: a setting's section names its role (``worker.lease_ttl``
   goes to workers only), and :attr:`Field.also_read_by` names other roles that read it (the reaper
-  prunes dispatcher waiters by the dispatchers' schedule). ``tests/test_spec_model.py`` checks this
+  prunes dispatcher waiters by the dispatchers' schedule). ``tests/unit/test_spec_model.py`` checks this
   against what each role module reads.
 
 The judge is checked by name only (the CRD's pattern): whether the plugin is installed is known only
@@ -235,7 +235,7 @@ class Rule:
     """A cross-field rule of one object: ``check(values of that object)`` must hold.
 
     ``message`` and ``field`` are the CRD's CEL rule's ``message`` and ``fieldPath`` (checked equal by
-    tests/test_spec_model.py); the error reads ``spec.<object>.<field>: <message>``.
+    tests/unit/test_spec_model.py); the error reads ``spec.<object>.<field>: <message>``.
     """
 
     obj: tuple[str, ...]

@@ -2,7 +2,7 @@
 
 SQL receives these lists as array parameters (``= ANY($n::text[])``) instead of repeating them as
 string literals, so a new terminal status is pruned, counted and awaited everywhere at once.
-``tests/test_sql.py`` compares them with the CHECK constraints of a migrated database, so a
+``tests/integration/test_sql.py`` compares them with the CHECK constraints of a migrated database, so a
 migration that adds a status (e.g. 0006's ``OUTPUT_LIMIT``/``IDLENESS_LIMIT``) fails that test
 until it is added here too: append it to :data:`VERDICTS`, nothing else.
 """
