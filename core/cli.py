@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import importlib
 import json
 import os
@@ -111,6 +112,16 @@ def explain(exc: ConfigError) -> str:
 
 def _print_json(data: Any) -> None:
     print(json.dumps(data, indent=2, default=str, sort_keys=False))
+
+
+def _print_listing(
+    rows: Sequence[T], as_json: bool, to_json: Callable[[T], Any], line: Callable[[T], str], none: str
+) -> None:
+    """A ``list`` subcommand's output: a JSON array, or one line per row (``none`` when there is none)."""
+    if as_json:
+        _print_json([to_json(r) for r in rows])
+    else:
+        print("\n".join(line(r) for r in rows) if rows else none)
 
 
 def _run(coro: Awaitable[T]) -> T:
@@ -317,11 +328,7 @@ def cmd_queue(args: argparse.Namespace, env: Mapping[str, str]) -> int:
 
     dsn: str = resolve(args, env, DSN)
     if args.queue_command == "list":
-        queues = _run(_with_pg(dsn, list_queues))
-        if args.json:
-            _print_json([_flags_json(q) for q in queues])
-        else:
-            print("\n".join(_flags_line(q) for q in queues) if queues else "no queues")
+        _print_listing(_run(_with_pg(dsn, list_queues)), args.json, _flags_json, _flags_line, "no queues")
         return EXIT_OK
     name = _queue_arg(args, env)
     if args.queue_command == "create":
@@ -350,15 +357,11 @@ def cmd_problem(args: argparse.Namespace, env: Mapping[str, str]) -> int:
 
     dsn: str = resolve(args, env, DSN)
     if args.problem_command == "list":
-        rows = _run(_with_pg(dsn, list_problems))
-        if args.json:
-            _print_json(rows)
-        else:
-            for r in rows:
-                print(f"{r['id']}  version={r['version']}  tests={r['tests']}  bytes={r['total_bytes']}  "
-                      f"sha256={r['sha256'][:16]}")
-            if not rows:
-                print("no problems")
+        def line(r: dict[str, Any]) -> str:
+            return (f"{r['id']}  version={r['version']}  tests={r['tests']}  bytes={r['total_bytes']}  "
+                    f"sha256={r['sha256'][:16]}")  # fmt: skip
+
+        _print_listing(_run(_with_pg(dsn, list_problems)), args.json, dict, line, "no problems")
         return EXIT_OK
     done = _run(_with_pg(dsn, lambda conn: upload(conn, Path(args.dir), version=args.version)))
     if args.json:
@@ -514,16 +517,8 @@ def cmd_status(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     dsn: str = resolve(args, env, DSN)
     redis_url: str = resolve(args, env, REDIS)
     queue: str = resolve(args, env, QUEUE)
-    thresholds = Thresholds(
-        max_pending_age=args.max_pending_age,
-        max_backlog=args.max_backlog,
-        max_lag=args.max_lag,
-        max_pel=args.max_pel,
-        max_oldest_idle=args.max_oldest_idle,
-        max_dlq=args.max_dlq,
-        max_dead=args.max_dead,
-        min_live_consumers=args.min_live_consumers,
-    )
+    # Each threshold's flag is named after its field (--max-pel sets max_pel).
+    thresholds = Thresholds(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Thresholds)})
 
     async def go(conn: Any) -> Any:
         client = redis_client(redis_url, socket_timeout=5, socket_connect_timeout=5)
