@@ -61,28 +61,28 @@ def load_judge_settings(env: Mapping[str, str]) -> JudgeSettings:
     sandbox_dir = env.get(SANDBOX_DIR_VAR, "/tmp/judgequeue-sandbox")
     if not os.path.isabs(sandbox_dir):
         raise ConfigError(f"{SANDBOX_DIR_VAR} must be an absolute path, got {sandbox_dir!r}")
-    try:
-        max_tests = int(env.get(MAX_TESTS_VAR, "1000"))
-    except ValueError:
-        raise ConfigError(f"{MAX_TESTS_VAR} must be an integer, got {env.get(MAX_TESTS_VAR)!r}") from None
-    if not 1 <= max_tests <= 100_000:
-        raise ConfigError(f"{MAX_TESTS_VAR} must be between 1 and 100000, got {max_tests}")
-    try:
-        budget = float(env.get(BUDGET_VAR, "120"))
-    except ValueError:
-        raise ConfigError(f"{BUDGET_VAR} must be a number of seconds, got {env.get(BUDGET_VAR)!r}") from None
-    if not 1 <= budget <= 3600:
-        raise ConfigError(f"{BUDGET_VAR} must be between 1 and 3600 seconds, got {budget:g}")
+    max_tests = int(_bounded(env, MAX_TESTS_VAR, "1000", int, 1, 100_000, ""))
+    budget = _bounded(env, BUDGET_VAR, "120", float, 1, 3600, " seconds")
     cache_dir = env.get(CACHE_DIR_VAR, "")
     if cache_dir and not os.path.isabs(cache_dir):
         raise ConfigError(f"{CACHE_DIR_VAR} must be an absolute path, got {cache_dir!r}")
-    try:
-        cache_mb = int(env.get(CACHE_MB_VAR, "1024"))
-    except ValueError:
-        raise ConfigError(f"{CACHE_MB_VAR} must be an integer (MiB), got {env.get(CACHE_MB_VAR)!r}") from None
-    if not 1 <= cache_mb <= 1024 * 1024:
-        raise ConfigError(f"{CACHE_MB_VAR} must be between 1 and 1048576 MiB, got {cache_mb}")
+    cache_mb = int(_bounded(env, CACHE_MB_VAR, "1024", int, 1, 1024 * 1024, " MiB"))
     return JudgeSettings(sandbox, sandbox_dir, max_tests, budget, cache_dir, cache_mb)
+
+
+def _bounded(
+    env: Mapping[str, str], var: str, default: str, kind: type[int] | type[float], low: float, high: float, unit: str
+) -> float:
+    """``env[var]`` (or ``default``) as ``kind`` within [low, high]; a ConfigError naming ``var`` otherwise."""
+    raw = env.get(var, default)
+    try:
+        value = kind(raw)
+    except ValueError:
+        what = "an integer" if kind is int else "a number"
+        raise ConfigError(f"{var} must be {what}{unit and ' of' + unit}, got {raw!r}") from None
+    if not low <= value <= high:
+        raise ConfigError(f"{var} must be between {low:.10g} and {high:.10g}{unit}, got {value:.10g}")
+    return value
 
 
 def runtime_layout(paths: tuple[str, ...] = RUNTIME_PATHS) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
