@@ -19,6 +19,7 @@ from judgequeue.core.problems import (
     read_package_dir,
     upload,
 )
+from tests.support.packages import write_package
 from tests.support.roles import clean_env, run_cli
 
 PROBLEM_YAML = """\
@@ -33,12 +34,8 @@ scoring:
 
 
 def make_package(root: Path, *, yaml_text: str = PROBLEM_YAML, big: int = 0) -> Path:
-    (root / "tests").mkdir(parents=True, exist_ok=True)
-    (root / "problem.yaml").write_text(yaml_text)
     cases = {"1": ("2\n1 2\n", "1.5\n"), "2": ("1\n7\n", "7\n"), "10": ("3\n1 1 2\n", "1.3333333333\n")}
-    for name, (given, answer) in cases.items():
-        (root / "tests" / f"{name}.in").write_text(given)
-        (root / "tests" / f"{name}.ans").write_text(answer)
+    write_package(root, yaml_text, cases)
     if big:
         (root / "tests" / "10.in").write_bytes(b"3\n1 1 2\n" + b" " * big)
     return root

@@ -10,14 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.kube.cluster import Cluster
-from tests.kube.tools import (
-    connection_secrets,
-    jq_path,
-    judgequeue,
-    operator_identity,
-    start_operator,
-    wait_for,
-)
+from tests.kube.tools import connection_secrets, jq_path, judgequeue, operator_identity, start_operator, wait_for
 from tests.support.databases import REDIS_URL
 
 DNS = {"ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]}

@@ -5,7 +5,9 @@ The shared databases and Redis key spaces (every tier but unit) are in tests/con
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator
+import shutil
+import uuid
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
@@ -33,3 +35,13 @@ async def own_pg(queue_name: str) -> AsyncIterator[PostgresServer]:
             await migrate(conn)
             await create_queue(conn, queue_name)
         yield server
+
+
+@pytest.fixture(scope="module")
+def sandbox_dir() -> Iterator[str]:
+    """The program judge's sandbox directory for a test module.
+
+    Not under pytest's tmp_path: that is 0700, and each box's uid must be able to reach its box."""
+    path = f"/tmp/jq-sandbox-test-{uuid.uuid4().hex[:8]}"
+    yield path
+    shutil.rmtree(path, ignore_errors=True)

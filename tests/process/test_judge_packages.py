@@ -6,10 +6,8 @@ uploaded while the old one is being judged. Each test checks the host is clean a
 from __future__ import annotations
 
 import asyncio
-import os
 import shutil
-import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +20,10 @@ from judgequeue.core.judges.isolation import JudgeSettings
 from judgequeue.core.judges.program import ProgramJudge
 from judgequeue.core.problems import ProblemCache, upload
 from judgequeue.core.worker import attach_package_cache
+from tests.support.packages import write_package
 from tests.support.sandbox_host import assert_host_clean
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox needs root (CI runs as root)")
+pytestmark = pytest.mark.usefixtures("as_root")
 
 MEAN_YAML = """\
 id: mean
@@ -46,27 +45,6 @@ MEAN_OK = "n = int(input())\nxs = list(map(int, input().split()))\nprint(sum(xs)
 MEAN_SMALL_ONLY = (
     "n = int(input())\nxs = list(map(int, input().split()))\nprint(sum(xs) // n if n > 2 else sum(xs) / n)\n"
 )
-
-
-def write_package(
-    root: Path, yaml_text: str, tests: dict[str, tuple[str, str]], files: dict[str, str] | None = None
-) -> Path:
-    (root / "tests").mkdir(parents=True, exist_ok=True)
-    (root / "problem.yaml").write_text(yaml_text)
-    for name, (given, answer) in tests.items():
-        (root / "tests" / f"{name}.in").write_text(given)
-        (root / "tests" / f"{name}.ans").write_text(answer)
-    for name, text in (files or {}).items():
-        (root / name).write_text(text)
-    return root
-
-
-@pytest.fixture(scope="module")
-def sandbox_dir() -> Iterator[str]:
-    # Not under pytest's tmp_path: that is 0700, and each box's uid must be able to reach its box.
-    path = f"/tmp/jq-packages-test-{uuid.uuid4().hex[:8]}"
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import signal
 import socket
 import sys
@@ -34,14 +33,6 @@ def py(source: str, expected: str | None = None, **limits: Any) -> dict[str, Any
     if limits:
         payload["limits"] = limits
     return payload
-
-
-@pytest.fixture(scope="module")
-def sandbox_dir() -> Iterator[str]:
-    # Not under pytest's tmp_path: that is 0700, and each box's uid must be able to reach its box.
-    path = f"/tmp/jq-sandbox-test-{uuid.uuid4().hex[:8]}"
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
