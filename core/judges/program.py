@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import functools
 import hashlib
 import os
 import shutil
@@ -736,33 +737,15 @@ class ProgramJudge:
         # Each run owns (and closes) the two ends it is given, so either side sees EOF once the other is
         # gone; a task group cancels (and so kills) one side if the other fails to start.
         async with asyncio.TaskGroup() as both:
+            boxed = functools.partial(run, uid=box.uid, stdin=b"", isolation=self.isolation)
             sub_run = both.create_task(
-                run(
-                    argv,
-                    box=box.dir,
-                    uid=box.uid,
-                    stdin=b"",
-                    limits=limits,
-                    isolation=self.isolation,
-                    group=box.group,
-                    stdin_fd=to_sub_r,
-                    stdout_fd=to_int_w,
-                )
+                boxed(argv, box=box.dir, limits=limits, group=box.group, stdin_fd=to_sub_r, stdout_fd=to_int_w)
             )
+            interactor_argv = [*interactor, f"{inside}/input", f"{inside}/output", f"{inside}/answer"]
             inter_run = both.create_task(
-                run(
-                    [*interactor, f"{inside}/input", f"{inside}/output", f"{inside}/answer"],
-                    box=box.helper_dir,
-                    uid=box.uid,
-                    stdin=b"",
-                    limits=helper_limits,
-                    isolation=self.isolation,
-                    group=box.helper_group,
-                    writable_box=True,
-                    stdin_fd=to_int_r,
-                    stdout_fd=to_sub_w,
-                )
-            )
+                boxed(interactor_argv, box=box.helper_dir, limits=helper_limits, group=box.helper_group,
+                      writable_box=True, stdin_fd=to_int_r, stdout_fd=to_sub_w)
+            )  # fmt: skip
         sub, inter = sub_run.result(), inter_run.result()  # fmt: skip
         said = helper_outcome(inter)
         verdict, score, message = classify_interactive(sub, limits, inter, said)
