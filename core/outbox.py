@@ -22,6 +22,7 @@ from .errors import InvalidPayload, PayloadTooLarge, UnknownSubmission, translat
 from .queues import validate_queue_name
 from .states import OUTBOX_STATES as OUTBOX_STATES  # re-exported: callers know them as outbox's
 from .states import TERMINAL_OUTBOX_STATES as TERMINAL_OUTBOX_STATES
+from .states import VERDICTS
 from .states import WAITING_OUTBOX_STATES as WAITING_OUTBOX_STATES
 from .states import OutboxState as OutboxState
 
@@ -173,6 +174,7 @@ async def mark(
 
 
 _PRUNE_SQL = sql.query("outbox_prune")
+_PRUNE_SUBMISSIONS_SQL = sql.query("submissions_prune")
 _WAITING_STATS_SQL = sql.query("outbox_waiting_stats")
 _OTHER_STATS_SQL = sql.query("outbox_other_stats")
 
@@ -187,6 +189,27 @@ async def prune(
     total = 0
     for _ in range(max_batches):
         status = await conn.execute(_PRUNE_SQL, float(retention), batch, queue, list(TERMINAL_OUTBOX_STATES))
+        deleted = int(status.split()[-1])
+        total += deleted
+        if deleted < batch:
+            break
+    return total
+
+
+async def prune_submissions(
+    conn: asyncpg.Connection, queue: str, *, retention: float, batch: int = 1000, max_batches: int = 100
+) -> int:
+    """Delete ``queue``'s terminal submissions finished more than ``retention`` seconds ago.
+
+    Oldest first, ``batch`` rows per statement (short transactions, served by the partial index
+    ``submissions_finished`` of migration 0009); ``max_batches`` bounds one call's work. A
+    submission still waiting (PENDING, JUDGING) is never touched, and one a rejudge reopens
+    meanwhile is skipped (it is locked, or no longer finished when re-checked). A stream entry or
+    DLQ replay that names a pruned submission later is stale (``unknown_submission``).
+    """
+    total = 0
+    for _ in range(max_batches):
+        status = await conn.execute(_PRUNE_SUBMISSIONS_SQL, float(retention), batch, queue, list(VERDICTS))
         deleted = int(status.split()[-1])
         total += deleted
         if deleted < batch:

@@ -98,6 +98,20 @@ WITH doomed AS (
 )
 DELETE FROM judgequeue.outbox o USING doomed WHERE o.id = doomed.id
 
+-- name: submissions_prune
+-- Delete a batch of a queue's terminal submissions finished before the retention, oldest first; $4 = states.VERDICTS.
+WITH doomed AS (
+    SELECT id FROM judgequeue.submissions
+     WHERE queue = $3
+       AND finished_at IS NOT NULL
+       AND finished_at < now() - make_interval(secs => $1)
+       AND status = ANY($4::text[])
+     ORDER BY finished_at
+     LIMIT $2
+       FOR UPDATE SKIP LOCKED
+)
+DELETE FROM judgequeue.submissions s USING doomed WHERE s.id = doomed.id
+
 -- name: outbox_waiting_stats
 -- PENDING/CLAIMED counts and the oldest waiting row's age; the literal list is outbox_claim's partial index predicate.
 SELECT count(*) FILTER (WHERE state = 'PENDING') AS pending,
