@@ -231,8 +231,53 @@ def ref_tree(rev: str) -> str:
     return str(root)
 
 
+def start_profilers(procs: dict[str, list[int]], seconds: float, out: Path) -> list[subprocess.Popen[bytes]]:
+    """py-spy (collapsed stacks) on the first process of each role for ``seconds``, when installed."""
+    spy = Path(sys.executable).parent / "py-spy"
+    if not spy.exists():
+        progress("py-spy not installed (pip install py-spy): no profiles")
+        return []
+    out.mkdir(parents=True, exist_ok=True)
+    return [
+        subprocess.Popen(
+            [str(spy), "record", "-p", str(pids[0]), "-d", str(int(seconds)), "-f", "raw", "-r", "200",
+             "--nonblocking", "-o", str(out / f"{role}.txt")],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for role, pids in procs.items()
+        if role != "reaper"
+    ]  # fmt: skip
+
+
+def top_frames(path: Path, n: int = 15) -> list[tuple[str, float]]:
+    """The ``n`` functions with the most self samples in a py-spy raw profile, as fractions."""
+    counts: dict[str, int] = {}
+    total_samples = 0
+    for line in path.read_text().splitlines():
+        stack, _, num = line.rpartition(" ")
+        if not num.isdigit():
+            continue
+        leaf = stack.split(";")[-1]
+        counts[leaf] = counts.get(leaf, 0) + int(num)
+        total_samples += int(num)
+    ranked = sorted(counts.items(), key=lambda kv: -kv[1])[:n]
+    return [(name, c / max(1, total_samples)) for name, c in ranked]
+
+
+def report_profiles(directory: Path) -> None:
+    for f in sorted(directory.glob("*.txt")):
+        progress(f"profile {f.name}: " + "; ".join(f"{name} {frac:.0%}" for name, frac in top_frames(f)))
+
+
 async def judgequeue_cpu(
-    rate: float, seconds: float, workers: int, *, ref: str | None = None, **settings: str
+    rate: float,
+    seconds: float,
+    workers: int,
+    *,
+    ref: str | None = None,
+    profile: Path | None = None,
+    **settings: str,
 ) -> dict[str, Any]:
     async with pipeline.stack(**settings) as s:
         label = "judgequeue"
@@ -252,6 +297,7 @@ async def judgequeue_cpu(
             if have_statements:
                 await conn.execute("SELECT pg_stat_statements_reset()")
         meter = Meter({role: [p.pid for p in procs] for role, procs in s.procs.items()})
+        spies = start_profilers(meter.procs, seconds, profile) if profile is not None else []
         meter.begin()
         t0 = time.monotonic()
         loop = asyncio.get_running_loop()
@@ -260,6 +306,10 @@ async def judgequeue_cpu(
         await _wait_all_done(s.pool, after, 120)
         wall = time.monotonic() - t0
         cpu = meter.end()
+        for spy in spies:
+            spy.wait()
+        if profile is not None:
+            report_profiles(profile)
         jobs = int(app["jobs"])
         async with s.pool.acquire() as conn:
             stmts = await read_statements(conn, jobs) if have_statements else []
@@ -398,7 +448,7 @@ async def inner(args: argparse.Namespace) -> dict[str, Any]:
         results["rounds"] = {"judgequeue": mine, "ref": theirs}
     else:
         progress(f"judgequeue at {args.rate:g} jobs/s for {args.seconds:g}s, {args.workers} worker(s)")
-        results["judgequeue"] = await judgequeue_cpu(args.rate, args.seconds, args.workers)
+        results["judgequeue"] = await judgequeue_cpu(args.rate, args.seconds, args.workers, profile=args.profile)
     if not args.skip_peer:
         progress(f"PgQueuer at {args.rate:g} jobs/s for {args.seconds:g}s, {args.workers} worker(s)")
         results["peer"] = await peer_cpu(args.rate, args.seconds, args.workers)
@@ -438,6 +488,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--limit-seconds", type=int, default=8, help="pgbench run length")
     p.add_argument("--servers", choices=("private", "system"), default="private")
     p.add_argument("--skip-peer", action="store_true")
+    p.add_argument("--profile", type=Path, help="py-spy the dispatcher and a worker into this directory")
     p.add_argument("--ref", help="also measure this git revision's roles (e.g. main), alternating with this tree")
     p.add_argument("--rounds", type=int, default=2, help="alternating rounds with --ref (best of each)")
     p.add_argument("--out", type=Path, default=Path("bench/out"))
