@@ -112,8 +112,13 @@ class Servers:
 
 
 @contextlib.contextmanager
-def private_servers(*, shared_buffers: str = "128MB", max_connections: int = 300) -> Iterator[Servers]:
-    """Start a private Postgres cluster and Redis server; stop and delete them afterwards."""
+def private_servers(
+    *, shared_buffers: str = "128MB", max_connections: int = 300, settings: dict[str, str] | None = None
+) -> Iterator[Servers]:
+    """Start a private Postgres cluster and Redis server; stop and delete them afterwards.
+
+    ``settings``: extra Postgres ``-c name=value`` options (e.g. ``autovacuum_naptime``).
+    """
     workdir = Path(tempfile.mkdtemp(prefix="jq-bench-srv-"))
     as_user: list[str] = []
     if os.geteuid() == 0:
@@ -135,7 +140,7 @@ def private_servers(*, shared_buffers: str = "128MB", max_connections: int = 300
             f"-p {pg_port} -k {workdir} -c listen_addresses=127.0.0.1 -c max_connections={max_connections}"
             f" -c shared_buffers={shared_buffers} -c shared_preload_libraries=pg_stat_statements"
             " -c pg_stat_statements.track=all -c fsync=on -c synchronous_commit=on"
-        )
+        ) + "".join(f" -c {name}={value}" for name, value in (settings or {}).items())
         subprocess.run(
             [
                 *as_user,
