@@ -114,6 +114,10 @@ async def claim(conn: asyncpg.Connection, queue: str, *, limit: int, owner: str,
     back as SKIPPED and are already final: the legacy path owned them.
     """
     rows = await conn.fetch(_CLAIM_SQL, queue, limit, owner, float(claim_ttl))
+    return _claimed_rows(rows)
+
+
+def _claimed_rows(rows: Sequence[asyncpg.Record]) -> list[ClaimedRow]:
     claimed = [
         ClaimedRow(
             outbox_id=r["id"],
@@ -171,6 +175,43 @@ async def mark(
         owner,
     )
     return {r["id"]: r["state"] for r in rows}
+
+
+_MARK_CLAIM_SQL = sql.query("outbox_mark_claim")
+
+
+async def mark_and_claim(
+    conn: asyncpg.Connection,
+    marks: Sequence[Mark],
+    *,
+    owner: str,
+    max_attempts: int,
+    backoff_base: float,
+    backoff_max: float,
+    queue: str,
+    limit: int,
+    claim_ttl: float,
+) -> tuple[dict[int, OutboxState], list[ClaimedRow]]:
+    """:func:`mark` the previous batch and :func:`claim` the next one in one statement and commit.
+
+    Exactly the two statements' effects (a row being marked is never claimed by the same
+    statement), minus one round trip and one commit per batch for a dispatcher that loops.
+    """
+    rows = await conn.fetch(
+        _MARK_CLAIM_SQL,
+        [m.outbox_id for m in marks],
+        [m.result for m in marks],
+        [m.error for m in marks],
+        max_attempts,
+        float(backoff_base),
+        float(backoff_max),
+        owner,
+        queue,
+        limit,
+        float(claim_ttl),
+    )
+    applied = {r["id"]: r["state"] for r in rows if not r["claimed"]}
+    return applied, _claimed_rows([r for r in rows if r["claimed"]])
 
 
 _PRUNE_SQL = sql.query("outbox_prune")
