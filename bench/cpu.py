@@ -25,6 +25,7 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import resource
 import subprocess
 import sys
@@ -127,18 +128,21 @@ class Meter:
         return {k: now[k] - self.start.get(k, 0.0) for k in now}
 
 
-_NAMES = {" ".join(text.split()): name for name, text in sql.QUERIES.items()}
+_LITERAL = re.compile(r"'(?:[^']|'')*'|\$\d+|\b\d+(?:\.\d+)?\b|--[^\n]*")
+
+
+def _shape(text: str) -> str:
+    """A statement with comments dropped and every literal and parameter as ``?`` (pure), as
+    pg_stat_statements shows it (it replaces constants with ``$n``)."""
+    return " ".join(_LITERAL.sub("?", text).split())
+
+
+_NAMES = {_shape(text): name for name, text in sql.QUERIES.items()}
 
 
 def statement_name(query: str) -> str:
-    """The queries.sql name of a statement (by text, else by its first 80 characters), or its text."""
-    flat = " ".join(query.split())
-    if flat in _NAMES:
-        return _NAMES[flat]
-    for text, name in _NAMES.items():
-        if text[:80] == flat[:80]:
-            return name
-    return flat[:60]
+    """The queries.sql name of a statement pg_stat_statements shows, or its first 60 characters."""
+    return _NAMES.get(_shape(query), " ".join(query.split())[:60])
 
 
 async def statements_available(conn: asyncpg.Connection) -> bool:
