@@ -142,7 +142,20 @@ _NAMES = {_shape(text): name for name, text in sql.QUERIES.items()}
 
 def statement_name(query: str) -> str:
     """The queries.sql name of a statement pg_stat_statements shows, or its first 60 characters."""
-    return _NAMES.get(_shape(query), " ".join(query.split())[:60])
+    shape = _shape(query)
+    if shape in _NAMES:
+        return _NAMES[shape]
+
+    def common(a: str) -> int:
+        n = 0
+        for x, y in zip(a, shape, strict=False):
+            if x != y:
+                break
+            n += 1
+        return n
+
+    best = max(_NAMES, key=common)
+    return _NAMES[best] if common(best) >= 100 else " ".join(query.split())[:60]
 
 
 async def statements_available(conn: asyncpg.Connection) -> bool:
