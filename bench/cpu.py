@@ -179,6 +179,7 @@ async def read_statements(conn: asyncpg.Connection, jobs: int) -> list[dict[str,
             "calls_per_job": r["calls"] / jobs,
             "exec_us_per_job": 1000 * r["total_exec_time"] / jobs,
             "exec_us_per_call": 1000 * r["total_exec_time"] / max(1, r["calls"]),
+            "plan_us_per_job": 1000 * r["total_plan_time"] / jobs,
             "rows_per_call": r["rows"] / max(1, r["calls"]),
         }
         for r in rows
@@ -432,16 +433,17 @@ def statement_table(jq: dict[str, Any]) -> list[str]:
     lines: list[str] = []
     if jq["statements"]:
         title = f"top statements ({jq['system']})"
-        lines.append(f"{title:<44}{'calls/job':>10}{'µs/job':>10}{'µs/call':>10}{'rows/call':>10}")
+        lines.append(f"{title:<44}{'calls/job':>10}{'µs/job':>10}{'µs/call':>10}{'rows/call':>10}{'plan µs/job':>12}")
         for st in jq["statements"][:12]:
             lines.append(
                 f"{st['name'][:44]:<44}{st['calls_per_job']:>10.3f}{st['exec_us_per_job']:>10.1f}"
-                f"{st['exec_us_per_call']:>10.1f}{st['rows_per_call']:>10.1f}"
+                f"{st['exec_us_per_call']:>10.1f}{st['rows_per_call']:>10.1f}{st.get('plan_us_per_job', 0.0):>12.1f}"
             )
         top = [st for st in jq["statements"] if st["toplevel"]]
         calls = sum(st["calls_per_job"] for st in top)
         exec_us = sum(st["exec_us_per_job"] for st in top)
-        lines.append(f"{'all top-level statements':<44}{calls:>10.3f}{exec_us:>10.1f}")
+        plan_us = sum(st.get("plan_us_per_job", 0.0) for st in top)
+        lines.append(f"{'all top-level statements':<44}{calls:>10.3f}{exec_us:>10.1f}{'':>20}{plan_us:>12.1f}")
     else:
         lines.append(f"(no per-statement figures: {jq['statements_note']})")
     return lines

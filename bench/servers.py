@@ -139,7 +139,8 @@ def private_servers(
         options = (
             f"-p {pg_port} -k {workdir} -c listen_addresses=127.0.0.1 -c max_connections={max_connections}"
             f" -c shared_buffers={shared_buffers} -c shared_preload_libraries=pg_stat_statements"
-            " -c pg_stat_statements.track=all -c fsync=on -c synchronous_commit=on"
+            " -c pg_stat_statements.track=all -c pg_stat_statements.track_planning=on"
+            " -c fsync=on -c synchronous_commit=on"
         ) + "".join(f" -c {name}={value}" for name, value in (settings or {}).items())
         subprocess.run(
             [
