@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import asyncpg
@@ -52,6 +53,8 @@ log = logging.getLogger("judgequeue.dispatcher")
 class CycleResult:
     claimed: int = 0
     by_result: dict[str, int] = field(default_factory=dict)
+    #: Marks left for the next cycle's claim statement (``Dispatcher.run`` only).
+    deferred: list[outbox.Mark] = field(default_factory=list)
 
 
 def plan_marks(
@@ -123,11 +126,31 @@ class Dispatcher:
                 return await self._cycle(pooled)
         return await self._cycle(conn)
 
-    async def _cycle(self, conn: asyncpg.Connection) -> CycleResult:
+    async def _cycle(
+        self, conn: asyncpg.Connection, *, carry: Sequence[outbox.Mark] = (), defer: bool = False
+    ) -> CycleResult:
+        """One cycle. ``carry``: the previous cycle's marks, applied in the same statement as this
+        claim. ``defer``: leave this batch's marks in ``result.deferred`` for the next cycle (the
+        run loop, which flushes them with :meth:`flush` before it sleeps)."""
         cfg = self.settings.dispatcher
         started = time.monotonic()
-        rows = await outbox.claim(conn, self.queue, limit=cfg.batch_size, owner=self.name, claim_ttl=cfg.claim_ttl)
-        result = CycleResult(claimed=len(rows))
+        result = CycleResult()
+        if carry:
+            applied, rows = await outbox.mark_and_claim(
+                conn,
+                carry,
+                owner=self.name,
+                max_attempts=cfg.max_attempts,
+                backoff_base=cfg.backoff_base,
+                backoff_max=cfg.backoff_max,
+                queue=self.queue,
+                limit=cfg.batch_size,
+                claim_ttl=cfg.claim_ttl,
+            )
+            self._marked(carry, applied, result)
+        else:
+            rows = await outbox.claim(conn, self.queue, limit=cfg.batch_size, owner=self.name, claim_ttl=cfg.claim_ttl)
+        result.claimed = len(rows)
         if rows:
             failpoints.hit("dispatcher.after_claim")
         skipped = [r for r in rows if r.state == "SKIPPED"]
@@ -160,6 +183,22 @@ class Dispatcher:
         failpoints.hit("dispatcher.after_xadd")
 
         marks, counts = plan_marks(todo, enqueue_results)
+        for key, n in counts.items():
+            result.by_result[key] = result.by_result.get(key, 0) + n
+        if not isinstance(enqueue_results, TransportError):
+            hist = metrics.COMMIT_TO_ENQUEUE.labels(self.queue)
+            for row, res in zip(todo, enqueue_results, strict=True):
+                if res.status == "appended" and row.mode != "shadow":
+                    hist.observe(row.age + (enqueued_at - started))
+        if defer:
+            result.deferred = marks
+        else:
+            await self._mark(conn, marks, result)
+        self._count(result)
+        return result
+
+    async def _mark(self, conn: asyncpg.Connection, marks: Sequence[outbox.Mark], result: CycleResult) -> None:
+        cfg = self.settings.dispatcher
         applied = await outbox.mark(
             conn,
             marks,
@@ -168,6 +207,11 @@ class Dispatcher:
             backoff_base=cfg.backoff_base,
             backoff_max=cfg.backoff_max,
         )
+        self._marked(marks, applied, result)
+
+    def _marked(
+        self, marks: Sequence[outbox.Mark], applied: dict[int, outbox.OutboxState], result: CycleResult
+    ) -> None:
         failpoints.hit("dispatcher.after_mark")
         lost = len(marks) - len(applied)
         if lost:
@@ -176,16 +220,14 @@ class Dispatcher:
             log.warning("claims lost before marking", extra={"rows": lost})
         dead = sum(1 for state in applied.values() if state == "DEAD")
         if dead:
-            counts["dead"] = dead
-        for key, n in counts.items():
-            result.by_result[key] = result.by_result.get(key, 0) + n
-        if not isinstance(enqueue_results, TransportError):
-            hist = metrics.COMMIT_TO_ENQUEUE.labels(self.queue)
-            for row, res in zip(todo, enqueue_results, strict=True):
-                if res.status == "appended" and row.mode != "shadow":
-                    hist.observe(row.age + (enqueued_at - started))
-        self._count(result)
-        return result
+            result.by_result["dead"] = result.by_result.get("dead", 0) + dead
+
+    async def flush(self, conn: asyncpg.Connection, marks: Sequence[outbox.Mark]) -> None:
+        """Apply marks a looping cycle deferred (before the loop sleeps or stops)."""
+        if marks:
+            result = CycleResult()
+            await self._mark(conn, marks, result)
+            self._count(result)
 
     async def _check_redis_while_idle(self) -> None:
         """PING Redis when there is nothing to send, so an outage is logged before work arrives.
@@ -232,6 +274,7 @@ class Dispatcher:
         registered = False
         failures = 0
         streak = 0  # cycles in a row that found work
+        carry: list[outbox.Mark] = []  # the last batch's marks, applied with the next claim
         try:
             while not stop.is_set():
                 wake.clear()
@@ -242,10 +285,14 @@ class Dispatcher:
                         await listen_conn.add_listener(outbox.WAKEUP_CHANNEL, on_notify)
                         registered = False
                     conn = await session.get()
-                    result = await unless_stopped(stop, self.cycle(conn))
+                    # While work flows, each batch's marks ride on the next batch's claim: one
+                    # statement and commit per batch instead of two. They are flushed before any
+                    # sleep, so a mark waits for nothing but the next claim.
+                    result = await unless_stopped(stop, self._cycle(conn, carry=carry, defer=True))
                     if result is None:
                         await session.drop()  # abandoned mid-statement: never reuse that session
                         break
+                    carry = result.deferred
                     failures = 0
                     if result.claimed:
                         streak += 1
@@ -261,11 +308,16 @@ class Dispatcher:
                             await outbox.register_waiter(conn, self.queue, self.name)
                             registered = True
                             continue  # rows committed before registering sent no notification
+                    marks, carry = carry, []
+                    await self.flush(conn, marks)  # about to sleep
                 except DB_ERRORS as exc:
                     failures += 1
                     delay = min(5.0, 0.1 * 2**failures)
                     log.warning("dispatch cycle failed", extra={"error": str(exc), "retry_in": delay})
                     registered = False
+                    # Marks not applied: those rows stay CLAIMED until claim_ttl, are claimed
+                    # again and re-sent, and the dedup marker absorbs the duplicates.
+                    carry = []
                     await session.drop()
                     await wait_any(stop, None, delay)
                     continue
@@ -274,12 +326,21 @@ class Dispatcher:
                     registered = False  # refresh the registration on the next idle cycle
                     await self._check_redis_while_idle()
         finally:
+            if carry:
+                # Stopping between cycles: best effort and bounded (unapplied marks only cost a
+                # duplicate send after claim_ttl, absorbed by the dedup marker).
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(self._flush_pooled(carry), SHUTDOWN_STEP)
             await session.release()
             if listen_conn is not None:
                 listen_conn.terminate()  # nothing to flush; a graceful close could wait on a dead link
             # Best effort and bounded: a waiter row left behind is pruned by the reaper.
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._unregister(), SHUTDOWN_STEP)
+
+    async def _flush_pooled(self, marks: Sequence[outbox.Mark]) -> None:
+        async with self.pool.acquire(timeout=STATEMENT_TIMEOUT) as conn:
+            await self.flush(conn, marks)
 
     async def _unregister(self) -> None:
         async with self.pool.acquire(timeout=STATEMENT_TIMEOUT) as conn:

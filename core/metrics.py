@@ -53,6 +53,9 @@ RESENT_STRANDED = Counter(
     ["queue"],
 )
 PRUNED_ROWS = Counter("judgequeue_pruned_outbox_rows_total", "Terminal outbox rows deleted by retention.", ["queue"])
+PRUNED_SUBMISSIONS = Counter(
+    "judgequeue_pruned_submissions_total", "Terminal submissions deleted by retention.", ["queue"]
+)
 
 # --- worker ----------------------------------------------------------------------------------------
 VERDICTS = Counter(

@@ -22,6 +22,7 @@ from .errors import InvalidPayload, PayloadTooLarge, UnknownSubmission, translat
 from .queues import validate_queue_name
 from .states import OUTBOX_STATES as OUTBOX_STATES  # re-exported: callers know them as outbox's
 from .states import TERMINAL_OUTBOX_STATES as TERMINAL_OUTBOX_STATES
+from .states import VERDICTS
 from .states import WAITING_OUTBOX_STATES as WAITING_OUTBOX_STATES
 from .states import OutboxState as OutboxState
 
@@ -113,6 +114,10 @@ async def claim(conn: asyncpg.Connection, queue: str, *, limit: int, owner: str,
     back as SKIPPED and are already final: the legacy path owned them.
     """
     rows = await conn.fetch(_CLAIM_SQL, queue, limit, owner, float(claim_ttl))
+    return _claimed_rows(rows)
+
+
+def _claimed_rows(rows: Sequence[asyncpg.Record]) -> list[ClaimedRow]:
     claimed = [
         ClaimedRow(
             outbox_id=r["id"],
@@ -172,7 +177,45 @@ async def mark(
     return {r["id"]: r["state"] for r in rows}
 
 
+_MARK_CLAIM_SQL = sql.query("outbox_mark_claim")
+
+
+async def mark_and_claim(
+    conn: asyncpg.Connection,
+    marks: Sequence[Mark],
+    *,
+    owner: str,
+    max_attempts: int,
+    backoff_base: float,
+    backoff_max: float,
+    queue: str,
+    limit: int,
+    claim_ttl: float,
+) -> tuple[dict[int, OutboxState], list[ClaimedRow]]:
+    """:func:`mark` the previous batch and :func:`claim` the next one in one statement and commit.
+
+    Exactly the two statements' effects (a row being marked is never claimed by the same
+    statement), minus one round trip and one commit per batch for a dispatcher that loops.
+    """
+    rows = await conn.fetch(
+        _MARK_CLAIM_SQL,
+        [m.outbox_id for m in marks],
+        [m.result for m in marks],
+        [m.error for m in marks],
+        max_attempts,
+        float(backoff_base),
+        float(backoff_max),
+        owner,
+        queue,
+        limit,
+        float(claim_ttl),
+    )
+    applied = {r["id"]: r["state"] for r in rows if not r["claimed"]}
+    return applied, _claimed_rows([r for r in rows if r["claimed"]])
+
+
 _PRUNE_SQL = sql.query("outbox_prune")
+_PRUNE_SUBMISSIONS_SQL = sql.query("submissions_prune")
 _WAITING_STATS_SQL = sql.query("outbox_waiting_stats")
 _OTHER_STATS_SQL = sql.query("outbox_other_stats")
 
@@ -187,6 +230,27 @@ async def prune(
     total = 0
     for _ in range(max_batches):
         status = await conn.execute(_PRUNE_SQL, float(retention), batch, queue, list(TERMINAL_OUTBOX_STATES))
+        deleted = int(status.split()[-1])
+        total += deleted
+        if deleted < batch:
+            break
+    return total
+
+
+async def prune_submissions(
+    conn: asyncpg.Connection, queue: str, *, retention: float, batch: int = 1000, max_batches: int = 100
+) -> int:
+    """Delete ``queue``'s terminal submissions finished more than ``retention`` seconds ago.
+
+    Oldest first, ``batch`` rows per statement (short transactions, served by the partial index
+    ``submissions_finished`` of migration 0009); ``max_batches`` bounds one call's work. A
+    submission still waiting (PENDING, JUDGING) is never touched, and one a rejudge reopens
+    meanwhile is skipped (it is locked, or no longer finished when re-checked). A stream entry or
+    DLQ replay that names a pruned submission later is stale (``unknown_submission``).
+    """
+    total = 0
+    for _ in range(max_batches):
+        status = await conn.execute(_PRUNE_SUBMISSIONS_SQL, float(retention), batch, queue, list(VERDICTS))
         deleted = int(status.split()[-1])
         total += deleted
         if deleted < batch:

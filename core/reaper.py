@@ -28,7 +28,8 @@ A sweep has four parts, each guarded on its own so one failing dependency does n
     ``PENDING`` forever, which needs a separate repair scan; this order needs none.
 
 (b) **Lease rescue** through ``judgequeue.core.leases.rescue_expired_leases``, batch by batch.
-(c) **Prune**: terminal outbox rows past ``retention``, stale dispatcher waiters, and consumers of
+(c) **Prune**: terminal outbox rows and terminal submissions past ``retention`` (submissions by
+    ``finished_at``, oldest first, migration 0009's index), stale dispatcher waiters, and consumers of
     group ``workers`` idle longer than ten visibility timeouts with no pending entry (checked and
     deleted atomically in one script, so a consumer that just read something is never dropped).
 (d) **Gauges** from :func:`judgequeue.core.stream_stats.stream_figures` and ``outbox.stats``.
@@ -63,6 +64,10 @@ log = logging.getLogger("judgequeue.reaper")
 
 #: A consumer idle this many visibility timeouts with nothing pending is removed.
 IDLE_CONSUMER_FACTOR = 10
+#: Batches of 1,000 rows one sweep may prune per table: 50,000 rows per ``interval`` (10,000/s at
+#: the default 5 s), above the steady rates measured on the project's machine (docs/performance.md),
+#: so retention keeps up; a backlog left by a retention change is worked off over several sweeps.
+PRUNE_BATCHES = 50
 #: Seconds between exact counts of terminal outbox rows (a scan of everything kept).
 TERMINAL_COUNT_EVERY = 60.0
 
@@ -144,6 +149,7 @@ class Reaper:
         #: Test seam: awaited after the Postgres step of a dead-letter batch, before the Redis step.
         self.between_steps: Callable[[Sequence[Decision]], Awaitable[None]] | None = None
         self._terminal_counted_at = float("-inf")
+        self.pruned_submissions = 0  # terminal submissions deleted by retention, for tests and logs
         self._stranded_checked_at = float("-inf")
 
     # --- (a) stream sweep -------------------------------------------------------------------------
@@ -262,14 +268,18 @@ class Reaper:
     # --- (c) prune --------------------------------------------------------------------------------
 
     async def prune_outbox(self) -> tuple[int, int]:
-        """Delete terminal outbox rows past retention and stale dispatcher waiters."""
+        """Delete terminal outbox rows and submissions past retention, and stale dispatcher waiters."""
         waiter_age = max(300.0, 3 * self.settings.dispatcher.schedule)
+        retention = self.settings.reaper.retention
         async with self.pool.acquire(timeout=STATEMENT_TIMEOUT) as conn:
-            rows = await outbox.prune(
-                conn, self.queue, retention=self.settings.reaper.retention, batch=1000, max_batches=10
+            rows = await outbox.prune(conn, self.queue, retention=retention, batch=1000, max_batches=PRUNE_BATCHES)
+            finished = await outbox.prune_submissions(
+                conn, self.queue, retention=retention, batch=1000, max_batches=PRUNE_BATCHES
             )
             waiters = await outbox.prune_waiters(conn, older_than=waiter_age)
         metrics.PRUNED_ROWS.labels(self.queue).inc(rows)
+        metrics.PRUNED_SUBMISSIONS.labels(self.queue).inc(finished)
+        self.pruned_submissions += finished
         return rows, waiters
 
     async def remove_idle_consumers(self) -> int:

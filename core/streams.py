@@ -180,6 +180,7 @@ return out
 ACK = script("ack", """
 local acked = redis.call('XACK', KEYS[1], ARGV[1], unpack(ARGV, 2))
 redis.call('XDEL', KEYS[1], unpack(ARGV, 2))
+if #KEYS > 1 then redis.call('DEL', unpack(KEYS, 2)) end
 return acked
 """)
 
@@ -466,11 +467,22 @@ async def read(client: aioredis.Redis, queue: str, consumer: str, *, count: int,
     return []
 
 
-async def ack(client: aioredis.Redis, queue: str, entry_ids: Sequence[str]) -> int:
-    """XACK and XDEL the entries in one script; returns how many were pending."""
+async def ack(
+    client: aioredis.Redis, queue: str, entry_ids: Sequence[str], forget: Sequence[tuple[int, int]] = ()
+) -> int:
+    """XACK and XDEL the entries in one script; returns how many were pending.
+
+    ``forget``: (submission, generation) pairs whose dedup markers go in the same script. A worker
+    passes the pairs of the entries it acks: from then on the lease (or the generation that made
+    the entry stale) owns the submission, and a later append of the same pair (a re-send after a
+    lost mark) is acked as a stale envelope, never judged again. Without this the markers of every
+    dispatched job stay for ``seen_ttl`` (24 h by default): Redis memory then grows with the
+    submission rate, about 140 bytes per job (docs/performance.md, soak).
+    """
     if not entry_ids:
         return 0
-    return int(await run_script(client, ACK, [stream_key(queue)], [GROUP, *entry_ids]))
+    keys = [stream_key(queue), *(seen_key(queue, s, g) for s, g in forget)]
+    return int(await run_script(client, ACK, keys, [GROUP, *entry_ids]))
 
 
 @dataclass(frozen=True)

@@ -283,6 +283,7 @@ class _AckWhenDurable:
         self._redis = redis
         self._queue = queue
         self._pending: list[str] = []
+        self._forget: list[tuple[int, int] | None] = []  # each entry's (submission, generation)
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -291,8 +292,10 @@ class _AckWhenDurable:
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="ack-when-durable")
 
-    def add(self, entry_ids: Sequence[str]) -> None:
+    def add(self, entry_ids: Sequence[str], pairs: Sequence[tuple[int, int]] | None = None) -> None:
+        """Entries to ack; ``pairs`` (one per entry): their dedup markers are deleted with the ack."""
         self._pending += entry_ids
+        self._forget += pairs if pairs is not None else [None] * len(entry_ids)
         self._idle.clear()
         self._wake.set()
 
@@ -302,14 +305,15 @@ class _AckWhenDurable:
             self._wake.clear()
             while self._pending:
                 group, self._pending = self._pending, []
+                forget, self._forget = self._forget, []
                 try:
-                    await self._settle(group)
+                    await self._settle(group, forget)
                 except Exception:
                     # Never let one bad group stop every later ack; these entries stay pending.
                     log.exception("ack group failed; entries left pending", extra={"entries": len(group)})
             self._idle.set()
 
-    async def _settle(self, entry_ids: list[str]) -> None:
+    async def _settle(self, entry_ids: list[str], forget: list[tuple[int, int] | None]) -> None:
         try:
             async with self._pool.acquire(timeout=STATEMENT_TIMEOUT) as conn:
                 await leases.make_durable(conn)
@@ -321,7 +325,8 @@ class _AckWhenDurable:
             return
         try:
             for start in range(0, len(entry_ids), ACK_BATCH):
-                await streams.ack(self._redis, self._queue, entry_ids[start : start + ACK_BATCH])
+                pairs = [p for p in forget[start : start + ACK_BATCH] if p is not None]
+                await streams.ack(self._redis, self._queue, entry_ids[start : start + ACK_BATCH], pairs)
             failpoints.hit("worker.after_ack")
         except TransportError as exc:
             # Harmless: the entries stay pending, get re-delivered and are then acked as stale.
@@ -494,7 +499,7 @@ class Worker:
         self.stats.leased += len(held)
         set_aside = {d.entry.entry_id for d in refused}
         kept = [(entry_id, env) for entry_id, env in batch if entry_id not in set_aside]
-        self._acks.add([entry_id for entry_id, _ in kept])
+        self._acks.add([entry_id for entry_id, _ in kept], [(env.submission, env.generation) for _, env in kept])
         pairs = [(env.submission, env.generation) for _, env in kept]
         return unleased(pairs, [(x.submission, x.generation) for x in held])
 

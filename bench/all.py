@@ -1,0 +1,132 @@
+"""Every figure of issue 18 from one command, on one pair of private servers, with plots.
+
+    .venv/bin/python -m bench.all [--quick] [--ref main] [--soak-minutes 0] [--out bench/out/all] [--plots docs/img]
+
+In order, each beside the machine's limits and the peer measured in the same run:
+
+1. CPU per judged job (``bench.cpu``): pgbench two-insert and redis-benchmark XADD limits;
+   judgequeue at ``--rate`` (and ``--ref``'s roles, alternating, when given); PgQueuer;
+2. end to end against the limit: ``--jobs`` submitted one per transaction (2 processes, 8
+   connections), noop judge, 1 and 2 workers, best of two each, against pgbench two-insert
+   (target >= 65%), and PgQueuer's end to end on the same workload;
+3. commit-to-start latency pairs against PgQueuer (``bench.latency``) at 200 and 1,000 jobs/s;
+4. contest start (``bench.burst``);
+5. optionally a soak (``bench.soak``) of ``--soak-minutes``.
+
+Writes ``all.json`` and the plots (``burst.png``, ``soak.png``) and prints every table.
+Durations: about 12 minutes by default, 5 with ``--quick``, plus the soak.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bench import burst, cpu, latency, peer, pipeline, soak
+from bench.cpu import with_servers
+
+
+def progress(message: str) -> None:
+    print(f"[all {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+async def end_to_end(jobs: int, workers: list[int]) -> dict[str, Any]:
+    ours, theirs = [], []
+    for w in workers:
+        runs = []
+        for k in range(2):
+            progress(f"end to end: judgequeue, {w} worker(s), run {k + 1}/2")
+            runs.append(await pipeline.end_to_end_throughput(w, jobs=jobs))
+        ours.append(max(runs, key=lambda x: float(x["rate"])))
+        runs = []
+        for k in range(2):
+            progress(f"end to end: PgQueuer, {w} worker(s), run {k + 1}/2")
+            runs.append(await peer.peer_throughput(jobs=jobs, submitters=8, workers=w))
+        best = max(runs, key=lambda x: float(x["jobs_per_s"]))
+        theirs.append({"workers": w, "rate": best["jobs_per_s"]})
+    return {"judgequeue": ours, "pgqueuer": theirs}
+
+
+async def inner(args: argparse.Namespace) -> int:
+    quick = args.quick
+    results: dict[str, Any] = {"started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "loadavg_start": os.getloadavg()}
+    cpu_args = cpu.parser().parse_args(
+        ["--rate", str(args.rate), "--seconds", "8" if quick else "15", "--limit-seconds", "4" if quick else "8"]
+        + (["--ref", args.ref, "--rounds", "1" if quick else "2"] if args.ref else [])
+    )
+    results["cpu"] = await cpu.inner(cpu_args)
+    results["e2e"] = await end_to_end(3000 if quick else 10_000, [1, 2])
+    results["latency_pairs"] = []
+    for rate in (200.0, 1000.0):
+        results["latency_pairs"] += await latency.pairs(rate, 2 if quick else 5, 5 if quick else 10)
+    progress("contest start burst")
+    b = await burst.burst(20_000 if quick else args.burst, 64, 4, 2)
+    b["peak"] = max(x["rate"] for x in results["e2e"]["judgequeue"] if x["workers"] == 2)
+    results["burst"] = b
+    burst_png = burst.plot(b, args.plots / "burst.png")
+    soak_text = ""
+    if args.soak_minutes:
+        rate = 0.5 * max(x["rate"] for x in results["e2e"]["judgequeue"] if x["workers"] == 1)
+        progress(f"soak: {args.soak_minutes} min at {rate:.0f} jobs/s")
+        s = await soak.run_soak(seconds=args.soak_minutes * 60, rate=rate, retention="60s", reaper_interval="5s")
+        window = min(300.0, args.soak_minutes * 60 / 6)
+        checks = soak.check(s["_samples"], s["latencies"], duration=args.soak_minutes * 60, window_s=window)
+        soak_text = soak.report(s, checks)
+        soak.plot(s, args.plots / "soak.png", f"soak: {args.soak_minutes:g} min at {rate:.0f} jobs/s, retention 60s")
+        results["soak"] = {k: v for k, v in s.items() if not k.startswith("_") and k != "latencies"}
+        results["soak"]["checks"] = [c.__dict__ for c in checks]
+    results["loadavg_end"] = os.getloadavg()
+
+    print("=== CPU per judged job (bench.cpu)")
+    print(cpu.table(results["cpu"]))
+    print("\n=== end to end, 1 submit per transaction, noop judge")
+    limit = results["cpu"]["limits"]["pgbench_two_insert_tps"]
+    for ours, theirs in zip(results["e2e"]["judgequeue"], results["e2e"]["pgqueuer"], strict=True):
+        print(
+            f"{ours['workers']} worker(s): judgequeue {ours['rate']:,.0f} jobs/s"
+            f" = {ours['rate'] / limit:.0%} of pgbench"
+            f" two-insert {limit:,.0f} tx/s (target >= 65%); PgQueuer {theirs['rate']:,.0f} jobs/s"
+        )
+    print("\n=== commit-to-start latency pairs")
+    print(latency.table(results["latency_pairs"]))
+    print("\n=== contest start")
+    print(burst.report(b))
+    if soak_text:
+        print("\n=== soak")
+        print(soak_text)
+    print(f"\nload average {results['loadavg_start']} -> {results['loadavg_end']}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "all.json").write_text(json.dumps(results, default=str))
+    print(f"results: {args.out / 'all.json'}; plots: {burst_png} {args.plots / 'soak.png' if soak_text else ''}")
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--rate", type=float, default=1000.0, help="offered load of the CPU measurement")
+    p.add_argument("--ref", help="git revision whose roles are measured alongside (e.g. main)")
+    p.add_argument("--burst", type=int, default=100_000, help="submissions in the contest-start burst")
+    p.add_argument("--soak-minutes", type=float, default=0.0)
+    p.add_argument("--servers", choices=("private", "system"), default="private")
+    p.add_argument("--out", type=Path, default=Path("bench/out/all"))
+    p.add_argument("--plots", type=Path, default=Path("docs/img"))
+    p.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
+    return p
+
+
+def main() -> int:
+    args = parser().parse_args()
+    if not args.inner:
+        return with_servers("bench.all", sys.argv[1:], args.servers)
+    return asyncio.run(inner(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

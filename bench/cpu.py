@@ -1,0 +1,531 @@
+"""CPU seconds per judged job, per process, at a fixed offered load (noop judge), beside the limits and the peer.
+
+    .venv/bin/python -m bench.cpu [--rate 1000] [--seconds 20] [--workers 1] [--servers private|system]
+                                  [--skip-peer] [--out bench/out]
+
+By default the run starts a private Postgres cluster (pg_stat_statements preloaded) and Redis
+server (``bench.servers``), so their CPU is this benchmark's alone on a shared machine. In one run:
+
+1. **limits**: pgbench's raw two-insert transaction (8 clients, ``--limit-seconds``), with the
+   cluster's and pgbench's CPU per transaction; redis-benchmark pipelined XADD;
+2. **judgequeue**: dispatcher, ``--workers`` workers and a reaper as real processes; an application
+   process submits ``--rate`` jobs/s for ``--seconds`` (one ``submit()`` per transaction over 8
+   connections, paced); CPU deltas (``/proc/<pid>/stat``) of every role, the whole Postgres cluster,
+   Redis and the application from the first submit to the last verdict, divided by the jobs; and
+   ``pg_stat_statements`` calls and execution time per job for each statement (named as in
+   ``core/sql/queries.sql``);
+3. **peer**: PgQueuer with the same offered load and submit side, its workers' CPU per job.
+
+Prints the table and writes ``cpu.json`` to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import resource
+import subprocess
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+
+from bench import outbox_bench, pipeline, servers
+from bench.common import create_database, drop_database, pgbench, redis_benchmark_xadd
+from judgequeue.core import outbox, sql
+from judgequeue.core.runtime import event_loop_factory
+
+CONNECTIONS = 8
+
+
+def progress(message: str) -> None:
+    print(f"[cpu {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------- the application side
+
+
+async def _paced(kind: str, dsn: str, queue: str, rate: float, seconds: float, connections: int) -> list[int]:
+    ids: list[int] = []
+    total = int(rate * seconds)
+    interval = connections / rate
+    conns = [await asyncpg.connect(dsn) for _ in range(connections)]
+    start = time.monotonic() + 0.05
+
+    async def lane(k: int) -> None:
+        conn = conns[k]
+        queries: Any = None
+        if kind == "pgqueuer":
+            from pgqueuer import AsyncpgDriver, Queries
+
+            queries = Queries(AsyncpgDriver(conn))
+        for i in range(k, total, connections):
+            delay = start + (i // connections) * interval - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)  # pacing of the offered load
+            if queries is None:
+                await outbox.submit(conn, queue, {})
+            else:
+                ids.extend(await queries.enqueue("noop", None))
+
+    try:
+        await asyncio.gather(*(lane(k) for k in range(connections)))
+    finally:
+        for c in conns:
+            await c.close()
+    return ids or list(range(total))
+
+
+def paced_submit(kind: str, dsn: str, queue: str, rate: float, seconds: float, connections: int) -> dict[str, Any]:
+    """Run in a process of its own: the application. Returns jobs, its CPU seconds, wall time (and peer ids)."""
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    t0 = time.monotonic()
+    with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
+        ids = runner.run(_paced(kind, dsn, queue, rate, seconds, connections))
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return {"jobs": len(ids), "cpu_s": cpu, "wall_s": time.monotonic() - t0, "ids": ids if kind == "pgqueuer" else []}
+
+
+# --------------------------------------------------------------------------- accounting
+
+
+def _pids() -> tuple[int | None, int | None]:
+    pm = os.environ.get("BENCH_POSTMASTER_PID")
+    rp = os.environ.get("BENCH_REDIS_PID")
+    return (int(pm) if pm else None, int(rp) if rp else None)
+
+
+class Meter:
+    """CPU snapshots of named processes, the Postgres cluster and Redis."""
+
+    def __init__(self, procs: dict[str, list[int]]) -> None:
+        self.procs = procs
+        self.postmaster, self.redis = _pids()
+        self.start: dict[str, float] = {}
+
+    def snapshot(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for role, pids in self.procs.items():
+            out[role] = sum(servers.cpu_seconds(p) for p in pids)
+        if self.postmaster:
+            out["postgres"] = servers.tree_cpu_seconds(self.postmaster)
+        if self.redis:
+            out["redis"] = servers.cpu_seconds(self.redis)
+        return out
+
+    def begin(self) -> None:
+        self.start = self.snapshot()
+
+    def end(self) -> dict[str, float]:
+        now = self.snapshot()
+        return {k: now[k] - self.start.get(k, 0.0) for k in now}
+
+
+_LITERAL = re.compile(r"'(?:[^']|'')*'|\$\d+|\b\d+(?:\.\d+)?\b|--[^\n]*")
+
+
+def _shape(text: str) -> str:
+    """A statement with comments dropped and every literal and parameter as ``?`` (pure), as
+    pg_stat_statements shows it (it replaces constants with ``$n``)."""
+    return " ".join(_LITERAL.sub("?", text).split())
+
+
+_NAMES = {_shape(text): name for name, text in sql.QUERIES.items()}
+
+
+def statement_name(query: str) -> str:
+    """The queries.sql name of a statement pg_stat_statements shows, or its first 60 characters."""
+    shape = _shape(query)
+    if shape in _NAMES:
+        return _NAMES[shape]
+
+    def common(a: str) -> int:
+        n = 0
+        for x, y in zip(a, shape, strict=False):
+            if x != y:
+                break
+            n += 1
+        return n
+
+    best = max(_NAMES, key=common)
+    return _NAMES[best] if common(best) >= 100 else " ".join(query.split())[:60]
+
+
+async def statements_available(conn: asyncpg.Connection) -> bool:
+    preload = await conn.fetchval("SELECT current_setting('shared_preload_libraries')")
+    if "pg_stat_statements" not in preload:
+        return False
+    await conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+    return True
+
+
+async def read_statements(conn: asyncpg.Connection, jobs: int) -> list[dict[str, Any]]:
+    rows = await conn.fetch(
+        "SELECT query, toplevel, calls, total_exec_time, total_plan_time, rows FROM pg_stat_statements"
+        " WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())"
+        " ORDER BY total_exec_time DESC"
+    )
+    return [
+        {
+            "name": ("" if r["toplevel"] else "  (in function) ") + statement_name(r["query"]),
+            "toplevel": r["toplevel"],
+            "calls_per_job": r["calls"] / jobs,
+            "exec_us_per_job": 1000 * r["total_exec_time"] / jobs,
+            "exec_us_per_call": 1000 * r["total_exec_time"] / max(1, r["calls"]),
+            "plan_us_per_job": 1000 * r["total_plan_time"] / jobs,
+            "rows_per_call": r["rows"] / max(1, r["calls"]),
+        }
+        for r in rows
+        if "pg_stat_statements" not in r["query"]
+    ]
+
+
+# --------------------------------------------------------------------------- the three measurements
+
+
+async def limits(seconds: int) -> dict[str, float]:
+    dsn = await create_database("jq_limits")
+    postmaster, redis_pid = _pids()
+    try:
+        conn = await asyncpg.connect(dsn)
+        await conn.execute(outbox_bench.RAW_SETUP)
+        await conn.close()
+        pg0 = servers.tree_cpu_seconds(postmaster) if postmaster else 0.0
+        me0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        tps = await asyncio.to_thread(pgbench, dsn, outbox_bench.RAW_SUBMIT, clients=8, seconds=seconds)
+        me1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        pg1 = servers.tree_cpu_seconds(postmaster) if postmaster else 0.0
+        conn = await asyncpg.connect(dsn)
+        done = await conn.fetchval("SELECT count(*) FROM raw.outbox")
+        await conn.close()
+    finally:
+        await drop_database(dsn)
+    r0 = servers.cpu_seconds(redis_pid) if redis_pid else 0.0
+    xadd = await asyncio.to_thread(redis_benchmark_xadd, pipeline=16, redis_url=os.environ["JUDGEQUEUE_TEST_REDIS_URL"])
+    r1 = servers.cpu_seconds(redis_pid) if redis_pid else 0.0
+    client = (me1.ru_utime - me0.ru_utime) + (me1.ru_stime - me0.ru_stime)
+    return {
+        "pgbench_two_insert_tps": tps,
+        "pgbench_postgres_cpu_ms_per_tx": 1000 * (pg1 - pg0) / max(1, done),
+        "pgbench_client_cpu_ms_per_tx": 1000 * client / max(1, done),
+        "redis_xadd_pipelined_s": xadd,
+        "redis_cpu_us_per_xadd": 1e6 * (r1 - r0) / 200_000,
+    }
+
+
+async def _wait_all_done(pool: asyncpg.Pool, after: int, within: float) -> None:
+    deadline = time.monotonic() + within
+    while True:
+        async with pool.acquire() as conn:
+            left = await conn.fetchval(
+                "SELECT EXISTS (SELECT 1 FROM judgequeue.submissions WHERE id > $1 AND finished_at IS NULL)", after
+            )
+        if not left:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"jobs not finished within {within}s")
+        await asyncio.sleep(0.2)
+
+
+def ref_tree(rev: str) -> str:
+    """A copy of ``rev``'s core and controllers importable as ``judgequeue`` (put it first on PYTHONPATH).
+
+    ``git archive`` into /tmp: the repository and its worktrees are left untouched. The roles of the
+    reference then run their own code while the harness, the database and the servers are shared.
+    """
+    commit = subprocess.run(["git", "rev-parse", "--short", rev], capture_output=True, text=True, check=True)
+    root = Path(f"/tmp/jq-bench-ref-{commit.stdout.strip()}")
+    if not (root / "judgequeue" / "core").exists():
+        (root / "judgequeue").mkdir(parents=True, exist_ok=True)
+        archive = subprocess.run(["git", "archive", rev, "core", "controllers"], capture_output=True, check=True)
+        subprocess.run(["tar", "-x", "-C", str(root / "judgequeue")], input=archive.stdout, check=True)
+    return str(root)
+
+
+def start_profilers(procs: dict[str, list[int]], seconds: float, out: Path) -> list[subprocess.Popen[bytes]]:
+    """py-spy (collapsed stacks) on the first process of each role for ``seconds``, when installed."""
+    spy = Path(sys.executable).parent / "py-spy"
+    if not spy.exists():
+        progress("py-spy not installed (pip install py-spy): no profiles")
+        return []
+    out.mkdir(parents=True, exist_ok=True)
+    return [
+        subprocess.Popen(
+            [str(spy), "record", "-p", str(pids[0]), "-d", str(int(seconds)), "-f", "raw", "-r", "200",
+             "--nonblocking", "-o", str(out / f"{role}.txt")],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for role, pids in procs.items()
+        if role != "reaper"
+    ]  # fmt: skip
+
+
+def top_frames(path: Path, n: int = 15) -> list[tuple[str, float]]:
+    """The ``n`` functions with the most self samples in a py-spy raw profile, as fractions."""
+    counts: dict[str, int] = {}
+    total_samples = 0
+    for line in path.read_text().splitlines():
+        stack, _, num = line.rpartition(" ")
+        if not num.isdigit():
+            continue
+        leaf = stack.split(";")[-1]
+        counts[leaf] = counts.get(leaf, 0) + int(num)
+        total_samples += int(num)
+    ranked = sorted(counts.items(), key=lambda kv: -kv[1])[:n]
+    return [(name, c / max(1, total_samples)) for name, c in ranked]
+
+
+def report_profiles(directory: Path) -> None:
+    for f in sorted(directory.glob("*.txt")):
+        progress(f"profile {f.name}: " + "; ".join(f"{name} {frac:.0%}" for name, frac in top_frames(f)))
+
+
+async def judgequeue_cpu(
+    rate: float,
+    seconds: float,
+    workers: int,
+    *,
+    ref: str | None = None,
+    profile: Path | None = None,
+    **settings: str,
+) -> dict[str, Any]:
+    async with pipeline.stack(**settings) as s:
+        label = "judgequeue"
+        if ref is not None:
+            s.env["PYTHONPATH"] = ref_tree(ref)
+            label = f"judgequeue@{ref}"
+            async with s.pool.acquire() as conn:
+                # The reference's schema: migrations newer than it would tax its writes.
+                await conn.execute("DROP INDEX IF EXISTS judgequeue.submissions_finished")
+        s.start("dispatcher")
+        s.start("worker", workers)
+        s.start("reaper")
+        after = await pipeline.warm_up(s)
+        await asyncio.sleep(1.0)  # let the roles settle after warm-up before the window opens
+        async with s.pool.acquire() as conn:
+            have_statements = await statements_available(conn)
+            if have_statements:
+                await conn.execute("SELECT pg_stat_statements_reset()")
+        meter = Meter({role: [p.pid for p in procs] for role, procs in s.procs.items()})
+        spies = start_profilers(meter.procs, seconds, profile) if profile is not None else []
+        meter.begin()
+        t0 = time.monotonic()
+        loop = asyncio.get_running_loop()
+        with ProcessPoolExecutor(1) as ex:
+            app = await loop.run_in_executor(ex, paced_submit, "judgequeue", s.dsn, s.queue, rate, seconds, CONNECTIONS)
+        await _wait_all_done(s.pool, after, 120)
+        wall = time.monotonic() - t0
+        cpu = meter.end()
+        for spy in spies:
+            spy.wait()
+        if profile is not None:
+            report_profiles(profile)
+        jobs = int(app["jobs"])
+        async with s.pool.acquire() as conn:
+            stmts = await read_statements(conn, jobs) if have_statements else []
+            span = await conn.fetchval(
+                "SELECT extract(epoch FROM max(finished_at) - min(created_at))::float8"
+                " FROM judgequeue.submissions WHERE id > $1",
+                after,
+            )
+            lat = await conn.fetch(
+                "SELECT extract(epoch FROM finished_at - created_at)::float8 * 1000 AS ms"
+                " FROM judgequeue.submissions WHERE id > $1",
+                after,
+            )
+    per_job = {k: 1000 * v / jobs for k, v in cpu.items()}
+    per_job["application"] = 1000 * app["cpu_s"] / jobs
+    samples = [r["ms"] for r in lat]
+    return {
+        "system": label,
+        "offered_per_s": rate,
+        "achieved_per_s": jobs / span,
+        "jobs": jobs,
+        "workers": workers,
+        "wall_s": wall,
+        "cpu_ms_per_job": per_job,
+        "statements": stmts,
+        "statements_note": "" if have_statements else "pg_stat_statements not preloaded on this server",
+        "commit_to_verdict_p50_ms": pipeline.percentile(samples, 0.5),
+        "commit_to_verdict_p99_ms": pipeline.percentile(samples, 0.99),
+    }
+
+
+async def peer_cpu(rate: float, seconds: float, workers: int) -> dict[str, Any]:
+    from bench import peer
+
+    async with peer._Peer(workers) as p:
+        meter = Meter({"worker": [proc.pid for proc in p.procs]})
+        meter.begin()
+        loop = asyncio.get_running_loop()
+        with ProcessPoolExecutor(1) as ex:
+            app = await loop.run_in_executor(ex, paced_submit, "pgqueuer", p.dsn, "", rate, seconds, CONNECTIONS)
+        jobs = int(app["jobs"])
+        records = await p.wait_started(app["ids"], 120)
+        cpu = meter.end()
+    per_job = {k: 1000 * v / jobs for k, v in cpu.items()}
+    per_job["application"] = 1000 * app["cpu_s"] / jobs
+    span = max(r.started for r in records) - min(r.created for r in records)
+    return {
+        "system": "pgqueuer",
+        "offered_per_s": rate,
+        "achieved_per_s": jobs / span,
+        "jobs": jobs,
+        "workers": workers,
+        "cpu_ms_per_job": per_job,
+    }
+
+
+# --------------------------------------------------------------------------- report
+
+
+def total(per_job: dict[str, float], *, with_app: bool = False) -> float:
+    return sum(v for k, v in per_job.items() if with_app or k != "application")
+
+
+def table(r: dict[str, Any]) -> str:
+    lim = r["limits"]
+    lines = [
+        f"machine limits (same run): pgbench two-insert {lim['pgbench_two_insert_tps']:,.0f} tx/s "
+        f"(Postgres {lim['pgbench_postgres_cpu_ms_per_tx']:.3f} ms CPU/tx, pgbench client "
+        f"{lim['pgbench_client_cpu_ms_per_tx']:.3f} ms/tx); redis-benchmark XADD -P16 "
+        f"{lim['redis_xadd_pipelined_s']:,.0f}/s (Redis {lim['redis_cpu_us_per_xadd']:.2f} µs CPU/XADD)",
+        "",
+    ]
+    systems = [r["judgequeue"]] + ([r["ref"]] if r.get("ref") else []) + ([r["peer"]] if r.get("peer") else [])
+    roles = ["dispatcher", "worker", "reaper", "postgres", "redis", "application"]
+    head = f"{'CPU ms per judged job':<28}" + "".join(f"{s['system']:>14}" for s in systems)
+    lines.append(head)
+    for role in roles:
+        cells = "".join(
+            f"{s['cpu_ms_per_job'][role]:>14.3f}" if role in s["cpu_ms_per_job"] else f"{'-':>14}" for s in systems
+        )
+        lines.append(f"{role:<28}{cells}")
+    lines.append(f"{'total (queue side)':<28}" + "".join(f"{total(s['cpu_ms_per_job']):>14.3f}" for s in systems))
+    lines.append(
+        f"{'total with application':<28}"
+        + "".join(f"{total(s['cpu_ms_per_job'], with_app=True):>14.3f}" for s in systems)
+    )
+    lines.append(
+        f"{'offered / achieved jobs/s':<28}"
+        + "".join(f"{s['offered_per_s']:>7.0f}/{s['achieved_per_s']:<6.0f}" for s in systems)
+    )
+    for jq in systems[: 2 if r.get("ref") else 1]:
+        lines.append(
+            f"{jq['system']} commit->verdict p50 {jq['commit_to_verdict_p50_ms']:.1f} ms,"
+            f" p99 {jq['commit_to_verdict_p99_ms']:.1f} ms"
+        )
+    lines.append("")
+    for jq in systems[: 2 if r.get("ref") else 1]:
+        lines += [*statement_table(jq), ""]
+    return "\n".join(lines)
+
+
+def statement_table(jq: dict[str, Any]) -> list[str]:
+    lines: list[str] = []
+    if jq["statements"]:
+        title = f"top statements ({jq['system']})"
+        lines.append(f"{title:<44}{'calls/job':>10}{'µs/job':>10}{'µs/call':>10}{'rows/call':>10}{'plan µs/job':>12}")
+        for st in jq["statements"][:12]:
+            lines.append(
+                f"{st['name'][:44]:<44}{st['calls_per_job']:>10.3f}{st['exec_us_per_job']:>10.1f}"
+                f"{st['exec_us_per_call']:>10.1f}{st['rows_per_call']:>10.1f}{st.get('plan_us_per_job', 0.0):>12.1f}"
+            )
+        top = [st for st in jq["statements"] if st["toplevel"]]
+        calls = sum(st["calls_per_job"] for st in top)
+        exec_us = sum(st["exec_us_per_job"] for st in top)
+        plan_us = sum(st.get("plan_us_per_job", 0.0) for st in top)
+        lines.append(f"{'all top-level statements':<44}{calls:>10.3f}{exec_us:>10.1f}{'':>20}{plan_us:>12.1f}")
+    else:
+        lines.append(f"(no per-statement figures: {jq['statements_note']})")
+    return lines
+
+
+async def inner(args: argparse.Namespace) -> dict[str, Any]:
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    results: dict[str, Any] = {"started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "loadavg_start": load}
+    progress("limits: pgbench two-insert, redis-benchmark XADD")
+    results["limits"] = await limits(args.limit_seconds)
+    if args.ref:
+        # Reference and current code alternate, best (lowest total) of ``--rounds`` each.
+        mine, theirs = [], []
+        for k in range(args.rounds):
+            progress(f"judgequeue@{args.ref} at {args.rate:g} jobs/s for {args.seconds:g}s, round {k + 1}")
+            theirs.append(await judgequeue_cpu(args.rate, args.seconds, args.workers, ref=args.ref))
+            progress(f"judgequeue (this tree) at {args.rate:g} jobs/s for {args.seconds:g}s, round {k + 1}")
+            mine.append(await judgequeue_cpu(args.rate, args.seconds, args.workers))
+        results["judgequeue"] = min(mine, key=lambda x: total(x["cpu_ms_per_job"]))
+        results["ref"] = min(theirs, key=lambda x: total(x["cpu_ms_per_job"]))
+        results["rounds"] = {"judgequeue": mine, "ref": theirs}
+    else:
+        progress(f"judgequeue at {args.rate:g} jobs/s for {args.seconds:g}s, {args.workers} worker(s)")
+        results["judgequeue"] = await judgequeue_cpu(args.rate, args.seconds, args.workers, profile=args.profile)
+    if not args.skip_peer:
+        progress(f"PgQueuer at {args.rate:g} jobs/s for {args.seconds:g}s, {args.workers} worker(s)")
+        results["peer"] = await peer_cpu(args.rate, args.seconds, args.workers)
+    results["loadavg_end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    return results
+
+
+def with_servers(module: str, argv: list[str], mode: str) -> int:
+    """Re-run ``python -m module argv --inner`` against private servers (or the system ones)."""
+    env = dict(os.environ)
+    if mode == "system":
+        pm, rp = servers.system_pids(
+            env.get("JUDGEQUEUE_TEST_POSTGRES_DSN", ""), env.get("JUDGEQUEUE_TEST_REDIS_URL", "")
+        )
+        env.setdefault("JUDGEQUEUE_TEST_POSTGRES_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
+        env.setdefault("JUDGEQUEUE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+        env.update({"BENCH_POSTMASTER_PID": str(pm or ""), "BENCH_REDIS_PID": str(rp or "")})
+        return subprocess.call([sys.executable, "-m", module, *argv, "--inner"], env=env)
+    with servers.private_servers() as srv:
+        progress(f"private servers: {srv.admin_dsn}, {srv.redis_url}")
+        env.update(
+            {
+                "JUDGEQUEUE_TEST_POSTGRES_DSN": srv.admin_dsn,
+                "JUDGEQUEUE_TEST_REDIS_URL": srv.redis_url,
+                "BENCH_POSTMASTER_PID": str(srv.postmaster_pid),
+                "BENCH_REDIS_PID": str(srv.redis_pid),
+            }
+        )
+        return subprocess.call([sys.executable, "-m", module, *argv, "--inner"], env=env)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rate", type=float, default=1000.0, help="offered jobs/s")
+    p.add_argument("--seconds", type=float, default=20.0, help="length of the offered load")
+    p.add_argument("--workers", type=int, default=1)
+    p.add_argument("--limit-seconds", type=int, default=8, help="pgbench run length")
+    p.add_argument("--servers", choices=("private", "system"), default="private")
+    p.add_argument("--skip-peer", action="store_true")
+    p.add_argument("--profile", type=Path, help="py-spy the dispatcher and a worker into this directory")
+    p.add_argument("--ref", help="also measure this git revision's roles (e.g. main), alternating with this tree")
+    p.add_argument("--rounds", type=int, default=2, help="alternating rounds with --ref (best of each)")
+    p.add_argument("--out", type=Path, default=Path("bench/out"))
+    p.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
+    return p
+
+
+def main() -> int:
+    args = parser().parse_args()
+    if not args.inner:
+        return with_servers("bench.cpu", sys.argv[1:], args.servers)
+    results = asyncio.run(inner(args))
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "cpu.json").write_text(json.dumps(results, indent=1))
+    print(table(results))
+    print(f"\nload average {results['loadavg_start']} -> {results['loadavg_end']}; results: {args.out / 'cpu.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
