@@ -17,8 +17,8 @@ from judgequeue.core.queues import create_queue
 from judgequeue.core.reaper import Reaper
 from judgequeue.core.sql import query
 from judgequeue.core.states import VERDICTS
-from tests.conftest import REDIS_URL
-from tests.helpers import make_settings
+from tests.support.databases import REDIS_URL
+from tests.support.settings import make_settings
 
 
 async def _status_counts(pg: asyncpg.Connection, queue: str) -> dict[str, int]:
