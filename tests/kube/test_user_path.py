@@ -121,7 +121,8 @@ def test_submit_wait_and_sql_submit_get_verdicts(installed: Installed) -> None:
     result = subprocess.run([str(JUDGEQUEUE_BIN), "submit", "--wait", "--timeout", "60s", "--payload",
                              json.dumps(PAYLOAD)], capture_output=True, text=True, env=env, timeout=90)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split()[-1] == "ACCEPTED", result.stdout
+    # "<id> <verdict>", then one line per test
+    assert result.stdout.splitlines()[0].split()[-1] == "ACCEPTED", result.stdout
     (row,) = run_sql(installed.dsn, "SELECT judgequeue.submit('demo', $1::jsonb) AS id", json.dumps(PAYLOAD))
 
     def verdict() -> str | None:

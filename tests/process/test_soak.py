@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import pytest
 
-import bench.common
 import bench.pipeline
 from bench.servers import private_servers
 from bench.soak import Sample, check, run_soak
+from tests.support import databases
 
 SECONDS = 120.0
 WINDOW = 20.0
@@ -62,7 +62,7 @@ async def test_soak_two_minutes_stays_bounded(monkeypatch: pytest.MonkeyPatch) -
     # autovacuum naptime short enough that two minutes see several passes (the default 1 min
     # would see one at most, and table bytes would grow until then whatever the pruning).
     with private_servers(settings={"autovacuum_naptime": "10s"}) as srv:
-        monkeypatch.setattr(bench.common, "ADMIN_DSN", srv.admin_dsn)
+        monkeypatch.setattr(databases, "ADMIN_DSN", srv.admin_dsn)  # what bench.common builds its databases on
         monkeypatch.setattr(bench.pipeline, "REDIS_URL", srv.redis_url)
         result = await run_soak(seconds=SECONDS, rate=100, retention="10s", reaper_interval="1s", sample_every=2.0)
     checks = check(
