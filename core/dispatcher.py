@@ -273,7 +273,7 @@ class Dispatcher:
         session = HeldSession(self.pool)
         registered = False
         failures = 0
-        streak = 0  # cycles in a row that found work
+        streak = 0  # cycles run back to back (no wait between them) that found work
         carry: list[outbox.Mark] = []  # the last batch's marks, applied with the next claim
         try:
             while not stop.is_set():
@@ -321,6 +321,10 @@ class Dispatcher:
                     await session.drop()
                     await wait_any(stop, None, delay)
                     continue
+                # Only cycles run back to back make a busy streak: one that had to wait for a
+                # notification serves a trickle, however many jobs the trickle has had.
+                if not wake.is_set():
+                    streak = 0
                 woke = await wait_any(stop, wake, cfg.schedule)
                 if not woke and not stop.is_set():
                     registered = False  # refresh the registration on the next idle cycle
