@@ -41,7 +41,7 @@ from .lifecycle import (
     SHUTDOWN_STEP,
     HeldSession,
     instance_id,
-    open_connections,
+    serve,
     unless_stopped,
     wait_any,
 )
@@ -353,12 +353,6 @@ class Dispatcher:
 
 async def run(settings: Settings, stop: asyncio.Event) -> None:
     """Entry point of the dispatcher role: owns its connections and runs until ``stop`` is set."""
-    conns = await open_connections(settings, stop, pool_size=4)
-    if conns is None:
-        return
-    try:
-        dispatcher = Dispatcher(conns.pool, conns.redis, settings)
-        log.info("dispatcher started", extra={"dispatcher": dispatcher.name, "queue": settings.queue})
-        await dispatcher.run(stop)
-    finally:
-        await conns.close()
+    await serve(
+        settings, stop, lambda conns: Dispatcher(conns.pool, conns.redis, settings), role="dispatcher", pool_size=4
+    )
