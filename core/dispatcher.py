@@ -135,21 +135,7 @@ class Dispatcher:
         cfg = self.settings.dispatcher
         started = time.monotonic()
         result = CycleResult()
-        if carry:
-            applied, rows = await outbox.mark_and_claim(
-                conn,
-                carry,
-                owner=self.name,
-                max_attempts=cfg.max_attempts,
-                backoff_base=cfg.backoff_base,
-                backoff_max=cfg.backoff_max,
-                queue=self.queue,
-                limit=cfg.batch_size,
-                claim_ttl=cfg.claim_ttl,
-            )
-            self._marked(carry, applied, result)
-        else:
-            rows = await outbox.claim(conn, self.queue, limit=cfg.batch_size, owner=self.name, claim_ttl=cfg.claim_ttl)
+        rows = await self._mark_and_claim(conn, carry, result, claim=cfg.batch_size)
         result.claimed = len(rows)
         if rows:
             failpoints.hit("dispatcher.after_claim")
@@ -198,16 +184,21 @@ class Dispatcher:
         return result
 
     async def _mark(self, conn: asyncpg.Connection, marks: Sequence[outbox.Mark], result: CycleResult) -> None:
+        if marks:
+            await self._mark_and_claim(conn, marks, result, claim=0)
+
+    async def _mark_and_claim(
+        self, conn: asyncpg.Connection, marks: Sequence[outbox.Mark], result: CycleResult, *, claim: int
+    ) -> list[outbox.ClaimedRow]:
+        """Apply ``marks`` (counted into ``result``) and claim up to ``claim`` rows, in one statement."""
         cfg = self.settings.dispatcher
-        applied = await outbox.mark(
-            conn,
-            marks,
-            owner=self.name,
-            max_attempts=cfg.max_attempts,
-            backoff_base=cfg.backoff_base,
-            backoff_max=cfg.backoff_max,
-        )
-        self._marked(marks, applied, result)
+        applied, rows = await outbox.mark_and_claim(
+            conn, marks, owner=self.name, max_attempts=cfg.max_attempts, backoff_base=cfg.backoff_base,
+            backoff_max=cfg.backoff_max, queue=self.queue, limit=claim, claim_ttl=cfg.claim_ttl,
+        )  # fmt: skip
+        if marks:
+            self._marked(marks, applied, result)
+        return rows
 
     def _marked(
         self, marks: Sequence[outbox.Mark], applied: dict[int, outbox.OutboxState], result: CycleResult
