@@ -218,14 +218,7 @@ async def prune(
 
     Small batches keep each transaction short; ``max_batches`` bounds one call's work.
     """
-    total = 0
-    for _ in range(max_batches):
-        status = await conn.execute(_PRUNE_SQL, float(retention), batch, queue, list(TERMINAL_OUTBOX_STATES))
-        deleted = int(status.split()[-1])
-        total += deleted
-        if deleted < batch:
-            break
-    return total
+    return await _delete_in_batches(conn, _PRUNE_SQL, queue, retention, batch, max_batches, TERMINAL_OUTBOX_STATES)
 
 
 async def prune_submissions(
@@ -239,9 +232,17 @@ async def prune_submissions(
     meanwhile is skipped (it is locked, or no longer finished when re-checked). A stream entry or
     DLQ replay that names a pruned submission later is stale (``unknown_submission``).
     """
+    return await _delete_in_batches(conn, _PRUNE_SUBMISSIONS_SQL, queue, retention, batch, max_batches, VERDICTS)
+
+
+async def _delete_in_batches(
+    conn: asyncpg.Connection, statement: str, queue: str, retention: float, batch: int, max_batches: int,
+    states: Sequence[str],
+) -> int:
+    """Run a prune ``statement`` (retention, batch, queue, states) until a batch comes back short."""
     total = 0
     for _ in range(max_batches):
-        status = await conn.execute(_PRUNE_SUBMISSIONS_SQL, float(retention), batch, queue, list(VERDICTS))
+        status = await conn.execute(statement, float(retention), batch, queue, list(states))
         deleted = int(status.split()[-1])
         total += deleted
         if deleted < batch:
