@@ -41,7 +41,7 @@ from .lifecycle import (
     SHUTDOWN_STEP,
     HeldSession,
     instance_id,
-    open_connections,
+    serve,
     unless_stopped,
     wait_any,
 )
@@ -135,21 +135,7 @@ class Dispatcher:
         cfg = self.settings.dispatcher
         started = time.monotonic()
         result = CycleResult()
-        if carry:
-            applied, rows = await outbox.mark_and_claim(
-                conn,
-                carry,
-                owner=self.name,
-                max_attempts=cfg.max_attempts,
-                backoff_base=cfg.backoff_base,
-                backoff_max=cfg.backoff_max,
-                queue=self.queue,
-                limit=cfg.batch_size,
-                claim_ttl=cfg.claim_ttl,
-            )
-            self._marked(carry, applied, result)
-        else:
-            rows = await outbox.claim(conn, self.queue, limit=cfg.batch_size, owner=self.name, claim_ttl=cfg.claim_ttl)
+        rows = await self._mark_and_claim(conn, carry, result, claim=cfg.batch_size)
         result.claimed = len(rows)
         if rows:
             failpoints.hit("dispatcher.after_claim")
@@ -198,16 +184,21 @@ class Dispatcher:
         return result
 
     async def _mark(self, conn: asyncpg.Connection, marks: Sequence[outbox.Mark], result: CycleResult) -> None:
+        if marks:
+            await self._mark_and_claim(conn, marks, result, claim=0)
+
+    async def _mark_and_claim(
+        self, conn: asyncpg.Connection, marks: Sequence[outbox.Mark], result: CycleResult, *, claim: int
+    ) -> list[outbox.ClaimedRow]:
+        """Apply ``marks`` (counted into ``result``) and claim up to ``claim`` rows, in one statement."""
         cfg = self.settings.dispatcher
-        applied = await outbox.mark(
-            conn,
-            marks,
-            owner=self.name,
-            max_attempts=cfg.max_attempts,
-            backoff_base=cfg.backoff_base,
-            backoff_max=cfg.backoff_max,
-        )
-        self._marked(marks, applied, result)
+        applied, rows = await outbox.mark_and_claim(
+            conn, marks, owner=self.name, max_attempts=cfg.max_attempts, backoff_base=cfg.backoff_base,
+            backoff_max=cfg.backoff_max, queue=self.queue, limit=claim, claim_ttl=cfg.claim_ttl,
+        )  # fmt: skip
+        if marks:
+            self._marked(marks, applied, result)
+        return rows
 
     def _marked(
         self, marks: Sequence[outbox.Mark], applied: dict[int, outbox.OutboxState], result: CycleResult
@@ -273,7 +264,7 @@ class Dispatcher:
         session = HeldSession(self.pool)
         registered = False
         failures = 0
-        streak = 0  # cycles in a row that found work
+        streak = 0  # cycles run back to back (no wait between them) that found work
         carry: list[outbox.Mark] = []  # the last batch's marks, applied with the next claim
         try:
             while not stop.is_set():
@@ -321,6 +312,10 @@ class Dispatcher:
                     await session.drop()
                     await wait_any(stop, None, delay)
                     continue
+                # Only cycles run back to back make a busy streak: one that had to wait for a
+                # notification serves a trickle, however many jobs the trickle has had.
+                if not wake.is_set():
+                    streak = 0
                 woke = await wait_any(stop, wake, cfg.schedule)
                 if not woke and not stop.is_set():
                     registered = False  # refresh the registration on the next idle cycle
@@ -349,12 +344,6 @@ class Dispatcher:
 
 async def run(settings: Settings, stop: asyncio.Event) -> None:
     """Entry point of the dispatcher role: owns its connections and runs until ``stop`` is set."""
-    conns = await open_connections(settings, stop, pool_size=4)
-    if conns is None:
-        return
-    try:
-        dispatcher = Dispatcher(conns.pool, conns.redis, settings)
-        log.info("dispatcher started", extra={"dispatcher": dispatcher.name, "queue": settings.queue})
-        await dispatcher.run(stop)
-    finally:
-        await conns.close()
+    await serve(
+        settings, stop, lambda conns: Dispatcher(conns.pool, conns.redis, settings), role="dispatcher", pool_size=4
+    )

@@ -13,9 +13,9 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import asyncpg
 import redis.asyncio as aioredis
@@ -217,3 +217,34 @@ async def open_connections(settings: Settings, stop: asyncio.Event, *, pool_size
     with contextlib.suppress(TransportError):
         await streams.ensure_group(redis, settings.queue)
     return Connections(pool, redis)
+
+
+class Role(Protocol):
+    """What :func:`serve` runs: a role instance with a name that runs until ``stop`` is set."""
+
+    name: str
+
+    async def run(self, stop: asyncio.Event) -> None: ...
+
+
+async def serve(
+    settings: Settings,
+    stop: asyncio.Event,
+    make: Callable[[Connections], Role],
+    *,
+    role: str,
+    pool_size: int,
+    **log_fields: object,
+) -> None:
+    """A role's entry point: open its connections, build it, log that it started, run it, close."""
+    conns = await open_connections(settings, stop, pool_size=pool_size)
+    if conns is None:
+        return
+    try:
+        instance = make(conns)
+        logging.getLogger(f"judgequeue.{role}").info(
+            f"{role} started", extra={role: instance.name, "queue": settings.queue, **log_fields}
+        )
+        await instance.run(stop)
+    finally:
+        await conns.close()

@@ -103,7 +103,7 @@ class ClaimedRow:
 # Claims and marks commit without waiting for the WAL flush (set per transaction, so it works behind
 # any pooler): a claim lost in a database crash is claimed again, a lost mark re-sends a row whose
 # Redis dedup marker absorbs the duplicate.
-_CLAIM_SQL = sql.query("outbox_claim")
+_MARK_CLAIM_SQL = sql.query("outbox_mark_claim")
 
 
 async def claim(conn: asyncpg.Connection, queue: str, *, limit: int, owner: str, claim_ttl: float) -> list[ClaimedRow]:
@@ -113,8 +113,11 @@ async def claim(conn: asyncpg.Connection, queue: str, *, limit: int, owner: str,
     (or missing) queue yields nothing. In live mode with a watermark, rows created before it come
     back as SKIPPED and are already final: the legacy path owned them.
     """
-    rows = await conn.fetch(_CLAIM_SQL, queue, limit, owner, float(claim_ttl))
-    return _claimed_rows(rows)
+    _, claimed = await mark_and_claim(
+        conn, [], owner=owner, max_attempts=1, backoff_base=0.0, backoff_max=0.0, queue=queue, limit=limit,
+        claim_ttl=claim_ttl,
+    )  # fmt: skip
+    return claimed
 
 
 def _claimed_rows(rows: Sequence[asyncpg.Record]) -> list[ClaimedRow]:
@@ -134,9 +137,6 @@ def _claimed_rows(rows: Sequence[asyncpg.Record]) -> list[ClaimedRow]:
     ]
     claimed.sort(key=lambda row: row.outbox_id)
     return claimed
-
-
-_MARK_SQL = sql.query("outbox_mark")
 
 
 @dataclass(frozen=True)
@@ -164,20 +164,11 @@ async def mark(
     """
     if not marks:
         return {}
-    rows = await conn.fetch(
-        _MARK_SQL,
-        [m.outbox_id for m in marks],
-        [m.result for m in marks],
-        [m.error for m in marks],
-        max_attempts,
-        float(backoff_base),
-        float(backoff_max),
-        owner,
-    )
-    return {r["id"]: r["state"] for r in rows}
-
-
-_MARK_CLAIM_SQL = sql.query("outbox_mark_claim")
+    applied, _ = await mark_and_claim(
+        conn, marks, owner=owner, max_attempts=max_attempts, backoff_base=backoff_base, backoff_max=backoff_max,
+        queue="", limit=0, claim_ttl=0.0,
+    )  # fmt: skip
+    return applied
 
 
 async def mark_and_claim(
@@ -227,14 +218,7 @@ async def prune(
 
     Small batches keep each transaction short; ``max_batches`` bounds one call's work.
     """
-    total = 0
-    for _ in range(max_batches):
-        status = await conn.execute(_PRUNE_SQL, float(retention), batch, queue, list(TERMINAL_OUTBOX_STATES))
-        deleted = int(status.split()[-1])
-        total += deleted
-        if deleted < batch:
-            break
-    return total
+    return await _delete_in_batches(conn, _PRUNE_SQL, queue, retention, batch, max_batches, TERMINAL_OUTBOX_STATES)
 
 
 async def prune_submissions(
@@ -248,9 +232,17 @@ async def prune_submissions(
     meanwhile is skipped (it is locked, or no longer finished when re-checked). A stream entry or
     DLQ replay that names a pruned submission later is stale (``unknown_submission``).
     """
+    return await _delete_in_batches(conn, _PRUNE_SUBMISSIONS_SQL, queue, retention, batch, max_batches, VERDICTS)
+
+
+async def _delete_in_batches(
+    conn: asyncpg.Connection, statement: str, queue: str, retention: float, batch: int, max_batches: int,
+    states: Sequence[str],
+) -> int:
+    """Run a prune ``statement`` (retention, batch, queue, states) until a batch comes back short."""
     total = 0
     for _ in range(max_batches):
-        status = await conn.execute(_PRUNE_SUBMISSIONS_SQL, float(retention), batch, queue, list(VERDICTS))
+        status = await conn.execute(statement, float(retention), batch, queue, list(states))
         deleted = int(status.split()[-1])
         total += deleted
         if deleted < batch:

@@ -54,7 +54,7 @@ from .connect import STATEMENT_TIMEOUT
 from .envelope import Envelope, MalformedEnvelope
 from .errors import DB_ERRORS, SERVER_ERRORS
 from .leases import LeaseSweep, rescue_expired_leases
-from .lifecycle import instance_id, open_connections, unless_stopped
+from .lifecycle import instance_id, serve, unless_stopped
 from .stream_stats import StreamFigures, publish, stream_figures
 
 ClaimedEntry = streams.ClaimedEntry
@@ -398,12 +398,4 @@ def backoff_delay(interval: float, failures: int, *, cap: float = 60.0) -> float
 
 async def run(settings: Settings, stop: asyncio.Event) -> None:
     """Entry point of the reaper role: owns its connections and sweeps until ``stop`` is set."""
-    conns = await open_connections(settings, stop, pool_size=2)
-    if conns is None:
-        return
-    try:
-        reaper = Reaper(conns.pool, conns.redis, settings)
-        log.info("reaper started", extra={"reaper": reaper.name, "queue": settings.queue})
-        await reaper.run(stop)
-    finally:
-        await conns.close()
+    await serve(settings, stop, lambda conns: Reaper(conns.pool, conns.redis, settings), role="reaper", pool_size=2)

@@ -400,16 +400,15 @@ def _text(value: bytes | str) -> str:
 
 async def ensure_group(client: aioredis.Redis, queue: str) -> None:
     """Create the ``workers`` group from ``0-0`` (with the stream); an existing group is fine."""
-    try:
-        await client.xgroup_create(stream_key(queue), GROUP, id="0-0", mkstream=True)
-    except rexc.ResponseError as exc:
-        if "BUSYGROUP" not in str(exc):
-            raise translate_redis_error(exc) from exc
-    except Exception as exc:
-        mapped = transport_error(exc)
-        if mapped is None:
-            raise
-        raise mapped from exc
+
+    async def create() -> None:
+        try:
+            await client.xgroup_create(stream_key(queue), GROUP, id="0-0", mkstream=True)
+        except rexc.ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+
+    await guarded(create)
 
 
 @dataclass(frozen=True)
@@ -441,30 +440,27 @@ async def read(client: aioredis.Redis, queue: str, consumer: str, *, count: int,
     """
     if count <= 0:
         return []
-    for attempt in range(2):
+
+    async def xreadgroup() -> Any:
         try:
-            reply = await client.xreadgroup(GROUP, consumer, {stream_key(queue): ">"}, count=count, block=block_ms)
+            return await client.xreadgroup(GROUP, consumer, {stream_key(queue): ">"}, count=count, block=block_ms)
         except rexc.ResponseError as exc:
-            if "NOGROUP" in str(exc) and attempt == 0:
-                await ensure_group(client, queue)
-                continue
-            raise translate_redis_error(exc) from exc
-        except Exception as exc:
-            mapped = transport_error(exc)
-            if mapped is None:
+            if "NOGROUP" not in str(exc):
                 raise
-            raise mapped from exc
-        if not reply:
-            return []
-        # RESP2: [[stream, [(id, fields), ...]]]; RESP3: {stream: [[(id, fields), ...]]}
-        entries: Any
-        if isinstance(reply, dict):
-            entries = next(iter(reply.values()))
-            entries = entries[0] if entries and isinstance(entries[0], list) else entries
-        else:
-            entries = reply[0][1]
-        return decode_entries(entries)
-    return []
+        await ensure_group(client, queue)
+        return await client.xreadgroup(GROUP, consumer, {stream_key(queue): ">"}, count=count, block=block_ms)
+
+    reply = await guarded(xreadgroup)
+    if not reply:
+        return []
+    # RESP2: [[stream, [(id, fields), ...]]]; RESP3: {stream: [[(id, fields), ...]]}
+    entries: Any
+    if isinstance(reply, dict):
+        entries = next(iter(reply.values()))
+        entries = entries[0] if entries and isinstance(entries[0], list) else entries
+    else:
+        entries = reply[0][1]
+    return decode_entries(entries)
 
 
 async def ack(

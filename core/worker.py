@@ -48,11 +48,12 @@ from .judges import Judge, UsesPackages, Verdict, load_judge
 from .lifecycle import (
     DB_ERRORS,
     SHUTDOWN_STEP,
+    Connections,
     HeldSession,
     backoff,
     cancel_within,
     instance_id,
-    open_connections,
+    serve,
     unless_stopped,
     wait_any,
 )
@@ -689,17 +690,12 @@ def attach_package_cache(judge: Judge, pool: asyncpg.Pool) -> ProblemCache | Non
 async def run(settings: Settings, stop: asyncio.Event) -> None:
     """Entry point of the worker role: owns its connections and runs until ``stop`` is set."""
     judge = load_judge(settings.worker.judge)  # an unknown name fails before connecting anywhere
-    conns = await open_connections(settings, stop, pool_size=4)
-    if conns is None:
-        return
-    try:
+
+    def make(conns: Connections) -> Worker:
         attach_package_cache(judge, conns.pool)
-        worker = Worker(conns.pool, conns.redis, settings, judge=judge)
-        log.info(
-            "worker started",
-            extra={"worker": worker.name, "queue": settings.queue, "judge": settings.worker.judge,
-                   "concurrency": settings.worker.concurrency},
-        )
-        await worker.run(stop)
-    finally:
-        await conns.close()
+        return Worker(conns.pool, conns.redis, settings, judge=judge)
+
+    await serve(
+        settings, stop, make, role="worker", pool_size=4, judge=settings.worker.judge,
+        concurrency=settings.worker.concurrency,
+    )  # fmt: skip

@@ -12,81 +12,10 @@ SELECT judgequeue.submit($1, $2::jsonb)
 -- Start a new generation of a submission and queue it; returns the generation.
 SELECT judgequeue.rejudge($1)
 
--- name: outbox_claim
--- Claim ready rows with the queue's flags in one statement (hot path: keep text and plan).
-WITH no_flush_wait AS MATERIALIZED (
-    SELECT set_config('synchronous_commit', 'off', true)
-), q AS (
-    SELECT mode, watermark, paused, config_version FROM judgequeue.queues WHERE name = $1
-), picked AS (
-    SELECT o.id
-      FROM judgequeue.outbox o
-     WHERE o.queue = $1
-       AND o.state IN ('PENDING', 'CLAIMED')
-       AND o.next_attempt_at <= now()
-       AND NOT coalesce((SELECT paused FROM q), true)
-     ORDER BY o.next_attempt_at, o.id
-     LIMIT $2
-       FOR UPDATE SKIP LOCKED
-)
-UPDATE judgequeue.outbox o
-   SET state = CASE WHEN q.mode = 'live' AND q.watermark IS NOT NULL AND o.created_at < q.watermark
-                    THEN 'SKIPPED' ELSE 'CLAIMED' END,
-       sent_at = CASE WHEN q.mode = 'live' AND q.watermark IS NOT NULL AND o.created_at < q.watermark
-                      THEN now() ELSE NULL END,
-       attempts = o.attempts + 1,
-       claimed_by = $3,
-       claim_expires_at = now() + make_interval(secs => $4),
-       next_attempt_at = now() + make_interval(secs => $4)
-  FROM picked, q, no_flush_wait
- WHERE o.id = picked.id
-RETURNING o.id, o.submission_id, o.generation, o.created_at, o.attempts, o.state, q.mode, q.config_version,
-          extract(epoch FROM now() - o.created_at)::float8 AS age
-
--- name: outbox_mark
--- Record a dispatched batch's outcomes, fenced on the claim owner (hot path: keep text and plan).
-WITH no_flush_wait AS MATERIALIZED (
-    SELECT set_config('synchronous_commit', 'off', true)
-), marked AS (
-    UPDATE judgequeue.outbox o
-       SET state = CASE
-                       WHEN r.result = 'sent' THEN 'SENT'
-                       WHEN r.result = 'shadow_sent' THEN 'SHADOW_SENT'
-                       WHEN r.result = 'dead' THEN 'DEAD'
-                       WHEN r.result = 'retry' AND o.attempts >= $4 THEN 'DEAD'
-                       ELSE 'PENDING'
-                   END,
-           attempts = CASE WHEN r.result = 'release' THEN greatest(o.attempts - 1, 0) ELSE o.attempts END,
-           last_error = coalesce(r.error, o.last_error),
-           next_attempt_at = CASE
-               WHEN r.result = 'retry' THEN now() + make_interval(
-                   secs => least($6::float8, $5::float8 * power(2, greatest(o.attempts - 1, 0)))
-                           * (0.5 + random() * 0.5))
-               WHEN r.result = 'release' THEN now() + make_interval(secs => $5::float8 * (0.5 + random() * 0.5))
-               ELSE o.next_attempt_at END,
-           claim_expires_at = NULL,
-           sent_at = CASE
-               WHEN r.result = 'release' OR (r.result = 'retry' AND o.attempts < $4) THEN NULL
-               ELSE now() END
-      FROM unnest($1::bigint[], $2::text[], $3::text[]) AS r(id, result, error), no_flush_wait
-     WHERE o.id = r.id AND o.claimed_by = $7 AND o.state = 'CLAIMED'
-    RETURNING o.id, o.state, o.submission_id, o.generation, o.last_error, o.attempts
-), failed AS (
-    -- A delivery intent that will never be sent must not leave its submission waiting forever.
-    UPDATE judgequeue.submissions s
-       SET status = 'SYSTEM_ERROR',
-           verdict = jsonb_build_object(
-               'status', 'SYSTEM_ERROR',
-               'reason', format('dispatch failed after %s attempts: %s', m.attempts, m.last_error)),
-           finished_at = now()
-      FROM marked m
-     WHERE m.state = 'DEAD' AND s.id = m.submission_id AND s.generation = m.generation
-       AND s.status = 'PENDING'
-)
-SELECT id, state FROM marked
-
 -- name: outbox_mark_claim
--- outbox_mark for the previous batch and outbox_claim for the next, one statement and commit (hot path: keep text and plan).
+-- Mark a dispatched batch's outcomes (fenced on the claim owner; DEAD ends the submission) and claim
+-- ready rows with the queue's flags, in one statement and commit; either part may be empty (no
+-- marks, or limit 0). Hot path: keep text and plan.
 WITH no_flush_wait AS MATERIALIZED (
     SELECT set_config('synchronous_commit', 'off', true)
 ), marked AS (

@@ -123,7 +123,9 @@ async def test_idle_dispatcher_wakes_on_submit_within_the_poll_interval(
                 await outbox.submit(conn, queue_name, {"i": i})
 
             async def delivered(n: int = i + 1) -> bool:
-                return bool(await redis_client.xlen(streams.stream_key(queue_name)) == n)
+                # Marked SENT too: the dispatcher applies a batch's marks just before it sleeps.
+                sent = await pg_pool.fetchval("SELECT count(*) FROM judgequeue.outbox WHERE state = 'SENT'")
+                return bool(sent == n and await redis_client.xlen(streams.stream_key(queue_name)) == n)
 
             await eventually(delivered, within=5, what=f"submission {i} dispatched")
             # A trickle keeps the registration: no unregister/register/re-claim round per job.

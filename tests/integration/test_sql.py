@@ -143,7 +143,7 @@ def test_waiting_outbox_literals_match_the_states() -> None:
     """Two statements keep the waiting states literal: the planner matches them to the partial
     index ``outbox_claim`` (``WHERE state IN ('PENDING', 'CLAIMED')``), which a parameter cannot."""
     literal = "state IN (" + ", ".join(f"'{s}'" for s in states.WAITING_OUTBOX_STATES) + ")"
-    assert literal in sql.query("outbox_claim")
+    assert literal in sql.query("outbox_mark_claim")
     assert literal in sql.query("outbox_waiting_stats")
 
 
