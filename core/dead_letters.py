@@ -29,8 +29,6 @@ from .connect import STATEMENT_TIMEOUT
 from .envelope import Envelope
 from .errors import describe, is_permanent
 
-RECORD_SQL = sql.query("record_dead_letters")
-
 #: Postgres outcome of an entry that names no submission (it could not be parsed).
 NOT_AN_ENVELOPE = "none: not a judgequeue envelope"
 
@@ -58,7 +56,9 @@ async def record(pool: asyncpg.Pool, decisions: Sequence[Decision]) -> list[str]
     try:
         async with pool.acquire(timeout=STATEMENT_TIMEOUT) as conn:
             rows = await conn.fetch(
-                RECORD_SQL, [e.submission for _, _, e in with_env], [e.generation for _, _, e in with_env],
+                sql.query("record_dead_letters"),
+                [e.submission for _, _, e in with_env],
+                [e.generation for _, _, e in with_env],
                 [d.reason for _, d, _ in with_env],
             )
     except asyncpg.PostgresError as exc:

@@ -52,15 +52,6 @@ class LeaseSweep:
     failed: int
 
 
-ACQUIRE_SQL = sql.query("lease_acquire")
-RENEW_SQL = sql.query("lease_renew")
-VERDICT_SQL = sql.query("lease_verdict")
-DURABLE_SQL = sql.query("lease_make_durable")
-RELEASE_SQL = sql.query("lease_release")
-RESCUE_SQL = sql.query("lease_rescue_expired")
-STALE_REASON_SQL = sql.query("lease_stale_reasons")
-
-
 async def acquire(
     conn: asyncpg.Connection, queue: str, envelopes: Sequence[tuple[int, int]], *, ttl: float
 ) -> list[Lease]:
@@ -75,7 +66,7 @@ async def acquire(
         return []
     attempts = [uuid.uuid4() for _ in envelopes]
     rows = await conn.fetch(
-        ACQUIRE_SQL,
+        sql.query("lease_acquire"),
         [s for s, _ in envelopes],
         [g for _, g in envelopes],
         attempts,
@@ -102,7 +93,7 @@ async def make_durable(conn: asyncpg.Connection) -> None:
     pending (the reaper re-delivers it and the fence drops the old attempt's verdict), so the worker
     acks entries only after this returns.
     """
-    await conn.execute(DURABLE_SQL)
+    await conn.execute(sql.query("lease_make_durable"))
 
 
 def classify_stale(envelope_generation: int, current_generation: int | None, status: str | None) -> str:
@@ -122,7 +113,7 @@ async def stale_reasons(conn: asyncpg.Connection, envelopes: Sequence[tuple[int,
     """The :func:`classify_stale` reason of each envelope (read-only, off the hot path)."""
     if not envelopes:
         return []
-    rows = await conn.fetch(STALE_REASON_SQL, [s for s, _ in envelopes], [g for _, g in envelopes])
+    rows = await conn.fetch(sql.query("lease_stale_reasons"), [s for s, _ in envelopes], [g for _, g in envelopes])
     return [classify_stale(r["generation"], r["current_generation"], r["status"]) for r in rows]
 
 
@@ -134,7 +125,7 @@ async def renew(conn: asyncpg.Connection, leases: Sequence[Lease], *, ttl: float
     """Extend the leases still held; returns the attempts that still hold theirs (the rest are lost)."""
     if not leases:
         return set()
-    rows = await conn.fetch(RENEW_SQL, *_fence_arrays(leases), float(ttl))
+    rows = await conn.fetch(sql.query("lease_renew"), *_fence_arrays(leases), float(ttl))
     return {uuid.UUID(bytes=r["attempt_id"].bytes) for r in rows}
 
 
@@ -147,7 +138,7 @@ async def write_verdicts(conn: asyncpg.Connection, writes: Sequence[VerdictWrite
         return {}
     ids, generations, attempts = _fence_arrays([w.lease for w in writes])
     rows = await conn.fetch(
-        VERDICT_SQL,
+        sql.query("lease_verdict"),
         ids,
         generations,
         attempts,
@@ -161,7 +152,7 @@ async def release(conn: asyncpg.Connection, leases: Sequence[Lease]) -> list[int
     """Give leases back (new generation + outbox row each); returns the submissions released."""
     if not leases:
         return []
-    rows = await conn.fetch(RELEASE_SQL, *_fence_arrays(leases))
+    rows = await conn.fetch(sql.query("lease_release"), *_fence_arrays(leases))
     return [r["id"] for r in rows]
 
 
@@ -175,7 +166,7 @@ async def rescue_expired_leases(
     several reapers at once (``FOR UPDATE SKIP LOCKED``); decisions use the database clock. Counts
     ``judgequeue_lease_expiries_total``.
     """
-    row = await conn.fetchrow(RESCUE_SQL, queue, max_retries, batch)
+    row = await conn.fetchrow(sql.query("lease_rescue_expired"), queue, max_retries, batch)
     assert row is not None
     sweep = LeaseSweep(requeued=int(row["requeued"]), failed=int(row["failed"]))
     if sweep.requeued or sweep.failed:

@@ -32,8 +32,6 @@ MAX_PAYLOAD_BYTES = 1_048_576
 #: Channel that idle dispatchers LISTEN on; submit() notifies it only while one is waiting.
 WAKEUP_CHANNEL = "judgequeue_wakeup"
 
-_SUBMIT_SQL = sql.query("submit")
-_REJUDGE_SQL = sql.query("rejudge")
 
 #: sent / shadow_sent / dead are final; retry counts an attempt and backs off; release backs off
 #: without counting (the transport as a whole was down, not this row's fault).
@@ -70,7 +68,7 @@ async def submit(conn: asyncpg.Connection, queue: str, payload: Any) -> int:
     """
     validate_queue_name(queue)
     text = encode_payload(payload)
-    submission_id: int = await _call(conn, _SUBMIT_SQL, queue, text)
+    submission_id: int = await _call(conn, sql.query("submit"), queue, text)
     return submission_id
 
 
@@ -79,7 +77,7 @@ async def rejudge(conn: asyncpg.Connection, submission_id: int) -> int:
 
     A running attempt of the old generation can no longer write its verdict (the fence drops it).
     """
-    generation: int | None = await _call(conn, _REJUDGE_SQL, submission_id)
+    generation: int | None = await _call(conn, sql.query("rejudge"), submission_id)
     if generation is None:  # pragma: no cover - the SQL function raises JQ006 instead
         raise UnknownSubmission(f"unknown submission {submission_id}")
     return generation
@@ -103,7 +101,6 @@ class ClaimedRow:
 # Claims and marks commit without waiting for the WAL flush (set per transaction, so it works behind
 # any pooler): a claim lost in a database crash is claimed again, a lost mark re-sends a row whose
 # Redis dedup marker absorbs the duplicate.
-_MARK_CLAIM_SQL = sql.query("outbox_mark_claim")
 
 
 async def claim(conn: asyncpg.Connection, queue: str, *, limit: int, owner: str, claim_ttl: float) -> list[ClaimedRow]:
@@ -189,7 +186,7 @@ async def mark_and_claim(
     statement), minus one round trip and one commit per batch for a dispatcher that loops.
     """
     rows = await conn.fetch(
-        _MARK_CLAIM_SQL,
+        sql.query("outbox_mark_claim"),
         [m.outbox_id for m in marks],
         [m.result for m in marks],
         [m.error for m in marks],
@@ -205,12 +202,6 @@ async def mark_and_claim(
     return applied, _claimed_rows([r for r in rows if r["claimed"]])
 
 
-_PRUNE_SQL = sql.query("outbox_prune")
-_PRUNE_SUBMISSIONS_SQL = sql.query("submissions_prune")
-_WAITING_STATS_SQL = sql.query("outbox_waiting_stats")
-_OTHER_STATS_SQL = sql.query("outbox_other_stats")
-
-
 async def prune(
     conn: asyncpg.Connection, queue: str, *, retention: float, batch: int = 1000, max_batches: int = 100
 ) -> int:
@@ -218,7 +209,8 @@ async def prune(
 
     Small batches keep each transaction short; ``max_batches`` bounds one call's work.
     """
-    return await _delete_in_batches(conn, _PRUNE_SQL, queue, retention, batch, max_batches, TERMINAL_OUTBOX_STATES)
+    statement = sql.query("outbox_prune")
+    return await _delete_in_batches(conn, statement, queue, retention, batch, max_batches, TERMINAL_OUTBOX_STATES)
 
 
 async def prune_submissions(
@@ -232,7 +224,8 @@ async def prune_submissions(
     meanwhile is skipped (it is locked, or no longer finished when re-checked). A stream entry or
     DLQ replay that names a pruned submission later is stale (``unknown_submission``).
     """
-    return await _delete_in_batches(conn, _PRUNE_SUBMISSIONS_SQL, queue, retention, batch, max_batches, VERDICTS)
+    statement = sql.query("submissions_prune")
+    return await _delete_in_batches(conn, statement, queue, retention, batch, max_batches, VERDICTS)
 
 
 async def _delete_in_batches(
@@ -263,21 +256,14 @@ async def stats(conn: asyncpg.Connection, queue: str, *, include_terminal: bool 
     ``retention`` and cost a scan: pass ``include_terminal=False`` on frequent refreshes (their
     counts are then absent from ``by_state``).
     """
-    active = await conn.fetchrow(_WAITING_STATS_SQL, queue)
+    active = await conn.fetchrow(sql.query("outbox_waiting_stats"), queue)
     assert active is not None
     by_state: dict[str, int] = {"PENDING": active["pending"], "CLAIMED": active["claimed"]}
     if include_terminal:
         by_state.update(dict.fromkeys(TERMINAL_OUTBOX_STATES, 0))
-        rows = await conn.fetch(_OTHER_STATS_SQL, queue, list(WAITING_OUTBOX_STATES))
+        rows = await conn.fetch(sql.query("outbox_other_stats"), queue, list(WAITING_OUTBOX_STATES))
         by_state.update({r["state"]: r["n"] for r in rows})
     return OutboxStats(by_state=by_state, oldest_pending_age=float(active["age"]))
-
-
-_FIND_STRANDED_SQL = sql.query("outbox_find_stranded")
-_RESEND_SQL = sql.query("outbox_resend_stranded")
-_REGISTER_WAITER_SQL = sql.query("waiter_register")
-_UNREGISTER_WAITER_SQL = sql.query("waiter_unregister")
-_PRUNE_WAITERS_SQL = sql.query("waiter_prune")
 
 
 @dataclass(frozen=True)
@@ -291,7 +277,7 @@ class Stranded:
 
 async def find_stranded(conn: asyncpg.Connection, queue: str, *, older_than: float, batch: int = 500) -> list[Stranded]:
     """The deliveries :func:`resend_stranded` would re-send now (reads only, locks nothing)."""
-    rows = await conn.fetch(_FIND_STRANDED_SQL, queue, float(older_than), batch)
+    rows = await conn.fetch(sql.query("outbox_find_stranded"), queue, float(older_than), batch)
     return [Stranded(r["id"], r["submission_id"], r["generation"]) for r in rows]
 
 
@@ -307,20 +293,21 @@ async def resend_stranded(
     finds them with :func:`find_stranded` and clears their dedup markers, which a Postgres failover
     leaves behind and which would otherwise absorb the re-send until they expire.
     """
-    rows = await conn.fetch(_RESEND_SQL, queue, float(older_than), batch, list(only) if only is not None else None)
+    ids = list(only) if only is not None else None
+    rows = await conn.fetch(sql.query("outbox_resend_stranded"), queue, float(older_than), batch, ids)
     return len(rows)
 
 
 async def register_waiter(conn: asyncpg.Connection, queue: str, dispatcher: str) -> None:
     """Tell submitters that ``dispatcher`` is about to sleep on the wake-up channel."""
-    await conn.execute(_REGISTER_WAITER_SQL, queue, dispatcher)
+    await conn.execute(sql.query("waiter_register"), queue, dispatcher)
 
 
 async def unregister_waiter(conn: asyncpg.Connection, queue: str, dispatcher: str) -> None:
-    await conn.execute(_UNREGISTER_WAITER_SQL, queue, dispatcher)
+    await conn.execute(sql.query("waiter_unregister"), queue, dispatcher)
 
 
 async def prune_waiters(conn: asyncpg.Connection, *, older_than: float) -> int:
     """Forget waiters of crashed dispatchers (they only cost extra notifications, never correctness)."""
-    status = await conn.execute(_PRUNE_WAITERS_SQL, float(older_than))
+    status = await conn.execute(sql.query("waiter_prune"), float(older_than))
     return int(status.split()[-1])

@@ -46,16 +46,6 @@ _ID = re.compile(r"[a-z0-9]([-a-z0-9_.]*[a-z0-9])?")
 MAX_TESTS = 10_000
 LANGUAGES = tuple(LANGUAGE_TABLE)  # a checker or interactor may be written in any language the judge runs
 
-FILE_EXISTS_SQL = sql.query("problem_file_exists")
-INSERT_FILE_SQL = sql.query("problem_file_insert")
-INSERT_CHUNK_SQL = sql.query("problem_chunk_insert")
-LOCK_SQL = sql.query("problem_lock")
-NEXT_VERSION_SQL = sql.query("problem_next_version")
-INSERT_PROBLEM_SQL = sql.query("problem_insert")
-PROBLEM_SQL = sql.query("problem_get")
-LIST_SQL = sql.query("problem_list")
-CHUNKS_SQL = sql.query("problem_chunks")
-
 
 class InvalidPackage(JudgeQueueError, ValueError):
     """A package directory that does not describe a problem; the message names the file or field."""
@@ -189,14 +179,14 @@ class Uploaded:
 
 
 async def _store_file(conn: asyncpg.Connection, f: PackageFile) -> bool:
-    if await conn.fetchval(FILE_EXISTS_SQL, f.sha256):
+    if await conn.fetchval(sql.query("problem_file_exists"), f.sha256):
         return False
     chunks = max(1, -(-f.size // CHUNK))
     async with conn.transaction():
-        await conn.execute(INSERT_FILE_SQL, f.sha256, f.size, chunks)
+        await conn.execute(sql.query("problem_file_insert"), f.sha256, f.size, chunks)
         with f.path.open("rb") as data:
             for seq in range(chunks):
-                await conn.execute(INSERT_CHUNK_SQL, f.sha256, seq, data.read(CHUNK))
+                await conn.execute(sql.query("problem_chunk_insert"), f.sha256, seq, data.read(CHUNK))
     return True
 
 
@@ -207,13 +197,13 @@ async def upload(conn: asyncpg.Connection, root: Path, *, version: int | None = 
     for f in package.files.values():
         new_files += await _store_file(conn, f)
     async with conn.transaction():
-        await conn.execute(LOCK_SQL, package.id)
-        number = version or package.version or int(await conn.fetchval(NEXT_VERSION_SQL, package.id))
+        await conn.execute(sql.query("problem_lock"), package.id)
+        number = version or package.version or int(await conn.fetchval(sql.query("problem_next_version"), package.id))
         manifest = {**package.manifest, "id": package.id, "version": number}
         digest = manifest_digest(manifest)
-        inserted = await conn.fetchval(INSERT_PROBLEM_SQL, package.id, number, json.dumps(manifest), digest)
+        inserted = await conn.fetchval(sql.query("problem_insert"), package.id, number, json.dumps(manifest), digest)
         if inserted is None:
-            existing = await conn.fetchrow(PROBLEM_SQL, package.id, number)
+            existing = await conn.fetchrow(sql.query("problem_get"), package.id, number)
             if existing["sha256"] != digest:
                 raise VersionConflict(
                     f"{package.id} version {number} exists with other content; versions never change: "
@@ -225,14 +215,14 @@ async def upload(conn: asyncpg.Connection, root: Path, *, version: int | None = 
 
 async def manifest_of(conn: asyncpg.Connection, problem: str, version: int) -> tuple[dict[str, Any], str]:
     """The stored manifest and its digest; UnknownProblem if there is no such version."""
-    row = await conn.fetchrow(PROBLEM_SQL, problem, version)
+    row = await conn.fetchrow(sql.query("problem_get"), problem, version)
     if row is None:
         raise UnknownProblem(f"no problem package {problem!r} version {version} (upload it first)")
     return json.loads(row["manifest"]), str(row["sha256"])
 
 
 async def list_problems(conn: asyncpg.Connection) -> list[dict[str, Any]]:
-    return [dict(r) for r in await conn.fetch(LIST_SQL)]
+    return [dict(r) for r in await conn.fetch(sql.query("problem_list"))]
 
 
 async def copy_file(conn: asyncpg.Connection, sha256: str, dest: Path, *, batch: int = 16) -> int:
@@ -242,7 +232,7 @@ async def copy_file(conn: asyncpg.Connection, sha256: str, dest: Path, *, batch:
     seq = 0
     with dest.open("wb") as out:
         while True:
-            rows = await conn.fetch(CHUNKS_SQL, sha256, seq, batch)
+            rows = await conn.fetch(sql.query("problem_chunks"), sha256, seq, batch)
             for row in rows:
                 out.write(row["data"])
                 h.update(row["data"])

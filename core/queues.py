@@ -54,13 +54,6 @@ def _flags(row: asyncpg.Record) -> QueueFlags:
     )
 
 
-_CREATE_SQL = sql.query("queue_create")
-_GET_SQL = sql.query("queue_get")
-_LIST_SQL = sql.query("queue_list")
-_SET_CUTOVER_SQL = sql.query("queue_set_cutover")
-_NOW_SQL = sql.query("db_now")
-
-
 async def create_queue(conn: asyncpg.Connection, name: str, *, mode: Mode = "live") -> QueueFlags:
     """Create the queue if it does not exist (idempotent); an existing queue keeps its flags.
 
@@ -69,19 +62,19 @@ async def create_queue(conn: asyncpg.Connection, name: str, *, mode: Mode = "liv
     validate_queue_name(name)
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    await conn.execute(_CREATE_SQL, name, mode)
+    await conn.execute(sql.query("queue_create"), name, mode)
     return await get_queue(conn, name)
 
 
 async def get_queue(conn: asyncpg.Connection, name: str) -> QueueFlags:
-    row = await conn.fetchrow(_GET_SQL, name)
+    row = await conn.fetchrow(sql.query("queue_get"), name)
     if row is None:
         raise UnknownQueue(f"unknown queue {name!r} (create it with: judgequeue queue create {name})")
     return _flags(row)
 
 
 async def list_queues(conn: asyncpg.Connection) -> list[QueueFlags]:
-    return [_flags(r) for r in await conn.fetch(_LIST_SQL)]
+    return [_flags(r) for r in await conn.fetch(sql.query("queue_list"))]
 
 
 _UNSET: object = object()
@@ -108,7 +101,7 @@ async def set_cutover(
         raise ValueError("watermark must be timezone-aware")
     try:
         row = await conn.fetchrow(
-            _SET_CUTOVER_SQL,
+            sql.query("queue_set_cutover"),
             name,
             mode,
             watermark is not _UNSET,
@@ -127,5 +120,5 @@ async def set_cutover(
 
 async def database_now(conn: asyncpg.Connection) -> datetime:
     """The database clock, which every watermark and time decision uses (never the caller's clock)."""
-    now: datetime = await conn.fetchval(_NOW_SQL)
+    now: datetime = await conn.fetchval(sql.query("db_now"))
     return now

@@ -17,16 +17,10 @@ import asyncpg
 from . import sql
 from .states import VERDICTS
 
-_READ_SQL = sql.query("submissions_read")
-_COUNT_BY_STATUS_SQL = sql.query("submissions_count_by_status")
-_FINISHED_SINCE_SQL = sql.query("submissions_finished_since")
-_EXISTS_SQL = sql.query("submission_exists")
-_BUMP_GENERATION_SQL = sql.query("submission_bump_generation")
-
 
 async def read(conn: asyncpg.Connection, ids: Sequence[int]) -> dict[int, asyncpg.Record]:
     """The rows (id, status, generation, verdict, created_at, finished_at) of ``ids`` that exist."""
-    return {r["id"]: r for r in await conn.fetch(_READ_SQL, list(ids))}
+    return {r["id"]: r for r in await conn.fetch(sql.query("submissions_read"), list(ids))}
 
 
 def is_terminal(status: str) -> bool:
@@ -36,16 +30,16 @@ def is_terminal(status: str) -> bool:
 
 async def count_by_status(conn: asyncpg.Connection, queue: str) -> dict[str, int]:
     """How many of ``queue``'s submissions are in each status (statuses with none are absent)."""
-    return {r["status"]: r["n"] for r in await conn.fetch(_COUNT_BY_STATUS_SQL, queue)}
+    return {r["status"]: r["n"] for r in await conn.fetch(sql.query("submissions_count_by_status"), queue)}
 
 
 async def finished_since(conn: asyncpg.Connection, queue: str, seconds: float) -> int:
     """How many of ``queue``'s submissions got their verdict in the last ``seconds`` (database clock)."""
-    return int(await conn.fetchval(_FINISHED_SINCE_SQL, queue, seconds))
+    return int(await conn.fetchval(sql.query("submissions_finished_since"), queue, seconds))
 
 
 async def exists(conn: asyncpg.Connection, submission: int) -> bool:
-    return bool(await conn.fetchval(_EXISTS_SQL, submission))
+    return bool(await conn.fetchval(sql.query("submission_exists"), submission))
 
 
 async def bump_generation(conn: asyncpg.Connection, submission: int, generation: int) -> int | None:
@@ -53,5 +47,5 @@ async def bump_generation(conn: asyncpg.Connection, submission: int, generation:
 
     Returns the new generation, or None when the submission moved on or does not exist.
     """
-    value: Any = await conn.fetchval(_BUMP_GENERATION_SQL, submission, generation)
+    value: Any = await conn.fetchval(sql.query("submission_bump_generation"), submission, generation)
     return None if value is None else int(value)

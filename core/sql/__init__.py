@@ -1,9 +1,9 @@
 """Every SQL statement judgequeue runs, by name: one door to Postgres (docs/design.md §2).
 
 ``queries.sql`` holds each statement under ``-- name: <name>`` followed by a one-line ``-- ``
-comment. It is read once, at import; modules fetch their statements with :func:`query` at import
-time too, so a misspelt name fails the moment its module is imported (and ``tests/integration/test_sql.py``
-checks that every statement is used and none is written inline elsewhere). Statements are fixed
+comment. It is read once, at import; modules name each statement where they run it,
+``conn.fetch(sql.query("lease_acquire"), ...)`` (a dict lookup), and ``tests/integration/test_sql.py``
+checks that every name used exists, every statement is used and none is written inline elsewhere. Statements are fixed
 text: values go in as parameters and state lists as arrays from :mod:`judgequeue.core.states`.
 The migrations and the migration runner's bookkeeping are the only SQL kept elsewhere.
 """
