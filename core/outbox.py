@@ -118,20 +118,7 @@ async def claim(conn: asyncpg.Connection, queue: str, *, limit: int, owner: str,
 
 
 def _claimed_rows(rows: Sequence[asyncpg.Record]) -> list[ClaimedRow]:
-    claimed = [
-        ClaimedRow(
-            outbox_id=r["id"],
-            submission_id=r["submission_id"],
-            generation=r["generation"],
-            created_at=r["created_at"],
-            attempts=r["attempts"],
-            state=r["state"],
-            mode=r["mode"],
-            config_version=r["config_version"],
-            age=r["age"],
-        )
-        for r in rows
-    ]
+    claimed = [sql.row_as(ClaimedRow, r, outbox_id="id") for r in rows]
     claimed.sort(key=lambda row: row.outbox_id)
     return claimed
 

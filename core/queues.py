@@ -44,14 +44,7 @@ class QueueFlags:
 
 
 def _flags(row: asyncpg.Record) -> QueueFlags:
-    return QueueFlags(
-        name=row["name"],
-        mode=row["mode"],
-        watermark=row["watermark"],
-        paused=row["paused"],
-        config_version=row["config_version"],
-        updated_at=row["updated_at"],
-    )
+    return sql.row_as(QueueFlags, row)
 
 
 async def create_queue(conn: asyncpg.Connection, name: str, *, mode: Mode = "live") -> QueueFlags:

@@ -11,9 +11,11 @@ The migrations and the migration runner's bookkeeping are the only SQL kept else
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+from dataclasses import fields
 from importlib import resources
 from types import MappingProxyType
-from typing import Final
+from typing import Any, Final, TypeVar
 
 _NAME = re.compile(r"^-- name: ([a-z][a-z0-9_]*)\s*$")
 
@@ -67,3 +69,12 @@ def query(name: str) -> str:
         return QUERIES[name]
     except KeyError:
         raise KeyError(f"no query named {name!r} in judgequeue/core/sql/queries.sql") from None
+
+
+T = TypeVar("T")
+
+
+def row_as(cls: type[T], row: Mapping[str, Any], **columns: str) -> T:
+    """A dataclass from a result row whose columns carry its field names (``columns`` renames:
+    ``field="column"``), so a statement's column list and the class stay the one description."""
+    return cls(**{f.name: row[columns.get(f.name, f.name)] for f in fields(cls)})  # type: ignore[arg-type]
