@@ -121,8 +121,10 @@ def test_submit_wait_and_sql_submit_get_verdicts(installed: Installed) -> None:
     result = subprocess.run([str(JUDGEQUEUE_BIN), "submit", "--wait", "--timeout", "60s", "--payload",
                              json.dumps(PAYLOAD)], capture_output=True, text=True, env=env, timeout=90)
     assert result.returncode == 0, result.stderr
-    # "<id> <verdict>", then one line per test
-    assert result.stdout.splitlines()[0].split()[-1] == "ACCEPTED", result.stdout
+    # "<id> <verdict>", then the per-test table: a header and one row for the one test
+    lines = result.stdout.splitlines()
+    assert lines[0].split()[-1] == "ACCEPTED", result.stdout
+    assert lines[1].split()[:2] == ["test", "verdict"] and lines[2].split()[:2] == ["1", "ACCEPTED"], result.stdout
     (row,) = run_sql(installed.dsn, "SELECT judgequeue.submit('demo', $1::jsonb) AS id", json.dumps(PAYLOAD))
 
     def verdict() -> str | None:
