@@ -43,8 +43,10 @@ def test_env_from_secret_configmap_and_field_and_readiness(kube: Cluster, node: 
     kube.request("POST", f"/api/v1/namespaces/{ns}/pods", pod)
     wait_for("the container wrote its environment", lambda: out.exists() and out.read_text().strip(), timeout=60)
     assert out.read_text().split() == ["from-secret", "from-configmap", "env", "plain"]
-    running = kube.request("GET", f"/api/v1/namespaces/{ns}/pods/env")
-    assert running["status"]["phase"] == "Running" and not _ready(kube, ns, "env")
+    # The container can write before the agent has posted the pod's status: wait for the phase.
+    wait_for("the pod Running", lambda: kube.request("GET", f"/api/v1/namespaces/{ns}/pods/env")
+             .get("status", {}).get("phase") == "Running", timeout=30)
+    assert not _ready(kube, ns, "env")
     ready_file.touch()
     wait_for("Ready once the probe passes", lambda: _ready(kube, ns, "env"), timeout=30)
 

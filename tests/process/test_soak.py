@@ -74,6 +74,10 @@ async def test_soak_two_minutes_stays_bounded(monkeypatch: pytest.MonkeyPatch) -
         # a 20 s window anywhere in 40-170 ms with no trend; what a soak looks for (a scan growing
         # with the tables, a leak) is a trend well past that floor.
         latency_floor_ms=100.0,
+        # Two minutes put the tables' warm-up (filling to retention, the first autovacuum passes, index
+        # pages not reused until a later pass) inside the first half: bytes may end up to 2x of it
+        # (1.52x seen once). Pruning switched off still fails the rows bounds (1.5x) by far.
+        size_ratio=2.0,
     )
     failed = [c for c in checks if not c.ok]
     assert not failed, failed
