@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import pipeline
-from bench.cpu import with_servers
+from bench.cli import add_run_options, new_parser, run_on_servers
 from judgequeue.core import streams
 from judgequeue.core.states import VERDICTS
 
@@ -221,24 +221,17 @@ async def inner(args: argparse.Namespace) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = new_parser(__doc__)
     p.add_argument("--submissions", type=int, default=100_000)
     p.add_argument("--connections", type=int, default=64)
     p.add_argument("--processes", type=int, default=4)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--peak-jobs", type=int, default=10_000, help="jobs for the steady-state peak (0: skip)")
-    p.add_argument("--servers", choices=("private", "system"), default="private")
-    p.add_argument("--out", type=Path, default=Path("bench/out"))
-    p.add_argument("--plots", type=Path, default=Path("docs/img"))
-    p.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
-    return p
+    return add_run_options(p, plots=True)
 
 
 def main() -> int:
-    args = parser().parse_args()
-    if not args.inner:
-        return with_servers("bench.burst", sys.argv[1:], args.servers)
-    return asyncio.run(inner(args))
+    return run_on_servers("bench.burst", parser(), inner)
 
 
 if __name__ == "__main__":

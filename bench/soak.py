@@ -38,7 +38,8 @@ from pathlib import Path
 from typing import Any
 
 from bench import pipeline, servers
-from bench.cpu import paced_submit, with_servers
+from bench.cli import add_run_options, new_parser, run_on_servers
+from bench.cpu import paced_submit
 from judgequeue.core import streams
 
 TABLES_SQL = """
@@ -359,7 +360,7 @@ async def inner(args: argparse.Namespace) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = new_parser(__doc__)
     p.add_argument("--minutes", type=float, default=30.0)
     p.add_argument("--window-minutes", type=float, default=5.0)
     p.add_argument("--rate", type=float, help="offered jobs/s (default: --peak-fraction of the measured peak)")
@@ -370,18 +371,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--sample-seconds", type=float, default=10.0)
     p.add_argument("--latency-floor-ms", type=float, default=5.0)
     p.add_argument("--size-ratio", type=float, default=1.5)
-    p.add_argument("--servers", choices=("private", "system"), default="private")
-    p.add_argument("--out", type=Path, default=Path("bench/out"))
-    p.add_argument("--plots", type=Path, default=Path("docs/img"))
-    p.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
-    return p
+    return add_run_options(p, plots=True)
 
 
 def main() -> int:
-    args = parser().parse_args()
-    if not args.inner:
-        return with_servers("bench.soak", sys.argv[1:], args.servers)
-    return asyncio.run(inner(args))
+    return run_on_servers("bench.soak", parser(), inner)
 
 
 if __name__ == "__main__":
