@@ -32,6 +32,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -100,6 +101,27 @@ def _bounded(name: str, early: float, late: float, ratio: float, floor: float) -
     return Check(name, late, bound, late <= bound)
 
 
+def _per_table(
+    half: list[Sample],
+    tail: list[Sample],
+    of: Callable[[Sample], dict[str, int]],
+    name: str,
+    ratio: float,
+    floor: float,
+) -> list[Check]:
+    """Bound each table's peak in ``tail`` by its peak in ``half``; ``name`` is formatted with the table."""
+    return [
+        _bounded(
+            name.format(table),
+            max(of(s).get(table, 0) for s in half),
+            max(of(s).get(table, 0) for s in tail),
+            ratio,
+            floor,
+        )
+        for table in sorted(of(tail[-1]))
+    ]
+
+
 def check(
     samples: list[Sample],
     latencies: list[tuple[float, float]],
@@ -125,26 +147,8 @@ def check(
     tail = window(samples, duration - window_s, duration + 1e9)
     if not half or not tail:
         return [*checks, Check("samples in first half and last window", len(half), len(tail), False)]
-    for table in sorted(tail[-1].rows):
-        checks.append(
-            _bounded(
-                f"rows judgequeue.{table}",
-                max(s.rows.get(table, 0) for s in half),
-                max(s.rows.get(table, 0) for s in tail),
-                1.5,
-                100,
-            )
-        )
-    for table in sorted(tail[-1].bytes):
-        checks.append(
-            _bounded(
-                f"bytes judgequeue.{table} (table+indexes)",
-                max(s.bytes.get(table, 0) for s in half),
-                max(s.bytes.get(table, 0) for s in tail),
-                size_ratio,
-                256 * 1024,
-            )
-        )
+    checks += _per_table(half, tail, lambda s: s.rows, "rows judgequeue.{}", 1.5, 100)
+    checks += _per_table(half, tail, lambda s: s.bytes, "bytes judgequeue.{} (table+indexes)", size_ratio, 256 * 1024)
     checks.append(
         _bounded(
             "redis used_memory",
