@@ -27,11 +27,9 @@ import time
 from typing import Any
 
 from bench import burst, cpu, latency, peer, pipeline, soak
-from bench.cli import add_run_options, new_parser, run_on_servers
+from bench.cli import add_run_options, new_parser, reporter, run_on_servers
 
-
-def progress(message: str) -> None:
-    print(f"[all {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+progress = reporter("all")
 
 
 async def end_to_end(jobs: int, workers: list[int]) -> dict[str, Any]:

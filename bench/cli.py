@@ -15,6 +15,15 @@ from typing import Any
 from bench import servers
 
 
+def reporter(name: str) -> Callable[[str], None]:
+    """A ``progress(message)`` that prints ``[name HH:MM:SS] message`` to stderr."""
+
+    def progress(message: str) -> None:
+        print(f"[{name} {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+    return progress
+
+
 def new_parser(doc: str | None) -> argparse.ArgumentParser:
     """A parser whose help is the script's docstring, verbatim."""
     return argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -44,12 +53,7 @@ def with_servers(module: str, argv: list[str], mode: str) -> int:
         env.update({"BENCH_POSTMASTER_PID": str(pm or ""), "BENCH_REDIS_PID": str(rp or "")})
         return subprocess.call([sys.executable, "-m", module, *argv, "--inner"], env=env)
     with servers.private_servers() as srv:
-        name = module.rpartition(".")[2]
-        print(
-            f"[{name} {time.strftime('%H:%M:%S')}] private servers: {srv.admin_dsn}, {srv.redis_url}",
-            file=sys.stderr,
-            flush=True,
-        )
+        reporter(module.rpartition(".")[2])(f"private servers: {srv.admin_dsn}, {srv.redis_url}")
         env.update(
             {
                 "JUDGEQUEUE_TEST_POSTGRES_DSN": srv.admin_dsn,

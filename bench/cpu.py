@@ -37,7 +37,7 @@ from typing import Any
 import asyncpg
 
 from bench import outbox_bench, pipeline, servers
-from bench.cli import add_run_options, new_parser, run_on_servers
+from bench.cli import add_run_options, new_parser, reporter, run_on_servers
 from bench.common import create_database, drop_database, pgbench, redis_benchmark_xadd
 from judgequeue.core import outbox, sql
 from judgequeue.core.runtime import event_loop_factory
@@ -45,8 +45,7 @@ from judgequeue.core.runtime import event_loop_factory
 CONNECTIONS = 8
 
 
-def progress(message: str) -> None:
-    print(f"[cpu {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+progress = reporter("cpu")
 
 
 # --------------------------------------------------------------------------- the application side

@@ -15,15 +15,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from typing import Any
 
 from bench import pipeline
-from bench.cli import add_run_options, new_parser, run_on_servers
+from bench.cli import add_run_options, new_parser, reporter, run_on_servers
 
-
-def progress(message: str) -> None:
-    print(f"[latency {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+progress = reporter("latency")
 
 
 async def pairs(rate: float, count: int, seconds: float) -> list[dict[str, Any]]:

@@ -13,7 +13,6 @@ Run as root (the sandbox needs it): ``.venv/bin/python -m bench.sandbox_bench``.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import shutil
@@ -23,6 +22,7 @@ import tempfile
 import time
 from typing import Any
 
+from bench.cli import new_parser
 from bench.common import span_seconds
 from bench.pipeline import percentile, stack, wait_done
 from judgequeue.core import outbox
@@ -155,7 +155,7 @@ async def system_load(submissions: int, tests: int, workers: int, concurrency: i
 
 
 async def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = new_parser(__doc__)
     parser.add_argument("--runs", type=int, default=200)
     parser.add_argument("--submissions", type=int, default=1000)
     parser.add_argument("--tests", type=int, default=10)
