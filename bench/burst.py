@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from bench import pipeline
-from bench.cli import add_run_options, new_parser, run_on_servers
+from bench.cli import add_run_options, new_parser, reporter, run_on_servers
+from bench.plots import headless_pyplot, save
 from judgequeue.core import streams
 from judgequeue.core.states import VERDICTS
 
@@ -40,8 +41,7 @@ PROGRESS_SQL = (
 )
 
 
-def progress(message: str) -> None:
-    print(f"[burst {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+progress = reporter("burst")
 
 
 async def _sampler(s: pipeline.Stack, after: int, t0: float, out: list[dict[str, float]], stop: asyncio.Event) -> None:
@@ -138,13 +138,8 @@ async def burst(submissions: int, connections: int, processes: int, workers: int
 
 
 def plot(r: dict[str, Any], path: Path) -> str | None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        progress("matplotlib not installed (pip install '.[bench]'): no plot")
+    plt = headless_pyplot(progress)
+    if plt is None:
         return None
     samples = r["samples"]
     ts = [x["t"] for x in samples]
@@ -174,11 +169,7 @@ def plot(r: dict[str, Any], path: Path) -> str | None:
     b.set_xlabel("seconds since the burst started")
     b.legend(fontsize="small")
     b.grid(True, alpha=0.3)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return str(path)
+    return save(plt, fig, path)
 
 
 def report(r: dict[str, Any]) -> str:

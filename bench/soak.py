@@ -39,8 +39,9 @@ from pathlib import Path
 from typing import Any
 
 from bench import pipeline, servers
-from bench.cli import add_run_options, new_parser, run_on_servers
+from bench.cli import add_run_options, new_parser, reporter, run_on_servers
 from bench.cpu import paced_submit
+from bench.plots import headless_pyplot, save
 from judgequeue.core import streams
 
 TABLES_SQL = """
@@ -63,8 +64,7 @@ FINISHED_SQL = (
 )
 
 
-def progress(message: str) -> None:
-    print(f"[soak {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+progress = reporter("soak")
 
 
 @dataclass
@@ -264,13 +264,8 @@ async def run_soak(
 
 
 def plot(result: dict[str, Any], path: Path, title: str) -> str | None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        progress("matplotlib not installed (pip install '.[bench]'): no plot")
+    plt = headless_pyplot(progress)
+    if plt is None:
         return None
     samples: list[Sample] = result["_samples"]
     ts = [s.t / 60 for s in samples]
@@ -300,11 +295,7 @@ def plot(result: dict[str, Any], path: Path, title: str) -> str | None:
     ax.set_xlabel("minutes")
     ax.legend(fontsize="small")
     ax.grid(True, alpha=0.3)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return str(path)
+    return save(plt, fig, path)
 
 
 def report(result: dict[str, Any], checks: list[Check]) -> str:
