@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import pipeline
-from bench.cli import add_run_options, new_parser, reporter, run_on_servers
+from bench.cli import add_counts, add_run_options, new_parser, reporter, run_on_servers
 from bench.plots import headless_pyplot, save
 from judgequeue.core import streams
 from judgequeue.core.states import VERDICTS
@@ -213,10 +213,7 @@ async def inner(args: argparse.Namespace) -> int:
 
 def parser() -> argparse.ArgumentParser:
     p = new_parser(__doc__)
-    p.add_argument("--submissions", type=int, default=100_000)
-    p.add_argument("--connections", type=int, default=64)
-    p.add_argument("--processes", type=int, default=4)
-    p.add_argument("--workers", type=int, default=2)
+    add_counts(p, submissions=100_000, connections=64, processes=4, workers=2)
     p.add_argument("--peak-jobs", type=int, default=10_000, help="jobs for the steady-state peak (0: skip)")
     return add_run_options(p, plots=True)
 

@@ -29,6 +29,12 @@ def new_parser(doc: str | None) -> argparse.ArgumentParser:
     return argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
+def add_counts(p: argparse.ArgumentParser, **defaults: int) -> None:
+    """Add one integer option per keyword, in order: ``workers=2`` becomes ``--workers`` defaulting to 2."""
+    for name, default in defaults.items():
+        p.add_argument("--" + name.replace("_", "-"), type=int, default=default)
+
+
 def add_run_options(
     p: argparse.ArgumentParser, *, plots: bool = False, out: str = "bench/out"
 ) -> argparse.ArgumentParser:

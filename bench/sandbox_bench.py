@@ -22,7 +22,7 @@ import tempfile
 import time
 from typing import Any
 
-from bench.cli import new_parser
+from bench.cli import add_counts, new_parser
 from bench.common import span_seconds
 from bench.pipeline import percentile, stack, wait_done
 from judgequeue.core import outbox
@@ -156,10 +156,7 @@ async def system_load(submissions: int, tests: int, workers: int, concurrency: i
 
 async def main() -> int:
     parser = new_parser(__doc__)
-    parser.add_argument("--runs", type=int, default=200)
-    parser.add_argument("--submissions", type=int, default=1000)
-    parser.add_argument("--tests", type=int, default=10)
-    parser.add_argument("--workers", type=int, default=2)
+    add_counts(parser, runs=200, submissions=1000, tests=10, workers=2)
     parser.add_argument("--concurrency", type=int, default=2, help="judge slots per worker")
     args = parser.parse_args()
     o = await overhead(args.runs)
