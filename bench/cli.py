@@ -1,4 +1,4 @@
-"""Command-line plumbing shared by the benchmark scripts: one parser shape, one private-server runner."""
+"""Command-line plumbing shared by the benchmark scripts: progress lines, option sets, the private-server runner."""
 
 from __future__ import annotations
 
