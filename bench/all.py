@@ -20,20 +20,16 @@ Durations: about 12 minutes by default, 5 with ``--quick``, plus the soak.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 from bench import burst, cpu, latency, peer, pipeline, soak
-from bench.cpu import with_servers
+from bench.cli import add_run_options, new_parser, reporter, run_on_servers
 
-
-def progress(message: str) -> None:
-    print(f"[all {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+progress = reporter("all")
 
 
 async def end_to_end(jobs: int, workers: list[int]) -> dict[str, Any]:
@@ -108,24 +104,17 @@ async def inner(args: argparse.Namespace) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = new_parser(__doc__)
     p.add_argument("--quick", action="store_true")
     p.add_argument("--rate", type=float, default=1000.0, help="offered load of the CPU measurement")
     p.add_argument("--ref", help="git revision whose roles are measured alongside (e.g. main)")
     p.add_argument("--burst", type=int, default=100_000, help="submissions in the contest-start burst")
     p.add_argument("--soak-minutes", type=float, default=0.0)
-    p.add_argument("--servers", choices=("private", "system"), default="private")
-    p.add_argument("--out", type=Path, default=Path("bench/out/all"))
-    p.add_argument("--plots", type=Path, default=Path("docs/img"))
-    p.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
-    return p
+    return add_run_options(p, plots=True, out="bench/out/all")
 
 
 def main() -> int:
-    args = parser().parse_args()
-    if not args.inner:
-        return with_servers("bench.all", sys.argv[1:], args.servers)
-    return asyncio.run(inner(args))
+    return run_on_servers("bench.all", parser(), inner)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from bench import pipeline
-from bench.cpu import with_servers
+from bench.cli import add_counts, add_run_options, new_parser, reporter, run_on_servers
+from bench.plots import headless_pyplot, save
 from judgequeue.core import streams
 from judgequeue.core.states import VERDICTS
 
@@ -40,8 +41,7 @@ PROGRESS_SQL = (
 )
 
 
-def progress(message: str) -> None:
-    print(f"[burst {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+progress = reporter("burst")
 
 
 async def _sampler(s: pipeline.Stack, after: int, t0: float, out: list[dict[str, float]], stop: asyncio.Event) -> None:
@@ -138,13 +138,8 @@ async def burst(submissions: int, connections: int, processes: int, workers: int
 
 
 def plot(r: dict[str, Any], path: Path) -> str | None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        progress("matplotlib not installed (pip install '.[bench]'): no plot")
+    plt = headless_pyplot(progress)
+    if plt is None:
         return None
     samples = r["samples"]
     ts = [x["t"] for x in samples]
@@ -174,11 +169,7 @@ def plot(r: dict[str, Any], path: Path) -> str | None:
     b.set_xlabel("seconds since the burst started")
     b.legend(fontsize="small")
     b.grid(True, alpha=0.3)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return str(path)
+    return save(plt, fig, path)
 
 
 def report(r: dict[str, Any]) -> str:
@@ -221,24 +212,14 @@ async def inner(args: argparse.Namespace) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--submissions", type=int, default=100_000)
-    p.add_argument("--connections", type=int, default=64)
-    p.add_argument("--processes", type=int, default=4)
-    p.add_argument("--workers", type=int, default=2)
+    p = new_parser(__doc__)
+    add_counts(p, submissions=100_000, connections=64, processes=4, workers=2)
     p.add_argument("--peak-jobs", type=int, default=10_000, help="jobs for the steady-state peak (0: skip)")
-    p.add_argument("--servers", choices=("private", "system"), default="private")
-    p.add_argument("--out", type=Path, default=Path("bench/out"))
-    p.add_argument("--plots", type=Path, default=Path("docs/img"))
-    p.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
-    return p
+    return add_run_options(p, plots=True)
 
 
 def main() -> int:
-    args = parser().parse_args()
-    if not args.inner:
-        return with_servers("bench.burst", sys.argv[1:], args.servers)
-    return asyncio.run(inner(args))
+    return run_on_servers("bench.burst", parser(), inner)
 
 
 if __name__ == "__main__":

@@ -25,13 +25,14 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
+from bench.cli import new_parser
 from bench.common import REDIS_URL, create_database, drop_database
 from tests.support.chaos import Chaos, ChaosConfig, fault_targets
 from tests.support.databases import delete_queue_keys
 
 
 async def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = new_parser(__doc__)
     parser.add_argument("--submissions", type=int, default=5000)
     parser.add_argument("--seconds", type=float, default=120)
     parser.add_argument("--seed", type=int, default=1)

@@ -37,6 +37,7 @@ from typing import Any
 import asyncpg
 
 from bench import outbox_bench, pipeline, servers
+from bench.cli import add_run_options, new_parser, reporter, run_on_servers
 from bench.common import create_database, drop_database, pgbench, redis_benchmark_xadd
 from judgequeue.core import outbox, sql
 from judgequeue.core.runtime import event_loop_factory
@@ -44,8 +45,7 @@ from judgequeue.core.runtime import event_loop_factory
 CONNECTIONS = 8
 
 
-def progress(message: str) -> None:
-    print(f"[cpu {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+progress = reporter("cpu")
 
 
 # --------------------------------------------------------------------------- the application side
@@ -475,56 +475,31 @@ async def inner(args: argparse.Namespace) -> dict[str, Any]:
     return results
 
 
-def with_servers(module: str, argv: list[str], mode: str) -> int:
-    """Re-run ``python -m module argv --inner`` against private servers (or the system ones)."""
-    env = dict(os.environ)
-    if mode == "system":
-        pm, rp = servers.system_pids(
-            env.get("JUDGEQUEUE_TEST_POSTGRES_DSN", ""), env.get("JUDGEQUEUE_TEST_REDIS_URL", "")
-        )
-        env.setdefault("JUDGEQUEUE_TEST_POSTGRES_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
-        env.setdefault("JUDGEQUEUE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
-        env.update({"BENCH_POSTMASTER_PID": str(pm or ""), "BENCH_REDIS_PID": str(rp or "")})
-        return subprocess.call([sys.executable, "-m", module, *argv, "--inner"], env=env)
-    with servers.private_servers() as srv:
-        progress(f"private servers: {srv.admin_dsn}, {srv.redis_url}")
-        env.update(
-            {
-                "JUDGEQUEUE_TEST_POSTGRES_DSN": srv.admin_dsn,
-                "JUDGEQUEUE_TEST_REDIS_URL": srv.redis_url,
-                "BENCH_POSTMASTER_PID": str(srv.postmaster_pid),
-                "BENCH_REDIS_PID": str(srv.redis_pid),
-            }
-        )
-        return subprocess.call([sys.executable, "-m", module, *argv, "--inner"], env=env)
-
-
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = new_parser(__doc__)
     p.add_argument("--rate", type=float, default=1000.0, help="offered jobs/s")
     p.add_argument("--seconds", type=float, default=20.0, help="length of the offered load")
     p.add_argument("--workers", type=int, default=1)
     p.add_argument("--limit-seconds", type=int, default=8, help="pgbench run length")
-    p.add_argument("--servers", choices=("private", "system"), default="private")
     p.add_argument("--skip-peer", action="store_true")
     p.add_argument("--profile", type=Path, help="py-spy the dispatcher and a worker into this directory")
     p.add_argument("--ref", help="also measure this git revision's roles (e.g. main), alternating with this tree")
     p.add_argument("--rounds", type=int, default=2, help="alternating rounds with --ref (best of each)")
-    p.add_argument("--out", type=Path, default=Path("bench/out"))
-    p.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
-    return p
+    return add_run_options(p)
 
 
-def main() -> int:
-    args = parser().parse_args()
-    if not args.inner:
-        return with_servers("bench.cpu", sys.argv[1:], args.servers)
-    results = asyncio.run(inner(args))
+async def measure_and_print(args: argparse.Namespace) -> int:
+    """The ``--inner`` run: measure, write ``cpu.json``, print the table."""
+    results = await inner(args)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "cpu.json").write_text(json.dumps(results, indent=1))
     print(table(results))
     print(f"\nload average {results['loadavg_start']} -> {results['loadavg_end']}; results: {args.out / 'cpu.json'}")
     return 0
+
+
+def main() -> int:
+    return run_on_servers("bench.cpu", parser(), measure_and_print)
 
 
 if __name__ == "__main__":

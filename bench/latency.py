@@ -13,19 +13,14 @@ clock, the enqueue transaction's start) to the moment the job's code runs (host 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
-import time
-from pathlib import Path
 from typing import Any
 
 from bench import pipeline
-from bench.cpu import with_servers
+from bench.cli import add_run_options, new_parser, reporter, run_on_servers
 
-
-def progress(message: str) -> None:
-    print(f"[latency {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+progress = reporter("latency")
 
 
 async def pairs(rate: float, count: int, seconds: float) -> list[dict[str, Any]]:
@@ -88,21 +83,15 @@ async def inner(args: argparse.Namespace) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = new_parser(__doc__)
     p.add_argument("--rates", default="200,1000")
     p.add_argument("--pairs", type=int, default=5)
     p.add_argument("--seconds", type=float, default=10.0)
-    p.add_argument("--servers", choices=("private", "system"), default="private")
-    p.add_argument("--out", type=Path, default=Path("bench/out"))
-    p.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
-    return p
+    return add_run_options(p)
 
 
 def main() -> int:
-    args = parser().parse_args()
-    if not args.inner:
-        return with_servers("bench.latency", sys.argv[1:], args.servers)
-    return asyncio.run(inner(args))
+    return run_on_servers("bench.latency", parser(), inner)
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ import asyncpg
 import redis.asyncio as aioredis
 
 from bench import outbox_bench, pipeline, stream_bench
+from bench.cli import reporter
 from bench.common import REDIS_URL, create_database, drop_database, pgbench, redis_benchmark_xadd
 from judgequeue.core import streams
 from judgequeue.core.queues import create_queue
@@ -42,8 +43,7 @@ from judgequeue.core.queues import create_queue
 T = TypeVar("T")
 
 
-def progress(message: str) -> None:
-    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+progress = reporter("bench")
 
 
 async def step(name: str, call: Callable[[], Awaitable[T]]) -> T:

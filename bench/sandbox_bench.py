@@ -13,7 +13,6 @@ Run as root (the sandbox needs it): ``.venv/bin/python -m bench.sandbox_bench``.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import shutil
@@ -23,6 +22,7 @@ import tempfile
 import time
 from typing import Any
 
+from bench.cli import add_counts, new_parser
 from bench.common import span_seconds
 from bench.pipeline import percentile, stack, wait_done
 from judgequeue.core import outbox
@@ -155,11 +155,8 @@ async def system_load(submissions: int, tests: int, workers: int, concurrency: i
 
 
 async def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--runs", type=int, default=200)
-    parser.add_argument("--submissions", type=int, default=1000)
-    parser.add_argument("--tests", type=int, default=10)
-    parser.add_argument("--workers", type=int, default=2)
+    parser = new_parser(__doc__)
+    add_counts(parser, runs=200, submissions=1000, tests=10, workers=2)
     parser.add_argument("--concurrency", type=int, default=2, help="judge slots per worker")
     args = parser.parse_args()
     o = await overhead(args.runs)

@@ -32,13 +32,16 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from bench import pipeline, servers
-from bench.cpu import paced_submit, with_servers
+from bench.cli import add_run_options, new_parser, reporter, run_on_servers
+from bench.cpu import paced_submit
+from bench.plots import headless_pyplot, save
 from judgequeue.core import streams
 
 TABLES_SQL = """
@@ -61,8 +64,7 @@ FINISHED_SQL = (
 )
 
 
-def progress(message: str) -> None:
-    print(f"[soak {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+progress = reporter("soak")
 
 
 @dataclass
@@ -99,6 +101,27 @@ def _bounded(name: str, early: float, late: float, ratio: float, floor: float) -
     return Check(name, late, bound, late <= bound)
 
 
+def _per_table(
+    half: list[Sample],
+    tail: list[Sample],
+    of: Callable[[Sample], dict[str, int]],
+    name: str,
+    ratio: float,
+    floor: float,
+) -> list[Check]:
+    """Bound each table's peak in ``tail`` by its peak in ``half``; ``name`` is formatted with the table."""
+    return [
+        _bounded(
+            name.format(table),
+            max(of(s).get(table, 0) for s in half),
+            max(of(s).get(table, 0) for s in tail),
+            ratio,
+            floor,
+        )
+        for table in sorted(of(tail[-1]))
+    ]
+
+
 def check(
     samples: list[Sample],
     latencies: list[tuple[float, float]],
@@ -124,26 +147,8 @@ def check(
     tail = window(samples, duration - window_s, duration + 1e9)
     if not half or not tail:
         return [*checks, Check("samples in first half and last window", len(half), len(tail), False)]
-    for table in sorted(tail[-1].rows):
-        checks.append(
-            _bounded(
-                f"rows judgequeue.{table}",
-                max(s.rows.get(table, 0) for s in half),
-                max(s.rows.get(table, 0) for s in tail),
-                1.5,
-                100,
-            )
-        )
-    for table in sorted(tail[-1].bytes):
-        checks.append(
-            _bounded(
-                f"bytes judgequeue.{table} (table+indexes)",
-                max(s.bytes.get(table, 0) for s in half),
-                max(s.bytes.get(table, 0) for s in tail),
-                size_ratio,
-                256 * 1024,
-            )
-        )
+    checks += _per_table(half, tail, lambda s: s.rows, "rows judgequeue.{}", 1.5, 100)
+    checks += _per_table(half, tail, lambda s: s.bytes, "bytes judgequeue.{} (table+indexes)", size_ratio, 256 * 1024)
     checks.append(
         _bounded(
             "redis used_memory",
@@ -259,13 +264,8 @@ async def run_soak(
 
 
 def plot(result: dict[str, Any], path: Path, title: str) -> str | None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        progress("matplotlib not installed (pip install '.[bench]'): no plot")
+    plt = headless_pyplot(progress)
+    if plt is None:
         return None
     samples: list[Sample] = result["_samples"]
     ts = [s.t / 60 for s in samples]
@@ -295,11 +295,7 @@ def plot(result: dict[str, Any], path: Path, title: str) -> str | None:
     ax.set_xlabel("minutes")
     ax.legend(fontsize="small")
     ax.grid(True, alpha=0.3)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return str(path)
+    return save(plt, fig, path)
 
 
 def report(result: dict[str, Any], checks: list[Check]) -> str:
@@ -359,7 +355,7 @@ async def inner(args: argparse.Namespace) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = new_parser(__doc__)
     p.add_argument("--minutes", type=float, default=30.0)
     p.add_argument("--window-minutes", type=float, default=5.0)
     p.add_argument("--rate", type=float, help="offered jobs/s (default: --peak-fraction of the measured peak)")
@@ -370,18 +366,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--sample-seconds", type=float, default=10.0)
     p.add_argument("--latency-floor-ms", type=float, default=5.0)
     p.add_argument("--size-ratio", type=float, default=1.5)
-    p.add_argument("--servers", choices=("private", "system"), default="private")
-    p.add_argument("--out", type=Path, default=Path("bench/out"))
-    p.add_argument("--plots", type=Path, default=Path("docs/img"))
-    p.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
-    return p
+    return add_run_options(p, plots=True)
 
 
 def main() -> int:
-    args = parser().parse_args()
-    if not args.inner:
-        return with_servers("bench.soak", sys.argv[1:], args.servers)
-    return asyncio.run(inner(args))
+    return run_on_servers("bench.soak", parser(), inner)
 
 
 if __name__ == "__main__":
