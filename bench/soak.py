@@ -21,7 +21,7 @@ the outbox backlog, and every role's RSS. The checks (:func:`check`):
 * every role's RSS at the end <= 1.1x its RSS at the end of the first window.
 
 Prints the figures and checks, writes ``soak.json`` to ``--out`` and ``soak.png`` to ``--plots``.
-The CI version is ``tests/test_soak.py`` (2 minutes, windows of 20 s).
+The CI version is ``tests/process/test_soak.py`` (2 minutes, windows of 20 s).
 """
 
 from __future__ import annotations
