@@ -22,10 +22,9 @@ listens nor registers (so submitters never notify) and polls every ``schedule``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
 
 import asyncpg
@@ -40,6 +39,7 @@ from .lifecycle import (
     DB_ERRORS,
     SHUTDOWN_STEP,
     HeldSession,
+    best_effort,
     instance_id,
     serve,
     unless_stopped,
@@ -266,6 +266,15 @@ class Dispatcher:
         failures = 0
         streak = 0  # cycles run back to back (no wait between them) that found work
         carry: list[outbox.Mark] = []  # the last batch's marks, applied with the next claim
+
+        async def step(work: Awaitable[object]) -> bool:
+            """A statement of the loop, abandoned if SIGTERM comes first (False: stop now)."""
+            await unless_stopped(stop, work)
+            if stop.is_set():
+                await session.drop()  # possibly abandoned mid-statement: never reuse that session
+                return False
+            return True
+
         try:
             while not stop.is_set():
                 wake.clear()
@@ -290,24 +299,28 @@ class Dispatcher:
                         if not (registered and keep_listening(result.claimed, cfg.batch_size, streak)):
                             if registered:
                                 # Work is flowing and we loop at once: submitters need not notify.
-                                await outbox.unregister_waiter(conn, self.queue, self.name)
+                                if not await step(outbox.unregister_waiter(conn, self.queue, self.name)):
+                                    break
                                 registered = False
                             continue
                     else:
                         streak = 0
                         if not registered and listen_dsn is not None:
-                            await outbox.register_waiter(conn, self.queue, self.name)
+                            if not await step(outbox.register_waiter(conn, self.queue, self.name)):
+                                break
                             registered = True
                             continue  # rows committed before registering sent no notification
                     marks, carry = carry, []
-                    await self.flush(conn, marks)  # about to sleep
+                    if not await step(self.flush(conn, marks)):  # about to sleep
+                        carry = marks  # not applied: the finally below tries once more
+                        break
                 except DB_ERRORS as exc:
                     failures += 1
                     delay = min(5.0, 0.1 * 2**failures)
                     log.warning("dispatch cycle failed", extra={"error": str(exc), "retry_in": delay})
                     registered = False
                     # Marks not applied: those rows stay CLAIMED until claim_ttl, are claimed
-                    # again and re-sent, and the dedup marker absorbs the duplicates.
+                    # again and re-sent, and the dedup marker or the lease fence absorbs them.
                     carry = []
                     await session.drop()
                     await wait_any(stop, None, delay)
@@ -323,15 +336,13 @@ class Dispatcher:
         finally:
             if carry:
                 # Stopping between cycles: best effort and bounded (unapplied marks only cost a
-                # duplicate send after claim_ttl, absorbed by the dedup marker).
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(self._flush_pooled(carry), SHUTDOWN_STEP)
+                # duplicate send after claim_ttl, which the lease fence drops).
+                await best_effort(self._flush_pooled(carry), SHUTDOWN_STEP)
             await session.release()
             if listen_conn is not None:
                 listen_conn.terminate()  # nothing to flush; a graceful close could wait on a dead link
             # Best effort and bounded: a waiter row left behind is pruned by the reaper.
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._unregister(), SHUTDOWN_STEP)
+            await best_effort(self._unregister(), SHUTDOWN_STEP)
 
     async def _flush_pooled(self, marks: Sequence[outbox.Mark]) -> None:
         async with self.pool.acquire(timeout=STATEMENT_TIMEOUT) as conn:

@@ -90,6 +90,22 @@ async def unless_stopped(stop: asyncio.Event, work: Awaitable[T]) -> T | None:
     return None
 
 
+async def best_effort(work: Awaitable[Any], within: float) -> None:
+    """Give a shutdown step ``within`` seconds, then cancel it and go on without waiting for it to
+    unwind (a call cancelled on a stalled server waits for the server's cancel acknowledgement).
+    What it raises is dropped: a best-effort step's failure is redone or pruned by another role."""
+    task = asyncio.ensure_future(work)
+    await asyncio.wait({task}, timeout=within)
+    if not task.done():
+        task.cancel()
+    task.add_done_callback(_drop_outcome)
+
+
+def _drop_outcome(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()  # retrieved, so asyncio does not report it as never retrieved
+
+
 async def cancel_within(task: asyncio.Future[Any], within: float) -> None:
     """Cancel ``task`` and wait at most ``within`` seconds for it to finish.
 

@@ -7,7 +7,7 @@ import asyncio
 import asyncpg
 import pytest
 
-from judgequeue.core import outbox
+from judgequeue.core import lifecycle, outbox
 from judgequeue.core.lifecycle import DB_ERRORS, HeldSession, open_connections
 from judgequeue.core.queues import create_queue
 from tests.support.databases import REDIS_URL, connection
@@ -110,3 +110,27 @@ async def test_held_session_drop_closes_rather_than_reuses(pg_pool: asyncpg.Pool
     await session.drop()
     async with pg_pool.acquire() as conn:
         assert await conn.fetchval("SELECT pg_backend_pid()") != pid
+
+
+async def test_best_effort_gives_up_without_waiting_for_a_slow_cancel() -> None:
+    """A shutdown step stuck on a stalled server is cancelled and left to unwind on its own."""
+    release = asyncio.Event()
+    unwound = False
+
+    async def stuck() -> None:
+        nonlocal unwound
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            await release.wait()  # asyncpg waits for the server to acknowledge a cancel like this
+            unwound = True
+            raise
+
+    await lifecycle.best_effort(stuck(), 0.01)
+    assert not unwound  # returned before the step finished unwinding
+    release.set()
+
+    async def failing() -> None:
+        raise ConnectionResetError("server went away")
+
+    await lifecycle.best_effort(failing(), 1.0)  # a failure is dropped, not raised
