@@ -206,8 +206,8 @@ class Dispatcher:
         failpoints.hit("dispatcher.after_mark")
         lost = len(marks) - len(applied)
         if lost:
-            # Our claim expired and another dispatcher took the rows; the dedup marker absorbs
-            # whatever both of us appended.
+            # Our claim expired and another dispatcher took the rows; the dedup marker (or, once
+            # the entry is acked, the lease fence) absorbs whatever both of us appended.
             log.warning("claims lost before marking", extra={"rows": lost})
         dead = sum(1 for state in applied.values() if state == "DEAD")
         if dead:

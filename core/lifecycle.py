@@ -193,7 +193,8 @@ async def keep_session(_conn: asyncpg.Connection) -> None:
 
     asyncpg's default reset sends ``RESET ALL; UNLISTEN *; ...`` on every release, a full round trip
     that each ``async with pool.acquire()`` waits for, between the claim and the append and between
-    the lease and the judge (one round trip per acquire on the critical path; docs/performance.md has the measurement).
+    the lease and the judge (one round trip per acquire on the critical path; docs/performance.md
+    has the measurement).
     The roles never SET, LISTEN or take session advisory locks on pooled connections (the
     dispatcher listens on its own connection), and asyncpg still rolls back any transaction left
     open before calling this hook.

@@ -98,11 +98,6 @@ class ClaimedRow:
     age: float  # seconds from creation to this claim, on the DB clock
 
 
-# Claims and marks commit without waiting for the WAL flush (set per transaction, so it works behind
-# any pooler): a claim lost in a database crash is claimed again, a lost mark re-sends a row whose
-# Redis dedup marker absorbs the duplicate.
-
-
 async def claim(conn: asyncpg.Connection, queue: str, *, limit: int, owner: str, claim_ttl: float) -> list[ClaimedRow]:
     """Claim up to ``limit`` ready rows for ``owner`` (one short statement, no lock held afterwards).
 
@@ -168,6 +163,10 @@ async def mark_and_claim(
     claim_ttl: float,
 ) -> tuple[dict[int, OutboxState], list[ClaimedRow]]:
     """:func:`mark` the previous batch and :func:`claim` the next one in one statement and commit.
+
+    It commits without waiting for the WAL flush (set per transaction, so it works behind any
+    pooler): a claim lost in a database crash is claimed again, and a lost mark re-sends a row whose
+    duplicate the dedup marker absorbs (or, once its entry is acked, the lease fence).
 
     Exactly the two statements' effects (a row being marked is never claimed by the same
     statement), minus one round trip and one commit per batch for a dispatcher that loops.

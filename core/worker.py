@@ -500,8 +500,8 @@ class Worker:
         self.stats.leased += len(held)
         set_aside = {d.entry.entry_id for d in refused}
         kept = [(entry_id, env) for entry_id, env in batch if entry_id not in set_aside]
-        self._acks.add([entry_id for entry_id, _ in kept], [(env.submission, env.generation) for _, env in kept])
         pairs = [(env.submission, env.generation) for _, env in kept]
+        self._acks.add([entry_id for entry_id, _ in kept], pairs)
         return unleased(pairs, [(x.submission, x.generation) for x in held])
 
     def _give_up(self, entry_id: str, envelope: Envelope | None, reason: str) -> dead_letters.Decision:

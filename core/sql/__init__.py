@@ -2,8 +2,9 @@
 
 ``queries.sql`` holds each statement under ``-- name: <name>`` followed by a one-line ``-- ``
 comment. It is read once, at import; modules name each statement where they run it,
-``conn.fetch(sql.query("lease_acquire"), ...)`` (a dict lookup), and ``tests/integration/test_sql.py``
-checks that every name used exists, every statement is used and none is written inline elsewhere. Statements are fixed
+``conn.fetch(sql.query("lease_acquire"), ...)`` (a dict lookup), and
+``tests/integration/test_sql.py`` checks that every name used exists, every statement is used and
+none is written inline elsewhere. Statements are fixed
 text: values go in as parameters and state lists as arrays from :mod:`judgequeue.core.states`.
 The migrations and the migration runner's bookkeeping are the only SQL kept elsewhere.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import fields
+from functools import cache
 from importlib import resources
 from types import MappingProxyType
 from typing import Any, Final, TypeVar
@@ -77,4 +79,11 @@ T = TypeVar("T")
 def row_as(cls: type[T], row: Mapping[str, Any], **columns: str) -> T:
     """A dataclass from a result row whose columns carry its field names (``columns`` renames:
     ``field="column"``), so a statement's column list and the class stay the one description."""
-    return cls(**{f.name: row[columns.get(f.name, f.name)] for f in fields(cls)})  # type: ignore[arg-type]
+    names = _field_names(cls)  # type: ignore[arg-type]  # a class is hashable
+    return cls(**{name: row[columns.get(name, name)] for name in names})
+
+
+@cache
+def _field_names(cls: type[Any]) -> tuple[str, ...]:
+    # Per class once: claimed rows go through row_as on the dispatcher's hot path.
+    return tuple(f.name for f in fields(cls))
