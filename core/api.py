@@ -9,7 +9,6 @@ each says what was wrong with the input, and a refused call writes nothing.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -53,11 +52,8 @@ async def result(conn: asyncpg.Connection, submission_id: int) -> Result:
     row = (await submissions.read(conn, [submission_id])).get(submission_id)
     if row is None:
         raise UnknownSubmission(f"unknown submission {submission_id}")
-    details = row["verdict"]
-    if isinstance(details, str):  # jsonb arrives as text unless the connection has a codec
-        details = json.loads(details)
     return Result(
-        submission_id=submission_id, status=row["status"], generation=row["generation"], details=details,
+        submission_id=submission_id, status=row["status"], generation=row["generation"], details=row["verdict"],
         created_at=row["created_at"], finished_at=row["finished_at"],
     )  # fmt: skip
 

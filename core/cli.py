@@ -402,13 +402,7 @@ async def wait_for_verdicts(conn: Any, ids: Sequence[int], within: float, poll: 
 
 
 def _verdict_json(row: Any) -> dict[str, Any]:
-    verdict = row["verdict"]
-    return {
-        "id": row["id"],
-        "status": row["status"],
-        "generation": row["generation"],
-        "verdict": json.loads(verdict) if isinstance(verdict, str) else verdict,
-    }
+    return {"id": row["id"], "status": row["status"], "generation": row["generation"], "verdict": row["verdict"]}
 
 
 def _verdict_lines(row: Any) -> list[str]:

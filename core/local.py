@@ -258,9 +258,7 @@ def verdict_table(programs: Sequence[DemoProgram], ids: Sequence[int], rows: Map
     for program, submission_id in zip(programs, ids, strict=True):
         row = rows.get(submission_id)
         status = row["status"] if row is not None else "UNKNOWN"
-        verdict = row["verdict"] if row is not None else None
-        if isinstance(verdict, str):
-            verdict = json.loads(verdict)
+        verdict = row["verdict"] if row is not None else None  # decoded by submissions.read
         out.append(
             {
                 "program": program.name,

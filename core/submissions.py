@@ -9,6 +9,7 @@ and the generation bump of a DLQ replay. Terminal means a status in :data:`state
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,9 +19,11 @@ from . import sql
 from .states import VERDICTS
 
 
-async def read(conn: asyncpg.Connection, ids: Sequence[int]) -> dict[int, asyncpg.Record]:
-    """The rows (id, status, generation, verdict, created_at, finished_at) of ``ids`` that exist."""
-    return {r["id"]: r for r in await conn.fetch(sql.query("submissions_read"), list(ids))}
+async def read(conn: asyncpg.Connection, ids: Sequence[int]) -> dict[int, dict[str, Any]]:
+    """The rows (id, status, generation, verdict, created_at, finished_at) of ``ids`` that exist,
+    the verdict decoded from its JSON (None until there is one)."""
+    rows = await conn.fetch(sql.query("submissions_read"), list(ids))
+    return {r["id"]: {**r, "verdict": None if r["verdict"] is None else json.loads(r["verdict"])} for r in rows}
 
 
 def is_terminal(status: str) -> bool:

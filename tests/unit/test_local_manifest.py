@@ -142,7 +142,7 @@ def test_verdict_table_and_progress_line() -> None:
         DemoProgram("free.py", None, {}),
     ]
     rows = {
-        1: {"status": "ACCEPTED", "verdict": '{"status": "ACCEPTED"}'},
+        1: {"status": "ACCEPTED", "verdict": {"status": "ACCEPTED"}},
         2: {"status": "WRONG_ANSWER", "verdict": None},
     }
     table = verdict_table(programs, [1, 2, 3], rows)
