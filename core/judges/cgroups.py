@@ -135,9 +135,8 @@ class BoxGroup:
         return True
 
     def create(self, *, memory: int, processes: int) -> None:
-        """Fresh groups with the memory (+swap) and process limits; leftovers are removed first."""
-        if self.leftover():
-            self.destroy(deadline=time.monotonic() + 5)
+        """Fresh groups with the memory (+swap) and process limits (the caller removes leftovers:
+        :meth:`leftover`, :meth:`destroy`)."""
         for d in self.dirs():
             os.mkdir(d)
         _write(os.path.join(self.memory, "memory.limit_in_bytes"), str(memory))
@@ -165,9 +164,11 @@ class BoxGroup:
     def cpu_ns(self) -> int:
         return int(_read(os.path.join(self.cpuacct, "cpuacct.usage")))
 
-    def pids_in(self) -> set[int]:
+    def pids_in(self, *, everywhere: bool = False) -> set[int]:
+        """Processes in the box: by the pids hierarchy (every run joins it), or ``everywhere``, for a
+        process stopped half-way through joining (cleanup after a crash)."""
         found: set[int] = set()
-        for f in self.procs_files():
+        for f in self.procs_files() if everywhere else [os.path.join(self.pids, "cgroup.procs")]:
             with contextlib.suppress(FileNotFoundError):
                 found.update(int(p) for p in _read(f).split())
         return found
@@ -179,7 +180,7 @@ class BoxGroup:
         many it can make.
         """
         while True:
-            pids = self.pids_in()
+            pids = self.pids_in(everywhere=True)
             if not pids:
                 return True
             for pid in pids:
@@ -231,6 +232,7 @@ def memory_controllers_usable(roots: Roots) -> str | None:
     try:
         prepare(roots)
         probe = BoxGroup(roots, f"probe-{os.getpid()}")
+        probe.destroy(time.monotonic() + 5)  # a crashed process's of the same pid
         probe.create(memory=64 << 20, processes=4)
         probe.destroy(time.monotonic() + 5)
     except OSError as exc:

@@ -129,7 +129,7 @@ def probe_bwrap(uid: int = 65534) -> str | None:
     argv = [
         shutil.which("setpriv") or "setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
         "--no-new-privs", "--", shutil.which("bwrap") or "bwrap", "--unshare-all", "--unshare-user",
-        "--disable-userns", "--die-with-parent",
+        "--disable-userns", "--die-with-parent", "--as-pid-1",  # no init: nothing left to reap
     ]  # fmt: skip
     for b in binds:
         argv += ["--ro-bind", b, b]

@@ -45,6 +45,7 @@ from . import STATUSES, PackageSource, Status, Verdict
 from .cgroups import BoxGroup, Roots, remove_stale
 from .checkers import MAX_MESSAGE, CheckerSpec, CheckResult, InvalidChecker, check, custom_outcome, parse_spec
 from .isolation import SANDBOX_DIR_VAR, JudgeSettings, detect, load_judge_settings
+from .lane import Lane
 from .languages import (
     COMPILE_LIMITS,
     COMPILE_OUTPUT_MAX,
@@ -430,6 +431,7 @@ class _Box:
     group: BoxGroup | None
     helper_dir: str
     helper_group: BoxGroup | None
+    tests: Lane  # the submission's test runs, each next one armed while one runs (groups -a and -b)
 
 
 class ProgramJudge:
@@ -526,14 +528,18 @@ class ProgramJudge:
         slot = await self._free.get()
         uid = self.uid_base + slot
         named = f"{self.group_prefix}{slot}"
+        groups = (BoxGroup(self.roots, f"{named}-a"), BoxGroup(self.roots, f"{named}-b")) if self.roots else None
+        directory = os.path.join(self.boxes_dir, str(slot))
         box = _Box(
-            uid, os.path.join(self.boxes_dir, str(slot)), BoxGroup(self.roots, named) if self.roots else None,
+            uid, directory, BoxGroup(self.roots, named) if self.roots else None,
             os.path.join(self.boxes_dir, f"{slot}-helper"), BoxGroup(self.roots, f"{named}-h") if self.roots else None,
+            Lane(box=directory, uid=uid, isolation=self.isolation, groups=groups),
         )  # fmt: skip
         try:
             await asyncio.to_thread(self._make_dir, box.dir, uid)
             return await self._judge_in(program, problem, box)
         finally:
+            await asyncio.shield(box.tests.close())
             await asyncio.shield(asyncio.to_thread(self._remove_dirs, box))
             self._free.put_nowait(slot)
 
@@ -685,9 +691,7 @@ class ProgramJudge:
         problem: Problem, limits: Limits, box: _Box,
     ) -> tuple[TestResult, bytes]:  # fmt: skip
         """Run one ordinary test and check its output."""
-        facts = await run(
-            argv, box=box.dir, uid=box.uid, stdin=given, limits=limits, isolation=self.isolation, group=box.group
-        )
+        facts = await box.tests.run(argv, stdin=given, limits=limits, ahead=number < len(problem.tests))
         forced = classify_facts(facts, limits)
         if forced is not None:
             return result_of(number, forced[0], facts, 0.0, forced[1]), facts.stderr

@@ -16,6 +16,13 @@ A run (``isolation.mode == "full"``, see docs/judges.md for the threat model):
   worker drains without blocking, and learns of the exit through a pidfd, so no wait depends on
   what the box does with its file descriptors. Every wait has a deadline.
 
+A run is started in two steps: :func:`arm` starts the process chain, which joins its groups and
+has bubblewrap build the namespaces and mounts, then waits on ``--block-fd``; :func:`run` fills
+its stdin and lets it go. Cold runs do both at once; :class:`~.lane.Lane` arms a submission's next
+test while the current one runs. Once the program is done, the namespace's init (held by a pidfd
+from before the go, so its pid cannot be reused) is killed, taking anything the box left with it;
+a worker that is its container's PID 1 also reaps it (:func:`_reap_orphaned_init`).
+
 ``trusted`` mode (only with ``JUDGEQUEUE_SANDBOX=trusted``): the command runs directly with the
 same rlimits plus ``RLIMIT_AS``/``RLIMIT_CPU``, in its own session killed as a whole; CPU and
 memory come from ``wait4``'s rusage of the direct child only. It isolates nothing.
@@ -33,7 +40,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -123,7 +130,14 @@ def trusted_shim_script(limits: Limits) -> str:
 
 
 def bwrap_args(
-    isolation: Isolation, *, box: str, writable_box: bool, limits: Limits, seccomp_fd: int, status_fd: int
+    isolation: Isolation,
+    *,
+    box: str,
+    writable_box: bool,
+    limits: Limits,
+    seccomp_fd: int,
+    status_fd: int,
+    block_fd: int | None = None,
 ) -> list[str]:
     """bubblewrap's options for one run (pure)."""
     args = [
@@ -143,6 +157,8 @@ def bwrap_args(
     args += ["--remount-ro", "/"]  # bubblewrap's own root is a tmpfs; only /tmp (and /box) stay writable
     args += ["--chdir", BOX if writable_box else SCRATCH, "--setenv", "TMPDIR", SCRATCH]
     args += ["--seccomp", str(seccomp_fd), "--json-status-fd", str(status_fd)]
+    if block_fd is not None:  # everything but the exec is done before bubblewrap waits on it
+        args += ["--block-fd", str(block_fd)]
     return args
 
 
@@ -157,6 +173,7 @@ def build_command(
     writable_box: bool,
     seccomp_fd: int = 3,
     status_fd: int = 4,
+    block_fd: int | None = None,
 ) -> list[str]:
     """The whole command line of one run (pure)."""
     if isolation.mode == "trusted":
@@ -166,8 +183,9 @@ def build_command(
         "--inh-caps=-all", "--bounding-set=-all", "--",
     ]  # fmt: skip
     engine = bwrap_args(
-        isolation, box=box, writable_box=writable_box, limits=limits, seccomp_fd=seccomp_fd, status_fd=status_fd
-    )
+        isolation, box=box, writable_box=writable_box, limits=limits, seccomp_fd=seccomp_fd, status_fd=status_fd,
+        block_fd=block_fd,
+    )  # fmt: skip
     return ["/bin/sh", "-c", shim_script(limits, len(procs_files)), "shim", *procs_files, *drop, *engine, "--", *argv]
 
 
@@ -180,6 +198,16 @@ def engine_exit_code(status_report: bytes) -> int | None:
             if isinstance(doc, dict) and isinstance(doc.get("exit-code"), int):
                 code = doc["exit-code"]
     return code
+
+
+def engine_child_pid(status_report: bytes) -> int | None:
+    """The pid of the namespace's init bubblewrap reported first on its status descriptor (pure)."""
+    for line in status_report.decode("utf-8", errors="replace").splitlines():
+        with contextlib.suppress(ValueError):
+            doc = json.loads(line)
+            if isinstance(doc, dict) and isinstance(doc.get("child-pid"), int):
+                return int(doc["child-pid"])
+    return None
 
 
 def next_check(cpu_left: float, wall_left: float, parallelism: int) -> float:
@@ -202,6 +230,7 @@ class _Pipe:
         self.data = bytearray()
         self.total = 0
         self.eof = asyncio.Event()
+        self.grew = asyncio.Event()  # set on every read (cleared by whoever waits for more)
         self.on_over = on_over
         os.set_blocking(fd, False)
         loop.add_reader(fd, self._readable)
@@ -216,6 +245,7 @@ class _Pipe:
         if not chunk:
             self.close()
             return
+        self.grew.set()
         self.total += len(chunk)
         room = self.cap + 1 - len(self.data)  # one byte over the cap proves the cap was passed
         if room > 0:
@@ -228,6 +258,119 @@ class _Pipe:
             self.loop.remove_reader(self.fd)
             os.close(self.fd)
             self.eof.set()
+            self.grew.set()
+
+
+@dataclass
+class Armed:
+    """A run started ahead of its time (see :class:`Lane`).
+
+    Its process has joined its cgroups and bubblewrap has made the namespaces and mounts; it waits
+    on ``--block-fd`` until :func:`run` fills its stdin and lets it go. It belongs to whoever holds
+    it: :func:`run` consumes it, :func:`discard` kills it.
+    """
+
+    proc: subprocess.Popen[bytes]
+    fit: tuple[object, ...]  # what it was started for (:func:`run_fit`)
+    group: BoxGroup | None
+    stdin_fd: int  # the memfd filled at go; -1 when the run reads a pipe it was given
+    out_r: int  # -1 when stdout goes to a pipe the run was given
+    err_r: int
+    status_r: int
+    go_w: int  # -1 once gone (and always in trusted mode, which does not wait)
+    report: bytes = b""  # what bubblewrap said on its status descriptor, once read
+    init_fd: int = -1  # pidfd of the namespace's init, opened while the monitor still holds it
+
+
+def run_fit(argv: Sequence[str], *, box: str, uid: int, limits: Limits, writable_box: bool) -> tuple[object, ...]:
+    """Everything an armed process is fixed to (pure): a run may use it only when all of this matches.
+    CPU, wall and output limits are not among them: the worker enforces those from outside."""
+    shaped = (limits.memory, limits.processes, limits.file_size, limits.stack, limits.open_files, limits.scratch)
+    return (tuple(argv), box, uid, writable_box, shaped)
+
+
+async def arm(
+    argv: Sequence[str],
+    *,
+    box: str,
+    uid: int,
+    limits: Limits,
+    isolation: Isolation,
+    group: BoxGroup | None,
+    writable_box: bool = False,
+    stdin: bytes | None = None,
+    stdin_fd: int | None = None,
+    stdout_fd: int | None = None,
+) -> Armed:
+    """Start a run's process up to the point where only the program's exec is left.
+
+    ``stdin`` given here is written before the process starts (trusted mode starts at once);
+    otherwise :func:`run` writes it at go. ``stdin_fd``/``stdout_fd`` are owned from here on.
+    """
+    full = isolation.mode == "full"
+    if full:
+        assert group is not None
+        # A few small writes to cgroupfs (well under a millisecond): not worth a thread hop.
+        if group.leftover():
+            await asyncio.to_thread(group.destroy, time.monotonic() + REAP_GRACE)
+        group.create(memory=limits.memory, processes=limits.processes)
+    own_stdin = stdin_fd is None
+    opened: list[int] = []
+    try:
+        if stdin_fd is None:
+            stdin_fd = os.memfd_create("stdin", os.MFD_CLOEXEC)
+            if stdin:
+                _fill(stdin_fd, stdin)
+        opened.append(stdin_fd)
+        if stdout_fd is None:
+            out_r, out_w = os.pipe2(os.O_CLOEXEC)
+            opened += [out_r, out_w]
+        else:
+            out_r, out_w = -1, stdout_fd
+            opened.append(stdout_fd)
+        err_r, err_w = os.pipe2(os.O_CLOEXEC)
+        status_r, status_w = os.pipe2(os.O_CLOEXEC)
+        seccomp_fd = os.memfd_create("seccomp", os.MFD_CLOEXEC)
+        opened += [err_r, err_w, status_r, status_w, seccomp_fd]
+        go_r, go_w = os.pipe2(os.O_CLOEXEC) if full else (-1, -1)
+        opened += [go_r, go_w] if full else []
+        os.write(seccomp_fd, isolation.seccomp)
+        os.lseek(seccomp_fd, 0, os.SEEK_SET)
+        command = build_command(
+            argv, box=box, uid=uid, limits=limits, isolation=isolation, writable_box=writable_box,
+            procs_files=group.procs_files() if full and group else [], seccomp_fd=seccomp_fd, status_fd=status_w,
+            block_fd=go_r if full else None,
+        )  # fmt: skip
+        # Popen forks with vfork and returns once the shim has exec'd: no wait on the box itself.
+        proc = subprocess.Popen(  # noqa: ASYNC220
+            command, stdin=stdin_fd, stdout=out_w, stderr=err_w, env={}, close_fds=True, start_new_session=True,
+            pass_fds=(seccomp_fd, status_w, go_r) if full else (seccomp_fd, status_w), cwd=box if not full else "/",
+        )  # fmt: skip
+    except BaseException:
+        for fd in opened:
+            os.close(fd)
+        if full and group is not None:
+            group.try_remove()
+        raise
+    # The box has its own descriptors now. A memfd of ours stays open until go: it may still be filled.
+    for fd in (out_w, err_w, status_w, seccomp_fd, go_r, -1 if own_stdin else stdin_fd):
+        if fd >= 0:
+            os.close(fd)
+    fit = run_fit(argv, box=box, uid=uid, limits=limits, writable_box=writable_box)
+    return Armed(proc, fit, group if full else None, stdin_fd if own_stdin else -1, out_r, err_r, status_r, go_w)
+
+
+def _fill(fd: int, data: bytes) -> None:
+    """Write a run's whole stdin into its memfd and rewind it (the box shares the offset)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+    os.lseek(fd, 0, os.SEEK_SET)
+
+
+async def discard(armed: Armed) -> None:
+    """Kill an armed run that will not be used, and remove what it had."""
+    await _finish(armed)
 
 
 async def run(
@@ -243,6 +386,8 @@ async def run(
     parallelism: int | None = None,
     stdin_fd: int | None = None,
     stdout_fd: int | None = None,
+    armed: Armed | None = None,
+    on_start: Callable[[], object] | None = None,
 ) -> RunFacts:
     """Run ``argv`` in the box and report the facts. Cancellation kills the whole run first.
 
@@ -250,78 +395,66 @@ async def run(
     ``stdin`` bytes and the captured stdout; the run owns them: they are closed once the box has
     them (or when the run fails before that), so the other end sees EOF when the box is gone.
     Its facts then have no stdout and no output limit is enforced on that pipe.
+
+    ``armed`` is this run's process started ahead (:func:`arm`, same ``argv``, box and limits);
+    it is consumed either way. ``on_start`` is called once the program is let go.
     """
-    loop = asyncio.get_running_loop()
-    parallelism = parallelism or os.cpu_count() or 1
     full = isolation.mode == "full"
-    if full:
-        assert group is not None
-        # A few small writes to cgroupfs (well under a millisecond): not worth a thread hop.
-        if group.leftover():
-            await asyncio.to_thread(group.destroy, time.monotonic() + REAP_GRACE)
-        group.create(memory=limits.memory, processes=limits.processes)
-    given_stdin = stdin_fd is not None
-    if stdin_fd is None:
-        stdin_fd = os.memfd_create("stdin", os.MFD_CLOEXEC)
-    if stdout_fd is None:
-        out_r, out_w = os.pipe2(os.O_CLOEXEC)
+    if armed is None:
+        armed = await arm(
+            argv, box=box, uid=uid, limits=limits, isolation=isolation, group=group, writable_box=writable_box,
+            stdin=stdin if stdin_fd is None else None, stdin_fd=stdin_fd, stdout_fd=stdout_fd,
+        )  # fmt: skip
     else:
-        out_r, out_w = -1, stdout_fd
-    err_r, err_w = os.pipe2(os.O_CLOEXEC)
-    status_r, status_w = os.pipe2(os.O_CLOEXEC)
-    seccomp_fd = os.memfd_create("seccomp", os.MFD_CLOEXEC)
-    killed_for: KilledFor | None = None
-    proc: subprocess.Popen[bytes] | None = None
-    pidfd = -1
-    pipes: list[_Pipe] = []
-    started = time.monotonic()
+        assert armed.fit == run_fit(argv, box=box, uid=uid, limits=limits, writable_box=writable_box)
+        if stdin and armed.stdin_fd >= 0:
+            _fill(armed.stdin_fd, stdin)
     try:
-        if not given_stdin:
-            os.write(stdin_fd, stdin)
-            os.lseek(stdin_fd, 0, os.SEEK_SET)
-        os.write(seccomp_fd, isolation.seccomp)
-        os.lseek(seccomp_fd, 0, os.SEEK_SET)
-        command = build_command(
-            argv, box=box, uid=uid, limits=limits, isolation=isolation, writable_box=writable_box,
-            procs_files=group.procs_files() if full and group else [], seccomp_fd=seccomp_fd, status_fd=status_w,
-        )  # fmt: skip
-        # Popen forks with vfork and returns once the shim has exec'd: no wait on the box itself.
-        proc = subprocess.Popen(  # noqa: ASYNC220
-            command, stdin=stdin_fd, stdout=out_w, stderr=err_w, pass_fds=(seccomp_fd, status_w), env={},
-            cwd=box if not full else "/", close_fds=True, start_new_session=True,
-        )  # fmt: skip
-        started = time.monotonic()
-        pidfd = os.pidfd_open(proc.pid)
-        for fd in (out_w, err_w, status_w, stdin_fd, seccomp_fd):
-            os.close(fd)
-        out_w = err_w = status_w = stdin_fd = seccomp_fd = -1
+        return await _watch(armed, limits, full, parallelism or os.cpu_count() or 1, on_start)
+    finally:
+        await _finish(armed)
 
-        def kill(reason: KilledFor) -> None:
-            nonlocal killed_for
-            if killed_for is None:
-                killed_for = reason
-            _kill_run(proc, group if full else None)
 
-        exited = asyncio.Event()
+async def _watch(
+    armed: Armed, limits: Limits, full: bool, parallelism: int, on_start: Callable[[], object] | None
+) -> RunFacts:
+    """Let an armed run go and follow it to its end under the limits."""
+    loop = asyncio.get_running_loop()
+    proc, group = armed.proc, armed.group
+    killed_for: KilledFor | None = None
+    pidfd = os.pidfd_open(proc.pid)
+    exited = asyncio.Event()
 
-        def on_exit() -> None:
-            # A pidfd stays readable once the process has exited: a reader left in place would
-            # wake the loop on every iteration (a busy loop while the box is emptied and drained).
-            loop.remove_reader(pidfd)
-            exited.set()
+    def on_exit() -> None:
+        # A pidfd stays readable once the process has exited: a reader left in place would
+        # wake the loop on every iteration (a busy loop while the box is emptied and drained).
+        loop.remove_reader(pidfd)
+        exited.set()
 
+    def kill(reason: KilledFor) -> None:
+        nonlocal killed_for
+        if killed_for is None:
+            killed_for = reason
+        _kill_run(proc, group)
+
+    pipes: list[_Pipe] = []
+    try:
         loop.add_reader(pidfd, on_exit)
-        out = _Pipe(loop, out_r, limits.output, on_over=lambda: kill("output")) if out_r >= 0 else None
-        err = _Pipe(loop, err_r, limits.stderr)
-        pipes = [err] if out is None else [out, err]
-        status = _Pipe(loop, status_r, 4096)
-        pipes.append(status)
-        out_r = err_r = status_r = -1
-
+        out = _Pipe(loop, armed.out_r, limits.output, on_over=lambda: kill("output")) if armed.out_r >= 0 else None
+        err = _Pipe(loop, armed.err_r, limits.stderr)
+        status = _Pipe(loop, armed.status_r, 4096)
+        armed.out_r = armed.err_r = armed.status_r = -1
+        pipes = [p for p in (out, err, status) if p is not None]
+        if full:
+            await _hold_init(armed, status, exited)
+        started = time.monotonic()
+        _go(armed)
+        if on_start is not None:
+            on_start()
         wall_deadline = started + limits.wall
         while not exited.is_set():
             now = time.monotonic()
-            cpu = group.cpu_ns() / 1e9 if full and group else 0.0
+            cpu = group.cpu_ns() / 1e9 if group else 0.0
             if full and cpu >= limits.cpu:
                 kill("cpu")
                 break
@@ -332,29 +465,27 @@ async def run(
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(exited.wait(), wait)
         # The main process ended (or was killed): nothing of the box may outlive it.
-        if full and group is not None:
-            if group.pids_in():  # usually empty already: bubblewrap's init took the namespace down
-                await asyncio.to_thread(group.kill_all, time.monotonic() + REAP_GRACE)
+        if group is not None:
+            await _empty(armed, group)
         else:
             _kill_run(proc, None)
-        stuck = False
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(exited.wait(), REAP_GRACE)
-        if not exited.is_set():
-            stuck = True
+        stuck = not exited.is_set()
         wall = time.monotonic() - started
         # The pidfd said it exited, so this reaps at once (WNOHANG when it is stuck).
-        _, wait_status, rusage = os.wait4(proc.pid, 0 if exited.is_set() else os.WNOHANG)  # noqa: ASYNC222
-        proc.returncode = 0  # reaped here; keeps Popen from waiting on it again
+        _, wait_status, rusage = os.wait4(proc.pid, os.WNOHANG if stuck else 0)  # noqa: ASYNC222
+        if not stuck:
+            proc.returncode = 0  # reaped here; keeps Popen from waiting on it again
         # Every writer is dead now; what is left in the pipes is bounded by their buffers.
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.gather(*(p.eof.wait() for p in pipes)), REAP_GRACE)
         stdout = bytes(out.data[: limits.output]) if out else b""
-        if full and group is not None:
+        armed.report = bytes(status.data)
+        if group is not None:
             usage = group.usage()  # four small reads
-            exit_code = engine_exit_code(bytes(status.data))
             return RunFacts(
-                exit_code=exit_code, signal=None, stdout=stdout, stderr=bytes(err.data),
+                exit_code=engine_exit_code(armed.report), signal=None, stdout=stdout, stderr=bytes(err.data),
                 wall=wall, cpu=usage.cpu_ns / 1e9, memory_peak=usage.memory_peak, oom_killed=usage.oom_kills > 0,
                 killed_for=killed_for, processes_refused=usage.pids_refused, stuck=stuck,
             )  # fmt: skip
@@ -366,25 +497,142 @@ async def run(
             oom_killed=False, killed_for=killed_for, stuck=stuck,
         )  # fmt: skip
     finally:
-        if proc is not None and proc.returncode is None:  # cancelled or failed half-way
-            _kill_run(proc, group if full else None)
-            if full and group is not None:
-                with contextlib.suppress(Exception):
-                    await asyncio.shield(asyncio.to_thread(group.kill_all, time.monotonic() + REAP_GRACE))
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(proc.pid, os.WNOHANG)  # noqa: ASYNC222 (never blocks)
-            proc.returncode = -1
-        if pidfd >= 0:
-            loop.remove_reader(pidfd)
-            os.close(pidfd)
+        loop.remove_reader(pidfd)
+        os.close(pidfd)
         for p in pipes:
             p.close()
-        for fd in (stdin_fd, out_r, out_w, err_r, err_w, status_r, status_w, seccomp_fd):
-            if fd >= 0:
-                os.close(fd)
-        # Something still leaving the groups is waited for in a thread.
-        if full and group is not None and not group.try_remove():
-            await asyncio.shield(asyncio.to_thread(group.destroy, time.monotonic() + REAP_GRACE))
+
+
+async def _hold_init(armed: Armed, status: _Pipe, exited: asyncio.Event) -> None:
+    """Open a pidfd of the namespace's init before the program runs.
+
+    bubblewrap reports the init's pid right after creating it, and its monitor holds it until the
+    run is over, so the pid cannot have been reused yet. Waiting costs nothing: the program could
+    not start before bubblewrap's setup anyway. An engine that fails first leaves no init.
+    """
+    deadline = time.monotonic() + REAP_GRACE
+    while (pid := engine_child_pid(bytes(status.data))) is None:
+        if exited.is_set() or status.eof.is_set() or time.monotonic() > deadline:
+            return
+        status.grew.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(status.grew.wait(), max(0.0, deadline - time.monotonic()))
+    with contextlib.suppress(ProcessLookupError):
+        armed.init_fd = os.pidfd_open(pid)
+
+
+async def _empty(armed: Armed, group: BoxGroup) -> None:
+    """Leave nothing of the box behind once its program is done.
+
+    The monitor exits as soon as the init has reported the program's status; the init then waits
+    for whatever else the box started. It is killed at once (the kernel takes every process of
+    its PID namespace with it) and its exit awaited without a thread; only what is then still in
+    the box's groups (an engine that failed half-way) is killed one by one.
+    """
+    if armed.init_fd >= 0:
+        with contextlib.suppress(ProcessLookupError):
+            signal.pidfd_send_signal(armed.init_fd, signal.SIGKILL)
+        await _exited(armed.init_fd, REAP_GRACE)
+    if group.pids_in():
+        await asyncio.to_thread(group.kill_all, time.monotonic() + REAP_GRACE)
+
+
+async def _exited(pidfd: int, within: float) -> bool:
+    """Wait until the process behind ``pidfd`` has exited, at most ``within`` seconds."""
+    loop = asyncio.get_running_loop()
+    gone = asyncio.Event()
+    loop.add_reader(pidfd, gone.set)
+    try:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(gone.wait(), within)
+    finally:
+        loop.remove_reader(pidfd)
+    return gone.is_set()
+
+
+def _go(armed: Armed) -> None:
+    """Let an armed run exec its program (bubblewrap reads one byte from its ``--block-fd``)."""
+    if armed.stdin_fd >= 0:
+        os.close(armed.stdin_fd)  # the box holds its own descriptor of the filled memfd
+        armed.stdin_fd = -1
+    if armed.go_w >= 0:
+        # A process that died while armed has closed its end: the watch then sees it gone.
+        with contextlib.suppress(BrokenPipeError):
+            os.write(armed.go_w, b"g")
+        os.close(armed.go_w)
+        armed.go_w = -1
+
+
+async def _finish(armed: Armed) -> None:
+    """After a run (or instead of one): kill whatever of it is left, reap it, close its descriptors
+    and remove its groups. An armed process is killed before its go pipe closes: bubblewrap would
+    take the end of file for a go."""
+    proc, group = armed.proc, armed.group
+    if proc.returncode is None:  # cancelled, failed half-way, or never let go
+        _kill_run(proc, group)
+        if group is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(asyncio.to_thread(group.kill_all, time.monotonic() + REAP_GRACE))
+        # Killed above: its exit is a matter of moments, and reaping it leaves no zombie behind.
+        await asyncio.shield(_reap(proc, REAP_GRACE))
+    if armed.status_r >= 0:  # never watched: what bubblewrap wrote before it was killed
+        with contextlib.suppress(OSError):
+            os.set_blocking(armed.status_r, False)
+            armed.report += os.read(armed.status_r, 4096)
+    for name in ("stdin_fd", "out_r", "err_r", "status_r", "go_w", "init_fd"):
+        fd = getattr(armed, name)
+        if fd >= 0:
+            os.close(fd)
+            setattr(armed, name, -1)
+    await _reap_orphaned_init(armed.report)
+    # Something still leaving the groups is waited for in a thread.
+    if group is not None and not group.try_remove():
+        await asyncio.shield(asyncio.to_thread(group.destroy, time.monotonic() + REAP_GRACE))
+
+
+async def _reap(proc: subprocess.Popen[bytes], within: float) -> None:
+    """Reap a killed child once it exited; after ``within`` seconds leave it (it is then stuck in
+    the kernel: better a zombie than a worker that hangs)."""
+    await _reap_pid(proc.pid, within)
+    proc.returncode = -1  # reaped or given up on: Popen must never wait on it
+
+
+async def _reap_pid(pid: int, within: float) -> bool:
+    """Wait (through a pidfd, at most ``within`` seconds) until child ``pid`` exits and reap it.
+    False when it is not this process's child (any more) or did not exit in time."""
+    with contextlib.suppress(ChildProcessError):
+        if os.waitpid(pid, os.WNOHANG) != (0, 0):  # noqa: ASYNC222 (never blocks)
+            return True
+        try:
+            pidfd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            return False
+        try:
+            await _exited(pidfd, within)
+        finally:
+            os.close(pidfd)
+        return os.waitpid(pid, os.WNOHANG) != (0, 0)  # noqa: ASYNC222 (never blocks)
+    return False
+
+
+async def _reap_orphaned_init(report: bytes) -> None:
+    """Reap the box's namespace init when it was left to this process.
+
+    bubblewrap's monitor exits as soon as its init reports the program's status, without waiting
+    for the init itself, which is then re-parented to the nearest subreaper or init: the worker
+    when it is a container's PID 1 (the image's entry point). Nobody else would reap it there, and
+    every test would leave one zombie holding a pid of the pod's limit. Elsewhere that init or
+    subreaper reaps it and there is nothing to do (and nothing safe: the pid is not ours).
+    """
+    pid = engine_child_pid(report)
+    if pid is not None and reaps_orphans():
+        await _reap_pid(pid, REAP_GRACE)
+
+
+def reaps_orphans() -> bool:
+    """Whether orphaned descendants of this process are re-parented to it: when it is its PID
+    namespace's init (a container's entry point). The worker never makes itself a subreaper."""
+    return os.getpid() == 1
 
 
 def _kill_run(proc: subprocess.Popen[bytes] | None, group: BoxGroup | None) -> None:
@@ -394,6 +642,6 @@ def _kill_run(proc: subprocess.Popen[bytes] | None, group: BoxGroup | None) -> N
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
     if group is not None:
-        for pid in group.pids_in():
+        for pid in group.pids_in(everywhere=True):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)

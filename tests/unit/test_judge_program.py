@@ -25,8 +25,10 @@ from judgequeue.core.judges.sandbox import (
     Limits,
     RunFacts,
     build_command,
+    engine_child_pid,
     engine_exit_code,
     next_check,
+    run_fit,
     shim_script,
 )
 from judgequeue.core.judges.seccomp import ALLOWED_X86_64, SeccompUnsupported, build_filter
@@ -176,6 +178,8 @@ def test_engine_report_and_cpu_polling() -> None:
     assert engine_exit_code(b'{ "child-pid": 12 }\n{ "exit-code": 152 }\n') == 152
     assert engine_exit_code(b'{ "child-pid": 12 }\n') is None
     assert engine_exit_code(b"garbage") is None
+    assert engine_child_pid(b'{ "child-pid": 12, "pid-namespace": 4 }\n{ "exit-code": 0 }\n') == 12
+    assert engine_child_pid(b"garbage\n") is None
     assert next_check(1.0, 10.0, 2) == 0.05
     assert next_check(0.01, 10.0, 2) == 0.005
     assert next_check(5.0, 0.002, 1) == 0.002
@@ -208,3 +212,26 @@ def test_cgroup_parsing() -> None:
     )
     assert parse_oom_kills("oom_kill_disable 0\nunder_oom 0\noom_kill 3\n") == 3
     assert parse_oom_kills("oom_kill_disable 0\n") == 0
+
+
+def test_an_armed_command_waits_on_its_block_fd_and_fits_only_the_same_run() -> None:
+    iso = Isolation("full", bwrap="/usr/bin/bwrap", setpriv="/usr/bin/setpriv", seccomp=b"x")
+    cmd = build_command(["/box/a"], box="/b/1", uid=1, limits=Limits(), isolation=iso, procs_files=[],
+                        writable_box=False, block_fd=11)  # fmt: skip
+    assert cmd[cmd.index("--block-fd") + 1] == "11" and cmd.index("--block-fd") < len(cmd) - 1 - cmd[::-1].index("--")
+    plain = build_command(["/box/a"], box="/b/1", uid=1, limits=Limits(), isolation=iso, procs_files=[],
+                          writable_box=False)  # fmt: skip
+    assert "--block-fd" not in plain
+    fit = run_fit(["/box/a"], box="/b/1", uid=1, limits=Limits(), writable_box=False)
+    # CPU, wall and output are enforced from outside: an armed process fits whatever they are.
+    assert fit == run_fit(["/box/a"], box="/b/1", uid=1, limits=Limits(cpu=9, wall=1, output=5), writable_box=False)
+    for other in (
+        run_fit(["/box/b"], box="/b/1", uid=1, limits=Limits(), writable_box=False),
+        run_fit(["/box/a"], box="/b/2", uid=1, limits=Limits(), writable_box=False),
+        run_fit(["/box/a"], box="/b/1", uid=2, limits=Limits(), writable_box=False),
+        run_fit(["/box/a"], box="/b/1", uid=1, limits=Limits(), writable_box=True),
+        run_fit(["/box/a"], box="/b/1", uid=1, limits=Limits(memory=1 << 20), writable_box=False),
+        run_fit(["/box/a"], box="/b/1", uid=1, limits=Limits(stack=1 << 20), writable_box=False),
+        run_fit(["/box/a"], box="/b/1", uid=1, limits=Limits(scratch=1 << 20), writable_box=False),
+    ):
+        assert other != fit

@@ -1,0 +1,105 @@
+"""One box's runs one after another, each next run's process started while the current one runs.
+
+Most of what a boxed run costs before its program starts is not the program's: placing the first
+process in its cgroups (the kernel may wait for an RCU grace period, up to ~12 ms on a 2-CPU VM)
+and bubblewrap's namespaces and mounts (~4 ms). A submission's tests run the same command in the
+same box with the same limits, so while test *n* runs, test *n + 1*'s process is started in a
+second set of groups and left waiting on bubblewrap's ``--block-fd``; test *n + 1* then only fills
+its stdin and lets it go. The work is the same, but it is no longer on every test's critical path.
+
+What is armed must fit exactly (:func:`~.sandbox.run_fit`: command, box, uid, limits the command
+line holds); anything else runs cold. The armed process is in its own groups, so nothing of it is
+accounted to the run in progress, and :meth:`Lane.close` kills an unused one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+from .cgroups import BoxGroup
+from .sandbox import Armed, Isolation, Limits, RunFacts, arm, discard, run, run_fit
+
+
+class Lane:
+    """The runs of one box (a submission's tests), at most one of them armed ahead.
+
+    ``groups`` are two group sets the runs alternate between (None in trusted mode, which arms
+    nothing: without bubblewrap there is nothing to start ahead).
+    """
+
+    def __init__(self, *, box: str, uid: int, isolation: Isolation, groups: tuple[BoxGroup, BoxGroup] | None) -> None:
+        self.box = box
+        self.uid = uid
+        self.isolation = isolation
+        self.groups = groups
+        self._next: asyncio.Task[Armed] | None = None
+        self._last: BoxGroup | None = None
+        self.ahead_used = 0  # runs that found their process armed
+        self.cold = 0  # runs that started their process themselves
+
+    async def run(self, argv: Sequence[str], *, stdin: bytes, limits: Limits, ahead: bool) -> RunFacts:
+        """Run ``argv`` in the box; with ``ahead``, arm the next run with the same command meanwhile."""
+        fit = run_fit(argv, box=self.box, uid=self.uid, limits=limits, writable_box=False)
+        armed = await self._take(fit)
+        if armed is None:
+            self.cold += 1
+            group = self._other_than(self._last)
+        else:
+            self.ahead_used += 1
+            group = armed.group
+        self._last = group
+
+        def start_next() -> None:
+            if ahead and self.groups is not None:
+                self._next = asyncio.create_task(self._arm(argv, limits, self._other_than(group)))
+
+        return await run(
+            argv, box=self.box, uid=self.uid, stdin=stdin, limits=limits, isolation=self.isolation, group=group,
+            armed=armed, on_start=start_next,
+        )  # fmt: skip
+
+    async def close(self) -> None:
+        """Kill the run armed for nothing (the submission ended, or its next test was not run)."""
+        armed = await self._take(None)
+        if armed is not None:
+            await discard(armed)
+
+    def _other_than(self, group: BoxGroup | None) -> BoxGroup | None:
+        if self.groups is None:
+            return None
+        return self.groups[1] if group is self.groups[0] else self.groups[0]
+
+    async def _arm(self, argv: Sequence[str], limits: Limits, group: BoxGroup | None) -> Armed:
+        return await arm(argv, box=self.box, uid=self.uid, limits=limits, isolation=self.isolation, group=group)
+
+    async def _take(self, fit: tuple[object, ...] | None) -> Armed | None:
+        """The armed run if it fits ``fit``; one that does not is killed. An arming that failed
+        leaves nothing: the run starts cold and meets the same error itself."""
+        task, self._next = self._next, None
+        if task is None:
+            return None
+        armed = None
+        try:
+            armed = await asyncio.shield(task)
+        except asyncio.CancelledError:
+            task.add_done_callback(_discard_later)  # whatever it arms is killed, not leaked
+            raise
+        except Exception:
+            armed = None  # the run starts cold and meets the same error itself
+        if armed is not None and armed.fit != fit:
+            await discard(armed)
+            armed = None
+        return armed
+
+
+_discarding: set[asyncio.Task[None]] = set()
+
+
+def _discard_later(task: asyncio.Task[Armed]) -> None:
+    """Kill what an arming finished with after its lane stopped waiting for it."""
+    if task.cancelled() or task.exception() is not None:
+        return
+    killing = asyncio.ensure_future(discard(task.result()))
+    _discarding.add(killing)  # the loop keeps only weak references to tasks
+    killing.add_done_callback(_discarding.discard)
