@@ -17,7 +17,7 @@ from judgequeue.core.judges.cgroups import BoxGroup
 from judgequeue.core.judges.isolation import JudgeSettings
 from judgequeue.core.judges.lane import Lane
 from judgequeue.core.judges.program import ProgramJudge
-from judgequeue.core.judges.sandbox import BOX, Limits, arm, discard, run
+from judgequeue.core.judges.sandbox import BOX, Armed, Limits, arm, discard, run
 from tests.support.sandbox_host import assert_host_clean, box_uids, processes_of
 from tests.support.waiting import eventually
 
@@ -26,6 +26,7 @@ pytestmark = pytest.mark.usefixtures("as_root")
 PYTHON = "/usr/bin/python3"
 ECHO_TWICE = "import sys\nprint(int(sys.stdin.read()) * 2)\n"
 LIMITS = Limits(cpu=2.0, wall=5.0, memory=256 << 20)
+ECHO_ARGV = [PYTHON, "-I", "-S", "-B", f"{BOX}/main.py"]
 
 
 @pytest.fixture(scope="module")
@@ -80,17 +81,28 @@ def blocked_on_go(group: BoxGroup) -> bool:
     return False
 
 
+def lane_of(
+    judge: ProgramJudge, box: tuple[str, int, tuple[BoxGroup, BoxGroup]]
+) -> tuple[Lane, tuple[BoxGroup, BoxGroup]]:
+    directory, uid, groups = box
+    return Lane(box=directory, uid=uid, isolation=judge.isolation, groups=groups), groups
+
+
+async def armed_and_blocked(judge: ProgramJudge, directory: str, uid: int, group: BoxGroup) -> Armed:
+    """The echo program armed in ``group``, once bubblewrap waits on its go pipe."""
+    armed = await arm(ECHO_ARGV, box=directory, uid=uid, limits=LIMITS, isolation=judge.isolation, group=group)
+    await eventually(lambda: blocked_on_go(group), within=10, what="the armed box never reached its block")
+    return armed
+
+
 async def test_an_armed_box_waits_for_its_go_and_gets_the_stdin_given_then(
     judge: ProgramJudge, box: tuple[str, int, tuple[BoxGroup, BoxGroup]]
 ) -> None:
     directory, uid, (group, _) = box
-    argv = [PYTHON, "-I", "-S", "-B", f"{BOX}/main.py"]
-    armed = await arm(argv, box=directory, uid=uid, limits=LIMITS, isolation=judge.isolation, group=group)
-
-    await eventually(lambda: blocked_on_go(group), within=10, what="the armed box never reached its block")
+    armed = await armed_and_blocked(judge, directory, uid, group)
     assert "python3" not in commands_in(group)
     assert group.cpu_ns() > 0  # the engine's setup is accounted to the run, as before arming
-    facts = await run(argv, box=directory, uid=uid, stdin=b"21", limits=LIMITS, isolation=judge.isolation,
+    facts = await run(ECHO_ARGV, box=directory, uid=uid, stdin=b"21", limits=LIMITS, isolation=judge.isolation,
                       group=group, armed=armed)  # fmt: skip
     assert (facts.exit_code, facts.stdout) == (0, b"42\n"), facts
     assert not group.leftover()
@@ -100,9 +112,7 @@ async def test_an_unused_armed_box_is_killed_before_its_program_ever_runs(
     judge: ProgramJudge, box: tuple[str, int, tuple[BoxGroup, BoxGroup]]
 ) -> None:
     directory, uid, (group, _) = box
-    argv = [PYTHON, "-I", "-S", "-B", f"{BOX}/main.py"]
-    armed = await arm(argv, box=directory, uid=uid, limits=LIMITS, isolation=judge.isolation, group=group)
-    await eventually(lambda: blocked_on_go(group), within=10, what="the armed box never reached its block")
+    armed = await armed_and_blocked(judge, directory, uid, group)
     await discard(armed)
     assert armed.proc.returncode is not None
     assert not group.leftover()
@@ -112,14 +122,12 @@ async def test_an_unused_armed_box_is_killed_before_its_program_ever_runs(
 async def test_a_lane_arms_each_next_test_and_kills_the_last_armed(
     judge: ProgramJudge, box: tuple[str, int, tuple[BoxGroup, BoxGroup]]
 ) -> None:
-    directory, uid, groups = box
-    lane = Lane(box=directory, uid=uid, isolation=judge.isolation, groups=groups)
-    argv = [PYTHON, "-I", "-S", "-B", f"{BOX}/main.py"]
-    outputs = [(await lane.run(argv, stdin=str(n).encode(), limits=LIMITS, ahead=True)).stdout for n in range(5)]
+    lane, groups = lane_of(judge, box)
+    outputs = [(await lane.run(ECHO_ARGV, stdin=str(n).encode(), limits=LIMITS, ahead=True)).stdout for n in range(5)]
     assert outputs == [f"{2 * n}\n".encode() for n in range(5)]
     assert (lane.cold, lane.ahead_used) == (1, 4)
     # A run with other limits cannot use what was armed: it is killed and the run starts cold.
-    other = await lane.run(argv, stdin=b"4", limits=replace(LIMITS, memory=128 << 20), ahead=True)
+    other = await lane.run(ECHO_ARGV, stdin=b"4", limits=replace(LIMITS, memory=128 << 20), ahead=True)
     assert (other.exit_code, other.stdout, lane.cold) == (0, b"8\n", 2)
     await lane.close()
     assert not any(g.leftover() for g in groups)
@@ -128,10 +136,8 @@ async def test_a_lane_arms_each_next_test_and_kills_the_last_armed(
 async def test_cancelling_a_lane_run_kills_the_run_and_what_it_armed(
     judge: ProgramJudge, box: tuple[str, int, tuple[BoxGroup, BoxGroup]]
 ) -> None:
-    directory, uid, groups = box
-    lane = Lane(box=directory, uid=uid, isolation=judge.isolation, groups=groups)
-    argv = [PYTHON, "-I", "-S", "-B", f"{BOX}/main.py"]
-    await lane.run(argv, stdin=b"1", limits=LIMITS, ahead=True)
+    lane, groups = lane_of(judge, box)
+    await lane.run(ECHO_ARGV, stdin=b"1", limits=LIMITS, ahead=True)
     # The next run's program sleeps; it is cancelled while it runs (and has armed the one after).
     hanging = asyncio.create_task(lane.run(["/bin/sh", "-c", "sleep 30"], stdin=b"", limits=LIMITS, ahead=True))
     await eventually(lambda: any(g.pids_in() for g in groups), within=10, what="the run never started")
