@@ -263,7 +263,7 @@ class _Pipe:
 
 @dataclass
 class Armed:
-    """A run started ahead of its time (see :class:`Lane`).
+    """A run started ahead of its time (see :class:`~.lane.Lane`).
 
     Its process has joined its cgroups and bubblewrap has made the namespaces and mounts; it waits
     on ``--block-fd`` until :func:`run` fills its stdin and lets it go. It belongs to whoever holds
