@@ -161,6 +161,31 @@ class BoxGroup:
             pids_refused=refused,
         )
 
+    def memory_now(self) -> int:
+        """Memory (+ swap where accounted) the group holds now."""
+        usage = os.path.join(self.memory, "memory.memsw.usage_in_bytes")
+        if not os.path.exists(usage):
+            usage = os.path.join(self.memory, "memory.usage_in_bytes")
+        return int(_read(usage))
+
+    def reset_peak(self) -> None:
+        """Start the peak over from what the group holds now (cgroup v1 resets it on any write)."""
+        for name in ("memory.max_usage_in_bytes", "memory.memsw.max_usage_in_bytes"):
+            path = os.path.join(self.memory, name)
+            if os.path.exists(path):
+                _write(path, "0")
+
+    def set_memory(self, limit: int) -> None:
+        """Change the memory (+ swap) limit; the kernel wants memory <= memory + swap at every step."""
+        mem = os.path.join(self.memory, "memory.limit_in_bytes")
+        memsw = os.path.join(self.memory, "memory.memsw.limit_in_bytes")
+        if not os.path.exists(memsw):
+            _write(mem, str(limit))
+            return
+        first, second = (memsw, mem) if limit > int(_read(mem)) else (mem, memsw)
+        _write(first, str(limit))
+        _write(second, str(limit))
+
     def cpu_ns(self) -> int:
         return int(_read(os.path.join(self.cpuacct, "cpuacct.usage")))
 

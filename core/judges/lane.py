@@ -10,15 +10,24 @@ its stdin and lets it go. The work is the same, but it is no longer on every tes
 What is armed must fit exactly (:func:`~.sandbox.run_fit`: command, box, uid, limits the command
 line holds); anything else runs cold. The armed process is in its own groups, so nothing of it is
 accounted to the run in progress, and :meth:`Lane.close` kills an unused one.
+
+Cheaper still, when the lane has a ``python`` for the box runner: a submission with more than one
+test gets one box for all of them (:mod:`.session`), and each test costs a message and the
+program's own start. Arming is then the fallback, for a session that cannot start or broke.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
 from collections.abc import Sequence
 
 from .cgroups import BoxGroup
 from .sandbox import Armed, Isolation, Limits, RunFacts, arm, discard, run, run_fit
+from .session import Session, SessionBroken, start
+
+log = logging.getLogger(__name__)
 
 
 class Lane:
@@ -28,7 +37,15 @@ class Lane:
     nothing: without bubblewrap there is nothing to start ahead).
     """
 
-    def __init__(self, *, box: str, uid: int, isolation: Isolation, groups: tuple[BoxGroup, BoxGroup] | None) -> None:
+    def __init__(
+        self,
+        *,
+        box: str,
+        uid: int,
+        isolation: Isolation,
+        groups: tuple[BoxGroup, BoxGroup] | None,
+        python: str | None = None,
+    ) -> None:
         self.box = box
         self.uid = uid
         self.isolation = isolation
@@ -37,10 +54,53 @@ class Lane:
         self._last: BoxGroup | None = None
         self.ahead_used = 0  # runs that found their process armed
         self.cold = 0  # runs that started their process themselves
+        # The box runner's interpreter (None: no sessions; trusted mode never has them).
+        self.python = python if isolation.mode == "full" and groups is not None else None
+        self._session: Session | None = None
+        self.in_session = 0  # runs done by a session's runner
+        self.sessions = 0  # sessions started
+
+    async def _session_for(
+        self, argv: Sequence[str], limits: Limits, fit: tuple[object, ...], ahead: bool
+    ) -> Session | None:
+        """The session this run may use: the current one if it fits and is sound, else a new one
+        when more tests follow (one test alone is cheaper cold)."""
+        if self._session is not None and (self._session.broken or self._session.fit != fit):
+            await self._end_session()
+        if self._session is None and ahead and self.python is not None and self.groups is not None:
+            group = self._other_than(self._last)
+            assert group is not None
+            try:
+                self._session = await start(
+                    self.python, argv, box=self.box, uid=self.uid, limits=limits, isolation=self.isolation, group=group
+                )
+            except SessionBroken as exc:
+                log.warning("box runner unavailable, tests run one box each: %s", exc)
+                self.python = None
+                return None
+            self.sessions += 1
+            self._last = group
+        return self._session
+
+    async def _end_session(self) -> None:
+        session, self._session = self._session, None
+        if session is not None:
+            await asyncio.shield(session.close())
 
     async def run(self, argv: Sequence[str], *, stdin: bytes, limits: Limits, ahead: bool) -> RunFacts:
         """Run ``argv`` in the box; with ``ahead``, arm the next run with the same command meanwhile."""
         fit = run_fit(argv, box=self.box, uid=self.uid, limits=limits, writable_box=False)
+        session = await self._session_for(argv, limits, fit, ahead)
+        if session is not None:
+            try:
+                facts = await session.run(stdin, limits, os.cpu_count() or 1)
+            except SessionBroken:
+                await self._end_session()  # nothing of this test ran: it runs cold below
+            else:
+                self.in_session += 1
+                if session.broken:  # nothing of it may be left when the next test starts
+                    await self._end_session()
+                return facts
         armed = await self._take(fit)
         if armed is None:
             self.cold += 1
@@ -60,7 +120,9 @@ class Lane:
         )  # fmt: skip
 
     async def close(self) -> None:
-        """Kill the run armed for nothing (the submission ended, or its next test was not run)."""
+        """Kill the run armed for nothing (the submission ended, or its next test was not run) and
+        the session's box."""
+        await self._end_session()
         armed = await self._take(None)
         if armed is not None:
             await discard(armed)

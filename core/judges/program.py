@@ -533,7 +533,7 @@ class ProgramJudge:
         box = _Box(
             uid, directory, BoxGroup(self.roots, named) if self.roots else None,
             os.path.join(self.boxes_dir, f"{slot}-helper"), BoxGroup(self.roots, f"{named}-h") if self.roots else None,
-            Lane(box=directory, uid=uid, isolation=self.isolation, groups=groups),
+            Lane(box=directory, uid=uid, isolation=self.isolation, groups=groups, python=self.tools.get("python3")),
         )  # fmt: skip
         try:
             await asyncio.to_thread(self._make_dir, box.dir, uid)

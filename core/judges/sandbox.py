@@ -138,8 +138,11 @@ def bwrap_args(
     seccomp_fd: int,
     status_fd: int,
     block_fd: int | None = None,
+    as_pid_1: bool = False,
 ) -> list[str]:
-    """bubblewrap's options for one run (pure)."""
+    """bubblewrap's options for one run (pure). ``as_pid_1``: the command is the namespace's init
+    (only for the box runner, :mod:`.box_runner`, which reaps; a program must never be init: the
+    kernel would drop the signals it sends itself)."""
     args = [
         isolation.bwrap,
         "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
@@ -159,6 +162,8 @@ def bwrap_args(
     args += ["--seccomp", str(seccomp_fd), "--json-status-fd", str(status_fd)]
     if block_fd is not None:  # everything but the exec is done before bubblewrap waits on it
         args += ["--block-fd", str(block_fd)]
+    if as_pid_1:
+        args += ["--as-pid-1"]
     return args
 
 
@@ -174,6 +179,7 @@ def build_command(
     seccomp_fd: int = 3,
     status_fd: int = 4,
     block_fd: int | None = None,
+    as_pid_1: bool = False,
 ) -> list[str]:
     """The whole command line of one run (pure)."""
     if isolation.mode == "trusted":
@@ -184,7 +190,7 @@ def build_command(
     ]  # fmt: skip
     engine = bwrap_args(
         isolation, box=box, writable_box=writable_box, limits=limits, seccomp_fd=seccomp_fd, status_fd=status_fd,
-        block_fd=block_fd,
+        block_fd=block_fd, as_pid_1=as_pid_1,
     )  # fmt: skip
     return ["/bin/sh", "-c", shim_script(limits, len(procs_files)), "shim", *procs_files, *drop, *engine, "--", *argv]
 
@@ -220,7 +226,7 @@ def next_check(cpu_left: float, wall_left: float, parallelism: int) -> float:
     return max(0.001, min(POLL_MAX, cpu_left / max(1, parallelism), wall_left))
 
 
-class _Pipe:
+class Pipe:
     """One non-blocking pipe read end drained by the event loop into a capped buffer."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, fd: int, cap: int, on_over: object = None) -> None:
@@ -301,11 +307,15 @@ async def arm(
     stdin: bytes | None = None,
     stdin_fd: int | None = None,
     stdout_fd: int | None = None,
+    keep_fd: int | None = None,
+    memory: int | None = None,
 ) -> Armed:
     """Start a run's process up to the point where only the program's exec is left.
 
     ``stdin`` given here is written before the process starts (trusted mode starts at once);
     otherwise :func:`run` writes it at go. ``stdin_fd``/``stdout_fd`` are owned from here on.
+    ``keep_fd`` (the box runner's channel, full mode only) is passed to the command under its own
+    number, which then runs as the namespace's init; ``memory`` replaces the group's memory limit.
     """
     full = isolation.mode == "full"
     if full:
@@ -313,7 +323,7 @@ async def arm(
         # A few small writes to cgroupfs (well under a millisecond): not worth a thread hop.
         if group.leftover():
             await asyncio.to_thread(group.destroy, time.monotonic() + REAP_GRACE)
-        group.create(memory=limits.memory, processes=limits.processes)
+        group.create(memory=memory or limits.memory, processes=limits.processes)
     own_stdin = stdin_fd is None
     opened: list[int] = []
     try:
@@ -339,12 +349,13 @@ async def arm(
         command = build_command(
             argv, box=box, uid=uid, limits=limits, isolation=isolation, writable_box=writable_box,
             procs_files=group.procs_files() if full and group else [], seccomp_fd=seccomp_fd, status_fd=status_w,
-            block_fd=go_r if full else None,
+            block_fd=go_r if full else None, as_pid_1=keep_fd is not None,
         )  # fmt: skip
+        passed = (seccomp_fd, status_w, go_r) if full else (seccomp_fd, status_w)
         # Popen forks with vfork and returns once the shim has exec'd: no wait on the box itself.
         proc = subprocess.Popen(  # noqa: ASYNC220
             command, stdin=stdin_fd, stdout=out_w, stderr=err_w, env={}, close_fds=True, start_new_session=True,
-            pass_fds=(seccomp_fd, status_w, go_r) if full else (seccomp_fd, status_w), cwd=box if not full else "/",
+            pass_fds=passed if keep_fd is None else (*passed, keep_fd), cwd=box if not full else "/",
         )  # fmt: skip
     except BaseException:
         for fd in opened:
@@ -437,18 +448,18 @@ async def _watch(
             killed_for = reason
         _kill_run(proc, group)
 
-    pipes: list[_Pipe] = []
+    pipes: list[Pipe] = []
     try:
         loop.add_reader(pidfd, on_exit)
-        out = _Pipe(loop, armed.out_r, limits.output, on_over=lambda: kill("output")) if armed.out_r >= 0 else None
-        err = _Pipe(loop, armed.err_r, limits.stderr)
-        status = _Pipe(loop, armed.status_r, 4096)
+        out = Pipe(loop, armed.out_r, limits.output, on_over=lambda: kill("output")) if armed.out_r >= 0 else None
+        err = Pipe(loop, armed.err_r, limits.stderr)
+        status = Pipe(loop, armed.status_r, 4096)
         armed.out_r = armed.err_r = armed.status_r = -1
         pipes = [p for p in (out, err, status) if p is not None]
         if full:
             await _hold_init(armed, status, exited)
         started = time.monotonic()
-        _go(armed)
+        let_go(armed)
         if on_start is not None:
             on_start()
         wall_deadline = started + limits.wall
@@ -503,7 +514,7 @@ async def _watch(
             p.close()
 
 
-async def _hold_init(armed: Armed, status: _Pipe, exited: asyncio.Event) -> None:
+async def _hold_init(armed: Armed, status: Pipe, exited: asyncio.Event) -> None:
     """Open a pidfd of the namespace's init before the program runs.
 
     bubblewrap reports the init's pid right after creating it, and its monitor holds it until the
@@ -550,7 +561,7 @@ async def _exited(pidfd: int, within: float) -> bool:
     return gone.is_set()
 
 
-def _go(armed: Armed) -> None:
+def let_go(armed: Armed) -> None:
     """Let an armed run exec its program (bubblewrap reads one byte from its ``--block-fd``)."""
     if armed.stdin_fd >= 0:
         os.close(armed.stdin_fd)  # the box holds its own descriptor of the filled memfd

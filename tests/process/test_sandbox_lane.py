@@ -1,6 +1,11 @@
-"""Runs armed ahead (:mod:`judgequeue.core.judges.lane`): an armed box never runs its program before
-it is let go, gets its own stdin, is killed when unused or when its run is cancelled, and leaves
-nothing on the host. Needs root (CI runs as root)."""
+"""A box's runs (:mod:`judgequeue.core.judges.lane`), armed ahead or in one session.
+
+Armed ahead: an armed box never runs its program before it is let go, gets its own stdin, is killed
+when unused or when its run is cancelled. In a session (one box, :mod:`~judgequeue.core.judges.box_runner`
+running the program per test) the program is hostile: it cannot signal, stop or trace the runner,
+reach its channel or fake its report, leave a process, a file or a descriptor to the next test, or
+have its use counted to another test; a box that is not provably clean is replaced. Either way
+nothing is left on the host. Needs root (CI runs as root)."""
 
 from __future__ import annotations
 
@@ -17,7 +22,7 @@ from judgequeue.core.judges.cgroups import BoxGroup
 from judgequeue.core.judges.isolation import JudgeSettings
 from judgequeue.core.judges.lane import Lane
 from judgequeue.core.judges.program import ProgramJudge
-from judgequeue.core.judges.sandbox import BOX, Armed, Limits, arm, discard, run
+from judgequeue.core.judges.sandbox import BOX, Armed, Limits, RunFacts, arm, discard, run
 from tests.support.sandbox_host import assert_host_clean, box_uids, processes_of
 from tests.support.waiting import eventually
 
@@ -82,10 +87,11 @@ def blocked_on_go(group: BoxGroup) -> bool:
 
 
 def lane_of(
-    judge: ProgramJudge, box: tuple[str, int, tuple[BoxGroup, BoxGroup]]
+    judge: ProgramJudge, box: tuple[str, int, tuple[BoxGroup, BoxGroup]], *, sessions: bool = False
 ) -> tuple[Lane, tuple[BoxGroup, BoxGroup]]:
     directory, uid, groups = box
-    return Lane(box=directory, uid=uid, isolation=judge.isolation, groups=groups), groups
+    python = judge.tools["python3"] if sessions else None
+    return Lane(box=directory, uid=uid, isolation=judge.isolation, groups=groups, python=python), groups
 
 
 async def armed_and_blocked(judge: ProgramJudge, directory: str, uid: int, group: BoxGroup) -> Armed:
@@ -141,6 +147,212 @@ async def test_cancelling_a_lane_run_kills_the_run_and_what_it_armed(
     # The next run's program sleeps; it is cancelled while it runs (and has armed the one after).
     hanging = asyncio.create_task(lane.run(["/bin/sh", "-c", "sleep 30"], stdin=b"", limits=LIMITS, ahead=True))
     await eventually(lambda: any(g.pids_in() for g in groups), within=10, what="the run never started")
+    hanging.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await hanging
+    await lane.close()
+    assert not any(g.leftover() for g in groups)
+
+
+# --- sessions: one box, the runner inside it -------------------------------------------------------
+
+
+def python_run(directory: str, source: str) -> list[str]:
+    """Write ``source`` as the box's program; the argv that runs it."""
+    path = os.path.join(directory, "main.py")
+    Path(path).write_text(source)
+    os.chmod(path, 0o644)
+    return ECHO_ARGV
+
+
+@pytest.fixture
+async def session_lane(judge: ProgramJudge, box: tuple[str, int, tuple[BoxGroup, BoxGroup]]) -> AsyncIterator[Lane]:
+    """A lane with sessions on slot 0's box, closed (its box killed) even when the test fails."""
+    lane, _ = lane_of(judge, box, sessions=True)
+    yield lane
+    await lane.close()
+
+
+async def session_runs(lane: Lane, argv: list[str], inputs: list[bytes], limits: Limits = LIMITS) -> list[RunFacts]:
+    """Run ``inputs`` as one submission's tests (every run but the last has a next test)."""
+    return [
+        await lane.run(argv, stdin=given, limits=limits, ahead=n < len(inputs) - 1) for n, given in enumerate(inputs)
+    ]
+
+
+async def test_a_session_runs_every_test_in_one_box(
+    box: tuple[str, int, tuple[BoxGroup, BoxGroup]], session_lane: Lane
+) -> None:
+    groups, lane = box[2], session_lane
+    facts = await session_runs(lane, ECHO_ARGV, [str(n).encode() for n in range(5)])
+    assert [f.stdout for f in facts] == [f"{2 * n}\n".encode() for n in range(5)]
+    assert (lane.sessions, lane.in_session, lane.cold) == (1, 5, 0)
+    assert all(f.exit_code == 0 and f.signal is None and 0 < f.cpu < 1 for f in facts), facts
+    await lane.close()
+    assert not any(g.leftover() for g in groups)
+    # A lone test (nothing follows it) is cheaper cold than a session.
+    lone = await lane.run(ECHO_ARGV, stdin=b"3", limits=LIMITS, ahead=False)
+    assert (lone.stdout, lane.sessions, lane.cold) == (b"6\n", 1, 1)
+
+
+RUNNER_ATTACK = """
+import ctypes, errno, os, signal, sys
+said = []
+for sig in (signal.SIGKILL, signal.SIGSTOP, signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1):
+    try:
+        os.kill(1, sig)  # the runner is the namespace's init: the kernel drops these
+        said.append("sent")
+    except OSError as exc:
+        said.append(errno.errorcode[exc.errno])
+libc = ctypes.CDLL(None, use_errno=True)
+said.append(str(libc.ptrace(16, 1, 0, 0)))  # PTRACE_ATTACH: seccomp says EPERM
+for path in ("/proc/1/mem", "/proc/1/fd", "/proc/self/fd"):
+    said.append(str(os.path.exists(path)))
+# Every descriptor but 0, 1 and 2 must be closed: none reaches the runner's channel.
+open_fds = []
+for fd in range(3, 1024):
+    try:
+        os.fstat(fd)
+        open_fds.append(fd)
+    except OSError:
+        pass
+said.append(repr(open_fds))
+print(int(sys.stdin.read()) * 2, " ".join(said))
+"""
+
+
+async def test_the_program_cannot_signal_trace_or_reach_the_runner(
+    box: tuple[str, int, tuple[BoxGroup, BoxGroup]], session_lane: Lane
+) -> None:
+    directory, lane = box[0], session_lane
+    argv = await asyncio.to_thread(python_run, directory, RUNNER_ATTACK)
+    facts = await session_runs(lane, argv, [b"1", b"2", b"3"])
+    lines = [f.stdout.decode().split() for f in facts]
+    assert [line[0] for line in lines] == ["2", "4", "6"], facts  # each test ran, and was reported
+    for line in lines:
+        assert line[1:7] == ["sent"] * 6 and line[7] == "-1", line  # signals dropped, ptrace refused
+        assert line[8:11] == ["False", "False", "False"] and line[11] == "[]", line  # no /proc, no channel
+    assert (lane.sessions, lane.in_session) == (1, 3)  # the runner survived every attempt
+    await lane.close()
+
+
+LEAVE_BEHIND = """
+import os, sys, time
+n = int(sys.stdin.read())
+if n == 1:
+    os.makedirs("/tmp/deep/er")
+    open("/tmp/deep/er/file", "w").write("x")
+    os.chmod("/tmp/deep/er", 0)
+    os.chmod("/tmp/deep", 0o500)
+    open("/tmp/left", "w").write("x")
+    if os.fork() == 0:  # a daemon: its own session, it would write into the next test's output
+        os.setsid()
+        while True:
+            time.sleep(0.001)
+            for fd in range(3):
+                try:
+                    os.write(fd, b"FROM THE DAEMON")
+                except OSError:
+                    pass
+    print("left")
+else:
+    others = []
+    for pid in range(2, 4096):
+        if pid != os.getpid():
+            try:
+                os.kill(pid, 0)
+                others.append(pid)
+            except ProcessLookupError:
+                pass
+    print(sorted(os.listdir("/tmp")), others)
+"""
+
+
+async def test_nothing_of_a_test_reaches_the_next(
+    box: tuple[str, int, tuple[BoxGroup, BoxGroup]], session_lane: Lane
+) -> None:
+    directory, lane = box[0], session_lane
+    argv = await asyncio.to_thread(python_run, directory, LEAVE_BEHIND)
+    first, second, third = await session_runs(lane, argv, [b"1", b"2", b"3"])
+    # The daemon may write into its own test's output while that test lasts, never into the next's.
+    assert first.exit_code == 0 and first.killed_for is None and first.stdout.startswith(b"left\n"), first
+    assert second.stdout == third.stdout == b"[] []\n", (second, third)  # no file, no process
+    assert (lane.sessions, lane.in_session) == (1, 3)
+    await lane.close()
+
+
+ACCOUNTED = """
+import sys, time
+n = int(sys.stdin.read())
+if n == 1:  # a heavy test: 0.3 s of CPU and 100 MiB
+    block = bytearray(100 << 20)
+    for i in range(0, len(block), 4096):
+        block[i] = 1
+    end = time.process_time() + 0.3
+    while time.process_time() < end:
+        pass
+elif n == 3:
+    block = bytearray(300 << 20)  # over the limit
+    for i in range(0, len(block), 4096):
+        block[i] = 1
+elif n == 4:
+    while True:
+        pass
+elif n == 5:
+    time.sleep(60)
+print(n)
+"""
+
+
+async def test_each_test_is_accounted_and_limited_alone(
+    box: tuple[str, int, tuple[BoxGroup, BoxGroup]], session_lane: Lane
+) -> None:
+    directory, lane = box[0], session_lane
+    argv = await asyncio.to_thread(python_run, directory, ACCOUNTED)
+    limits = replace(LIMITS, cpu=0.5, wall=1.0)
+    inputs = [str(n).encode() for n in range(1, 7)]
+    heavy, light, oom, spin, sleeper, last = await session_runs(lane, argv, inputs, limits)
+    assert heavy.stdout == b"1\n" and heavy.cpu >= 0.3 and heavy.memory_peak >= 100 << 20, heavy
+    # Nothing of the heavy test is counted to the light one.
+    assert light.stdout == b"2\n" and light.cpu < 0.2 and light.memory_peak < 50 << 20, light
+    assert oom.oom_killed and oom.signal == 9, oom  # the group's limit is the test's, the runner's use on top
+    assert spin.killed_for == "cpu" and 0.5 <= spin.cpu < 1.0 and not spin.oom_killed, spin
+    assert sleeper.killed_for == "wall" and sleeper.cpu < 0.2, sleeper
+    assert last.stdout == b"6\n" and last.killed_for is None and not last.oom_killed, last
+    assert lane.in_session == 6
+    await lane.close()
+
+
+NESTED = """
+import os, sys
+n = int(sys.stdin.read())
+if n == 1:
+    os.makedirs("/tmp/" + "/".join(["d"] * 300))
+print(n)
+"""
+
+
+async def test_a_box_that_is_not_clean_is_replaced(
+    box: tuple[str, int, tuple[BoxGroup, BoxGroup]], session_lane: Lane
+) -> None:
+    directory, groups, lane = box[0], box[2], session_lane
+    # Nested deeper than the runner empties: it says the box is not clean, and the lane replaces it.
+    argv = await asyncio.to_thread(python_run, directory, NESTED)
+    facts = await session_runs(lane, argv, [b"1", b"2", b"3"])
+    assert [f.stdout for f in facts] == [b"1\n", b"2\n", b"3\n"], facts
+    assert (lane.sessions, lane.in_session) == (2, 3)
+    await lane.close()
+    assert not any(g.leftover() for g in groups)
+
+
+async def test_cancelling_a_session_run_kills_the_box(
+    box: tuple[str, int, tuple[BoxGroup, BoxGroup]], session_lane: Lane
+) -> None:
+    groups, lane = box[2], session_lane
+    await lane.run(ECHO_ARGV, stdin=b"1", limits=LIMITS, ahead=True)
+    sleeper = await asyncio.to_thread(python_run, box[0], "import time\ntime.sleep(30)\n")
+    hanging = asyncio.create_task(lane.run(sleeper, stdin=b"", limits=LIMITS, ahead=True))
+    await eventually(lambda: len(groups[0].pids_in()) > 2, within=10, what="the test never started")
     hanging.cancel()
     with pytest.raises(asyncio.CancelledError):
         await hanging

@@ -32,6 +32,7 @@ from judgequeue.core.judges.sandbox import (
     shim_script,
 )
 from judgequeue.core.judges.seccomp import ALLOWED_X86_64, SeccompUnsupported, build_filter
+from judgequeue.core.judges.session import RUNNER_SOURCE, exit_facts, parse_done, runner_argv
 
 SUM = [{"input": "2 3\n", "output": "5\n"}, {"input": "10 -4\n", "output": "6"}]
 PY_SUM = "a, b = map(int, input().split())\nprint(a + b)\n"
@@ -212,6 +213,28 @@ def test_cgroup_parsing() -> None:
     )
     assert parse_oom_kills("oom_kill_disable 0\nunder_oom 0\noom_kill 3\n") == 3
     assert parse_oom_kills("oom_kill_disable 0\n") == 0
+
+
+def test_the_box_runner_is_init_only_when_asked_and_its_reports_are_parsed_strictly() -> None:
+    iso = Isolation("full", bwrap="/usr/bin/bwrap", setpriv="/usr/bin/setpriv", seccomp=b"x")
+    argv = runner_argv("/usr/bin/python3", 7, ["/usr/bin/python3", "/box/main.py"])
+    assert argv[:6] == ["/usr/bin/python3", "-I", "-S", "-B", "-c", RUNNER_SOURCE] and argv[6:] == [
+        "7", "/usr/bin/python3", "/box/main.py"
+    ]  # fmt: skip
+    boxed = build_command(argv, box="/b/1", uid=1, limits=Limits(), isolation=iso, procs_files=[],
+                          writable_box=False, as_pid_1=True)  # fmt: skip
+    assert boxed.index("--as-pid-1") < len(boxed) - 1 - boxed[::-1].index("--")
+    plain = build_command(["/box/a"], box="/b/1", uid=1, limits=Limits(), isolation=iso, procs_files=[],
+                          writable_box=False)  # fmt: skip
+    assert "--as-pid-1" not in plain  # a program itself is never init: it could not signal itself
+    assert parse_done(b"done 0 1") == (0, True)
+    assert parse_done(b"done 2304 0") == (2304, False)
+    for bad in (b"", b"ready", b"done 0", b"done x 1", b"done 0 2", b"done 0 1 extra"):
+        assert parse_done(bad) is None
+    assert exit_facts(0) == (0, None)
+    assert exit_facts(3 << 8) == (3, None)
+    assert exit_facts(11) == (139, 11)  # killed by SIGSEGV: the signal is known, not guessed
+    assert exit_facts(None) == (None, None)
 
 
 def test_an_armed_command_waits_on_its_block_fd_and_fits_only_the_same_run() -> None:

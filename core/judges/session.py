@@ -1,0 +1,290 @@
+"""One box for all of a submission's tests: started once, the program run in it per test by a runner.
+
+Starting a boxed run costs more CPU than a short test program itself: the ``sh`` shim, ``setpriv``,
+bubblewrap's namespaces and mounts, cgroup creation and removal (~8 ms a test on a 2-CPU VM). A
+submission's tests run the same command in the same box with the same limits, so a :class:`Session`
+starts the box once with :mod:`.box_runner` as the namespace's init, and each test is one message:
+the runner spawns the program on the test's stdin memfd and output pipes, waits, kills and reaps
+everything else in the namespace, empties ``/tmp`` and reports the raw wait status.
+
+What stays the worker's, as for a cold run: the CPU and wall limits (it kills the program's
+processes, never the runner's), the output cap, and every accounting fact, read from the box's
+groups as differences over the test (CPU time; the memory peak over what the group held before the
+test; OOM kills; refused forks). The group's memory limit is the test's plus what the runner itself
+held once ready, so a program gets exactly its limit.
+
+A session that is not provably clean after a test (the runner said so, a process other than the
+runner is left, the runner is gone or late) is *broken*: the caller discards it and starts afresh.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from .cgroups import BoxGroup
+from .sandbox import (
+    REAP_GRACE,
+    Armed,
+    Isolation,
+    KilledFor,
+    Limits,
+    Pipe,
+    RunFacts,
+    arm,
+    discard,
+    engine_child_pid,
+    let_go,
+    next_check,
+    run_fit,
+)
+
+RUNNER_SOURCE = Path(__file__).with_name("box_runner.py").read_text()
+RUNNER_ROOM = 64 * 1024 * 1024  # memory the runner may use while it starts, before it is measured
+START_WITHIN = 10.0  # seconds for a box and its runner to come up
+KILL_EVERY = 0.01  # seconds between kills of a program that keeps forking while it is stopped
+
+
+def runner_argv(python: str, channel_fd: int, argv: Sequence[str]) -> list[str]:
+    """The box's command: the runner, its channel's descriptor number, then the program (pure)."""
+    return [python, "-I", "-S", "-B", "-c", RUNNER_SOURCE, str(channel_fd), *argv]
+
+
+def parse_done(message: bytes) -> tuple[int, bool] | None:
+    """``(wait status, clean)`` from the runner's ``done`` message; None for anything else (pure)."""
+    parts = message.split()
+    if len(parts) != 3 or parts[0] != b"done" or parts[2] not in (b"0", b"1"):
+        return None
+    try:
+        return int(parts[1]), parts[2] == b"1"
+    except ValueError:
+        return None
+
+
+def exit_facts(status: int | None) -> tuple[int | None, int | None]:
+    """``(exit code, signal)`` of a raw wait status (pure): a signal n is also exit code 128 + n,
+    as bubblewrap reports it for cold runs."""
+    if status is None:
+        return None, None
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        return 128 + sig, sig
+    if os.WIFEXITED(status):
+        return os.WEXITSTATUS(status), None
+    return None, None
+
+
+class SessionBroken(Exception):
+    """The box could not be started, or is not clean after a test: it must not be used again."""
+
+
+class Session:
+    """A started box and its runner (see the module's docstring). Use :func:`start` to make one."""
+
+    def __init__(self, armed: Armed, channel: socket.socket, runner_pid: int, status: Pipe, errors: Pipe) -> None:
+        self.armed = armed
+        self.fit = armed.fit
+        self.group = armed.group
+        self.channel = channel
+        self.runner_pid = runner_pid
+        self.status = status
+        self.errors = errors  # the runner's own stderr (diagnostics)
+        self.broken = False
+        self.tests = 0
+        self._replies: asyncio.Queue[bytes] = asyncio.Queue()
+        loop = asyncio.get_running_loop()
+        channel.setblocking(False)
+        loop.add_reader(channel.fileno(), self._readable)
+
+    def _readable(self) -> None:
+        try:
+            message = self.channel.recv(256)
+        except BlockingIOError:
+            return
+        except OSError:
+            message = b""
+        if not message:
+            asyncio.get_running_loop().remove_reader(self.channel.fileno())
+        self._replies.put_nowait(message)
+
+    async def _reply(self, within: float) -> bytes:
+        """The runner's next message; b"" when it is gone or silent past ``within`` seconds."""
+        with contextlib.suppress(TimeoutError):
+            return await asyncio.wait_for(self._replies.get(), max(0.0, within))
+        return b""
+
+    def _others(self) -> set[int]:
+        """The box's processes other than bubblewrap's monitor and the runner: the program's."""
+        assert self.group is not None
+        return self.group.pids_in() - {self.armed.proc.pid, self.runner_pid}
+
+    def _kill_program(self) -> None:
+        for pid in self._others():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+    async def run(self, stdin: bytes, limits: Limits, parallelism: int) -> RunFacts:
+        """Run the program on one test; facts as a cold run reports them. Raises SessionBroken
+        (after marking the session broken) when the box cannot be trusted for this test."""
+        if self.broken:
+            raise SessionBroken("the session is broken")
+        group = self.group
+        assert group is not None
+        loop = asyncio.get_running_loop()
+        fds: list[int] = []
+        pipes: list[Pipe] = []
+        killed_for: KilledFor | None = None
+        killed_at = 0.0
+        try:
+            stdin_fd = os.memfd_create("stdin", os.MFD_CLOEXEC)
+            fds.append(stdin_fd)
+            view = memoryview(stdin)
+            while view:
+                view = view[os.write(stdin_fd, view) :]
+            os.lseek(stdin_fd, 0, os.SEEK_SET)
+            out_r, out_w = os.pipe2(os.O_CLOEXEC)
+            fds += [out_r, out_w]
+            err_r, err_w = os.pipe2(os.O_CLOEXEC)
+            fds += [err_r, err_w]
+            before = group.usage()
+            group.reset_peak()
+            held = group.memory_now()
+
+            def over() -> None:
+                nonlocal killed_for, killed_at
+                killed_for = killed_for or "output"
+                killed_at = killed_at or time.monotonic()
+                self._kill_program()
+
+            out = Pipe(loop, out_r, limits.output, on_over=over)
+            err = Pipe(loop, err_r, limits.stderr)
+            pipes = [out, err]
+            fds = [stdin_fd, out_w, err_w]
+            started = time.monotonic()
+            try:
+                socket.send_fds(self.channel, [b"run"], [stdin_fd, out_w, err_w])
+            except OSError as exc:
+                raise SessionBroken(f"the runner is gone: {exc}") from None
+            for fd in fds:
+                os.close(fd)
+            fds = []
+            self.tests += 1
+            wall_deadline = started + limits.wall
+            reply: bytes | None = None
+            while reply is None:
+                now = time.monotonic()
+                cpu = (group.cpu_ns() - before.cpu_ns) / 1e9
+                if killed_for is None and (cpu >= limits.cpu or now >= wall_deadline):
+                    killed_for = "cpu" if cpu >= limits.cpu else "wall"
+                if killed_for is not None:
+                    # Until the runner reports: a program may fork between a read of the group and a kill.
+                    killed_at = killed_at or now
+                    self._kill_program()
+                    if now > killed_at + REAP_GRACE:
+                        break
+                    wait = KILL_EVERY
+                else:
+                    wait = next_check(limits.cpu - cpu, wall_deadline - now, parallelism)
+                with contextlib.suppress(TimeoutError):
+                    reply = await asyncio.wait_for(self._replies.get(), wait)
+            wall = time.monotonic() - started
+            done = parse_done(reply) if reply else None
+            # Every writer is dead once the runner reports; what is left is bounded by the buffers.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.gather(*(p.eof.wait() for p in pipes)), REAP_GRACE)
+            after = group.usage()
+            if done is None or not done[1] or self._others():
+                self.broken = True
+            code, sig = exit_facts(done[0] if done else None)
+            return RunFacts(
+                exit_code=code, signal=sig, stdout=bytes(out.data[: limits.output]), stderr=bytes(err.data),
+                wall=wall, cpu=(after.cpu_ns - before.cpu_ns) / 1e9, memory_peak=max(0, after.memory_peak - held),
+                oom_killed=after.oom_kills > before.oom_kills, killed_for=killed_for,
+                processes_refused=after.pids_refused - before.pids_refused, stuck=reply is None and killed_at > 0,
+            )  # fmt: skip
+        except BaseException:
+            self.broken = True
+            raise
+        finally:
+            for fd in fds:
+                os.close(fd)
+            for p in pipes:
+                p.close()
+
+    async def close(self) -> None:
+        """Kill the box and remove its groups (whatever state it is in)."""
+        loop = asyncio.get_running_loop()
+        with contextlib.suppress(Exception):
+            loop.remove_reader(self.channel.fileno())
+        self.channel.close()
+        self.armed.report = bytes(self.status.data)
+        self.status.close()
+        self.errors.close()
+        await discard(self.armed)
+
+
+async def start(
+    python: str,
+    argv: Sequence[str],
+    *,
+    box: str,
+    uid: int,
+    limits: Limits,
+    isolation: Isolation,
+    group: BoxGroup,
+) -> Session:
+    """Start a box whose runner will run ``argv`` per test; SessionBroken when it does not come up."""
+    loop = asyncio.get_running_loop()
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        armed = await arm(
+            runner_argv(python, theirs.fileno(), argv), box=box, uid=uid, limits=limits, isolation=isolation,
+            group=group, keep_fd=theirs.fileno(), memory=limits.memory + RUNNER_ROOM,
+        )  # fmt: skip
+    except BaseException:
+        ours.close()
+        theirs.close()
+        raise
+    theirs.close()
+    armed.fit = run_fit(argv, box=box, uid=uid, limits=limits, writable_box=False)
+    status = Pipe(loop, armed.status_r, 4096)
+    errors = Pipe(loop, armed.err_r, 4096)
+    armed.status_r = armed.err_r = -1
+    with contextlib.suppress(OSError):
+        os.close(armed.out_r)
+    armed.out_r = -1
+    session: Session | None = None
+    try:
+        let_go(armed)  # bubblewrap execs the runner
+        session = Session(armed, ours, 0, status, errors)
+        deadline = time.monotonic() + START_WITHIN
+        while (pid := engine_child_pid(bytes(status.data))) is None:
+            if status.eof.is_set() or time.monotonic() > deadline:
+                raise SessionBroken("bubblewrap did not start the runner")
+            status.grew.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(status.grew.wait(), max(0.0, deadline - time.monotonic()))
+        session.runner_pid = pid
+        ready = await session._reply(deadline - time.monotonic())
+        if ready != b"ready":
+            why = bytes(errors.data).decode(errors="replace").strip()[-300:]
+            raise SessionBroken(f"the box runner did not start: {why or 'no message'}")
+        # From now on the program gets its own limit, on top of what the runner holds.
+        group.set_memory(limits.memory + group.memory_now())
+        return session
+    except BaseException:
+        if session is not None:
+            session.broken = True
+            await session.close()
+        else:
+            ours.close()
+            status.close()
+            errors.close()
+            await discard(armed)
+        raise
