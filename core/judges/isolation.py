@@ -28,6 +28,8 @@ MAX_TESTS_VAR = "JUDGEQUEUE_PROGRAM_MAX_TESTS"
 BUDGET_VAR = "JUDGEQUEUE_PROGRAM_BUDGET"
 CACHE_DIR_VAR = "JUDGEQUEUE_PROBLEM_CACHE_DIR"
 CACHE_MB_VAR = "JUDGEQUEUE_PROBLEM_CACHE_MB"
+BOX_VAR = "JUDGEQUEUE_PROGRAM_BOX"
+BOX_SCOPES = ("submission", "test")  # one box for a submission's tests (its runner runs each), or one per test
 SANDBOX_MODES = ("required", "trusted")
 #: Directories a language runtime needs, bound read-only when they exist (symlinks are recreated).
 RUNTIME_PATHS = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/etc/ld.so.cache")
@@ -47,6 +49,7 @@ class JudgeSettings:
     budget: float = 120.0  # seconds of wall time for a whole submission (compile + every test)
     problem_cache_dir: str = ""  # local copies of problem packages; "" is <sandbox_dir>/problems
     problem_cache_mb: int = 1024  # bound of that cache (least recently used packages go first)
+    box: str = "submission"  # see BOX_SCOPES
 
     @property
     def cache_dir(self) -> str:
@@ -67,7 +70,10 @@ def load_judge_settings(env: Mapping[str, str]) -> JudgeSettings:
     if cache_dir and not os.path.isabs(cache_dir):
         raise ConfigError(f"{CACHE_DIR_VAR} must be an absolute path, got {cache_dir!r}")
     cache_mb = int(_bounded(env, CACHE_MB_VAR, "1024", int, 1, 1024 * 1024, " MiB"))
-    return JudgeSettings(sandbox, sandbox_dir, max_tests, budget, cache_dir, cache_mb)
+    box = env.get(BOX_VAR, "submission").strip() or "submission"
+    if box not in BOX_SCOPES:
+        raise ConfigError(f"{BOX_VAR} must be one of {', '.join(BOX_SCOPES)}, got {box!r}")
+    return JudgeSettings(sandbox, sandbox_dir, max_tests, budget, cache_dir, cache_mb, box)
 
 
 def _bounded(

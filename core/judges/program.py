@@ -530,10 +530,11 @@ class ProgramJudge:
         named = f"{self.group_prefix}{slot}"
         groups = (BoxGroup(self.roots, f"{named}-a"), BoxGroup(self.roots, f"{named}-b")) if self.roots else None
         directory = os.path.join(self.boxes_dir, str(slot))
+        runner = self.tools.get("python3") if self.settings.box == "submission" else None
         box = _Box(
             uid, directory, BoxGroup(self.roots, named) if self.roots else None,
             os.path.join(self.boxes_dir, f"{slot}-helper"), BoxGroup(self.roots, f"{named}-h") if self.roots else None,
-            Lane(box=directory, uid=uid, isolation=self.isolation, groups=groups, python=self.tools.get("python3")),
+            Lane(box=directory, uid=uid, isolation=self.isolation, groups=groups, python=runner),
         )  # fmt: skip
         try:
             await asyncio.to_thread(self._make_dir, box.dir, uid)

@@ -138,12 +138,14 @@ def test_payload_validation_limits_and_test_count() -> None:
 def test_judge_settings_name_the_bad_variable() -> None:
     assert load_judge_settings({}) == JudgeSettings()
     assert load_judge_settings({"JUDGEQUEUE_SANDBOX": "trusted"}).sandbox == "trusted"
+    assert load_judge_settings({"JUDGEQUEUE_PROGRAM_BOX": "test"}).box == "test"
     for env, name in (
         ({"JUDGEQUEUE_SANDBOX": "off"}, "JUDGEQUEUE_SANDBOX"),
         ({"JUDGEQUEUE_SANDBOX_DIR": "relative"}, "JUDGEQUEUE_SANDBOX_DIR"),
         ({"JUDGEQUEUE_PROGRAM_MAX_TESTS": "many"}, "JUDGEQUEUE_PROGRAM_MAX_TESTS"),
         ({"JUDGEQUEUE_PROGRAM_MAX_TESTS": "0"}, "JUDGEQUEUE_PROGRAM_MAX_TESTS"),
         ({"JUDGEQUEUE_PROGRAM_BUDGET": "9999"}, "JUDGEQUEUE_PROGRAM_BUDGET"),
+        ({"JUDGEQUEUE_PROGRAM_BOX": "each"}, "JUDGEQUEUE_PROGRAM_BOX"),
     ):
         with pytest.raises(ConfigError, match=name):
             load_judge_settings(env)
