@@ -24,14 +24,16 @@ the worker sends ``run`` with three descriptors (stdin, stdout, stderr); the run
 
 from __future__ import annotations
 
-import contextlib
+# The C modules, not their Python wrappers: ``socket``, ``signal`` and ``contextlib`` would cost
+# ~15 ms of CPU to import, paid by every submission (``ctypes``, ~3 ms, is kept for prctl).
+import _signal
+import _socket
 import ctypes
 import os
-import signal
-import socket
 import sys
 
 PR_SET_DUMPABLE = 4
+FD_BYTES = 4  # a descriptor in SCM_RIGHTS data is a C int
 SCRATCH = "/tmp"
 EXEC_FAILED = 127 << 8  # a wait status of exit(127): what a shell reports for a command it cannot run
 
@@ -49,6 +51,14 @@ def wipe(path: str, depth: int = 0) -> None:
             os.unlink(entry.path)
 
 
+def kill_others() -> None:
+    """SIGKILL every process of the namespace but this one (it is init: ``kill(-1)`` spares it)."""
+    try:  # noqa: SIM105 (contextlib is not imported: see above)
+        os.kill(-1, _signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
 def reap_all(child: int) -> int:
     """Wait for ``child``, then kill and reap every other process of the namespace; its wait status."""
     status = EXEC_FAILED
@@ -61,9 +71,7 @@ def reap_all(child: int) -> int:
             continue
         if pid == child:
             status = got
-            # The program is done: nothing it started may see the next test.
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(-1, signal.SIGKILL)
+            kill_others()  # the program is done: nothing it started may see the next test
 
 
 def run_once(argv: list[str], env: dict[str, str], fds: list[int]) -> int:
@@ -71,7 +79,7 @@ def run_once(argv: list[str], env: dict[str, str], fds: list[int]) -> int:
     for fd in fds:
         os.set_inheritable(fd, False)  # the program gets them only as 0, 1 and 2
     actions = [(os.POSIX_SPAWN_DUP2, fd, target) for target, fd in enumerate(fds)]
-    defaults = [signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT]  # what Python itself changed
+    defaults = [_signal.SIGPIPE, _signal.SIGXFSZ, _signal.SIGINT]  # what Python itself changed
     try:
         child = os.posix_spawn(argv[0], argv, env, file_actions=actions, setsigdef=defaults, setsigmask=())
     except OSError as exc:
@@ -81,17 +89,27 @@ def run_once(argv: list[str], env: dict[str, str], fds: list[int]) -> int:
         for fd in fds:
             os.close(fd)
     status = reap_all(child)
-    with contextlib.suppress(ProcessLookupError):  # a kill that raced a fork (pids.max bounds the forks)
-        os.kill(-1, signal.SIGKILL)
+    kill_others()  # one that raced a fork (pids.max bounds how many there can be)
     reap_all(-1)
     return status
 
 
+def receive(channel: _socket.socket) -> tuple[bytes, list[int]]:
+    """One message and the descriptors sent with it (b"" at the worker's end of file)."""
+    message, ancillary, _flags, _addr = channel.recvmsg(64, _socket.CMSG_LEN(3 * FD_BYTES))
+    fds: list[int] = []
+    for level, kind, data in ancillary:
+        if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
+            for i in range(0, len(data) - len(data) % FD_BYTES, FD_BYTES):
+                fds.append(int.from_bytes(data[i : i + FD_BYTES], sys.byteorder, signed=True))
+    return message, fds
+
+
 def main() -> None:
-    for number in range(1, signal.NSIG):
+    for number in range(1, _signal.NSIG):
         try:
-            if callable(signal.getsignal(number)):
-                signal.signal(number, signal.SIG_DFL)  # init ignores what it has no handler for
+            if callable(_signal.getsignal(number)):
+                _signal.signal(number, _signal.SIG_DFL)  # init ignores what it has no handler for
         except (OSError, ValueError):
             pass
     libc = ctypes.CDLL(None, use_errno=True)
@@ -101,12 +119,12 @@ def main() -> None:
     os.set_inheritable(channel_fd, False)
     os.closerange(3, channel_fd)  # nothing else may reach a program (the box has no /proc to list them)
     os.closerange(channel_fd + 1, 1024)
-    channel = socket.socket(fileno=channel_fd)
+    channel = _socket.socket(fileno=channel_fd)
     argv = sys.argv[2:]
     env = {key: os.environ[key] for key in ("PATH", "TMPDIR") if key in os.environ}
     channel.send(b"ready")
     while True:
-        message, fds, _flags, _addr = socket.recv_fds(channel, 64, 3)
+        message, fds = receive(channel)
         if not message:
             return
         if message != b"run" or len(fds) != 3:
