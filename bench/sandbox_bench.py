@@ -182,7 +182,7 @@ async def main() -> int:
     print(f"  bare   median {o['bare_median_ms']:.1f} ms  p99 {o['bare_p99_ms']:.1f} ms")
     print(f"  boxed  median {o['boxed_median_ms']:.1f} ms  p99 {o['boxed_p99_ms']:.1f} ms")
     print(f"  overhead median {o['overhead_median_ms']:.1f} ms  p99 {o['overhead_p99_ms']:.1f} ms  (target <= 10 ms)")
-    print(f"  first test of a submission (nothing armed, {o['cold_runs']} runs): median {o['cold_median_ms']:.1f} ms"
+    print(f"  a lone test in its own box (cold, {o['cold_runs']} runs): median {o['cold_median_ms']:.1f} ms"
           f"  p99 {o['cold_p99_ms']:.1f} ms  overhead median {o['cold_overhead_median_ms']:.1f} ms")  # fmt: skip
     parallel = args.workers * args.concurrency
     if args.submissions <= 0:
@@ -194,9 +194,9 @@ async def main() -> int:
     bare_mean = (bare + bare_after) / 2
     print(f"realistic load ({args.submissions} submissions x {args.tests} tests, {args.workers} workers x "
           f"{args.concurrency} slots, {os.cpu_count()} CPUs):")  # fmt: skip
-    print(f"  bare              {bare:.0f} then {bare_after:.0f} tests/s ({parallel} at a time)")
+    print(f"  bare                {bare:.0f} then {bare_after:.0f} tests/s ({parallel} at a time)")
     for name, got in (("box per submission", system), ("box per test", per_test)):
-        print(f"  {name:<18}{got['rate']:.0f} tests/s in {got['seconds']:.0f}s  {got['statuses']}"
+        print(f"  {name:<20}{got['rate']:.0f} tests/s in {got['seconds']:.0f}s  {got['statuses']}"
               f"  = {got['rate'] / bare_mean:.0%} of bare")  # fmt: skip
     print("  target: whole system (the default, a box per submission) >= 60% of bare")
     return 0
