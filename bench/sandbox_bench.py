@@ -14,6 +14,7 @@ Run as root (the sandbox needs it): ``.venv/bin/python -m bench.sandbox_bench``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import statistics
@@ -26,7 +27,7 @@ from bench.cli import add_counts, new_parser
 from bench.common import span_seconds
 from bench.pipeline import percentile, stack, wait_done
 from judgequeue.core import outbox
-from judgequeue.core.judges.cgroups import BoxGroup
+from judgequeue.core.judges.cgroups import BoxGroup, find_roots
 from judgequeue.core.judges.isolation import JudgeSettings
 from judgequeue.core.judges.lane import Lane
 from judgequeue.core.judges.program import ProgramJudge, run_limits
@@ -113,6 +114,21 @@ async def overhead(runs: int) -> dict[str, Any]:
     }
 
 
+def _text(path: str) -> str:
+    with open(path) as f:
+        return f.read()
+
+
+def _cpu_of(pids: list[int]) -> float:
+    """CPU seconds the processes ``pids`` spent themselves (user + system, not their children's)."""
+    total = 0
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            fields = _text(f"/proc/{pid}/stat").rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 def judge_program() -> Any:
     from judgequeue.core.judges.program import parse_payload
 
@@ -151,6 +167,9 @@ async def system_load(submissions: int, tests: int, workers: int, concurrency: i
     reaper; ``box``: a box per submission (its runner runs each test) or per test."""
     payload = {"language": "python", "source": SOLUTION, "tests": [test_case(i) for i in range(tests)],
                "limits": {"time": 2, "memory_mb": 256}}  # fmt: skip
+    roots = find_roots(_text("/proc/self/mounts"), _text("/proc/self/cgroup"))
+    assert not isinstance(roots, str), roots
+    box_cpu = os.path.join(roots.cpuacct, "cpuacct.usage")  # every box of the roles (they are our children)
     async with stack(JUDGE="program", CONCURRENCY=str(concurrency), PROGRAM_BOX=box) as s:
         s.start("dispatcher")
         s.start("worker", workers)
@@ -160,16 +179,23 @@ async def system_load(submissions: int, tests: int, workers: int, concurrency: i
                 await outbox.submit(conn, s.queue, payload)
             after: int = await conn.fetchval("SELECT max(id) FROM judgequeue.submissions")
         await wait_done(s.pool, 0, 4, 120)
+        pids = [p.pid for procs in s.procs.values() for p in procs]
+        boxes_before, roles_before = int(_text(box_cpu)), _cpu_of(pids)
         async with s.pool.acquire() as conn, conn.transaction():
             for _ in range(submissions):
                 await outbox.submit(conn, s.queue, payload)
         await wait_done(s.pool, after, submissions, 3600)
+        boxes, roles = (int(_text(box_cpu)) - boxes_before) / 1e9, _cpu_of(pids) - roles_before
         async with s.pool.acquire() as conn:
             span = await span_seconds(conn, after)
             statuses = dict(
                 await conn.fetch("SELECT status, count(*) FROM judgequeue.submissions WHERE id > $1 GROUP BY 1", after)
             )
-    return {"rate": submissions * tests / span, "statuses": statuses, "seconds": span}
+    done = submissions * tests
+    return {
+        "rate": done / span, "statuses": statuses, "seconds": span,
+        "box_ms": boxes / done * 1000, "roles_ms": roles / done * 1000,
+    }  # fmt: skip
 
 
 async def main() -> int:
@@ -197,7 +223,8 @@ async def main() -> int:
     print(f"  bare                {bare:.0f} then {bare_after:.0f} tests/s ({parallel} at a time)")
     for name, got in (("box per submission", system), ("box per test", per_test)):
         print(f"  {name:<20}{got['rate']:.0f} tests/s in {got['seconds']:.0f}s  {got['statuses']}"
-              f"  = {got['rate'] / bare_mean:.0%} of bare")  # fmt: skip
+              f"  = {got['rate'] / bare_mean:.0%} of bare; CPU per test {got['box_ms']:.1f} ms in boxes,"
+              f" {got['roles_ms']:.1f} ms in the roles' own processes")  # fmt: skip
     print("  target: whole system (the default, a box per submission) >= 60% of bare")
     return 0
 
