@@ -431,7 +431,8 @@ class _Box:
     group: BoxGroup | None
     helper_dir: str
     helper_group: BoxGroup | None
-    tests: Lane  # the submission's test runs, each next one armed while one runs (groups -a and -b)
+    tests: Lane  # the submission's test runs: one box for all (a session) or armed ahead (groups -a and -b)
+    checks: Lane  # the custom checker's runs, one per test, alike (groups -ca and -cb)
 
 
 class ProgramJudge:
@@ -529,18 +530,22 @@ class ProgramJudge:
         uid = self.uid_base + slot
         named = f"{self.group_prefix}{slot}"
         groups = (BoxGroup(self.roots, f"{named}-a"), BoxGroup(self.roots, f"{named}-b")) if self.roots else None
+        checks = (BoxGroup(self.roots, f"{named}-ca"), BoxGroup(self.roots, f"{named}-cb")) if self.roots else None
+        helper_dir = os.path.join(self.boxes_dir, f"{slot}-helper")
         directory = os.path.join(self.boxes_dir, str(slot))
         runner = self.tools.get("python3") if self.settings.box == "submission" else None
         box = _Box(
             uid, directory, BoxGroup(self.roots, named) if self.roots else None,
-            os.path.join(self.boxes_dir, f"{slot}-helper"), BoxGroup(self.roots, f"{named}-h") if self.roots else None,
+            helper_dir, BoxGroup(self.roots, f"{named}-h") if self.roots else None,
             Lane(box=directory, uid=uid, isolation=self.isolation, groups=groups, python=runner),
+            Lane(box=helper_dir, uid=uid, isolation=self.isolation, groups=checks, python=runner),
         )  # fmt: skip
         try:
             await asyncio.to_thread(self._make_dir, box.dir, uid)
             return await self._judge_in(program, problem, box)
         finally:
             await asyncio.shield(box.tests.close())
+            await asyncio.shield(box.checks.close())
             await asyncio.shield(asyncio.to_thread(self._remove_dirs, box))
             self._free.put_nowait(slot)
 
@@ -692,7 +697,8 @@ class ProgramJudge:
         problem: Problem, limits: Limits, box: _Box,
     ) -> tuple[TestResult, bytes]:  # fmt: skip
         """Run one ordinary test and check its output."""
-        facts = await box.tests.run(argv, stdin=given, limits=limits, ahead=number < len(problem.tests))
+        ahead = number < len(problem.tests)
+        facts = await box.tests.run(argv, stdin=given, limits=limits, ahead=ahead)
         forced = classify_facts(facts, limits)
         if forced is not None:
             return result_of(number, forced[0], facts, 0.0, forced[1]), facts.stderr
@@ -700,11 +706,14 @@ class ProgramJudge:
         if checker_argv is None:
             said = check(problem.checker, facts.stdout, answer)
         else:
-            said = await self._check(checker_argv, given, facts.stdout, answer, box)
+            said = await self._check(checker_argv, given, facts.stdout, answer, box, ahead)
         return result_of(number, said.verdict, facts, said.score, said.message), facts.stderr
 
-    async def _check(self, argv: list[str], given: bytes, output: bytes, answer: bytes, box: _Box) -> CheckResult:
-        """Run the custom checker on one test (testlib arguments: input, output, answer)."""
+    async def _check(
+        self, argv: list[str], given: bytes, output: bytes, answer: bytes, box: _Box, ahead: bool
+    ) -> CheckResult:
+        """Run the custom checker on one test (testlib arguments: input, output, answer); in one box
+        for all of a submission's tests, like the tests (the files are rewritten before each run)."""
 
         def write() -> None:
             for name, data in (("input", given), ("output", output), ("answer", answer)):
@@ -712,10 +721,8 @@ class ProgramJudge:
 
         await asyncio.to_thread(write)
         inside = self._inside(box.helper_dir)
-        facts = await run(
-            [*argv, f"{inside}/input", f"{inside}/output", f"{inside}/answer"], box=box.helper_dir, uid=box.uid,
-            stdin=b"", limits=HELPER_LIMITS, isolation=self.isolation, group=box.helper_group,
-        )  # fmt: skip
+        paths = [f"{inside}/input", f"{inside}/output", f"{inside}/answer"]
+        facts = await box.checks.run([*argv, *paths], stdin=b"", limits=HELPER_LIMITS, ahead=ahead)
         return helper_outcome(facts)
 
     async def _interact(
