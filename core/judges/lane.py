@@ -88,7 +88,8 @@ class Lane:
             await asyncio.shield(session.close())
 
     async def run(self, argv: Sequence[str], *, stdin: bytes, limits: Limits, ahead: bool) -> RunFacts:
-        """Run ``argv`` in the box; with ``ahead``, arm the next run with the same command meanwhile."""
+        """Run ``argv`` in the box. ``ahead`` says another run of the same command follows: start a
+        session for them, or (without one) arm the next run while this one runs."""
         fit = run_fit(argv, box=self.box, uid=self.uid, limits=limits, writable_box=False)
         session = await self._session_for(argv, limits, fit, ahead)
         if session is not None:
