@@ -1,10 +1,13 @@
 """Contest start: a burst of submissions from many application connections while workers judge.
 
     .venv/bin/python -m bench.burst [--submissions 100000] [--connections 64] [--processes 4]
-                                    [--workers 2] [--peak-jobs 10000] [--servers private|system]
+                                    [--workers 2] [--peak-jobs 10000] [--peak-runs 3]
+                                    [--servers private|system]
 
 In one run: first the steady-state end-to-end peak with the same roles (``--peak-jobs`` submitted
-one per transaction from 2 processes, 8 connections, as ``bench.run``), then the burst: the
+one per transaction from 2 processes, 8 connections, as ``bench.run``; the best of ``--peak-runs``:
+one short run on this VM may come out at two thirds of another, and a low peak would flatter the
+ratio), then the burst: the
 ``--submissions`` committed as fast as ``--processes`` application processes with ``--connections``
 connections in all can (one submit per transaction) while the dispatcher, ``--workers`` workers
 (noop judge) and the reaper run. Every 0.5 s the harness samples committed, judged, the backlog
@@ -195,9 +198,14 @@ def report(r: dict[str, Any]) -> str:
 async def inner(args: argparse.Namespace) -> int:
     peak = None
     if args.peak_jobs:
-        progress(f"steady-state peak: {args.peak_jobs} jobs, {args.workers} worker(s), 1 submit per transaction")
-        peak = (await pipeline.end_to_end_throughput(args.workers, jobs=args.peak_jobs))["rate"]
-        progress(f"peak {peak:,.0f} jobs/s")
+        progress(f"steady-state peak: {args.peak_jobs} jobs, {args.workers} worker(s), 1 submit per transaction,"
+                 f" best of {args.peak_runs}")  # fmt: skip
+        rates = [
+            (await pipeline.end_to_end_throughput(args.workers, jobs=args.peak_jobs))["rate"]
+            for _ in range(max(1, args.peak_runs))
+        ]
+        peak = max(rates)
+        progress(f"peak {peak:,.0f} jobs/s (runs: {', '.join(f'{x:,.0f}' for x in rates)})")
     progress(f"burst of {args.submissions} from {args.processes} processes, {args.connections} connections")
     r = await burst(args.submissions, args.connections, args.processes, args.workers)
     r["peak"] = peak
@@ -215,6 +223,7 @@ def parser() -> argparse.ArgumentParser:
     p = new_parser(__doc__)
     add_counts(p, submissions=100_000, connections=64, processes=4, workers=2)
     p.add_argument("--peak-jobs", type=int, default=10_000, help="jobs for the steady-state peak (0: skip)")
+    p.add_argument("--peak-runs", type=int, default=3, help="runs of the peak; the best counts")
     return add_run_options(p, plots=True)
 
 
