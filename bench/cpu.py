@@ -166,6 +166,27 @@ async def statements_available(conn: asyncpg.Connection) -> bool:
     return True
 
 
+async def table_updates(conn: asyncpg.Connection) -> dict[str, dict[str, int]]:
+    """Cumulative updates and HOT updates of the judgequeue tables (``pg_stat_user_tables``)."""
+    await asyncio.sleep(1.2)  # backends flush their table counters at most once a second
+    await conn.execute("SELECT pg_stat_clear_snapshot()")
+    rows = await conn.fetch(
+        "SELECT relname, n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables"
+        " WHERE schemaname = 'judgequeue' AND relname IN ('outbox', 'submissions')"
+    )
+    return {r["relname"]: {"upd": r["n_tup_upd"], "hot": r["n_tup_hot_upd"]} for r in rows}
+
+
+def updates_per_job(
+    before: dict[str, dict[str, int]], after: dict[str, dict[str, int]], jobs: int
+) -> dict[str, dict[str, float]]:
+    """Updates and HOT updates per job of each table between two :func:`table_updates` readings (pure)."""
+    return {
+        table: {k: (after[table][k] - before.get(table, {}).get(k, 0)) / jobs for k in ("upd", "hot")}
+        for table in after
+    }
+
+
 async def read_statements(conn: asyncpg.Connection, jobs: int) -> list[dict[str, Any]]:
     rows = await conn.fetch(
         "SELECT query, toplevel, calls, total_exec_time, total_plan_time, rows FROM pg_stat_statements"
@@ -297,14 +318,13 @@ async def judgequeue_cpu(
     profile: Path | None = None,
     **settings: str,
 ) -> dict[str, Any]:
-    async with pipeline.stack(**settings) as s:
+    tree = ref_tree(ref) if ref is not None else None
+    # The reference's roles run on the reference's own schema (its migrations, not this tree's).
+    async with pipeline.stack(schema_from=tree, **settings) as s:
         label = "judgequeue"
-        if ref is not None:
-            s.env["PYTHONPATH"] = ref_tree(ref)
+        if tree is not None:
+            s.env["PYTHONPATH"] = tree
             label = f"judgequeue@{ref}"
-            async with s.pool.acquire() as conn:
-                # The reference's schema: migrations newer than it would tax its writes.
-                await conn.execute("DROP INDEX IF EXISTS judgequeue.submissions_finished")
         s.start("dispatcher")
         s.start("worker", workers)
         s.start("reaper")
@@ -314,6 +334,7 @@ async def judgequeue_cpu(
             have_statements = await statements_available(conn)
             if have_statements:
                 await conn.execute("SELECT pg_stat_statements_reset()")
+            updates_before = await table_updates(conn)
         meter = Meter({role: [p.pid for p in procs] for role, procs in s.procs.items()})
         spies = start_profilers(meter.procs, seconds, profile) if profile is not None else []
         meter.begin()
@@ -331,6 +352,7 @@ async def judgequeue_cpu(
         jobs = int(app["jobs"])
         async with s.pool.acquire() as conn:
             stmts = await read_statements(conn, jobs) if have_statements else []
+            updates = updates_per_job(updates_before, await table_updates(conn), jobs)
             span = await conn.fetchval(
                 "SELECT extract(epoch FROM max(finished_at) - min(created_at))::float8"
                 " FROM judgequeue.submissions WHERE id > $1",
@@ -353,6 +375,7 @@ async def judgequeue_cpu(
         "wall_s": wall,
         "cpu_ms_per_job": per_job,
         "statements": stmts,
+        "updates_per_job": updates,
         "statements_note": "" if have_statements else "pg_stat_statements not preloaded on this server",
         "commit_to_verdict_p50_ms": pipeline.percentile(samples, 0.5),
         "commit_to_verdict_p99_ms": pipeline.percentile(samples, 0.99),
@@ -419,6 +442,13 @@ def table(r: dict[str, Any]) -> str:
         + "".join(f"{s['offered_per_s']:>7.0f}/{s['achieved_per_s']:<6.0f}" for s in systems)
     )
     for jq in systems[: 2 if r.get("ref") else 1]:
+        lines.append(
+            f"{jq['system']} row updates per job: "
+            + ", ".join(
+                f"{table} {u['upd']:.2f} ({u['hot']:.2f} HOT)"
+                for table, u in sorted(jq.get("updates_per_job", {}).items())
+            )
+        )
         lines.append(
             f"{jq['system']} commit->verdict p50 {jq['commit_to_verdict_p50_ms']:.1f} ms,"
             f" p99 {jq['commit_to_verdict_p99_ms']:.1f} ms"

@@ -90,9 +90,20 @@ class Stack:
                     p.wait()
 
 
+def migrate_as(dsn: str, pythonpath: str) -> None:
+    """Migrate ``dsn`` with the migrations of the tree at ``pythonpath`` (``judgequeue migrate``)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JUDGEQUEUE_")}
+    env.update({"PYTHONPATH": pythonpath, "JUDGEQUEUE_POSTGRES_DSN": dsn})
+    subprocess.run([JUDGEQUEUE, "migrate"], env=env, check=True, stdout=subprocess.DEVNULL)
+
+
 @asynccontextmanager
-async def stack(**settings: str) -> AsyncIterator[Stack]:
-    dsn = await create_database("jq_bench")
+async def stack(*, schema_from: str | None = None, **settings: str) -> AsyncIterator[Stack]:
+    """Roles' database, queue and servers; ``schema_from``: a tree (PYTHONPATH) whose migrations to apply
+    instead of this tree's, so a reference revision's roles run on the schema they were written for."""
+    dsn = await create_database("jq_bench", migrated=schema_from is None)
+    if schema_from is not None:
+        migrate_as(dsn, schema_from)
     queue = f"bench-{uuid.uuid4().hex[:8]}"
     pool = await asyncpg.create_pool(dsn, min_size=2, max_size=16)
     assert pool is not None
