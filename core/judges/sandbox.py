@@ -330,7 +330,7 @@ async def arm(
         if stdin_fd is None:
             stdin_fd = os.memfd_create("stdin", os.MFD_CLOEXEC)
             if stdin:
-                _fill(stdin_fd, stdin)
+                fill_stdin(stdin_fd, stdin)
         opened.append(stdin_fd)
         if stdout_fd is None:
             out_r, out_w = os.pipe2(os.O_CLOEXEC)
@@ -371,7 +371,7 @@ async def arm(
     return Armed(proc, fit, group if full else None, stdin_fd if own_stdin else -1, out_r, err_r, status_r, go_w)
 
 
-def _fill(fd: int, data: bytes) -> None:
+def fill_stdin(fd: int, data: bytes) -> None:
     """Write a run's whole stdin into its memfd and rewind it (the box shares the offset)."""
     view = memoryview(data)
     while view:
@@ -419,7 +419,7 @@ async def run(
     else:
         assert armed.fit == run_fit(argv, box=box, uid=uid, limits=limits, writable_box=writable_box)
         if stdin and armed.stdin_fd >= 0:
-            _fill(armed.stdin_fd, stdin)
+            fill_stdin(armed.stdin_fd, stdin)
     try:
         return await _watch(armed, limits, full, parallelism or os.cpu_count() or 1, on_start)
     finally:

@@ -40,6 +40,7 @@ from .sandbox import (
     arm,
     discard,
     engine_child_pid,
+    fill_stdin,
     let_go,
     next_check,
     run_fit,
@@ -96,7 +97,6 @@ class Session:
         self.status = status
         self.errors = errors  # the runner's own stderr (diagnostics)
         self.broken = False
-        self.tests = 0
         self._replies: asyncio.Queue[bytes] = asyncio.Queue()
         loop = asyncio.get_running_loop()
         channel.setblocking(False)
@@ -144,10 +144,7 @@ class Session:
         try:
             stdin_fd = os.memfd_create("stdin", os.MFD_CLOEXEC)
             fds.append(stdin_fd)
-            view = memoryview(stdin)
-            while view:
-                view = view[os.write(stdin_fd, view) :]
-            os.lseek(stdin_fd, 0, os.SEEK_SET)
+            fill_stdin(stdin_fd, stdin)
             out_r, out_w = os.pipe2(os.O_CLOEXEC)
             fds += [out_r, out_w]
             err_r, err_w = os.pipe2(os.O_CLOEXEC)
@@ -174,7 +171,6 @@ class Session:
             for fd in fds:
                 os.close(fd)
             fds = []
-            self.tests += 1
             wall_deadline = started + limits.wall
             reply: bytes | None = None
             while reply is None:
