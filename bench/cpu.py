@@ -118,9 +118,24 @@ class Meter:
             out[role] = sum(servers.cpu_seconds(p) for p in pids)
         if self.postmaster:
             out["postgres"] = servers.tree_cpu_seconds(self.postmaster)
+            out.update(self._postgres_by_whom(self.postmaster))
         if self.redis:
             out["redis"] = servers.cpu_seconds(self.redis)
         return out
+
+    def _postgres_by_whom(self, postmaster: int) -> dict[str, float]:
+        """The cluster's CPU split by whom it served: ``pg:<role>`` for the backends of a role's
+        connections (matched by the client's port), ``pg:<kind>`` for background processes
+        (walwriter, autovacuum worker, ...), ``pg:other`` for the rest: the submitting
+        application's backends, backends that exited (their CPU is the postmaster's reaped
+        children's) and the postmaster itself. The parts sum to ``postgres``."""
+        ports = {port: role for role, pids in self.procs.items() for port in servers.tcp_local_ports(pids)}
+        parts: dict[str, float] = {"pg:other": servers.cpu_seconds(postmaster, children=True)}
+        for pid in servers.children_of(postmaster):
+            kind, port = servers.postgres_process_kind(pid)
+            whom = f"pg:{ports[port]}" if port in ports else "pg:other" if kind in ("client", "gone") else f"pg:{kind}"
+            parts[whom] = parts.get(whom, 0.0) + servers.cpu_seconds(pid)
+        return parts
 
     def begin(self) -> None:
         self.start = self.snapshot()
@@ -419,7 +434,14 @@ async def peer_cpu(rate: float, seconds: float, workers: int) -> dict[str, Any]:
 
 
 def total(per_job: dict[str, float], *, with_app: bool = False) -> float:
-    return sum(v for k, v in per_job.items() if with_app or k != "application")
+    """The queue side's CPU per job (``pg:*`` parts are already in ``postgres``)."""
+    return sum(v for k, v in per_job.items() if not k.startswith("pg:") and (with_app or k != "application"))
+
+
+def _part_order(part: str) -> tuple[int, str]:
+    """Postgres's parts in the table: the roles' backends first, then the rest by name."""
+    order = ["pg:dispatcher", "pg:worker", "pg:reaper", "pg:other"]
+    return (order.index(part), "") if part in order else (len(order), part)
 
 
 def table(r: dict[str, Any]) -> str:
@@ -435,9 +457,11 @@ def table(r: dict[str, Any]) -> str:
     roles = ["dispatcher", "worker", "reaper", "postgres", "redis", "application"]
     head = f"{'CPU ms per judged job':<28}" + "".join(f"{s['system']:>14}" for s in systems)
     lines.append(head)
-    for role in roles:
+    parts = sorted({k for s in systems for k in s["cpu_ms_per_job"] if k.startswith("pg:")}, key=_part_order)
+    for role in roles[:4] + [f"  {p}" for p in parts] + roles[4:]:
+        key = role.strip()
         cells = "".join(
-            f"{s['cpu_ms_per_job'][role]:>14.3f}" if role in s["cpu_ms_per_job"] else f"{'-':>14}" for s in systems
+            f"{s['cpu_ms_per_job'][key]:>14.3f}" if key in s["cpu_ms_per_job"] else f"{'-':>14}" for s in systems
         )
         lines.append(f"{role:<28}{cells}")
     lines.append(f"{'total (queue side)':<28}" + "".join(f"{total(s['cpu_ms_per_job']):>14.3f}" for s in systems))

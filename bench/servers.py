@@ -83,6 +83,62 @@ def tree_cpu_seconds(root: int) -> float:
     return cpu_seconds(root, children=True) + sum(cpu_seconds(c) for c in children_of(root))
 
 
+_BACKGROUND_KINDS = ("autovacuum launcher", "autovacuum worker", "background writer", "logical replication launcher")
+
+
+def postgres_process_kind(pid: int) -> tuple[str, int | None]:
+    """What a postmaster child is, from its process title: ``("client", port)`` for a backend
+    serving a TCP client (the client's port), else ``(name, None)`` (``walwriter``,
+    ``autovacuum worker``, ...); ``("gone", None)`` if it exited."""
+    try:
+        title = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return ("gone", None)
+    rest = title.removeprefix("postgres:").strip()
+    first, _, after = rest.partition(" ")
+    if first.endswith(":"):  # a cluster_name ("15/main: walwriter")
+        rest = after.strip()
+    # A client backend's title: "user database host(port) state"
+    for word in rest.split()[:4]:
+        if word.endswith(")") and "(" in word:
+            port = word[word.rindex("(") + 1 : -1]
+            if port.isdigit():
+                return ("client", int(port))
+    for kind in _BACKGROUND_KINDS:
+        if rest.startswith(kind):
+            return (kind, None)
+    return (rest.split(" ", 1)[0] or "postgres", None)
+
+
+def tcp_local_ports(pids: list[int]) -> set[int]:
+    """Local ports of the TCP sockets the processes ``pids`` hold open (their client connections)."""
+    inodes: set[str] = set()
+    for pid in pids:
+        fd_dir = Path(f"/proc/{pid}/fd")
+        try:
+            fds = list(fd_dir.iterdir())
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(fd)
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    ports: set[int] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            cols = line.split()
+            if len(cols) > 9 and cols[9] in inodes:
+                ports.add(int(cols[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
 def rss_mb(pid: int) -> float:
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
