@@ -1,0 +1,272 @@
+"""Direct intake (``JUDGEQUEUE_INTAKE=direct``) against real Postgres and Redis: a worker leases ready
+outbox rows itself; the dispatcher sends only what no worker took within the hand-off.
+
+The invariants of docs/design.md §9 hold on this path too: one lease per row whatever the
+concurrency, the queue's flags read in the take's own statement, a dead worker's lease rescued by
+the reaper and its late verdict fenced out. ``tests/process/test_chaos.py`` kills real processes
+running it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import json
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from typing import Any
+
+import asyncpg
+import pytest
+import redis.asyncio as aioredis
+
+from judgequeue.core import leases, outbox, streams
+from judgequeue.core.dispatcher import Dispatcher
+from judgequeue.core.judges import Verdict
+from judgequeue.core.judges.builtin import SleepJudge
+from judgequeue.core.queues import create_queue, database_now, set_cutover
+from judgequeue.core.worker import Worker
+from tests.support.databases import REDIS_URL
+from tests.support.settings import make_settings
+from tests.support.waiting import eventually
+
+
+class Recorder:
+    """A judge that records what it ran and accepts it."""
+
+    def __init__(self) -> None:
+        self.ran: list[Any] = []
+
+    async def judge(self, payload: Any) -> Verdict:
+        self.ran.append(payload["i"])
+        return Verdict("ACCEPTED", {"i": payload["i"]})
+
+
+@pytest.fixture
+async def queue(pg_pool: asyncpg.Pool, redis_client: aioredis.Redis, queue_name: str) -> AsyncIterator[str]:
+    async with pg_pool.acquire() as conn:
+        await create_queue(conn, queue_name)
+    await streams.ensure_group(redis_client, queue_name)
+    yield queue_name
+
+
+async def _submit(pool: asyncpg.Pool, queue: str, n: int, start: int = 0) -> list[int]:
+    async with pool.acquire() as conn:
+        return [await outbox.submit(conn, queue, {"i": i}) for i in range(start, start + n)]
+
+
+async def _statuses(pool: asyncpg.Pool, ids: list[int]) -> dict[str, int]:
+    rows = await pool.fetch(
+        "SELECT status, count(*) AS n FROM judgequeue.submissions WHERE id = ANY($1) GROUP BY status", ids
+    )
+    return {r["status"]: r["n"] for r in rows}
+
+
+@contextlib.asynccontextmanager
+async def _running(*roles: Any) -> AsyncIterator[None]:
+    stop = asyncio.Event()
+    tasks = [asyncio.ensure_future(role.run(stop)) for role in roles]
+    try:
+        yield
+    finally:
+        stop.set()
+        await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 15)
+
+
+async def test_take_leases_marks_sent_and_returns_payloads(pg_pool: asyncpg.Pool, queue: str) -> None:
+    ids = await _submit(pg_pool, queue, 5)
+    async with pg_pool.acquire() as conn:
+        take = await outbox.take_direct(conn, queue, "w-1", limit=3, ttl=30)
+    assert [x.submission for x in take.leases] == ids[:3]  # oldest first
+    assert [x.payload for x in take.leases] == [{"i": 0}, {"i": 1}, {"i": 2}]
+    assert take.stale == [] and take.skipped == 0
+    rows = await pg_pool.fetch(
+        "SELECT o.submission_id, o.state, o.claimed_by, o.sent_at IS NOT NULL AS sent, s.status, s.attempt_id"
+        " FROM judgequeue.outbox o JOIN judgequeue.submissions s ON s.id = o.submission_id ORDER BY o.id"
+    )
+    assert [(r["state"], r["claimed_by"], r["sent"], r["status"]) for r in rows[:3]] == [
+        ("SENT", "w-1", True, "JUDGING")
+    ] * 3
+    assert {r["attempt_id"] for r in rows[:3]} == {x.attempt for x in take.leases}
+    assert [(r["state"], r["status"]) for r in rows[3:]] == [("PENDING", "PENDING")] * 2
+
+
+async def test_concurrent_takes_never_lease_a_row_twice(pg_dsn: str, queue: str, pg_pool: asyncpg.Pool) -> None:
+    ids = await _submit(pg_pool, queue, 300)
+    conns = [await asyncpg.connect(pg_dsn) for _ in range(6)]
+    taken: list[int] = []
+
+    async def taker(conn: asyncpg.Connection, k: int) -> None:
+        while True:
+            take = await outbox.take_direct(conn, queue, f"w-{k}", limit=7, ttl=30)
+            if not take.rows:
+                return
+            taken.extend(x.submission for x in take.leases)
+
+    try:
+        await asyncio.gather(*(taker(c, k) for k, c in enumerate(conns)))
+    finally:
+        for c in conns:
+            await c.close()
+    assert sorted(taken) == ids  # every row once, none twice
+    assert await _statuses(pg_pool, ids) == {"JUDGING": 300}
+
+
+async def test_take_reads_the_queues_flags_in_its_own_statement(pg_pool: asyncpg.Pool, queue: str) -> None:
+    async with pg_pool.acquire() as conn:
+        await set_cutover(conn, queue, paused=True)
+    before = await _submit(pg_pool, queue, 2)
+    async with pg_pool.acquire() as conn:
+        assert (await outbox.take_direct(conn, queue, "w", limit=10, ttl=30)).rows == 0  # paused
+        await set_cutover(conn, queue, paused=False, mode="shadow")
+        assert (await outbox.take_direct(conn, queue, "w", limit=10, ttl=30)).rows == 0  # shadow: the dispatcher's
+        watermark = await database_now(conn) + timedelta(microseconds=1)
+        await set_cutover(conn, queue, mode="live", watermark=watermark)
+    after = await _submit(pg_pool, queue, 1, start=2)
+    async with pg_pool.acquire() as conn:
+        take = await outbox.take_direct(conn, queue, "w", limit=10, ttl=30)
+    # Rows created before the watermark were the legacy path's: SKIPPED, never leased (invariant 4).
+    assert take.skipped == 2 and [x.submission for x in take.leases] == after
+    states = await pg_pool.fetch("SELECT submission_id, state FROM judgequeue.outbox ORDER BY id")
+    assert [r["state"] for r in states] == ["SKIPPED", "SKIPPED", "SENT"]
+    assert await _statuses(pg_pool, before) == {"PENDING": 2}
+
+
+async def test_a_row_whose_submission_moved_on_is_marked_and_counted_stale(pg_pool: asyncpg.Pool, queue: str) -> None:
+    [sid] = await _submit(pg_pool, queue, 1)
+    async with pg_pool.acquire() as conn:
+        await outbox.rejudge(conn, sid)  # generation 2 and its own outbox row; generation 1's row is stale
+        take = await outbox.take_direct(conn, queue, "w", limit=10, ttl=30)
+    assert take.stale == [(sid, 1)]
+    assert [(x.submission, x.generation) for x in take.leases] == [(sid, 2)]
+
+
+async def test_a_dead_workers_lease_is_rescued_and_its_verdict_fenced(
+    pg_pool: asyncpg.Pool, pg_dsn: str, redis_client: aioredis.Redis, queue: str
+) -> None:
+    """A worker takes a row and dies: the reaper's rescue gives it a new generation, a live direct
+    worker judges it once, and the dead attempt's late verdict is refused (invariants 1 and 2)."""
+    [sid] = await _submit(pg_pool, queue, 1)
+    async with pg_pool.acquire() as conn:
+        [dead] = (await outbox.take_direct(conn, queue, "dead-worker", limit=1, ttl=0.2)).leases
+        await eventually(lambda: _expired(pg_pool, sid), what="the dead worker's lease expired on the database clock")
+        assert (await leases.rescue_expired_leases(conn, queue, max_retries=3)).requeued == 1
+    settings = make_settings(pg_dsn, REDIS_URL, queue, intake="direct", schedule="30s")
+    judge = Recorder()
+    async with _running(Worker(pg_pool, redis_client, settings, judge=judge)):
+        await eventually(lambda: _is(pg_pool, sid, "ACCEPTED"), what="the rescued generation judged")
+    async with pg_pool.acquire() as conn:
+        late = leases.VerdictWrite(dead, "WRONG_ANSWER", {"status": "WRONG_ANSWER"})
+        assert await leases.write_verdicts(conn, [late]) == {}  # fenced: the stale attempt writes nothing
+        row = await conn.fetchrow("SELECT status, generation, verdict FROM judgequeue.submissions WHERE id = $1", sid)
+    assert (row["status"], row["generation"]) == ("ACCEPTED", 2)
+    assert json.loads(row["verdict"])["generation"] == 2 and judge.ran == [0]
+
+
+async def _expired(pool: asyncpg.Pool, sid: int) -> bool:
+    return bool(await pool.fetchval("SELECT lease_expires_at < now() FROM judgequeue.submissions WHERE id = $1", sid))
+
+
+async def _is(pool: asyncpg.Pool, sid: int, status: str) -> bool:
+    return bool(await pool.fetchval("SELECT status = $2 FROM judgequeue.submissions WHERE id = $1", sid, status))
+
+
+async def test_direct_workers_judge_everything_without_the_stream(
+    pg_pool: asyncpg.Pool, pg_dsn: str, redis_client: aioredis.Redis, queue: str
+) -> None:
+    """Roles running direct intake: submits wake the workers, which judge every job; the dispatcher
+    (hand-off of a 30 s schedule) sends nothing, and Redis never sees an entry."""
+    settings = make_settings(pg_dsn, REDIS_URL, queue, intake="direct", schedule="30s", concurrency="3")
+    workers = [Worker(pg_pool, redis_client, settings, judge=SleepJudge()) for _ in range(2)]
+    async with _running(Dispatcher(pg_pool, redis_client, settings), *workers):
+        await eventually(lambda: _waiters(pg_pool, 2), what="both idle workers registered as waiters")
+        ids: list[int] = []
+        for k in range(4):  # trickles, each after the workers went back to sleep
+            ids += await _submit(pg_pool, queue, 5, start=5 * k)
+            await eventually(functools.partial(_all_done, pg_pool, list(ids)), within=10, what=f"trickle {k} judged")
+    assert await _statuses(pg_pool, ids) == {"ACCEPTED": 20}
+    assert sum(w.stats.leased for w in workers) == 20
+    assert await redis_client.xlen(streams.stream_key(queue)) == 0
+    info: Any = await redis_client.xinfo_stream(streams.stream_key(queue))
+    assert info["entries-added"] == 0
+    claimed_by = await pg_pool.fetch("SELECT DISTINCT claimed_by FROM judgequeue.outbox")
+    assert {r["claimed_by"] for r in claimed_by} <= {w.name for w in workers}
+    assert await _waiters(pg_pool, 0)  # stopped workers unregister
+
+
+async def _waiters(pool: asyncpg.Pool, n: int) -> bool:
+    return bool(await pool.fetchval("SELECT count(*) FROM judgequeue.dispatch_waiters") == n)
+
+
+async def _all_done(pool: asyncpg.Pool, ids: list[int]) -> bool:
+    return bool(
+        await pool.fetchval(
+            "SELECT count(*) FROM judgequeue.submissions WHERE id = ANY($1) AND finished_at IS NOT NULL", ids
+        )
+        == len(ids)
+    )
+
+
+async def test_rows_no_worker_takes_go_through_the_stream_after_the_hand_off(
+    pg_pool: asyncpg.Pool, pg_dsn: str, redis_client: aioredis.Redis, queue: str
+) -> None:
+    """With no worker running, the dispatcher leaves a live row for one schedule, then sends it; a
+    direct worker started later finds it in the stream (its outbox is empty) and judges it. Shadow
+    rows are not held back."""
+    settings = make_settings(pg_dsn, REDIS_URL, queue, intake="direct", schedule="300ms")
+    dispatcher = Dispatcher(pg_pool, redis_client, settings)
+    [sid] = await _submit(pg_pool, queue, 1)
+    assert (await dispatcher.cycle()).claimed == 0  # still the workers' to take
+    async with _running(dispatcher):
+        await eventually(lambda: _stream_has(redis_client, queue, 1), within=5, what="the row sent after the hand-off")
+    judge = Recorder()
+    worker = Worker(pg_pool, redis_client, settings, judge=judge)
+    async with _running(worker):
+        await eventually(lambda: _is(pg_pool, sid, "ACCEPTED"), what="judged from the stream")
+        await eventually(lambda: _pending(redis_client, queue, 0), what="the entry acked")
+    assert judge.ran == [0] and worker.stats.leased == 1
+
+    async with pg_pool.acquire() as conn:
+        await set_cutover(conn, queue, mode="shadow")
+    await _submit(pg_pool, queue, 1, start=1)
+    result = await dispatcher.cycle()
+    assert result.by_result == {"shadow_sent": 1}  # at once
+
+
+async def _stream_has(client: aioredis.Redis, queue: str, n: int) -> bool:
+    return bool(await client.xlen(streams.stream_key(queue)) == n)
+
+
+async def _pending(client: aioredis.Redis, queue: str, n: int) -> bool:
+    pending: Any = await client.xpending(streams.stream_key(queue), streams.GROUP)
+    return bool(pending["pending"] == n)
+
+
+async def test_an_idle_direct_worker_is_woken_by_the_submit(
+    pg_pool: asyncpg.Pool, pg_dsn: str, redis_client: aioredis.Redis, queue: str
+) -> None:
+    """The wake-up is the submit's notification, not the poll: with a 30 s schedule a job committed
+    after the worker went to sleep is still judged at once."""
+    settings = make_settings(pg_dsn, REDIS_URL, queue, intake="direct", schedule="30s")
+    judge = Recorder()
+    async with _running(Worker(pg_pool, redis_client, settings, judge=judge)):
+        await eventually(lambda: _waiters(pg_pool, 1), what="the worker registered")
+        [sid] = await _submit(pg_pool, queue, 1)
+        await eventually(lambda: _is(pg_pool, sid, "ACCEPTED"), within=5, what="judged without waiting for the poll")
+    assert judge.ran == [0]
+
+
+def test_an_unknown_intake_is_one_clear_error() -> None:
+    from judgequeue.core.config import load_settings
+    from judgequeue.core.errors import ConfigError
+
+    env = {
+        "JUDGEQUEUE_POSTGRES_DSN": "postgresql://u@h/db",
+        "JUDGEQUEUE_REDIS_URL": "redis://h:6379/0",
+        "JUDGEQUEUE_QUEUE": "q",
+        "JUDGEQUEUE_INTAKE": "fast",
+    }
+    with pytest.raises(ConfigError, match="JUDGEQUEUE_INTAKE") as err:
+        load_settings(env)
+    assert "stream" in str(err.value) and "direct" in str(err.value)
