@@ -333,15 +333,20 @@ async def judgequeue_cpu(
     *,
     ref: str | None = None,
     profile: Path | None = None,
+    intake: str = "stream",
     **settings: str,
 ) -> dict[str, Any]:
     tree = ref_tree(ref) if ref is not None else None
+    if intake != "stream":
+        settings["intake"] = intake
     # The reference's roles run on the reference's own schema (its migrations, not this tree's).
     async with pipeline.stack(schema_from=tree, **settings) as s:
         label = "judgequeue"
         if tree is not None:
             s.env["PYTHONPATH"] = tree
             label = f"judgequeue@{ref}"
+        elif settings.get("intake", "stream") != "stream":
+            label = f"judgequeue/{settings['intake']}"
         s.start("dispatcher")
         s.start("worker", workers)
         s.start("reaper")
@@ -523,13 +528,15 @@ async def inner(args: argparse.Namespace) -> dict[str, Any]:
             progress(f"judgequeue@{args.ref} at {args.rate:g} jobs/s for {args.seconds:g}s, round {k + 1}")
             theirs.append(await judgequeue_cpu(args.rate, args.seconds, args.workers, ref=args.ref))
             progress(f"judgequeue (this tree) at {args.rate:g} jobs/s for {args.seconds:g}s, round {k + 1}")
-            mine.append(await judgequeue_cpu(args.rate, args.seconds, args.workers))
+            mine.append(await judgequeue_cpu(args.rate, args.seconds, args.workers, intake=args.intake))
         results["judgequeue"] = min(mine, key=lambda x: total(x["cpu_ms_per_job"]))
         results["ref"] = min(theirs, key=lambda x: total(x["cpu_ms_per_job"]))
         results["rounds"] = {"judgequeue": mine, "ref": theirs}
     else:
         progress(f"judgequeue at {args.rate:g} jobs/s for {args.seconds:g}s, {args.workers} worker(s)")
-        results["judgequeue"] = await judgequeue_cpu(args.rate, args.seconds, args.workers, profile=args.profile)
+        results["judgequeue"] = await judgequeue_cpu(
+            args.rate, args.seconds, args.workers, profile=args.profile, intake=args.intake
+        )
     if not args.skip_peer:
         progress(f"PgQueuer at {args.rate:g} jobs/s for {args.seconds:g}s, {args.workers} worker(s)")
         results["peer"] = await peer_cpu(args.rate, args.seconds, args.workers)
@@ -547,6 +554,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", type=Path, help="py-spy the dispatcher and a worker into this directory")
     p.add_argument("--ref", help="also measure this git revision's roles (e.g. main), alternating with this tree")
     p.add_argument("--rounds", type=int, default=2, help="alternating rounds with --ref (best of each)")
+    p.add_argument("--intake", choices=("stream", "direct"), default="stream", help="this tree's JUDGEQUEUE_INTAKE")
     return add_run_options(p)
 
 
