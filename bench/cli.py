@@ -40,6 +40,10 @@ def add_run_options(
 ) -> argparse.ArgumentParser:
     """Add ``--servers``, ``--out`` (and ``--plots``) and the hidden ``--inner`` that every server script takes."""
     p.add_argument("--servers", choices=("private", "system"), default="private")
+    p.add_argument(
+        "--intake", choices=("stream", "direct"), default="stream",
+        help="JUDGEQUEUE_INTAKE of this tree's roles (docs/design.md, direct intake)",
+    )  # fmt: skip
     p.add_argument("--out", type=Path, default=Path(out))
     if plots:
         p.add_argument("--plots", type=Path, default=Path("docs/img"))
@@ -78,4 +82,9 @@ def run_on_servers(
     args = parser.parse_args()
     if not args.inner:
         return with_servers(module, sys.argv[1:], args.servers)
+    os.environ[INTAKE_VARIABLE] = args.intake  # read by bench.pipeline.stack for every role it starts
     return asyncio.run(inner(args))
+
+
+#: How a benchmark's ``--intake`` reaches the roles ``bench.pipeline.stack`` starts.
+INTAKE_VARIABLE = "BENCH_INTAKE"

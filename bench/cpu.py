@@ -337,8 +337,8 @@ async def judgequeue_cpu(
     **settings: str,
 ) -> dict[str, Any]:
     tree = ref_tree(ref) if ref is not None else None
-    if intake != "stream":
-        settings["intake"] = intake
+    # The reference keeps the default (older trees ignore the variable); this tree runs ``intake``.
+    settings["intake"] = "stream" if tree is not None else intake
     # The reference's roles run on the reference's own schema (its migrations, not this tree's).
     async with pipeline.stack(schema_from=tree, **settings) as s:
         label = "judgequeue"
@@ -554,7 +554,6 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", type=Path, help="py-spy the dispatcher and a worker into this directory")
     p.add_argument("--ref", help="also measure this git revision's roles (e.g. main), alternating with this tree")
     p.add_argument("--rounds", type=int, default=2, help="alternating rounds with --ref (best of each)")
-    p.add_argument("--intake", choices=("stream", "direct"), default="stream", help="this tree's JUDGEQUEUE_INTAKE")
     return add_run_options(p)
 
 

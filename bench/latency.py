@@ -76,6 +76,7 @@ async def inner(args: argparse.Namespace) -> int:
     results: list[dict[str, Any]] = []
     for rate in (float(x) for x in args.rates.split(",")):
         results += await pairs(rate, args.pairs, args.seconds)
+    print(f"judgequeue intake: {args.intake}")
     print(table(results))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "latency_pairs.json").write_text(json.dumps(results, indent=1))

@@ -28,6 +28,7 @@ from typing import Any
 import asyncpg
 import redis.asyncio as aioredis
 
+from bench.cli import INTAKE_VARIABLE
 from bench.common import REDIS_URL, create_database, drop_database, span_seconds
 from judgequeue.core import outbox, streams
 from judgequeue.core.queues import create_queue
@@ -124,6 +125,7 @@ async def stack(*, schema_from: str | None = None, **settings: str) -> AsyncIter
             "JUDGEQUEUE_CONCURRENCY": "256",
         }
     )
+    env["JUDGEQUEUE_INTAKE"] = os.environ.get(INTAKE_VARIABLE, "stream")  # the run's --intake
     env.update({f"JUDGEQUEUE_{k.upper()}": v for k, v in settings.items()})
     s = Stack(dsn, queue, pool, redis, env)
     try:

@@ -69,12 +69,20 @@ class DispatcherSettings:
     seen_ttl: float = 86400.0  # how long the Redis dedup marker of a (submission, generation) lives
 
 
+#: ``JUDGEQUEUE_INTAKE`` values: how jobs reach the workers. ``stream``: every job goes outbox ->
+#: dispatcher -> Redis stream -> worker. ``direct``: a worker with free slots claims and leases ready
+#: outbox rows itself in one statement; the dispatcher sends to the stream only the rows no worker
+#: took within one ``schedule`` (and shadow rows), so Redis carries the overflow and re-deliveries.
+INTAKES = ("stream", "direct")
+
+
 @dataclass(frozen=True)
 class WorkerSettings:
     concurrency: int = 4
     judge: str = "program"
     lease_ttl: float = 30.0
     grace_period: float = 25.0
+    intake: str = "stream"  # INTAKES; the dispatcher reads it too
 
 
 @dataclass(frozen=True)
@@ -204,6 +212,16 @@ def _pooler(text: str) -> str:
     return value
 
 
+def _intake(text: str) -> str:
+    value = text.strip().lower()
+    if value not in INTAKES:
+        raise ValueError(
+            "must be stream (every job through the Redis stream) or direct (workers lease ready rows "
+            "from Postgres themselves; the stream carries the overflow)"
+        )
+    return value
+
+
 def _judge_name(text: str) -> str:
     if not re.match(r"^[a-z][a-z0-9_-]*$", text):
         raise ValueError("must be a judge plugin name such as noop, sleep or program")
@@ -231,6 +249,7 @@ _VARIABLES: dict[str, tuple[str | None, str, Callable[[str], Any]]] = {
     "JUDGE": ("worker", "judge", _judge_name),
     "LEASE_TTL": ("worker", "lease_ttl", _positive_duration),
     "GRACE_PERIOD": ("worker", "grace_period", _positive_duration),
+    "INTAKE": ("worker", "intake", _intake),
     "REAPER_INTERVAL": ("reaper", "interval", _positive_duration),
     "VISIBILITY_TIMEOUT": ("reaper", "visibility_timeout", _positive_duration),
     "MAX_DELIVERIES": ("reaper", "max_deliveries", _positive_int),

@@ -17,6 +17,11 @@ LISTEN needs a server session of its own for as long as it listens, which a tran
 not give. Behind one (``JUDGEQUEUE_POSTGRES_POOLER=transaction``) the dispatcher listens on
 ``JUDGEQUEUE_POSTGRES_LISTEN_DSN`` (a direct connection) when it is set; without it, it neither
 listens nor registers (so submitters never notify) and polls every ``schedule``.
+
+Direct intake (``JUDGEQUEUE_INTAKE=direct``): the workers lease ready rows themselves and are the
+ones woken by submits; the dispatcher neither listens nor registers, polls every ``schedule`` and
+claims a live queue's rows only once they have been ready for a ``schedule`` (the hand-off): the
+overflow when every worker is busy, and rows no worker was there to take. Shadow rows go at once.
 """
 
 from __future__ import annotations
@@ -114,6 +119,8 @@ class Dispatcher:
         self.queue = settings.queue
         self.name = name or instance_id("dispatcher")
         self._redis_ok = True
+        # Direct intake: a live row is the workers' for one schedule before it goes to the stream.
+        self._hand_off = settings.dispatcher.schedule if settings.worker.intake == "direct" else 0.0
 
     async def cycle(self, conn: asyncpg.Connection | None = None) -> CycleResult:
         """Claim, enqueue and mark one batch; returns what happened.
@@ -195,6 +202,7 @@ class Dispatcher:
         applied, rows = await outbox.mark_and_claim(
             conn, marks, owner=self.name, max_attempts=cfg.max_attempts, backoff_base=cfg.backoff_base,
             backoff_max=cfg.backoff_max, queue=self.queue, limit=claim, claim_ttl=cfg.claim_ttl,
+            hand_off=self._hand_off,
         )  # fmt: skip
         if marks:
             self._marked(marks, applied, result)
@@ -260,7 +268,9 @@ class Dispatcher:
                 wake.set()
 
         listen_conn: asyncpg.Connection | None = None
-        listen_dsn = self.settings.listen_dsn  # None: poll on schedule, never register
+        # None: poll on schedule, never register. With direct intake the workers are woken by
+        # the submits and this dispatcher only sends what they left for a schedule: it polls.
+        listen_dsn = self.settings.listen_dsn if not self._hand_off else None
         session = HeldSession(self.pool)
         registered = False
         failures = 0

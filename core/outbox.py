@@ -4,12 +4,14 @@
 will run" commit together. Dispatchers ``claim`` ready rows with ``FOR UPDATE SKIP LOCKED`` in one
 short statement that also reads the queue's cutover flags, then ``mark`` the results of a batch in
 one statement fenced on the claim owner. Backoff, jitter and max attempts are computed in SQL on
-the database clock.
+the database clock. With direct intake a worker claims, marks and leases in one statement
+(``take_direct``).
 """
 
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -17,7 +19,7 @@ from typing import Any, Literal
 
 import asyncpg
 
-from . import sql
+from . import leases, sql
 from .errors import InvalidPayload, PayloadTooLarge, UnknownSubmission, translate_pg_error
 from .queues import validate_queue_name
 from .states import OUTBOX_STATES as OUTBOX_STATES  # re-exported: callers know them as outbox's
@@ -161,6 +163,7 @@ async def mark_and_claim(
     queue: str,
     limit: int,
     claim_ttl: float,
+    hand_off: float = 0.0,
 ) -> tuple[dict[int, OutboxState], list[ClaimedRow]]:
     """:func:`mark` the previous batch and :func:`claim` the next one in one statement and commit.
 
@@ -170,6 +173,8 @@ async def mark_and_claim(
 
     Exactly the two statements' effects (a row being marked is never claimed by the same
     statement), minus one round trip and one commit per batch for a dispatcher that loops.
+    ``hand_off``: a live queue's rows are claimed only once they have been ready this many seconds
+    (direct intake leaves them to the workers first); shadow rows are claimed at once.
     """
     rows = await conn.fetch(
         sql.query("outbox_mark_claim"),
@@ -183,6 +188,7 @@ async def mark_and_claim(
         queue,
         limit,
         float(claim_ttl),
+        float(hand_off),
     )
     applied = {r["id"]: r["state"] for r in rows if not r["claimed"]}
     return applied, _claimed_rows([r for r in rows if r["claimed"]])
@@ -282,6 +288,50 @@ async def resend_stranded(
     ids = list(only) if only is not None else None
     rows = await conn.fetch(sql.query("outbox_resend_stranded"), queue, float(older_than), batch, ids)
     return len(rows)
+
+
+@dataclass(frozen=True)
+class DirectTake:
+    """What one :func:`acquire_direct` call claimed from the outbox."""
+
+    leases: list[leases.Lease]
+    #: (submission, generation) of rows marked sent whose submission had moved on (nothing to judge).
+    stale: list[tuple[int, int]]
+    #: Rows created before the live watermark: marked SKIPPED, never judged (the legacy path owns them).
+    skipped: int
+
+    @property
+    def rows(self) -> int:
+        return len(self.leases) + len(self.stale) + self.skipped
+
+
+async def take_direct(conn: asyncpg.Connection, queue: str, worker: str, *, limit: int, ttl: float) -> DirectTake:
+    """Direct intake: claim up to ``limit`` ready outbox rows of a live, unpaused queue, mark them
+    sent to ``worker`` and lease their submissions, in one statement and one commit.
+
+    The commit does not wait for the WAL flush, and needs no barrier: there is no stream entry to
+    ack, and a crash that loses the commit loses the claim with the lease (the row is ready again).
+    """
+    rows = await conn.fetch(sql.query("lease_direct"), queue, worker, limit, float(ttl))
+    leased: list[leases.Lease] = []
+    stale: list[tuple[int, int]] = []
+    skipped = 0
+    for r in rows:
+        if r["outbox_state"] == "SKIPPED":
+            skipped += 1
+        elif r["attempt_id"] is None:
+            stale.append((r["submission_id"], r["outbox_generation"]))
+        else:
+            leased.append(
+                leases.Lease(
+                    submission=r["submission_id"],
+                    generation=r["outbox_generation"],
+                    attempt=uuid.UUID(bytes=r["attempt_id"].bytes),
+                    payload=json.loads(r["payload"]),
+                    created_at=r["created_at"],
+                )
+            )
+    return DirectTake(leased, stale, skipped)
 
 
 async def register_waiter(conn: asyncpg.Connection, queue: str, dispatcher: str) -> None:

@@ -34,6 +34,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 from .config import (
+    INTAKES,
     POOLERS,
     DispatcherSettings,
     ReaperSettings,
@@ -168,8 +169,9 @@ FIELDS: tuple[Field, ...] = (
     *_secret(("redis",), "url"),
     _integer(("dispatcher", "replicas"), 0, 100, 1),
     _integer(("dispatcher", "batchSize"), 1, 10000, setting=("dispatcher", "batch_size")),
-    # The reaper prunes dispatcher waiters older than a few schedules, so it reads the schedule too.
-    _duration(("dispatcher", "schedule"), setting=("dispatcher", "schedule"), also_read_by=("reaper",)),
+    # The reaper prunes dispatcher waiters older than a few schedules, so it reads the schedule too;
+    # so does a worker (direct intake polls and re-registers on it).
+    _duration(("dispatcher", "schedule"), setting=("dispatcher", "schedule"), also_read_by=("reaper", "worker")),
     _integer(("dispatcher", "maxAttempts"), 1, 1000, setting=("dispatcher", "max_attempts")),
     _duration(("dispatcher", "backoff", "base"), setting=("dispatcher", "backoff_base")),
     _duration(("dispatcher", "backoff", "max"), setting=("dispatcher", "backoff_max")),
@@ -185,6 +187,9 @@ FIELDS: tuple[Field, ...] = (
     Field(("worker", "autoscaling"), "choice", "internal", choices=("internal", "external")),
     _duration(("worker", "scaleDownStabilization"), 300.0),
     _duration(("worker", "gracePeriod"), setting=("worker", "grace_period")),
+    # How jobs reach the workers (core/config.py INTAKES); the dispatcher holds back for direct.
+    Field(("worker", "intake"), "choice", setting_default("worker", "intake"), choices=INTAKES,
+          setting=("worker", "intake"), also_read_by=("dispatcher",)),
     # isolated: the program judge's sandbox is required (and the operator grants the pod what it
     # needs); trusted: submissions are trusted code and run without isolation (JUDGEQUEUE_SANDBOX).
     Field(("worker", "sandbox"), "choice", "isolated", choices=SANDBOX_MODES),

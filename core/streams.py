@@ -432,7 +432,9 @@ def decode_entries(entries: Sequence[tuple[bytes | str, dict[Any, Any] | None]])
     return out
 
 
-async def read(client: aioredis.Redis, queue: str, consumer: str, *, count: int, block_ms: int) -> list[Delivery]:
+async def read(
+    client: aioredis.Redis, queue: str, consumer: str, *, count: int, block_ms: int | None
+) -> list[Delivery]:
     """Read up to ``count`` new entries for ``consumer`` (XREADGROUP ... BLOCK).
 
     A NOGROUP (the stream was deleted, e.g. a Redis restart without persistence) recreates the group

@@ -39,7 +39,7 @@ from typing import Any
 import asyncpg
 import redis.asyncio as aioredis
 
-from . import dead_letters, failpoints, leases, metrics, streams
+from . import dead_letters, failpoints, leases, metrics, outbox, streams
 from .config import Settings
 from .connect import STATEMENT_TIMEOUT
 from .envelope import Envelope
@@ -51,6 +51,7 @@ from .lifecycle import (
     Connections,
     HeldSession,
     backoff,
+    best_effort,
     cancel_within,
     instance_id,
     serve,
@@ -58,6 +59,7 @@ from .lifecycle import (
     wait_any,
 )
 from .problems import ProblemCache
+from .wakeup import Wakeup
 
 log = logging.getLogger("judgequeue.worker")
 
@@ -370,6 +372,10 @@ class Worker:
         self._writer = _VerdictWriter(pool)
         self._intake = HeldSession(pool)  # the read loop's leases: one session, not one per batch
         self._acks = _AckWhenDurable(pool, redis, self.queue)
+        self.direct = self.cfg.intake == "direct"
+        self._stream_checked = -float("inf")  # direct intake: when the stream was last read
+        self._stream_flowing = False  # direct intake: the last read of the stream found entries
+        self._direct_failures = 0
         q = self.queue
         self._m_judge = metrics.JUDGE_DURATION.labels(q)
         self._m_e2e = metrics.END_TO_END.labels(q)
@@ -388,6 +394,7 @@ class Worker:
         self._writer.start()
         self._acks.start()
         heartbeat = asyncio.create_task(self._heartbeat(), name="lease-heartbeat")
+        wakeup = Wakeup(self._intake, self.settings.listen_dsn, self.queue, self.name) if self.direct else None
         failures = 0
         try:
             while not stop.is_set():
@@ -395,6 +402,9 @@ class Worker:
                 free = self.cfg.concurrency - len(self._jobs)
                 if free <= 0:
                     await wait_any(stop, self._slot_freed, 1.0)
+                    continue
+                if wakeup is not None:
+                    await self._direct_step(wakeup, free, stop)
                     continue
                 try:
                     deliveries = await streams.read(
@@ -410,9 +420,73 @@ class Worker:
                 if deliveries:
                     await self._start(deliveries, stop)
         finally:
+            if wakeup is not None:
+                await best_effort(wakeup.close(), SHUTDOWN_STEP)
             await self._intake.release()
             await self._shutdown()
             await cancel_within(heartbeat, SHUTDOWN_STEP)
+
+    # --- direct intake ----------------------------------------------------------------------------
+
+    async def _direct_step(self, wakeup: Wakeup, free: int, stop: asyncio.Event) -> None:
+        """One turn of direct intake: the stream's entries first while it has any (the dispatcher's
+        overflow and the reaper's re-deliveries are older than anything in the outbox), looked at
+        once a ``schedule`` otherwise; then lease ready outbox rows; then sleep on the submit
+        notification.
+
+        Registered as a waiter only while takes come back short of the free slots: a full take
+        loops at once, and at a busy queue no submit pays for a NOTIFY.
+        """
+        schedule = self.settings.dispatcher.schedule
+        wakeup.event.clear()  # a notification during the take below ends the wait at once
+        try:
+            now = time.monotonic()
+            if self._stream_flowing or now - self._stream_checked >= schedule:
+                self._stream_checked = now
+                deliveries = await streams.read(self.redis, self.queue, self.name, count=free, block_ms=None)
+                self._stream_flowing = bool(deliveries)
+                if deliveries:
+                    await self._start(deliveries, stop)
+                    return
+            taken = await self._take_direct(free, stop)
+            if taken is None:
+                return
+            self._direct_failures = 0
+            if taken >= free:
+                await wakeup.disarm()
+                return
+            if await wakeup.arm():
+                return  # rows committed before the registration sent no notification: look again
+        except SERVER_ERRORS as exc:
+            wakeup.forget()
+            await self._intake.drop()
+            self._direct_failures += 1
+            delay = backoff(self._direct_failures)
+            log.warning("direct intake failed; retrying", extra={"error": str(exc), "retry_in": delay})
+            await wait_any(stop, None, delay)
+            return
+        await wakeup.wait(stop, schedule)
+
+    async def _take_direct(self, free: int, stop: asyncio.Event) -> int | None:
+        """Lease up to ``free`` ready rows straight from the outbox and start their judges; returns
+        how many rows the take claimed (None if ``stop`` came first)."""
+        conn = await self._intake.get()
+        take = await unless_stopped(
+            stop, outbox.take_direct(conn, self.queue, self.name, limit=free, ttl=self.cfg.lease_ttl)
+        )
+        if take is None:
+            # Abandoned mid-statement: a claim it committed is rescued like a crashed worker's lease.
+            await self._intake.drop()
+            return None
+        if take.leases:
+            failpoints.hit("worker.after_lease")
+            self._start_jobs(take.leases)
+            metrics.DISPATCH_RESULTS.labels(self.queue, "direct").inc(len(take.leases) + len(take.stale))
+        if take.skipped:
+            metrics.DISPATCH_RESULTS.labels(self.queue, "skipped").inc(take.skipped)
+        if take.stale:
+            await self._count_stale(take.stale)
+        return take.rows
 
     # --- intake -----------------------------------------------------------------------------------
 
@@ -493,16 +567,19 @@ class Worker:
             failpoints.hit("worker.after_lease")
         # Judging starts at once; the entries are acked in the background once the leases are
         # durable (stale ones too: their staleness may rest on someone else's not-yet-durable lease).
-        for lease in held:
-            job = _Job(lease)
-            self._jobs[lease.attempt] = job
-            job.task = asyncio.create_task(self._run_job(job))
-        self.stats.leased += len(held)
+        self._start_jobs(held)
         set_aside = {d.entry.entry_id for d in refused}
         kept = [(entry_id, env) for entry_id, env in batch if entry_id not in set_aside]
         pairs = [(env.submission, env.generation) for _, env in kept]
         self._acks.add([entry_id for entry_id, _ in kept], pairs)
         return unleased(pairs, [(x.submission, x.generation) for x in held])
+
+    def _start_jobs(self, held: list[leases.Lease]) -> None:
+        for lease in held:
+            job = _Job(lease)
+            self._jobs[lease.attempt] = job
+            job.task = asyncio.create_task(self._run_job(job))
+        self.stats.leased += len(held)
 
     def _give_up(self, entry_id: str, envelope: Envelope | None, reason: str) -> dead_letters.Decision:
         entry = streams.ClaimedEntry(entry_id, None, self.name, envelope.deliveries if envelope else 1)

@@ -60,7 +60,9 @@ WITH no_flush_wait AS MATERIALIZED (
       FROM judgequeue.outbox o
      WHERE o.queue = $8
        AND o.state IN ('PENDING', 'CLAIMED')
-       AND o.next_attempt_at <= now()
+       -- With direct intake, live rows are left to the workers for $11 seconds (the hand-off).
+       AND o.next_attempt_at <= now() - make_interval(
+               secs => CASE WHEN (SELECT mode FROM q) = 'live' THEN $11::float8 ELSE 0 END)
        AND NOT coalesce((SELECT paused FROM q), true)
        AND o.id <> ALL($1::bigint[])  -- marked above: one statement never updates a row twice
      ORDER BY o.next_attempt_at, o.id
@@ -193,6 +195,51 @@ UPDATE judgequeue.submissions s
  WHERE s.id = ANY($1::bigint[])  -- a primary-key lookup whatever the backlog's size
    AND s.id = e.id AND s.generation = e.generation AND s.status = 'PENDING' AND s.queue = $4
 RETURNING s.id, s.generation, s.attempt_id, s.payload::text AS payload, s.created_at
+
+-- name: lease_direct
+-- Direct intake (JUDGEQUEUE_INTAKE=direct): claim a live queue's ready outbox rows, mark them sent
+-- to this worker and lease their submissions, in one statement and commit (no stream entry, so no
+-- ack). A crash loses the claim and the lease together (the row is claimed again) or neither (the
+-- reaper rescues the expired lease). One row per claimed outbox row: leased, or skipped (before the
+-- watermark) or stale (its submission moved on) with NULL lease columns. Hot path: keep text and plan.
+WITH no_flush_wait AS MATERIALIZED (
+    SELECT set_config('synchronous_commit', 'off', true)
+), q AS (
+    SELECT mode, watermark, paused FROM judgequeue.queues WHERE name = $1
+), picked AS (
+    SELECT o.id
+      FROM judgequeue.outbox o
+     WHERE o.queue = $1
+       AND o.state IN ('PENDING', 'CLAIMED')
+       AND o.next_attempt_at <= now()
+       AND coalesce((SELECT mode = 'live' AND NOT paused FROM q), false)  -- shadow rows are the dispatcher's
+     ORDER BY o.next_attempt_at, o.id
+     LIMIT $3
+       FOR UPDATE SKIP LOCKED
+), sent AS (
+    UPDATE judgequeue.outbox o
+       SET state = CASE WHEN q.watermark IS NOT NULL AND o.created_at < q.watermark THEN 'SKIPPED' ELSE 'SENT' END,
+           sent_at = now(),
+           attempts = o.attempts + 1,
+           claimed_by = $2,
+           claim_expires_at = NULL
+      FROM picked, q, no_flush_wait
+     WHERE o.id = picked.id
+    RETURNING o.id, o.state, o.submission_id, o.generation
+), leased AS (
+    UPDATE judgequeue.submissions s
+       SET status = 'JUDGING',
+           attempt_id = gen_random_uuid(),
+           lease_expires_at = now() + make_interval(secs => $4::float8)
+      FROM sent
+     WHERE sent.state = 'SENT' AND s.id = sent.submission_id AND s.generation = sent.generation
+       AND s.status = 'PENDING' AND s.queue = $1
+    RETURNING s.id, s.generation, s.attempt_id, s.payload::text AS payload, s.created_at
+)
+SELECT sent.state AS outbox_state, sent.submission_id, sent.generation AS outbox_generation,
+       leased.attempt_id, leased.payload, leased.created_at
+  FROM sent LEFT JOIN leased ON leased.id = sent.submission_id AND leased.generation = sent.generation
+ ORDER BY sent.id
 
 -- name: lease_renew
 -- Extend live leases under their fence (heartbeat).

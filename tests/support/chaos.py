@@ -166,6 +166,8 @@ class ChaosReport:
     leftover_pel: int = 0
     leftover_outbox_active: int = 0
     seen_keys_without_ttl: int = 0
+    #: Outbox rows a worker took itself (direct intake) rather than a dispatcher.
+    taken_by_workers: int = 0
     # server-fault runs
     faults: dict[str, int] = field(default_factory=dict)
     backends_terminated: int = 0
@@ -719,6 +721,9 @@ async def check_invariants(
         audit = await conn.fetch("SELECT * FROM public.chaos_audit ORDER BY seq")
         r.leftover_outbox_active = await conn.fetchval(
             "SELECT count(*) FROM judgequeue.outbox WHERE state IN ('PENDING', 'CLAIMED')"
+        )
+        r.taken_by_workers = await conn.fetchval(
+            "SELECT count(*) FROM judgequeue.outbox WHERE claimed_by LIKE 'worker-%'"
         )
         legacy_states = await conn.fetch(
             "SELECT state, count(*) FROM judgequeue.outbox WHERE submission_id = ANY($1) GROUP BY state", legacy

@@ -57,6 +57,7 @@ def test_each_role_gets_the_settings_the_manifest_writes_for_it() -> None:
     }
     assert m.env("worker") == {
         **common,
+        "JUDGEQUEUE_SCHEDULE": "250ms",  # direct intake polls on it
         "JUDGEQUEUE_CONCURRENCY": "8",
         "JUDGEQUEUE_JUDGE": "sleep",
         "JUDGEQUEUE_GRACE_PERIOD": "5s",

@@ -19,7 +19,8 @@ SPEC: dict[str, Any] = {
     "postgres": {"secretKeyRef": {"name": "db", "key": "dsn"}, "pooler": "session"},
     "redis": {"secretKeyRef": {"name": "rd", "key": "url"}},
     "dispatcher": {"batchSize": 77, "schedule": "3s", "maxAttempts": 4, "backoff": {"base": "2s", "max": "90s"}},
-    "worker": {"minReplicas": 1, "maxReplicas": 3, "concurrency": 6, "judge": "sleep", "gracePeriod": "12s"},
+    "worker": {"minReplicas": 1, "maxReplicas": 3, "concurrency": 6, "judge": "sleep", "gracePeriod": "12s",
+               "intake": "direct"},
     "reaper": {
         "interval": "4s",
         "visibilityTimeout": "45s",
@@ -66,6 +67,10 @@ def test_each_spec_value_reaches_the_role_that_reads_it() -> None:
     assert (reaper.reaper.interval, reaper.reaper.visibility_timeout, reaper.reaper.max_deliveries) == (4.0, 45.0, 7)
     assert (reaper.reaper.max_retries, reaper.reaper.retention) == (0, 3 * 86400.0)
     assert reaper.dispatcher.schedule == 3.0  # the reaper prunes dispatcher waiters by it
+    # Direct intake changes what both do: the dispatcher holds live rows back for the workers.
+    assert worker.intake == "direct"
+    assert load_settings({**operator_env("dispatcher"), **CONNECTIONS}).worker.intake == "direct"
+    assert "JUDGEQUEUE_INTAKE" not in operator_env("reaper")
 
 
 def test_pooler_goes_to_every_role_and_the_listen_dsn_to_dispatchers_only() -> None:
