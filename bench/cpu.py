@@ -37,7 +37,7 @@ from typing import Any
 import asyncpg
 
 from bench import outbox_bench, pipeline, servers
-from bench.cli import add_run_options, new_parser, reporter, run_on_servers
+from bench.cli import INTAKE_VARIABLE, add_run_options, new_parser, reporter, run_on_servers
 from bench.common import create_database, drop_database, pgbench, redis_benchmark_xadd
 from judgequeue.core import outbox, sql
 from judgequeue.core.runtime import event_loop_factory
@@ -333,20 +333,21 @@ async def judgequeue_cpu(
     *,
     ref: str | None = None,
     profile: Path | None = None,
-    intake: str = "stream",
     **settings: str,
 ) -> dict[str, Any]:
     tree = ref_tree(ref) if ref is not None else None
-    # The reference keeps the default (older trees ignore the variable); this tree runs ``intake``.
-    settings["intake"] = "stream" if tree is not None else intake
+    # The reference keeps the default (older trees ignore the variable); this tree runs the run's
+    # --intake (bench.pipeline.stack reads it).
+    intake = "stream" if tree is not None else os.environ.get(INTAKE_VARIABLE, "stream")
+    settings["intake"] = intake
     # The reference's roles run on the reference's own schema (its migrations, not this tree's).
     async with pipeline.stack(schema_from=tree, **settings) as s:
         label = "judgequeue"
         if tree is not None:
             s.env["PYTHONPATH"] = tree
             label = f"judgequeue@{ref}"
-        elif settings.get("intake", "stream") != "stream":
-            label = f"judgequeue/{settings['intake']}"
+        elif intake != "stream":
+            label = f"judgequeue/{intake}"
         s.start("dispatcher")
         s.start("worker", workers)
         s.start("reaper")
@@ -528,14 +529,14 @@ async def inner(args: argparse.Namespace) -> dict[str, Any]:
             progress(f"judgequeue@{args.ref} at {args.rate:g} jobs/s for {args.seconds:g}s, round {k + 1}")
             theirs.append(await judgequeue_cpu(args.rate, args.seconds, args.workers, ref=args.ref))
             progress(f"judgequeue (this tree) at {args.rate:g} jobs/s for {args.seconds:g}s, round {k + 1}")
-            mine.append(await judgequeue_cpu(args.rate, args.seconds, args.workers, intake=args.intake))
+            mine.append(await judgequeue_cpu(args.rate, args.seconds, args.workers))
         results["judgequeue"] = min(mine, key=lambda x: total(x["cpu_ms_per_job"]))
         results["ref"] = min(theirs, key=lambda x: total(x["cpu_ms_per_job"]))
         results["rounds"] = {"judgequeue": mine, "ref": theirs}
     else:
         progress(f"judgequeue at {args.rate:g} jobs/s for {args.seconds:g}s, {args.workers} worker(s)")
         results["judgequeue"] = await judgequeue_cpu(
-            args.rate, args.seconds, args.workers, profile=args.profile, intake=args.intake
+            args.rate, args.seconds, args.workers, profile=args.profile
         )
     if not args.skip_peer:
         progress(f"PgQueuer at {args.rate:g} jobs/s for {args.seconds:g}s, {args.workers} worker(s)")

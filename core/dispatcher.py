@@ -50,6 +50,8 @@ from .lifecycle import (
     unless_stopped,
     wait_any,
 )
+from .wakeup import BUSY_STREAK as BUSY_STREAK  # re-exported: the dispatcher's rule
+from .wakeup import keep_listening
 
 log = logging.getLogger("judgequeue.dispatcher")
 
@@ -89,22 +91,8 @@ def plan_marks(
     return marks, counts
 
 
-#: Cycles in a row that must find work before a listening dispatcher stops listening and loops.
-BUSY_STREAK = 3
 #: Seconds an idle dispatcher waits for Redis to answer its PING.
 IDLE_PING_TIMEOUT = 2.0
-
-
-def keep_listening(claimed: int, batch_size: int, streak: int) -> bool:
-    """Whether a registered dispatcher that just claimed ``claimed`` rows should go back to LISTEN (pure).
-
-    A trickle (a partial batch, and not several busy cycles in a row) is served best by notification:
-    every later commit notifies a registered waiter, so there is nothing to poll for, and staying
-    registered spares a register/unregister/re-claim round per job. A full batch or a streak of busy
-    cycles means work is flowing: looping at once is cheaper, and unregistering lets submitters stop
-    notifying (a NOTIFY per commit serialises commits).
-    """
-    return 0 < claimed < batch_size and streak < BUSY_STREAK
 
 
 class Dispatcher:

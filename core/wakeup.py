@@ -4,8 +4,10 @@
 ``judgequeue.dispatch_waiters`` (a NOTIFY per commit would cap the submit path; see docs/design.md),
 so a process registers just before it would sleep and unregisters once work flows without it. The
 order matters: register, look for work once more (rows committed before the registration sent no
-notification), then wait. A registration is refreshed every ``refresh`` seconds of idleness: the
-reaper prunes waiters not refreshed for a few dispatcher schedules (a crashed process's row).
+notification), then wait. A registration is refreshed after a wait that timed out and at least
+every :data:`REFRESH` seconds while it serves a trickle: the reaper prunes waiters not refreshed for
+a few minutes (a crashed process's row), and a pruned registration would leave this process
+waiting out its poll.
 
 Without a LISTEN-capable DSN (behind a transaction pooler with no listen DSN) nothing registers and
 the waits run to their timeout: direct intake then polls.
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 import asyncpg
 
@@ -23,6 +26,24 @@ from .connect import connect_postgres
 from .lifecycle import HeldSession, wait_any
 
 log = logging.getLogger("judgequeue.worker")
+
+#: Cycles in a row that must find work before a listening process stops listening and loops.
+BUSY_STREAK = 3
+
+#: Seconds a registration serves before it is written again (the reaper prunes after 5 minutes).
+REFRESH = 60.0
+
+
+def keep_listening(claimed: int, batch_size: int, streak: int) -> bool:
+    """Whether a registered process that just claimed ``claimed`` rows should go back to LISTEN (pure).
+
+    A trickle (a partial batch, and not several busy cycles in a row) is served best by notification:
+    every later commit notifies a registered waiter, so there is nothing to poll for, and staying
+    registered spares a register/unregister/re-claim round per job. A full batch or a streak of busy
+    cycles means work is flowing: looping at once is cheaper, and unregistering lets submitters stop
+    notifying (a NOTIFY per commit serialises commits).
+    """
+    return 0 < claimed < batch_size and streak < BUSY_STREAK
 
 
 class Wakeup:
@@ -35,6 +56,7 @@ class Wakeup:
         self._name = name
         self._conn: asyncpg.Connection | None = None
         self._registered = False
+        self._registered_at = 0.0
         self.event = asyncio.Event()
 
     def _on_notify(self, _conn: object, _pid: int, _channel: str, payload: object) -> None:
@@ -52,11 +74,15 @@ class Wakeup:
             self._conn = await connect_postgres(self._dsn)
             await self._conn.add_listener(outbox.WAKEUP_CHANNEL, self._on_notify)
             self._registered = False
-        if self._registered:
+        if self._registered and time.monotonic() - self._registered_at < REFRESH:
             return False
         await outbox.register_waiter(await self._session.get(), self._queue, self._name)
-        self._registered = True
+        self._registered, self._registered_at = True, time.monotonic()
         return True
+
+    @property
+    def registered(self) -> bool:
+        return self._registered
 
     async def disarm(self) -> None:
         """Work flows and the caller loops at once: submitters need not notify."""

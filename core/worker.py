@@ -59,7 +59,7 @@ from .lifecycle import (
     wait_any,
 )
 from .problems import ProblemCache
-from .wakeup import Wakeup
+from .wakeup import Wakeup, keep_listening
 
 log = logging.getLogger("judgequeue.worker")
 
@@ -375,6 +375,7 @@ class Worker:
         self.direct = self.cfg.intake == "direct"
         self._stream_checked = -float("inf")  # direct intake: when the stream was last read
         self._stream_flowing = False  # direct intake: the last read of the stream found entries
+        self._streak = 0  # direct intake: takes in a row that found rows without waiting
         self._direct_failures = 0
         q = self.queue
         self._m_judge = metrics.JUDGE_DURATION.labels(q)
@@ -431,11 +432,13 @@ class Worker:
     async def _direct_step(self, wakeup: Wakeup, free: int, stop: asyncio.Event) -> None:
         """One turn of direct intake: the stream's entries first while it has any (the dispatcher's
         overflow and the reaper's re-deliveries are older than anything in the outbox), looked at
-        once a ``schedule`` otherwise; then lease ready outbox rows; then sleep on the submit
-        notification.
+        once a ``schedule`` otherwise; then lease ready outbox rows; then, unless work is flowing,
+        sleep on the submit notification.
 
-        Registered as a waiter only while takes come back short of the free slots: a full take
-        loops at once, and at a busy queue no submit pays for a NOTIFY.
+        The dispatcher's rule (:func:`~judgequeue.core.wakeup.keep_listening`): register as a
+        waiter only when a take finds nothing, stay registered while a trickle comes in, and loop
+        at once, unregistered, while takes keep finding rows: a busy queue pays no NOTIFY per commit
+        (which would serialise the submits' commits).
         """
         schedule = self.settings.dispatcher.schedule
         wakeup.event.clear()  # a notification during the take below ends the wait at once
@@ -452,9 +455,13 @@ class Worker:
             if taken is None:
                 return
             self._direct_failures = 0
-            if taken >= free:
-                await wakeup.disarm()
-                return
+            if taken:
+                self._streak += 1
+                if not (wakeup.registered and keep_listening(taken, free, self._streak)):
+                    await wakeup.disarm()
+                    return  # work is flowing: take again at once
+            else:
+                self._streak = 0
             if await wakeup.arm():
                 return  # rows committed before the registration sent no notification: look again
         except SERVER_ERRORS as exc:
@@ -465,6 +472,9 @@ class Worker:
             log.warning("direct intake failed; retrying", extra={"error": str(exc), "retry_in": delay})
             await wait_any(stop, None, delay)
             return
+        # Only takes run back to back make a busy streak: one that waits serves a trickle.
+        if not wakeup.event.is_set():
+            self._streak = 0
         await wakeup.wait(stop, schedule)
 
     async def _take_direct(self, free: int, stop: asyncio.Event) -> int | None:

@@ -32,13 +32,16 @@ async def test_chaos_with_direct_intake_keeps_every_invariant(
     themselves (a kill after the take leaves a lease the reaper rescues), the dispatchers send only
     what no worker took within a schedule, the cutover flips and legacy rows run as before."""
     base = ChaosConfig(submissions=1000, chaos_seconds=20, seed=11)
-    config = dataclasses.replace(base, role_env={**base.role_env, "JUDGEQUEUE_INTAKE": "direct"})
+    # A hand-off (schedule) of 1 s rather than the fast preset's 200 ms: the run keeps a backlog
+    # (every job sleeps), which overflows through the stream after the hand-off.
+    role_env = {**base.role_env, "JUDGEQUEUE_INTAKE": "direct", "JUDGEQUEUE_SCHEDULE": "1s"}
+    config = dataclasses.replace(base, role_env=role_env)
     report = await Chaos(pg_dsn, REDIS_URL, queue_name, config, tmp_path).run()
     print(json.dumps(report.as_dict(), indent=1))
     assert report.kills > 5, "the run must actually kill processes"
-    # The run keeps a backlog (every job sleeps), so much of it overflows through the stream after
-    # the hand-off; the direct path must still carry a real share under the kills.
-    assert report.taken_by_workers >= config.submissions // 10, "the direct path must carry jobs"
+    # Much of the backlog overflows through the stream; the direct path must still carry a real
+    # share of the jobs under the kills.
+    assert report.taken_by_workers >= config.submissions // 20, "the direct path must carry jobs"
     assert report.violations == [], report.violations
     assert report.lost_submissions == 0 and report.stale_writes_accepted == 0
 
