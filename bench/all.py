@@ -26,27 +26,10 @@ import sys
 import time
 from typing import Any
 
-from bench import burst, cpu, latency, peer, pipeline, soak
+from bench import burst, cpu, e2e, latency, soak
 from bench.cli import add_run_options, new_parser, reporter, run_on_servers
 
 progress = reporter("all")
-
-
-async def end_to_end(jobs: int, workers: list[int]) -> dict[str, Any]:
-    ours, theirs = [], []
-    for w in workers:
-        runs = []
-        for k in range(2):
-            progress(f"end to end: judgequeue, {w} worker(s), run {k + 1}/2")
-            runs.append(await pipeline.end_to_end_throughput(w, jobs=jobs))
-        ours.append(max(runs, key=lambda x: float(x["rate"])))
-        runs = []
-        for k in range(2):
-            progress(f"end to end: PgQueuer, {w} worker(s), run {k + 1}/2")
-            runs.append(await peer.peer_throughput(jobs=jobs, submitters=8, workers=w))
-        best = max(runs, key=lambda x: float(x["jobs_per_s"]))
-        theirs.append({"workers": w, "rate": best["jobs_per_s"]})
-    return {"judgequeue": ours, "pgqueuer": theirs}
 
 
 async def inner(args: argparse.Namespace) -> int:
@@ -57,7 +40,7 @@ async def inner(args: argparse.Namespace) -> int:
         + (["--ref", args.ref, "--rounds", "1" if quick else "2"] if args.ref else [])
     )
     results["cpu"] = await cpu.inner(cpu_args)
-    results["e2e"] = await end_to_end(3000 if quick else 10_000, [1, 2])
+    results["e2e"] = await e2e.end_to_end(3000 if quick else 10_000, [1, 2])
     results["latency_pairs"] = []
     for rate in (200.0, 1000.0):
         results["latency_pairs"] += await latency.pairs(rate, 2 if quick else 5, 5 if quick else 10)
@@ -82,13 +65,7 @@ async def inner(args: argparse.Namespace) -> int:
     print("=== CPU per judged job (bench.cpu)")
     print(cpu.table(results["cpu"]))
     print("\n=== end to end, 1 submit per transaction, noop judge")
-    limit = results["cpu"]["limits"]["pgbench_two_insert_tps"]
-    for ours, theirs in zip(results["e2e"]["judgequeue"], results["e2e"]["pgqueuer"], strict=True):
-        print(
-            f"{ours['workers']} worker(s): judgequeue {ours['rate']:,.0f} jobs/s"
-            f" = {ours['rate'] / limit:.0%} of pgbench"
-            f" two-insert {limit:,.0f} tx/s (target >= 65%); PgQueuer {theirs['rate']:,.0f} jobs/s"
-        )
+    print(e2e.report(results["e2e"], results["cpu"]["limits"]["pgbench_two_insert_tps"]))
     print("\n=== commit-to-start latency pairs")
     print(latency.table(results["latency_pairs"]))
     print("\n=== contest start")

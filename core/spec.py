@@ -225,8 +225,9 @@ LISTEN_SECRET: tuple[str, ...] = ("postgres", "listen")
 SECRET_SETTINGS: tuple[tuple[tuple[str, ...], tuple[str | None, str], tuple[Role, ...]], ...] = (
     (("postgres",), (None, "postgres_dsn"), ROLES),
     (("redis",), (None, "redis_url"), ROLES),
-    # Only the dispatcher LISTENs (core/dispatcher.py, Settings.listen_dsn).
-    (LISTEN_SECRET, (None, "postgres_listen_dsn"), ("dispatcher",)),
+    # The dispatcher LISTENs (core/dispatcher.py, Settings.listen_dsn), and so does a worker with
+    # direct intake (core/wakeup.py).
+    (LISTEN_SECRET, (None, "postgres_listen_dsn"), ("dispatcher", "worker")),
 )
 
 FIELD_BY_PATH: dict[tuple[str, ...], Field] = {f.path: f for f in FIELDS}
@@ -379,7 +380,7 @@ class JudgeQueueSpec:
     reaper: ReaperSpec
     cutover: CutoverSpec
     postgres_pooler: str = "none"  # none, session or transaction (core/config.py POOLERS)
-    postgres_listen: SecretKeyRef | None = None  # the dispatcher's direct LISTEN DSN, if any
+    postgres_listen: SecretKeyRef | None = None  # the direct LISTEN DSN (dispatcher, direct-intake worker), if any
     values: Mapping[tuple[str, ...], Any] = field(default_factory=dict, repr=False, compare=False)
     given: frozenset[tuple[str, ...]] = field(default=frozenset(), repr=False, compare=False)
 

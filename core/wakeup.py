@@ -60,7 +60,9 @@ class Wakeup:
         self.event = asyncio.Event()
 
     def _on_notify(self, _conn: object, _pid: int, _channel: str, payload: object) -> None:
-        if payload == self._queue:
+        # Only while registered: an unregistered process has stepped back for one that is, and
+        # every listener receives every notification.
+        if payload == self._queue and self._registered:
             self.event.set()
 
     async def arm(self) -> bool:
@@ -90,12 +92,13 @@ class Wakeup:
             await outbox.unregister_waiter(await self._session.get(), self._queue, self._name)
             self._registered = False
 
-    async def wait(self, stop: asyncio.Event, within: float) -> None:
-        """Until a notification (or ``stop``) or ``within`` seconds; a wait that times out refreshes the
-        registration on the next :meth:`arm`."""
+    async def wait(self, stop: asyncio.Event, within: float) -> bool:
+        """Until a notification (or ``stop``) or ``within`` seconds; True if a notification ended it.
+        A wait that times out refreshes the registration on the next :meth:`arm`."""
         woke = await wait_any(stop, self.event, within)
         if not woke:
             self._registered = False
+        return self.event.is_set() and not stop.is_set()
 
     def forget(self) -> None:
         """After a database error: the registration's state is unknown, make it again."""

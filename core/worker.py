@@ -67,6 +67,9 @@ log = logging.getLogger("judgequeue.worker")
 WRITE_BATCH = 500
 #: Entry ids per ack script call.
 ACK_BATCH = 500
+#: Seconds a direct-intake worker stays unregistered after a notification whose rows another worker
+#: took (it then registers again); short, so a trickle never waits long for a registered worker.
+STEP_BACK = 0.05
 
 
 @dataclass
@@ -376,6 +379,7 @@ class Worker:
         self._stream_checked = -float("inf")  # direct intake: when the stream was last read
         self._stream_flowing = False  # direct intake: the last read of the stream found entries
         self._streak = 0  # direct intake: takes in a row that found rows without waiting
+        self._notified = False  # direct intake: the last wait blocked and a notification ended it
         self._direct_failures = 0
         q = self.queue
         self._m_judge = metrics.JUDGE_DURATION.labels(q)
@@ -402,6 +406,13 @@ class Worker:
                 self._slot_freed.clear()
                 free = self.cfg.concurrency - len(self._jobs)
                 if free <= 0:
+                    if wakeup is not None and wakeup.registered:
+                        # A full worker takes nothing: submitters need not notify it.
+                        try:
+                            await wakeup.disarm()
+                        except SERVER_ERRORS:
+                            wakeup.forget()  # its row is pruned by the reaper if left behind
+                            await self._intake.drop()
                     await wait_any(stop, self._slot_freed, 1.0)
                     continue
                 if wakeup is not None:
@@ -455,11 +466,18 @@ class Worker:
             if taken is None:
                 return
             self._direct_failures = 0
+            notified, self._notified = self._notified, False
             if taken:
                 self._streak += 1
                 if not (wakeup.registered and keep_listening(taken, free, self._streak)):
                     await wakeup.disarm()
                     return  # work is flowing: take again at once
+            elif notified:
+                # Woken by a submit and another worker took its rows first: that worker serves this
+                # queue. Staying registered would make every submit pay a NOTIFY for nothing.
+                await wakeup.disarm()
+                await wait_any(stop, None, min(schedule, STEP_BACK))
+                return
             else:
                 self._streak = 0
             if await wakeup.arm():
@@ -475,7 +493,10 @@ class Worker:
         # Only takes run back to back make a busy streak: one that waits serves a trickle.
         if not wakeup.event.is_set():
             self._streak = 0
-        await wakeup.wait(stop, schedule)
+            # Blocked, then notified: the rows of that submit were committed after this take.
+            self._notified = await wakeup.wait(stop, schedule)
+        else:
+            await wakeup.wait(stop, schedule)
 
     async def _take_direct(self, free: int, stop: asyncio.Event) -> int | None:
         """Lease up to ``free`` ready rows straight from the outbox and start their judges; returns

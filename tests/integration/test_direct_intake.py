@@ -270,3 +270,55 @@ def test_an_unknown_intake_is_one_clear_error() -> None:
     with pytest.raises(ConfigError, match="JUDGEQUEUE_INTAKE") as err:
         load_settings(env)
     assert "stream" in str(err.value) and "direct" in str(err.value)
+
+
+class Gate:
+    """A judge that holds every job until released."""
+
+    def __init__(self) -> None:
+        self.started: list[Any] = []
+        self.open = asyncio.Event()
+
+    async def judge(self, payload: Any) -> Verdict:
+        self.started.append(payload["i"])
+        await self.open.wait()
+        return Verdict("ACCEPTED", {})
+
+
+async def test_a_full_worker_unregisters_so_submits_stop_notifying(
+    pg_pool: asyncpg.Pool, pg_dsn: str, redis_client: aioredis.Redis, queue: str
+) -> None:
+    """Registered while idle; taking its last free slot unregisters it (a registered waiter makes
+    every submit send a NOTIFY, which serialises commits); free again and idle, it registers."""
+    settings = make_settings(pg_dsn, REDIS_URL, queue, intake="direct", schedule="30s", concurrency="1")
+    judge = Gate()
+    async with _running(Worker(pg_pool, redis_client, settings, judge=judge)):
+        await eventually(lambda: _waiters(pg_pool, 1), what="the idle worker registered")
+        [sid] = await _submit(pg_pool, queue, 1)
+        await eventually(lambda: judge.started == [0], what="the job taken")
+        await eventually(lambda: _waiters(pg_pool, 0), what="the full worker unregistered")
+        judge.open.set()
+        await eventually(lambda: _is(pg_pool, sid, "ACCEPTED"))
+        await eventually(lambda: _waiters(pg_pool, 1), what="idle again: registered")
+
+
+async def test_a_worker_with_a_backlog_never_registers(
+    pg_pool: asyncpg.Pool, pg_dsn: str, redis_client: aioredis.Redis, queue: str
+) -> None:
+    """While takes keep finding rows the worker loops unregistered: no submit pays a NOTIFY at a busy
+    queue. It registers only once a take finds nothing (the outbox is empty)."""
+    async with pg_pool.acquire() as conn:
+        ids = [await outbox.submit(conn, queue, {"i": i, "seconds": 0.02}) for i in range(30)]
+    settings = make_settings(pg_dsn, REDIS_URL, queue, intake="direct", schedule="30s", concurrency="2")
+    samples: list[tuple[int, int]] = []
+    async with _running(Worker(pg_pool, redis_client, settings, judge=SleepJudge())):
+        while not await _all_done(pg_pool, ids):
+            row = await pg_pool.fetchrow(
+                "SELECT (SELECT count(*) FROM judgequeue.outbox WHERE state = 'PENDING') AS ready,"
+                " (SELECT count(*) FROM judgequeue.dispatch_waiters) AS waiters"
+            )
+            samples.append((row["ready"], row["waiters"]))
+            await asyncio.sleep(0.005)  # sampling interval of the observation, not synchronisation
+        await eventually(lambda: _waiters(pg_pool, 1), what="registered once the outbox is empty")
+    while_ready = [waiters for ready, waiters in samples if ready > 0]
+    assert len(while_ready) > 10 and set(while_ready) == {0}, samples

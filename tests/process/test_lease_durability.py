@@ -77,6 +77,38 @@ async def test_lease_lost_in_a_crash_is_redelivered(own_pg: PostgresServer, queu
     assert codes[:2] == [-9, -9] and codes[2:] == [0, 0, 0], roles.logs()
 
 
+async def test_direct_take_lost_in_a_crash_is_taken_again(
+    own_pg: PostgresServer, queue_name: str, tmp_path: Path
+) -> None:
+    """Direct intake: the take (claim, SENT and lease in one statement) commits asynchronously too.
+    A crash loses all of it or none: here all, so the outbox row is ready again and the job is taken
+    and judged once more under the same generation (by a worker again, or through the stream if the
+    restarted dispatcher's hand-off came first)."""
+    roles = roles_for(own_pg, queue_name, tmp_path)
+    roles.env["JUDGEQUEUE_INTAKE"] = "direct"
+    try:
+        held = own_pg.hold_wal_writer()
+        [worker] = roles.start("worker", JUDGEQUEUE_FAILPOINTS="worker.after_lease")
+        sid = await submit_retrying(own_pg.dsn, queue_name, {"seconds": 0.01, "status": "ACCEPTED"})
+        await eventually(lambda: died(worker), what="worker killed right after its take")
+        own_pg.crash_by_killing(held)
+
+        row = await submission(own_pg.dsn, sid)
+        assert (row["status"], row["attempt_id"]) == ("PENDING", None), "the crash should have lost the lease"
+        async with connection(own_pg.dsn) as conn:
+            state = await conn.fetchval("SELECT state FROM judgequeue.outbox WHERE submission_id = $1", sid)
+        assert state == "PENDING", "the claim is lost with the lease: the row is ready again"
+
+        roles.start_all()
+        statuses = await wait_all_terminal(own_pg.dsn, [sid], within=60, roles=roles)
+        assert statuses == {sid: "ACCEPTED"}
+        row = await submission(own_pg.dsn, sid)
+        assert row["generation"] == 1  # taken again, not rescued by a lease expiry
+    finally:
+        codes = roles.stop()
+    assert codes[0] == -9 and codes[1:] == [0, 0, 0], roles.logs()
+
+
 @pytest.mark.parametrize("database_default", ["on", "off"])
 async def test_acked_entry_keeps_its_lease_through_a_crash(
     own_pg: PostgresServer, queue_name: str, tmp_path: Path, database_default: str

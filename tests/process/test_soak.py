@@ -13,6 +13,7 @@ from __future__ import annotations
 import pytest
 
 import bench.pipeline
+from bench.cli import INTAKE_VARIABLE
 from bench.servers import private_servers
 from bench.soak import Sample, check, run_soak
 from tests.support import databases
@@ -57,13 +58,15 @@ def test_check_fails_when_latency_or_rss_grows() -> None:
 
 
 @pytest.mark.slow
-async def test_soak_two_minutes_stays_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("intake", ["stream", "direct"])
+async def test_soak_two_minutes_stays_bounded(monkeypatch: pytest.MonkeyPatch, intake: str) -> None:
     # Servers of its own (fsync on, as the shared one): nobody else's load in the sizes, and an
     # autovacuum naptime short enough that two minutes see several passes (the default 1 min
     # would see one at most, and table bytes would grow until then whatever the pruning).
     with private_servers(settings={"autovacuum_naptime": "10s"}) as srv:
         monkeypatch.setattr(databases, "ADMIN_DSN", srv.admin_dsn)  # what bench.common builds its databases on
         monkeypatch.setattr(bench.pipeline, "REDIS_URL", srv.redis_url)
+        monkeypatch.setenv(INTAKE_VARIABLE, intake)  # the roles' JUDGEQUEUE_INTAKE
         result = await run_soak(seconds=SECONDS, rate=100, retention="10s", reaper_interval="1s", sample_every=2.0)
     checks = check(
         result["_samples"],

@@ -73,9 +73,10 @@ def test_each_spec_value_reaches_the_role_that_reads_it() -> None:
     assert "JUDGEQUEUE_INTAKE" not in operator_env("reaper")
 
 
-def test_pooler_goes_to_every_role_and_the_listen_dsn_to_dispatchers_only() -> None:
-    """A direct LISTEN DSN is a Secret reference rendered only where it is read (the dispatcher), so
-    adding one rolls no worker; the pooler reaches every role, since each connects through it."""
+def test_pooler_goes_to_every_role_and_the_listen_dsn_to_listeners_only() -> None:
+    """A direct LISTEN DSN is a Secret reference rendered only where it is read (the dispatcher, and
+    the worker for direct intake), so adding one rolls no reaper; the pooler reaches every role,
+    since each connects through it."""
     spec = {**SPEC, "postgres": {"secretKeyRef": {"name": "db"}, "pooler": "transaction",
                                  "listen": {"secretKeyRef": {"name": "direct", "key": "listen-dsn"}}}}
     parsed = parse_spec(spec, name="judge")
@@ -87,7 +88,7 @@ def test_pooler_goes_to_every_role_and_the_listen_dsn_to_dispatchers_only() -> N
         assert env["JUDGEQUEUE_POSTGRES_DSN_FILE"]["value"] == "/var/run/secrets/judgequeue/postgres-dsn"
         listen = env.get("JUDGEQUEUE_POSTGRES_LISTEN_DSN_FILE")
         sources = render.credentials_volume(parsed, role)["projected"]["sources"]
-        if role == "dispatcher":
+        if role in ("dispatcher", "worker"):
             assert listen == {"name": "JUDGEQUEUE_POSTGRES_LISTEN_DSN_FILE",
                               "value": "/var/run/secrets/judgequeue/postgres-listen-dsn"}
             assert {"secret": {"name": "direct", "items": [{"key": "listen-dsn", "path": "postgres-listen-dsn"}]}} \
