@@ -30,6 +30,9 @@ log = logging.getLogger("judgequeue.worker")
 #: Cycles in a row that must find work before a listening process stops listening and loops.
 BUSY_STREAK = 3
 
+#: Notifications beyond the rows taken since registering that show other processes serve the queue.
+OTHERS_SERVE = 4
+
 #: Seconds a registration serves before it is written again (the reaper prunes after 5 minutes).
 REFRESH = 60.0
 
@@ -58,11 +61,17 @@ class Wakeup:
         self._registered = False
         self._registered_at = 0.0
         self.event = asyncio.Event()
+        #: Since the registration: notifications received, and rows this process took. Each row
+        #: committed while registered sends one notification, so notifications well beyond the
+        #: rows taken mean other processes are taking this queue's rows (see :meth:`others_serve`).
+        self.notified = 0
+        self.taken = 0
 
     def _on_notify(self, _conn: object, _pid: int, _channel: str, payload: object) -> None:
         # Only while registered: an unregistered process has stepped back for one that is, and
         # every listener receives every notification.
         if payload == self._queue and self._registered:
+            self.notified += 1
             self.event.set()
 
     async def arm(self) -> bool:
@@ -79,8 +88,15 @@ class Wakeup:
         if self._registered and time.monotonic() - self._registered_at < REFRESH:
             return False
         await outbox.register_waiter(await self._session.get(), self._queue, self._name)
+        if not self._registered:
+            self.notified = self.taken = 0
         self._registered, self._registered_at = True, time.monotonic()
         return True
+
+    def others_serve(self) -> bool:
+        """Whether other processes take most of what this one is notified of (pure over the
+        counters): its registration then makes every submit pay a NOTIFY for nothing."""
+        return self._registered and self.notified - self.taken >= OTHERS_SERVE
 
     @property
     def registered(self) -> bool:
@@ -92,13 +108,12 @@ class Wakeup:
             await outbox.unregister_waiter(await self._session.get(), self._queue, self._name)
             self._registered = False
 
-    async def wait(self, stop: asyncio.Event, within: float) -> bool:
-        """Until a notification (or ``stop``) or ``within`` seconds; True if a notification ended it.
-        A wait that times out refreshes the registration on the next :meth:`arm`."""
+    async def wait(self, stop: asyncio.Event, within: float) -> None:
+        """Until a notification (or ``stop``) or ``within`` seconds; a wait that times out
+        refreshes the registration on the next :meth:`arm`."""
         woke = await wait_any(stop, self.event, within)
         if not woke:
             self._registered = False
-        return self.event.is_set() and not stop.is_set()
 
     def forget(self) -> None:
         """After a database error: the registration's state is unknown, make it again."""

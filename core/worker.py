@@ -67,8 +67,8 @@ log = logging.getLogger("judgequeue.worker")
 WRITE_BATCH = 500
 #: Entry ids per ack script call.
 ACK_BATCH = 500
-#: Seconds a direct-intake worker stays unregistered after a notification whose rows another worker
-#: took (it then registers again); short, so a trickle never waits long for a registered worker.
+#: Seconds a direct-intake worker stays unregistered when other workers take what it is woken for
+#: (it then registers again).
 STEP_BACK = 0.05
 
 
@@ -379,7 +379,6 @@ class Worker:
         self._stream_checked = -float("inf")  # direct intake: when the stream was last read
         self._stream_flowing = False  # direct intake: the last read of the stream found entries
         self._streak = 0  # direct intake: takes in a row that found rows without waiting
-        self._notified = False  # direct intake: the last wait blocked and a notification ended it
         self._direct_failures = 0
         q = self.queue
         self._m_judge = metrics.JUDGE_DURATION.labels(q)
@@ -466,15 +465,15 @@ class Worker:
             if taken is None:
                 return
             self._direct_failures = 0
-            notified, self._notified = self._notified, False
+            wakeup.taken += taken
             if taken:
                 self._streak += 1
                 if not (wakeup.registered and keep_listening(taken, free, self._streak)):
                     await wakeup.disarm()
                     return  # work is flowing: take again at once
-            elif notified:
-                # Woken by a submit and another worker took its rows first: that worker serves this
-                # queue. Staying registered would make every submit pay a NOTIFY for nothing.
+            elif wakeup.others_serve():
+                # Other workers take the rows this one is woken for (they loop, busy): staying
+                # registered would only make every submit pay a NOTIFY.
                 await wakeup.disarm()
                 await wait_any(stop, None, min(schedule, STEP_BACK))
                 return
@@ -493,10 +492,7 @@ class Worker:
         # Only takes run back to back make a busy streak: one that waits serves a trickle.
         if not wakeup.event.is_set():
             self._streak = 0
-            # Blocked, then notified: the rows of that submit were committed after this take.
-            self._notified = await wakeup.wait(stop, schedule)
-        else:
-            await wakeup.wait(stop, schedule)
+        await wakeup.wait(stop, schedule)
 
     async def _take_direct(self, free: int, stop: asyncio.Event) -> int | None:
         """Lease up to ``free`` ready rows straight from the outbox and start their judges; returns
