@@ -22,7 +22,8 @@ OUTBOX_OLDEST_PENDING_AGE = Gauge(
 )
 DISPATCH_RESULTS = Counter(
     "judgequeue_dispatch_results_total",
-    "Outbox rows handled by dispatchers, by result (sent, duplicate, shadow_sent, skipped, retry, dead).",
+    "Outbox rows handled by dispatchers (sent, duplicate, shadow_sent, skipped, retry, dead) and taken by "
+    "direct-intake workers (direct, skipped), by result.",
     ["queue", "result"],
 )
 COMMIT_TO_ENQUEUE = Histogram(

@@ -14,6 +14,11 @@ commit itself does not wait for the WAL flush). From then on the lease owns reco
   cancels the rest and releases their leases (new generation + outbox row) so another worker takes
   them at once.
 
+With direct intake (``JUDGEQUEUE_INTAKE=direct``, docs/design.md §1) a worker with free slots also
+claims and leases ready outbox rows itself (``outbox.take_direct``, one statement, no stream entry
+and so no ack), woken by the submits' notifications (:mod:`judgequeue.core.wakeup`); the stream then
+carries what no worker took within a ``schedule``.
+
 A stale envelope (generation moved on, already judging or terminal) is acked and counted, never
 judged. An entry that can never be judged (it does not parse, or the database refuses its lease for
 its values) is dead-lettered at once with the reason, so a poison entry holds no slot beyond one
@@ -448,7 +453,9 @@ class Worker:
         The dispatcher's rule (:func:`~judgequeue.core.wakeup.keep_listening`): register as a
         waiter only when a take finds nothing, stay registered while a trickle comes in, and loop
         at once, unregistered, while takes keep finding rows: a busy queue pays no NOTIFY per commit
-        (which would serialise the submits' commits).
+        (which would serialise the submits' commits). Notified of more rows than it took, the
+        worker steps back for :data:`STEP_BACK` (other workers serve the queue). Redis being down
+        stops only the stream's part.
         """
         schedule = self.settings.dispatcher.schedule
         wakeup.event.clear()  # a notification during the take below ends the wait at once
@@ -456,7 +463,12 @@ class Worker:
             now = time.monotonic()
             if self._stream_flowing or now - self._stream_checked >= schedule:
                 self._stream_checked = now
-                deliveries = await streams.read(self.redis, self.queue, self.name, count=free, block_ms=None)
+                try:
+                    deliveries = await streams.read(self.redis, self.queue, self.name, count=free, block_ms=None)
+                except TransportError as exc:
+                    # Direct intake needs no Redis: judge from the outbox; look again next schedule.
+                    log.warning("stream read failed; taking from the outbox only", extra={"error": str(exc)})
+                    deliveries = []
                 self._stream_flowing = bool(deliveries)
                 if deliveries:
                     await self._start(deliveries, stop)

@@ -322,3 +322,18 @@ async def test_a_worker_with_a_backlog_never_registers(
         await eventually(lambda: _waiters(pg_pool, 1), what="registered once the outbox is empty")
     while_ready = [waiters for ready, waiters in samples if ready > 0]
     assert len(while_ready) > 10 and set(while_ready) == {0}, samples
+
+
+async def test_direct_intake_judges_with_redis_unreachable(pg_pool: asyncpg.Pool, pg_dsn: str, queue: str) -> None:
+    """Only the stream's part needs Redis: with nothing listening at the Redis address the worker
+    says so and keeps judging from the outbox."""
+    dead = aioredis.Redis.from_url("redis://127.0.0.1:1/0", socket_connect_timeout=0.5, socket_timeout=0.5)
+    settings = make_settings(pg_dsn, "redis://127.0.0.1:1/0", queue, intake="direct", schedule="200ms")
+    judge = Recorder()
+    try:
+        async with _running(Worker(pg_pool, dead, settings, judge=judge)):
+            ids = await _submit(pg_pool, queue, 5)
+            await eventually(functools.partial(_all_done, pg_pool, ids), within=10, what="judged without Redis")
+    finally:
+        await dead.aclose()
+    assert await _statuses(pg_pool, ids) == {"ACCEPTED": 5} and sorted(judge.ran) == [0, 1, 2, 3, 4]
