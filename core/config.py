@@ -202,24 +202,29 @@ def _redis_url(text: str) -> str:
     return validate_redis_url(text)
 
 
-def _pooler(text: str) -> str:
-    value = text.strip().lower()
-    if value not in POOLERS:
-        raise ValueError(
-            "must be none (direct to Postgres), session (a session-pooling pooler) or transaction "
-            "(PgBouncer pool_mode=transaction or any transaction pooler)"
-        )
-    return value
+def _one_of(values: tuple[str, ...], meaning: str) -> Callable[[str], str]:
+    """A parser accepting one of ``values`` (any case, surrounding spaces ignored); ``meaning``
+    says what each is, in the error."""
+
+    def parse(text: str) -> str:
+        value = text.strip().lower()
+        if value not in values:
+            raise ValueError(f"must be {meaning}")
+        return value
+
+    return parse
 
 
-def _intake(text: str) -> str:
-    value = text.strip().lower()
-    if value not in INTAKES:
-        raise ValueError(
-            "must be stream (every job through the Redis stream) or direct (workers lease ready rows "
-            "from Postgres themselves; the stream carries the overflow)"
-        )
-    return value
+_pooler = _one_of(
+    POOLERS,
+    "none (direct to Postgres), session (a session-pooling pooler) or transaction "
+    "(PgBouncer pool_mode=transaction or any transaction pooler)",
+)
+_intake = _one_of(
+    INTAKES,
+    "stream (every job through the Redis stream) or direct (workers lease ready rows from Postgres "
+    "themselves; the stream carries the overflow)",
+)
 
 
 def _judge_name(text: str) -> str:
