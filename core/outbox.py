@@ -299,6 +299,8 @@ class DirectTake:
     stale: list[tuple[int, int]]
     #: Rows created before the live watermark: marked SKIPPED, never judged (the legacy path owns them).
     skipped: int
+    #: The queue is live and not paused (else nothing is taken: shadow rows are the dispatcher's).
+    live: bool = True
 
     @property
     def rows(self) -> int:
@@ -317,6 +319,8 @@ async def take_direct(conn: asyncpg.Connection, queue: str, worker: str, *, limi
     stale: list[tuple[int, int]] = []
     skipped = 0
     for r in rows:
+        if r["outbox_state"] is None:
+            continue  # nothing claimed: the row only carries the queue's flag
         if r["outbox_state"] == "SKIPPED":
             skipped += 1
         elif r["attempt_id"] is None:
@@ -331,7 +335,7 @@ async def take_direct(conn: asyncpg.Connection, queue: str, worker: str, *, limi
                     created_at=r["created_at"],
                 )
             )
-    return DirectTake(leased, stale, skipped)
+    return DirectTake(leased, stale, skipped, live=bool(rows[0]["live"]))
 
 
 async def register_waiter(conn: asyncpg.Connection, queue: str, dispatcher: str) -> None:

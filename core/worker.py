@@ -90,6 +90,7 @@ class WorkerStats:
     dead_lettered: int = 0
     released: int = 0
     judge_errors: int = 0
+    direct_takes: int = 0  # statements of direct intake, rows or not
 
 
 class WriteAbandoned(Exception):
@@ -473,11 +474,18 @@ class Worker:
                 if deliveries:
                     await self._start(deliveries, stop)
                     return
-            taken = await self._take_direct(free, stop)
-            if taken is None:
+            take = await self._take_direct(free, stop)
+            if take is None:
                 return
             self._direct_failures = 0
+            taken = take.rows
             wakeup.taken += taken
+            if not take.live:
+                # Paused, or shadow (the dispatcher's): nothing to take until a flip, which a poll
+                # finds within a schedule; registered, every submit would notify for nothing.
+                await wakeup.disarm()
+                await wait_any(stop, None, schedule)
+                return
             if taken:
                 self._streak += 1
                 if not (wakeup.registered and keep_listening(taken, free, self._streak)):
@@ -506,9 +514,9 @@ class Worker:
             self._streak = 0
         await wakeup.wait(stop, schedule)
 
-    async def _take_direct(self, free: int, stop: asyncio.Event) -> int | None:
+    async def _take_direct(self, free: int, stop: asyncio.Event) -> outbox.DirectTake | None:
         """Lease up to ``free`` ready rows straight from the outbox and start their judges; returns
-        how many rows the take claimed (None if ``stop`` came first)."""
+        what the take claimed (None if ``stop`` came first)."""
         conn = await self._intake.get()
         take = await unless_stopped(
             stop, outbox.take_direct(conn, self.queue, self.name, limit=free, ttl=self.cfg.lease_ttl)
@@ -517,6 +525,7 @@ class Worker:
             # Abandoned mid-statement: a claim it committed is rescued like a crashed worker's lease.
             await self._intake.drop()
             return None
+        self.stats.direct_takes += 1
         if take.leases:
             failpoints.hit("worker.after_lease")
             self._start_jobs(take.leases)
@@ -525,7 +534,7 @@ class Worker:
             metrics.DISPATCH_RESULTS.labels(self.queue, "skipped").inc(take.skipped)
         if take.stale:
             await self._count_stale(take.stale)
-        return take.rows
+        return take
 
     # --- intake -----------------------------------------------------------------------------------
 

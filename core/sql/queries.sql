@@ -201,7 +201,8 @@ RETURNING s.id, s.generation, s.attempt_id, s.payload::text AS payload, s.create
 -- to this worker and lease their submissions, in one statement and commit (no stream entry, so no
 -- ack). A crash loses the claim and the lease together (the row is claimed again) or neither (the
 -- reaper rescues the expired lease). One row per claimed outbox row: leased, or skipped (before the
--- watermark) or stale (its submission moved on) with NULL lease columns. Hot path: keep text and plan.
+-- watermark) or stale (its submission moved on) with NULL lease columns; each says whether the queue
+-- is live. Hot path: keep text and plan.
 WITH no_flush_wait AS MATERIALIZED (
     SELECT set_config('synchronous_commit', 'off', true)
 ), q AS (
@@ -235,11 +236,19 @@ WITH no_flush_wait AS MATERIALIZED (
      WHERE sent.state = 'SENT' AND s.id = sent.submission_id AND s.generation = sent.generation
        AND s.status = 'PENDING' AND s.queue = $1
     RETURNING s.id, s.generation, s.attempt_id, s.payload::text AS payload, s.created_at
+), flags AS (
+    SELECT coalesce((SELECT mode = 'live' AND NOT paused FROM q), false) AS live
 )
-SELECT sent.state AS outbox_state, sent.submission_id, sent.generation AS outbox_generation,
-       leased.attempt_id, leased.payload, leased.created_at
-  FROM sent LEFT JOIN leased ON leased.id = sent.submission_id AND leased.generation = sent.generation
- ORDER BY sent.id
+-- Always one row at least: with nothing claimed, a row of NULLs that still says whether the queue
+-- is live (a worker of a paused or shadow queue polls instead of asking submits to notify it).
+SELECT flags.live, t.outbox_state, t.submission_id, t.outbox_generation, t.attempt_id, t.payload, t.created_at
+  FROM flags
+  LEFT JOIN (
+      SELECT sent.id, sent.state AS outbox_state, sent.submission_id, sent.generation AS outbox_generation,
+             leased.attempt_id, leased.payload, leased.created_at
+        FROM sent LEFT JOIN leased ON leased.id = sent.submission_id AND leased.generation = sent.generation
+  ) t ON true
+ ORDER BY t.id
 
 -- name: lease_renew
 -- Extend live leases under their fence (heartbeat).

@@ -118,9 +118,11 @@ async def test_take_reads_the_queues_flags_in_its_own_statement(pg_pool: asyncpg
         await set_cutover(conn, queue, paused=True)
     before = await _submit(pg_pool, queue, 2)
     async with pg_pool.acquire() as conn:
-        assert (await outbox.take_direct(conn, queue, "w", limit=10, ttl=30)).rows == 0  # paused
+        paused = await outbox.take_direct(conn, queue, "w", limit=10, ttl=30)
+        assert (paused.rows, paused.live) == (0, False)
         await set_cutover(conn, queue, paused=False, mode="shadow")
-        assert (await outbox.take_direct(conn, queue, "w", limit=10, ttl=30)).rows == 0  # shadow: the dispatcher's
+        shadow = await outbox.take_direct(conn, queue, "w", limit=10, ttl=30)
+        assert (shadow.rows, shadow.live) == (0, False)  # shadow rows are the dispatcher's
         watermark = await database_now(conn) + timedelta(microseconds=1)
         await set_cutover(conn, queue, mode="live", watermark=watermark)
     after = await _submit(pg_pool, queue, 1, start=2)
@@ -337,3 +339,24 @@ async def test_direct_intake_judges_with_redis_unreachable(pg_pool: asyncpg.Pool
     finally:
         await dead.aclose()
     assert await _statuses(pg_pool, ids) == {"ACCEPTED": 5} and sorted(judge.ran) == [0, 1, 2, 3, 4]
+
+
+async def test_a_worker_of_a_paused_or_shadow_queue_polls_and_never_registers(
+    pg_pool: asyncpg.Pool, pg_dsn: str, redis_client: aioredis.Redis, queue: str
+) -> None:
+    """Registered, it would make every submit send a NOTIFY for rows it may not take; it polls each
+    schedule instead, and finds the queue live again after the flip."""
+    async with pg_pool.acquire() as conn:
+        await set_cutover(conn, queue, paused=True)
+    settings = make_settings(pg_dsn, REDIS_URL, queue, intake="direct", schedule="200ms")
+    judge = Recorder()
+    worker = Worker(pg_pool, redis_client, settings, judge=judge)
+    async with _running(worker):
+        ids = await _submit(pg_pool, queue, 3)
+        await eventually(lambda: worker.stats.direct_takes >= 4, what="several polls of the paused queue")
+        assert await _waiters(pg_pool, 0), "a worker of a paused queue must not ask submits to notify"
+        assert judge.ran == []
+        async with pg_pool.acquire() as conn:
+            await set_cutover(conn, queue, paused=False)
+        await eventually(functools.partial(_all_done, pg_pool, ids), within=10, what="judged after the flip")
+        await eventually(lambda: _waiters(pg_pool, 1), what="idle and live: registered")
