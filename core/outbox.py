@@ -292,7 +292,7 @@ async def resend_stranded(
 
 @dataclass(frozen=True)
 class DirectTake:
-    """What one :func:`acquire_direct` call claimed from the outbox."""
+    """What one :func:`take_direct` call claimed from the outbox."""
 
     leases: list[leases.Lease]
     #: (submission, generation) of rows marked sent whose submission had moved on (nothing to judge).

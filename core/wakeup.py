@@ -22,7 +22,7 @@ import time
 import asyncpg
 
 from . import outbox
-from .connect import connect_postgres
+from .connect import STATEMENT_TIMEOUT, connect_postgres
 from .lifecycle import HeldSession, wait_any
 
 log = logging.getLogger("judgequeue.worker")
@@ -82,7 +82,7 @@ class Wakeup:
             return False
         if self._conn is None or self._conn.is_closed():
             # (Re)connect before registering, so no notification can go unheard.
-            self._conn = await connect_postgres(self._dsn)
+            self._conn = await connect_postgres(self._dsn, timeout=STATEMENT_TIMEOUT)
             await self._conn.add_listener(outbox.WAKEUP_CHANNEL, self._on_notify)
             self._registered = False
         if self._registered and time.monotonic() - self._registered_at < REFRESH:
