@@ -50,7 +50,6 @@ from .lifecycle import (
     unless_stopped,
     wait_any,
 )
-from .wakeup import BUSY_STREAK as BUSY_STREAK  # re-exported: the dispatcher's rule
 from .wakeup import keep_listening
 
 log = logging.getLogger("judgequeue.dispatcher")

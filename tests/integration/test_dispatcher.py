@@ -11,8 +11,9 @@ import redis.asyncio as aioredis
 
 from judgequeue.core import outbox, streams
 from judgequeue.core.config import Settings
-from judgequeue.core.dispatcher import BUSY_STREAK, Dispatcher, keep_listening
+from judgequeue.core.dispatcher import Dispatcher
 from judgequeue.core.queues import create_queue, set_cutover
+from judgequeue.core.wakeup import BUSY_STREAK, keep_listening
 from tests.support.databases import REDIS_URL
 from tests.support.settings import make_settings
 from tests.support.waiting import eventually
