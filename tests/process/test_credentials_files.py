@@ -121,7 +121,7 @@ def test_every_role_mounts_its_secrets_read_only_and_gets_no_credential_in_env(
     env = {e["name"]: e for e in container["env"]}
     assert all("valueFrom" not in e for e in env.values())  # no secretKeyRef, no value from anywhere
     wanted = {"JUDGEQUEUE_POSTGRES_DSN": ("db", "dsn"), "JUDGEQUEUE_REDIS_URL": ("rd", "url")}
-    if role == "dispatcher":
+    if role in ("dispatcher", "worker"):  # a worker listens with direct intake
         wanted["JUDGEQUEUE_POSTGRES_LISTEN_DSN"] = ("direct", "dsn")
     assert {k: v["value"] for k, v in env.items() if k.endswith("_FILE")} == {
         f"{k}_FILE": render.credential_file(k) for k in wanted}
