@@ -99,11 +99,19 @@ async def test_direct_take_lost_in_a_crash_is_taken_again(
             state = await conn.fetchval("SELECT state FROM judgequeue.outbox WHERE submission_id = $1", sid)
         assert state == "PENDING", "the claim is lost with the lease: the row is ready again"
 
+        roles.env["JUDGEQUEUE_LOG_LEVEL"] = "INFO"  # their "started" line: past installing SIGTERM's handler
         roles.start_all()
         statuses = await wait_all_terminal(own_pg.dsn, [sid], within=60, roles=roles)
         assert statuses == {sid: "ACCEPTED"}
         row = await submission(own_pg.dsn, sid)
         assert row["generation"] == 1  # taken again, not rescued by a lease expiry
+        # The job can be judged before every restarted role is up; a role stopped before it
+        # handles SIGTERM dies of it, so wait for each to say it started.
+        await eventually(
+            lambda: all(any(e.get("msg", "").endswith(" started") for e in p.events()) for p in roles.procs[1:]),
+            within=30,
+            what="every restarted role started",
+        )
     finally:
         codes = roles.stop()
     assert codes[0] == -9 and codes[1:] == [0, 0, 0], roles.logs()
