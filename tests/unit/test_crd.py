@@ -57,6 +57,7 @@ def test_defaults_applied_and_minimal_object_valid() -> None:
     }
     assert spec["worker"]["minReplicas"] == 1 and spec["worker"]["maxReplicas"] == 10
     assert spec["worker"]["autoscaling"] == "internal" and spec["worker"]["judge"] == "program"
+    assert spec["worker"]["intake"] == "stream"
     assert spec["reaper"]["retention"] == "7d" and spec["reaper"]["leaseTtl"] == "30s"
     assert spec["cutover"] == {"mode": "live"}
     assert spec["paused"] is False
@@ -88,6 +89,7 @@ BAD: list[tuple[str, dict[str, Any], str]] = [
     ("lease>visibility", {"reaper": {"leaseTtl": "5m"}}, "leaseTtl must not exceed"),
     ("bad mode", {"cutover": {"mode": "half"}}, "Unsupported value"),
     ("bad autoscaling", {"worker": {"autoscaling": "keda"}}, "Unsupported value"),
+    ("bad intake", {"worker": {"intake": "fast"}}, "Unsupported value"),
     ("bad queue", {"queue": "Not_A_Label"}, "queue: should match"),
     ("huge grace", {"worker": {"gracePeriod": "2h"}}, "gracePeriod must be under 1h"),
     ("bad judge name", {"worker": {"judge": "Rm -rf"}}, "judge: should match"),
@@ -109,7 +111,8 @@ def test_missing_secret_ref_rejected() -> None:
 
 def test_good_variants_accepted() -> None:
     good = with_spec(
-        worker={"minReplicas": 2, "maxReplicas": 2, "gracePeriod": "59m", "autoscaling": "external", "replicas": 3},
+        worker={"minReplicas": 2, "maxReplicas": 2, "gracePeriod": "59m", "autoscaling": "external", "replicas": 3,
+                "intake": "direct"},
         dispatcher={"backoff": {"base": "250ms", "max": "250ms"}, "schedule": "1.5s"},
         reaper={"interval": "60s", "visibilityTimeout": "1m", "leaseTtl": "1m", "retention": "30d"},
         cutover={"mode": "shadow", "watermark": "2025-01-31T12:00:00Z"},

@@ -110,3 +110,9 @@ def test_pooler_goes_to_every_role_and_the_listen_dsn_to_listeners_only() -> Non
 def test_bad_connection_options_are_named(postgres: dict[str, Any], error: str) -> None:
     spec = {**SPEC, "postgres": {"secretKeyRef": {"name": "db"}, **postgres}}
     assert parse_spec(spec, name="judge") == [error]
+
+
+def test_bad_intake_is_one_error_naming_the_field() -> None:
+    """What the operator reports in status (it never crash-loops on it), and what local mode prints."""
+    spec = {**SPEC, "worker": {**SPEC["worker"], "intake": "fast"}}
+    assert parse_spec(spec, name="judge") == ["spec.worker.intake: must be one of stream, direct, got 'fast'"]
