@@ -435,7 +435,8 @@ def decode_entries(entries: Sequence[tuple[bytes | str, dict[Any, Any] | None]])
 async def read(
     client: aioredis.Redis, queue: str, consumer: str, *, count: int, block_ms: int | None
 ) -> list[Delivery]:
-    """Read up to ``count`` new entries for ``consumer`` (XREADGROUP ... BLOCK).
+    """Read up to ``count`` new entries for ``consumer`` (XREADGROUP ... BLOCK ``block_ms``; None:
+    answer at once, as a direct-intake worker's look at the stream does).
 
     A NOGROUP (the stream was deleted, e.g. a Redis restart without persistence) recreates the group
     and reads again.

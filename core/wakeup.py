@@ -16,7 +16,6 @@ the waits run to their timeout: direct intake then polls.
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 
 import asyncpg
@@ -24,8 +23,6 @@ import asyncpg
 from . import outbox
 from .connect import STATEMENT_TIMEOUT, connect_postgres
 from .lifecycle import HeldSession, wait_any
-
-log = logging.getLogger("judgequeue.worker")
 
 #: Cycles in a row that must find work before a listening process stops listening and loops.
 BUSY_STREAK = 3
@@ -120,13 +117,11 @@ class Wakeup:
         self._registered = False
 
     async def close(self) -> None:
-        """Stop listening and unregister (best effort: a row left behind is pruned by the reaper)."""
+        """Stop listening and unregister. Run it as a best-effort step (``lifecycle.best_effort``):
+        a row left behind by a failure is pruned by the reaper."""
         if self._conn is not None:
             self._conn.terminate()  # nothing to flush; a graceful close could wait on a dead link
             self._conn = None
         if self._registered:
             self._registered = False
-            try:
-                await outbox.unregister_waiter(await self._session.get(), self._queue, self._name)
-            except Exception as exc:  # best effort at shutdown
-                log.info("waiter not unregistered at shutdown", extra={"error": str(exc)})
+            await outbox.unregister_waiter(await self._session.get(), self._queue, self._name)
