@@ -95,13 +95,16 @@ async def _setup(pg_dsn: str, queue: str) -> None:
         await create_queue(conn, queue)
 
 
+@pytest.mark.parametrize("intake", ["stream", "direct"])
 async def test_roles_and_submit_through_pgbouncer_polling(
-    bouncer: PgBouncer, pg_dsn: str, queue_name: str, redis_client: aioredis.Redis, tmp_path: Path
+    bouncer: PgBouncer, pg_dsn: str, queue_name: str, redis_client: aioredis.Redis, tmp_path: Path, intake: str
 ) -> None:
-    """No direct DSN: the dispatcher polls on ``schedule`` and never registers, so no submit notifies."""
+    """No direct DSN: the dispatcher (and, with direct intake, the workers, whose takes go through the
+    pooler too) polls on ``schedule`` and never registers, so no submit notifies."""
     await _setup(pg_dsn, queue_name)
     pooled = bouncer.dsn_for(pg_dsn)
-    roles = Roles.on(pooled, queue_name, tmp_path, JUDGEQUEUE_POSTGRES_POOLER="transaction", JUDGEQUEUE_CONCURRENCY="8")
+    roles = Roles.on(pooled, queue_name, tmp_path, JUDGEQUEUE_POSTGRES_POOLER="transaction", JUDGEQUEUE_CONCURRENCY="8",
+                     JUDGEQUEUE_INTAKE=intake)
     roles.start_all(dispatchers=2, workers=2)
     try:
         flow = Flow(pooled, queue_name, submitters=4, connect_options=NO_CACHE)
@@ -116,6 +119,8 @@ async def test_roles_and_submit_through_pgbouncer_polling(
         assert report.violations == [], report.violations
         async with connection(pg_dsn) as conn:
             assert await conn.fetchval("SELECT count(*) FROM judgequeue.dispatch_waiters") == 0
+            direct = await conn.fetchval("SELECT count(*) FROM judgequeue.outbox WHERE claimed_by LIKE 'worker-%'")
+        assert (direct > 0) == (intake == "direct"), direct  # the takes really went through the pooler
         assert roles.alive() == 5, roles.logs()
     finally:
         codes = roles.stop()
