@@ -1,7 +1,7 @@
 """CPU seconds per judged job, per process, at a fixed offered load (noop judge), beside the limits and the peer.
 
     .venv/bin/python -m bench.cpu [--rate 1000] [--seconds 20] [--workers 1] [--servers private|system]
-                                  [--skip-peer] [--out bench/out]
+                                  [--skip-peer] [--ref REV [--ref-intake direct] [--rounds N]] [--out bench/out]
 
 By default the run starts a private Postgres cluster (pg_stat_statements preloaded) and Redis
 server (``bench.servers``), so their CPU is this benchmark's alone on a shared machine. In one run:
@@ -27,6 +27,7 @@ import json
 import os
 import re
 import resource
+import statistics
 import subprocess
 import sys
 import time
@@ -332,20 +333,21 @@ async def judgequeue_cpu(
     workers: int,
     *,
     ref: str | None = None,
+    ref_intake: str = "stream",
     profile: Path | None = None,
     **settings: str,
 ) -> dict[str, Any]:
     tree = ref_tree(ref) if ref is not None else None
-    # The reference keeps the default (older trees ignore the variable); this tree runs the run's
-    # --intake (bench.pipeline.stack reads it).
-    intake = "stream" if tree is not None else os.environ.get(INTAKE_VARIABLE, "stream")
+    # The reference runs --ref-intake (trees older than direct intake ignore it); this tree runs
+    # the run's --intake (bench.pipeline.stack reads it).
+    intake = ref_intake if tree is not None else os.environ.get(INTAKE_VARIABLE, "stream")
     settings["intake"] = intake
     # The reference's roles run on the reference's own schema (its migrations, not this tree's).
     async with pipeline.stack(schema_from=tree, **settings) as s:
         label = "judgequeue"
         if tree is not None:
             s.env["PYTHONPATH"] = tree
-            label = f"judgequeue@{ref}"
+            label = f"judgequeue@{ref}" + (f"/{intake}" if intake != "stream" else "")
         elif intake != "stream":
             label = f"judgequeue/{intake}"
         s.start("dispatcher")
@@ -479,6 +481,12 @@ def table(r: dict[str, Any]) -> str:
         f"{'offered / achieved jobs/s':<28}"
         + "".join(f"{s['offered_per_s']:>7.0f}/{s['achieved_per_s']:<6.0f}" for s in systems)
     )
+    if r.get("pair_ratios"):
+        ratios = r["pair_ratios"]
+        lines.append(
+            f"this tree / ref, round by round: {', '.join(f'{x:.2f}' for x in ratios)}"
+            f" (median {statistics.median(ratios):.2f})"
+        )
     for jq in systems[: 2 if r.get("ref") else 1]:
         lines.append(
             f"{jq['system']} row updates per job: "
@@ -495,6 +503,16 @@ def table(r: dict[str, Any]) -> str:
     for jq in systems[: 2 if r.get("ref") else 1]:
         lines += [*statement_table(jq), ""]
     return "\n".join(lines)
+
+
+def pair_ratios(mine: list[dict[str, Any]], theirs: list[dict[str, Any]]) -> list[float]:
+    """This tree's queue-side total over the reference's, round by round (pure).
+
+    The machine's speed drifts by 20-30% within minutes (the unchanged application's CPU per job
+    moves with it), so the best of each side may come from different moments; the two runs of one
+    round are adjacent, and their ratio is the comparison that drift disturbs least.
+    """
+    return [total(a["cpu_ms_per_job"]) / total(b["cpu_ms_per_job"]) for a, b in zip(mine, theirs, strict=True)]
 
 
 def statement_table(jq: dict[str, Any]) -> list[str]:
@@ -527,17 +545,18 @@ async def inner(args: argparse.Namespace) -> dict[str, Any]:
         mine, theirs = [], []
         for k in range(args.rounds):
             progress(f"judgequeue@{args.ref} at {args.rate:g} jobs/s for {args.seconds:g}s, round {k + 1}")
-            theirs.append(await judgequeue_cpu(args.rate, args.seconds, args.workers, ref=args.ref))
+            theirs.append(
+                await judgequeue_cpu(args.rate, args.seconds, args.workers, ref=args.ref, ref_intake=args.ref_intake)
+            )
             progress(f"judgequeue (this tree) at {args.rate:g} jobs/s for {args.seconds:g}s, round {k + 1}")
             mine.append(await judgequeue_cpu(args.rate, args.seconds, args.workers))
         results["judgequeue"] = min(mine, key=lambda x: total(x["cpu_ms_per_job"]))
         results["ref"] = min(theirs, key=lambda x: total(x["cpu_ms_per_job"]))
         results["rounds"] = {"judgequeue": mine, "ref": theirs}
+        results["pair_ratios"] = pair_ratios(mine, theirs)
     else:
         progress(f"judgequeue at {args.rate:g} jobs/s for {args.seconds:g}s, {args.workers} worker(s)")
-        results["judgequeue"] = await judgequeue_cpu(
-            args.rate, args.seconds, args.workers, profile=args.profile
-        )
+        results["judgequeue"] = await judgequeue_cpu(args.rate, args.seconds, args.workers, profile=args.profile)
     if not args.skip_peer:
         progress(f"PgQueuer at {args.rate:g} jobs/s for {args.seconds:g}s, {args.workers} worker(s)")
         results["peer"] = await peer_cpu(args.rate, args.seconds, args.workers)
@@ -554,6 +573,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--skip-peer", action="store_true")
     p.add_argument("--profile", type=Path, help="py-spy the dispatcher and a worker into this directory")
     p.add_argument("--ref", help="also measure this git revision's roles (e.g. main), alternating with this tree")
+    p.add_argument(
+        "--ref-intake", choices=("stream", "direct"), default="stream", help="JUDGEQUEUE_INTAKE of the --ref roles"
+    )
     p.add_argument("--rounds", type=int, default=2, help="alternating rounds with --ref (best of each)")
     return add_run_options(p)
 
