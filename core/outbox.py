@@ -11,7 +11,6 @@ the database clock. With direct intake a worker claims, marks and leases in one 
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -301,26 +300,49 @@ class DirectTake:
     skipped: int
     #: The queue is live and not paused (else nothing is taken: shadow rows are the dispatcher's).
     live: bool = True
+    #: The take registered the worker as a waiter (``register_if_idle`` and nothing was ready).
+    registered: bool = False
+    #: The take removed the worker's registration (``unregister_if_busy`` and rows were ready).
+    unregistered: bool = False
 
     @property
     def rows(self) -> int:
         return len(self.leases) + len(self.stale) + self.skipped
 
 
-async def take_direct(conn: asyncpg.Connection, queue: str, worker: str, *, limit: int, ttl: float) -> DirectTake:
+async def take_direct(
+    conn: asyncpg.Connection,
+    queue: str,
+    worker: str,
+    *,
+    limit: int,
+    ttl: float,
+    unregister_if_busy: bool = False,
+    register_if_idle: bool = False,
+) -> DirectTake:
     """Direct intake: claim up to ``limit`` ready outbox rows of a live, unpaused queue, mark them
     sent to ``worker`` and lease their submissions, in one statement and one commit.
 
     The commit does not wait for the WAL flush, and needs no barrier: there is no stream entry to
     ack, and a crash that loses the commit loses the claim with the lease (the row is ready again).
+
+    The worker's wake-up registration rides on the same statement, saving a round trip each:
+    ``unregister_if_busy`` removes it if rows were ready (work is flowing); ``register_if_idle``
+    (for an unregistered worker) makes it when nothing was ready on a live queue, and the caller
+    must then look once more before it sleeps (rows committed before the registration sent no
+    notification).
     """
-    rows = await conn.fetch(sql.query("lease_direct"), queue, worker, limit, float(ttl))
+    if unregister_if_busy and register_if_idle:
+        raise ValueError("a take either unregisters or registers its worker, not both")
+    rows = await conn.fetch(
+        sql.query("lease_direct"), queue, worker, limit, float(ttl), unregister_if_busy, register_if_idle
+    )
     leased: list[leases.Lease] = []
     stale: list[tuple[int, int]] = []
     skipped = 0
     for r in rows:
         if r["outbox_state"] is None:
-            continue  # nothing claimed: the row only carries the queue's flag
+            continue  # nothing claimed: the row only carries the flags
         if r["outbox_state"] == "SKIPPED":
             skipped += 1
         elif r["attempt_id"] is None:
@@ -330,12 +352,20 @@ async def take_direct(conn: asyncpg.Connection, queue: str, worker: str, *, limi
                 leases.Lease(
                     submission=r["submission_id"],
                     generation=r["outbox_generation"],
-                    attempt=uuid.UUID(bytes=r["attempt_id"].bytes),
+                    attempt=r["attempt_id"],  # asyncpg's UUID is a uuid.UUID
                     payload=json.loads(r["payload"]),
                     created_at=r["created_at"],
                 )
             )
-    return DirectTake(leased, stale, skipped, live=bool(rows[0]["live"]))
+    flags = rows[0]
+    return DirectTake(
+        leased,
+        stale,
+        skipped,
+        live=bool(flags["live"]),
+        registered=bool(flags["registered"]),
+        unregistered=bool(flags["unregistered"]),
+    )
 
 
 async def register_waiter(conn: asyncpg.Connection, queue: str, dispatcher: str) -> None:

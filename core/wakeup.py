@@ -9,6 +9,12 @@ every :data:`REFRESH` seconds while it serves a trickle: the reaper prunes waite
 a few minutes (a crashed process's row), and a pruned registration would leave this process
 waiting out its poll.
 
+Both changes ride on the worker's takes where they can (``outbox.take_direct``): an unregistered
+worker's take registers it when it finds nothing, a registered worker that saw work flowing leaves
+with its next take that finds rows, so neither costs a round trip of its own; :meth:`Wakeup.arm` and
+:meth:`Wakeup.disarm` are the standalone statements for the other cases (a refresh, a full worker, a
+paused queue).
+
 Without a LISTEN-capable DSN (behind a transaction pooler with no listen DSN) nothing registers and
 the waits run to their timeout: direct intake then polls.
 """
@@ -57,6 +63,7 @@ class Wakeup:
         self._conn: asyncpg.Connection | None = None
         self._registered = False
         self._registered_at = 0.0
+        self._leave_when_busy = False  # the next take unregisters if it finds rows
         self.event = asyncio.Event()
         #: Since the registration: notifications received, and rows this process took. Each row
         #: committed while registered sends one notification, so notifications well beyond the
@@ -71,23 +78,54 @@ class Wakeup:
             self.notified += 1
             self.event.set()
 
+    async def listen(self) -> bool:
+        """Make sure this process listens on the wake-up channel, (re)connecting if needed; False
+        when it cannot listen (no LISTEN-capable DSN). Raises the database's errors."""
+        if self._dsn is None:
+            return False
+        if self._conn is None or self._conn.is_closed():
+            # (Re)connect before any registration, so no notification can go unheard.
+            self._conn = await connect_postgres(self._dsn, timeout=STATEMENT_TIMEOUT)
+            await self._conn.add_listener(outbox.WAKEUP_CHANNEL, self._on_notify)
+            self._registered = False
+        return True
+
+    def take_flags(self) -> tuple[bool, bool]:
+        """What the next take does with the registration (``outbox.take_direct``'s
+        ``unregister_if_busy``, ``register_if_idle``; pure over the state): a registered process
+        that saw work flowing (:meth:`disarm_when_busy`) leaves if the take finds rows; an
+        unregistered one that listens joins if it finds none."""
+        if self._registered:
+            return self._leave_when_busy, False
+        return False, self._conn is not None and not self._conn.is_closed()
+
+    def after_take(self, registered: bool, unregistered: bool) -> None:
+        """What the take did with the registration (see :meth:`take_flags`)."""
+        self._leave_when_busy = False
+        if unregistered:
+            self._registered = False
+        if registered:
+            self._joined()
+
+    def disarm_when_busy(self) -> None:
+        """Work flows: the next take unregisters if it finds rows (no round trip of its own)."""
+        self._leave_when_busy = self._registered
+
+    def _joined(self) -> None:
+        if not self._registered:
+            self.notified = self.taken = 0
+        self._registered, self._registered_at = True, time.monotonic()
+
     async def arm(self) -> bool:
         """Make sure a notification will come; True if that took a registration just now (the
         caller looks for work once more before waiting). False when already armed or unable to
         listen. Raises the database's errors (the caller backs off)."""
-        if self._dsn is None:
+        if not await self.listen():
             return False
-        if self._conn is None or self._conn.is_closed():
-            # (Re)connect before registering, so no notification can go unheard.
-            self._conn = await connect_postgres(self._dsn, timeout=STATEMENT_TIMEOUT)
-            await self._conn.add_listener(outbox.WAKEUP_CHANNEL, self._on_notify)
-            self._registered = False
         if self._registered and time.monotonic() - self._registered_at < REFRESH:
             return False
         await outbox.register_waiter(await self._session.get(), self._queue, self._name)
-        if not self._registered:
-            self.notified = self.taken = 0
-        self._registered, self._registered_at = True, time.monotonic()
+        self._joined()
         return True
 
     def others_serve(self) -> bool:
@@ -100,7 +138,8 @@ class Wakeup:
         return self._registered
 
     async def disarm(self) -> None:
-        """Work flows and the caller loops at once: submitters need not notify."""
+        """Unregister now (a full worker, a paused queue, others serve it): submitters need not notify."""
+        self._leave_when_busy = False
         if self._registered:
             await outbox.unregister_waiter(await self._session.get(), self._queue, self._name)
             self._registered = False
@@ -115,6 +154,7 @@ class Wakeup:
     def forget(self) -> None:
         """After a database error: the registration's state is unknown, make it again."""
         self._registered = False
+        self._leave_when_busy = False
 
     async def close(self) -> None:
         """Stop listening and unregister. Run it as a best-effort step (``lifecycle.best_effort``):

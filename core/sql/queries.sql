@@ -40,7 +40,8 @@ WITH no_flush_wait AS MATERIALIZED (
                WHEN r.result = 'release' OR (r.result = 'retry' AND o.attempts < $4) THEN NULL
                ELSE now() END
       FROM unnest($1::bigint[], $2::text[], $3::text[]) AS r(id, result, error), no_flush_wait
-     WHERE o.id = r.id AND o.claimed_by = $7 AND o.state = 'CLAIMED'
+     WHERE o.id = ANY($1::bigint[])  -- by key whatever the plan guesses of the arrays (see lease_direct)
+       AND o.id = r.id AND o.claimed_by = $7 AND o.state = 'CLAIMED'
     RETURNING o.id, o.state, o.submission_id, o.generation, o.last_error, o.attempts
 ), failed AS (
     -- A delivery intent that will never be sent must not leave its submission waiting forever.
@@ -78,8 +79,8 @@ WITH no_flush_wait AS MATERIALIZED (
            claimed_by = $7,
            claim_expires_at = now() + make_interval(secs => $10),
            next_attempt_at = now() + make_interval(secs => $10)
-      FROM picked, q, no_flush_wait
-     WHERE o.id = picked.id
+      FROM q, no_flush_wait
+     WHERE o.id = ANY(ARRAY(SELECT id FROM picked))
     RETURNING o.id, o.submission_id, o.generation, o.created_at, o.attempts, o.state, q.mode, q.config_version,
               extract(epoch FROM now() - o.created_at)::float8 AS age
 )
@@ -202,18 +203,26 @@ RETURNING s.id, s.generation, s.attempt_id, s.payload::text AS payload, s.create
 -- ack). A crash loses the claim and the lease together (the row is claimed again) or neither (the
 -- reaper rescues the expired lease). One row per claimed outbox row: leased, or skipped (before the
 -- watermark) or stale (its submission moved on) with NULL lease columns; each says whether the queue
--- is live. Hot path: keep text and plan.
+-- is live and whether this statement registered the worker as a waiter.
+-- The worker's wake-up registration rides along ($5, $6: never both): $5 unregisters it if rows
+-- were ready (work is flowing: submitters need not notify), $6 registers it if nothing was ready on
+-- a live queue (the worker then looks once more before it sleeps: rows committed before this
+-- registration sent no notification). The waiter table is unlogged, so an empty take that
+-- registers still commits without a WAL flush.
+-- Each update reaches its rows by primary key (= ANY of an array) whatever the planner thinks the
+-- LIMIT is: a generic plan that guessed a large claim used to hash-join a sequential scan of the
+-- whole outbox. Hot path: keep text and plan.
 WITH no_flush_wait AS MATERIALIZED (
     SELECT set_config('synchronous_commit', 'off', true)
 ), q AS (
-    SELECT mode, watermark, paused FROM judgequeue.queues WHERE name = $1
+    SELECT mode = 'live' AND NOT paused AS live, watermark FROM judgequeue.queues WHERE name = $1
 ), picked AS (
     SELECT o.id
       FROM judgequeue.outbox o
      WHERE o.queue = $1
        AND o.state IN ('PENDING', 'CLAIMED')
        AND o.next_attempt_at <= now()
-       AND coalesce((SELECT mode = 'live' AND NOT paused FROM q), false)  -- shadow rows are the dispatcher's
+       AND coalesce((SELECT live FROM q), false)  -- shadow rows are the dispatcher's
      ORDER BY o.next_attempt_at, o.id
      LIMIT $3
        FOR UPDATE SKIP LOCKED
@@ -224,8 +233,8 @@ WITH no_flush_wait AS MATERIALIZED (
            attempts = o.attempts + 1,
            claimed_by = $2,
            claim_expires_at = NULL
-      FROM picked, q, no_flush_wait
-     WHERE o.id = picked.id
+      FROM q, no_flush_wait
+     WHERE o.id = ANY(ARRAY(SELECT id FROM picked))
     RETURNING o.id, o.state, o.submission_id, o.generation
 ), leased AS (
     UPDATE judgequeue.submissions s
@@ -233,15 +242,28 @@ WITH no_flush_wait AS MATERIALIZED (
            attempt_id = gen_random_uuid(),
            lease_expires_at = now() + make_interval(secs => $4::float8)
       FROM sent
-     WHERE sent.state = 'SENT' AND s.id = sent.submission_id AND s.generation = sent.generation
+     WHERE s.id = ANY(ARRAY(SELECT submission_id FROM sent WHERE state = 'SENT'))
+       AND sent.state = 'SENT' AND s.id = sent.submission_id AND s.generation = sent.generation
        AND s.status = 'PENDING' AND s.queue = $1
     RETURNING s.id, s.generation, s.attempt_id, s.payload::text AS payload, s.created_at
+), unregistered AS (
+    DELETE FROM judgequeue.dispatch_waiters
+     WHERE $5 AND queue = $1 AND dispatcher = $2 AND EXISTS (SELECT 1 FROM picked)
+    RETURNING true
+), registered AS (
+    INSERT INTO judgequeue.dispatch_waiters (queue, dispatcher)
+    SELECT $1, $2
+     WHERE $6 AND NOT $5 AND coalesce((SELECT live FROM q), false) AND NOT EXISTS (SELECT 1 FROM picked)
+    ON CONFLICT (queue, dispatcher) DO UPDATE SET since = now()
+    RETURNING true
 ), flags AS (
-    SELECT coalesce((SELECT mode = 'live' AND NOT paused FROM q), false) AS live
+    SELECT coalesce((SELECT live FROM q), false) AS live, EXISTS (SELECT 1 FROM registered) AS registered,
+           EXISTS (SELECT 1 FROM unregistered) AS unregistered
 )
--- Always one row at least: with nothing claimed, a row of NULLs that still says whether the queue
--- is live (a worker of a paused or shadow queue polls instead of asking submits to notify it).
-SELECT flags.live, t.outbox_state, t.submission_id, t.outbox_generation, t.attempt_id, t.payload, t.created_at
+-- Always one row at least: with nothing claimed, a row of NULLs that still carries the flags (a
+-- worker of a paused or shadow queue polls instead of asking submits to notify it).
+SELECT flags.live, flags.registered, flags.unregistered, t.outbox_state, t.submission_id, t.outbox_generation, t.attempt_id,
+       t.payload, t.created_at
   FROM flags
   LEFT JOIN (
       SELECT sent.id, sent.state AS outbox_state, sent.submission_id, sent.generation AS outbox_generation,

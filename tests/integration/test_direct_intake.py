@@ -28,6 +28,7 @@ from judgequeue.core.judges.builtin import SleepJudge
 from judgequeue.core.queues import create_queue, database_now, set_cutover
 from judgequeue.core.worker import Worker
 from tests.support.databases import REDIS_URL
+from tests.support.queries import generic_plan
 from tests.support.settings import make_settings
 from tests.support.waiting import eventually
 
@@ -360,3 +361,39 @@ async def test_a_worker_of_a_paused_or_shadow_queue_polls_and_never_registers(
             await set_cutover(conn, queue, paused=False)
         await eventually(functools.partial(_all_done, pg_pool, ids), within=10, what="judged after the flip")
         await eventually(lambda: _waiters(pg_pool, 1), what="idle and live: registered")
+
+
+async def test_the_take_carries_the_wake_up_registration(pg_pool: asyncpg.Pool, queue: str) -> None:
+    """An empty take of a live queue registers its worker (no statement of its own); one that finds
+    rows does not, nor does one of a paused queue; a take asked to leave does so only when it finds
+    rows (work is flowing), else the registration stays."""
+    async with pg_pool.acquire() as conn:
+        idle = await outbox.take_direct(conn, queue, "w", limit=5, ttl=30, register_if_idle=True)
+        assert (idle.rows, idle.registered, idle.unregistered) == (0, True, False)
+        assert await _waiters(pg_pool, 1)
+        stays = await outbox.take_direct(conn, queue, "w", limit=5, ttl=30, unregister_if_busy=True)
+        assert (stays.rows, stays.unregistered) == (0, False) and await _waiters(pg_pool, 1)
+        await _submit(pg_pool, queue, 2)
+        busy = await outbox.take_direct(conn, queue, "w", limit=5, ttl=30, unregister_if_busy=True)
+        assert (busy.rows, busy.unregistered) == (2, True) and await _waiters(pg_pool, 0)
+        await _submit(pg_pool, queue, 1, start=2)
+        found = await outbox.take_direct(conn, queue, "w", limit=5, ttl=30, register_if_idle=True)
+        assert (found.rows, found.registered) == (1, False) and await _waiters(pg_pool, 0)
+        await set_cutover(conn, queue, paused=True)
+        paused = await outbox.take_direct(conn, queue, "w", limit=5, ttl=30, register_if_idle=True)
+        assert (paused.live, paused.registered) == (False, False) and await _waiters(pg_pool, 0)
+        with pytest.raises(ValueError, match="not both"):
+            await outbox.take_direct(conn, queue, "w", limit=5, ttl=30, unregister_if_busy=True, register_if_idle=True)
+
+
+async def test_the_take_reaches_rows_by_key_under_a_generic_plan(pg_pool: asyncpg.Pool, queue: str) -> None:
+    """Postgres may serve the prepared take with its generic plan, which cannot know the LIMIT: that
+    plan must still reach the outbox and the submissions by key, never scan either table."""
+    async with pg_pool.acquire() as conn:
+        # A backlog a production queue can have (on a table of a few pages any plan is a scan).
+        await conn.execute("SELECT judgequeue.submit($1, '{}') FROM generate_series(1, 5000)", queue)
+        await conn.execute("ANALYZE judgequeue.outbox, judgequeue.submissions")
+        types = ["text", "text", "int", "float8", "bool", "bool"]
+        # The queue name is a DNS label: a literal needs no quoting beyond the quotes.
+        plan = await generic_plan(conn, "lease_direct", types, [f"'{queue}'", "'w'", "2", "30", "false", "true"])
+    assert "Seq Scan on outbox" not in plan and "Seq Scan on submissions" not in plan, plan

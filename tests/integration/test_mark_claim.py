@@ -10,6 +10,7 @@ import asyncpg
 
 from judgequeue.core import outbox
 from judgequeue.core.queues import create_queue
+from tests.support.queries import generic_plan
 
 OWNER = "dispatcher-a"
 KW = {"owner": OWNER, "max_attempts": 1, "backoff_base": 1.0, "backoff_max": 10.0, "queue": "judge", "claim_ttl": 30.0}
@@ -55,3 +56,15 @@ async def test_marks_are_fenced_on_the_claim_owner(pg: asyncpg.Connection) -> No
     assert applied == {} and claimed == []
     states = await pg.fetch("SELECT DISTINCT state FROM judgequeue.outbox")
     assert [r["state"] for r in states] == ["CLAIMED"]
+
+
+async def test_the_generic_plan_reaches_rows_by_key(pg: asyncpg.Connection) -> None:
+    """The dispatcher's prepared statement may run on its generic plan, which knows neither the
+    LIMIT nor the marks' arrays: it must still mark and claim by key, never scan the outbox."""
+    await create_queue(pg, "judge")
+    await pg.execute("SELECT judgequeue.submit('judge', '{}'::jsonb) FROM generate_series(1, 5000)")
+    await pg.execute("ANALYZE judgequeue.outbox, judgequeue.submissions")
+    types = ["bigint[]", "text[]", "text[]", "int", "float8", "float8", "text", "text", "int", "float8", "float8"]
+    literals = ["'{1,2}'", "'{sent,retry}'", "'{NULL,boom}'", "3", "1", "10", "'d'", "'judge'", "50", "30", "0"]
+    plan = await generic_plan(pg, "outbox_mark_claim", types, literals)
+    assert "Seq Scan on outbox" not in plan, plan

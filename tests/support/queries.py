@@ -71,3 +71,22 @@ async def create_queue_at(dsn: str, queue: str, **options: Any) -> None:
     """Create ``queue`` in the database at ``dsn`` (one short connection)."""
     async with connection(dsn) as conn:
         await create_queue(conn, queue, **options)
+
+
+async def generic_plan(conn: asyncpg.Connection, name: str, types: list[str], literals: list[str]) -> str:
+    """The plan Postgres's plan cache uses for queries.sql's ``name`` once it settles on a generic plan
+    (one that cannot know the parameters), executed with ``literals`` (SQL text the test writes).
+
+    Postgres 15 has no ``EXPLAIN (GENERIC_PLAN)``: the statement is prepared with its parameter
+    ``types`` under ``plan_cache_mode = force_generic_plan`` (for this transaction only).
+    """
+    from judgequeue.core import sql
+
+    async with conn.transaction():
+        await conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+        await conn.execute(f"PREPARE generic_plan_probe({', '.join(types)}) AS {sql.query(name)}")
+        try:
+            rows = await conn.fetch(f"EXPLAIN EXECUTE generic_plan_probe({', '.join(literals)})")
+        finally:
+            await conn.execute("DEALLOCATE generic_plan_probe")
+    return "\n".join(r[0] for r in rows)
