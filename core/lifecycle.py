@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import socket
@@ -259,6 +260,10 @@ async def serve(
         return
     try:
         instance = make(conns)
+        # What exists now (modules, the role, its connections) lives as long as the process: out of
+        # the collector's generations, every later collection walks only what the role allocates
+        # while serving, not the ~40,000 objects of its imports.
+        gc.freeze()
         logging.getLogger(f"judgequeue.{role}").info(
             f"{role} started", extra={role: instance.name, "queue": settings.queue, **log_fields}
         )

@@ -419,7 +419,7 @@ async def test_a_verdict_the_database_refuses_does_not_hold_up_the_others(h: Har
     async with h.pool.acquire() as conn:
         held = await leases.acquire(conn, h.queue, [(sid, 1) for sid in ids], ttl=30)
     bad, good = sorted(held, key=lambda x: x.submission)
-    writer = worker._VerdictWriter(h.pool)
+    writer = worker._VerdictWriter(h.pool, worker.WorkerStats(), linger=0.0)
     writer.start()
     results = await asyncio.wait_for(
         asyncio.gather(
@@ -452,7 +452,7 @@ async def test_verdict_writer_survives_an_unexpected_error(h: Harness, monkeypat
         return await real(conn, writes)
 
     monkeypatch.setattr(leases, "write_verdicts", flaky)
-    writer = worker._VerdictWriter(h.pool)
+    writer = worker._VerdictWriter(h.pool, worker.WorkerStats(), linger=0.0)
     writer.start()
     with pytest.raises(worker.WriteAbandoned, match="a bug"):
         await asyncio.wait_for(writer.write(leases.VerdictWrite(first, "ACCEPTED", {"status": "ACCEPTED"})), 5)
@@ -464,3 +464,46 @@ async def test_verdict_writer_survives_an_unexpected_error(h: Harness, monkeypat
         "JUDGING",
         "ACCEPTED",
     )
+
+
+async def test_verdicts_finishing_together_share_one_write(h: Harness) -> None:
+    """Group commit: jobs that finish within the linger of each other are written by one statement
+    (one round trip and one WAL flush for the group), and every verdict lands."""
+    judge = GateJudge()
+    ids = await h.submit(*({"i": i} for i in range(12)))
+    w = h.worker(judge, concurrency="12")
+    await eventually(lambda: len(judge.started) == 12, what="all twelve judging")
+    judge.gate.set()
+    for sid in ids:
+        await eventually(functools.partial(h.status_is, sid, "ACCEPTED"), what=f"verdict of {sid}")
+    assert w.stats.written == 12 and 1 <= w.stats.verdict_writes <= 3, w.stats
+
+
+async def test_a_full_worker_writes_its_verdicts_without_lingering(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The linger never holds a slot a job is waiting for: with a linger far beyond the test's
+    deadline, a worker of one slot still judges a queue of jobs one after another."""
+    monkeypatch.setattr(worker, "VERDICT_LINGER", 60.0)
+    ids = await h.submit(*({"i": i} for i in range(4)))
+    w = h.worker(SleepJudge(), concurrency="1")
+    for sid in ids:
+        await eventually(functools.partial(h.status_is, sid, "ACCEPTED"), within=10, what=f"verdict of {sid}")
+    assert w.stats.verdict_writes == 4  # each written at once: the next job needed the slot
+
+
+async def test_a_stopping_worker_writes_a_lingering_verdict_at_once(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A verdict waiting for company (a minute of linger, the worker not full) is written as soon as
+    the worker is told to stop, well within the shutdown's own bound."""
+    monkeypatch.setattr(worker, "VERDICT_LINGER", 60.0)
+    [sid] = await h.submit({"i": 0})
+    w = Worker(h.pool, h.redis, h.settings(concurrency="4", grace_period="500ms"), judge=SleepJudge())
+    stop = asyncio.Event()
+    task = asyncio.ensure_future(w.run(stop))
+    await eventually(lambda: w.stats.leased == 1 and w.in_flight == 1, what="the job judged, its verdict queued")
+    assert (await h.row(sid))["status"] == "JUDGING"  # lingering: not written yet
+    stop.set()
+    await asyncio.wait_for(task, 5)
+    assert (await h.row(sid))["status"] == "ACCEPTED" and w.stats.verdict_writes == 1
