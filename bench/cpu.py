@@ -289,7 +289,11 @@ def ref_tree(rev: str) -> str:
 
 
 def start_profilers(procs: dict[str, list[int]], seconds: float, out: Path) -> list[subprocess.Popen[bytes]]:
-    """py-spy (collapsed stacks) on the first process of each role for ``seconds``, when installed."""
+    """py-spy (collapsed stacks) on the first process of each role for ``seconds``, when installed.
+
+    ``--native`` shows the C frames (uvloop, asyncpg's protocol, the system calls) where most of a
+    role's CPU goes; it pauses the process for each sample, so profiled runs are for reading where
+    the time goes, not for the figures."""
     spy = Path(sys.executable).parent / "py-spy"
     if not spy.exists():
         progress("py-spy not installed (pip install py-spy): no profiles")
@@ -298,7 +302,7 @@ def start_profilers(procs: dict[str, list[int]], seconds: float, out: Path) -> l
     return [
         subprocess.Popen(
             [str(spy), "record", "-p", str(pids[0]), "-d", str(int(seconds)), "-f", "raw", "-r", "200",
-             "--nonblocking", "-o", str(out / f"{role}.txt")],
+             "--native", "-o", str(out / f"{role}.txt")],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
