@@ -133,7 +133,7 @@ def redis_client(url: str, **options: Any) -> aioredis.Redis:
     sentinel_options = {k: v for k, v in options.items() if k in ("socket_timeout", "socket_connect_timeout")}
     if target.sentinel_password:
         sentinel_options["password"] = target.sentinel_password
-    sentinel = Sentinel(list(target.sentinels), sentinel_kwargs=sentinel_options)  # type: ignore[no-untyped-call]
+    sentinel = Sentinel(list(target.sentinels), sentinel_kwargs=sentinel_options)
     client: SentinelMaster = sentinel.master_for(
         target.master,
         redis_class=SentinelMaster,
