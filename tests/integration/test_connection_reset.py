@@ -6,11 +6,17 @@ roles' event loop, an RST closes the transport at once and redis-py's next write
 closed``. Every role caught only Redis and OS errors, so dispatchers, workers and reapers all
 exited with code 1 after one reset. Asyncio's own loop raises a ConnectionError for the same event,
 so the tests run on uvloop explicitly.
+
+Which of the two a call meets depends on redis-py: 8.1 writes on the closed transport (the
+RuntimeError above), 7.4 and 8.2 notice it is closing and reconnect first (the call succeeds). Both
+are fine; a crash is not. The translation itself is pinned in ``tests/unit/test_streams_errors.py``
+whatever redis-py is installed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -43,9 +49,11 @@ async def _after_reset(port: int, call: Callable[[aioredis.Redis], Awaitable[obj
         await client.ping()
         proxy.reset()
         await eventually(_transports_closed(client), what="the reset connection closed")
-        with pytest.raises(streams.RedisUnavailable):
+        # redis-py may reconnect first (7.4, 8.2) or write on the dead transport: then the reset is
+        # reported as what it is, Redis unavailable for this call.
+        with contextlib.suppress(streams.RedisUnavailable):
             await call(client)
-        return await call(client)  # the next call reconnects
+        return await call(client)  # the next call works either way
     finally:
         await client.aclose()
         await proxy.close()
