@@ -13,6 +13,7 @@ import pytest
 import redis.exceptions as rexc
 
 from judgequeue.core import streams
+from judgequeue.core.errors import TransportError
 
 UVLOOP_CLOSED = RuntimeError(
     "unable to perform operation on <TCPTransport closed=True reading=False 0x55f10972a910>; the handler is closed"
@@ -29,7 +30,7 @@ def test_uvloop_write_on_a_reset_connection_is_redis_unavailable() -> None:
     [rexc.ConnectionError("reset"), ConnectionResetError(104, "reset"), TimeoutError(), OSError(111, "refused")],
 )
 def test_connection_failures_are_transport_errors(exc: BaseException) -> None:
-    assert isinstance(streams.transport_error(exc), streams.TransportError)
+    assert isinstance(streams.transport_error(exc), TransportError)
 
 
 @pytest.mark.parametrize("exc", [RuntimeError("some other bug"), ValueError("bad"), KeyError("k")])
