@@ -44,6 +44,10 @@ def add_run_options(
         "--intake", choices=("stream", "direct"), default="stream",
         help="JUDGEQUEUE_INTAKE of this tree's roles (docs/design.md, direct intake)",
     )  # fmt: skip
+    p.add_argument(
+        "--offers", type=int, default=None,
+        help="JUDGEQUEUE_OFFERS of this tree's roles (default: theirs; 0: direct intake without offers)",
+    )  # fmt: skip
     p.add_argument("--out", type=Path, default=Path(out))
     if plots:
         p.add_argument("--plots", type=Path, default=Path("docs/img"))
@@ -83,8 +87,11 @@ def run_on_servers(
     if not args.inner:
         return with_servers(module, sys.argv[1:], args.servers)
     os.environ[INTAKE_VARIABLE] = args.intake  # read by bench.pipeline.stack for every role it starts
+    if args.offers is not None:
+        os.environ[OFFERS_VARIABLE] = str(args.offers)
     return asyncio.run(inner(args))
 
 
-#: How a benchmark's ``--intake`` reaches the roles ``bench.pipeline.stack`` starts.
+#: How a benchmark's ``--intake`` (and ``--offers``) reach the roles ``bench.pipeline.stack`` starts.
 INTAKE_VARIABLE = "BENCH_INTAKE"
+OFFERS_VARIABLE = "BENCH_OFFERS"

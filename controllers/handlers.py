@@ -25,7 +25,7 @@ from redis.exceptions import RedisError
 
 from judgequeue.core.backlog import Backlog, read_backlog
 from judgequeue.core.connect import connect_postgres, redis_client
-from judgequeue.core.errors import JudgeQueueError, WatermarkMovedBack
+from judgequeue.core.errors import CutoverBlocked, JudgeQueueError, WatermarkMovedBack
 from judgequeue.core.queues import create_queue, set_cutover
 from judgequeue.core.redis_url import validate_redis_url
 from judgequeue.core.spec import JudgeQueueSpec, parse_spec
@@ -240,6 +240,9 @@ async def _cutover(
                                       pooler=conns.pooler)
     except WatermarkMovedBack as exc:
         return None, conditions.Condition("CutoverApplied", "False", "WatermarkMovedBack", str(exc))
+    except CutoverBlocked as exc:
+        logger.warning(f"cutover not applied, will retry: {exc}")
+        return None, conditions.Condition("CutoverApplied", "False", "WaitingForSubmits", str(exc))
     except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError, JudgeQueueError) as exc:
         logger.warning(f"cutover not applied, will retry: {exc!r}")
         return None, conditions.Condition(

@@ -83,6 +83,8 @@ class WorkerSettings:
     lease_ttl: float = 30.0
     grace_period: float = 25.0
     intake: str = "stream"  # INTAKES; the dispatcher reads it too
+    #: Direct intake: open slots an idle worker offers for submits to fill (core/offers.py); 0: none.
+    offers: int = 32
 
 
 @dataclass(frozen=True)
@@ -255,6 +257,7 @@ _VARIABLES: dict[str, tuple[str | None, str, Callable[[str], Any]]] = {
     "LEASE_TTL": ("worker", "lease_ttl", _positive_duration),
     "GRACE_PERIOD": ("worker", "grace_period", _positive_duration),
     "INTAKE": ("worker", "intake", _intake),
+    "OFFERS": ("worker", "offers", _count),
     "REAPER_INTERVAL": ("reaper", "interval", _positive_duration),
     "VISIBILITY_TIMEOUT": ("reaper", "visibility_timeout", _positive_duration),
     "MAX_DELIVERIES": ("reaper", "max_deliveries", _positive_int),

@@ -34,6 +34,11 @@ class WatermarkMovedBack(JudgeQueueError, ValueError):
     """A cutover watermark may only move forward."""
 
 
+class CutoverBlocked(JudgeQueueError):
+    """A flag flip waited too long for submit transactions that filled workers' offers (migration
+    0010) to commit; nothing was changed. Retry, or end those transactions."""
+
+
 class UnknownSubmission(JudgeQueueError, LookupError):
     """No submission has this id."""
 

@@ -42,6 +42,11 @@ class VerdictWrite:
     lease: Lease
     status: str
     verdict: dict[str, Any]
+    #: ``verdict`` as JSON text, when the caller serialised it already (it checks it stores).
+    text: str | None = None
+
+    def document(self) -> str:
+        return self.text if self.text is not None else json.dumps(self.verdict, separators=(",", ":"))
 
 
 @dataclass(frozen=True)
@@ -143,9 +148,9 @@ async def write_verdicts(conn: asyncpg.Connection, writes: Sequence[VerdictWrite
         generations,
         attempts,
         [w.status for w in writes],
-        [json.dumps(w.verdict, separators=(",", ":")) for w in writes],
+        [w.document() for w in writes],
     )
-    return {uuid.UUID(bytes=r["attempt_id"].bytes): float(r["end_to_end"]) for r in rows}
+    return {r["attempt_id"]: float(r["end_to_end"]) for r in rows}  # asyncpg's UUID is a uuid.UUID
 
 
 async def release(conn: asyncpg.Connection, leases: Sequence[Lease]) -> list[int]:

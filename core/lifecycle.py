@@ -137,6 +137,52 @@ class Connections:
             await cancel_within(closing, within)
 
 
+class Doorbell:
+    """A wake-up that one task waits on and anything (a callback, another task) rings: an
+    ``asyncio.Event`` whose wait takes a timeout at the cost of one future and one timer, where
+    ``asyncio.wait_for`` or :func:`wait_any` start a task per wait (12-14 µs a wait on these
+    machines against about 3; the verdict writer and the offers wait once per group of jobs)."""
+
+    __slots__ = ("_rung", "_waiter")
+
+    def __init__(self) -> None:
+        self._rung = False
+        self._waiter: asyncio.Future[None] | None = None
+
+    def ring(self) -> None:
+        self._rung = True
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def clear(self) -> None:
+        self._rung = False
+
+    def is_set(self) -> bool:
+        return self._rung
+
+    async def wait(self, within: float | None = None) -> bool:
+        """Until rung (at once if it is) or ``within`` seconds pass; True if rung. One waiter at a time."""
+        if self._rung:
+            return True
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[None] = loop.create_future()
+        self._waiter = waiter
+        timer = loop.call_later(within, _settle, waiter) if within is not None else None
+        try:
+            await waiter
+        finally:
+            self._waiter = None
+            if timer is not None:
+                timer.cancel()
+        return self._rung
+
+
+def _settle(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
 class HeldSession:
     """One pooled connection kept across a role's sequential loop instead of one per statement.
 

@@ -40,6 +40,11 @@ PEL_SIZE = Gauge("judgequeue_pel_size", "Entries delivered but not acked (pendin
 PEL_OLDEST_IDLE = Gauge("judgequeue_pel_oldest_idle_seconds", "Idle time of the oldest pending entry.", ["queue"])
 DLQ_LENGTH = Gauge("judgequeue_dlq_length", "Entries in the dead-letter stream.", ["queue"])
 SHADOW_LENGTH = Gauge("judgequeue_shadow_stream_length", "Entries in the shadow stream.", ["queue"])
+NOTIFY_QUEUE_USAGE = Gauge(
+    "judgequeue_notify_queue_usage",
+    "Fraction of Postgres's notification queue in use (pg_notification_queue_usage); at 1 every NOTIFY"
+    " fails, submits that fill offers or wake workers included. A listener that stops reading holds it.",
+)
 CONSUMERS = Gauge("judgequeue_consumers", "Consumers registered in the worker group.", ["queue"])
 
 # --- reaper ----------------------------------------------------------------------------------------

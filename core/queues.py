@@ -15,9 +15,13 @@ from datetime import datetime
 import asyncpg
 
 from . import sql
-from .errors import InvalidQueueName, UnknownQueue, translate_pg_error
+from .errors import CutoverBlocked, InvalidQueueName, UnknownQueue, translate_pg_error
 from .states import MODES as MODES  # re-exported: the operator knows them as queues'
 from .states import Mode as Mode
+
+#: Seconds a flag flip waits for submit transactions that filled workers' offers and are still open
+#: (the interlock of migration 0010) before it gives up with :class:`CutoverBlocked`.
+FLIP_WAIT = 10.0
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
@@ -80,11 +84,17 @@ async def set_cutover(
     mode: Mode | None = None,
     watermark: datetime | object | None = _UNSET,
     paused: bool | None = None,
+    wait: float = FLIP_WAIT,
 ) -> QueueFlags:
     """Change any of a queue's flags in one statement; unchanged arguments keep their value.
 
-    Raises :class:`WatermarkMovedBack` if the watermark would move back (or be cleared) and
-    :class:`UnknownQueue` if the queue does not exist. Nothing is changed when it raises.
+    A submit that filled a worker's offer decided on the flags it read and hands its job over when
+    its transaction commits, so the flip first waits for such transactions (migration 0010), at most
+    ``wait`` seconds; a submit that comes meanwhile writes a PENDING row and does not wait.
+
+    Raises :class:`WatermarkMovedBack` if the watermark would move back (or be cleared),
+    :class:`UnknownQueue` if the queue does not exist and :class:`CutoverBlocked` if the wait ran
+    out. Nothing is changed when it raises.
     """
     if mode is not None and mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -93,14 +103,25 @@ async def set_cutover(
     if isinstance(watermark, datetime) and watermark.tzinfo is None:
         raise ValueError("watermark must be timezone-aware")
     try:
-        row = await conn.fetchrow(
-            sql.query("queue_set_cutover"),
-            name,
-            mode,
-            watermark is not _UNSET,
-            None if watermark is _UNSET else watermark,
-            paused,
-        )
+        async with conn.transaction():  # a savepoint inside the caller's own transaction
+            old = await conn.fetchval(sql.query("queue_flip_wait"), f"{max(1, round(wait * 1000))}ms")
+            await conn.execute(sql.query("queue_flip_lock"), name)
+            row = await conn.fetchrow(
+                sql.query("queue_set_cutover"),
+                name,
+                mode,
+                watermark is not _UNSET,
+                None if watermark is _UNSET else watermark,
+                paused,
+            )
+            await conn.fetchval(sql.query("queue_flip_wait"), old)
+    except asyncpg.LockNotAvailableError as exc:
+        holders, oldest = await conn.fetchrow(sql.query("queue_flip_blockers"), name)
+        raise CutoverBlocked(
+            f"queue {name!r}: the flip waited {wait:g}s for {holders} open transaction(s) that submitted"
+            f" to a worker's offer (the oldest open for {oldest:.0f}s) and did not commit; nothing was"
+            " changed: retry, or end those transactions"
+        ) from exc
     except asyncpg.PostgresError as exc:
         translated = translate_pg_error(exc)
         if translated is not None:

@@ -48,7 +48,7 @@ from typing import Any
 import asyncpg
 import redis.asyncio as aioredis
 
-from . import dead_letters, failpoints, metrics, outbox, streams
+from . import dead_letters, failpoints, metrics, offers, outbox, streams
 from .config import Settings
 from .connect import STATEMENT_TIMEOUT
 from .envelope import Envelope, MalformedEnvelope
@@ -268,7 +268,7 @@ class Reaper:
     # --- (c) prune --------------------------------------------------------------------------------
 
     async def prune_outbox(self) -> tuple[int, int]:
-        """Delete terminal outbox rows and submissions past retention, and stale dispatcher waiters."""
+        """Delete terminal outbox rows and submissions past retention, stale waiters and offers."""
         waiter_age = max(300.0, 3 * self.settings.dispatcher.schedule)
         retention = self.settings.reaper.retention
         async with self.pool.acquire(timeout=STATEMENT_TIMEOUT) as conn:
@@ -277,6 +277,10 @@ class Reaper:
                 conn, self.queue, retention=retention, batch=1000, max_batches=PRUNE_BATCHES
             )
             waiters = await outbox.prune_waiters(conn, older_than=waiter_age)
+            # Offers expire within seconds of their worker's last refresh (core/offers.py); what is
+            # left of a crashed worker's goes once it is clearly gone (its filled ones' jobs have
+            # leases of their own, rescued when they expire).
+            waiters += await offers.prune(conn, older_than=waiter_age)
         metrics.PRUNED_ROWS.labels(self.queue).inc(rows)
         metrics.PRUNED_SUBMISSIONS.labels(self.queue).inc(finished)
         self.pruned_submissions += finished
@@ -331,6 +335,7 @@ class Reaper:
         include_terminal = now - self._terminal_counted_at >= TERMINAL_COUNT_EVERY
         async with self.pool.acquire(timeout=STATEMENT_TIMEOUT) as conn:
             stats = await outbox.stats(conn, self.queue, include_terminal=include_terminal)
+            metrics.NOTIFY_QUEUE_USAGE.set(await offers.notify_queue_usage(conn))
         if include_terminal:
             self._terminal_counted_at = now
         for state, n in stats.by_state.items():

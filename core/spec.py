@@ -190,6 +190,8 @@ FIELDS: tuple[Field, ...] = (
     # How jobs reach the workers (core/config.py INTAKES); the dispatcher holds back for direct.
     Field(("worker", "intake"), "choice", setting_default("worker", "intake"), choices=INTAKES,
           setting=("worker", "intake"), also_read_by=("dispatcher",)),
+    # Direct intake: open slots an idle worker offers for submits to fill (core/offers.py); 0: none.
+    _integer(("worker", "offers"), 0, 1024, setting=("worker", "offers")),
     # isolated: the program judge's sandbox is required (and the operator grants the pod what it
     # needs); trusted: submissions are trusted code and run without isolation (JUDGEQUEUE_SANDBOX).
     Field(("worker", "sandbox"), "choice", "isolated", choices=SANDBOX_MODES),

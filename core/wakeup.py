@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 
 import asyncpg
 
@@ -55,16 +56,28 @@ def keep_listening(claimed: int, batch_size: int, streak: int) -> bool:
 class Wakeup:
     """Registration and notifications for one process of one queue."""
 
-    def __init__(self, session: HeldSession, listen_dsn: str | None, queue: str, name: str) -> None:
+    def __init__(
+        self,
+        session: HeldSession,
+        listen_dsn: str | None,
+        queue: str,
+        name: str,
+        *,
+        offers: tuple[str, Callable[[str], None]] | None = None,
+    ) -> None:
         self._session = session
         self._dsn = listen_dsn
         self._queue = queue
         self._name = name
+        #: This process's own channel for filled offers (:mod:`judgequeue.core.offers`) and what
+        #: receives each notification's payload; listened to on the same connection.
+        self._offers = offers
         self._conn: asyncpg.Connection | None = None
         self._registered = False
         self._registered_at = 0.0
         self._leave_when_busy = False  # the next take unregisters if it finds rows
         self.event = asyncio.Event()
+        self._heard = False  # a notification (not a nudge) set the event
         #: Since the registration: notifications received, and rows this process took. Each row
         #: committed while registered sends one notification, so notifications well beyond the
         #: rows taken mean other processes are taking this queue's rows (see :meth:`others_serve`).
@@ -76,7 +89,17 @@ class Wakeup:
         # every listener receives every notification.
         if payload == self._queue and self._registered:
             self.notified += 1
+            self._heard = True
             self.event.set()
+
+    def nudge(self) -> None:
+        """End the current wait without a notification (the process's own state changed)."""
+        self.event.set()
+
+    def heard(self) -> bool:
+        """Whether a notification arrived since the last call (and not only a :meth:`nudge`)."""
+        heard, self._heard = self._heard, False
+        return heard
 
     async def listen(self) -> bool:
         """Make sure this process listens on the wake-up channel, (re)connecting if needed; False
@@ -87,8 +110,16 @@ class Wakeup:
             # (Re)connect before any registration, so no notification can go unheard.
             self._conn = await connect_postgres(self._dsn, timeout=STATEMENT_TIMEOUT)
             await self._conn.add_listener(outbox.WAKEUP_CHANNEL, self._on_notify)
+            if self._offers is not None:
+                channel, receive = self._offers
+                await self._conn.add_listener(channel, lambda _c, _p, _ch, payload: receive(str(payload)))
             self._registered = False
         return True
+
+    @property
+    def listening(self) -> bool:
+        """Connected and listening (a notification sent now will be heard)."""
+        return self._conn is not None and not self._conn.is_closed()
 
     def take_flags(self) -> tuple[bool, bool]:
         """What the next take does with the registration (``outbox.take_direct``'s
@@ -97,7 +128,7 @@ class Wakeup:
         unregistered one that listens joins if it finds none."""
         if self._registered:
             return self._leave_when_busy, False
-        return False, self._conn is not None and not self._conn.is_closed()
+        return False, self.listening
 
     def after_take(self, registered: bool, unregistered: bool) -> None:
         """What the take did with the registration (see :meth:`take_flags`)."""

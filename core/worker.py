@@ -54,6 +54,7 @@ from .lifecycle import (
     DB_ERRORS,
     SHUTDOWN_STEP,
     Connections,
+    Doorbell,
     HeldSession,
     backoff,
     best_effort,
@@ -63,6 +64,7 @@ from .lifecycle import (
     unless_stopped,
     wait_any,
 )
+from .offering import Offering
 from .problems import ProblemCache
 from .wakeup import Wakeup, keep_listening
 
@@ -75,7 +77,7 @@ WRITE_BATCH = 500
 #: WAL flush of its own; waiting a few milliseconds is invisible next to judging, and nothing waits
 #: on it: the lease keeps the job safe meanwhile, and a worker that needs the slot (full) or is
 #: stopping writes at once.
-VERDICT_LINGER = 0.005
+VERDICT_LINGER = 0.02
 #: Verdicts that make a write worth issuing without waiting out :data:`VERDICT_LINGER`.
 VERDICT_COMPANY = 64
 #: Entry ids per ack script call.
@@ -131,6 +133,28 @@ def verdict_document(verdict: Verdict, lease: leases.Lease, worker: str) -> dict
     return doc
 
 
+def stored_verdict(verdict: Verdict, lease: leases.Lease, worker: str) -> tuple[Verdict, dict[str, Any], str]:
+    """The verdict as it will be stored, its document and that document's JSON text (pure).
+
+    What :func:`storable` decides, with the one serialisation the write needs anyway.
+    """
+    doc = verdict_document(verdict, lease, worker)
+    try:
+        text = json.dumps(doc, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        verdict = _unserialisable(exc)
+    else:
+        if "\\u0000" not in text and "\\ud" not in text:
+            return verdict, doc, text
+        verdict = Verdict(verdict.status, _jsonb_safe(verdict.details))
+    doc = verdict_document(verdict, lease, worker)
+    return verdict, doc, json.dumps(doc, separators=(",", ":"))
+
+
+def _unserialisable(exc: Exception) -> Verdict:
+    return Verdict("SYSTEM_ERROR", {"reason": f"verdict details not storable as JSON: {exc}"[:2000]})
+
+
 def storable(verdict: Verdict) -> Verdict:
     """``verdict`` as Postgres can store it (pure).
 
@@ -143,7 +167,7 @@ def storable(verdict: Verdict) -> Verdict:
     try:
         text = json.dumps(verdict.details, allow_nan=False)
     except (TypeError, ValueError) as exc:
-        return Verdict("SYSTEM_ERROR", {"reason": f"verdict details not storable as JSON: {exc}"[:2000]})
+        return _unserialisable(exc)
     # ASCII-escaped JSON shows a NUL as \u0000 and any surrogate as \udXXX; only then copy and clean.
     if "\\u0000" not in text and "\\ud" not in text:
         return verdict
@@ -196,23 +220,26 @@ class _VerdictWriter:
         self._stats = stats
         self._linger = linger
         self._pending: list[tuple[leases.VerdictWrite, asyncio.Future[float | None]]] = []
-        self._wake = asyncio.Event()
-        self._now = asyncio.Event()  # write what is queued without lingering (see flush)
+        self._wake = Doorbell()
+        self._now = Doorbell()  # write what is queued without lingering (see flush)
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._idle = asyncio.Event()  # set when nothing is queued or being written
         self._idle.set()
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="verdict-writer")
+        self._loop = asyncio.get_running_loop()
+        self._task = self._loop.create_task(self._run(), name="verdict-writer")
 
     async def write(self, write: leases.VerdictWrite) -> float | None:
         """Queue a write; returns its end-to-end seconds, or None when the fence dropped it."""
-        future: asyncio.Future[float | None] = asyncio.get_running_loop().create_future()
+        loop = self._loop or asyncio.get_running_loop()
+        future: asyncio.Future[float | None] = loop.create_future()
         self._pending.append((write, future))
         self._idle.clear()
-        self._wake.set()
+        self._wake.ring()
         if len(self._pending) >= VERDICT_COMPANY:
-            self._now.set()
+            self._now.ring()
         return await future
 
     def flush(self, *, from_now_on: bool = False) -> None:
@@ -221,33 +248,37 @@ class _VerdictWriter:
         if from_now_on:
             self._linger = 0.0
         if self._pending:
-            self._now.set()
+            self._now.ring()
 
     async def _run(self) -> None:
         while True:
             await self._wake.wait()
             self._wake.clear()
-            if self._linger and not self._now.is_set():
-                # Let the verdicts of jobs finishing meanwhile share this write.
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._now.wait(), self._linger)
+            if self._linger and len(self._pending) < VERDICT_COMPANY:
+                await self._now.wait(self._linger)  # the verdicts of jobs finishing meanwhile share this write
             self._now.clear()
-            while self._pending:
-                batch, self._pending = self._pending[:WRITE_BATCH], self._pending[WRITE_BATCH:]
-                try:
-                    written = await self._write_batch([w for w, _ in batch])
-                except Exception as exc:
-                    # Like the acker: one bad batch must not stop every later verdict. Its jobs end
-                    # unwritten and their leases expire, so the reaper rescues them.
-                    log.exception("verdict batch failed", extra={"verdicts": len(batch)})
-                    for _, future in batch:
-                        if not future.done():
-                            future.set_exception(WriteAbandoned(f"verdict write failed: {exc}"))
-                    continue
-                for w, future in batch:
-                    if not future.done():
-                        future.set_result(written.get(w.lease.attempt))
-            self._idle.set()
+            if self._pending:
+                await self._write_one_batch()
+            if self._pending:
+                self._wake.ring()  # queued during that write: the next round (which lingers if they are few)
+            else:
+                self._idle.set()
+
+    async def _write_one_batch(self) -> None:
+        batch, self._pending = self._pending[:WRITE_BATCH], self._pending[WRITE_BATCH:]
+        try:
+            written = await self._write_batch([w for w, _ in batch])
+        except Exception as exc:
+            # Like the acker: one bad batch must not stop every later verdict. Its jobs end
+            # unwritten and their leases expire, so the reaper rescues them.
+            log.exception("verdict batch failed", extra={"verdicts": len(batch)})
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(WriteAbandoned(f"verdict write failed: {exc}"))
+            return
+        for w, future in batch:
+            if not future.done():
+                future.set_result(written.get(w.lease.attempt))
 
     async def _write_batch(self, writes: list[leases.VerdictWrite]) -> dict[uuid.UUID, float]:
         """One statement for the batch, retried while the database is unreachable."""
@@ -415,6 +446,13 @@ class Worker:
         self._stream_flowing = False  # direct intake: the last read of the stream found entries
         self._streak = 0  # direct intake: takes in a row that found rows without waiting
         self._direct_failures = 0
+        #: Direct intake with a LISTEN connection: slots offered to the submits (core/offering.py).
+        self._offering: Offering | None = None
+        #: Slots a take, stream read or lease under way may fill: busy for the offers, which must
+        #: not open them meanwhile (jobs + offers + this never exceed the concurrency).
+        self._taking = 0
+        self._wakeup: Wakeup | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # run()'s, for the tasks started per job
         q = self.queue
         self._m_judge = metrics.JUDGE_DURATION.labels(q)
         self._m_e2e = metrics.END_TO_END.labels(q)
@@ -430,10 +468,11 @@ class Worker:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Judge until ``stop`` is set, then shut down gracefully (finish or release in-flight jobs)."""
+        self._loop = asyncio.get_running_loop()
         self._writer.start()
         self._acks.start()
         heartbeat = asyncio.create_task(self._heartbeat(), name="lease-heartbeat")
-        wakeup = Wakeup(self._intake, self.settings.listen_dsn, self.queue, self.name) if self.direct else None
+        wakeup = self._direct_wakeup() if self.direct else None
         failures = 0
         try:
             while not stop.is_set():
@@ -444,7 +483,7 @@ class Worker:
                     if wakeup is not None and wakeup.registered:
                         # A full worker takes nothing: submitters need not notify it.
                         try:
-                            await wakeup.disarm()
+                            await self._disarm(wakeup)
                         except SERVER_ERRORS:
                             wakeup.forget()  # its row is pruned by the reaper if left behind
                             await self._intake.drop()
@@ -467,6 +506,9 @@ class Worker:
                 if deliveries:
                     await self._start(deliveries, stop)
         finally:
+            if self._offering is not None:
+                # Before the listener goes: offers being filled right now still reach this worker.
+                await self._offering.close(SHUTDOWN_STEP)
             if wakeup is not None:
                 await best_effort(wakeup.close(), SHUTDOWN_STEP)
             await self._intake.release()
@@ -489,22 +531,41 @@ class Worker:
         stops only the stream's part.
         """
         schedule = self.settings.dispatcher.schedule
+        nudged = wakeup.event.is_set()
+        notified = wakeup.heard()
         wakeup.event.clear()  # a notification during the take below ends the wait at once
         try:
             now = time.monotonic()
-            if self._stream_flowing or now - self._stream_checked >= schedule:
-                self._stream_checked = now
-                try:
-                    deliveries = await streams.read(self.redis, self.queue, self.name, count=free, block_ms=None)
-                except TransportError as exc:
-                    # Direct intake needs no Redis: judge from the outbox; look again next schedule.
-                    log.warning("stream read failed; taking from the outbox only", extra={"error": str(exc)})
-                    deliveries = []
-                self._stream_flowing = bool(deliveries)
-                if deliveries:
-                    await self._start(deliveries, stop)
-                    return
-            take = await self._take_direct(wakeup, free, stop)
+            stream_due = self._stream_flowing or now - self._stream_checked >= schedule
+            if nudged and not notified and not stream_due and wakeup.registered:
+                # Woken only because a filled offer made it full (see _start_offered) and it is not
+                # (any more): nothing new to take, and a notification comes if there is.
+                await wakeup.wait(stop, schedule)
+                return
+            free = await self._take_capacity(free, wakeup_due=notified or stream_due or not wakeup.registered)
+            if free <= 0:
+                # Every free slot is offered and nothing says there is more to take (registered: a
+                # notification would): submits fill them.
+                await wakeup.wait(stop, schedule)
+                return
+            # From here to the take's end these slots are the take's: the offers leave them alone.
+            self._taking = free
+            try:
+                if stream_due:
+                    self._stream_checked = now
+                    try:
+                        deliveries = await streams.read(self.redis, self.queue, self.name, count=free, block_ms=None)
+                    except TransportError as exc:
+                        # Direct intake needs no Redis: judge from the outbox; look again next schedule.
+                        log.warning("stream read failed; taking from the outbox only", extra={"error": str(exc)})
+                        deliveries = []
+                    self._stream_flowing = bool(deliveries)
+                    if deliveries:
+                        await self._start(deliveries, stop)
+                        return
+                take = await self._take_direct(wakeup, free, stop)
+            finally:
+                self._taking = 0
             if take is None:
                 return
             self._direct_failures = 0
@@ -513,7 +574,7 @@ class Worker:
             if not take.live:
                 # Paused, or shadow (the dispatcher's): nothing to take until a flip, which a poll
                 # finds within a schedule; registered, every submit would notify for nothing.
-                await wakeup.disarm()
+                await self._disarm(wakeup)
                 await wait_any(stop, None, schedule)
                 return
             if taken:
@@ -524,12 +585,13 @@ class Worker:
             elif wakeup.others_serve():
                 # Other workers take the rows this one is woken for (they loop, busy): staying
                 # registered would only make every submit pay a NOTIFY.
-                await wakeup.disarm()
+                await self._disarm(wakeup)
                 await wait_any(stop, None, min(schedule, STEP_BACK))
                 return
             else:
                 self._streak = 0
             if take.registered or await wakeup.arm():
+                self._want_offers(True)  # it waits for work now: its free slots are the submits' to fill
                 return  # rows committed before the registration sent no notification: look again
         except SERVER_ERRORS as exc:
             wakeup.forget()
@@ -563,6 +625,10 @@ class Worker:
             return None
         self.stats.direct_takes += 1
         wakeup.after_take(take.registered, take.unregistered)
+        if self._offering is not None:
+            self._offering.taken(take.rows)
+        if take.unregistered or not take.live:
+            self._want_offers(False)  # work flows through takes (or none may be taken): no offers
         if take.leases:
             failpoints.hit("worker.after_lease")
             self._start_jobs(take.leases)
@@ -572,6 +638,50 @@ class Worker:
         if take.stale:
             await self._count_stale(take.stale)
         return take
+
+    def _direct_wakeup(self) -> Wakeup:
+        """The wake-up of direct intake, with offers when the worker can listen (they come by
+        notification) and is allowed some (``JUDGEQUEUE_OFFERS``)."""
+        channel = None
+        if self.settings.listen_dsn is not None and self.cfg.offers > 0:
+            self._offering = Offering(
+                self.pool, self.queue, self.name, limit=self.cfg.offers, concurrency=self.cfg.concurrency,
+                lease_ttl=self.cfg.lease_ttl, busy=lambda: len(self._jobs) + self._taking, start=self._start_offered,
+            )  # fmt: skip
+            self._offering.start()
+            channel = (self._offering.channel, self._offering.receive)
+        self._wakeup = Wakeup(self._intake, self.settings.listen_dsn, self.queue, self.name, offers=channel)
+        return self._wakeup
+
+    def _want_offers(self, wanted: bool) -> None:
+        if self._offering is not None:
+            self._offering.want(wanted)
+
+    async def _disarm(self, wakeup: Wakeup) -> None:
+        """Unregister (full, paused, others serve the queue), and offer nothing either."""
+        self._want_offers(False)
+        await wakeup.disarm()
+
+    async def _take_capacity(self, free: int, *, wakeup_due: bool) -> int:
+        """Slots a take may fill: free ones not held for offers. When all of them are offered and a
+        notification (or the stream's schedule) says some rows went the usual way (a submit that
+        found no open offer, a rejudge, a rescue), the offers are taken back first: otherwise such
+        rows would wait for as long as submits keep the offers filled."""
+        if self._offering is None:
+            return free
+        capacity = free - self._offering.reserved
+        if capacity <= 0 and self._offering.reserved and wakeup_due:
+            await self._offering.withdraw_now()
+            # Counted again: offers filled while the withdrawal ran brought jobs meanwhile.
+            capacity = self.cfg.concurrency - len(self._jobs) - self._offering.reserved
+        return capacity
+
+    def _start_offered(self, held: list[leases.Lease]) -> None:
+        """Jobs a submit leased to this worker by filling one of its offers."""
+        failpoints.hit("worker.after_lease")
+        self._start_jobs(held)
+        if len(self._jobs) >= self.cfg.concurrency and self._wakeup is not None:
+            self._wakeup.nudge()  # full now: the intake loop unregisters (submits stop notifying it)
 
     # --- intake -----------------------------------------------------------------------------------
 
@@ -660,10 +770,11 @@ class Worker:
         return unleased(pairs, [(x.submission, x.generation) for x in held])
 
     def _start_jobs(self, held: list[leases.Lease]) -> None:
+        loop = self._loop or asyncio.get_running_loop()
         for lease in held:
             job = _Job(lease)
             self._jobs[lease.attempt] = job
-            job.task = asyncio.create_task(self._run_job(job))
+            job.task = loop.create_task(self._run_job(job))
         self.stats.leased += len(held)
 
     def _give_up(self, entry_id: str, envelope: Envelope | None, reason: str) -> dead_letters.Decision:
@@ -727,14 +838,14 @@ class Worker:
                 verdict = judge_failure(exc)
             job.phase = "writing"
             self._m_judge.observe(time.monotonic() - started)
-            checked = storable(verdict)
+            checked, doc, text = stored_verdict(verdict, lease, self.name)
             if checked.status != verdict.status:
                 self.stats.judge_errors += 1
                 log.warning(
                     "verdict not storable", extra={"submission": lease.submission, "reason": checked.details["reason"]}
                 )
             verdict = checked
-            write = leases.VerdictWrite(lease, verdict.status, verdict_document(verdict, lease, self.name))
+            write = leases.VerdictWrite(lease, verdict.status, doc, text)
             try:
                 end_to_end = await self._writer.write(write)
             except WriteAbandoned as exc:
@@ -757,6 +868,8 @@ class Worker:
             if not job.releasing:
                 self._jobs.pop(lease.attempt, None)
             self._slot_freed.set()
+            if self._offering is not None:
+                self._offering.freed()
 
     # --- heartbeat --------------------------------------------------------------------------------
 

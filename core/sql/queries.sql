@@ -272,6 +272,80 @@ SELECT flags.live, flags.registered, flags.unregistered, t.outbox_state, t.submi
   ) t ON true
  ORDER BY t.id
 
+-- name: offers_sync
+-- A worker's offers (migration 0010) in one statement. Its filled offers whose job it has (the
+-- pairs of slots $7 and attempts $9, seen) are opened again if their slot is among the slots it
+-- wants open ($6), else deleted; a slot filled again since (another attempt) is left alone, so a
+-- pair sent again after a lost answer touches nothing new. Unless $8 (withdraw): the slots in $6
+-- exist (new ones are added) and the open ones stay alive for $5 seconds. With $8: its open offers
+-- are deleted. Open offers a submit is filling at this moment are left alone either way. Returns,
+-- by kind: the withdrawn slots; every filled offer not seen, with the job where its lease still
+-- stands (a notification lost with a connection is made up here) or NULLs where it does not; and
+-- every slot of the worker's in the table, as of before the statement plus those it added.
+-- Filling and re-opening only change unindexed columns: the table and its index stay the size of
+-- the offers, however many jobs pass through them.
+WITH seen AS (
+    SELECT slot, attempt FROM unnest($7::int[], $9::uuid[]) AS s(slot, attempt)
+), added AS (
+    INSERT INTO judgequeue.worker_offers (queue, worker, slot, channel, lease_ttl, expires_at)
+    SELECT $1, $2, s, $3, $4::float8, now() + make_interval(secs => $5::float8)
+      FROM unnest($6::int[]) AS s
+     WHERE NOT $8
+    ON CONFLICT (queue, worker, slot) DO NOTHING
+    RETURNING slot
+), reopened AS (
+    UPDATE judgequeue.worker_offers o
+       SET submission = NULL, attempt = NULL, channel = $3, lease_ttl = $4::float8,
+           expires_at = now() + make_interval(secs => $5::float8)
+      FROM seen
+     WHERE NOT $8 AND o.queue = $1 AND o.worker = $2 AND o.slot = seen.slot AND o.attempt = seen.attempt
+       AND o.slot = ANY($6::int[])
+), forgotten AS (
+    DELETE FROM judgequeue.worker_offers o
+     USING seen
+     WHERE o.queue = $1 AND o.worker = $2 AND o.slot = seen.slot AND o.attempt = seen.attempt
+       AND ($8 OR o.slot <> ALL($6::int[]))
+), open_now AS (
+    SELECT slot FROM judgequeue.worker_offers
+     WHERE queue = $1 AND worker = $2 AND submission IS NULL
+       FOR UPDATE SKIP LOCKED
+), kept AS (
+    UPDATE judgequeue.worker_offers o
+       SET expires_at = now() + make_interval(secs => $5::float8)
+      FROM open_now
+     WHERE NOT $8 AND o.queue = $1 AND o.worker = $2 AND o.slot = open_now.slot
+), gone AS (
+    DELETE FROM judgequeue.worker_offers o
+     USING open_now
+     WHERE $8 AND o.queue = $1 AND o.worker = $2 AND o.slot = open_now.slot
+    RETURNING o.slot
+)
+SELECT 'withdrawn' AS kind, slot, NULL::bigint AS submission, NULL::uuid AS attempt, NULL::text AS payload,
+       NULL::timestamptz AS created_at
+  FROM gone
+UNION ALL
+SELECT 'filled', o.slot, o.submission, o.attempt, s.payload::text, s.created_at
+  FROM judgequeue.worker_offers o
+  LEFT JOIN judgequeue.submissions s
+         ON s.id = o.submission AND s.attempt_id = o.attempt AND s.status = 'JUDGING'
+ WHERE o.queue = $1 AND o.worker = $2 AND o.submission IS NOT NULL
+   AND NOT EXISTS (SELECT 1 FROM seen WHERE seen.slot = o.slot AND seen.attempt = o.attempt)
+UNION ALL
+SELECT 'present', slot, NULL, NULL, NULL, NULL FROM judgequeue.worker_offers WHERE queue = $1 AND worker = $2
+UNION ALL
+SELECT 'present', slot, NULL, NULL, NULL, NULL FROM added
+
+-- name: notify_queue_usage
+-- The fraction of Postgres's notification queue in use (0..1): a listener that stops reading (a
+-- session idle in a transaction that ran LISTEN) keeps every later notification queued; at 1 every
+-- NOTIFY fails, submits that fill offers or wake workers included.
+SELECT pg_notification_queue_usage()
+
+-- name: offers_prune
+-- Forget offers their worker stopped refreshing $1 seconds ago (a crashed worker's; a filled one's
+-- job has its own lease, which the reaper rescues when it expires).
+DELETE FROM judgequeue.worker_offers WHERE expires_at < now() - make_interval(secs => $1)
+
 -- name: lease_renew
 -- Extend live leases under their fence (heartbeat).
 UPDATE judgequeue.submissions s
@@ -350,6 +424,24 @@ SELECT name, mode, watermark, paused, config_version, updated_at FROM judgequeue
 -- name: queue_list
 -- Every queue's flags.
 SELECT name, mode, watermark, paused, config_version, updated_at FROM judgequeue.queues ORDER BY name
+
+-- name: queue_flip_wait
+-- How long a flag flip waits for submit transactions that filled workers' offers (migration 0010)
+-- before it gives up, until the end of the transaction (set_cutover puts the old value back);
+-- returns the old value.
+SELECT current_setting('lock_timeout') AS old, set_config('lock_timeout', $1, true) AS new
+
+-- name: queue_flip_lock
+-- Take the flip's side of the offers interlock before the queue row is locked (a waiting flip then
+-- holds no row lock): it waits for submits that filled offers to commit.
+SELECT pg_advisory_xact_lock(judgequeue.offers_lock_key($1))
+
+-- name: queue_flip_blockers
+-- Sessions holding the offers interlock of a queue (submits that filled offers, not yet committed).
+SELECT count(*)::int, coalesce(max(extract(epoch FROM now() - a.xact_start)), 0)::float8
+  FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+ WHERE l.locktype = 'advisory' AND l.granted AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+   AND ((l.classid::bigint << 32) | l.objid::bigint) = judgequeue.offers_lock_key($1) AND l.objsubid = 1
 
 -- name: queue_set_cutover
 -- Change any of a queue's flags in one statement (the watermark trigger refuses moving it back).

@@ -424,6 +424,8 @@ async def test_gauges_including_null_lag(
     assert (sample("judgequeue_pel_oldest_idle_seconds") or 0) >= 0.05
     assert sample("judgequeue_outbox_rows", state="PENDING") == 1
     assert sample("judgequeue_outbox_oldest_pending_age_seconds") is not None
+    usage = REGISTRY.get_sample_value("judgequeue_notify_queue_usage")  # the database's, no queue label
+    assert usage is not None and 0 <= usage < 1
 
 
 async def _figures_when_idle(r: Reaper) -> stream_stats.StreamFigures | None:

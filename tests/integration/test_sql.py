@@ -97,6 +97,7 @@ def test_every_query_is_used_and_every_used_name_exists() -> None:
 OWNERS = {
     "outbox": {"outbox"},
     "dispatch_waiters": {"outbox"},
+    "worker_offers": {"offers"},
     "submissions": {"leases", "outbox"},
     "queues": {"queues"},
     "problems": {"problems"},

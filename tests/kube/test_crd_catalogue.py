@@ -44,6 +44,7 @@ CATALOGUE: list[tuple[str, dict[str, Any], list[str]]] = [
      ["spec.worker.maxReplicas", "less than or equal to 1000"]),
     ("duration word", _spec(dispatcher={"schedule": "soon"}), ["spec.dispatcher.schedule", "should match"]),
     ("unknown intake", _spec(worker={"intake": "fast"}), ["spec.worker.intake", "Unsupported value", '"stream"']),
+    ("too many offers", _spec(worker={"offers": 5000}), ["spec.worker.offers", "less than or equal to 1024"]),
     ("day unit where CEL compares", _spec(reaper={"visibilityTimeout": "1d"}),
      ["spec.reaper.visibilityTimeout", "should match"]),
     ("min above max", _spec(worker={"minReplicas": 5, "maxReplicas": 2}),

@@ -62,6 +62,8 @@ HEALTHY = (
          "Degraded", "moved back"),
         (jq(cond("Ready", "True"), cond("CutoverApplied", "False", "DatabaseUnavailable", "no db")),
          "Progressing", "no db"),
+        (jq(cond("Ready", "True"), cond("CutoverApplied", "False", "WaitingForSubmits", "waited 10s for 1")),
+         "Progressing", "waited 10s"),
         (jq(cond("Ready", "False", "ReplicasUnavailable", "available replicas: worker 0/2"),
             cond("CutoverApplied", "True")), "Progressing", "worker 0/2"),
         (jq(cond("Ready", "True"), cond("CutoverApplied", "True", generation=2)), "Progressing", "cutover"),

@@ -57,7 +57,7 @@ def test_defaults_applied_and_minimal_object_valid() -> None:
     }
     assert spec["worker"]["minReplicas"] == 1 and spec["worker"]["maxReplicas"] == 10
     assert spec["worker"]["autoscaling"] == "internal" and spec["worker"]["judge"] == "program"
-    assert spec["worker"]["intake"] == "stream"
+    assert spec["worker"]["intake"] == "stream" and spec["worker"]["offers"] == 32
     assert spec["reaper"]["retention"] == "7d" and spec["reaper"]["leaseTtl"] == "30s"
     assert spec["cutover"] == {"mode": "live"}
     assert spec["paused"] is False
@@ -90,6 +90,7 @@ BAD: list[tuple[str, dict[str, Any], str]] = [
     ("bad mode", {"cutover": {"mode": "half"}}, "Unsupported value"),
     ("bad autoscaling", {"worker": {"autoscaling": "keda"}}, "Unsupported value"),
     ("bad intake", {"worker": {"intake": "fast"}}, "Unsupported value"),
+    ("negative offers", {"worker": {"offers": -1}}, "offers: should be greater"),
     ("bad queue", {"queue": "Not_A_Label"}, "queue: should match"),
     ("huge grace", {"worker": {"gracePeriod": "2h"}}, "gracePeriod must be under 1h"),
     ("bad judge name", {"worker": {"judge": "Rm -rf"}}, "judge: should match"),

@@ -20,7 +20,7 @@ SPEC: dict[str, Any] = {
     "redis": {"secretKeyRef": {"name": "rd", "key": "url"}},
     "dispatcher": {"batchSize": 77, "schedule": "3s", "maxAttempts": 4, "backoff": {"base": "2s", "max": "90s"}},
     "worker": {"minReplicas": 1, "maxReplicas": 3, "concurrency": 6, "judge": "sleep", "gracePeriod": "12s",
-               "intake": "direct"},
+               "intake": "direct", "offers": 8},
     "reaper": {
         "interval": "4s",
         "visibilityTimeout": "45s",
@@ -116,3 +116,9 @@ def test_bad_intake_is_one_error_naming_the_field() -> None:
     """What the operator reports in status (it never crash-loops on it), and what local mode prints."""
     spec = {**SPEC, "worker": {**SPEC["worker"], "intake": "fast"}}
     assert parse_spec(spec, name="judge") == ["spec.worker.intake: must be one of stream, direct, got 'fast'"]
+
+
+def test_bad_offers_is_one_error_naming_the_field() -> None:
+    spec = {**SPEC, "worker": {**SPEC["worker"], "offers": -3}}
+    errors = parse_spec(spec, name="judge")
+    assert isinstance(errors, list) and len(errors) == 1 and errors[0].startswith("spec.worker.offers:"), errors

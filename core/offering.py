@@ -1,0 +1,259 @@
+"""A direct-intake worker's side of offers (:mod:`judgequeue.core.offers`): which of its slots are
+open, the jobs that fill them, and the loop that keeps ``judgequeue.worker_offers`` in line.
+
+The worker decides *whether* to offer (:meth:`Offering.want`: while it waits for work, registered
+as a waiter) and gives this class its free-slot count; this class decides *how many* (topping up
+once half are gone, :func:`offers.to_add`), writes them, refreshes them every
+:data:`offers.REFRESH` seconds while wanted, withdraws them when not, and turns each filled offer
+(by notification, or by :func:`offers.sync` when the notification was lost or could not carry the
+payload) into a lease handed to the worker, exactly once per slot.
+
+Slots held open are reserved: the worker takes from the outbox only into slots neither busy nor
+offered, so jobs never outnumber its concurrency.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+import asyncpg
+
+from . import leases, metrics, offers
+from .connect import STATEMENT_TIMEOUT
+from .lifecycle import DB_ERRORS, Doorbell, backoff, cancel_within
+
+log = logging.getLogger("judgequeue.worker")
+
+#: Fills per second (over :data:`RATE_WINDOW`) above which a worker stops offering for
+#: :data:`COOLDOWN`: every fill is a NOTIFY in the submit's commit, and NOTIFYs serialise commits
+#: (a NOTIFY per commit halves this machine's commit rate). At such rates the takes batch
+#: anyway (several rows each), so they cost little per job and the submits commit at full speed.
+MAX_FILL_RATE = 1500.0
+RATE_WINDOW = 0.2
+COOLDOWN = 2.0
+#: Rows one take finds while the worker offers that show the submits outrun the offers (they were
+#: all filled when these came): a burst, whose NOTIFYs would cap the submits; stop for COOLDOWN.
+#: A trickle's stragglers (a fill racing a top-up) come one or two at a time.
+BURST_ROWS = 8
+
+#: Seconds an attempt whose job was started is remembered, so a notification arriving after the
+#: sync that reported it (or the other way round) does not start it twice.
+REMEMBER = 60.0
+
+
+def too_fast(fills_in_window: int) -> bool:
+    """Whether fills arrive faster than :data:`MAX_FILL_RATE` (pure)."""
+    return fills_in_window > MAX_FILL_RATE * RATE_WINDOW
+
+
+class Offering:
+    """One worker's offers."""
+
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        queue: str,
+        worker: str,
+        *,
+        limit: int,
+        concurrency: int,
+        lease_ttl: float,
+        busy: Callable[[], int],
+        start: Callable[[list[leases.Lease]], None],
+    ) -> None:
+        self.channel = offers.channel_name()
+        self._pool = pool
+        self._queue = queue
+        self._worker = worker
+        self._limit = limit
+        self._concurrency = concurrency
+        self._lease_ttl = lease_ttl
+        self._busy = busy
+        self._start = start
+        self._open: set[int] = set()  # offered and not known filled (in the table, or in doubt)
+        self._awaiting: set[int] = set()  # filled, notified without the payload: the sync brings it
+        # Filled and handled (slot -> the attempt that filled it): the next sync opens them again or
+        # forgets them. By attempt, since a reopened slot can be filled again before that sync's
+        # answer is read.
+        self._seen: dict[int, uuid.UUID] = {}
+        # Attempts whose job was started or given up (see REMEMBER), oldest first in the deque.
+        self._handled: set[uuid.UUID] = set()
+        self._handled_at: deque[tuple[float, uuid.UUID]] = deque()
+        self._wanted = False
+        self._closing = False
+        self._fills: deque[float] = deque()  # when the recent fills came (see MAX_FILL_RATE)
+        self._cooldown_until = 0.0
+        self._bell = Doorbell()
+        self._sync_lock = asyncio.Lock()
+        self._task: asyncio.Task[None] | None = None
+        self._m_offer = metrics.DISPATCH_RESULTS.labels(queue, "offer")
+
+    @property
+    def reserved(self) -> int:
+        """Slots held for offers: open ones and filled ones whose job is on its way."""
+        return len(self._open) + len(self._awaiting)
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="offers")
+
+    def want(self, wanted: bool) -> None:
+        """Offer (the worker waits for work) or not (work flows through takes, it is full, the queue
+        is paused): a change is written by the loop at once."""
+        if wanted != self._wanted and not self._closing:
+            self._wanted = wanted
+            self._bell.ring()
+
+    def freed(self) -> None:
+        """A slot came free: top the offers up if they ran low."""
+        if self._wanted and offers.to_add(self._concurrency, self._busy(), self.reserved, self._limit):
+            self._bell.ring()
+
+    def receive(self, text: str) -> None:
+        """A fill notification from the worker's channel (called by the listener, not awaited)."""
+        try:
+            filled = offers.parse_notification(text)
+        except ValueError as exc:
+            log.error("unreadable offer notification", extra={"error": str(exc)})
+            self._bell.ring()  # the sync reports every filled offer, readable or not
+            return
+        self._handle(filled, from_sync=False)
+
+    def taken(self, rows: int) -> None:
+        """A take of the worker's found ``rows`` (see :data:`BURST_ROWS`)."""
+        if self._wanted and rows >= BURST_ROWS:
+            self._cool_down()
+
+    async def withdraw_now(self) -> None:
+        """Take the open offers back before returning (the worker wants their slots for a take)."""
+        self._wanted = False
+        await self._sync()
+
+    async def close(self, within: float) -> None:
+        """Withdraw every open offer (bounded by ``within``); filled ones reach the worker meanwhile."""
+        self._closing, self._wanted = True, False
+        self._bell.ring()
+        if self._task is None:
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self._task), within)
+        await cancel_within(self._task, 1.0)
+
+    # --- the loop -------------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        failures = 0
+        while True:
+            await self._bell.wait(offers.REFRESH)
+            self._bell.clear()
+            try:
+                await self._sync()
+                failures = 0
+            except Exception as exc:
+                # Open offers expire on their own (offers.VALIDITY); filled ones wait in the table
+                # and are reported by the next sync that succeeds. A bug must not end the loop
+                # either: the slots it reserves would never come back.
+                failures += 1
+                delay = backoff(failures)
+                if isinstance(exc, DB_ERRORS):
+                    log.warning("offers sync failed; retrying", extra={"error": str(exc), "retry_in": delay})
+                else:
+                    log.exception("offers sync failed; retrying", extra={"retry_in": delay})
+                await asyncio.sleep(delay)
+                continue
+            if self._closing and not self._open and not self._seen and not self._awaiting:
+                return
+
+    async def _sync(self) -> None:
+        async with self._sync_lock:
+            self._forget_old()
+            offering = self._wanted and not self._closing and time.monotonic() >= self._cooldown_until
+            opened: list[int] = []
+            if offering:
+                n = offers.to_add(self._concurrency, self._busy(), self.reserved, self._limit)
+                # Slot numbers are reused (the filled ones first): the table holds at most ``limit``
+                # rows per worker, updated in place.
+                unused = set(range(self._limit)) - self._open - self._awaiting - set(self._seen)
+                spare = sorted(set(self._seen) - self._open - self._awaiting) + sorted(unused)
+                opened = spare[:n]
+                self._open.update(opened)  # before the statement: a fill may be heard before its answer
+            elif not (self._open or self._seen or self._awaiting):
+                return
+            seen = dict(self._seen)
+            async with self._pool.acquire(timeout=STATEMENT_TIMEOUT) as conn:
+                result = await offers.sync(
+                    conn,
+                    self._queue,
+                    self._worker,
+                    channel=self.channel,
+                    lease_ttl=self._lease_ttl,
+                    open_slots=sorted(self._open) if offering else [],
+                    seen=sorted(seen.items()),
+                    withdraw=not offering,
+                )
+            for slot, attempt in seen.items():
+                if self._seen.get(slot) == attempt:
+                    del self._seen[slot]
+            self._open.difference_update(result.withdrawn)
+            # Open slots the table does not hold (a withdrawal raced a fill's rollback, or the
+            # unlogged table was lost in a crash of the database and this statement did not add
+            # them back) are no longer reserved.
+            self._open.intersection_update(result.present)
+            for filled in result.filled:
+                self._handle(filled, from_sync=True)
+
+    def _handle(self, filled: offers.Filled, *, from_sync: bool) -> None:
+        slot = filled.slot
+        if filled.attempt in self._handled:
+            if from_sync:
+                self._seen[slot] = filled.attempt  # reported again: the forget did not reach the table
+            return
+        self._open.discard(slot)
+        if not filled.has_payload:
+            if not from_sync:
+                # Too large for the notification: the next sync reads it with the job.
+                self._awaiting.add(slot)
+                self._bell.ring()
+                return
+            # From the table without a job: its lease no longer stands (rescued, rejudged).
+            self._awaiting.discard(slot)
+            self._mark_handled(slot, filled.attempt)
+            return
+        self._awaiting.discard(slot)
+        self._mark_handled(slot, filled.attempt)
+        self._count_fill()
+        self._m_offer.inc()
+        created = filled.created_at or datetime.now(UTC)  # always set with a payload
+        self._start([leases.Lease(filled.submission, 1, filled.attempt, filled.payload, created)])
+        self.freed()
+
+    def _count_fill(self) -> None:
+        now = time.monotonic()
+        self._fills.append(now)
+        while self._fills[0] < now - RATE_WINDOW:
+            self._fills.popleft()
+        if too_fast(len(self._fills)):
+            self._cool_down()  # submits come faster than offers help (see MAX_FILL_RATE)
+
+    def _cool_down(self) -> None:
+        """Take the offers back for :data:`COOLDOWN`: at this rate the takes batch, and the submits
+        commit without a NOTIFY each."""
+        self._fills.clear()
+        self._cooldown_until = time.monotonic() + COOLDOWN
+        self._bell.ring()
+
+    def _mark_handled(self, slot: int, attempt: uuid.UUID) -> None:
+        self._handled.add(attempt)
+        self._handled_at.append((time.monotonic(), attempt))
+        self._seen[slot] = attempt
+
+    def _forget_old(self) -> None:
+        cutoff = time.monotonic() - REMEMBER
+        while self._handled_at and self._handled_at[0][0] < cutoff:
+            self._handled.discard(self._handled_at.popleft()[1])
