@@ -46,6 +46,24 @@ async def test_chaos_with_direct_intake_keeps_every_invariant(
     assert report.lost_submissions == 0 and report.stale_writes_accepted == 0
 
 
+async def test_chaos_with_offers_keeps_every_invariant(
+    pg_dsn: str, queue_name: str, redis_client: aioredis.Redis, tmp_path: Path
+) -> None:
+    """Direct intake under a light load, so the workers are mostly idle and the submits hand their
+    jobs to the workers' offers: the same kills, freezes, failpoints and flips. A worker killed
+    with jobs it got by offer leaves leases the reaper rescues; its offers stop being filled once
+    it stops refreshing them; a pause waits for the submits that filled offers."""
+    base = ChaosConfig(submissions=400, chaos_seconds=20, seed=17, job_seconds=0.02, kill_every=(0.8, 2.0))
+    role_env = {**base.role_env, "JUDGEQUEUE_INTAKE": "direct", "JUDGEQUEUE_SCHEDULE": "1s"}
+    config = dataclasses.replace(base, role_env=role_env)
+    report = await Chaos(pg_dsn, REDIS_URL, queue_name, config, tmp_path).run()
+    print(json.dumps(report.as_dict(), indent=1))
+    assert report.kills > 5, "the run must actually kill processes"
+    assert report.filled_offers >= config.submissions // 10, "the offers must carry jobs"
+    assert report.violations == [], report.violations
+    assert report.lost_submissions == 0 and report.stale_writes_accepted == 0
+
+
 async def test_server_fault_chaos_keeps_every_invariant(queue_name: str, tmp_path: Path) -> None:
     """Issue 13: every server-side fault kind at least once while jobs flow; no role may exit, every
     committed submission gets its one verdict, and SIGTERM after the faults exits 0 everywhere."""

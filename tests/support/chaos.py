@@ -109,6 +109,8 @@ class ChaosConfig:
     concurrency: int = 8
     drain_deadline: float = 90.0
     seed: int = 1
+    #: Each job sleeps a random time up to this (the sleep judge).
+    job_seconds: float = 0.2
     #: Server-side faults instead of kills and failpoints (needs the ``targets`` of :func:`fault_targets`).
     server_faults: bool = False
     #: Pause between the end of one server fault and the start of the next.
@@ -168,6 +170,8 @@ class ChaosReport:
     seen_keys_without_ttl: int = 0
     #: Outbox rows a worker took itself (direct intake) rather than a dispatcher.
     taken_by_workers: int = 0
+    #: Of those, rows a submit handed to a worker's open offer (sent in the submit's transaction).
+    filled_offers: int = 0
     # server-fault runs
     faults: dict[str, int] = field(default_factory=dict)
     backends_terminated: int = 0
@@ -406,7 +410,7 @@ class Chaos:
                 async with pool.acquire() as conn, conn.transaction():
                     for _ in range(want):
                         status = self.rng.choice(JUDGE_STATUSES)
-                        payload = {"seconds": self.rng.uniform(0, 0.2), "status": status}
+                        payload = {"seconds": self.rng.uniform(0, self.cfg.job_seconds), "status": status}
                         expected[await outbox.submit(conn, self.queue, payload)] = status
             now = time.monotonic()
             if now >= next_kill and now < deadline:
@@ -466,7 +470,7 @@ class Chaos:
                         async with pool.acquire() as conn, conn.transaction():
                             for _ in range(want):
                                 status = self.rng.choice(JUDGE_STATUSES)
-                                payload = {"seconds": self.rng.uniform(0, 0.2), "status": status}
+                                payload = {"seconds": self.rng.uniform(0, self.cfg.job_seconds), "status": status}
                                 batch[await outbox.submit(conn, self.queue, payload)] = status
                     except DB_ERRORS:
                         self.report.failed_commits += 1
@@ -724,6 +728,11 @@ async def check_invariants(
         )
         r.taken_by_workers = await conn.fetchval(
             "SELECT count(*) FROM judgequeue.outbox WHERE claimed_by LIKE 'worker-%'"
+        )
+        # A filled offer's row is written SENT by the submit itself: sent in the transaction that
+        # created it (now() is the transaction's start on both), which no take can do.
+        r.filled_offers = await conn.fetchval(
+            "SELECT count(*) FROM judgequeue.outbox WHERE claimed_by LIKE 'worker-%' AND sent_at = created_at"
         )
         legacy_states = await conn.fetch(
             "SELECT state, count(*) FROM judgequeue.outbox WHERE submission_id = ANY($1) GROUP BY state", legacy
