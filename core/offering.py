@@ -90,6 +90,7 @@ class Offering:
         self._closing = False
         self._fills: deque[float] = deque()  # when the recent fills came (see MAX_FILL_RATE)
         self._cooldown_until = 0.0
+        self._refreshed_at = 0.0  # when the open offers were last kept alive (see offers.REFRESH)
         self._bell = Doorbell()
         self._sync_lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
@@ -150,7 +151,7 @@ class Offering:
     async def _run(self) -> None:
         failures = 0
         while True:
-            await self._bell.wait(offers.REFRESH)
+            await self._bell.wait(max(0.0, self._refreshed_at + offers.REFRESH - time.monotonic()))
             self._bell.clear()
             try:
                 await self._sync()
@@ -173,7 +174,11 @@ class Offering:
     async def _sync(self) -> None:
         async with self._sync_lock:
             self._forget_old()
-            offering = self._wanted and not self._closing and time.monotonic() >= self._cooldown_until
+            now = time.monotonic()
+            offering = self._wanted and not self._closing and now >= self._cooldown_until
+            # Every open offer is kept alive about once a second; a top-up between refreshes (every
+            # few fills at a steady trickle) writes only the slots it opens.
+            refresh = offering and now >= self._refreshed_at + offers.REFRESH
             opened: list[int] = []
             if offering:
                 n = offers.to_add(self._concurrency, self._busy(), self.reserved, self._limit)
@@ -193,10 +198,13 @@ class Offering:
                     self._worker,
                     channel=self.channel,
                     lease_ttl=self._lease_ttl,
-                    open_slots=sorted(self._open) if offering else [],
+                    open_slots=sorted(self._open if refresh else opened) if offering else [],
                     seen=sorted(seen.items()),
                     withdraw=not offering,
+                    refresh=refresh,
                 )
+            if refresh:
+                self._refreshed_at = now
             for slot, attempt in seen.items():
                 if self._seen.get(slot) == attempt:
                     del self._seen[slot]

@@ -115,13 +115,15 @@ async def sync(
     open_slots: Sequence[int],
     seen: Sequence[tuple[int, uuid.UUID]],
     withdraw: bool,
+    refresh: bool = True,
 ) -> Synced:
-    """Bring the worker's offers in line in one statement (``offers_sync``): ``open_slots`` exist
-    and stay alive for :data:`VALIDITY`, or with ``withdraw`` its open offers are taken back (those
-    a submit is filling this moment stay, and are reported filled later); filled offers in ``seen``
-    (slot and the attempt that filled it) are opened again or forgotten. By attempt, not slot: a
-    slot opened again by a statement whose answer was lost can be filled again before the next
-    sync, and that fill must be reported, not wiped."""
+    """Bring the worker's offers in line in one statement (``offers_sync``): ``open_slots`` are
+    open (filled ones in ``seen`` opened again, missing ones added), and with ``refresh`` every
+    open offer stays alive for :data:`VALIDITY` more; or with ``withdraw`` its open offers are taken
+    back (those a submit is filling this moment stay, and are reported filled later). Filled offers
+    in ``seen`` (slot and the attempt that filled it) not opened again are forgotten. By attempt,
+    not slot: a slot opened again by a statement whose answer was lost can be filled again before
+    the next sync, and that fill must be reported, not wiped."""
     rows = await conn.fetch(
         sql.query("offers_sync"),
         queue,
@@ -133,6 +135,7 @@ async def sync(
         [slot for slot, _ in seen],
         withdraw,
         [attempt for _, attempt in seen],
+        refresh,
     )
     filled = [
         Filled(

@@ -275,10 +275,12 @@ SELECT flags.live, flags.registered, flags.unregistered, t.outbox_state, t.submi
 -- name: offers_sync
 -- A worker's offers (migration 0010) in one statement. Its filled offers whose job it has (the
 -- pairs of slots $7 and attempts $9, seen) are opened again if their slot is among the slots it
--- wants open ($6), else deleted; a slot filled again since (another attempt) is left alone, so a
--- pair sent again after a lost answer touches nothing new. Unless $8 (withdraw): the slots in $6
--- exist (new ones are added) and the open ones stay alive for $5 seconds. With $8: its open offers
--- are deleted. Open offers a submit is filling at this moment are left alone either way. Returns,
+-- opens now ($6), else deleted; a slot filled again since (another attempt) is left alone, so a
+-- pair sent again after a lost answer touches nothing new. Unless $8 (withdraw): the other slots
+-- in $6 are added if missing, and with $10 (refresh, about once a second) every open offer stays
+-- alive for $5 seconds more (a top-up between refreshes touches only the slots it opens). With
+-- $8: its open offers are deleted. Open offers a submit is filling at this moment are left alone
+-- either way. Returns,
 -- by kind: the withdrawn slots; every filled offer not seen, with the job where its lease still
 -- stands (a notification lost with a connection is made up here) or NULLs where it does not; and
 -- every slot of the worker's in the table, as of before the statement plus those it added.
@@ -290,7 +292,7 @@ WITH seen AS (
     INSERT INTO judgequeue.worker_offers (queue, worker, slot, channel, lease_ttl, expires_at)
     SELECT $1, $2, s, $3, $4::float8, now() + make_interval(secs => $5::float8)
       FROM unnest($6::int[]) AS s
-     WHERE NOT $8
+     WHERE NOT $8 AND s <> ALL($7::int[])
     ON CONFLICT (queue, worker, slot) DO NOTHING
     RETURNING slot
 ), reopened AS (
@@ -307,13 +309,13 @@ WITH seen AS (
        AND ($8 OR o.slot <> ALL($6::int[]))
 ), open_now AS (
     SELECT slot FROM judgequeue.worker_offers
-     WHERE queue = $1 AND worker = $2 AND submission IS NULL
+     WHERE ($8 OR $10) AND queue = $1 AND worker = $2 AND submission IS NULL
        FOR UPDATE SKIP LOCKED
 ), kept AS (
     UPDATE judgequeue.worker_offers o
        SET expires_at = now() + make_interval(secs => $5::float8)
       FROM open_now
-     WHERE NOT $8 AND o.queue = $1 AND o.worker = $2 AND o.slot = open_now.slot
+     WHERE NOT $8 AND $10 AND o.queue = $1 AND o.worker = $2 AND o.slot = open_now.slot
 ), gone AS (
     DELETE FROM judgequeue.worker_offers o
      USING open_now

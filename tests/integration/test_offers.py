@@ -510,12 +510,37 @@ async def test_offers_lost_with_the_table_stay_reserved_when_written_again(
         off.want(True)
         await eventually(lambda: _open_offers(pg_pool, 4), what="four offers open")
         await pg_pool.execute("TRUNCATE judgequeue.worker_offers")  # what a crash does to it
-        await off._sync()  # the loop's next refresh
+        off._refreshed_at = 0.0  # the loop's next sync is the once-a-second refresh
+        await off._sync()
         assert await _open_offers(pg_pool, 4)
         assert off.reserved == 4
     finally:
         await off.close(5)
     assert started == []
+
+
+async def test_offers_stay_alive_while_top_ups_keep_the_loop_busy(pg_pool: asyncpg.Pool, queue: str) -> None:
+    """Top-ups between refreshes write only the slots they open; the once-a-second refresh still
+    comes when the loop never waits out its timer (a fill every few milliseconds wakes it), so an
+    offer nobody fills does not expire (offers.VALIDITY) while its worker lives."""
+    off = offering.Offering(
+        pg_pool, queue, WORKER, limit=4, concurrency=8, lease_ttl=30, busy=lambda: 0, start=lambda _: None
+    )
+    off.start()
+    try:
+        off.want(True)
+        await eventually(lambda: _open_offers(pg_pool, 4), what="four offers open")
+        deadline = asyncio.get_running_loop().time() + offers.VALIDITY + 1.5
+        while asyncio.get_running_loop().time() < deadline:
+            off.freed()  # what each fill does: wake the loop for a top-up
+            off._bell.ring()
+            await asyncio.sleep(0.02)  # pacing of the wake-ups, not synchronisation
+        alive = await pg_pool.fetchval(
+            "SELECT count(*) FROM judgequeue.worker_offers WHERE submission IS NULL AND expires_at > now()"
+        )
+        assert alive == 4
+    finally:
+        await off.close(5)
 
 
 async def test_a_lost_notification_is_made_up_by_the_sync(
