@@ -159,6 +159,25 @@ async def test_concurrent_submits_never_fill_one_offer_twice_nor_wait(pg_dsn: st
     assert sorted(r["submission"] for r in slots) == sorted([a, b])
 
 
+async def test_a_submit_without_an_offer_wakes_a_registered_waiter_only(
+    pg_pool: asyncpg.Pool, pg_dsn: str, queue: str
+) -> None:
+    """No open offer: a PENDING row, and one wake-up notification when a waiter (a dispatcher or
+    a worker with direct intake) is registered; none when nobody is, so a busy queue's commits
+    carry no NOTIFY."""
+    async with Listener(await asyncpg.connect(pg_dsn), outbox.WAKEUP_CHANNEL) as heard:
+        async with pg_pool.acquire() as conn:
+            quiet = await outbox.submit(conn, queue, {})
+            # Notifications of one session arrive in commit order: a wake-up of the quiet submit
+            # would come before this marker.
+            await conn.execute("SELECT pg_notify($1, 'marker')", outbox.WAKEUP_CHANNEL)
+            assert await heard.next() == "marker"
+            await outbox.register_waiter(conn, queue, "dispatcher-1")
+            woken = await outbox.submit(conn, queue, {})
+        assert await heard.next() == queue
+    assert (await _row(pg_pool, quiet))["status"] == (await _row(pg_pool, woken))["status"] == "PENDING"
+
+
 async def test_a_rolled_back_submit_leaves_its_offer_open_and_notifies_nobody(
     pg_pool: asyncpg.Pool, pg_dsn: str, queue: str
 ) -> None:
