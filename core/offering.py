@@ -189,6 +189,7 @@ class Offering:
                 opened = spare[:n]
                 self._open.update(opened)  # before the statement: a fill may be heard before its answer
             elif not (self._open or self._seen or self._awaiting):
+                self._refreshed_at = now  # nothing to keep alive: the loop sleeps a whole REFRESH
                 return
             seen = dict(self._seen)
             async with self._pool.acquire(timeout=STATEMENT_TIMEOUT) as conn:
@@ -203,7 +204,7 @@ class Offering:
                     withdraw=not offering,
                     refresh=refresh,
                 )
-            if refresh:
+            if refresh or not offering:
                 self._refreshed_at = now
             for slot, attempt in seen.items():
                 if self._seen.get(slot) == attempt:
