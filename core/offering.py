@@ -3,7 +3,7 @@ open, the jobs that fill them, and the loop that keeps ``judgequeue.worker_offer
 
 The worker decides *whether* to offer (:meth:`Offering.want`: while it waits for work, registered
 as a waiter) and gives this class its free-slot count; this class decides *how many* (topping up
-once half are gone, :func:`offers.to_add`), writes them, refreshes them every
+once three quarters are gone, :func:`offers.to_add`), writes them, refreshes them every
 :data:`offers.REFRESH` seconds while wanted, withdraws them when not, and turns each filled offer
 (by notification, or by :func:`offers.sync` when the notification was lost or could not carry the
 payload) into a lease handed to the worker, exactly once per slot.

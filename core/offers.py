@@ -97,10 +97,11 @@ def parse_notification(text: str) -> Filled:
 
 def to_add(concurrency: int, busy: int, open_now: int, limit: int) -> int:
     """How many new offers a waiting worker makes (pure): it keeps up to ``limit`` open within its
-    free slots (``concurrency - busy``), topping up once half are gone, so a trickle costs one
-    statement per several jobs, not one each."""
+    free slots (``concurrency - busy``), topping up once three quarters are gone, so a trickle
+    costs one statement per many jobs, not one each (a quarter left lasts several round trips of
+    the top-up at the rates offers are made for, see offering.MAX_FILL_RATE)."""
     want = min(limit, concurrency - busy)
-    if want <= 0 or open_now > want // 2:
+    if want <= 0 or open_now > want // 4:
         return 0
     return want - open_now
 

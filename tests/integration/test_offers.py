@@ -345,10 +345,11 @@ def test_notifications_and_decisions_parse() -> None:
     for bad in ("", "42", f"x {attempt} 3 1.0", "42 not-a-uuid 3 1.0"):
         with pytest.raises(ValueError):
             offers.parse_notification(bad)
-    # Top up once half are gone, within the free slots and the limit.
+    # Top up once three quarters are gone, within the free slots and the limit.
     assert offers.to_add(concurrency=256, busy=0, open_now=0, limit=32) == 32
-    assert offers.to_add(concurrency=256, busy=0, open_now=17, limit=32) == 0
-    assert offers.to_add(concurrency=256, busy=0, open_now=16, limit=32) == 16
+    assert offers.to_add(concurrency=256, busy=0, open_now=9, limit=32) == 0
+    assert offers.to_add(concurrency=256, busy=0, open_now=8, limit=32) == 24
+    assert offers.to_add(concurrency=4, busy=0, open_now=1, limit=32) == 3
     assert offers.to_add(concurrency=2, busy=1, open_now=0, limit=32) == 1
     assert offers.to_add(concurrency=2, busy=2, open_now=0, limit=32) == 0
     assert offering.too_fast(int(offering.MAX_FILL_RATE * offering.RATE_WINDOW) + 1)
@@ -424,7 +425,7 @@ async def test_an_idle_worker_offers_and_submits_hand_it_their_jobs(
             for k in range(5):
                 ids += [await outbox.submit(conn, queue, {"i": i}) for i in range(3)]
                 await eventually(functools.partial(_done, pg_pool, list(ids)), what=f"trickle {k} judged")
-                # Topped up once half are gone (offers.to_add): never fewer than half stay open.
+                # Topped up once three quarters are gone (offers.to_add): open again before the next.
                 await eventually(lambda: _open_at_least(pg_pool, 2), what="the offers topped up")
         assert w.stats.direct_takes - takes <= 2, "the jobs came through offers, not takes"
         claimed = await pg_pool.fetch(
