@@ -10,7 +10,6 @@ running it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import json
 from collections.abc import AsyncIterator
@@ -28,6 +27,7 @@ from judgequeue.core.judges.builtin import SleepJudge
 from judgequeue.core.queues import create_queue, database_now, set_cutover
 from judgequeue.core.worker import Worker
 from tests.support.databases import REDIS_URL
+from tests.support.inprocess import GateJudge, running
 from tests.support.queries import generic_plan
 from tests.support.settings import make_settings
 from tests.support.waiting import eventually
@@ -64,15 +64,6 @@ async def _statuses(pool: asyncpg.Pool, ids: list[int]) -> dict[str, int]:
     return {r["status"]: r["n"] for r in rows}
 
 
-@contextlib.asynccontextmanager
-async def _running(*roles: Any) -> AsyncIterator[None]:
-    stop = asyncio.Event()
-    tasks = [asyncio.ensure_future(role.run(stop)) for role in roles]
-    try:
-        yield
-    finally:
-        stop.set()
-        await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 15)
 
 
 async def test_take_leases_marks_sent_and_returns_payloads(pg_pool: asyncpg.Pool, queue: str) -> None:
@@ -157,7 +148,7 @@ async def test_a_dead_workers_lease_is_rescued_and_its_verdict_fenced(
         assert (await leases.rescue_expired_leases(conn, queue, max_retries=3)).requeued == 1
     settings = make_settings(pg_dsn, REDIS_URL, queue, intake="direct", schedule="30s")
     judge = Recorder()
-    async with _running(Worker(pg_pool, redis_client, settings, judge=judge)):
+    async with running(Worker(pg_pool, redis_client, settings, judge=judge)):
         await eventually(lambda: _is(pg_pool, sid, "ACCEPTED"), what="the rescued generation judged")
     async with pg_pool.acquire() as conn:
         late = leases.VerdictWrite(dead, "WRONG_ANSWER", {"status": "WRONG_ANSWER"})
@@ -182,7 +173,7 @@ async def test_direct_workers_judge_everything_without_the_stream(
     (hand-off of a 30 s schedule) sends nothing, and Redis never sees an entry."""
     settings = make_settings(pg_dsn, REDIS_URL, queue, intake="direct", schedule="30s", concurrency="3")
     workers = [Worker(pg_pool, redis_client, settings, judge=SleepJudge()) for _ in range(2)]
-    async with _running(Dispatcher(pg_pool, redis_client, settings), *workers):
+    async with running(Dispatcher(pg_pool, redis_client, settings), *workers):
         await eventually(lambda: _waiters(pg_pool, 2), what="both idle workers registered as waiters")
         ids: list[int] = []
         for k in range(4):  # trickles, each after the workers went back to sleep
@@ -221,11 +212,11 @@ async def test_rows_no_worker_takes_go_through_the_stream_after_the_hand_off(
     dispatcher = Dispatcher(pg_pool, redis_client, settings)
     [sid] = await _submit(pg_pool, queue, 1)
     assert (await dispatcher.cycle()).claimed == 0  # still the workers' to take
-    async with _running(dispatcher):
+    async with running(dispatcher):
         await eventually(lambda: _stream_has(redis_client, queue, 1), within=5, what="the row sent after the hand-off")
     judge = Recorder()
     worker = Worker(pg_pool, redis_client, settings, judge=judge)
-    async with _running(worker):
+    async with running(worker):
         await eventually(lambda: _is(pg_pool, sid, "ACCEPTED"), what="judged from the stream")
         await eventually(lambda: _pending(redis_client, queue, 0), what="the entry acked")
     assert judge.ran == [0] and worker.stats.leased == 1
@@ -253,7 +244,7 @@ async def test_an_idle_direct_worker_is_woken_by_the_submit(
     after the worker went to sleep is still judged at once."""
     settings = make_settings(pg_dsn, REDIS_URL, queue, intake="direct", schedule="30s")
     judge = Recorder()
-    async with _running(Worker(pg_pool, redis_client, settings, judge=judge)):
+    async with running(Worker(pg_pool, redis_client, settings, judge=judge)):
         await eventually(lambda: _waiters(pg_pool, 1), what="the worker registered")
         [sid] = await _submit(pg_pool, queue, 1)
         await eventually(lambda: _is(pg_pool, sid, "ACCEPTED"), within=5, what="judged without waiting for the poll")
@@ -275,17 +266,6 @@ def test_an_unknown_intake_is_one_clear_error() -> None:
     assert "stream" in str(err.value) and "direct" in str(err.value)
 
 
-class Gate:
-    """A judge that holds every job until released."""
-
-    def __init__(self) -> None:
-        self.started: list[Any] = []
-        self.open = asyncio.Event()
-
-    async def judge(self, payload: Any) -> Verdict:
-        self.started.append(payload["i"])
-        await self.open.wait()
-        return Verdict("ACCEPTED", {})
 
 
 async def test_a_full_worker_unregisters_so_submits_stop_notifying(
@@ -294,8 +274,8 @@ async def test_a_full_worker_unregisters_so_submits_stop_notifying(
     """Registered while idle; taking its last free slot unregisters it (a registered waiter makes
     every submit send a NOTIFY, which serialises commits); free again and idle, it registers."""
     settings = make_settings(pg_dsn, REDIS_URL, queue, intake="direct", schedule="30s", concurrency="1")
-    judge = Gate()
-    async with _running(Worker(pg_pool, redis_client, settings, judge=judge)):
+    judge = GateJudge()
+    async with running(Worker(pg_pool, redis_client, settings, judge=judge)):
         await eventually(lambda: _waiters(pg_pool, 1), what="the idle worker registered")
         [sid] = await _submit(pg_pool, queue, 1)
         await eventually(lambda: judge.started == [0], what="the job taken")
@@ -314,7 +294,7 @@ async def test_a_worker_with_a_backlog_never_registers(
         ids = [await outbox.submit(conn, queue, {"i": i, "seconds": 0.02}) for i in range(30)]
     settings = make_settings(pg_dsn, REDIS_URL, queue, intake="direct", schedule="30s", concurrency="2")
     samples: list[tuple[int, int]] = []
-    async with _running(Worker(pg_pool, redis_client, settings, judge=SleepJudge())):
+    async with running(Worker(pg_pool, redis_client, settings, judge=SleepJudge())):
         while not await _all_done(pg_pool, ids):
             row = await pg_pool.fetchrow(
                 "SELECT (SELECT count(*) FROM judgequeue.outbox WHERE state = 'PENDING') AS ready,"
@@ -334,7 +314,7 @@ async def test_direct_intake_judges_with_redis_unreachable(pg_pool: asyncpg.Pool
     settings = make_settings(pg_dsn, "redis://127.0.0.1:1/0", queue, intake="direct", schedule="200ms")
     judge = Recorder()
     try:
-        async with _running(Worker(pg_pool, dead, settings, judge=judge)):
+        async with running(Worker(pg_pool, dead, settings, judge=judge)):
             ids = await _submit(pg_pool, queue, 5)
             await eventually(functools.partial(_all_done, pg_pool, ids), within=10, what="judged without Redis")
     finally:
@@ -352,7 +332,7 @@ async def test_a_worker_of_a_paused_or_shadow_queue_polls_and_never_registers(
     settings = make_settings(pg_dsn, REDIS_URL, queue, intake="direct", schedule="200ms")
     judge = Recorder()
     worker = Worker(pg_pool, redis_client, settings, judge=judge)
-    async with _running(worker):
+    async with running(worker):
         ids = await _submit(pg_pool, queue, 3)
         await eventually(lambda: worker.stats.direct_takes >= 4, what="several polls of the paused queue")
         assert await _waiters(pg_pool, 0), "a worker of a paused queue must not ask submits to notify"

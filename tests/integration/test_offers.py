@@ -29,6 +29,7 @@ from judgequeue.core.judges import Verdict
 from judgequeue.core.queues import create_queue, database_now, get_queue, set_cutover
 from judgequeue.core.worker import Worker
 from tests.support.databases import REDIS_URL
+from tests.support.inprocess import GateJudge, running
 from tests.support.settings import make_settings
 from tests.support.waiting import eventually
 
@@ -359,35 +360,8 @@ def test_notifications_and_decisions_parse() -> None:
 # --- the worker's side ---------------------------------------------------------------------------
 
 
-class Gate:
-    """A judge that holds every job until released; records how many ran at once."""
-
-    def __init__(self) -> None:
-        self.started: list[Any] = []
-        self.running = 0
-        self.most = 0
-        self.open = asyncio.Event()
-
-    async def judge(self, payload: Any) -> Verdict:
-        self.started.append(payload.get("i"))
-        self.running += 1
-        self.most = max(self.most, self.running)
-        try:
-            await self.open.wait()
-        finally:
-            self.running -= 1
-        return Verdict("ACCEPTED", {})
 
 
-@contextlib.asynccontextmanager
-async def _running(*workers: Worker) -> AsyncIterator[None]:
-    stop = asyncio.Event()
-    tasks = [asyncio.ensure_future(w.run(stop)) for w in workers]
-    try:
-        yield
-    finally:
-        stop.set()
-        await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 15)
 
 
 def _worker(pool: asyncpg.Pool, redis: aioredis.Redis, dsn: str, queue: str, judge: Any, **env: str) -> Worker:
@@ -417,7 +391,7 @@ async def test_an_idle_worker_offers_and_submits_hand_it_their_jobs(
     """Trickles of submits are judged through the offers alone: the worker's takes are the few it
     makes while idle, not one per job; its offers are topped up as they fill."""
     w = _worker(pg_pool, redis_client, pg_dsn, queue, SleepJudgeAccepting(), concurrency="8", offers="4")
-    async with _running(w):
+    async with running(w):
         await eventually(lambda: _open_offers(pg_pool, 4), what="four offers open")
         takes = w.stats.direct_takes
         ids: list[int] = []
@@ -445,9 +419,9 @@ async def test_offers_never_give_a_worker_more_jobs_than_slots(
 ) -> None:
     """Two slots: at most two jobs at once, whether they came by offer or by take; the rest wait
     PENDING and are judged as slots free."""
-    judge = Gate()
+    judge = GateJudge()
     w = _worker(pg_pool, redis_client, pg_dsn, queue, judge, concurrency="2", offers="8")
-    async with _running(w):
+    async with running(w):
         await eventually(lambda: _open_offers(pg_pool, 2), what="an offer per free slot, no more")
         async with pg_pool.acquire() as conn:
             ids = [await outbox.submit(conn, queue, {"i": i}) for i in range(6)]
@@ -478,7 +452,7 @@ async def test_offers_never_open_for_slots_a_take_is_filling(
     given both slots. Offers opened while it runs would be filled by submits too, and the take
     would then lease rows into the same slots (four jobs on two slots). The offers count the take's
     slots as busy until it ends: no offer opens meanwhile, and never more than two jobs run."""
-    judge = Gate()
+    judge = GateJudge()
     w = _worker(pg_pool, redis_client, pg_dsn, queue, judge, concurrency="2", offers="8")
     real_take, real_sync = outbox.take_direct, offers.sync
     takes = 0
@@ -501,7 +475,7 @@ async def test_offers_never_open_for_slots_a_take_is_filling(
 
     monkeypatch.setattr(outbox, "take_direct", gated_take)
     monkeypatch.setattr(offers, "sync", watched_sync)
-    async with _running(w):
+    async with running(w):
         await asyncio.wait_for(in_take.wait(), 10)
         # The offers' loop, woken by the registration, has written them while the take waits.
         await asyncio.wait_for(synced_during_take.wait(), 10)
@@ -603,7 +577,7 @@ async def test_a_lost_notification_is_made_up_by_the_sync(
     the worker still judges those jobs within a sync or two, long before their leases expire."""
     w = _worker(pg_pool, redis_client, pg_dsn, queue, SleepJudgeAccepting(), concurrency="8", offers="4",
                 lease_ttl="60s")  # fmt: skip
-    async with _running(w):
+    async with running(w):
         await eventually(lambda: _open_offers(pg_pool, 4), what="offers open")
         listen_pid = w._wakeup._conn.get_server_pid() if w._wakeup and w._wakeup._conn else None
         assert listen_pid is not None
@@ -623,7 +597,7 @@ async def test_a_rejudge_reaches_a_worker_whose_slots_are_all_offered(
     """One slot, offered: a rejudge writes a PENDING row (bump_generation hands nothing over); its
     notification makes the worker take the offer back and the row in."""
     w = _worker(pg_pool, redis_client, pg_dsn, queue, SleepJudgeAccepting(), concurrency="1", offers="1")
-    async with _running(w):
+    async with running(w):
         await eventually(lambda: _open_offers(pg_pool, 1), what="the one slot offered")
         async with pg_pool.acquire() as conn:
             [sid] = [await outbox.submit(conn, queue, {"i": 0})]
@@ -645,9 +619,9 @@ async def test_a_burst_makes_the_worker_take_its_offers_back(
 ) -> None:
     """Submits that outrun the offers (a take finds a burst of rows) end the offers for a while: a
     NOTIFY per commit would cap the submits. The burst is judged through takes."""
-    judge = Gate()
+    judge = GateJudge()
     w = _worker(pg_pool, redis_client, pg_dsn, queue, judge, concurrency="64", offers="2")
-    async with _running(w):
+    async with running(w):
         await eventually(lambda: _open_offers(pg_pool, 2), what="offers open")
         async with pg_pool.acquire() as conn, conn.transaction():  # one commit: they arrive at once
             ids = [await outbox.submit(conn, queue, {"i": i}) for i in range(2 + offering.BURST_ROWS * 2)]
