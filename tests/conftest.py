@@ -17,6 +17,8 @@ import asyncpg
 import pytest
 import redis.asyncio as aioredis
 
+from judgequeue.core import streams
+from judgequeue.core.queues import create_queue
 from tests.support.databases import REDIS_URL, create_database, delete_queue_keys, drop_database
 
 
@@ -73,3 +75,12 @@ async def redis_client(queue_name: str) -> AsyncIterator[aioredis.Redis]:
     yield client
     await delete_queue_keys(client, queue_name)
     await client.aclose()
+
+
+@pytest.fixture
+async def queue(pg_pool: asyncpg.Pool, redis_client: aioredis.Redis, queue_name: str) -> str:
+    """``queue_name`` created in Postgres, with its consumer group in Redis: a queue roles can serve."""
+    async with pg_pool.acquire() as conn:
+        await create_queue(conn, queue_name)
+    await streams.ensure_group(redis_client, queue_name)
+    return queue_name

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
-from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
 
@@ -24,7 +23,7 @@ from judgequeue.core import leases, outbox, streams
 from judgequeue.core.dispatcher import Dispatcher
 from judgequeue.core.judges import Verdict
 from judgequeue.core.judges.builtin import SleepJudge
-from judgequeue.core.queues import create_queue, database_now, set_cutover
+from judgequeue.core.queues import database_now, set_cutover
 from judgequeue.core.worker import Worker
 from tests.support.databases import REDIS_URL
 from tests.support.inprocess import GateJudge, running
@@ -42,14 +41,6 @@ class Recorder:
     async def judge(self, payload: Any) -> Verdict:
         self.ran.append(payload["i"])
         return Verdict("ACCEPTED", {"i": payload["i"]})
-
-
-@pytest.fixture
-async def queue(pg_pool: asyncpg.Pool, redis_client: aioredis.Redis, queue_name: str) -> AsyncIterator[str]:
-    async with pg_pool.acquire() as conn:
-        await create_queue(conn, queue_name)
-    await streams.ensure_group(redis_client, queue_name)
-    yield queue_name
 
 
 async def _submit(pool: asyncpg.Pool, queue: str, n: int, start: int = 0) -> list[int]:

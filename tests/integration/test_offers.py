@@ -15,7 +15,6 @@ import contextlib
 import functools
 import json
 import uuid
-from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
 
@@ -23,10 +22,10 @@ import asyncpg
 import pytest
 import redis.asyncio as aioredis
 
-from judgequeue.core import offering, offers, outbox, streams
+from judgequeue.core import offering, offers, outbox
 from judgequeue.core.errors import CutoverBlocked
 from judgequeue.core.judges import Verdict
-from judgequeue.core.queues import create_queue, database_now, get_queue, set_cutover
+from judgequeue.core.queues import database_now, get_queue, set_cutover
 from judgequeue.core.worker import Worker
 from tests.support.databases import REDIS_URL
 from tests.support.inprocess import GateJudge, running
@@ -34,14 +33,6 @@ from tests.support.settings import make_settings
 from tests.support.waiting import eventually
 
 WORKER = "w-offers"
-
-
-@pytest.fixture
-async def queue(pg_pool: asyncpg.Pool, redis_client: aioredis.Redis, queue_name: str) -> AsyncIterator[str]:
-    async with pg_pool.acquire() as conn:
-        await create_queue(conn, queue_name)
-    await streams.ensure_group(redis_client, queue_name)
-    yield queue_name
 
 
 async def _offer(conn: asyncpg.Connection, queue: str, slots: list[int], *, channel: str = "jq_offers_test") -> None:
