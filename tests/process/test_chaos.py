@@ -9,8 +9,21 @@ from pathlib import Path
 
 import redis.asyncio as aioredis
 
-from tests.support.chaos import SERVER_FAULTS, Chaos, ChaosConfig, fault_targets
+from tests.support.chaos import SERVER_FAULTS, Chaos, ChaosConfig, ChaosReport, fault_targets
 from tests.support.databases import REDIS_URL
+
+
+async def _direct_chaos(pg_dsn: str, queue_name: str, tmp_path: Path, base: ChaosConfig) -> ChaosReport:
+    """Run ``base`` with JUDGEQUEUE_INTAKE=direct and a hand-off (schedule) of 1 s rather than the
+    fast preset's 200 ms: a run that keeps a backlog (every job sleeps) overflows through the stream
+    after the hand-off. Checks what every chaos run must show; the caller checks its intake's share."""
+    role_env = {**base.role_env, "JUDGEQUEUE_INTAKE": "direct", "JUDGEQUEUE_SCHEDULE": "1s"}
+    report = await Chaos(pg_dsn, REDIS_URL, queue_name, dataclasses.replace(base, role_env=role_env), tmp_path).run()
+    print(json.dumps(report.as_dict(), indent=1))
+    assert report.kills > 5, "the run must actually kill processes"
+    assert report.violations == [], report.violations
+    assert report.lost_submissions == 0 and report.stale_writes_accepted == 0
+    return report
 
 
 async def test_chaos_keeps_every_invariant(
@@ -31,19 +44,11 @@ async def test_chaos_with_direct_intake_keeps_every_invariant(
     """The same kills and failpoints with JUDGEQUEUE_INTAKE=direct: workers lease from the outbox
     themselves (a kill after the take leaves a lease the reaper rescues), the dispatchers send only
     what no worker took within a schedule, the cutover flips and legacy rows run as before."""
-    base = ChaosConfig(submissions=1000, chaos_seconds=20, seed=11)
-    # A hand-off (schedule) of 1 s rather than the fast preset's 200 ms: the run keeps a backlog
-    # (every job sleeps), which overflows through the stream after the hand-off.
-    role_env = {**base.role_env, "JUDGEQUEUE_INTAKE": "direct", "JUDGEQUEUE_SCHEDULE": "1s"}
-    config = dataclasses.replace(base, role_env=role_env)
-    report = await Chaos(pg_dsn, REDIS_URL, queue_name, config, tmp_path).run()
-    print(json.dumps(report.as_dict(), indent=1))
-    assert report.kills > 5, "the run must actually kill processes"
+    config = ChaosConfig(submissions=1000, chaos_seconds=20, seed=11)
+    report = await _direct_chaos(pg_dsn, queue_name, tmp_path, config)
     # Much of the backlog overflows through the stream; the direct path must still carry a real
     # share of the jobs under the kills.
     assert report.taken_by_workers >= config.submissions // 20, "the direct path must carry jobs"
-    assert report.violations == [], report.violations
-    assert report.lost_submissions == 0 and report.stale_writes_accepted == 0
 
 
 async def test_chaos_with_offers_keeps_every_invariant(
@@ -53,15 +58,9 @@ async def test_chaos_with_offers_keeps_every_invariant(
     jobs to the workers' offers: the same kills, freezes, failpoints and flips. A worker killed
     with jobs it got by offer leaves leases the reaper rescues; its offers stop being filled once
     it stops refreshing them; a pause waits for the submits that filled offers."""
-    base = ChaosConfig(submissions=400, chaos_seconds=20, seed=17, job_seconds=0.02, kill_every=(0.8, 2.0))
-    role_env = {**base.role_env, "JUDGEQUEUE_INTAKE": "direct", "JUDGEQUEUE_SCHEDULE": "1s"}
-    config = dataclasses.replace(base, role_env=role_env)
-    report = await Chaos(pg_dsn, REDIS_URL, queue_name, config, tmp_path).run()
-    print(json.dumps(report.as_dict(), indent=1))
-    assert report.kills > 5, "the run must actually kill processes"
+    config = ChaosConfig(submissions=400, chaos_seconds=20, seed=17, job_seconds=0.02, kill_every=(0.8, 2.0))
+    report = await _direct_chaos(pg_dsn, queue_name, tmp_path, config)
     assert report.filled_offers >= config.submissions // 10, "the offers must carry jobs"
-    assert report.violations == [], report.violations
-    assert report.lost_submissions == 0 and report.stale_writes_accepted == 0
 
 
 async def test_server_fault_chaos_keeps_every_invariant(queue_name: str, tmp_path: Path) -> None:
