@@ -119,7 +119,7 @@ async def test_worker_judges_and_writes_verdicts(h: Harness) -> None:
     verdict = json.loads(rows[1]["verdict"])
     assert verdict["details"]["echo"] == 1 and verdict["worker"] == w.name and verdict["generation"] == 1
     assert all(r["lease_expires_at"] is None and r["finished_at"] is not None for r in rows)
-    assert w.stats.written == 3
+    await eventually(lambda: w.stats.written == 3, what="three verdicts counted")  # counted after the commit
     # Acked and deleted once the leases are durable: nothing pending, nothing left in the stream.
     await eventually(lambda: _settled(h.redis, h.queue), what="entries acked")
 
@@ -476,7 +476,8 @@ async def test_verdicts_finishing_together_share_one_write(h: Harness) -> None:
     judge.gate.set()
     for sid in ids:
         await eventually(functools.partial(h.status_is, sid, "ACCEPTED"), what=f"verdict of {sid}")
-    assert w.stats.written == 12 and 1 <= w.stats.verdict_writes <= 3, w.stats
+    await eventually(lambda: w.stats.written == 12, what="twelve verdicts counted")
+    assert 1 <= w.stats.verdict_writes <= 3, w.stats
 
 
 async def test_a_full_worker_writes_its_verdicts_without_lingering(
@@ -489,7 +490,9 @@ async def test_a_full_worker_writes_its_verdicts_without_lingering(
     w = h.worker(SleepJudge(), concurrency="1")
     for sid in ids:
         await eventually(functools.partial(h.status_is, sid, "ACCEPTED"), within=10, what=f"verdict of {sid}")
-    assert w.stats.verdict_writes == 4  # each written at once: the next job needed the slot
+    # Each written at once (the next job needed the slot); the count follows the commit the status
+    # showed, so it is waited for, not read at once.
+    await eventually(lambda: w.stats.verdict_writes == 4, what="four verdict statements")
 
 
 async def test_a_stopping_worker_writes_a_lingering_verdict_at_once(
