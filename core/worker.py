@@ -66,7 +66,7 @@ from .lifecycle import (
 )
 from .offering import Offering
 from .problems import ProblemCache
-from .wakeup import Wakeup, keep_listening
+from .wakeup import TAKE_PACE, Wakeup, keep_listening, pace_takes
 
 log = logging.getLogger("judgequeue.worker")
 
@@ -525,8 +525,10 @@ class Worker:
 
         The dispatcher's rule (:func:`~judgequeue.core.wakeup.keep_listening`): register as a
         waiter only when a take finds nothing, stay registered while a trickle comes in, and loop
-        at once, unregistered, while takes keep finding rows: a busy queue pays no NOTIFY per commit
-        (which would serialise the submits' commits). Notified of more rows than it took, the
+        unregistered while takes keep finding rows: a busy queue pays no NOTIFY per commit (which
+        would serialise the submits' commits). In that loop takes that leave slots free come
+        :data:`~judgequeue.core.wakeup.TAKE_PACE` apart (:func:`~judgequeue.core.wakeup.pace_takes`),
+        so each brings several rows instead of one statement per row or two. Notified of more rows than it took, the
         worker steps back for :data:`STEP_BACK` (other workers serve the queue). Redis being down
         stops only the stream's part.
         """
@@ -581,7 +583,9 @@ class Worker:
                 self._streak += 1
                 if not (wakeup.registered and keep_listening(taken, free, self._streak)):
                     wakeup.disarm_when_busy()  # the next take leaves if it finds rows
-                    return  # work is flowing: take again at once
+                    if pace_takes(taken, free, self._streak):
+                        await wait_any(stop, None, TAKE_PACE)
+                    return  # work is flowing: take again
             elif wakeup.others_serve():
                 # Other workers take the rows this one is woken for (they loop, busy): staying
                 # registered would only make every submit pay a NOTIFY.

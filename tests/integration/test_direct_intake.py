@@ -20,10 +20,12 @@ import pytest
 import redis.asyncio as aioredis
 
 from judgequeue.core import leases, outbox, streams
+from judgequeue.core import worker as worker_module
 from judgequeue.core.dispatcher import Dispatcher
 from judgequeue.core.judges import Verdict
 from judgequeue.core.judges.builtin import SleepJudge
 from judgequeue.core.queues import database_now, set_cutover
+from judgequeue.core.wakeup import BUSY_STREAK, pace_takes
 from judgequeue.core.worker import Worker
 from tests.support.databases import REDIS_URL
 from tests.support.inprocess import GateJudge, running
@@ -296,6 +298,41 @@ async def test_a_worker_with_a_backlog_never_registers(
         await eventually(lambda: _waiters(pg_pool, 1), what="registered once the outbox is empty")
     while_ready = [waiters for ready, waiters in samples if ready > 0]
     assert len(while_ready) > 10 and set(while_ready) == {0}, samples
+
+
+async def test_a_busy_worker_paces_its_takes_so_each_brings_several_rows(
+    pg_pool: asyncpg.Pool, pg_dsn: str, redis_client: aioredis.Redis, queue: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While rows keep arriving (takes in a row find rows and leave slots free) the worker waits
+    TAKE_PACE between takes, so each take brings what came meanwhile instead of a statement per row
+    or two. A long pace makes that visible whatever the machine's speed; without it the takes
+    would keep up with one submitting connection at about a row each."""
+    monkeypatch.setattr(worker_module, "TAKE_PACE", 0.25)
+    settings = make_settings(pg_dsn, REDIS_URL, queue, intake="direct", schedule="30s", concurrency="1000", offers="0")
+    w = Worker(pg_pool, redis_client, settings, judge=Recorder())
+    done_submitting = asyncio.Event()
+    ids: list[int] = []
+
+    async def submit_until_told() -> None:
+        async with pg_pool.acquire() as conn:
+            while not done_submitting.is_set():
+                ids.append(await outbox.submit(conn, queue, {"i": len(ids)}))
+
+    async with running(w):
+        submitter = asyncio.ensure_future(submit_until_told())
+        await eventually(lambda: w.stats.leased >= 200, within=60, what="200 jobs taken while submits flow")
+        done_submitting.set()
+        await submitter
+        await eventually(functools.partial(_all_done, pg_pool, ids), within=30, what="every job judged")
+    assert w.stats.leased == len(ids)
+    assert w.stats.leased >= 5 * w.stats.direct_takes, w.stats
+
+
+def test_takes_are_paced_only_while_work_flows() -> None:
+    assert pace_takes(2, 64, BUSY_STREAK)  # a streak of takes finding a row or two: let rows gather
+    assert not pace_takes(2, 64, BUSY_STREAK - 1)  # not a streak yet: a trickle is a notification's
+    assert not pace_takes(64, 64, BUSY_STREAK)  # every free slot filled: the slots are the limit
+    assert not pace_takes(0, 64, BUSY_STREAK)  # nothing found: the wait is the notification's
 
 
 async def test_direct_intake_judges_with_redis_unreachable(pg_pool: asyncpg.Pool, pg_dsn: str, queue: str) -> None:
