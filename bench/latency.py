@@ -39,6 +39,7 @@ async def pairs(rate: float, count: int, seconds: float) -> list[dict[str, Any]]
                 "judgequeue_p99_ms": ours["start_p99_ms"],
                 "judgequeue_verdict_p50_ms": ours["p50_ms"],
                 "judgequeue_verdict_p99_ms": ours["p99_ms"],
+                "judgequeue_filled_share": ours["filled_share"],
                 "pgqueuer_p50_ms": theirs["p50_ms"],
                 "pgqueuer_p99_ms": theirs["p99_ms"],
                 "pgqueuer_achieved_per_s": theirs["achieved_per_s"],
@@ -57,7 +58,7 @@ def met(p: dict[str, Any], factor: float = 0.8) -> bool:
 
 def table(results: list[dict[str, Any]]) -> str:
     head = f"{'rate':>6} {'pair':>4}  {'jq p50':>8} {'peer p50':>8} {'ratio':>6}"
-    lines = [head + f"  {'jq p99':>8} {'peer p99':>8} {'ratio':>6}  <=0.8x"]
+    lines = [head + f"  {'jq p99':>8} {'peer p99':>8} {'ratio':>6}  <=0.8x  offers"]
     for rate in sorted({p["rate"] for p in results}):
         these = [p for p in results if p["rate"] == rate]
         for i, p in enumerate(these, 1):
@@ -65,7 +66,7 @@ def table(results: list[dict[str, Any]]) -> str:
                 f"{rate:>6.0f} {i:>4}  {p['judgequeue_p50_ms']:>8.2f} {p['pgqueuer_p50_ms']:>8.2f}"
                 f" {p['judgequeue_p50_ms'] / p['pgqueuer_p50_ms']:>6.2f}  {p['judgequeue_p99_ms']:>8.2f}"
                 f" {p['pgqueuer_p99_ms']:>8.2f} {p['judgequeue_p99_ms'] / p['pgqueuer_p99_ms']:>6.2f}"
-                f"  {'yes' if met(p) else 'no'}"
+                f"  {'yes' if met(p) else 'no':<6}  {p.get('judgequeue_filled_share', 0):.0%}"
             )
         wins = sum(met(p) for p in these)
         lines.append(f"{rate:>6.0f}: {wins} of {len(these)} pairs with p50 and p99 <= 0.8x PgQueuer (target >= 4 of 5)")

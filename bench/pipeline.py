@@ -274,6 +274,13 @@ async def end_to_end_latency(rate: float, seconds: float, workers: int = 1) -> d
                 " FROM judgequeue.submissions WHERE id > $1",
                 after,
             )
+            # A filled offer writes its outbox row already sent, in the submit's transaction (same
+            # now()); a take or the dispatcher sends it later: the share of jobs the offers carried.
+            filled = await conn.fetchval(
+                "SELECT (count(*) FILTER (WHERE sent_at = created_at))::float8 / greatest(count(*), 1)"
+                " FROM judgequeue.outbox WHERE submission_id > $1",
+                after,
+            )
     samples = [r["s"] * 1000 for r in rows]
     # The noop judge notes when it ran: commit-to-start is the peer's measure (host clock, as the peer's).
     starts = [r["start"] * 1000 for r in rows if r["start"] is not None]
@@ -287,6 +294,7 @@ async def end_to_end_latency(rate: float, seconds: float, workers: int = 1) -> d
         "start_p50_ms": percentile(starts, 0.5),
         "start_p99_ms": percentile(starts, 0.99),
         "start_samples_ms": starts,
+        "filled_share": filled,
     }
 
 

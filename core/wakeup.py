@@ -33,10 +33,16 @@ from .lifecycle import HeldSession, wait_any
 
 #: Cycles in a row that must find work before a listening process stops listening and loops.
 BUSY_STREAK = 3
-#: Seconds between takes while work flows (see :func:`pace_takes`): at 2,800 jobs/s a take at once
-#: brought 2.1 rows for 128 µs of server time; end to end rose from 65-70% to 80% of pgbench with it
-#: (docs/performance.md). Offers carry the latency-bound rates, so this costs them nothing.
+#: Seconds between takes while work flows fast (see :func:`pace_takes`): at 2,800 jobs/s a take at
+#: once brought 2.1 rows for 128 µs of server time; end to end rose from 65-70% to 80% of pgbench
+#: with it (docs/performance.md).
 TAKE_PACE = 0.002
+#: Rows a second a busy streak's takes must find before they are paced: above the rate at which
+#: offers stop (:data:`judgequeue.core.offering.MAX_FILL_RATE`), so where offers fall back to takes at
+#: latency-bound rates (a cool-down, a burst's edge) each take still goes at once.
+PACE_ABOVE = 1500.0
+#: Seconds over which a streak's take rate is measured before its count starts again.
+RATE_WINDOW = 0.5
 
 #: Notifications beyond the rows taken since registering that show other processes serve the queue.
 OTHERS_SERVE = 4
@@ -57,13 +63,40 @@ def keep_listening(claimed: int, batch_size: int, streak: int) -> bool:
     return 0 < claimed < batch_size and streak < BUSY_STREAK
 
 
-def pace_takes(claimed: int, batch_size: int, streak: int) -> bool:
+def pace_takes(claimed: int, batch_size: int, streak: int, rows_per_second: float) -> bool:
     """Whether a process whose takes keep finding rows should wait :data:`TAKE_PACE` before the
-    next (pure): a streak of busy takes that each leave free slots means rows arrive faster than a
-    take's round trip but slower than the slots fill, so taking at once costs a statement for a row
-    or two; a short pause lets each take bring several (one round trip and one commit for all).
-    A full batch means the slots are the limit, and a trickle waits on notifications anyway."""
-    return 0 < claimed < batch_size and streak >= BUSY_STREAK
+    next (pure). A streak of busy takes that each leave free slots, at more than
+    :data:`PACE_ABOVE` rows a second, means rows come faster than a take's round trip but slower
+    than the slots fill: taking at once costs a statement for a row or two, where a short pause
+    lets each take bring several (one round trip and one commit for all). A full batch means the
+    slots are the limit; a trickle waits on notifications; below the rate, the pause would be
+    latency for little gain."""
+    return 0 < claimed < batch_size and streak >= BUSY_STREAK and rows_per_second >= PACE_ABOVE
+
+
+class TakeRate:
+    """Rows a second the takes of a busy streak find, over windows of :data:`RATE_WINDOW`.
+
+    The first take of a streak is not counted: it brings what gathered while the process waited,
+    which says nothing about how fast rows come now."""
+
+    def __init__(self) -> None:
+        self._since = 0.0
+        self._rows = 0
+        self.per_second = 0.0
+
+    def start(self, now: float) -> None:
+        """A streak's first take ended at ``now``."""
+        self._since, self._rows, self.per_second = now, 0, 0.0
+
+    def add(self, rows: int, now: float) -> None:
+        """A later take of the streak found ``rows``, ending at ``now``."""
+        self._rows += rows
+        elapsed = now - self._since
+        if elapsed > 0:
+            self.per_second = self._rows / elapsed
+        if elapsed >= RATE_WINDOW:
+            self._since, self._rows = now, 0  # the next window; per_second stands until it has one
 
 
 class Wakeup:

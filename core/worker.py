@@ -66,7 +66,7 @@ from .lifecycle import (
 )
 from .offering import Offering
 from .problems import ProblemCache
-from .wakeup import TAKE_PACE, Wakeup, keep_listening, pace_takes
+from .wakeup import TAKE_PACE, TakeRate, Wakeup, keep_listening, pace_takes
 
 log = logging.getLogger("judgequeue.worker")
 
@@ -445,6 +445,7 @@ class Worker:
         self._stream_checked = -float("inf")  # direct intake: when the stream was last read
         self._stream_flowing = False  # direct intake: the last read of the stream found entries
         self._streak = 0  # direct intake: takes in a row that found rows without waiting
+        self._take_rate = TakeRate()  # direct intake: how fast the streak's takes find rows
         self._direct_failures = 0
         #: Direct intake with a LISTEN connection: slots offered to the submits (core/offering.py).
         self._offering: Offering | None = None
@@ -526,9 +527,10 @@ class Worker:
         The dispatcher's rule (:func:`~judgequeue.core.wakeup.keep_listening`): register as a
         waiter only when a take finds nothing, stay registered while a trickle comes in, and loop
         unregistered while takes keep finding rows: a busy queue pays no NOTIFY per commit (which
-        would serialise the submits' commits). In that loop takes that leave slots free come
-        :data:`~judgequeue.core.wakeup.TAKE_PACE` apart (:func:`~judgequeue.core.wakeup.pace_takes`),
-        so each brings several rows instead of one statement per row or two. Notified of more rows than it took, the
+        would serialise the submits' commits). In that loop, while the takes find rows faster than
+        offers carry them and leave slots free, they come :data:`~judgequeue.core.wakeup.TAKE_PACE`
+        apart (:func:`~judgequeue.core.wakeup.pace_takes`), so each brings several rows instead of
+        one statement per row or two. Notified of more rows than it took, the
         worker steps back for :data:`STEP_BACK` (other workers serve the queue). Redis being down
         stops only the stream's part.
         """
@@ -581,9 +583,13 @@ class Worker:
                 return
             if taken:
                 self._streak += 1
+                if self._streak == 1:
+                    self._take_rate.start(time.monotonic())
+                else:
+                    self._take_rate.add(taken, time.monotonic())
                 if not (wakeup.registered and keep_listening(taken, free, self._streak)):
                     wakeup.disarm_when_busy()  # the next take leaves if it finds rows
-                    if pace_takes(taken, free, self._streak):
+                    if pace_takes(taken, free, self._streak, self._take_rate.per_second):
                         await wait_any(stop, None, TAKE_PACE)
                     return  # work is flowing: take again
             elif wakeup.others_serve():
