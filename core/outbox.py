@@ -377,6 +377,26 @@ async def unregister_waiter(conn: asyncpg.Connection, queue: str, dispatcher: st
     await conn.execute(sql.query("waiter_unregister"), queue, dispatcher)
 
 
+#: Writes after which a table that was never analysed is analysed by the reaper.
+ANALYZE_AFTER = 1000
+
+
+async def analyze_new_tables(conn: asyncpg.Connection, *, after: int = ANALYZE_AFTER) -> list[str]:
+    """``ANALYZE`` ``outbox`` and ``submissions`` if they have rows but no statistics yet; their names.
+
+    Until a table's first analysis (autovacuum's first pass: up to its 60 s ``naptime`` on a new
+    database) the planner serves the take's claim with a bitmap scan, which never marks the index
+    entries of taken rows dead as a plain index scan does: each take walks every row taken so far,
+    and under load commit-to-verdict climbs for that minute (docs/performance.md). Once analysed,
+    autovacuum keeps the statistics; a role that does not own the tables gets a warning, not an error.
+    """
+    statements = {"outbox": sql.query("analyze_outbox"), "submissions": sql.query("analyze_submissions")}
+    names = [r["name"] for r in await conn.fetch(sql.query("tables_never_analyzed"), after)]
+    for name in names:
+        await conn.execute(statements[name])
+    return names
+
+
 async def prune_waiters(conn: asyncpg.Connection, *, older_than: float) -> int:
     """Forget waiters of crashed dispatchers (they only cost extra notifications, never correctness)."""
     status = await conn.execute(sql.query("waiter_prune"), float(older_than))

@@ -268,7 +268,8 @@ class Reaper:
     # --- (c) prune --------------------------------------------------------------------------------
 
     async def prune_outbox(self) -> tuple[int, int]:
-        """Delete terminal outbox rows and submissions past retention, stale waiters and offers."""
+        """Delete terminal outbox rows and submissions past retention, stale waiters and offers; analyse
+        the take's tables once on a new database (:func:`~judgequeue.core.outbox.analyze_new_tables`)."""
         waiter_age = max(300.0, 3 * self.settings.dispatcher.schedule)
         retention = self.settings.reaper.retention
         async with self.pool.acquire(timeout=STATEMENT_TIMEOUT) as conn:
@@ -281,6 +282,9 @@ class Reaper:
             # left of a crashed worker's goes once it is clearly gone (its filled ones' jobs have
             # leases of their own, rescued when they expire).
             waiters += await offers.prune(conn, older_than=waiter_age)
+            analyzed = await outbox.analyze_new_tables(conn)
+        if analyzed:
+            log.info("analysed tables that had no statistics", extra={"tables": analyzed})
         metrics.PRUNED_ROWS.labels(self.queue).inc(rows)
         metrics.PRUNED_SUBMISSIONS.labels(self.queue).inc(finished)
         self.pruned_submissions += finished

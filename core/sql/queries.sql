@@ -177,6 +177,21 @@ ON CONFLICT (queue, dispatcher) DO UPDATE SET since = now()
 -- A dispatcher woke up.
 DELETE FROM judgequeue.dispatch_waiters WHERE queue = $1 AND dispatcher = $2
 
+-- name: tables_never_analyzed
+-- The take's tables that have taken $1 or more writes but were never analysed (a new database).
+SELECT relname::text AS name FROM pg_stat_user_tables
+ WHERE schemaname = 'judgequeue' AND relname IN ('outbox', 'submissions')
+   AND last_analyze IS NULL AND last_autoanalyze IS NULL AND n_mod_since_analyze >= $1
+ ORDER BY relname
+
+-- name: analyze_outbox
+-- Statistics for the planner (see outbox.analyze_new_tables).
+ANALYZE judgequeue.outbox
+
+-- name: analyze_submissions
+-- Statistics for the planner (see outbox.analyze_new_tables).
+ANALYZE judgequeue.submissions
+
 -- name: waiter_prune
 -- Forget waiters of crashed dispatchers.
 DELETE FROM judgequeue.dispatch_waiters WHERE since < now() - make_interval(secs => $1)

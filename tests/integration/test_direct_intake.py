@@ -19,7 +19,7 @@ import asyncpg
 import pytest
 import redis.asyncio as aioredis
 
-from judgequeue.core import leases, outbox, streams, wakeup
+from judgequeue.core import leases, outbox, sql, streams, wakeup
 from judgequeue.core import worker as worker_module
 from judgequeue.core.dispatcher import Dispatcher
 from judgequeue.core.judges import Verdict
@@ -422,3 +422,30 @@ async def test_the_take_reaches_rows_by_key_under_a_generic_plan(pg_pool: asyncp
         # The queue name is a DNS label: a literal needs no quoting beyond the quotes.
         plan = await generic_plan(conn, "lease_direct", types, [f"'{queue}'", "'w'", "2", "30", "false", "true"])
     assert "Seq Scan on outbox" not in plan and "Seq Scan on submissions" not in plan, plan
+
+
+async def test_a_new_databases_tables_are_analysed_once_they_have_rows(pg_pool: asyncpg.Pool, queue: str) -> None:
+    """Before a table's first ANALYZE the take's claim is a bitmap scan that walks every row taken so
+    far; the reaper's sweep analyses ``outbox`` and ``submissions`` once they have rows, so the take
+    is a plain index scan from the first thousand writes, not from autovacuum's first pass."""
+    async with pg_pool.acquire() as conn:
+        assert await outbox.analyze_new_tables(conn) == []  # a new database's empty tables: nothing yet
+        await conn.execute("SELECT judgequeue.submit($1, '{}') FROM generate_series(1, 1500)", queue)
+        while (await outbox.take_direct(conn, queue, "w", limit=500, ttl=30)).rows:
+            pass
+        await conn.execute("SELECT judgequeue.submit($1, '{}') FROM generate_series(1, 5)", queue)
+
+    async def counted() -> bool:  # a backend reports its table counts within a second of idling
+        rows = await pg_pool.fetch(
+            "SELECT n_mod_since_analyze FROM pg_stat_user_tables WHERE schemaname = 'judgequeue'"
+            " AND relname IN ('outbox', 'submissions')"
+        )
+        return len(rows) == 2 and all(r["n_mod_since_analyze"] >= outbox.ANALYZE_AFTER for r in rows)
+
+    await eventually(counted, within=10, what="the writes in the statistics")
+    async with pg_pool.acquire() as conn:
+        assert await outbox.analyze_new_tables(conn) == ["outbox", "submissions"]
+        assert await outbox.analyze_new_tables(conn) == []  # once: autovacuum keeps them from here
+        rows = await conn.fetch("EXPLAIN " + sql.query("lease_direct"), queue, "w", 64, 30.0, False, True)
+    plan = "\n".join(r[0] for r in rows)  # explained, not run
+    assert "Index Scan using outbox_claim" in plan and "Bitmap" not in plan, plan
