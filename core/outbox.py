@@ -11,7 +11,7 @@ the database clock. With direct intake a worker claims, marks and leases in one 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
@@ -381,17 +381,20 @@ async def unregister_waiter(conn: asyncpg.Connection, queue: str, dispatcher: st
 ANALYZE_AFTER = 1000
 
 
-async def analyze_new_tables(conn: asyncpg.Connection, *, after: int = ANALYZE_AFTER) -> list[str]:
+async def analyze_new_tables(
+    conn: asyncpg.Connection, *, after: int = ANALYZE_AFTER, skip: Collection[str] = ()
+) -> list[str]:
     """``ANALYZE`` ``outbox`` and ``submissions`` if they have rows but no statistics yet; their names.
 
     Until a table's first analysis (autovacuum's first pass: up to its 60 s ``naptime`` on a new
     database) the planner serves the take's claim with a bitmap scan, which never marks the index
     entries of taken rows dead as a plain index scan does: each take walks every row taken so far,
     and under load commit-to-verdict climbs for that minute (docs/performance.md). Once analysed,
-    autovacuum keeps the statistics; a role that does not own the tables gets a warning, not an error.
+    autovacuum keeps the statistics; a role that does not own the tables gets a warning, not an error
+    (and no statistics: a caller passes what it has analysed already as ``skip``).
     """
     statements = {"outbox": sql.query("analyze_outbox"), "submissions": sql.query("analyze_submissions")}
-    names = [r["name"] for r in await conn.fetch(sql.query("tables_never_analyzed"), after)]
+    names = [r["name"] for r in await conn.fetch(sql.query("tables_never_analyzed"), after) if r["name"] not in skip]
     for name in names:
         await conn.execute(statements[name])
     return names

@@ -151,6 +151,9 @@ class Reaper:
         self._terminal_counted_at = float("-inf")
         self.pruned_submissions = 0  # terminal submissions deleted by retention, for tests and logs
         self._stranded_checked_at = float("-inf")
+        #: Tables this process has analysed once (outbox.analyze_new_tables); a role that does not own
+        #: them gets only a warning and no statistics, so it must not try again every sweep.
+        self._analysed: set[str] = set()
 
     # --- (a) stream sweep -------------------------------------------------------------------------
 
@@ -282,7 +285,8 @@ class Reaper:
             # left of a crashed worker's goes once it is clearly gone (its filled ones' jobs have
             # leases of their own, rescued when they expire).
             waiters += await offers.prune(conn, older_than=waiter_age)
-            analyzed = await outbox.analyze_new_tables(conn)
+            analyzed = [] if len(self._analysed) == 2 else await outbox.analyze_new_tables(conn, skip=self._analysed)
+        self._analysed.update(analyzed)
         if analyzed:
             log.info("analysed tables that had no statistics", extra={"tables": analyzed})
         metrics.PRUNED_ROWS.labels(self.queue).inc(rows)

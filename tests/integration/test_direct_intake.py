@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import uuid
 from datetime import timedelta
 from typing import Any
 
@@ -449,3 +450,37 @@ async def test_a_new_databases_tables_are_analysed_once_they_have_rows(pg_pool: 
         rows = await conn.fetch("EXPLAIN " + sql.query("lease_direct"), queue, "w", 64, 30.0, False, True)
     plan = "\n".join(r[0] for r in rows)  # explained, not run
     assert "Index Scan using outbox_claim" in plan and "Bitmap" not in plan, plan
+
+
+async def test_a_role_that_may_not_analyse_gets_a_warning_and_the_caller_tries_once(
+    pg_pool: asyncpg.Pool, pg_dsn: str, queue: str
+) -> None:
+    """A reaper that does not own the tables: ANALYZE only warns, the statistics stay empty, and what
+    it has tried it passes as ``skip`` so it does not analyse again every sweep."""
+    role = f"jq_t_{uuid.uuid4().hex[:10]}"
+    await pg_pool.execute(f"CREATE ROLE {role} LOGIN")
+    await pg_pool.execute(f"GRANT USAGE ON SCHEMA judgequeue TO {role}")  # as a reaper's role has
+    try:
+        await pg_pool.execute("SELECT judgequeue.submit($1, '{}') FROM generate_series(1, 1500)", queue)
+
+        async def counted() -> bool:
+            n = await pg_pool.fetchval(
+                "SELECT n_mod_since_analyze FROM pg_stat_user_tables WHERE schemaname = 'judgequeue'"
+                " AND relname = 'outbox'"
+            )
+            return bool(n and n >= outbox.ANALYZE_AFTER)
+
+        await eventually(counted, within=10, what="the writes in the statistics")
+        other = await asyncpg.connect(pg_dsn.replace("postgresql://postgres@", f"postgresql://{role}@"))
+        try:
+            tried = await outbox.analyze_new_tables(other)
+            assert "outbox" in tried
+            assert await outbox.analyze_new_tables(other, skip=tried) == []
+        finally:
+            await other.close()
+        assert await pg_pool.fetchval(
+            "SELECT last_analyze FROM pg_stat_user_tables WHERE schemaname = 'judgequeue' AND relname = 'outbox'"
+        ) is None
+    finally:
+        await pg_pool.execute(f"DROP OWNED BY {role}")
+        await pg_pool.execute(f"DROP ROLE {role}")
