@@ -191,7 +191,7 @@ def test_engine_report_and_cpu_polling() -> None:
 
 def test_seccomp_filter_shape() -> None:
     prog = build_filter()
-    assert len(prog) % 8 == 0 and len(prog) // 8 == len(set(ALLOWED_X86_64.values())) + 7
+    assert len(prog) % 8 == 0 and len(prog) // 8 == len(set(ALLOWED_X86_64.values())) + 12
     for forbidden in ("socket", "connect", "ptrace", "mount", "unshare", "setns", "shmget", "bpf", "keyctl",
                       "process_vm_readv", "io_uring_setup", "perf_event_open", "userfaultfd"):  # fmt: skip
         assert forbidden not in ALLOWED_X86_64
