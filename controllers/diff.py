@@ -99,10 +99,10 @@ def _keyed(items: list[Any]) -> dict[str, Any] | None:
 
 
 def differences(live: Any, desired: Any, path: str = "") -> list[Difference]:
-    """Every field where ``live`` and ``desired`` differ, deepest first-level paths such as
-    ``spec.template.spec.containers[worker].securityContext.capabilities.add`` (lists of named
-    objects are matched by name). Unlike :func:`covers`, fields only ``live`` has count: this is the
-    comparison of a whole object against what the API server would make of the desired one."""
+    """Every field where ``live`` and ``desired`` differ, each at the deepest path where they part,
+    such as ``spec.template.spec.containers[worker].securityContext.capabilities.add`` (lists of named
+    objects, containers or env, are matched by name). Unlike :func:`covers`, fields only ``live`` has
+    count: this compares a whole object with what the API server would make of the desired one."""
     if isinstance(live, Mapping) and isinstance(desired, Mapping):
         out: list[Difference] = []
         for key in sorted(set(live) | set(desired), key=str):
