@@ -12,7 +12,8 @@ or naming an uploaded problem package (tests, limits, checker, interactor, scori
     {"problem": "mean", "version": 3, "language": "cpp", "source": "..."}
 
 ``language`` is a name of :data:`~.languages.LANGUAGES`; ``std`` (optional, C and C++ only) one of
-that language's standards.
+that language's standards. A submission's build is kept by the worker (:mod:`.builds`): the same
+source in the same language and standard is built once per worker.
 
 Each test gives a :class:`~.scoring.TestResult` (verdict, CPU ms, wall ms, peak memory, exit code
 or signal, a short checker message). The submission's verdict is the first failing test's, or
@@ -45,6 +46,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from . import STATUSES, PackageSource, Status, Verdict
+from .builds import BuildCache, build_key
 from .cgroups import BoxGroup, Roots, remove_stale
 from .checkers import MAX_MESSAGE, CheckerSpec, CheckResult, InvalidChecker, check, custom_outcome, parse_spec
 from .isolation import SANDBOX_DIR_VAR, JudgeSettings, detect, load_judge_settings
@@ -482,6 +484,8 @@ class ProgramJudge:
         shutil.rmtree(self.helpers_dir, ignore_errors=True)
         os.makedirs(self.helpers_dir, mode=0o700)
         self.helper_builds = 0
+        # Built submissions (see _build); like the helpers', a crashed worker's are not trusted.
+        self.builds = BuildCache(os.path.join(root, "builds", str(self.range)))
         self.staging_dir = os.path.join(root, "staging", str(self.range))
         shutil.rmtree(self.staging_dir, ignore_errors=True)
         os.makedirs(self.staging_dir, mode=0o700)
@@ -594,10 +598,12 @@ class ProgramJudge:
         helper: bool = False,
         std: str | None = None,
         memory_mb: int | None = None,
+        cache: bool = False,
     ) -> list[str] | Verdict:
         """Write and (if the language compiles) build a program; its run argv, or the verdict of a failure.
 
-        ``memory_mb`` is the run's memory limit, which some runtimes are told (a helper's by default).
+        ``memory_mb`` is the run's memory limit, which some runtimes are told (a helper's by default);
+        ``cache``: look the build up in, and add it to, the worker's :class:`~.builds.BuildCache`.
         """
         missing = missing_toolchain(language, self.tools)
         if missing:
@@ -611,6 +617,10 @@ class ProgramJudge:
             await asyncio.to_thread(_write_text, os.path.join(directory, name), source)
             return run_argv
         argv = expand(language.compile, inside, self.tools, values)
+        key = build_key(language.name, argv, source, self.tools, sorted(language.tools())) if cache else None
+        owner = box.uid if self.isolation.mode == "full" else None
+        if key is not None and await asyncio.to_thread(self.builds.restore, key, directory, owner):
+            return run_argv
         await asyncio.to_thread(_write_text, os.path.join(directory, name), source)
         limits = replace(COMPILE_LIMITS, wall=max(0.001, min(COMPILE_LIMITS.wall, deadline - time.monotonic())))
         facts = await run(
@@ -625,6 +635,8 @@ class ProgramJudge:
             reason = compile_failure(facts.killed_for, facts.oom_killed, limits)
             output = _tail(facts.stderr + facts.stdout, COMPILE_OUTPUT_MAX)
             return Verdict("COMPILE_ERROR", {"reason": reason, "output": output})
+        if key is not None:
+            await asyncio.to_thread(self.builds.keep, key, directory)
         return run_argv
 
     async def _judge_in(self, program: Program, problem: Problem, box: _Box) -> Verdict:
@@ -635,7 +647,7 @@ class ProgramJudge:
         language = LANGUAGES[program.language]
         argv = await self._build(
             language, program.source, box.dir, box, box.group, deadline,
-            std=program.std, memory_mb=problem.memory_mb,
+            std=program.std, memory_mb=problem.memory_mb, cache=True,
         )  # fmt: skip
         if isinstance(argv, Verdict):
             return Verdict(argv.status, {**base, **argv.details})

@@ -69,3 +69,57 @@ async def test_language(judge: ProgramJudge, language: str, case: str) -> None:
     elif case == "time_limit":
         assert details["tests"][0]["cpu_ms"] >= 1000, details
     await assert_host_clean(judge)
+
+
+CPP20 = "#include <iostream>\nstruct P { int a, b; };\nint main() { P p{.a = 2, .b = 3}; auto c = p.a <=> p.b;"
+CPP20 += " std::cout << (c < 0 ? p.a + p.b : 0) << '\\n'; }\n"
+
+
+async def test_the_c_and_cpp_standard_is_the_submissions_choice(judge: ProgramJudge) -> None:
+    require(judge, "cpp")
+    # GNU C17 by default: pid_t comes with <unistd.h>; strict ISO C17 does not declare it there.
+    assert (await judge.judge(payload("c", PROGRAMS["c"].ok))).status == "ACCEPTED"
+    strict = await judge.judge(payload("c", PROGRAMS["c"].ok, std="c17"))
+    assert strict.status == "COMPILE_ERROR" and "pid_t" in strict.details["output"], strict.details
+    # The three-way comparison <=> is C++20.
+    assert (await judge.judge(payload("cpp", CPP20, std="c++20"))).status == "ACCEPTED"
+    assert (await judge.judge(payload("cpp", CPP20, std="gnu++23"))).status == "ACCEPTED"
+    older = await judge.judge(payload("cpp", CPP20, std="c++17"))
+    assert older.status == "COMPILE_ERROR" and "expected primary-expression" in older.details["output"], older.details
+    bad = await judge.judge(payload("cpp", CPP20, std="c++98"))
+    assert bad.status == "SYSTEM_ERROR" and bad.details["reason"].startswith(
+        "invalid payload: std must be one of c++11"
+    )
+    await assert_host_clean(judge)
+
+
+async def test_a_build_is_kept_and_reused_for_the_same_source_language_and_standard(judge: ProgramJudge) -> None:
+    require(judge, "cpp")
+    first = await judge.judge(payload("cpp", CPP20, std="c++20"))
+    assert (first.status, judge.builds.kept, judge.builds.hits) == ("ACCEPTED", 1, 0)
+    again = await judge.judge(payload("cpp", CPP20, std="c++20", limits={"time": 2, "memory_mb": 64}))
+    assert (again.status, judge.builds.kept, judge.builds.hits) == ("ACCEPTED", 1, 1)
+    # Another standard, or another source, is another build.
+    assert (await judge.judge(payload("cpp", CPP20, std="gnu++20"))).status == "ACCEPTED"
+    assert (judge.builds.kept, judge.builds.hits) == (2, 1)
+    # A failed build is not kept: the same broken source fails the same way, compiled again.
+    for _ in range(2):
+        broken = await judge.judge(payload("cpp", PROGRAMS["cpp"].compile_error))
+        assert broken.status == "COMPILE_ERROR" and "undeclared_thing" in broken.details["output"]
+    assert (judge.builds.kept, judge.builds.hits) == (2, 1)
+    # A JVM program restored from the cache still finds its class (the file is named after it).
+    require(judge, "java")
+    for hits in (1, 2):
+        java = await judge.judge(payload("java", PROGRAMS["java"].ok))
+        assert java.status == "ACCEPTED" and judge.builds.hits == hits, java.details
+    await assert_host_clean(judge)
+
+
+async def test_a_language_without_its_toolchain_is_a_verdict_naming_what_is_missing(judge: ProgramJudge) -> None:
+    judge.tools = {k: v for k, v in judge.tools.items() if k != "rustc"}
+    verdict = await judge.judge(payload("rust", PROGRAMS["rust"].ok))
+    assert verdict.status == "SYSTEM_ERROR"
+    assert verdict.details["reason"] == (
+        "no rust toolchain on this worker: rustc missing "
+        "(install Debian packages rustc-web: scripts/install --languages rust)"
+    )
