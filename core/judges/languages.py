@@ -197,8 +197,8 @@ LANGUAGES: dict[str, Language] = {
             "java", "{class}.java", (*JVM_RUN, "-cp", "{dir}", "{entry}"),
             compile=("{ld.so}", "--library-path", "{jdk}/lib", "{jdk}/bin/javac", "-J-XX:+UseSerialGC",
                      "-J-XX:-UsePerfData", "-J-Xmx640m", "-encoding", "UTF-8", "-d", "{dir}", "{dir}/{class}.java"),
-            artifact="{entry_path}.class", processes=64, title="Java (the JDK under /usr/lib/jvm)",
-            entry=java_entry, toolchain=Toolchain(base=True),
+            artifact="{entry_path}.class", processes=64, title="Java (JDK 17 or later)",
+            entry=java_entry, toolchain=Toolchain(debian=("openjdk-17-jdk-headless",)),
             notes="any class name: the top-level public class (else the first) is the file's name and is run; "
                   "heap up to the memory limit (`-Xmx`), 64 MiB thread stacks, 64 threads",
         ),
@@ -248,7 +248,7 @@ LANGUAGES: dict[str, Language] = {
             "javascript", "main.js",
             ("{node}", "--max-old-space-size={memory_mb}", "--stack-size={stack_kb}", "{dir}/main.js"),
             compile=("{node}", "--check", "{dir}/main.js"),
-            processes=32, title="JavaScript (Node.js 20)", toolchain=Toolchain(debian=("nodejs",), base=True),
+            processes=32, title="JavaScript (Node.js 20)", toolchain=Toolchain(debian=("nodejs",)),
             notes="CommonJS; V8's old space is the memory limit; stack up to 64 MiB; 32 threads",
         ),
         Language(
@@ -334,6 +334,11 @@ def template_values(language: Language, source: str, std: str | None, memory_mb:
     }
 
 
+#: Where ``scripts/install-languages`` makes a box-ready copy of Debian's JDK (hard links, and the
+#: configuration Debian keeps in /etc/java-*, which no box sees, copied in).
+BOX_JDK = os.path.join(TOOLCHAIN_DIR, "jdk")
+
+
 def _listdir(path: str) -> list[str]:
     """Sorted names in ``path`` ([] when it is not a readable directory). Not ``glob``: a worker that
     drops to another uid (trusted mode's test) may no longer read the interpreter's library to import it."""
@@ -346,13 +351,14 @@ def _listdir(path: str) -> list[str]:
 def find_jdk(root: str = "/usr/lib/jvm") -> str | None:
     """A JDK a box can run: one whose files all live under /usr (Debian's own JDK keeps its
     configuration in /etc/java-*, which no box sees; a vendor JDK such as Temurin is self-contained).
-    The default ``javac``'s JDK first, then the others by name."""
+    The default ``javac``'s JDK first, then the others by name, then :data:`BOX_JDK`."""
     homes = []
     javac = shutil.which("javac", path=SYSTEM_PATH)
     if javac is not None:
         homes.append(os.path.dirname(os.path.dirname(os.path.realpath(javac))))
     with contextlib.suppress(OSError):
         homes += sorted(os.path.join(root, n) for n in os.listdir(root))
+    homes.append(BOX_JDK)
     for home in homes:
         security = os.path.join(home, "conf", "security", "java.security")
         compiler = os.path.join(home, "bin", "javac")
@@ -457,13 +463,21 @@ def missing_toolchain(language: Language, tools: Mapping[str, str]) -> str | Non
     if not missing:
         return None
     source = language.toolchain
-    where = [f"Debian packages {' '.join(source.debian)}" if source.debian else "",
+    debian = debian_packages(language, missing)
+    where = [f"Debian packages {' '.join(debian)}" if debian else "",
              f"Maven Central {' '.join(source.maven)}" if source.maven else ""]  # fmt: skip
-    how = " and ".join(w for w in where if w) or "a self-contained JDK under /usr/lib/jvm"
+    how = " and ".join(w for w in where if w)
     return (
         f"no {language.name} toolchain on this worker: {', '.join(missing)} missing "
-        f"(install {how}: scripts/install --languages {language.name})"
+        f"(install {how}: scripts/install --languages={language.name})"
     )
+
+
+def debian_packages(language: Language, missing: list[str] | set[str]) -> tuple[str, ...]:
+    """The Debian packages that bring ``language``'s ``missing`` tools (pure): its own, and the Java
+    row's JDK when a JVM language lacks the JDK."""
+    extra = LANGUAGES["java"].toolchain.debian if "jdk" in missing and language.name != "java" else ()
+    return tuple(dict.fromkeys((*language.toolchain.debian, *extra)))
 
 
 def expand(

@@ -57,6 +57,13 @@ async def test_language(judge: ProgramJudge, language: str, case: str) -> None:
     require(judge, language)
     programs = PROGRAMS[language]
     verdict = await judge.judge(payload(language, getattr(programs, case)))
+    for _ in range(2):
+        # A spinning box that got under half a CPU (other work on this 2-core machine) meets the wall
+        # guard (2 x time + 0.5 s) first: IDLENESS_LIMIT. Only then is it judged again.
+        run = verdict.details.get("tests", [{}])[0]
+        if verdict.status != "IDLENESS_LIMIT" or run["cpu_ms"] > 0.5 * run["wall_ms"]:
+            break
+        verdict = await judge.judge(payload(language, getattr(programs, case)))
     assert isinstance(verdict, Verdict)
     details = verdict.details
     expected = {"ok": "ACCEPTED", "compile_error": "COMPILE_ERROR", "runtime_error": "RUNTIME_ERROR",
@@ -121,5 +128,5 @@ async def test_a_language_without_its_toolchain_is_a_verdict_naming_what_is_miss
     assert verdict.status == "SYSTEM_ERROR"
     assert verdict.details["reason"] == (
         "no rust toolchain on this worker: rustc missing "
-        "(install Debian packages rustc-web: scripts/install --languages rust)"
+        "(install Debian packages rustc-web: scripts/install --languages=rust)"
     )

@@ -86,7 +86,7 @@ def test_a_worker_without_a_toolchain_says_what_is_missing_and_where_it_comes_fr
     why = missing_toolchain(LANGUAGES["rust"], {"gcc": "/usr/bin/gcc"})
     assert why == (
         "no rust toolchain on this worker: rustc missing "
-        "(install Debian packages rustc-web: scripts/install --languages rust)"
+        "(install Debian packages rustc-web: scripts/install --languages=rust)"
     )
     kotlin = missing_toolchain(LANGUAGES["kotlin"], {})
     assert kotlin is not None and "Maven Central org.jetbrains.kotlin:kotlin-compiler-embeddable:" in kotlin
