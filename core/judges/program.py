@@ -2,7 +2,7 @@
 
 Payload, either with its own tests::
 
-    {"language": "python" | "c" | "cpp" | "java", "source": "...",
+    {"language": "python" | "c" | "cpp" | "java" | ..., "source": "...", "std": "c++20",
      "tests": [{"input": "...", "output": "..."}, ...],
      "limits": {"time": 2, "memory_mb": 256, "output_kb": 1024},
      "checker": "lines", "scoring": {"run_all": true}}          # both optional
@@ -10,6 +10,10 @@ Payload, either with its own tests::
 or naming an uploaded problem package (tests, limits, checker, interactor, scoring come from it)::
 
     {"problem": "mean", "version": 3, "language": "cpp", "source": "..."}
+
+``language`` is a name of :data:`~.languages.LANGUAGES`; ``std`` (optional, C and C++ only) one of
+that language's standards. A submission's build is kept by the worker (:mod:`.builds`): the same
+source in the same language and standard is built once per worker.
 
 Each test gives a :class:`~.scoring.TestResult` (verdict, CPU ms, wall ms, peak memory, exit code
 or signal, a short checker message). The submission's verdict is the first failing test's, or
@@ -42,6 +46,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from . import STATUSES, PackageSource, Status, Verdict
+from .builds import BuildCache, build_key
 from .cgroups import BoxGroup, Roots, remove_stale
 from .checkers import MAX_MESSAGE, CheckerSpec, CheckResult, InvalidChecker, check, custom_outcome, parse_spec
 from .isolation import SANDBOX_DIR_VAR, JudgeSettings, detect, load_judge_settings
@@ -50,11 +55,14 @@ from .languages import (
     COMPILE_LIMITS,
     COMPILE_OUTPUT_MAX,
     LANGUAGES,
+    UNAVAILABLE,
     Language,
     compile_failure,
     expand,
     find_tools,
-    missing_tools,
+    missing_toolchain,
+    parse_standard,
+    template_values,
 )
 from .sandbox import BOX, Isolation, Limits, RunFacts, run
 from .scoring import InvalidScoring, Scoring, TestResult, parse_scoring, should_run, summarize
@@ -96,6 +104,7 @@ class Program:
     version: int | None = None
     checker: CheckerSpec = field(default_factory=lambda: CheckerSpec("lines"))
     scoring: Scoring = field(default_factory=Scoring)
+    std: str | None = None  # the language standard asked for (C, C++); None: the language's default
 
 
 @dataclass(frozen=True)
@@ -158,11 +167,17 @@ def parse_payload(payload: Any, *, max_tests: int = 1000) -> Program:
     if not isinstance(payload, dict):
         raise InvalidProgramPayload("payload must be a JSON object")
     language = payload.get("language")
+    if isinstance(language, str) and language in UNAVAILABLE:
+        raise InvalidProgramPayload(f"language {language!r} is not offered here: {UNAVAILABLE[language]}")
     if language not in LANGUAGES:
         raise InvalidProgramPayload(f"language must be one of {', '.join(LANGUAGES)}, got {language!r}")
     source = payload.get("source")
     if not isinstance(source, str):
         raise InvalidProgramPayload("source must be a string")
+    try:
+        std = parse_standard(LANGUAGES[language], payload.get("std"))
+    except ValueError as exc:
+        raise InvalidProgramPayload(str(exc)) from None
     if "problem" in payload:
         problem, version = payload["problem"], payload.get("version")
         if not isinstance(problem, str) or not problem:
@@ -172,7 +187,7 @@ def parse_payload(payload: Any, *, max_tests: int = 1000) -> Program:
         for own in ("tests", "limits", "checker", "scoring"):
             if own in payload:
                 raise InvalidProgramPayload(f"{own}: a payload naming a problem package takes its {own} from it")
-        return Program(language, source, [], problem=problem, version=version)
+        return Program(language, source, [], problem=problem, version=version, std=std)
     tests = payload.get("tests")
     if not isinstance(tests, list) or not tests:
         raise InvalidProgramPayload("tests must be a non-empty list (or name a package with problem and version)")
@@ -192,7 +207,7 @@ def parse_payload(payload: Any, *, max_tests: int = 1000) -> Program:
         raise InvalidProgramPayload(str(exc)) from None
     if checker.kind == "custom":
         raise InvalidProgramPayload("checker: a custom checker comes with a problem package, not inline")
-    return Program(language, source, cases, time_limit, memory_mb, output_kb, checker=checker, scoring=scoring)
+    return Program(language, source, cases, time_limit, memory_mb, output_kb, checker=checker, scoring=scoring, std=std)
 
 
 def inline_problem(program: Program) -> Problem:
@@ -469,6 +484,8 @@ class ProgramJudge:
         shutil.rmtree(self.helpers_dir, ignore_errors=True)
         os.makedirs(self.helpers_dir, mode=0o700)
         self.helper_builds = 0
+        # Built submissions (see _build); like the helpers', a crashed worker's are not trusted.
+        self.builds = BuildCache(os.path.join(root, "builds", str(self.range)))
         self.staging_dir = os.path.join(root, "staging", str(self.range))
         shutil.rmtree(self.staging_dir, ignore_errors=True)
         os.makedirs(self.staging_dir, mode=0o700)
@@ -579,29 +596,48 @@ class ProgramJudge:
         deadline: float,
         *,
         helper: bool = False,
+        std: str | None = None,
+        memory_mb: int | None = None,
+        cache: bool = False,
     ) -> list[str] | Verdict:
-        """Write and (if the language compiles) build a program; its run argv, or the verdict of a failure."""
-        missing = missing_tools(language, self.tools)
+        """Write and (if the language compiles) build a program; its run argv, or the verdict of a failure.
+
+        ``memory_mb`` is the run's memory limit, which some runtimes are told (a helper's by default);
+        ``cache``: look the build up in, and add it to, the worker's :class:`~.builds.BuildCache`.
+        """
+        missing = missing_toolchain(language, self.tools)
         if missing:
-            return Verdict("SYSTEM_ERROR", {"reason": f"no {', '.join(missing)} on this worker for {language.name}"})
+            return Verdict("SYSTEM_ERROR", {"reason": missing})
         inside = self._inside(directory)
-        await asyncio.to_thread(_write_text, os.path.join(directory, language.source), source)
-        if language.compile is not None:
-            limits = replace(COMPILE_LIMITS, wall=max(0.001, min(COMPILE_LIMITS.wall, deadline - time.monotonic())))
-            facts = await run(
-                expand(language.compile, inside, self.tools), box=directory, uid=box.uid, stdin=b"", limits=limits,
-                isolation=self.isolation, group=group, writable_box=True,
-            )  # fmt: skip
-            built = language.artifact is None or await asyncio.to_thread(
-                os.path.exists, os.path.join(directory, language.artifact)
-            )
-            if facts.stuck:
-                return Verdict("SYSTEM_ERROR", {"reason": "the compiler's box did not stop after it was killed"})
-            if facts.killed_for is not None or facts.oom_killed or facts.exit_code != 0 or not built:
-                reason = compile_failure(facts.killed_for, facts.oom_killed, limits)
-                output = _tail(facts.stderr + facts.stdout, COMPILE_OUTPUT_MAX)
-                return Verdict("COMPILE_ERROR", {"reason": reason, "output": output})
-        return expand(language.helper_run if helper and language.helper_run else language.run, inside, self.tools)
+        values = template_values(language, source, std, memory_mb or HELPER_LIMITS.memory // (1024 * 1024))
+        name = expand((language.source,), inside, self.tools, values)[0].rsplit("/", 1)[-1]
+        run_template = language.helper_run if helper and language.helper_run else language.run
+        run_argv = expand(run_template, inside, self.tools, values)
+        if language.compile is None:
+            await asyncio.to_thread(_write_text, os.path.join(directory, name), source)
+            return run_argv
+        argv = expand(language.compile, inside, self.tools, values)
+        key = build_key(language.name, argv, source, self.tools, sorted(language.tools())) if cache else None
+        owner = box.uid if self.isolation.mode == "full" else None
+        if key is not None and await asyncio.to_thread(self.builds.restore, key, directory, owner):
+            return run_argv
+        await asyncio.to_thread(_write_text, os.path.join(directory, name), source)
+        limits = replace(COMPILE_LIMITS, wall=max(0.001, min(COMPILE_LIMITS.wall, deadline - time.monotonic())))
+        facts = await run(
+            argv, box=directory, uid=box.uid, stdin=b"", limits=limits,
+            isolation=self.isolation, group=group, writable_box=True,
+        )  # fmt: skip
+        artifact = expand((language.artifact,), "", self.tools, values)[0] if language.artifact else None
+        built = artifact is None or await asyncio.to_thread(os.path.exists, os.path.join(directory, artifact))
+        if facts.stuck:
+            return Verdict("SYSTEM_ERROR", {"reason": "the compiler's box did not stop after it was killed"})
+        if facts.killed_for is not None or facts.oom_killed or facts.exit_code != 0 or not built:
+            reason = compile_failure(facts.killed_for, facts.oom_killed, limits)
+            output = _tail(facts.stderr + facts.stdout, COMPILE_OUTPUT_MAX)
+            return Verdict("COMPILE_ERROR", {"reason": reason, "output": output})
+        if key is not None:
+            await asyncio.to_thread(self.builds.keep, key, directory)
+        return run_argv
 
     async def _judge_in(self, program: Program, problem: Problem, box: _Box) -> Verdict:
         deadline = time.monotonic() + self.settings.budget
@@ -609,7 +645,10 @@ class ProgramJudge:
         if problem.ref is not None:
             base["problem"] = problem.ref
         language = LANGUAGES[program.language]
-        argv = await self._build(language, program.source, box.dir, box, box.group, deadline)
+        argv = await self._build(
+            language, program.source, box.dir, box, box.group, deadline,
+            std=program.std, memory_mb=problem.memory_mb, cache=True,
+        )  # fmt: skip
         if isinstance(argv, Verdict):
             return Verdict(argv.status, {**base, **argv.details})
         helper_argv: list[str] | None = None
@@ -661,11 +700,12 @@ class ProgramJudge:
         language = LANGUAGES[helper.language]
         await asyncio.to_thread(self._make_dir, box.helper_dir, box.uid)
         kept = os.path.join(self.helpers_dir, f"{helper.sha256}-{helper.language}") if helper.sha256 else None
+        source = await asyncio.to_thread(helper.path.read_text)
         if language.compile is not None and kept is not None and await asyncio.to_thread(os.path.isdir, kept):
             await asyncio.to_thread(self._restore_helper, kept, box)
             run_template = language.helper_run or language.run
-            return expand(run_template, self._inside(box.helper_dir), self.tools)
-        source = await asyncio.to_thread(helper.path.read_text)
+            values = template_values(language, source, None, HELPER_LIMITS.memory // (1024 * 1024))
+            return expand(run_template, self._inside(box.helper_dir), self.tools, values)
         built = await self._build(language, source, box.helper_dir, box, box.helper_group, deadline, helper=True)
         if not isinstance(built, Verdict) and language.compile is not None and kept is not None:
             await asyncio.to_thread(self._keep_helper, box.helper_dir, kept)

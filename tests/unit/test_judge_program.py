@@ -122,7 +122,7 @@ def test_payload_validation_limits_and_test_count() -> None:
     limits = run_limits(program)
     assert (limits.cpu, limits.wall, limits.memory, limits.output, limits.stack) == (0.1, 0.7, 64 << 20, 8192, 64 << 20)
     bad_cases = {
-        "language must be one of": {"language": "rust", "source": "", "tests": SUM},
+        "language must be one of": {"language": "fortran", "source": "", "tests": SUM},
         "limits.time must be between": py(PY_SUM, time=0),
         "tests must be a non-empty list": {**py(PY_SUM), "tests": []},
         "limits.memory_mb must be between": py(PY_SUM, memory_mb=8),
