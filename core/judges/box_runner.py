@@ -116,12 +116,14 @@ def spawn_joined(argv: list[str], env: dict[str, str], fds: list[int], join_fd: 
     failed_r, failed_w = os.pipe2(os.O_CLOEXEC)  # a byte: it did not join; EOF at its exec: it did
     child = os.fork()
     if child == 0:
-        try:
-            os.write(join_fd, b"0")
-        except OSError:
-            os.write(failed_w, b"j")
-            os._exit(125)
-        try:
+        code = EXEC_FAILED >> 8
+        try:  # whatever happens, this child never returns into the runner's loop
+            try:
+                os.write(join_fd, b"0")
+            except OSError:
+                code = 125
+                os.write(failed_w, b"j")
+                raise
             for target, fd in enumerate(fds):
                 os.dup2(fd, target)  # inheritable: the program's 0, 1 and 2
             for number in DEFAULTS:
@@ -129,8 +131,10 @@ def spawn_joined(argv: list[str], env: dict[str, str], fds: list[int], join_fd: 
             _signal.pthread_sigmask(_signal.SIG_SETMASK, ())
             os.execve(argv[0], argv, env)
         except OSError as exc:
-            os.write(2, f"cannot run {argv[0]}: {exc.strerror}\n".encode())
-        os._exit(EXEC_FAILED >> 8)
+            if code != 125:
+                os.write(2, f"cannot run {argv[0]}: {exc.strerror}\n".encode())
+        finally:
+            os._exit(code)
     os.close(failed_w)
     try:
         joined = os.read(failed_r, 1) == b""

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from judgequeue.core.judges.cgroups import BoxGroup
+from judgequeue.core.judges.cgroups import BoxGroup, PerTest, Usage
 from judgequeue.core.judges.isolation import JudgeSettings
 from judgequeue.core.judges.lane import Lane
 from judgequeue.core.judges.program import ProgramJudge
@@ -359,3 +359,37 @@ async def test_cancelling_a_session_run_kills_the_box(
         await hanging
     await lane.close()
     assert not any(g.leftover() for g in groups)
+
+
+class Unjoinable(PerTest):
+    """A test's accounting whose group the program cannot join (a descriptor it cannot write)."""
+
+    def __init__(self, real: PerTest) -> None:
+        self.real = real
+        self.join_fd = os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)
+
+    def cpu_ns(self) -> int:
+        return self.real.cpu_ns()
+
+    def usage(self) -> Usage:
+        return self.real.usage()
+
+    def close(self, deadline: float) -> bool:
+        os.close(self.join_fd)
+        self.join_fd = -1
+        return self.real.close(deadline)
+
+
+async def test_a_program_that_cannot_join_its_tests_group_never_runs_in_the_session(
+    box: tuple[str, int, tuple[BoxGroup, BoxGroup]], session_lane: Lane, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # On cgroup v2 the program joins its test's own group before its exec; when that write fails the
+    # runner says "unjoined" instead of running it, and the test runs in a box of its own.
+    for group in box[2]:
+        real = group.per_test
+        monkeypatch.setattr(group, "per_test", lambda real=real, **limits: Unjoinable(real(**limits)))
+    facts = await session_runs(session_lane, ECHO_ARGV, [b"4", b"5"])
+    assert [f.stdout for f in facts] == [b"8\n", b"10\n"], facts
+    # The first test's session broke before its program ran: both ran in boxes of their own.
+    assert (session_lane.sessions, session_lane.in_session) == (1, 0)
+    assert session_lane.cold + session_lane.ahead_used == 2
