@@ -301,6 +301,12 @@ def classify_facts(facts: RunFacts, limits: Limits) -> tuple[Status, str] | None
         return "MEMORY_LIMIT", f"memory over {mib} MiB (peak {facts.memory_peak // (1024 * 1024)} MiB)"
     if facts.cpu >= limits.cpu:
         return "TIME_LIMIT", f"CPU time {facts.cpu:.3f}s over {limits.cpu:g}s"
+    if facts.killed_for == "wall" and facts.waited * 2 >= facts.wall:
+        # Stopped at the wall guard's hard cap having mostly waited for a CPU: nothing the program
+        # did; a verdict on it would be a guess.
+        return "SYSTEM_ERROR", (
+            f"the worker was overloaded: the program waited {facts.waited:.1f}s of {facts.wall:.1f}s for a CPU"
+        )
     if facts.killed_for == "wall":
         return "IDLENESS_LIMIT", f"wall time over {limits.wall:g}s with {facts.cpu:.3f}s of CPU"
     if facts.signal is not None:

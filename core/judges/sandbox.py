@@ -53,6 +53,8 @@ SCRATCH = "/tmp"
 PATH = "/usr/local/bin:/usr/bin:/bin"
 DEVICES = ("/dev/null", "/dev/zero", "/dev/urandom")
 POLL_MAX = 0.05  # longest pause between CPU checks; shorter when the limit is near
+#: However long a run waited for a CPU, the wall guard stops it at this many times its wall limit.
+STARVED_WALL_FACTOR = 4.0
 REAP_GRACE = 5.0  # how long a killed box may take to disappear before the run is reported stuck
 
 
@@ -92,6 +94,7 @@ class RunFacts:
     killed_for: KilledFor | None = None
     processes_refused: int = 0
     stuck: bool = False  # the box did not disappear within REAP_GRACE after being killed
+    waited: float = 0.0  # seconds its longest-waiting task was runnable but had no CPU (a loaded machine)
 
 
 @dataclass(frozen=True)
@@ -227,6 +230,61 @@ def next_check(cpu_left: float, wall_left: float, parallelism: int) -> float:
     :data:`POLL_MAX`, never past the wall deadline, never a busy loop.
     """
     return max(0.001, min(POLL_MAX, cpu_left / max(1, parallelism), wall_left))
+
+
+def wall_left(elapsed: float, waited: float, limit: float) -> float:
+    """Seconds before the wall guard stops a run (pure; <= 0: now).
+
+    The guard is for a program that sleeps or waits forever (IDLENESS_LIMIT), so it counts wall time
+    less the time the run was ready to run but the machine gave it no CPU: on a loaded worker a
+    program that spins would otherwise be stopped for idleness before it used its CPU time. However
+    it was spent, a run is stopped at :data:`STARVED_WALL_FACTOR` times the limit.
+    """
+    return min(limit - (elapsed - waited), limit * STARVED_WALL_FACTOR - elapsed)
+
+
+def task_delays(pids: set[int]) -> dict[int, int]:
+    """Nanoseconds each thread of ``pids`` has been runnable without a CPU (the second field of
+    ``/proc/PID/task/TID/schedstat``); threads gone meanwhile are left out."""
+    delays: dict[int, int] = {}
+    for pid in pids:
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                    delays[int(tid)] = int(f.read().split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    return delays
+
+
+class WallGuard:
+    """The wall guard of one run (see :func:`wall_left`): free while the run is within its limit,
+    then reads how long the run's tasks waited for a CPU each time the limit seems passed."""
+
+    def __init__(self, limit: float, started: float, pids: Callable[[], set[int]]) -> None:
+        self.limit = limit
+        self.started = started
+        self.deadline = started + limit
+        self.pids = pids
+        self.before = task_delays(pids())  # a box runner's own past waits are not the run's
+        self.waited = 0.0
+
+    def over(self, now: float) -> bool:
+        """Whether the run is to be stopped for its wall time (moves the deadline when it waited)."""
+        if now < self.deadline:
+            return False
+        delays = task_delays(self.pids())
+        waited = max((d - self.before.get(tid, 0) for tid, d in delays.items()), default=0) / 1e9
+        self.waited = max(self.waited, waited)
+        left = wall_left(now - self.started, self.waited, self.limit)
+        if left <= 0:
+            return True
+        self.deadline = now + left
+        return False
 
 
 class Pipe:
@@ -469,17 +527,18 @@ async def _watch(
         let_go(armed)
         if on_start is not None:
             on_start()
-        wall_deadline = started + limits.wall
+        guard = WallGuard(limits.wall, started, group.pids_in if group else lambda: {proc.pid})
         while not exited.is_set():
             now = time.monotonic()
             cpu = group.cpu_ns() / 1e9 if group else 0.0
             if full and cpu >= limits.cpu:
                 kill("cpu")
                 break
-            if now >= wall_deadline:
+            if guard.over(now):
                 kill("wall")
                 break
-            wait = next_check(limits.cpu - cpu, wall_deadline - now, parallelism) if full else wall_deadline - now
+            wall_left_now = guard.deadline - now
+            wait = next_check(limits.cpu - cpu, wall_left_now, parallelism) if full else wall_left_now
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(exited.wait(), wait)
         # The main process ended (or was killed): nothing of the box may outlive it.
@@ -505,14 +564,14 @@ async def _watch(
             return RunFacts(
                 exit_code=engine_exit_code(armed.report), signal=None, stdout=stdout, stderr=bytes(err.data),
                 wall=wall, cpu=usage.cpu_ns / 1e9, memory_peak=usage.memory_peak, oom_killed=usage.oom_kills > 0,
-                killed_for=killed_for, processes_refused=usage.pids_refused, stuck=stuck,
+                killed_for=killed_for, processes_refused=usage.pids_refused, stuck=stuck, waited=guard.waited,
             )  # fmt: skip
         sig = os.WTERMSIG(wait_status) if os.WIFSIGNALED(wait_status) else None
         code = os.WEXITSTATUS(wait_status) if os.WIFEXITED(wait_status) else None
         return RunFacts(
             exit_code=code, signal=sig, stdout=stdout, stderr=bytes(err.data),
             wall=wall, cpu=rusage.ru_utime + rusage.ru_stime, memory_peak=rusage.ru_maxrss * 1024,
-            oom_killed=False, killed_for=killed_for, stuck=stuck,
+            oom_killed=False, killed_for=killed_for, stuck=stuck, waited=guard.waited,
         )  # fmt: skip
     finally:
         loop.remove_reader(pidfd)

@@ -41,6 +41,7 @@ from .sandbox import (
     Limits,
     Pipe,
     RunFacts,
+    WallGuard,
     arm,
     discard,
     engine_child_pid,
@@ -179,12 +180,12 @@ class Session:
             for fd in fds:
                 os.close(fd)
             fds = []
-            wall_deadline = started + limits.wall
+            guard = WallGuard(limits.wall, started, group.pids_in)
             reply: bytes | None = None
             while reply is None:
                 now = time.monotonic()
                 cpu = test.cpu_ns() / 1e9
-                if killed_for is None and (cpu >= limits.cpu or now >= wall_deadline):
+                if killed_for is None and (cpu >= limits.cpu or guard.over(now)):
                     killed_for = "cpu" if cpu >= limits.cpu else "wall"
                 if killed_for is not None:
                     # Until the runner reports: a program may fork between a read of the group and a kill.
@@ -194,7 +195,7 @@ class Session:
                         break
                     wait = KILL_EVERY
                 else:
-                    wait = next_check(limits.cpu - cpu, wall_deadline - now, parallelism)
+                    wait = next_check(limits.cpu - cpu, guard.deadline - now, parallelism)
                 with contextlib.suppress(TimeoutError):
                     reply = await asyncio.wait_for(self._replies.get(), wait)
             wall = time.monotonic() - started
@@ -212,6 +213,7 @@ class Session:
                 exit_code=code, signal=sig, stdout=bytes(out.data[: limits.output]), stderr=bytes(err.data),
                 wall=wall, cpu=used.cpu_ns / 1e9, memory_peak=used.memory_peak, oom_killed=used.oom_kills > 0,
                 killed_for=killed_for, processes_refused=used.pids_refused, stuck=reply is None and killed_at > 0,
+                waited=guard.waited,
             )  # fmt: skip
         except BaseException:
             self.broken = True

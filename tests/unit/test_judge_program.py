@@ -29,6 +29,7 @@ from judgequeue.core.judges.sandbox import (
     next_check,
     run_fit,
     shim_script,
+    wall_left,
 )
 from judgequeue.core.judges.seccomp import ALLOWED_X86_64, SeccompUnsupported, build_filter
 from judgequeue.core.judges.session import RUNNER_SOURCE, exit_facts, parse_done, runner_argv
@@ -114,6 +115,20 @@ def test_verdicts_come_from_facts_not_from_text_or_exit_status() -> None:
     assert classify_run(facts(exit_code=None, signal=11), limits, "5") == ("RUNTIME_ERROR", "killed by signal 11")
     assert classify_run(facts(exit_code=None), limits, "5")[0] == "SYSTEM_ERROR"
     assert classify_run(facts(stuck=True, killed_for="wall"), limits, "5")[0] == "SYSTEM_ERROR"
+    # stopped at the guard's hard cap having mostly waited for a CPU: the worker's fault, said so
+    starved = classify_run(facts(cpu=0.2, wall=10.0, waited=6.0, killed_for="wall", exit_code=None), limits, "5")
+    assert starved[0] == "SYSTEM_ERROR" and "overloaded" in starved[1]
+    assert classify_run(facts(cpu=0.2, wall=2.6, waited=0.3, killed_for="wall", exit_code=None), limits, "5")[0] == (
+        "IDLENESS_LIMIT"
+    )
+
+
+def test_the_wall_guard_does_not_count_time_spent_waiting_for_a_cpu() -> None:
+    assert wall_left(elapsed=2.5, waited=0.0, limit=2.5) == 0  # an unloaded machine: the limit as ever
+    assert wall_left(elapsed=1.0, waited=0.0, limit=2.5) == 1.5
+    assert wall_left(elapsed=2.5, waited=2.0, limit=2.5) == 2.0  # starved: the idle part alone counts
+    assert wall_left(elapsed=9.0, waited=8.9, limit=2.5) == 1.0  # never past STARVED_WALL_FACTOR x limit
+    assert wall_left(elapsed=10.0, waited=10.0, limit=2.5) == 0
 
 
 def test_payload_validation_limits_and_test_count() -> None:
