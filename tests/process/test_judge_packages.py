@@ -6,6 +6,7 @@ uploaded while the old one is being judged. Each test checks the host is clean a
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -313,3 +314,131 @@ async def test_compile_errors_return_bounded_compiler_output(judge: ProgramJudge
     details = await expect(judge, {"language": "c", "source": noisy, "tests": [{"output": ""}]}, "COMPILE_ERROR")
     assert details["reason"] == "compilation failed"
     assert "undefined_thing" in details["output"] and len(details["output"]) <= 4000
+
+
+# --- testlib as shipped: headers beside checkers, points, interactor plus checker, no SIGPIPE race ------
+
+TESTLIB = Path(__file__).resolve().parents[1] / "fixtures" / "testlib"
+
+
+def shipped_testlib(*names: str) -> dict[str, str]:
+    return {name: (TESTLIB / name).read_text() for name in ("testlib.h", *names)}
+
+
+async def test_a_testlib_checker_is_built_with_the_testlib_h_beside_it(
+    judge: ProgramJudge, pg_pool: asyncpg.Pool, tmp_path: Path
+) -> None:
+    spec = "id: words\nlimits: {time: 1}\nchecker: {type: custom, source: wcmp.cpp, language: cpp}\n"
+    tests = {"1": ("a b\n", "a b\n"), "2": ("x\n", "x\n")}
+    version = await put(pg_pool, write_package(tmp_path / "words", spec, tests, shipped_testlib("wcmp.cpp")))
+    ok = await expect(judge, sub("words", version, ECHO), "ACCEPTED")
+    assert ok["tests"][0]["message"].startswith("ok 2 tokens")
+    wrong = await expect(judge, sub("words", version, "print('a c')"), "WRONG_ANSWER")
+    assert "2nd words differ - expected: 'b', found: 'c'" in wrong["reason"]
+
+
+async def test_testlib_points_become_the_tests_score(
+    judge: ProgramJudge, pg_pool: asyncpg.Pool, tmp_path: Path
+) -> None:
+    """testlib's pointscmp answers ``quitp(|answer - output|)``: ``points 0.25 ...`` on stderr, exit 7."""
+    spec = "id: points\nlimits: {time: 1}\nchecker: {type: custom, source: pointscmp.cpp, language: cpp}\n" \
+           "scoring: {run_all: true}\n"  # fmt: skip
+    tests = {"1": ("1.25\n", "1\n"), "2": ("2\n", "1\n")}
+    version = await put(pg_pool, write_package(tmp_path / "points", spec, tests, shipped_testlib("pointscmp.cpp")))
+    details = await expect(judge, sub("points", version, ECHO), "WRONG_ANSWER")
+    assert [(t["verdict"], t["score"]) for t in details["tests"]] == [("WRONG_ANSWER", 0.25), ("ACCEPTED", 1.0)]
+    assert details["tests"][0]["message"].startswith("ja=1.0000 pa=1.2500")
+    assert details["score"] == 62.5
+
+
+A_PLUS_B_TESTS = {"1": ("2\n1 2\n3 4\n", "3\n7\n"), "2": ("1\n-5 5\n", "0\n")}
+A_PLUS_B = "n = 0\nwhile True:\n    try:\n        a, b = map(int, input().split())\n    except EOFError:\n" \
+           "        break\n    print(a + b, flush=True)\n"  # fmt: skip
+
+
+async def test_an_interactor_writes_what_the_checker_judges(
+    judge: ProgramJudge, pg_pool: asyncpg.Pool, tmp_path: Path
+) -> None:
+    """testlib's interactor-a-plus-b copies the sums it hears to its output file; the checker (wcmp)
+    compares that with the answer. A submission answering wrong sums is WRONG_ANSWER, though the
+    interactor itself accepts every exchange."""
+    spec = "id: aplusb\nlimits: {time: 1}\nchecker: {type: custom, source: check/wcmp.cpp, language: cpp}\n" \
+           "interactor: {source: interact/interactor-a-plus-b.cpp, language: cpp}\n"  # fmt: skip
+    files = {f"check/{k}": v for k, v in shipped_testlib("wcmp.cpp").items()}
+    files |= {f"interact/{k}": v for k, v in shipped_testlib("interactor-a-plus-b.cpp").items()}
+    for folder in ("check", "interact"):
+        (tmp_path / "aplusb" / folder).mkdir(parents=True)
+    version = await put(pg_pool, write_package(tmp_path / "aplusb", spec, A_PLUS_B_TESTS, files))
+    ok = await expect(judge, sub("aplusb", version, A_PLUS_B), "ACCEPTED")
+    assert ok["tests"][0]["message"] == "ok 2 tokens"
+    wrong = await expect(judge, sub("aplusb", version, A_PLUS_B.replace("a + b", "a + b + 1")), "WRONG_ANSWER")
+    assert wrong["failed_test"] == 1 and "1st words differ - expected: '3', found: '4'" in wrong["reason"]
+
+
+#: The same game with Python programs: the interactor copies each sum it hears to its output file and
+#: accepts every exchange; the checker alone compares the sums with the answer.
+PY_INTERACTOR = """\
+import sys
+given = open(sys.argv[1]).read().split()
+with open(sys.argv[2], "w") as out:
+    for i in range(int(given[0])):
+        print(given[1 + 2 * i], given[2 + 2 * i], flush=True)
+        out.write(sys.stdin.readline())
+print(f"{given[0]} queries processed", file=sys.stderr)
+"""
+PY_CHECKER = """\
+import sys
+got, want = open(sys.argv[2]).read().split(), open(sys.argv[3]).read().split()
+if got != want:
+    print(f"expected {want}, found {got}", file=sys.stderr); sys.exit(1)
+print(f"{len(want)} sums", file=sys.stderr)
+"""
+
+
+async def test_a_checker_judges_an_interactors_output_whatever_the_language(
+    judge: ProgramJudge, pg_pool: asyncpg.Pool, tmp_path: Path
+) -> None:
+    spec = "id: sums\nlimits: {time: 1}\nchecker: {type: custom, source: check.py}\n" \
+           "interactor: {source: interactor.py}\n"  # fmt: skip
+    files = {"check.py": PY_CHECKER, "interactor.py": PY_INTERACTOR}
+    version = await put(pg_pool, write_package(tmp_path / "sums", spec, A_PLUS_B_TESTS, files))
+    await expect(judge, sub("sums", version, A_PLUS_B), "ACCEPTED")
+    wrong = await expect(judge, sub("sums", version, A_PLUS_B.replace("a + b", "a - b")), "WRONG_ANSWER")
+    assert wrong["reason"] == "expected ['3', '7'], found ['-1', '-1']"
+
+
+#: Reads one query, answers it (after the submission has surely gone, when told to wait), then wants
+#: a final answer the submission never sends.
+ANSWERING = """\
+import sys, time
+wait = float(open(sys.argv[1]).read())
+line = sys.stdin.readline()
+time.sleep(wait)
+print("<", flush=True)
+print("no answer" if not sys.stdin.readline() else "unexpected", file=sys.stderr)
+sys.exit(1)
+"""
+GUESS_AND_EXIT = "print('? 500', flush=True)\n"
+
+
+def flake_runs() -> int:
+    """How many runs the SIGPIPE race test makes (JUDGEQUEUE_TEST_FLAKE_RUNS; CI's size by default)."""
+    return int(os.environ.get("JUDGEQUEUE_TEST_FLAKE_RUNS", "200"))
+
+
+async def test_an_interactor_answering_a_submission_that_left_is_never_killed_by_sigpipe(
+    judge: ProgramJudge, pg_pool: asyncpg.Pool, tmp_path: Path
+) -> None:
+    """The submission asks once and exits; the interactor answers and then finds no final answer:
+    WRONG_ANSWER, every time. Writing to a pipe nobody reads any more used to kill the interactor with
+    SIGPIPE (exit 141, a SYSTEM_ERROR) when the submission's box was gone first: always with a slow
+    interactor (test 1 waits 0.3 s before answering), now and then with a quick one (the others)."""
+    runs = flake_runs()
+    spec = "id: leaver\nlimits: {time: 1}\ninteractor: {source: interactor.py, language: python}\n" \
+           "scoring: {run_all: true}\n"  # fmt: skip
+    tests = {str(i): ("0.3\n" if i == 1 else "0\n", "500\n") for i in range(1, runs + 1)}
+    version = await put(pg_pool, write_package(tmp_path / "leaver", spec, tests, {"interactor.py": ANSWERING}))
+    details = await expect(judge, sub("leaver", version, GUESS_AND_EXIT), "WRONG_ANSWER")
+    verdicts = [(t["verdict"], t["message"]) for t in details["tests"]]
+    assert len(verdicts) == runs
+    assert [v for v in verdicts if v != ("WRONG_ANSWER", "no answer")] == []
