@@ -209,7 +209,7 @@ EXIT_OK, EXIT_WA, EXIT_PE, EXIT_FAIL, EXIT_POINTS, EXIT_UNEXPECTED_EOF = 0, 1, 2
 KATTIS_AC, KATTIS_WA = 42, 43
 
 
-def testlib_points(text: str) -> tuple[float | None, str]:
+def parse_testlib_points(text: str) -> tuple[float | None, str]:
     """The points of a testlib ``points`` outcome and the rest of its message (pure).
 
     testlib's ``quitp(0.25, "msg")`` writes ``points 0.25 msg`` on stderr; judgequeue's older form
@@ -244,7 +244,7 @@ def custom_outcome(
     if exit_code in (EXIT_PE, EXIT_UNEXPECTED_EOF):
         return CheckResult("PRESENTATION_ERROR", 0.0, text or "presentation error")
     if exit_code == EXIT_POINTS:
-        points, rest = testlib_points(text)
+        points, rest = parse_testlib_points(text)
         if points is None or points < 0 or (not absolute_points and points > 1):
             bound = "a number of points" if absolute_points else "a score in [0, 1]"
             return CheckResult(

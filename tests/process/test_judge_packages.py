@@ -442,3 +442,55 @@ async def test_an_interactor_answering_a_submission_that_left_is_never_killed_by
     verdicts = [(t["verdict"], t["message"]) for t in details["tests"]]
     assert len(verdicts) == runs
     assert [v for v in verdicts if v != ("WRONG_ANSWER", "no answer")] == []
+
+
+async def test_a_scored_verdicts_stderr_is_its_failed_tests(judge: ProgramJudge) -> None:
+    """Test 2 fails without a word on stderr, test 6 crashes with a traceback: the verdict names test
+    2 and carries no stderr, rather than test 6's traceback beside test 2's number."""
+    source = "import sys\nn = int(input())\nif n == 6:\n    raise RuntimeError('test six')\nprint(0 if n == 2 else n)\n"
+    tests = [{"input": f"{n}\n", "output": f"{n}\n"} for n in range(1, 7)]
+    payload = {"language": "python", "source": source, "tests": tests, "scoring": {"run_all": True}}
+    details = await expect(judge, payload, "WRONG_ANSWER")
+    assert [t["verdict"] for t in details["tests"]][1::4] == ["WRONG_ANSWER", "RUNTIME_ERROR"]
+    assert details["failed_test"] == 2 and "stderr" not in details, details.get("stderr")
+
+
+# --- output-only problems and submissions of several files ------------------------------------------
+
+
+async def test_an_output_only_problem_judges_the_outputs_given(
+    judge: ProgramJudge, pg_pool: asyncpg.Pool, tmp_path: Path
+) -> None:
+    spec = "id: answers\ntype: output-only\nchecker: {type: custom, source: check.py}\nscoring: {run_all: true}\n"
+    tests = {"1": ("10\n", "10\n"), "2": ("11\n", "12\n"), "3": ("5\n", "5\n")}
+    version = await put(pg_pool, write_package(tmp_path / "answers", spec, tests, {"check.py": CHECKER}))
+    outputs = {"1": "10\n", "2": "13\n"}  # test 2 close (half the points), no output for test 3
+    details = await expect(judge, {"problem": "answers", "version": version, "outputs": outputs}, "WRONG_ANSWER")
+    assert [(t["verdict"], t["score"]) for t in details["tests"]] == [
+        ("ACCEPTED", 1.0), ("WRONG_ANSWER", 0.5), ("WRONG_ANSWER", 0.0),
+    ]  # fmt: skip
+    assert details["tests"][2]["message"] == "no output submitted for test 3" and "language" not in details
+    assert details["score"] == pytest.approx(50)
+    every = {"1": "10", "2": "12", "3": "5"}
+    await expect(judge, {"problem": "answers", "version": version, "outputs": every}, "ACCEPTED")
+    program = await expect(judge, sub("answers", version, ECHO), "SYSTEM_ERROR")
+    assert "this problem is output-only" in program["reason"]
+    inline = {"outputs": {"1": "3", "2": "4"}, "tests": [{"output": "3"}, {"output": "5"}]}
+    assert (await expect(judge, inline, "WRONG_ANSWER"))["failed_test"] == 2
+
+
+async def test_a_submission_of_several_files(judge: ProgramJudge) -> None:
+    files = {
+        "sum.h": "long add(long a, long b);\n",
+        "sum.cpp": '#include "sum.h"\nlong add(long a, long b) { return a + b; }\n',
+    }
+    main = '#include <cstdio>\n#include "sum.h"\n' \
+           'int main(){long a,b;scanf("%ld %ld",&a,&b);printf("%ld\\n",add(a,b));}\n'  # fmt: skip
+    payload = {"language": "cpp", "source": main, "files": files, "tests": [{"input": "2 3\n", "output": "5\n"}]}
+    await expect(judge, payload, "ACCEPTED")
+    no_unit = {**payload, "files": {"sum.h": files["sum.h"]}}  # declared, never defined: the link fails
+    assert "undefined reference to" in (await expect(judge, no_unit, "COMPILE_ERROR"))["output"]
+    clash = await expect(judge, {**payload, "files": {"main.cpp": "x"}}, "SYSTEM_ERROR")
+    assert "files: 'main.cpp' must be a plain file name" in clash["reason"]
+    escape = await expect(judge, {**payload, "files": {"../x.h": "x"}}, "SYSTEM_ERROR")
+    assert "must be a plain file name" in escape["reason"]
