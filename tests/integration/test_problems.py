@@ -19,6 +19,7 @@ from judgequeue.core.problems import (
     read_package_dir,
     upload,
 )
+from tests.support.archives import write_tree
 from tests.support.packages import write_package
 from tests.support.roles import clean_env, run_cli
 
@@ -92,6 +93,32 @@ def test_upload_by_cli_then_versions_are_immutable(pg_dsn: str, tmp_path: Path) 
     assert bad.returncode == 2 and "cannot read" in bad.stderr and len(bad.stderr.splitlines()) == 1
     listed = cli("problem", "list", dsn=pg_dsn)
     assert listed.stdout.count("mean  version=") == 2
+
+
+def test_the_cli_recognises_kattis_and_polygon_packages(pg_dsn: str, tmp_path: Path) -> None:
+    kattis = write_tree(tmp_path / "hello", {
+        "problem.yaml": "name: Hello\nlicense: cc0\n", "data/secret/1.in": "", "data/secret/1.ans": "hello\n",
+        "submissions/accepted/hello.py": "print('hello')\n",
+    })  # fmt: skip
+    first = cli("problem", "upload", str(kattis), dsn=pg_dsn)
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.startswith("hello version 1 (kattis package): 1 tests")
+    assert "note: no time limit in the package: 1 s" in first.stdout
+    timed = json.loads(cli("problem", "upload", str(kattis), "--time-limit", "2.5", "--id", "hi", "--json",
+                           dsn=pg_dsn).stdout)  # fmt: skip
+    assert (timed["id"], timed["version"], timed["format"], timed["notes"]) == ("hi", 1, "kattis", [])
+    polygon = write_tree(tmp_path / "p", {
+        "problem.xml": '<problem short-name="echo" revision="3"><judging><testset name="tests">'
+                       "<time-limit>500</time-limit><memory-limit>67108864</memory-limit><test-count>1</test-count>"
+                       '<tests><test method="manual"/></tests></testset></judging>'
+                       '<assets><checker type="testlib"><source path="files/check.py" type="python.3"/></checker>'
+                       "</assets></problem>",
+        "tests/01": "x\n", "tests/01.a": "x\n", "files/check.py": "import sys\n",
+    })  # fmt: skip
+    done = json.loads(cli("problem", "upload", str(polygon), "--json", dsn=pg_dsn).stdout)
+    assert (done["id"], done["version"], done["format"], done["tests"]) == ("echo", 3, "polygon", 1)
+    refused = cli("problem", "upload", str(tmp_path), dsn=pg_dsn)
+    assert refused.returncode == 2 and "not a problem package" in refused.stderr
 
 
 async def test_large_files_are_chunked_and_read_back_exactly(pg: asyncpg.Connection, tmp_path: Path) -> None:
