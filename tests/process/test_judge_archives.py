@@ -258,3 +258,43 @@ def test_what_a_kattis_package_may_not_be(tmp_path: Path) -> None:
         read_package(bad)
     with pytest.raises(InvalidPackage, match="the problem id"):
         read_package(write_tree(tmp_path / "Not An Id", AVERAGE))
+
+
+# --- a validator that scores (legacy: validation: custom score) -------------------------------------
+
+SCORING_VALIDATOR = """\
+import sys
+want = int(open(sys.argv[2]).read())
+feedback = sys.argv[3]
+try:
+    got = int(sys.stdin.read())
+except ValueError:
+    sys.exit(43)
+if abs(got - want) > 1:
+    open(feedback + "/judgemessage.txt", "w").write(f"off by {got - want}")
+    sys.exit(43)
+open(feedback + "/score.txt", "w").write("10" if got == want else "4.5")
+sys.exit(42)
+"""
+NEAR = {
+    "problem.yaml": "name: Near\nlicense: cc0\nsource: judgequeue\ntype: scoring\nvalidation: custom score\n"
+                    "limits: {memory: 512}\n",
+    "data/secret/testdata.yaml": "on_reject: continue\n",
+    "data/secret/1.in": "10\n", "data/secret/1.ans": "10\n",
+    "data/secret/2.in": "-3\n", "data/secret/2.ans": "-3\n",
+    "output_validators/near/near.py": SCORING_VALIDATOR,
+    "submissions/accepted/echo.py": "print(input())\n",
+    "submissions/partially_accepted/plus_one.py": "print(int(input()) + 1)\n",
+    "submissions/wrong_answer/plus_five.py": "print(int(input()) + 5)\n",
+}  # fmt: skip
+
+
+async def test_a_scoring_validator_agrees_with_problemtools(
+    judge: ProgramJudge, pg_pool: asyncpg.Pool, tmp_path: Path
+) -> None:
+    root = write_tree(tmp_path / "near", NEAR)
+    ours = await agree(judge, pg_pool, root, tmp_path)
+    assert ours["accepted/echo.py"].details["score"] == 20
+    close = ours["partially_accepted/plus_one.py"].details
+    assert (close["score"], [t["points"] for t in close["tests"]]) == (9, [4.5, 4.5])
+    assert ours["wrong_answer/plus_five.py"].details["reason"] == "off by 5"
