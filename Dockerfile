@@ -27,9 +27,13 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 # bubblewrap is the program judge's isolation engine (setpriv comes with util-linux); without it
 # the judge refuses to start. gcc and g++ compile the C and C++ submissions (inside the sandbox);
-# libc6-dev (C headers, crt files) is only a Recommends of gcc, so it is named.
+# libc6-dev (C headers, crt files) is only a Recommends of gcc, so it is named. With the base
+# image's Python 3 that is C, C++ and Python. EXTRA_PACKAGES adds Debian packages of other rows of
+# docs/judges.md's languages table that need nothing but apt, e.g.
+#   --build-arg EXTRA_PACKAGES="pypy3 golang-go rustc-web nodejs ruby php-cli ocaml-nox fp-compiler sbcl swi-prolog-nox"
+ARG EXTRA_PACKAGES=""
 RUN apt-get update \
- && apt-get install -y --no-install-recommends bubblewrap gcc g++ libc6-dev \
+ && apt-get install -y --no-install-recommends bubblewrap gcc g++ libc6-dev ${EXTRA_PACKAGES} \
  && rm -rf /var/lib/apt/lists/* \
  && bwrap --version && setpriv --version \
  && printf '#include <stdio.h>\nint main(void){puts("ok");return 0;}\n' | gcc -x c -o /tmp/c-ok - \

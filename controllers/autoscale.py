@@ -9,7 +9,9 @@ backlog still justified the current count), so a bursty queue does not make pods
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -75,3 +77,45 @@ def decide(
             replace(state, last_busy=now),
         )
     return ScaleDecision(current, wanted, "", state)
+
+
+@dataclass(frozen=True)
+class Handoff:
+    """The switch from internal to external autoscaling, remembered in ``status.autoscaling``:
+    when it was seen (epoch seconds) and ``spec.worker.replicas`` at that moment."""
+
+    since: float | None = None
+    replicas: int | None = None
+    keep_live: bool = False
+
+    @classmethod
+    def of(cls, status: Mapping[str, Any] | None) -> Handoff:
+        status = status or {}
+        since, replicas = status.get("externalSince"), status.get("handoffReplicas")
+        return cls(float(since) if since is not None else None, int(replicas) if replicas is not None else None)
+
+    def status(self) -> dict[str, Any]:
+        """The fields of ``status.autoscaling`` (None removes them in a merge patch)."""
+        return {"externalSince": self.since, "handoffReplicas": self.replicas}
+
+
+def handoff(
+    *, mode: str, previous_mode: str | None, spec_replicas: int | None, memory: Handoff, window: float, now: float,
+) -> Handoff:
+    """Whether the workers keep their live count instead of ``spec.worker.replicas`` (pure).
+
+    Switching ``worker.autoscaling`` from internal to external hands the count to an HPA or KEDA
+    through the scale subresource, whose ``spec.worker.replicas`` still holds its default (1) or an
+    old value: following it at once would drop every busy worker. So the live count stays until the
+    external scaler writes a new value, or ``spec.worker.replicas`` asks for more (scaling up is
+    never held back), or one scale-down stabilization window has passed (then it is followed, as a
+    scale-down after the window would be)."""
+    if mode != "external":
+        return Handoff()
+    if previous_mode == "internal" and memory.since is None:
+        memory = Handoff(now, spec_replicas)
+    if memory.since is None:
+        return Handoff()
+    if spec_replicas != memory.replicas or now - memory.since >= window:
+        return Handoff()
+    return Handoff(memory.since, memory.replicas, keep_live=True)

@@ -64,7 +64,10 @@ def find(conditions: Sequence[Mapping[str, Any]] | None, type_: str) -> Mapping[
 
 @dataclass(frozen=True)
 class RoleAvailability:
-    """Replica counts of one child Deployment as reported in its status."""
+    """Replica counts of one child Deployment as reported in its status, and what its own
+    conditions say went wrong: ``refused`` is the message of ``ReplicaFailure`` (the ReplicaSet
+    could not create pods: admission such as PodSecurity, a quota), ``stuck`` the message of
+    ``Progressing=False`` (``ProgressDeadlineExceeded``: no progress within progressDeadlineSeconds)."""
 
     role: str
     desired: int
@@ -72,10 +75,15 @@ class RoleAvailability:
     available: int
     updated: int
     exists: bool = True
+    refused: str = ""
+    stuck: str = ""
 
 
 def availability(role: str, deployment: Mapping[str, Any] | None) -> RoleAvailability:
-    """Read a Deployment's counts (a missing Deployment counts as nothing available)."""
+    """Read a Deployment's counts and conditions (a missing Deployment counts as nothing available).
+
+    Conditions the Deployment controller has not written for the current generation yet say
+    nothing about it, so a new rollout is never reported stuck because the previous one was."""
     if deployment is None:
         return RoleAvailability(role, 0, 0, 0, 0, exists=False)
     spec = deployment.get("spec") or {}
@@ -84,12 +92,21 @@ def availability(role: str, deployment: Mapping[str, Any] | None) -> RoleAvailab
     stale = status.get("observedGeneration") is not None and int(status["observedGeneration"]) < int(
         (deployment.get("metadata") or {}).get("generation", 0)
     )
+    conds = status.get("conditions") or []
+    failure = find(conds, "ReplicaFailure") or {}
+    progressing = find(conds, "Progressing") or {}
+    refused = str(failure.get("message") or failure.get("reason") or "") if failure.get("status") == "True" else ""
+    stuck = ""
+    if progressing.get("status") == "False" and progressing.get("reason") == "ProgressDeadlineExceeded":
+        stuck = str(progressing.get("message") or "ProgressDeadlineExceeded")
     return RoleAvailability(
         role=role,
         desired=desired,
         ready=int(status.get("readyReplicas", 0) or 0),
         available=int(status.get("availableReplicas", 0) or 0),
         updated=0 if stale else int(status.get("updatedReplicas", 0) or 0),
+        refused="" if stale else refused,
+        stuck="" if stale else stuck,
     )
 
 
@@ -109,6 +126,23 @@ def failure(reason: str, message: str) -> list[Condition]:
     ]
 
 
+@dataclass(frozen=True)
+class Problem:
+    """One thing a reconcile could not do, or found wrong: a CamelCase reason and the cause's own
+    message (the API server's, the Deployment controller's, a role's last line)."""
+
+    reason: str
+    message: str
+
+
+def degraded(problems: Sequence[Problem]) -> Condition:
+    """``Degraded``: True with the first problem's reason and every problem's message, else False."""
+    if not problems:
+        return Condition("Degraded", "False", "Reconciled", "the spec is applied")
+    message = "; ".join(dict.fromkeys(p.message for p in problems))  # each once, in order
+    return Condition("Degraded", "True", problems[0].reason, message)
+
+
 #: The exit code of a role refusing its configuration (core/cli.py EXIT_USAGE): restarts cannot fix it.
 CONFIG_EXIT_CODE = 2
 #: How much of a termination message a condition quotes (the kubelet keeps up to 4096 bytes).
@@ -123,6 +157,45 @@ class PodFailure:
     pod: str
     exit_code: int
     message: str
+
+
+#: Container waiting reasons that name a cause (the kubelet's), as opposed to ContainerCreating.
+WAITING_REASONS = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError",
+                   "CreateContainerError", "RunContainerError")
+
+
+@dataclass(frozen=True)
+class PodWaiting:
+    """Why one of a role's pods does not run yet, as the scheduler or the kubelet says it."""
+
+    role: str
+    pod: str
+    reason: str
+    message: str
+
+
+def waiting(role: str, pods: Sequence[Mapping[str, Any]]) -> PodWaiting | None:
+    """The first of ``role``'s pods that is unschedulable (``PodScheduled=False``) or whose container
+    waits for a named cause (:data:`WAITING_REASONS`: an image that cannot be pulled, a missing
+    Secret key), with that message; None if none is."""
+    for pod in pods:
+        name = str((pod.get("metadata") or {}).get("name", ""))
+        if (pod.get("metadata") or {}).get("deletionTimestamp"):
+            continue
+        status = pod.get("status") or {}
+        scheduled = find(status.get("conditions"), "PodScheduled") or {}
+        if scheduled.get("status") == "False":
+            return PodWaiting(role, name, str(scheduled.get("reason") or "Unschedulable"),
+                              _clip(str(scheduled.get("message") or "")))
+        for container in status.get("containerStatuses") or ():
+            wait = (container.get("state") or {}).get("waiting") or {}
+            if wait.get("reason") in WAITING_REASONS:
+                return PodWaiting(role, name, str(wait["reason"]), _clip(str(wait.get("message") or "")))
+    return None
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= MESSAGE_LIMIT else text[: MESSAGE_LIMIT - 3] + "..."
 
 
 def last_failure(role: str, pods: Sequence[Mapping[str, Any]]) -> PodFailure | None:
@@ -149,27 +222,50 @@ def last_failure(role: str, pods: Sequence[Mapping[str, Any]]) -> PodFailure | N
     return max(found, key=lambda item: item[0])[1] if found else None
 
 
-def rollout(roles: Sequence[RoleAvailability], failures: Sequence[PodFailure] = ()) -> list[Condition]:
-    """Ready / Progressing / Degraded from the children's availability after a successful reconcile.
+def rollout_problems(
+    roles: Sequence[RoleAvailability], failures: Sequence[PodFailure] = (), waits: Sequence[PodWaiting] = ()
+) -> tuple[Condition, Condition, list[Problem]]:
+    """Ready and Progressing from the children's availability, and what makes the JudgeQueue
+    Degraded: pods the API server refuses to create (``ReplicaFailure``: PodSecurity and other
+    admission, quotas), a rollout past its progress deadline, and a role that exited refusing its
+    configuration (exit 2: an uninstalled judge plugin, a bad variable), which restarts cannot fix.
 
-    ``failures`` are the last termination messages of roles short of replicas (:func:`last_failure`):
-    Ready quotes them, so ``kubectl get jq`` says why, not just "worker 0/1"; a role that exited
-    refusing its configuration (exit 2: an uninstalled judge plugin, a bad variable) also makes the
-    JudgeQueue Degraded, since restarting it cannot help.
+    ``failures`` are the last termination messages of roles short of replicas (:func:`last_failure`)
+    and ``waits`` why their pods do not run yet (:func:`waiting`): Ready quotes them, so ``kubectl get
+    jq`` says why, not just "worker 0/1".
     """
     missing = [r.role for r in roles if not r.exists]
     short = [r for r in roles if r.exists and r.available < r.desired]
     rolling = [r for r in roles if r.exists and r.updated < r.desired]
     short_roles = {r.role for r in short}
     failing = [f for f in failures if f.role in short_roles]
+    pending = [w for w in waits if w.role in short_roles]
+    refused = [r for r in roles if r.exists and r.refused]
+    stuck = [r for r in roles if r.exists and r.stuck]
+    problems: list[Problem] = []
+    for r in refused:
+        problems.append(Problem("PodsRefused", f"{r.role} pods refused: {r.refused}"))
+    for r in stuck:
+        why = "".join(f"; pod {w.pod} {w.reason}: {w.message}" for w in pending if w.role == r.role)
+        problems.append(Problem("RolloutStuck", f"{r.role} rollout stuck: {r.stuck}{why}"))
+    if not missing:
+        problems += [Problem("RoleMisconfigured", f"{f.role} refuses its configuration: {f.message}")
+                     for f in failing if f.exit_code == CONFIG_EXIT_CODE]
     if missing:
         ready = Condition("Ready", "False", "ChildrenMissing", f"not created yet: {', '.join(missing)}")
     elif short:
         detail = ", ".join(f"{r.role} {r.available}/{r.desired}" for r in short)
         message = f"available replicas: {detail}"
-        if failing:
+        refused_short = [r for r in refused if r.role in short_roles]
+        if refused_short:
+            why = "; ".join(f"{r.role} pods refused: {r.refused}" for r in refused_short)
+            ready = Condition("Ready", "False", "PodsRefused", f"{message}; {why}")
+        elif failing:
             why = "; ".join(f"{f.role} pod {f.pod} exited {f.exit_code}: {f.message}" for f in failing)
             ready = Condition("Ready", "False", "ContainersFailing", f"{message}; {why}")
+        elif pending:
+            why = "; ".join(f"{w.role} pod {w.pod} {w.reason}: {w.message}" for w in pending)
+            ready = Condition("Ready", "False", "PodsPending", f"{message}; {why}")
         else:
             ready = Condition("Ready", "False", "ReplicasUnavailable", message)
     else:
@@ -179,8 +275,12 @@ def rollout(roles: Sequence[RoleAvailability], failures: Sequence[PodFailure] = 
         progressing = Condition("Progressing", "True", "RollingOut", "children are being updated")
     else:
         progressing = Condition("Progressing", "False", "Reconciled", "children match the spec")
-    misconfigured = [f for f in failing if f.exit_code == CONFIG_EXIT_CODE]
-    if misconfigured and not missing:
-        why = "; ".join(f"{f.role} refuses its configuration: {f.message}" for f in misconfigured)
-        return [ready, progressing, Condition("Degraded", "True", "RoleMisconfigured", why)]
-    return [ready, progressing, Condition("Degraded", "False", "Reconciled", "the spec is applied")]
+    return ready, progressing, problems
+
+
+def rollout(
+    roles: Sequence[RoleAvailability], failures: Sequence[PodFailure] = (), waits: Sequence[PodWaiting] = ()
+) -> list[Condition]:
+    """Ready / Progressing / Degraded from the children alone (:func:`rollout_problems`)."""
+    ready, progressing, problems = rollout_problems(roles, failures, waits)
+    return [ready, progressing, degraded(problems)]

@@ -1,13 +1,20 @@
-"""Compute the patch that makes a live object match its desired form (pure; no I/O).
+"""Compare a live child with its desired form (pure; no I/O).
 
-Only the fields the operator renders are compared: anything the API server or another controller
-adds (defaults, status, annotations of its own) is left alone. Dicts are compared key by key; a list
-or scalar that differs is replaced whole, which is what a JSON merge patch (RFC 7386) does.
+:func:`differences` compares whole objects: the live child against what the API server makes of the
+rendered one (a server-side dry run fills in the same defaults), so a field someone added
+(``hostNetwork: true``, a capability, a ``nodeSelector``) differs as surely as one they changed.
+The operator replaces a child that differs and names the differences in its logs and Events.
+
+:func:`merge_patch` and :func:`covers` compare only the fields a desired object has (dicts key by
+key; a list or scalar that differs is replaced whole, as a JSON merge patch, RFC 7386, does): the
+smallest patch for a scale or a status.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -49,3 +56,80 @@ def child_patch(live: Mapping[str, Any], desired: Mapping[str, Any]) -> dict[str
         "spec": desired.get("spec", {}),
     }
     return merge_patch(live, scoped)
+
+
+@dataclass(frozen=True)
+class Difference:
+    """One field where the live object differs from the desired one: ``live`` is ``MISSING`` when
+    the field is absent from the live object, ``desired`` when the desired object has no such field
+    (someone added it)."""
+
+    path: str
+    live: Any
+    desired: Any
+
+    def describe(self, limit: int = 120) -> str:
+        """``path: live -> desired`` for a log line or an Event, each value shortened to ``limit``."""
+        if self.desired is MISSING:
+            return f"{self.path}={_short(self.live, limit)} (not in the spec)"
+        if self.live is MISSING:
+            return f"{self.path} missing (spec: {_short(self.desired, limit)})"
+        return f"{self.path}={_short(self.live, limit)} (spec: {_short(self.desired, limit)})"
+
+
+class _Missing:
+    def __repr__(self) -> str:
+        return "<missing>"
+
+
+MISSING: Any = _Missing()
+
+
+def _short(value: Any, limit: int) -> str:
+    text = json.dumps(value, separators=(",", ":"), sort_keys=True, default=str)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _keyed(items: list[Any]) -> dict[str, Any] | None:
+    """A list of objects each with a unique ``name`` (containers, env, volumes, ports) by name."""
+    if not all(isinstance(i, Mapping) and isinstance(i.get("name"), str) for i in items):
+        return None
+    keyed = {str(i["name"]): i for i in items}
+    return keyed if len(keyed) == len(items) else None
+
+
+def differences(live: Any, desired: Any, path: str = "") -> list[Difference]:
+    """Every field where ``live`` and ``desired`` differ, each at the deepest path where they part,
+    such as ``spec.template.spec.containers[worker].securityContext.capabilities.add`` (lists of named
+    objects, containers or env, are matched by name). Unlike :func:`covers`, fields only ``live`` has
+    count: this compares a whole object with what the API server would make of the desired one."""
+    if isinstance(live, Mapping) and isinstance(desired, Mapping):
+        out: list[Difference] = []
+        for key in sorted(set(live) | set(desired), key=str):
+            sub = f"{path}.{key}" if path else str(key)
+            out += differences(live.get(key, MISSING), desired.get(key, MISSING), sub)
+        return out
+    if isinstance(live, list) and isinstance(desired, list):
+        live_named, desired_named = _keyed(live), _keyed(desired)
+        if live_named is not None and desired_named is not None and [*live_named] == [*desired_named]:
+            out = []
+            for name, item in desired_named.items():
+                out += differences(live_named[name], item, f"{path}[{name}]")
+            return out
+        if live_named is not None and desired_named is not None:
+            added = [n for n in live_named if n not in desired_named]
+            if added and [n for n in live_named if n in desired_named] == [*desired_named]:
+                out = [Difference(f"{path}[{n}]", live_named[n], MISSING) for n in added]
+                for name, item in desired_named.items():
+                    out += differences(live_named[name], item, f"{path}[{name}]")
+                return out
+        if len(live) == len(desired):
+            out = []
+            for i, (a, b) in enumerate(zip(live, desired, strict=True)):
+                out += differences(a, b, f"{path}[{i}]")
+            return out
+    if live is MISSING and desired is MISSING:
+        return []
+    if type(live) is type(desired) and live == desired:
+        return []
+    return [Difference(path, live, desired)]

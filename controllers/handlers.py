@@ -1,11 +1,18 @@
 """Kopf handlers: reconcile children and cutover flags, refresh status, autoscale workers.
 
 Reconcile is level-based: every change (create, update, resume after a restart) and every timer tick
-renders the desired children, creates what is missing and patches only what differs. The timer also
-retries a cutover that could not be applied, refreshes readiness and, unless
-``worker.autoscaling: external``, scales workers on the backlog. Handlers of one object are
-serialised with a lock, and a tick never renders from a generation the change handlers have not
-processed yet. The operator writes status and children, never the spec.
+renders the desired children and makes the live ones equal to them (:mod:`.children`: created when
+missing, replaced when anything differs, including fields someone added), holds the queue row's
+flags to the spec (:mod:`.cutover`: restored or reported when changed outside it), and reads the
+children's state into status. The timer also scales workers on the backlog unless
+``worker.autoscaling: external``. Handlers of one object are serialised with a lock, and a tick never
+renders from a generation the change handlers have not processed yet.
+
+Status never lies: every step that fails (a child the API server refuses, pods admission refuses, a
+rollout past its deadline, a bad connection string, a missing Secret, a role refusing its
+configuration, the database out of reach, a queue another JudgeQueue owns) makes ``Degraded`` True
+with a reason and the cause's own message, written on the same pass, and the next pass that finds
+it fixed clears it. The operator writes status and children, never the spec.
 """
 
 from __future__ import annotations
@@ -25,19 +32,22 @@ from redis.exceptions import RedisError
 
 from judgequeue.core.backlog import Backlog, read_backlog
 from judgequeue.core.connect import connect_postgres, redis_client
-from judgequeue.core.errors import CutoverBlocked, JudgeQueueError, WatermarkMovedBack
-from judgequeue.core.queues import create_queue, set_cutover
+from judgequeue.core.errors import JudgeQueueError
+from judgequeue.core.queues import release_queue
 from judgequeue.core.redis_url import validate_redis_url
 from judgequeue.core.spec import JudgeQueueSpec, parse_spec
 
-from . import autoscale, conditions
-from .diff import child_patch
+from . import autoscale, conditions, cutover
+from .actions import log_action, log_problem
+from .children import Verified, sync_child
+from .conditions import Problem
 from .kube import KIND_REFS, PODS, KubeApi, KubeError, SecretNotFound
 from .render import (
     GROUP,
     PLURAL,
     VERSION,
     Owner,
+    name_errors,
     optional_children,
     render_children,
     selector_labels,
@@ -45,6 +55,10 @@ from .render import (
 )
 
 Status = dict[str, Any]
+Log = logging.Logger | logging.LoggerAdapter[Any]
+
+#: Degraded reasons that stop the autoscaler: scaling a fleet that cannot run, or is not ours, helps nobody.
+NO_AUTOSCALE = ("QueueOwned", "RoleMisconfigured", "ChildRefused", "PodsRefused")
 
 
 @dataclass(frozen=True)
@@ -66,9 +80,17 @@ class OperatorState:
     handled: collections.Counter[tuple[str, int]] = field(default_factory=collections.Counter)
     # (uid, reason) -> (message, monotonic time) of the last Warning Event posted, to rate-limit them.
     warned: dict[tuple[str, str], tuple[str, float]] = field(default_factory=dict)
+    # JudgeQueue uid -> child name -> what was last verified equal to the rendered child.
+    verified: dict[str, dict[str, Verified]] = field(default_factory=dict)
 
     def lock(self, uid: str) -> asyncio.Lock:
         return self.locks.setdefault(uid, asyncio.Lock())
+
+    def forget(self, uid: str) -> None:
+        self.locks.pop(uid, None)
+        self.verified.pop(uid, None)
+        for key in [k for k in self.warned if k[0] == uid]:
+            del self.warned[key]
 
     @property
     def api(self) -> KubeApi:
@@ -116,6 +138,15 @@ def _owner(body: Mapping[str, Any]) -> Owner:
     return Owner(name=meta["name"], namespace=meta["namespace"], uid=meta["uid"])
 
 
+def queue_owner(owner: Owner) -> str:
+    """How a JudgeQueue is recorded as its queue's owner in Postgres (migration 0011)."""
+    return f"JudgeQueue {owner.namespace}/{owner.name}"
+
+
+def _jq(owner: Owner) -> str:
+    return f"{owner.namespace}/{owner.name}"
+
+
 async def _connections(api: KubeApi, namespace: str, spec: JudgeQueueSpec) -> Connections:
     return Connections(
         postgres_dsn=await api.secret_value(namespace, spec.postgres.name, spec.postgres.key),
@@ -124,14 +155,14 @@ async def _connections(api: KubeApi, namespace: str, spec: JudgeQueueSpec) -> Co
     )
 
 
-async def _failures(
+async def _pod_states(
     api: KubeApi, owner: Owner, roles: list[conditions.RoleAvailability],
-    logger: logging.Logger | logging.LoggerAdapter[Any],
-) -> list[conditions.PodFailure]:
-    """The last termination message of each role short of replicas, read from its pods, so status
-    says why a role is unavailable (e.g. an uninstalled judge plugin). Best effort: an API error
-    (say, RBAC without ``pods: list``) leaves status at the replica counts."""
+) -> tuple[list[conditions.PodFailure], list[conditions.PodWaiting]]:
+    """Why each role short of replicas is short, read from its pods: the last termination message (an
+    uninstalled judge plugin), or why a pod does not run yet (unschedulable, an image that cannot be
+    pulled). Best effort: an API error (say, RBAC without ``pods: list``) leaves status at the counts."""
     failures: list[conditions.PodFailure] = []
+    waits: list[conditions.PodWaiting] = []
     for role in roles:
         if not role.exists or role.available >= role.desired:
             continue
@@ -140,35 +171,59 @@ async def _failures(
         try:
             pods = await api.list_objects(PODS, owner.namespace, label_selector=selector)
         except KubeError as exc:
-            logger.warning(f"cannot read {role.role} pods for their termination messages: {exc}")
+            log_problem(_jq(owner), f"cannot read {role.role} pods for why they are unavailable: {exc}")
             continue
         failure = conditions.last_failure(role.role, pods)
         if failure is not None:
             failures.append(failure)
-    return failures
+        wait = conditions.waiting(role.role, pods)
+        if wait is not None:
+            waits.append(wait)
+    return failures, waits
 
 
 async def _apply_children(
-    api: KubeApi, spec: JudgeQueueSpec, owner: Owner, logger: logging.Logger | logging.LoggerAdapter[Any]
-) -> dict[str, dict[str, Any]]:
-    """Create missing children and patch the differing ones; returns the live objects afterwards."""
+    state: OperatorState, body: Mapping[str, Any], spec: JudgeQueueSpec, owner: Owner, *, keep_live_workers: bool,
+) -> tuple[dict[str, dict[str, Any]], list[Problem]]:
+    """Make every child equal to its rendering (created, replaced, deleted when no longer rendered);
+    returns the live objects afterwards and the API server's refusals, one problem each (the other
+    children are still reconciled)."""
+    api = state.api
+    verified = state.verified.setdefault(owner.uid, {})
     live_worker = await api.get(KIND_REFS["Deployment"], owner.namespace, f"{owner.name}-worker")
     live_replicas = (live_worker or {}).get("spec", {}).get("replicas") if live_worker else None
-    desired = render_children(spec, owner, worker_replicas=worker_replicas(spec, live_replicas))
+    replicas = live_replicas if keep_live_workers and live_replicas is not None else worker_replicas(
+        spec, live_replicas)
+    desired = render_children(spec, owner, worker_replicas=replicas)
     result: dict[str, dict[str, Any]] = {}
+    problems: list[Problem] = []
     for child in desired:
-        ref = KIND_REFS[child.kind]
-        live = live_worker if child.name == f"{owner.name}-worker" else await api.get(ref, owner.namespace, child.name)
-        if live is None:
-            logger.info(f"creating {child.kind} {child.name}")
-            result[child.name] = await api.create(ref, owner.namespace, child.body)
+        what = f"{child.kind} {child.name}"
+        try:
+            live = live_worker if child.name == f"{owner.name}-worker" else await api.get(
+                KIND_REFS[child.kind], owner.namespace, child.name)
+            synced = await sync_child(api, owner.namespace, child, live, verified)
+        except KubeError as exc:
+            if not exc.refused:
+                raise
+            verified.pop(child.name, None)
+            message = f"{what}: {exc.api_message}"
+            problems.append(Problem("ChildRefused", message))
+            log_problem(_jq(owner), f"the API server refused {message}", object=what)
+            warn_event(state, body, "ChildRefused", message)
             continue
-        patch = child_patch(live, child.body)
-        if patch:
-            logger.info(f"patching {child.kind} {child.name}: {sorted(patch.get('spec', {}))}")
-            result[child.name] = await api.patch(ref, owner.namespace, child.name, patch)
-        else:
-            result[child.name] = live
+        result[child.name] = synced.live
+        if synced.action == "create":
+            log_action("create", what, "missing", judgequeue=_jq(owner), diff=child.body.get("spec"))
+        elif synced.action == "replace":
+            paths = ", ".join(d.path for d in synced.diffs[:12])
+            why = "changed outside the spec" if synced.drift else "the spec changed"
+            log_action("replace", what, f"{why}: {paths}", judgequeue=_jq(owner),
+                       diff=[d.describe(400) for d in synced.diffs])
+            if synced.drift:
+                warn_event(state, body, "DriftReverted",
+                           f"{what}: reverted changes made outside the spec: "
+                           + "; ".join(d.describe() for d in synced.diffs[:12]))
     rendered = {(c.kind, c.name) for c in desired}
     for kind, name in optional_children(owner):
         if (kind, name) in rendered:
@@ -176,84 +231,15 @@ async def _apply_children(
         live = await api.get(KIND_REFS[kind], owner.namespace, name)
         if live is None or not _owned_by(live, owner):
             continue  # never ours (someone's own policy of that name): leave it
-        logger.info(f"deleting {kind} {name}: the spec no longer renders it")
         await api.delete(KIND_REFS[kind], owner.namespace, name, uid=live["metadata"].get("uid"))
-    return result
+        verified.pop(name, None)
+        log_action("delete", f"{kind} {name}", "the spec no longer renders it", judgequeue=_jq(owner))
+    return result, problems
 
 
 def _owned_by(obj: Mapping[str, Any], owner: Owner) -> bool:
     refs = obj.get("metadata", {}).get("ownerReferences") or []
     return any(r.get("uid") == owner.uid and r.get("controller") for r in refs)
-
-
-def _cutover_wanted(spec: JudgeQueueSpec) -> dict[str, Any]:
-    wanted: dict[str, Any] = {"queue": spec.queue, "mode": spec.cutover.mode, "paused": spec.paused}
-    if spec.cutover.watermark is not None:
-        wanted["watermark"] = conditions.rfc3339(spec.cutover.watermark)
-    return wanted
-
-
-def _cutover_applied(status: Mapping[str, Any], wanted: Mapping[str, Any]) -> bool:
-    applied = status.get("cutover") or {}
-    cond = conditions.find(status.get("conditions"), "CutoverApplied")
-    same = all(applied.get(k) == v for k, v in wanted.items()) and ("watermark" in wanted) == ("watermark" in applied)
-    return bool(same and cond is not None and cond.get("status") == "True")
-
-
-async def apply_cutover(
-    dsn: str, spec: JudgeQueueSpec, *, connect_timeout: float, pooler: str = "none"
-) -> dict[str, Any]:
-    """Write the queue's flags in one transaction (created if missing); returns what the row now says.
-
-    ``pooler`` is the spec's ``postgres.pooler``: behind a transaction pooler the connection names no
-    prepared statements, since named ones stay on the pooler's server session after this connection
-    closes and collide with the same names from a later (restarted) operator process."""
-    conn = await connect_postgres(dsn, pooler=pooler, timeout=connect_timeout)
-    try:
-        async with conn.transaction():
-            await create_queue(conn, spec.queue, mode=spec.cutover.mode)
-            if spec.cutover.watermark is not None:
-                flags = await set_cutover(
-                    conn, spec.queue, mode=spec.cutover.mode, watermark=spec.cutover.watermark, paused=spec.paused
-                )
-            else:
-                flags = await set_cutover(conn, spec.queue, mode=spec.cutover.mode, paused=spec.paused)
-    finally:
-        await conn.close()
-    applied: dict[str, Any] = {"queue": flags.name, "mode": flags.mode, "paused": flags.paused,
-                               "configVersion": flags.config_version}
-    if flags.watermark is not None:
-        applied["watermark"] = conditions.rfc3339(flags.watermark)
-    return applied
-
-
-async def _cutover(
-    status: Mapping[str, Any], spec: JudgeQueueSpec, conns: Connections, config: OperatorConfig, generation: int,
-    logger: logging.Logger | logging.LoggerAdapter[Any],
-) -> tuple[dict[str, Any] | None, conditions.Condition | None]:
-    """Apply the cutover flags if they are not applied yet: (new status.cutover or None, condition or None)."""
-    wanted = _cutover_wanted(spec)
-    if _cutover_applied(status, wanted):
-        return None, None
-    try:
-        applied = await apply_cutover(conns.postgres_dsn, spec, connect_timeout=config.db_timeout,
-                                      pooler=conns.pooler)
-    except WatermarkMovedBack as exc:
-        return None, conditions.Condition("CutoverApplied", "False", "WatermarkMovedBack", str(exc))
-    except CutoverBlocked as exc:
-        logger.warning(f"cutover not applied, will retry: {exc}")
-        return None, conditions.Condition("CutoverApplied", "False", "WaitingForSubmits", str(exc))
-    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError, JudgeQueueError) as exc:
-        logger.warning(f"cutover not applied, will retry: {exc!r}")
-        return None, conditions.Condition(
-            "CutoverApplied", "False", "DatabaseUnavailable", f"cannot apply flags to queue {spec.queue!r}: {exc}"
-        )
-    applied["generation"] = generation
-    message = f"queue {spec.queue!r}: mode={applied['mode']} paused={applied['paused']}"
-    if "watermark" in applied:
-        message += f" watermark={applied['watermark']}"
-    logger.info(f"cutover applied: {message}")
-    return applied, conditions.Condition("CutoverApplied", "True", "Applied", message)
 
 
 def _workers_status(spec: JudgeQueueSpec, owner: Owner, live: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -268,64 +254,124 @@ def _workers_status(spec: JudgeQueueSpec, owner: Owner, live: Mapping[str, Any] 
     }
 
 
+def _refused(status: Mapping[str, Any], generation: int, problem: Problem) -> Status:
+    """Status for a reconcile that wrote nothing: Degraded with ``problem``, nothing progressing."""
+    updates = conditions.failure(problem.reason, problem.message)
+    return {"observedGeneration": generation,
+            "conditions": conditions.merge_conditions(status.get("conditions"), updates, generation=generation,
+                                                      now=_now())}
+
+
+def _claimed_before(status: Mapping[str, Any], spec: JudgeQueueSpec, owner: Owner) -> bool:
+    previous = status.get("cutover") or {}
+    return bool(previous.get("owner") == queue_owner(owner) and previous.get("queue") == spec.queue)
+
+
 async def reconcile(
-    body: Mapping[str, Any], state: OperatorState, logger: logging.Logger | logging.LoggerAdapter[Any]
+    body: Mapping[str, Any], state: OperatorState, *, tick: bool = False,
 ) -> Status:
-    """Bring children and queue flags to the spec; returns the status fields to patch."""
+    """Bring children and queue flags to the spec; returns the status fields to patch. ``tick``: also
+    read the backlog and, unless autoscaling is external, scale the workers on it."""
     meta = body["metadata"]
     generation = int(meta.get("generation", 0))
     status: Mapping[str, Any] = body.get("status") or {}
-    previous = status.get("conditions")
+    owner = _owner(body)
+    jq = _jq(owner)
     parsed = parse_spec(body.get("spec"), name=meta["name"])
-    if isinstance(parsed, list):
-        logger.error(f"invalid spec, nothing changed: {'; '.join(parsed)}")
-        warn_event(state, body, "InvalidSpec", "; ".join(parsed))
+    errors = (parsed if isinstance(parsed, list) else []) + name_errors(meta["name"])
+    if errors or isinstance(parsed, list):
+        log_problem(jq, f"invalid spec, nothing changed: {'; '.join(errors)}", level=logging.ERROR)
+        warn_event(state, body, "InvalidSpec", "; ".join(errors))
         return {
             "observedGeneration": generation,
             "conditions": conditions.merge_conditions(
-                previous, conditions.invalid_spec(parsed), generation=generation, now=_now()
+                status.get("conditions"), conditions.invalid_spec(errors), generation=generation, now=_now()
             ),
         }
-    owner = _owner(body)
     api = state.api
     try:
         conns = await _connections(api, owner.namespace, parsed)
     except SecretNotFound as exc:
-        logger.error(f"{exc}; nothing changed, will retry")
+        log_problem(jq, f"{exc}; nothing changed, will retry", level=logging.ERROR)
         warn_event(state, body, "SecretNotFound", str(exc))
-        return {
-            "observedGeneration": generation,
-            "conditions": conditions.merge_conditions(
-                previous, conditions.failure("SecretNotFound", str(exc)), generation=generation, now=_now()
-            ),
-        }
+        return _refused(status, generation, Problem("SecretNotFound", str(exc)))
     try:
         validate_redis_url(conns.redis_url)
     except ValueError as exc:  # the message never echoes a password
         message = f"Secret {parsed.redis.name} key {parsed.redis.key}: the Redis URL {exc}"
-        logger.error(f"{message}; nothing changed, will retry")
+        log_problem(jq, f"{message}; nothing changed, will retry", level=logging.ERROR)
         warn_event(state, body, "InvalidConnection", message)
-        return {
-            "observedGeneration": generation,
-            "conditions": conditions.merge_conditions(
-                previous, conditions.failure("InvalidConnection", message), generation=generation, now=_now()
-            ),
-        }
-    children = await _apply_children(api, parsed, owner, logger)
+        return _refused(status, generation, Problem("InvalidConnection", message))
+
+    sync = await cutover.sync_queue(
+        conns.postgres_dsn, parsed, owner=queue_owner(owner), previous=status.get("cutover") or {},
+        generation=generation, connect_timeout=state.config.db_timeout, pooler=conns.pooler)
+    _log_sync(sync, parsed, owner, body, state)
+    if sync.owned_by is not None or (sync.problem is not None and sync.problem.reason == "DatabaseUnavailable"
+                                     and not _claimed_before(status, parsed, owner)):
+        # Another JudgeQueue owns the queue, or ownership cannot be checked yet: write nothing.
+        assert sync.problem is not None
+        refused = _refused(status, generation, sync.problem)
+        refused["conditions"] = conditions.merge_conditions(
+            refused["conditions"], [sync.condition, conditions.Condition(
+                "Ready", "False", sync.problem.reason, f"nothing runs: {sync.problem.message}")],
+            generation=generation, now=_now())
+        return refused
+
+    handoff = autoscale.handoff(
+        mode=parsed.worker.autoscaling, previous_mode=(status.get("workers") or {}).get("autoscaling"),
+        spec_replicas=parsed.worker.replicas, memory=autoscale.Handoff.of(status.get("autoscaling")),
+        window=parsed.worker.scale_down_window, now=time.time())
+    children, problems = await _apply_children(state, body, parsed, owner, keep_live_workers=handoff.keep_live)
     roles = [conditions.availability(r, children.get(f"{owner.name}-{r}")) for r in ("dispatcher", "worker", "reaper")]
-    failures = await _failures(api, owner, roles, logger)
-    updates = conditions.rollout(roles, failures)
+    failures, waits = await _pod_states(api, owner, roles)
+    ready, progressing, rollout_problems = conditions.rollout_problems(roles, failures, waits)
+    problems += rollout_problems
+    if sync.problem is not None:
+        problems.append(sync.problem)
     new_status: Status = {
         "observedGeneration": generation,
         "workers": _workers_status(parsed, owner, children.get(f"{owner.name}-worker")),
+        "autoscaling": {**(status.get("autoscaling") or {}), **handoff.status()},
     }
-    applied, cutover_condition = await _cutover(status, parsed, conns, state.config, generation, logger)
-    if applied is not None:
-        new_status["cutover"] = applied
-    if cutover_condition is not None:
-        updates.append(cutover_condition)
-    new_status["conditions"] = conditions.merge_conditions(previous, updates, generation=generation, now=_now())
+    if sync.status:
+        new_status["cutover"] = sync.status
+    if tick and not any(p.reason in NO_AUTOSCALE for p in problems):
+        try:
+            scaled = await autoscale_workers(body, parsed, state, conns, children.get(f"{owner.name}-worker"),
+                                             handoff_keeps=handoff.keep_live)
+            _merge(new_status, scaled)
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError, RedisError,
+                JudgeQueueError, ValueError) as exc:
+            message = f"cannot read the backlog of queue {parsed.queue!r}: {exc!r}"
+            problems.append(Problem("BacklogUnavailable", message))
+            log_problem(jq, message)
+    new_status["conditions"] = conditions.merge_conditions(
+        status.get("conditions"), [ready, progressing, conditions.degraded(problems), sync.condition],
+        generation=generation, now=_now())
     return new_status
+
+
+def _log_sync(sync: cutover.QueueSync, spec: JudgeQueueSpec, owner: Owner, body: Mapping[str, Any],
+              state: OperatorState) -> None:
+    jq = _jq(owner)
+    obj = f"queue {spec.queue}"
+    if sync.claimed and sync.owned_by is None and sync.problem is None:
+        log_action("claim", obj, f"recorded {queue_owner(owner)} as its owner", judgequeue=jq)
+    if sync.released is not None:
+        log_action("release", f"queue {sync.released}", "spec.queue names another queue now", judgequeue=jq)
+    if sync.wrote is not None and sync.before is not None:
+        wanted = cutover.wanted(spec).canonical()
+        if sync.wrote == "restore":
+            reason = f"restored {wanted}: the row held {cutover.describe(sync.before)}, changed outside the spec"
+            warn_event(state, body, "CutoverDrifted", f"{obj}: {reason}")
+        else:
+            reason = f"wrote {wanted} (the row held {cutover.describe(sync.before)})"
+        log_action("cutover", obj, reason, judgequeue=jq)
+    if sync.problem is not None:
+        log_problem(jq, f"{obj}: {sync.problem.message}", reason=sync.problem.reason)
+        if sync.problem.reason in ("QueueOwned", "Drifted", "WatermarkMovedBack"):
+            warn_event(state, body, sync.problem.reason, sync.problem.message)
 
 
 async def measure_backlog(conns: Connections, queue: str, *, io_timeout: float) -> Backlog:
@@ -346,25 +392,20 @@ async def measure_backlog(conns: Connections, queue: str, *, io_timeout: float) 
 
 
 async def autoscale_workers(
-    body: Mapping[str, Any], spec: JudgeQueueSpec, state: OperatorState,
-    logger: logging.Logger | logging.LoggerAdapter[Any],
+    body: Mapping[str, Any], spec: JudgeQueueSpec, state: OperatorState, conns: Connections,
+    live: Mapping[str, Any] | None, *, handoff_keeps: bool = False,
 ) -> Status:
-    """One autoscaler tick: read the backlog, decide, patch the worker Deployment, emit an Event."""
+    """One autoscaler tick: read the backlog, decide, scale the worker Deployment, emit an Event."""
     owner = _owner(body)
-    api = state.api
     status: Mapping[str, Any] = body.get("status") or {}
-    conns = await _connections(api, owner.namespace, spec)
     backlog = await measure_backlog(conns, spec.queue, io_timeout=state.config.db_timeout)
     backlog_status = {"total": backlog.total, "outboxPending": backlog.outbox_pending,
                       "streamLag": backlog.stream_lag, "pel": backlog.pel,
                       "readAt": conditions.rfc3339(_now())}
     result: Status = {"backlog": backlog_status}
-    if spec.worker.autoscaling == "external":
+    if spec.worker.autoscaling == "external" or live is None:
         return result
     name = f"{owner.name}-worker"
-    live = await api.get(KIND_REFS["Deployment"], owner.namespace, name)
-    if live is None:
-        return result
     current = int(live.get("spec", {}).get("replicas", 0) or 0)
     remembered = status.get("autoscaling") or {}
     decision = autoscale.decide(
@@ -380,13 +421,16 @@ async def autoscale_workers(
     result["autoscaling"] = {"lastScaleUp": decision.state.last_scale_up, "lastBusy": decision.state.last_busy,
                              "wanted": decision.wanted}
     if decision.changed and decision.replicas != current:
-        scale = {"spec": {"replicas": decision.replicas}}
-        live = await api.patch(KIND_REFS["Deployment"], owner.namespace, name, scale)
+        scaled = await state.api.patch(KIND_REFS["Deployment"], owner.namespace, name,
+                                       {"spec": {"replicas": decision.replicas}})
+        verified = state.verified.get(owner.uid, {})
+        verified.pop(name, None)  # the next pass compares it again (its generation moved)
         reason = "ScaledUp" if decision.replicas > current else "ScaledDown"
         message = f"workers {current} -> {decision.replicas}: {decision.reason}"
-        logger.info(message)
+        log_action("scale", f"Deployment {name}", message, judgequeue=_jq(owner),
+                   fields={"replicas": decision.replicas, "from": current})
         kopf.event(cast(kopf.Body, body), type="Normal", reason=reason, message=message)
-    result["workers"] = _workers_status(spec, owner, live)
+        result["workers"] = _workers_status(spec, owner, scaled)
     return result
 
 
@@ -396,6 +440,50 @@ def _merge(status: Status, extra: Mapping[str, Any]) -> None:
             status[key].update(value)
         else:
             status[key] = value
+
+
+async def safe_reconcile(body: Mapping[str, Any], state: OperatorState, *, tick: bool = False) -> Status:
+    """:func:`reconcile`, with a failure it did not foresee turned into ``Degraded`` (reason
+    ``ReconcileFailed``, the error's own message) instead of a status left as it was. The Kubernetes
+    API being out of reach (no status can be written then) is raised for Kopf to retry."""
+    meta = body["metadata"]
+    try:
+        return await reconcile(body, state, tick=tick)
+    except KubeError as exc:
+        if not exc.refused:
+            raise
+        message = f"Kubernetes API: {exc.api_message}"
+    except Exception as exc:  # a bug must show in status, not only in the logs
+        logging.getLogger(__name__).exception("reconcile failed")
+        message = f"{type(exc).__name__}: {exc}"
+    warn_event(state, body, "ReconcileFailed", message)
+    log_problem(f"{meta['namespace']}/{meta['name']}", f"reconcile failed: {message}", level=logging.ERROR)
+    return _refused(body.get("status") or {}, int(meta.get("generation", 0)), Problem("ReconcileFailed", message))
+
+
+async def release(body: Mapping[str, Any], state: OperatorState) -> None:
+    """On deletion: give up the queue's ownership (best effort: an unreachable database must not keep
+    the JudgeQueue from going; ``docs/runbook.md`` says how to release it by hand)."""
+    owner = _owner(body)
+    queue = ((body.get("status") or {}).get("cutover") or {}).get("queue")
+    state.forget(owner.uid)
+    parsed = parse_spec(body.get("spec"), name=owner.name)
+    if not queue or isinstance(parsed, list):
+        return
+    try:
+        conns = await _connections(state.api, owner.namespace, parsed)
+        conn = await connect_postgres(conns.postgres_dsn, pooler=conns.pooler, timeout=state.config.db_timeout)
+        try:
+            released = await release_queue(conn, str(queue), queue_owner(owner))
+        finally:
+            await conn.close()
+    except (SecretNotFound, KubeError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError,
+            JudgeQueueError) as exc:
+        log_problem(_jq(owner), f"queue {queue}: ownership not released ({exc!r}); release it by hand"
+                    " (docs/runbook.md, \"A queue owned by another JudgeQueue\")")
+        return
+    if released:
+        log_action("release", f"queue {queue}", "the JudgeQueue is deleted", judgequeue=_jq(owner))
 
 
 def build_registry(
@@ -429,56 +517,46 @@ def build_registry(
     @kopf.on.resume(GROUP, VERSION, PLURAL, registry=registry)
     @kopf.on.create(GROUP, VERSION, PLURAL, registry=registry)
     @kopf.on.update(GROUP, VERSION, PLURAL, registry=registry)
-    async def on_change(body: kopf.Body, patch: kopf.Patch, logger: kopf.Logger, **_: Any) -> None:
+    async def on_change(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
         meta = body["metadata"]
         state.handled[(f"{meta['namespace']}/{meta['name']}", int(meta.get("generation", 0)))] += 1
         async with state.lock(meta["uid"]):
             try:
-                new_status = await reconcile(body, state, logger)
+                new_status = await safe_reconcile(body, state)
             except KubeError as exc:
                 warn_event(state, body, "ReconcileFailed", f"Kubernetes API: {exc}")
                 raise kopf.TemporaryError(f"Kubernetes API: {exc}", delay=5) from exc
         patch.status.update(new_status)
 
+    @kopf.on.delete(GROUP, VERSION, PLURAL, registry=registry)
+    async def on_delete(body: kopf.Body, **_: Any) -> None:
+        async with state.lock(body["metadata"]["uid"]):
+            await release(body, state)
+
     @kopf.timer(GROUP, VERSION, PLURAL, interval=state.config.interval, registry=registry)
-    async def tick(body: kopf.Body, logger: kopf.Logger, **_: Any) -> None:
+    async def tick(body: kopf.Body, **_: Any) -> None:
         meta = body["metadata"]
         async with state.lock(meta["uid"]):
             try:
                 fresh = await state.api.get(KIND_REFS["JudgeQueue"], meta["namespace"], meta["name"])
             except KubeError as exc:
-                logger.warning(f"timer skipped: {exc}")
+                log_problem(f"{meta['namespace']}/{meta['name']}", f"timer skipped: {exc}")
                 return
             if fresh is None or fresh["metadata"].get("deletionTimestamp"):
                 return
             status = fresh.get("status") or {}
             if int(fresh["metadata"].get("generation", 0)) != int(status.get("observedGeneration", -1)):
                 return  # a change handler has not processed this generation yet: it owns the next step
-            parsed = parse_spec(fresh.get("spec"), name=meta["name"])
-            if isinstance(parsed, list):
-                return
             try:
-                new_status = await reconcile(fresh, state, logger)
+                new_status = await safe_reconcile(fresh, state, tick=True)
             except KubeError as exc:
-                logger.warning(f"timer: Kubernetes API: {exc}")
-                warn_event(state, fresh, "ReconcileFailed", f"Kubernetes API: {exc}")
+                log_problem(f"{meta['namespace']}/{meta['name']}", f"timer: Kubernetes API: {exc}")
                 return
-            degraded = conditions.find(new_status.get("conditions"), "Degraded")
-            if degraded is None or degraded.get("status") != "True":
-                merged_body = {**fresh, "status": {**status, **new_status}}
-                try:
-                    _merge(new_status, await autoscale_workers(merged_body, parsed, state, logger))
-                except KubeError as exc:
-                    logger.warning(f"timer: Kubernetes API: {exc}")
-                    warn_event(state, fresh, "AutoscaleFailed", f"Kubernetes API: {exc}")
-                except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError, RedisError,
-                        SecretNotFound, ValueError) as exc:
-                    logger.warning(f"timer: backlog not read: {exc!r}")
             # Written here, under the lock, so a tick's status never lands after a newer change's.
             try:
                 await state.api.patch(KIND_REFS["JudgeQueue"], meta["namespace"], meta["name"],
                                       {"status": new_status}, subresource="status")
             except KubeError as exc:
-                logger.warning(f"timer: status not written: {exc}")
+                log_problem(f"{meta['namespace']}/{meta['name']}", f"timer: status not written: {exc}")
 
     return registry

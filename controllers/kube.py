@@ -21,14 +21,28 @@ from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 
 MERGE_PATCH = "application/merge-patch+json"
+#: The operator's name in the children's ``managedFields`` (who wrote what).
+FIELD_MANAGER = "judgequeue-operator"
 
 
 class KubeError(Exception):
-    """The API server refused a request or could not be reached."""
+    """The API server refused a request or could not be reached.
 
-    def __init__(self, status: int, message: str) -> None:
+    ``api_message`` is the API server's own message (``Deployment.apps "x" is invalid: ...``), what
+    status conditions quote; ``reason`` its machine reason (``Invalid``, ``Forbidden``, ``Conflict``).
+    """
+
+    def __init__(self, status: int, message: str, *, api_message: str = "", reason: str = "") -> None:
         super().__init__(f"HTTP {status}: {message}" if status else message)
         self.status = status
+        self.api_message = api_message or message
+        self.reason = reason
+
+    @property
+    def refused(self) -> bool:
+        """The API server answered and refused this request for what it is (validation, admission,
+        RBAC, quota): retrying the same request cannot help, a change elsewhere may."""
+        return self.status in (400, 403, 405, 413, 415, 422) or (self.status == 404 and self.reason != "NotFound")
 
 
 class SecretNotFound(Exception):
@@ -147,7 +161,9 @@ class KubeApi:
                 data = await response.json(content_type=None)
                 if response.status >= 400:
                     message = data.get("message", "") if isinstance(data, dict) else str(data)
-                    raise KubeError(response.status, f"{method} {path}: {message}")
+                    reason = str(data.get("reason", "")) if isinstance(data, dict) else ""
+                    raise KubeError(response.status, f"{method} {path.split('?')[0]}: {message}",
+                                    api_message=message, reason=reason)
                 return data if isinstance(data, dict) else None
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise KubeError(0, f"{method} {path}: {exc!r}") from exc
@@ -161,12 +177,21 @@ class KubeApi:
         return list((data or {}).get("items") or [])
 
     async def create(self, ref: Ref, namespace: str, body: Mapping[str, Any]) -> dict[str, Any]:
-        return await self._request("POST", ref.path(namespace), body) or {}
+        return await self._request("POST", f"{ref.path(namespace)}?fieldManager={FIELD_MANAGER}", body) or {}
+
+    async def replace(
+        self, ref: Ref, namespace: str, name: str, body: Mapping[str, Any], *, dry_run: bool = False
+    ) -> dict[str, Any]:
+        """PUT the whole object (``body`` carries the ``resourceVersion`` it replaces: a concurrent
+        change fails with 409). ``dry_run``: what the API server would store (defaults filled in,
+        admission run), storing nothing."""
+        query = f"?fieldManager={FIELD_MANAGER}" + ("&dryRun=All" if dry_run else "")
+        return await self._request("PUT", ref.path(namespace, name) + query, body) or {}
 
     async def patch(
         self, ref: Ref, namespace: str, name: str, patch: Mapping[str, Any], *, subresource: str | None = None
     ) -> dict[str, Any]:
-        path = ref.path(namespace, name) + (f"/{subresource}" if subresource else "")
+        path = ref.path(namespace, name) + (f"/{subresource}" if subresource else "") + f"?fieldManager={FIELD_MANAGER}"
         return await self._request("PATCH", path, patch, MERGE_PATCH) or {}
 
     async def delete(self, ref: Ref, namespace: str, name: str, *, uid: str | None = None) -> bool:

@@ -38,10 +38,20 @@ def operator_settings(namespaces: Sequence[str] | None) -> kopf.OperatorSettings
     return settings
 
 
+def liveness_endpoint(address: str, port: int | None) -> str | None:
+    """Kopf's liveness URL for ``address`` (an IPv6 address gets its brackets) and ``port``; None
+    without a port (no endpoint)."""
+    if not port:
+        return None
+    host = f"[{address}]" if ":" in address and not address.startswith("[") else address
+    return f"http://{host}:{port}/healthz"
+
+
 async def operate(
     namespaces: Sequence[str] | None,
     *,
     liveness_port: int | None = None,
+    liveness_address: str = "0.0.0.0",
     peering: str | None = None,
     standalone: bool = False,
     kubeconfig: str | None = None,
@@ -65,7 +75,7 @@ async def operate(
         namespaces=list(namespaces or ()),
         standalone=standalone or peering is None,
         peering_name=peering,
-        liveness_endpoint=f"http://0.0.0.0:{liveness_port}/healthz" if liveness_port else None,
+        liveness_endpoint=liveness_endpoint(liveness_address, liveness_port),
         stop_flag=stop_flag,
         ready_flag=ready_flag,
     )
@@ -75,6 +85,7 @@ def run_operator(
     namespaces: list[str] | None,
     *,
     liveness_port: int | None = None,
+    liveness_address: str = "0.0.0.0",
     peering: str | None = None,
     standalone: bool = False,
     kubeconfig: str | None = None,
@@ -85,11 +96,12 @@ def run_operator(
     """Run until SIGINT/SIGTERM; returns the process exit code.
 
     ``namespaces``: serve only these (None or empty: cluster-wide). ``liveness_port``: serve Kopf's
-    ``/healthz`` there. ``peering``: a Kopf peering name for several replicas; without it the operator
-    runs standalone (one replica). ``kubeconfig``: a kubeconfig path (default: in-cluster, else
-    ``$KUBECONFIG``/``~/.kube/config``). ``config``: timer interval and connection timeouts;
-    ``interval`` overrides just the timer's. Logs are JSON lines on stderr, like the roles', so one
-    log pipeline reads both (and a failing reconcile is never silent).
+    ``/healthz`` there, bound to ``liveness_address``. ``peering``: a Kopf peering name for several
+    replicas; without it the operator runs standalone (one replica). ``kubeconfig``: a kubeconfig
+    path (default: in-cluster, else ``$KUBECONFIG``/``~/.kube/config``). ``config``: timer interval
+    and connection timeouts; ``interval`` overrides just the timer's. Logs are JSON lines on stderr,
+    like the roles', so one log pipeline reads both; every action the operator takes is one INFO
+    line (:mod:`.actions`).
     """
     level = log_level.upper()
     known = level in ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -102,7 +114,8 @@ def run_operator(
         config = dataclasses.replace(config or OperatorConfig(), interval=interval)
     asyncio.run(
         operate(
-            namespaces, liveness_port=liveness_port, peering=peering, standalone=standalone,
+            namespaces, liveness_port=liveness_port, liveness_address=liveness_address, peering=peering,
+            standalone=standalone,
             kubeconfig=kubeconfig, config=config,
         )
     )

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from judgequeue.core.config import FILE_SUFFIX, JUDGE_REFUSED_VARIABLE
+from judgequeue.core.spec import NAME_MAX_LENGTH, EgressPeer, JudgeQueueSpec, role_secrets, role_settings
 from judgequeue.core.spec import ROLES as ROLES
-from judgequeue.core.spec import EgressPeer, JudgeQueueSpec, role_secrets, role_settings
 from judgequeue.core.spec import Role as Role
 
 GROUP = "judgequeue.dev"
@@ -46,7 +46,8 @@ SANDBOX_CAPABILITIES = ("SETUID", "SETGID", "CHOWN", "DAC_OVERRIDE", "FOWNER", "
 CGROUP_ROOT = "/sys/fs/cgroup"
 MIB = 1024 * 1024
 WORKER_BASE_MEMORY_MIB = 256  # the worker process itself
-PER_SLOT_MEMORY_MIB = 1024  # one box at a time per slot; compiling is the largest (1 GiB)
+PER_SLOT_MEMORY_MIB = 1024  # the limit: one box at a time per slot; compiling is the largest (1 GiB)
+PER_SLOT_REQUEST_MIB = 256  # the request: what a slot's box typically holds (a run, not a compile)
 DNS_PORT = 53
 #: Dispatchers and reapers without explicit ``resources``: peak RSS is ~41 MB under the end-to-end
 #: load (docs/performance.md), so 128Mi requested and 256Mi as the ceiling; a whole core at most.
@@ -77,6 +78,18 @@ class Child:
 
 def child_name(owner: str, role: Role | Literal["metrics"]) -> str:
     return f"{owner}-{role}"
+
+
+def name_errors(owner: str) -> list[str]:
+    """Why ``owner`` cannot name a JudgeQueue's children (empty if it can): the longest child name,
+    ``<name>-worker-egress``, must fit 63 characters, as must the metrics Service's, a DNS label. The
+    CRD refuses such a name at the door (metadata.name maxLength); this catches an object stored
+    before that rule."""
+    longest = network_policy_name(owner)
+    if len(owner) > NAME_MAX_LENGTH:
+        return [f"metadata.name: {owner!r} is {len(owner)} characters; at most {NAME_MAX_LENGTH}, so that"
+                f" child names such as {longest!r} ({len(longest)}) fit 63"]
+    return []
 
 
 def selector_labels(owner: str, role: Role | None = None) -> dict[str, str]:
@@ -154,10 +167,14 @@ def sandboxed(spec: JudgeQueueSpec, role: Role) -> bool:
 
 
 def default_worker_resources(spec: JudgeQueueSpec) -> dict[str, dict[str, str]]:
-    """Requests and limits for workers whose spec sets none: memory for every slot's box at once."""
-    memory = f"{WORKER_BASE_MEMORY_MIB + spec.worker.concurrency * PER_SLOT_MEMORY_MIB}Mi"
-    return {"requests": {"cpu": "500m", "memory": memory}, "limits": {"cpu": str(spec.worker.concurrency),
-                                                                      "memory": memory}}  # fmt: skip
+    """Requests and limits for workers whose spec sets none. The limit has room for every slot's
+    largest box at once (a compile, 1 GiB); the request, what the scheduler reserves, a typical box
+    per slot, so a worker of the largest concurrency (64) still fits a node (16.25 GiB requested)."""
+    c = spec.worker.concurrency
+    return {
+        "requests": {"cpu": "500m", "memory": f"{WORKER_BASE_MEMORY_MIB + c * PER_SLOT_REQUEST_MIB}Mi"},
+        "limits": {"cpu": str(c), "memory": f"{WORKER_BASE_MEMORY_MIB + c * PER_SLOT_MEMORY_MIB}Mi"},
+    }
 
 
 def termination_grace_seconds(spec: JudgeQueueSpec, role: Role) -> int:
@@ -212,6 +229,7 @@ def render_deployment(spec: JudgeQueueSpec, owner: Owner, role: Role, *, replica
     if rendered:
         container["resources"] = rendered
     spec_body: dict[str, Any] = {
+        "progressDeadlineSeconds": max(1, math.ceil(spec.progress_deadline)),
         "selector": {"matchLabels": selector_labels(owner.name, role)},
         "template": {
             "metadata": {"labels": labels},

@@ -17,6 +17,7 @@ import dataclasses
 import importlib
 import json
 import os
+import re
 import sys
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from datetime import datetime
@@ -28,6 +29,7 @@ from .config import (
     load_settings,
     parse_duration,
     parse_variable,
+    read_credential_files,
     redact_url,
     variable_names,
 )
@@ -132,18 +134,40 @@ def _run(coro: Awaitable[T]) -> T:
 
 
 def _scrub(text: str, secrets: Sequence[str]) -> str:
+    """``text`` with the password field of each URL in ``secrets`` hidden: the whole URL where it
+    appears, else its userinfo (``user:PASSWORD@``) and ``password=`` forms. Only those: a short
+    password must not turn every word that contains it into stars."""
+    from urllib.parse import unquote, urlsplit
+
     for url in secrets:
-        if url and url in text:
+        if not url:
+            continue
+        if url in text:
             text = text.replace(url, redact_url(url))
         try:
-            from urllib.parse import urlsplit
-
-            password = urlsplit(url).password
+            parts = urlsplit(url)
+            password = parts.password
         except ValueError:
-            password = None
-        if password:
-            text = text.replace(password, "***")
+            continue
+        if not password:
+            continue
+        for form in {password, unquote(password)}:
+            text = text.replace(f":{form}@", ":***@")
+            text = re.sub(rf"(password=){re.escape(form)}(?=[&\s'\"]|$)", r"\1***", text)
     return text
+
+
+def _secret_urls(values: Mapping[str, str]) -> list[str]:
+    """The connection URLs a message might quote, for :func:`_scrub`: given as variables or flags,
+    or read from their ``*_FILE`` (a pod's mounted Secret), best effort."""
+    names = [PREFIX + suffix for suffix in ("POSTGRES_DSN", "POSTGRES_LISTEN_DSN", "REDIS_URL")]
+    found = [values[name] for name in names if values.get(name)]
+    for name in names:
+        try:
+            found += list(read_credential_files(values, ignore=[n for n in names if n != name]).values())
+        except ConfigError:
+            continue  # reported by the command itself, which reads the files again
+    return found
 
 
 async def _connect_pg(dsn: str) -> Any:
@@ -283,7 +307,8 @@ def cmd_operator(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     namespaces = None if args.all_namespaces else args.namespace
     try:
         result = run_operator(
-            namespaces, liveness_port=args.liveness_port, peering=args.peering, kubeconfig=args.kubeconfig,
+            namespaces, liveness_port=args.liveness_port, liveness_address=args.liveness_address,
+            peering=args.peering, kubeconfig=args.kubeconfig,
             interval=args.interval, log_level=env.get("JUDGEQUEUE_LOG_LEVEL", "INFO"),
         )
     except Exception as exc:
@@ -708,6 +733,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--namespace", action="append", help="watch this namespace (repeatable)")
     p.add_argument("--all-namespaces", action="store_true", help="watch every namespace (default without --namespace)")
     p.add_argument("--liveness-port", type=int, help="serve the operator's /healthz on this port")
+    p.add_argument("--liveness-address", default="0.0.0.0",
+                   help="the address /healthz binds to (default 0.0.0.0: every interface of the pod, where the"
+                        " kubelet probes; 127.0.0.1 keeps it local)")
     p.add_argument("--peering", help="Kopf peering name, for several operator replicas (default: standalone)")
     p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, else $KUBECONFIG or ~/.kube/config)")
     p.add_argument("--interval", type=parse_duration, default=10.0,
@@ -857,7 +885,7 @@ def main(argv: list[str] | None = None, env: Mapping[str, str] | None = None) ->
         except argparse.ArgumentTypeError as exc:
             print(f"judgequeue: error: --watermark: {exc}", file=sys.stderr)
             return EXIT_USAGE
-    secrets = [v for k, v in {**environ, **overrides_from(args)}.items() if k in (DSN, REDIS) and v]
+    secrets = _secret_urls({**environ, **overrides_from(args)})
     try:
         code: int = args.handler(args, environ)
         return code

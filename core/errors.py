@@ -39,6 +39,14 @@ class CutoverBlocked(JudgeQueueError):
     0010) to commit; nothing was changed. Retry, or end those transactions."""
 
 
+class QueueOwned(JudgeQueueError):
+    """The queue belongs to another owner (a JudgeQueue, migration 0011); nothing was changed."""
+
+    def __init__(self, message: str, owner: str) -> None:
+        super().__init__(message)
+        self.owner = owner
+
+
 class UnknownSubmission(JudgeQueueError, LookupError):
     """No submission has this id."""
 

@@ -80,6 +80,9 @@ def setup_logging(level: str = "INFO", stream: IO[str] | None = None) -> None:
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level.upper())
-    # Libraries chatter at INFO about things an operator does not act on.
+    # Libraries chatter at INFO about things an operator does not act on (Kopf's per-object logger
+    # reports every handler and timer run); at DEBUG everything goes through. What the operator
+    # itself does is logged at INFO by its own logger (judgequeue.operator), which is not capped.
     for noisy in ("asyncio", "kopf.objects", "aiohttp.access"):
-        logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))
+        logging.getLogger(noisy).setLevel(root.level if root.level <= logging.DEBUG else max(logging.WARNING,
+                                                                                                root.level))

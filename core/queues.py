@@ -4,6 +4,10 @@
 Dispatchers read it inside each claim transaction, so a change made here takes effect for every
 replica at one instant. The watermark only moves forward; a database trigger enforces it for every
 writer, and this module turns its error into :class:`WatermarkMovedBack`.
+
+A queue may have one owner (migration 0011): the JudgeQueue whose spec holds its flags. Git is the
+truth only if one spec is: :func:`claim_queue` records the owner on first use and refuses any
+other, and :func:`set_cutover` with ``owner`` writes only while that owner holds the queue.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from datetime import datetime
 import asyncpg
 
 from . import sql
-from .errors import CutoverBlocked, InvalidQueueName, UnknownQueue, translate_pg_error
+from .errors import CutoverBlocked, InvalidQueueName, QueueOwned, UnknownQueue, translate_pg_error
 from .states import MODES as MODES  # re-exported: the operator knows them as queues'
 from .states import Mode as Mode
 
@@ -37,7 +41,8 @@ def validate_queue_name(name: object) -> str:
 
 @dataclass(frozen=True)
 class QueueFlags:
-    """A queue's cutover flags as stored, with the version that changes whenever they do."""
+    """A queue's cutover flags as stored, with the version that changes whenever they do, and its
+    owner (None: no JudgeQueue owns it)."""
 
     name: str
     mode: Mode
@@ -45,6 +50,7 @@ class QueueFlags:
     paused: bool
     config_version: int
     updated_at: datetime
+    owner: str | None
 
 
 def _flags(row: asyncpg.Record) -> QueueFlags:
@@ -74,6 +80,42 @@ async def list_queues(conn: asyncpg.Connection) -> list[QueueFlags]:
     return [_flags(r) for r in await conn.fetch(sql.query("queue_list"))]
 
 
+def _owned_elsewhere(name: str, owner: str) -> QueueOwned:
+    return QueueOwned(f"queue {name!r} belongs to {owner} (recorded in judgequeue.queues.owner); nothing was"
+                      " changed", owner)
+
+
+async def claim_queue(conn: asyncpg.Connection, name: str, owner: str, *, mode: Mode = "live") -> QueueFlags:
+    """The queue's flags, after making sure ``owner`` owns it: a missing queue is created owned by
+    ``owner`` (in ``mode``, as :func:`create_queue`), an unowned one is claimed with its flags kept.
+
+    Raises :class:`QueueOwned` naming the owner when someone else holds the queue; then nothing was
+    written. While ``owner`` already holds it, this is one read.
+    """
+    validate_queue_name(name)
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if not owner:
+        raise ValueError("an owner is required")
+    row = await conn.fetchrow(sql.query("queue_get"), name)
+    if row is not None and row["owner"] == owner:
+        return _flags(row)
+    if row is not None and row["owner"] is not None:
+        raise _owned_elsewhere(name, str(row["owner"]))
+    claimed = await conn.fetchrow(sql.query("queue_claim"), name, mode, owner)
+    if claimed is not None:
+        return _flags(claimed)
+    row = await conn.fetchrow(sql.query("queue_get"), name)  # claimed by someone else in between
+    if row is not None and row["owner"] == owner:
+        return _flags(row)
+    raise _owned_elsewhere(name, str(row["owner"] if row is not None else "an unknown owner"))
+
+
+async def release_queue(conn: asyncpg.Connection, name: str, owner: str) -> bool:
+    """Give up ``owner``'s hold on the queue (its flags stay); False if ``owner`` did not hold it."""
+    return bool(await conn.fetchval(sql.query("queue_release"), name, owner))
+
+
 _UNSET: object = object()
 
 
@@ -85,8 +127,10 @@ async def set_cutover(
     watermark: datetime | object | None = _UNSET,
     paused: bool | None = None,
     wait: float = FLIP_WAIT,
+    owner: str | None = None,
 ) -> QueueFlags:
-    """Change any of a queue's flags in one statement; unchanged arguments keep their value.
+    """Change any of a queue's flags in one statement; unchanged arguments keep their value. With
+    ``owner``, only while ``owner`` holds the queue (:func:`claim_queue`): else :class:`QueueOwned`.
 
     A submit that filled a worker's offer decided on the flags it read and hands its job over when
     its transaction commits, so the flip first waits for such transactions (migration 0010), at most
@@ -113,6 +157,7 @@ async def set_cutover(
                 watermark is not _UNSET,
                 None if watermark is _UNSET else watermark,
                 paused,
+                owner,
             )
             await conn.fetchval(sql.query("queue_flip_wait"), old)
     except asyncpg.LockNotAvailableError as exc:
@@ -128,6 +173,11 @@ async def set_cutover(
             raise translated from exc
         raise
     if row is None:
+        if owner is not None:
+            current = await conn.fetchrow(sql.query("queue_get"), name)
+            if current is not None:
+                raise QueueOwned(f"queue {name!r} is not held by {owner} (owner: {current['owner'] or 'none'});"
+                                 " nothing was changed", str(current["owner"] or ""))
         raise UnknownQueue(f"unknown queue {name!r} (create it with: judgequeue queue create {name})")
     return _flags(row)
 

@@ -102,4 +102,14 @@ def validate_redis_url(text: str) -> str:
         raise ValueError(
             "must be a redis://, rediss://, unix:// or redis+sentinel://host:port,.../<master-name>[/<db>] URL"
         )
+    if not text.startswith("unix://"):
+        # What redis-py would refuse only when it first connects (a role's first command, the
+        # operator's backlog read), said now. Only the part after the credentials is quoted.
+        hostport = urlsplit(text).netloc.rpartition("@")[2]
+        if hostport.startswith("["):
+            port_text = hostport.partition("]")[2].removeprefix(":")
+        else:
+            port_text = hostport.rpartition(":")[2] if ":" in hostport else ""
+        if port_text and (not port_text.isdigit() or not 0 < int(port_text) < 65536):
+            raise ValueError(f"has a bad port {port_text!r} (a number from 1 to 65535)")
     return text

@@ -13,6 +13,7 @@ import contextlib
 import logging
 import os
 import signal
+import ssl
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -89,7 +90,7 @@ class ReadinessProbe:
             try:
                 checks["postgres"] = await asyncio.wait_for(self._check_postgres(), self._timeout)
             except Exception as exc:
-                checks["postgres"] = f"unreachable: {type(exc).__name__}"
+                checks["postgres"] = unreachable(exc)
                 await self._drop_pg()
             try:
                 redis_checks = await asyncio.wait_for(self._check_redis(), self._timeout)
@@ -97,7 +98,7 @@ class ReadinessProbe:
                 if self._need_group:
                     checks["group"] = redis_checks[1]
             except Exception as exc:
-                checks["redis"] = f"unreachable: {type(exc).__name__}"
+                checks["redis"] = unreachable(exc)
             checks["role"] = "ok" if self.role_alive() else "stopped"
             return Readiness(all(v == "ok" for v in checks.values()), checks)
 
@@ -113,6 +114,28 @@ class ReadinessProbe:
             with contextlib.suppress(Exception):
                 await self._redis.aclose()
             self._redis = None
+
+
+def unreachable(exc: BaseException) -> str:
+    """A readiness check's failure: the error's type, and the TLS failure behind it when there is one
+    (a certificate the role does not trust is the one cause an operator cannot guess from the type).
+    Only the TLS library's own reason is quoted: connection errors' messages are not (they may name
+    the server in ways a probe's body should not)."""
+    text = f"unreachable: {type(exc).__name__}"
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, ssl.SSLCertVerificationError):
+            return f"{text}: TLS certificate verify failed: {cause.verify_message or cause.reason}"
+        if isinstance(cause, ssl.SSLError):
+            return f"{text}: TLS error: {cause.reason or type(cause).__name__}"
+        cause = cause.__cause__ or cause.__context__
+    message = str(exc)
+    if "CERTIFICATE_VERIFY_FAILED" in message:  # a client that kept only the text of the TLS error
+        reason = message.split("certificate verify failed:", 1)[-1].split("(_ssl.c", 1)[0].strip(" .")
+        return f"{text}: TLS certificate verify failed: {reason or 'see the role log'}"
+    return text
 
 
 class RefusedReadiness:

@@ -31,6 +31,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, field, fields
 from datetime import datetime
+from decimal import Decimal, InvalidOperation
 from typing import Any, Literal
 
 from .config import (
@@ -49,6 +50,8 @@ from .queues import validate_queue_name
 
 #: ``spec.worker.sandbox``: whether the program judge must isolate (the default) or may trust the code.
 SANDBOX_MODES = ("isolated", "trusted")
+#: ``spec.cutover.driftPolicy``: restore the spec's flags over a changed queue row, or report it.
+DRIFT_POLICIES = ("restore", "report")
 SANDBOX_VARIABLE = "JUDGEQUEUE_SANDBOX"
 
 Role = Literal["dispatcher", "worker", "reaper"]
@@ -66,8 +69,20 @@ SECRET_KEY_PATTERN = r"^[-._a-zA-Z0-9]+$"
 #: An IPv4 or IPv6 CIDR's shape; :func:`parse_spec` checks the address itself (no host bits set).
 CIDR_PATTERN = r"^[0-9a-fA-F:.]+/[0-9]{1,3}$"
 _SECRET_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
-_QUANTITY = re.compile(r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$")
+#: A Kubernetes quantity (k8s.io/apimachinery resource.Quantity): a decimal number and a binary
+#: (Ki..Ei) or decimal (n, u, m, k, M..E) suffix or an exponent. ``512MB`` and ``half`` are not.
+_QUANTITY = re.compile(r"^([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))((?:[KMGTPE]i)|[numkMGTPE]|[eE][+-]?[0-9]+)?$")
+_SUFFIXES = {
+    "": Decimal(1), "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"), "k": Decimal("1e3"),
+    "M": Decimal("1e6"), "G": Decimal("1e9"), "T": Decimal("1e12"), "P": Decimal("1e15"), "E": Decimal("1e18"),
+    **{s: Decimal(1024) ** (i + 1) for i, s in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"))},
+}
+#: The resources whose limit may not be below their request (the CRD's rules say the same).
+COMPARED_RESOURCES = ("cpu", "memory", "ephemeral-storage")
 DURATION_MAX_LENGTH = 16
+#: A JudgeQueue's name is the prefix of its children's names; the longest, ``<name>-worker-egress``,
+#: and the metrics Service ``<name>-metrics`` (a DNS label) must fit 63 characters.
+NAME_MAX_LENGTH = 49
 
 _SETTINGS_CLASSES: dict[str | None, type[Any]] = {
     None: Settings,
@@ -181,7 +196,9 @@ FIELDS: tuple[Field, ...] = (
     _integer(("worker", "minReplicas"), 0, 1000, 1),
     _integer(("worker", "maxReplicas"), 1, 1000, 10),
     _integer(("worker", "targetBacklogPerReplica"), 1, 1_000_000, 10),
-    _integer(("worker", "concurrency"), 1, 256, setting=("worker", "concurrency")),
+    # Jobs judged at once per worker; the default resources reserve memory per slot (controllers/render.py),
+    # so the bound keeps a worker's default request schedulable. Beyond it, run more workers.
+    _integer(("worker", "concurrency"), 1, 64, setting=("worker", "concurrency")),
     Field(("worker", "judge"), "string", setting_default("worker", "judge"), pattern=JUDGE_PATTERN,
           setting=("worker", "judge"), hint="a judge plugin name: lowercase letters, digits, - and _"),
     Field(("worker", "autoscaling"), "choice", "internal", choices=("internal", "external")),
@@ -218,6 +235,12 @@ FIELDS: tuple[Field, ...] = (
     _duration(("reaper", "retention"), setting=("reaper", "retention"), long=True),
     Field(("cutover", "mode"), "choice", "live", choices=("live", "shadow")),
     Field(("cutover", "watermark"), "timestamp", max_length=64),
+    # What the operator does when the queue row's flags differ from the spec without a spec change
+    # (someone ran `judgequeue cutover set`): restore the spec's (Git is the truth) or only report it.
+    Field(("cutover", "driftPolicy"), "choice", "restore", choices=DRIFT_POLICIES),
+    # How long a Deployment may roll out without progress before the JudgeQueue turns Degraded
+    # (each Deployment's progressDeadlineSeconds).
+    _duration(("progressDeadline",), 600.0),
 )
 
 #: Where the dispatcher's direct LISTEN DSN is referenced (a Secret, like every connection string).
@@ -363,6 +386,7 @@ class ReaperSpec:
 class CutoverSpec:
     mode: Literal["live", "shadow"]
     watermark: datetime | None
+    drift_policy: Literal["restore", "report"] = "restore"
 
 
 @dataclass(frozen=True)
@@ -383,6 +407,7 @@ class JudgeQueueSpec:
     cutover: CutoverSpec
     postgres_pooler: str = "none"  # none, session or transaction (core/config.py POOLERS)
     postgres_listen: SecretKeyRef | None = None  # the direct LISTEN DSN (dispatcher, direct-intake worker), if any
+    progress_deadline: float = 600.0  # seconds a Deployment may roll out without progress
     values: Mapping[tuple[str, ...], Any] = field(default_factory=dict, repr=False, compare=False)
     given: frozenset[tuple[str, ...]] = field(default=frozenset(), repr=False, compare=False)
 
@@ -461,11 +486,42 @@ def _resources(value: Any, where: str, errors: list[str]) -> dict[str, Any]:
             errors.append(f"{where}.{part}: must be an object")
             continue
         for name, amount in amounts.items():
-            if isinstance(amount, bool) or not (
-                isinstance(amount, int | float) or (isinstance(amount, str) and _QUANTITY.match(amount))
-            ):
-                errors.append(f"{where}.{part}.{name}: {amount!r} is not a quantity")
+            if parse_quantity(amount) is None:
+                errors.append(f"{where}.{part}.{name}: {amount!r} is not a quantity (e.g. 500m, 2, 512Mi, 1Gi)")
+    requests, limits = value.get("requests"), value.get("limits")
+    if isinstance(requests, Mapping) and isinstance(limits, Mapping):
+        for name in COMPARED_RESOURCES:
+            request, limit = parse_quantity(requests.get(name)), parse_quantity(limits.get(name))
+            if request is not None and limit is not None and limit < request:
+                errors.append(f"{where}.limits.{name}: {quantity_rule_message(name)}"
+                              f" ({limits[name]} < {requests[name]})")
     return dict(value)
+
+
+def quantity_rule_message(name: str) -> str:
+    """The message of the CRD's rule that a limit is not below its request (one per resource)."""
+    return f"limits.{name} must not be below requests.{name}"
+
+
+def parse_quantity(value: object) -> Decimal | None:
+    """A Kubernetes quantity (an integer, or a string such as ``500m`` or ``1Gi``) as a Decimal; None
+    if it is not one (``512MB``, ``half``, a boolean)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return Decimal(value)
+    if not isinstance(value, str):
+        return None
+    match = _QUANTITY.match(value)
+    if match is None:
+        return None
+    number, suffix = match.group(1), match.group(2) or ""
+    try:
+        if suffix[:1] in ("e", "E"):
+            return Decimal(number) * Decimal(10) ** int(suffix[1:])
+        return Decimal(number) * _SUFFIXES[suffix]
+    except (InvalidOperation, KeyError):
+        return None
 
 
 def _walk(spec: Mapping[str, Any], errors: list[str]) -> dict[tuple[str, ...], Any]:
@@ -606,7 +662,9 @@ def _build(
             retention=v[("reaper", "retention")],
             resources=resources[("reaper",)],
         ),
-        cutover=CutoverSpec(mode=v[("cutover", "mode")], watermark=v[("cutover", "watermark")]),
+        cutover=CutoverSpec(mode=v[("cutover", "mode")], watermark=v[("cutover", "watermark")],
+                            drift_policy=v[("cutover", "driftPolicy")]),
+        progress_deadline=v[("progressDeadline",)],
         postgres_pooler=v[("postgres", "pooler")],
         postgres_listen=(
             SecretKeyRef(v[(*LISTEN_SECRET, "secretKeyRef", "name")], v[(*LISTEN_SECRET, "secretKeyRef", "key")])

@@ -123,19 +123,27 @@ def missing_for_full(cgroup_roots: cgroups.Roots | str) -> list[str]:
         if problem:
             missing.append(problem)
     if not missing:
-        problem = probe_bwrap()
+        problem = probe_bwrap(disable_userns=disable_userns_works())
         if problem:
             missing.append(problem)
     return missing
 
 
-def probe_bwrap(uid: int = 65534) -> str | None:
+def disable_userns_works() -> bool:
+    """Whether bubblewrap's ``--disable-userns`` can work here: it writes the box's own
+    ``/proc/sys/user/max_user_namespaces``, which a container's read-only ``/proc/sys`` refuses.
+    Without it a box still cannot nest namespaces: its seccomp filter refuses every namespace flag."""
+    return probe_bwrap(disable_userns=True) is None
+
+
+def probe_bwrap(uid: int = 65534, *, disable_userns: bool = True) -> str | None:
     """Run bubblewrap once as an unprivileged uid with the namespaces a box uses; None if it works."""
     binds, links = runtime_layout()
     argv = [
         shutil.which("setpriv") or "setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
         "--no-new-privs", "--", shutil.which("bwrap") or "bwrap", "--unshare-all", "--unshare-user",
-        "--disable-userns", "--die-with-parent", "--as-pid-1",  # no init: nothing left to reap
+        *(["--disable-userns"] if disable_userns else []),
+        "--die-with-parent", "--as-pid-1",  # no init: nothing left to reap
     ]  # fmt: skip
     for b in binds:
         argv += ["--ro-bind", b, b]
@@ -162,7 +170,7 @@ def detect(settings: JudgeSettings) -> tuple[Isolation, cgroups.Roots | None]:
         binds, links = runtime_layout()
         isolation = Isolation(
             mode="full", bwrap=shutil.which("bwrap") or "", setpriv=shutil.which("setpriv") or "",
-            ro_paths=binds, symlinks=links, seccomp=build_filter(),
+            ro_paths=binds, symlinks=links, seccomp=build_filter(), disable_userns=disable_userns_works(),
         )  # fmt: skip
         return isolation, roots
     if settings.sandbox == "trusted":

@@ -2,7 +2,7 @@
 
 Payload, either with its own tests::
 
-    {"language": "python" | "c" | "cpp" | "java", "source": "...",
+    {"language": "python" | "c" | "cpp" | "java" | ..., "source": "...", "std": "c++20",
      "tests": [{"input": "...", "output": "..."}, ...],
      "limits": {"time": 2, "memory_mb": 256, "output_kb": 1024},
      "checker": "lines", "scoring": {"run_all": true}}          # both optional
@@ -11,9 +11,13 @@ or naming an uploaded problem package (tests, limits, checker, interactor, scori
 
     {"problem": "mean", "version": 3, "language": "cpp", "source": "..."}
 
-A submission of several files adds ``"files": {"util.h": "...", "util.cpp": "..."}`` beside its
-``source``; an output-only problem's submission is ``"outputs": {"<test name>": "..."}`` instead
-of a language and a source.
+``language`` is a name of :data:`~.languages.LANGUAGES`; ``std`` (optional, C and C++ only) one of
+that language's standards. A submission of several files adds ``"files": {"util.h": "...",
+"util.cpp": "..."}`` beside its ``source`` (C and C++ compile the further ``.c``/``.cpp`` files with
+it; every language finds them in its directory); an output-only problem's submission is
+``"outputs": {"<test name>": "..."}`` instead of a language and a source. A submission's build is
+kept by the worker (:mod:`.builds`): the same sources in the same language and standard are built
+once per worker.
 
 Each test gives a :class:`~.scoring.TestResult` (verdict, CPU ms, wall ms, peak memory, exit code
 or signal, a short checker message). The submission's verdict is the first failing test's, or
@@ -52,6 +56,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from . import STATUSES, PackageSource, Status, Verdict
+from .builds import BuildCache, build_key
 from .cgroups import BoxGroup, Roots, remove_stale
 from .checkers import (
     MAX_MESSAGE,
@@ -69,11 +74,14 @@ from .languages import (
     COMPILE_LIMITS,
     COMPILE_OUTPUT_MAX,
     LANGUAGES,
+    UNAVAILABLE,
     Language,
     compile_failure,
     expand,
     find_tools,
-    missing_tools,
+    missing_toolchain,
+    parse_standard,
+    template_values,
 )
 from .sandbox import BOX, Isolation, Limits, RunFacts, run
 from .scoring import InvalidScoring, Scoring, TestResult, finished, parse_scoring, should_run, summarize
@@ -123,6 +131,7 @@ class Program:
     version: int | None = None
     checker: CheckerSpec = field(default_factory=lambda: CheckerSpec("lines"))
     scoring: Scoring = field(default_factory=Scoring)
+    std: str | None = None  # the language standard asked for (C, C++); None: the language's default
     files: tuple[tuple[str, str], ...] = ()  # further files of the submission, beside its main source
     outputs: dict[str, str] | None = None  # an output-only submission: its output for each test, by name
 
@@ -141,6 +150,7 @@ class Helper:
     protocol: str = "testlib"
     files: tuple[tuple[str, Path], ...] = ()
     units: tuple[str, ...] = ()  # files beside it compiled with it (Kattis validators of several sources)
+    std: str | None = None  # the C/C++ standard its format compiles it with (None: the language's default)
 
 
 @dataclass(frozen=True)
@@ -193,7 +203,16 @@ def parse_limits(limits: Any, where: str = "limits") -> tuple[float, int, int]:
     return time_limit, memory_mb, output_kb
 
 
-def _parse_files(files: Any, language: str) -> tuple[tuple[str, str], ...]:
+def own_files(language: Language, source: str, std: str | None = None) -> tuple[str, str | None]:
+    """The names of a program's main source and of what its build must leave, in its directory (pure):
+    the table's templates filled from the source (Java's file is named after its public class)."""
+    values = template_values(language, source, std, 0)
+    main = expand((language.source,), "", {}, values)[0]
+    artifact = expand((language.artifact,), "", {}, values)[0] if language.artifact else None
+    return main, artifact
+
+
+def _parse_files(files: Any, language: str, source: str, std: str | None) -> tuple[tuple[str, str], ...]:
     """A submission's further files, checked: plain names, not its main source's, bounded (pure)."""
     if files is None:
         return ()
@@ -201,7 +220,7 @@ def _parse_files(files: Any, language: str) -> tuple[tuple[str, str], ...]:
         raise InvalidProgramPayload("files must be an object of file name to text")
     if len(files) > MAX_FILES or sum(len(v.encode()) for v in files.values()) > MAX_FILES_BYTES:
         raise InvalidProgramPayload(f"files: at most {MAX_FILES} files and {MAX_FILES_BYTES >> 20} MiB")
-    main, artifact = LANGUAGES[language].source, LANGUAGES[language].artifact
+    main, artifact = own_files(LANGUAGES[language], source, std)
     for name in files:
         if not isinstance(name, str) or _FILE_NAME.fullmatch(name) is None or name in (main, artifact):
             raise InvalidProgramPayload(
@@ -224,20 +243,27 @@ def parse_payload(payload: Any, *, max_tests: int = 1000) -> Program:
         raise InvalidProgramPayload("payload must be a JSON object")
     outputs: dict[str, str] | None = None
     files: tuple[tuple[str, str], ...] = ()
+    std: str | None = None
     if "outputs" in payload:
-        for program_field in ("language", "source", "files"):
+        for program_field in ("language", "source", "files", "std"):
             if program_field in payload:
                 raise InvalidProgramPayload(f"{program_field}: an output-only submission gives outputs, not a program")
         outputs = _parse_outputs(payload["outputs"])
         language, source = "python", ""
     else:
         named, given = payload.get("language"), payload.get("source")
+        if isinstance(named, str) and named in UNAVAILABLE:
+            raise InvalidProgramPayload(f"language {named!r} is not offered here: {UNAVAILABLE[named]}")
         if not isinstance(named, str) or named not in LANGUAGES:
             raise InvalidProgramPayload(f"language must be one of {', '.join(LANGUAGES)}, got {named!r}")
         if not isinstance(given, str):
             raise InvalidProgramPayload("source must be a string")
         language, source = named, given
-        files = _parse_files(payload.get("files"), language)
+        try:
+            std = parse_standard(LANGUAGES[language], payload.get("std"))
+        except ValueError as exc:
+            raise InvalidProgramPayload(str(exc)) from None
+        files = _parse_files(payload.get("files"), language, source, std)
     if "problem" in payload:
         problem, version = payload["problem"], payload.get("version")
         if not isinstance(problem, str) or not problem:
@@ -247,7 +273,7 @@ def parse_payload(payload: Any, *, max_tests: int = 1000) -> Program:
         for own in ("tests", "limits", "checker", "scoring"):
             if own in payload:
                 raise InvalidProgramPayload(f"{own}: a payload naming a problem package takes its {own} from it")
-        return Program(language, source, [], problem=problem, version=version, files=files, outputs=outputs)
+        return Program(language, source, [], problem=problem, version=version, std=std, files=files, outputs=outputs)
     tests = payload.get("tests")
     if not isinstance(tests, list) or not tests:
         raise InvalidProgramPayload("tests must be a non-empty list (or name a package with problem and version)")
@@ -268,8 +294,8 @@ def parse_payload(payload: Any, *, max_tests: int = 1000) -> Program:
     if checker.kind == "custom":
         raise InvalidProgramPayload("checker: a custom checker comes with a problem package, not inline")
     return Program(
-        language, source, cases, time_limit, memory_mb, output_kb, checker=checker, scoring=scoring, files=files,
-        outputs=outputs,
+        language, source, cases, time_limit, memory_mb, output_kb, checker=checker, scoring=scoring, std=std,
+        files=files, outputs=outputs,
     )  # fmt: skip
 
 
@@ -318,13 +344,17 @@ def package_problem(
             return None
         if spec.get("language") not in LANGUAGES:
             raise InvalidProgramPayload(f"{where}: {name}.language {spec.get('language')!r} is not known here")
+        try:
+            std = parse_standard(LANGUAGES[spec["language"]], spec.get("std"))
+        except ValueError as exc:
+            raise InvalidProgramPayload(f"{where}: {name}.{exc}") from None
         beside = tuple(sorted((str(n), path_of(str(d))) for n, d in (spec.get("files") or {}).items()))
         units = tuple(str(u) for u in spec.get("units") or ())
-        # The build's identity: the main source and every file built or included with it.
-        identity = json.dumps([spec["file"], sorted((spec.get("files") or {}).items()), units])
+        # The build's identity: the main source, every file built or included with it, the standard.
+        identity = json.dumps([spec["file"], sorted((spec.get("files") or {}).items()), units, std])
         return Helper(
             spec["language"], path_of(spec["file"]), hashlib.sha256(identity.encode()).hexdigest(),
-            str(spec.get("protocol", "testlib")), beside, units,
+            str(spec.get("protocol", "testlib")), beside, units, std,
         )  # fmt: skip
 
     custom = helper("checker") if checker.kind == "custom" else None
@@ -523,12 +553,6 @@ def verdict_details(
     return Verdict(status, details)
 
 
-def _write_text(path: str, text: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(text)
-
-
 def _write_bytes(path: str, data: bytes) -> None:
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
@@ -687,6 +711,8 @@ class ProgramJudge:
         shutil.rmtree(self.helpers_dir, ignore_errors=True)
         os.makedirs(self.helpers_dir, mode=0o700)
         self.helper_builds = 0
+        # Built submissions (see _build); like the helpers', a crashed worker's are not trusted.
+        self.builds = BuildCache(os.path.join(root, "builds", str(self.range)))
         self.staging_dir = os.path.join(root, "staging", str(self.range))
         shutil.rmtree(self.staging_dir, ignore_errors=True)
         os.makedirs(self.staging_dir, mode=0o700)
@@ -799,44 +825,59 @@ class ProgramJudge:
         deadline: float,
         *,
         helper: bool = False,
+        std: str | None = None,
+        memory_mb: int | None = None,
+        cache: bool = False,
         beside: tuple[tuple[str, bytes], ...] = (),
         units: tuple[str, ...] = (),
     ) -> list[str] | Verdict:
         """Write and (if the language compiles) build a program; its run argv, or the verdict of a failure.
 
+        ``memory_mb`` is the run's memory limit, which some runtimes are told (a helper's by default);
+        ``cache``: look the build up in, and add it to, the worker's :class:`~.builds.BuildCache`.
         ``beside`` are further files written next to the main source (headers such as testlib.h, a
-        submission's other files); ``units`` name those of them compiled with it."""
-        missing = missing_tools(language, self.tools)
+        submission's other files); ``units`` name those of them compiled with it. A kept build is
+        keyed by all of them: the same main source with other files beside it is another build.
+        """
+        missing = missing_toolchain(language, self.tools)
         if missing:
-            return Verdict("SYSTEM_ERROR", {"reason": f"no {', '.join(missing)} on this worker for {language.name}"})
+            return Verdict("SYSTEM_ERROR", {"reason": missing})
         inside = self._inside(directory)
+        values = template_values(language, source, std, memory_mb or HELPER_LIMITS.memory // (1024 * 1024))
+        name, artifact = own_files(language, source, std)
+        run_template = language.helper_run if helper and language.helper_run else language.run
+        run_argv = expand(run_template, inside, self.tools, values)
 
         def write() -> None:
-            for name, data in beside:
-                _write_bytes(os.path.join(directory, name), data)
+            for other, data in beside:
+                _write_bytes(os.path.join(directory, other), data)
             # The main source last: a file beside it of the same name never replaces it.
-            _write_bytes(os.path.join(directory, language.source), source.encode())
+            _write_bytes(os.path.join(directory, name), source.encode())
 
+        if language.compile is None:
+            await asyncio.to_thread(write)
+            return run_argv
+        argv = with_units(expand(language.compile, inside, self.tools, values), f"{inside}/{name}", inside, units)
+        key = build_key(language.name, argv, source, self.tools, sorted(language.tools()), beside) if cache else None
+        owner = box.uid if self.isolation.mode == "full" else None
+        if key is not None and await asyncio.to_thread(self.builds.restore, key, directory, owner):
+            return run_argv
         await asyncio.to_thread(write)
-        if language.compile is not None:
-            limits = replace(COMPILE_LIMITS, wall=max(0.001, min(COMPILE_LIMITS.wall, deadline - time.monotonic())))
-            argv = with_units(
-                expand(language.compile, inside, self.tools), f"{inside}/{language.source}", inside, units
-            )
-            facts = await run(
-                argv, box=directory, uid=box.uid, stdin=b"", limits=limits,
-                isolation=self.isolation, group=group, writable_box=True,
-            )  # fmt: skip
-            built = language.artifact is None or await asyncio.to_thread(
-                os.path.exists, os.path.join(directory, language.artifact)
-            )
-            if facts.stuck:
-                return Verdict("SYSTEM_ERROR", {"reason": "the compiler's box did not stop after it was killed"})
-            if facts.killed_for is not None or facts.oom_killed or facts.exit_code != 0 or not built:
-                reason = compile_failure(facts.killed_for, facts.oom_killed, limits)
-                output = _tail(facts.stderr + facts.stdout, COMPILE_OUTPUT_MAX)
-                return Verdict("COMPILE_ERROR", {"reason": reason, "output": output})
-        return expand(language.helper_run if helper and language.helper_run else language.run, inside, self.tools)
+        limits = replace(COMPILE_LIMITS, wall=max(0.001, min(COMPILE_LIMITS.wall, deadline - time.monotonic())))
+        facts = await run(
+            argv, box=directory, uid=box.uid, stdin=b"", limits=limits,
+            isolation=self.isolation, group=group, writable_box=True,
+        )  # fmt: skip
+        built = artifact is None or await asyncio.to_thread(os.path.exists, os.path.join(directory, artifact))
+        if facts.stuck:
+            return Verdict("SYSTEM_ERROR", {"reason": "the compiler's box did not stop after it was killed"})
+        if facts.killed_for is not None or facts.oom_killed or facts.exit_code != 0 or not built:
+            reason = compile_failure(facts.killed_for, facts.oom_killed, limits)
+            output = _tail(facts.stderr + facts.stdout, COMPILE_OUTPUT_MAX)
+            return Verdict("COMPILE_ERROR", {"reason": reason, "output": output})
+        if key is not None:
+            await asyncio.to_thread(self.builds.keep, key, directory)
+        return run_argv
 
     async def _judge_in(self, program: Program, problem: Problem, box: _Box) -> Verdict:
         deadline = time.monotonic() + self.settings.budget
@@ -856,12 +897,13 @@ class ProgramJudge:
             return Verdict("SYSTEM_ERROR", {**base, "reason": f"invalid payload: {why}"})
         language = LANGUAGES[program.language]
         argv: list[str] = []
-        if program.outputs is None:
+        if program.outputs is None:  # an output-only submission has nothing to build
             beside = tuple((name, text.encode()) for name, text in program.files)
             units = tuple(name for name, _ in program.files if name.endswith(UNITS.get(language.name, ())))
             built = await self._build(
-                language, program.source, box.dir, box, box.group, deadline, beside=beside, units=units
-            )
+                language, program.source, box.dir, box, box.group, deadline,
+                std=program.std, memory_mb=problem.memory_mb, cache=True, beside=beside, units=units,
+            )  # fmt: skip
             if isinstance(built, Verdict):
                 return Verdict(built.status, {**base, **built.details})
             argv = built
@@ -927,15 +969,17 @@ class ProgramJudge:
         language = LANGUAGES[helper.language]
         await asyncio.to_thread(self._make_dir, directory, box.uid)
         kept = os.path.join(self.helpers_dir, f"{helper.sha256}-{helper.language}") if helper.sha256 else None
+        source = await asyncio.to_thread(helper.path.read_text)
         if language.compile is not None and kept is not None and await asyncio.to_thread(os.path.isdir, kept):
             await asyncio.to_thread(self._restore_helper, kept, directory, box.uid)
             run_template = language.helper_run or language.run
-            return expand(run_template, self._inside(directory), self.tools)
-        source = await asyncio.to_thread(helper.path.read_text)
+            values = template_values(language, source, helper.std, HELPER_LIMITS.memory // (1024 * 1024))
+            return expand(run_template, self._inside(directory), self.tools, values)
         beside = tuple([(name, await _read(path)) for name, path in helper.files])
         built = await self._build(
-            language, source, directory, box, group, deadline, helper=True, beside=beside, units=helper.units
-        )
+            language, source, directory, box, group, deadline, helper=True, std=helper.std, beside=beside,
+            units=helper.units,
+        )  # fmt: skip
         if not isinstance(built, Verdict) and language.compile is not None and kept is not None:
             await asyncio.to_thread(self._keep_helper, directory, kept)
             self.helper_builds += 1

@@ -41,7 +41,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 from .cgroups import BoxGroup
@@ -105,7 +105,9 @@ class Isolation:
     ro_paths: tuple[str, ...] = ()  # directories bound read-only
     symlinks: tuple[tuple[str, str], ...] = ()  # (target, link) e.g. ("usr/lib", "/lib")
     seccomp: bytes = b""
-    extra: tuple[str, ...] = field(default=())
+    #: bubblewrap's --disable-userns where it works (not under a read-only /proc/sys); the seccomp
+    #: filter refuses namespaces either way
+    disable_userns: bool = True
 
 
 def _ulimits(limits: Limits, extra: Sequence[tuple[str, int]] = ()) -> str:
@@ -146,8 +148,9 @@ def bwrap_args(
     kernel would drop the signals it sends itself)."""
     args = [
         isolation.bwrap,
-        "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
-        "--cap-drop", "ALL", "--hostname", "box", "--clearenv", "--setenv", "PATH", PATH,
+        "--unshare-all", "--unshare-user", *(["--disable-userns"] if isolation.disable_userns else []),
+        "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--hostname", "box", "--clearenv",
+        "--setenv", "PATH", PATH,
     ]  # fmt: skip
     for path in isolation.ro_paths:
         args += ["--ro-bind", path, path]

@@ -213,16 +213,22 @@ ALLOWED_X86_64: dict[str, int] = {
 AUDIT_ARCH_X86_64 = 0xC000003E
 X32_SYSCALL_BIT = 0x40000000
 EPERM = 1
+ENOSYS = 38
+#: CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET (CLONE_NEWTIME exists only
+#: for clone3 and unshare, which a box cannot call).
+CLONE_NAMESPACE_FLAGS = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000
 
 _LD_W_ABS = 0x20  # BPF_LD | BPF_W | BPF_ABS
 _JEQ_K = 0x15  # BPF_JMP | BPF_JEQ | BPF_K
 _JGE_K = 0x35  # BPF_JMP | BPF_JGE | BPF_K
+_JSET_K = 0x45  # BPF_JMP | BPF_JSET | BPF_K
 _RET_K = 0x06  # BPF_RET | BPF_K
 RET_ALLOW = 0x7FFF0000
 RET_ERRNO = 0x00050000
 RET_KILL_PROCESS = 0x80000000
 _NR_OFFSET = 0  # struct seccomp_data: int nr; __u32 arch; ...
 _ARCH_OFFSET = 4
+_ARG0_LOW_OFFSET = 16  # ... __u64 instruction_pointer; __u64 args[6]: args[0]'s low word (little-endian)
 
 
 class SeccompUnsupported(RuntimeError):
@@ -236,25 +242,46 @@ def _insn(code: int, jt: int, jf: int, k: int) -> bytes:
 def build_filter(allowed: dict[str, int] | None = None, machine: str | None = None) -> bytes:
     """The BPF program (a packed ``struct sock_filter`` array) for ``allowed`` calls (pure).
 
-    Layout: check the architecture (else kill), refuse the x32 ABI, compare the call number with
-    each allowed one (jump to ALLOW on a match), fall through to ERRNO(EPERM).
+    Layout: check the architecture (else kill), refuse the x32 ABI, answer ``clone3`` with ENOSYS
+    (its flags live in memory a filter cannot read; C libraries and runtimes then fall back to
+    ``clone``), let ``clone`` through only without a namespace flag, compare the call number with
+    each other allowed one (jump to ALLOW on a match), fall through to ERRNO(EPERM). Refusing
+    namespaces here keeps a box from nesting user namespaces even where bubblewrap's own
+    ``--disable-userns`` cannot work (a container's read-only ``/proc/sys``).
     """
     machine = machine or platform.machine()
     if machine != "x86_64":
         raise SeccompUnsupported(f"no seccomp allow-list for {machine} (only x86_64)")
-    numbers = sorted(set((allowed if allowed is not None else ALLOWED_X86_64).values()))
-    if len(numbers) > 250:  # conditional jumps reach at most 255 instructions ahead
+    table = allowed if allowed is not None else ALLOWED_X86_64
+    special = {table[name] for name in ("clone", "clone3") if name in table}
+    numbers = sorted(set(table.values()) - special)
+    if len(numbers) > 240:  # conditional jumps reach at most 255 instructions ahead
         raise ValueError("allow-list too long for a linear filter")
-    n = len(numbers)
-    prog = [
-        _insn(_LD_W_ABS, 0, 0, _ARCH_OFFSET),
-        _insn(_JEQ_K, 1, 0, AUDIT_ARCH_X86_64),
-        _insn(_RET_K, 0, 0, RET_KILL_PROCESS),
-        _insn(_LD_W_ABS, 0, 0, _NR_OFFSET),
-        _insn(_JGE_K, n, 0, X32_SYSCALL_BIT),  # to the EPERM return
+    # Instructions with symbolic jump targets, resolved to relative offsets below.
+    prog: list[tuple[int, str | int, str | int, int]] = [
+        (_LD_W_ABS, 0, 0, _ARCH_OFFSET),
+        (_JEQ_K, 1, 0, AUDIT_ARCH_X86_64),
+        (_RET_K, 0, 0, RET_KILL_PROCESS),
+        (_LD_W_ABS, 0, 0, _NR_OFFSET),
+        (_JGE_K, "eperm", 0, X32_SYSCALL_BIT),
     ]
-    for i, nr in enumerate(numbers):
-        prog.append(_insn(_JEQ_K, n - i, 0, nr))  # to the ALLOW return after the EPERM one
-    prog.append(_insn(_RET_K, 0, 0, RET_ERRNO | EPERM))
-    prog.append(_insn(_RET_K, 0, 0, RET_ALLOW))
-    return b"".join(prog)
+    if "clone3" in table:
+        prog.append((_JEQ_K, "enosys", 0, table["clone3"]))
+    if "clone" in table:
+        prog.append((_JEQ_K, "clone", 0, table["clone"]))
+    prog += [(_JEQ_K, "allow", 0, nr) for nr in numbers]
+    labels = {"eperm": len(prog), "allow": len(prog) + 1, "enosys": len(prog) + 2, "clone": len(prog) + 3}
+    prog += [
+        (_RET_K, 0, 0, RET_ERRNO | EPERM),
+        (_RET_K, 0, 0, RET_ALLOW),
+        (_RET_K, 0, 0, RET_ERRNO | ENOSYS),
+        (_LD_W_ABS, 0, 0, _ARG0_LOW_OFFSET),  # clone's flags: every namespace flag is in the low word
+        (_JSET_K, 0, 1, CLONE_NAMESPACE_FLAGS),
+        (_RET_K, 0, 0, RET_ERRNO | EPERM),
+        (_RET_K, 0, 0, RET_ALLOW),
+    ]
+
+    def offset(target: str | int, at: int) -> int:
+        return labels[target] - at - 1 if isinstance(target, str) else target
+
+    return b"".join(_insn(code, offset(jt, i), offset(jf, i), k) for i, (code, jt, jf, k) in enumerate(prog))

@@ -435,12 +435,23 @@ SELECT ord, outcome FROM judgequeue.record_dead_letters($1::bigint[], $2::bigint
 INSERT INTO judgequeue.queues (name, mode) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING
 
 -- name: queue_get
--- One queue's flags.
-SELECT name, mode, watermark, paused, config_version, updated_at FROM judgequeue.queues WHERE name = $1
+-- One queue's flags and owner.
+SELECT name, mode, watermark, paused, config_version, updated_at, owner FROM judgequeue.queues WHERE name = $1
 
 -- name: queue_list
--- Every queue's flags.
-SELECT name, mode, watermark, paused, config_version, updated_at FROM judgequeue.queues ORDER BY name
+-- Every queue's flags and owner.
+SELECT name, mode, watermark, paused, config_version, updated_at, owner FROM judgequeue.queues ORDER BY name
+
+-- name: queue_claim
+-- Create a queue owned by $3, or claim an existing one nobody owns (flags kept); returns nothing
+-- when another owner holds it. An existing row already owned by $3 is not rewritten.
+INSERT INTO judgequeue.queues AS q (name, mode, owner) VALUES ($1, $2, $3)
+ON CONFLICT (name) DO UPDATE SET owner = excluded.owner WHERE q.owner IS NULL
+RETURNING name, mode, watermark, paused, config_version, updated_at, owner
+
+-- name: queue_release
+-- Give up a queue's ownership, only if $2 holds it; returns whether it did.
+UPDATE judgequeue.queues SET owner = NULL WHERE name = $1 AND owner = $2 RETURNING true
 
 -- name: queue_flip_wait
 -- How long a flag flip waits for submit transactions that filled workers' offers (migration 0010)
@@ -461,13 +472,14 @@ SELECT count(*)::int, coalesce(max(extract(epoch FROM now() - a.xact_start)), 0)
    AND ((l.classid::bigint << 32) | l.objid::bigint) = judgequeue.offers_lock_key($1) AND l.objsubid = 1
 
 -- name: queue_set_cutover
--- Change any of a queue's flags in one statement (the watermark trigger refuses moving it back).
+-- Change any of a queue's flags in one statement (the watermark trigger refuses moving it back);
+-- with $6 (an owner) only while $6 owns the queue.
 UPDATE judgequeue.queues
    SET mode = coalesce($2, mode),
        watermark = CASE WHEN $3 THEN $4 ELSE watermark END,
        paused = coalesce($5, paused)
- WHERE name = $1
-RETURNING name, mode, watermark, paused, config_version, updated_at
+ WHERE name = $1 AND ($6::text IS NULL OR owner = $6)
+RETURNING name, mode, watermark, paused, config_version, updated_at, owner
 
 -- name: problem_file_exists
 -- True when a package file is stored.

@@ -254,6 +254,11 @@ async def test_cutover_retried_until_database_is_back(env: Env, queue_name: str,
     await eventually(lambda: env.condition("CutoverApplied").get("reason") == "DatabaseUnavailable",
                      what="CutoverApplied=False")
     assert env.condition("CutoverApplied")["status"] == "False"
+    degraded = env.condition("Degraded")  # status never lies: the step that failed is named
+    assert (degraded["status"], degraded["reason"]) == ("True", "DatabaseUnavailable"), degraded
+    assert "Connect call failed" in degraded["message"]
+    # Whether another JudgeQueue owns the queue cannot be checked yet: nothing is created meanwhile.
+    assert all(env.kmock.current(resource, NS, name) is None for resource, name in CHILDREN)
     assert await pg.fetchval("SELECT count(*) FROM judgequeue.queues WHERE name = $1", queue_name) == 0
     # The database comes back (the Secret is fixed): the timer applies the flags, no spec change needed.
     fixed = secret("jq-db-down", dsn=env.pg_dsn)
@@ -263,8 +268,22 @@ async def test_cutover_retried_until_database_is_back(env: Env, queue_name: str,
     env.kmock.objects[SECRETS, NS, "jq-db-down"].create(obj)
     await eventually(lambda: env.condition("CutoverApplied").get("status") == "True", what="applied after recovery")
     flags = await get_queue(pg, queue_name)
-    assert flags.paused is True
+    assert flags.paused is True and flags.owner == f"JudgeQueue {NS}/judge"
+    await eventually(lambda: env.condition("Degraded").get("status") == "False", what="Degraded cleared")
+    assert all(env.kmock.current(resource, NS, name) is not None for resource, name in CHILDREN)
     assert env.operator.state.handled[(f"{NS}/judge", 1)] == 1
+
+
+async def test_a_name_too_long_for_its_children_is_an_invalid_spec(env: Env, queue_name: str) -> None:
+    """An object stored before the CRD's metadata.name rule (kmock validates nothing, as a CRD
+    without its schema would): the operator refuses it in status and creates nothing."""
+    name = "j" * 59
+    env.kmock.put_object(JQ, NS, {"metadata": {"name": name}, "spec": spec(queue_name)})
+    await env.observed(1, name=name)
+    degraded = env.condition("Degraded", name=name)
+    assert (degraded["status"], degraded["reason"]) == ("True", "InvalidSpec"), degraded
+    assert "at most 49" in degraded["message"] and f"{name}-worker-egress" in degraded["message"]
+    assert env.kmock.current(DEPLOYMENTS, NS, f"{name}-worker") is None
 
 
 async def test_operator_resumes_after_restart(env: Env, queue_name: str, tmp_path: Path) -> None:

@@ -79,13 +79,15 @@ def _openssl(*args: str, cwd: Path) -> None:
     subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
 
 
-def make_certificates(pki: Path) -> None:
-    """A CA, the API server's serving certificate (loopback and in-cluster names) and the SA key pair."""
+def make_certificates(pki: Path, extra_ips: Sequence[str] = ()) -> None:
+    """A CA, the API server's serving certificate (loopback, ``extra_ips`` and in-cluster names) and
+    the SA key pair."""
     pki.mkdir(parents=True, exist_ok=True)
     _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "30", "-subj", "/CN=judgequeue-test-ca",
              "-keyout", "ca.key", "-out", "ca.crt", cwd=pki)
     (pki / "san.cnf").write_text(
-        "[req]\ndistinguished_name=dn\n[dn]\n[ext]\nsubjectAltName=IP:127.0.0.1,IP:10.0.0.1,DNS:localhost,"
+        "[req]\ndistinguished_name=dn\n[dn]\n[ext]\nsubjectAltName=IP:127.0.0.1,IP:10.0.0.1,"
+        + "".join(f"IP:{ip}," for ip in extra_ips) + "DNS:localhost,"
         "DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local\n"
         "keyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n"
     )
@@ -265,11 +267,14 @@ def _http_ok(url: str, *, ca: Path | None = None, token: str | None = None) -> b
 
 @contextmanager
 def control_plane(workdir: Path, *, oldest: bool = False, scheduler: bool = True,
-                  timeout: float = 90.0) -> Iterator[Cluster]:
+                  timeout: float = 90.0, address: str = "127.0.0.1") -> Iterator[Cluster]:
     """Start etcd + kube-apiserver (+ controller-manager and scheduler) and yield a :class:`Cluster`.
 
     ``oldest``: the API server of the oldest Kubernetes release the chart claims, alone (no
     controller-manager or scheduler): enough to check that the CRD and the example are accepted.
+    ``address``: where the API server listens and what it advertises; a real node (tests/node/)
+    needs one it can reach, and then the ``kubernetes`` Service's endpoints are kept to it (pods
+    reach the API server through that Service, as in any cluster).
     """
     dirs = binary_dirs()
     bin_dir = dirs["KUBE_OLDEST_BIN" if oldest else "KUBE_BIN"]
@@ -286,11 +291,11 @@ def control_plane(workdir: Path, *, oldest: bool = False, scheduler: bool = True
         raise KubeTierError("openssl is required to make the test cluster's certificates")
     workdir.mkdir(parents=True, exist_ok=True)
     pki = workdir / "pki"
-    make_certificates(pki)
+    make_certificates(pki, extra_ips=() if address == "127.0.0.1" else (address,))
     admin_token = base64.b32encode(os.urandom(20)).decode().lower()
     (pki / "tokens.csv").write_text(f'{admin_token},admin,admin-uid,"system:masters"\n')
     etcd_port, etcd_peer, api_port = free_port(), free_port(), free_port()
-    server = f"https://127.0.0.1:{api_port}"
+    server = f"https://{address}:{api_port}"
     kubeconfig = write_kubeconfig(workdir / "kubeconfig", server=server, ca=pki / "ca.crt", token=admin_token)
     version = bin_dir.parent.name.removeprefix("kube-")
     # kubectl is always the pinned current one (the client a user of either server would have).
@@ -312,7 +317,7 @@ def control_plane(workdir: Path, *, oldest: bool = False, scheduler: bool = True
         apiserver = _start("kube-apiserver", [
             str(bin_dir / "kube-apiserver"),
             f"--etcd-servers=http://127.0.0.1:{etcd_port}",
-            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={api_port}",
+            f"--bind-address={address}", f"--advertise-address={address}", f"--secure-port={api_port}",
             f"--cert-dir={pki}", f"--tls-cert-file={pki / 'apiserver.crt'}",
             f"--tls-private-key-file={pki / 'apiserver.key'}", f"--client-ca-file={pki / 'ca.crt'}",
             f"--token-auth-file={pki / 'tokens.csv'}",
@@ -321,7 +326,9 @@ def control_plane(workdir: Path, *, oldest: bool = False, scheduler: bool = True
             "--service-account-issuer=https://kubernetes.default.svc",
             "--authorization-mode=RBAC",
             "--enable-admission-plugins=OwnerReferencesPermissionEnforcement",
-            "--service-cluster-ip-range=10.0.0.0/24", "--endpoint-reconciler-type=none",
+            "--service-cluster-ip-range=10.0.0.0/24",
+            f"--endpoint-reconciler-type={'none' if address == '127.0.0.1' else 'lease'}",
+            "--kubelet-preferred-address-types=InternalIP",
             "--allow-privileged=true", "--profiling=false", "-v=1",
         ], workdir)
         cluster.components.append(apiserver)

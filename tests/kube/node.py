@@ -478,6 +478,13 @@ class NodeAgent:
             pass
 
     # -- for tests ---------------------------------------------------------------------------------
+    def logs(self, namespace: str, prefix: str = "") -> str:
+        """What ``kubectl logs`` would print for the pods of ``namespace`` whose names start with
+        ``prefix`` (their containers' output, every run; there is no kubelet to serve it)."""
+        runs = [r for r in list(self.pods.values()) if r.namespace == namespace and r.name.startswith(prefix)]
+        return "".join((r.workdir / "container.log").read_text(errors="replace") for r in runs
+                       if (r.workdir / "container.log").exists())
+
     def running(self, prefix: str = "") -> list[PodRun]:
         return [r for r in list(self.pods.values())
                 if r.name.startswith(prefix) and r.process is not None and r.process.poll() is None]

@@ -52,7 +52,8 @@ def test_minimal_object_gets_every_default(crd_installed: Cluster, namespace: st
     assert spec["dispatcher"]["backoff"] == {"base": "1s", "max": "5m"}
     assert spec["worker"]["minReplicas"] == 1 and spec["worker"]["maxReplicas"] == 10
     assert spec["worker"]["replicas"] == 1
-    assert spec["cutover"] == {"mode": "live"}
+    assert spec["cutover"] == {"mode": "live", "driftPolicy": "restore"}
+    assert spec["progressDeadline"] == "10m"
 
 
 # The status fields the operator writes (handlers.reconcile / autoscale_workers), every one of them.
@@ -63,8 +64,10 @@ OPERATOR_STATUS: dict[str, Any] = {
     "workers": {"replicas": 1, "ready": 1, "selector": "a=b", "autoscaling": "internal"},
     "backlog": {"total": 0, "outboxPending": 0, "streamLag": 0, "pel": 0, "readAt": "2026-01-01T00:00:00Z"},
     "cutover": {"queue": "q", "mode": "live", "paused": False, "configVersion": 2, "generation": 1,
-                "watermark": "2026-01-01T00:00:00Z"},
-    "autoscaling": {"lastScaleUp": 1767225600.5, "lastBusy": None, "wanted": 1},
+                "watermark": "2026-01-01T00:00:00Z", "owner": "JudgeQueue ns/judge",
+                "applied": "mode=live paused=false watermark=2026-01-01T00:00:00Z"},
+    "autoscaling": {"lastScaleUp": 1767225600.5, "lastBusy": None, "wanted": 1, "externalSince": 1767225600.5,
+                    "handoffReplicas": 1},
 }
 
 
@@ -76,7 +79,9 @@ def test_operator_status_is_declared_under_strict_field_validation(crd_installed
     status = patched["status"]
     assert status["cutover"]["queue"] == "q"
     assert status["workers"]["autoscaling"] == "internal"
-    assert status["autoscaling"] == {"lastScaleUp": 1767225600.5, "wanted": 1}  # null removes in a merge patch
+    assert status["autoscaling"] == {"lastScaleUp": 1767225600.5, "wanted": 1,  # null removes in a merge patch
+                                     "externalSince": 1767225600.5, "handoffReplicas": 1}
+    assert status["cutover"]["applied"] == OPERATOR_STATUS["cutover"]["applied"]
 
 
 async def _config_version(dsn: str, queue: str) -> int | None:

@@ -7,7 +7,7 @@ import base64
 import json
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -89,12 +89,51 @@ class OperatorProcess(RoleProcess):
             raise AssertionError(f"operator exited with {self.returncode}:\n{self.text()[-3000:]}")
 
 
-def start_operator(kubeconfig: Path, namespace: str, log: Path, *, interval: float = 1.0,
-                   extra_env: Mapping[str, str] | None = None) -> OperatorProcess:
-    """Run the installed ``judgequeue operator`` command for one namespace with a short timer."""
+def start_operator(kubeconfig: Path, namespace: str | Sequence[str], log: Path, *, interval: float = 1.0,
+                   extra_env: Mapping[str, str] | None = None, extra_args: Sequence[str] = ()) -> OperatorProcess:
+    """Run the installed ``judgequeue operator`` command for one namespace (or several) with a short timer."""
     env = {**os.environ, "JUDGEQUEUE_LOG_LEVEL": "INFO", **(extra_env or {})}
-    return OperatorProcess("operator", env, log, "--namespace", namespace, "--kubeconfig", str(kubeconfig),
-                           "--interval", str(interval), cwd=ROOT, new_session=True, append=True)  # fmt: skip
+    namespaces = [namespace] if isinstance(namespace, str) else list(namespace)
+    watch = [arg for ns in namespaces for arg in ("--namespace", ns)]
+    return OperatorProcess("operator", env, log, *watch, "--kubeconfig", str(kubeconfig),
+                           "--interval", str(interval), *extra_args, cwd=ROOT, new_session=True, append=True)
+
+
+def actions(lines: Sequence[Mapping[str, Any]], action: str | None = None) -> list[dict[str, Any]]:
+    """The operator's action lines (controllers/actions.py): one per create, replace, delete, cutover
+    write, scale, claim or release; only ``action`` ones when given."""
+    return [dict(e) for e in lines if e.get("logger") == "judgequeue.operator" and "action" in e
+            and (action is None or e["action"] == action)]
+
+
+def kubectl_wait(kube: Cluster, namespace: str, name: str, condition: str, *, timeout: float,
+                 value: str | None = None) -> tuple[bool, float, str]:
+    """``kubectl wait jq/<name> --for=condition=<condition>[=<value>]``: (met, seconds it took, output)."""
+    wanted = condition if value is None else f"{condition}={value}"
+    started = time.monotonic()
+    result = kube.kubectl("wait", "-n", namespace, f"jq/{name}", f"--for=condition={wanted}",
+                          f"--timeout={timeout:g}s", check=False, timeout=timeout + 30)
+    return result.returncode == 0, time.monotonic() - started, result.stdout + result.stderr
+
+
+def wait_ticks(kube: Cluster, namespace: str, name: str, ticks: int, *, check: Callable[[], None] | None = None,
+               timeout: float = 30.0) -> None:
+    """Wait until the operator's timer has run ``ticks`` more times on JudgeQueue ``name`` (each tick
+    rewrites ``status.backlog.readAt``)."""
+    def read_at() -> Any:
+        return ((kube.request("GET", jq_path(namespace, name)).get("status") or {}).get("backlog") or {}).get("readAt")
+
+    for _ in range(ticks):
+        seen = read_at()
+        wait_for("another timer tick", lambda seen=seen: read_at() not in (None, seen),  # type: ignore[misc]
+                 timeout=timeout, check=check)
+
+
+def warning_events(kube: Cluster, namespace: str, name: str, reason: str | None = None) -> list[dict[str, Any]]:
+    """Warning Events on JudgeQueue ``name`` (of ``reason``, when given)."""
+    events = kube.request("GET", f"/api/v1/namespaces/{namespace}/events")["items"]
+    return [e for e in events if e["involvedObject"].get("name") == name and e["involvedObject"].get("kind")
+            == "JudgeQueue" and e.get("type") == "Warning" and (reason is None or e.get("reason") == reason)]
 
 
 def condition(obj: Mapping[str, Any] | None, type_: str) -> dict[str, Any]:

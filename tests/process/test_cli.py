@@ -98,6 +98,15 @@ def test_unreachable_postgres_is_one_line_exit_1_without_the_password() -> None:
     assert SECRET not in result.stderr + result.stdout
 
 
+def test_a_short_password_is_hidden_in_the_url_only() -> None:
+    """The scrubber hides the URL's password field, not every piece of text that contains it: a
+    password ``p`` once turned the message into ``***ostgresql://***ostgres:***@``."""
+    result = jq("queue", "list", dsn="postgresql://postgres:p@127.0.0.1:1/x")
+    assert result.returncode == 1
+    assert "cannot connect to Postgres at postgresql://postgres:***@127.0.0.1:1/x" in result.stderr, result.stderr
+    assert "***ostgres" not in result.stderr
+
+
 def test_queue_create_list_show(pg_dsn: str, queue_name: str) -> None:
     created = ok_json(jq("queue", "create", queue_name, "--json", dsn=pg_dsn))
     assert created["mode"] == "live" and created["watermark"] is None and created["paused"] is False

@@ -249,6 +249,47 @@ except OSError:
         await sibling.wait()
 
 
+NAMESPACES_C = r"""
+#define _GNU_SOURCE
+#include <errno.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+static void *nothing(void *arg) { return arg; }
+static int refused(long flags) {
+    long r = syscall(SYS_clone, flags | SIGCHLD, 0, 0, 0, 0);
+    if (r == 0) _exit(0);
+    if (r > 0) waitpid((pid_t)r, 0, 0);
+    return r == -1 && errno == EPERM;
+}
+int main(void) {
+    printf("%d %d %d %d ", refused(CLONE_NEWUSER), refused(CLONE_NEWNET), refused(CLONE_NEWNS), refused(CLONE_NEWPID));
+    long r = syscall(435 /* clone3 */, 0, 0);
+    printf("%d ", r == -1 && errno == ENOSYS);
+    pthread_t t;
+    printf("%d ", pthread_create(&t, 0, nothing, 0) == 0 && pthread_join(t, 0) == 0);
+    pid_t p = fork();
+    if (p == 0) _exit(0);
+    printf("%d\n", p > 0 && waitpid(p, 0, 0) == p);
+    return 0;
+}
+"""
+
+
+async def test_no_namespace_of_its_own_but_threads_and_forks_work(clean: ProgramJudge) -> None:
+    """clone with a namespace flag is refused and clone3 is ENOSYS (its flags cannot be read by a
+    filter), in every box, so a box cannot nest user namespaces even where bubblewrap's
+    --disable-userns cannot work (a container's read-only /proc/sys); threads and forks still run."""
+    await expect(clean, {"language": "c", "source": NAMESPACES_C, "tests": [{"input": "", "output": "1 1 1 1 1 1 1"}]},
+                 "ACCEPTED")
+    await expect(clean, py("import threading\nt = threading.Thread(target=print, args=('ok',))\nt.start()\nt.join()",
+                           expected="ok"), "ACCEPTED")
+
+
 async def test_a_daemon_does_not_outlive_its_accepted_run(clean: ProgramJudge) -> None:
     daemon = "import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n        time.sleep(600)\n"
     daemon += "    os._exit(0)\n" + PY_SUM

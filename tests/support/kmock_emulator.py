@@ -244,6 +244,13 @@ class StrictEmulator(kmock.KubernetesEmulator):
         want_rv = new.get("metadata", {}).get("resourceVersion")
         if want_rv and want_rv != old["metadata"]["resourceVersion"]:
             return _k8s_error(409, "Conflict", "the object has been modified")
+        if (request.params or {}).get("dryRun"):  # what would be stored (no defaulting here), nothing stored
+            kept = ("uid", "creationTimestamp", "name", "namespace", "resourceVersion", "generation")
+            fixed = {k: old["metadata"][k] for k in kept if k in old["metadata"]}
+            dry = {**new, "metadata": {**new.get("metadata", {}), **fixed}}
+            if "status" in old:
+                dry["status"] = old["status"]
+            return aiohttp.web.json_response(dry)
         return self._write(request, new, old)
 
     def _delete(self, request: rendering.Request) -> aiohttp.web.Response:

@@ -11,12 +11,16 @@ from __future__ import annotations
 import copy
 import re
 from collections.abc import Mapping
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import celpy
 import yaml
+from celpy import celtypes
 from celpy.adapter import json_to_cel
+
+from judgequeue.core.spec import parse_quantity
 
 CRD_PATH = Path(__file__).resolve().parents[2] / "crds" / "judgequeue.yaml"
 
@@ -47,8 +51,41 @@ def apply_defaults(schema: Mapping[str, Any], value: Any) -> Any:
 _ENV = celpy.Environment()
 
 
+class _Quantity:
+    """A value of Kubernetes' CEL ``quantity()`` (k8s.io/apiserver/pkg/cel/library/quantity.go)."""
+
+    def __init__(self, amount: Decimal) -> None:
+        self.amount = amount
+
+
+def _quantity(text: Any) -> _Quantity:
+    amount = parse_quantity(str(text))
+    if amount is None:
+        raise ValueError(f"invalid quantity {text!r}")
+    return _Quantity(amount)
+
+
+def _compare_to(a: _Quantity, b: _Quantity) -> celtypes.IntType:
+    return celtypes.IntType((a.amount > b.amount) - (a.amount < b.amount))
+
+
+#: The parts of Kubernetes' CEL libraries the CRD's rules use, which cel-python lacks: the quantity
+#: library and the ``split`` of cel-go's strings extension.
+KUBERNETES_FUNCTIONS: dict[str, Any] = {
+    "isQuantity": lambda text: celtypes.BoolType(parse_quantity(str(text)) is not None),
+    "quantity": _quantity,
+    "compareTo": _compare_to,
+    "split": lambda text, sep: celtypes.ListType([celtypes.StringType(s) for s in str(text).split(str(sep))]),
+}
+
+
+def cel_program(rule: str) -> Any:
+    """A compiled CEL rule with Kubernetes' library functions (:data:`KUBERNETES_FUNCTIONS`)."""
+    return _ENV.program(_ENV.compile(rule), functions=KUBERNETES_FUNCTIONS)
+
+
 def _cel(rule: str, self_value: Any, old_value: Any) -> bool:
-    program = _ENV.program(_ENV.compile(rule))
+    program = cel_program(rule)
     activation: dict[str, Any] = {"self": json_to_cel(self_value)}
     if old_value is not None:
         activation["oldSelf"] = json_to_cel(old_value)
@@ -73,7 +110,8 @@ def validate(schema: Mapping[str, Any], value: Any, old: Any = None, path: str =
         for name, sub_value in value.items():
             sub = props.get(name) or (extra if isinstance(extra, Mapping) else None)
             if sub is None:
-                if not schema.get("x-kubernetes-preserve-unknown-fields") and kind == "object" and props:
+                # metadata's schema may restrict name only; its other fields are the API server's
+                if not schema.get("x-kubernetes-preserve-unknown-fields") and props and path != ".metadata":
                     errors.append(f"{path}.{name}: unknown field")
                 continue
             old_sub = old.get(name) if isinstance(old, dict) else None

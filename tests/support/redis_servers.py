@@ -58,8 +58,10 @@ class RedisServer:
         *,
         config: str | None = None,
         executable: str = REDIS_SERVER,
+        password: str | None = None,
     ) -> None:
         self.port = port
+        self.password = password
         self.workdir = workdir
         workdir.mkdir(parents=True, exist_ok=True)
         if config is not None:  # a configuration file (a sentinel rewrites its own): options come after it
@@ -80,6 +82,7 @@ class RedisServer:
                 str(workdir),
                 "--logfile",
                 str(workdir / "redis.log"),
+                *(["--requirepass", password] if password else []),
                 *args,
             ],
             stdout=subprocess.DEVNULL,
@@ -92,7 +95,7 @@ class RedisServer:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def client(self) -> redis.Redis:
-        return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=5)
+        return redis.Redis(host="127.0.0.1", port=self.port, password=self.password, socket_timeout=5)
 
     def wait_ready(self, within: float = 10.0) -> None:
         def answers() -> bool:

@@ -42,6 +42,11 @@ def jq(*conditions: dict[str, Any], observed: int | None = 3, paused: bool = Fal
     return obj
 
 
+def _without_observed(obj: dict[str, Any]) -> dict[str, Any]:
+    del obj["status"]["observedGeneration"]
+    return obj
+
+
 HEALTHY = (
     cond("Ready", "True", "AllReplicasAvailable", "dispatcher 1/1, worker 2/2, reaper 1/1"),
     cond("Progressing", "False", "Reconciled"),
@@ -69,6 +74,13 @@ HEALTHY = (
         (jq(cond("Ready", "True"), cond("CutoverApplied", "True", generation=2)), "Progressing", "cutover"),
         (jq(cond("Ready", "True")), "Progressing", "cutover"),
         (jq(*HEALTHY, paused=True), "Suspended", "Paused"),
+        # A failure reported for this generation wins over a status the operator could not finish.
+        (_without_observed(jq(cond("Degraded", "True", "ChildRefused", "Service judge-metrics: too long"))),
+         "Degraded", "ChildRefused: Service judge-metrics"),
+        (jq(cond("Ready", "True"), cond("CutoverApplied", "False", "Drifted", "queue 'judge' holds mode=live")),
+         "Degraded", "holds mode=live"),
+        (jq(cond("Ready", "False"), cond("CutoverApplied", "False", "QueueOwned", "belongs to JudgeQueue a/judge")),
+         "Degraded", "belongs to JudgeQueue a/judge"),
     ],
 )
 def test_argo_cd_health_check(obj: dict[str, Any], expected: str, fragment: str) -> None:

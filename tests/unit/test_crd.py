@@ -5,13 +5,12 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-import celpy
 import pytest
 from celpy.adapter import json_to_cel
 from celpy.evaluation import CELEvalError
 
 from judgequeue.core.spec import parse_spec
-from tests.support.kube_schema import admit, load_crd, schema_of
+from tests.support.kube_schema import admit, cel_program, load_crd, schema_of
 
 MINIMAL: dict[str, Any] = {
     "apiVersion": "judgequeue.dev/v1alpha1",
@@ -59,7 +58,7 @@ def test_defaults_applied_and_minimal_object_valid() -> None:
     assert spec["worker"]["autoscaling"] == "internal" and spec["worker"]["judge"] == "program"
     assert spec["worker"]["intake"] == "stream" and spec["worker"]["offers"] == 32
     assert spec["reaper"]["retention"] == "7d" and spec["reaper"]["leaseTtl"] == "30s"
-    assert spec["cutover"] == {"mode": "live"}
+    assert spec["cutover"] == {"mode": "live", "driftPolicy": "restore"}
     assert spec["paused"] is False
     assert spec["postgres"]["secretKeyRef"]["key"] == "dsn" and spec["redis"]["secretKeyRef"]["key"] == "url"
     # The defaulted spec is what the operator parses; both agree on it.
@@ -152,6 +151,6 @@ def test_every_default_passes_its_own_rules_as_written() -> None:
         for rule in node.get("x-kubernetes-validations", []):
             if "oldSelf" in rule["rule"]:
                 continue
-            program = celpy.Environment().program(celpy.Environment().compile(rule["rule"]))
+            program = cel_program(rule["rule"])
             result = program.evaluate({"self": json_to_cel(copy.deepcopy(node["default"]))})
             assert not isinstance(result, CELEvalError) and bool(result), (path, rule["message"], result)

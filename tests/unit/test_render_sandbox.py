@@ -38,9 +38,9 @@ def test_program_workers_get_exactly_what_the_sandbox_needs_by_default() -> None
     assert {"name": "cgroup", "mountPath": "/sys/fs/cgroup"} in container["volumeMounts"]
     assert {"name": "cgroup", "hostPath": {"path": "/sys/fs/cgroup", "type": "Directory"}} in p["volumes"]
     assert not any(e["name"] == "JUDGEQUEUE_SANDBOX" for e in container["env"])  # required: fail closed
-    # Memory for the worker plus one compile-sized box per slot (concurrency 4).
+    # The worker plus a typical box per slot requested, a compile-sized one per slot as the limit (concurrency 4).
     assert container["resources"] == {
-        "requests": {"cpu": "500m", "memory": "4352Mi"},
+        "requests": {"cpu": "500m", "memory": "1280Mi"},
         "limits": {"cpu": "4", "memory": "4352Mi"},
     }
 

@@ -74,7 +74,7 @@ CASES: list[tuple[str, dict[str, Any], bool]] = [
     ("every bound at its edge", with_spec(
         dispatcher={"replicas": 0, "batchSize": 10000, "maxAttempts": 1000, "schedule": "1ms",
                     "backoff": {"base": "5m", "max": "5m"}},
-        worker={"minReplicas": 0, "maxReplicas": 1000, "concurrency": 256, "gracePeriod": "59m"},
+        worker={"minReplicas": 0, "maxReplicas": 1000, "concurrency": 64, "gracePeriod": "59m"},
         reaper={"interval": "1m", "visibilityTimeout": "1m", "leaseTtl": "1m", "maxDeliveries": 1000,
                 "maxRetries": 100, "retention": "30d"},
     ), True),

@@ -44,6 +44,19 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 {{- end }}
 
+{{/*
+The Prometheus Operator kinds enabled in values that this cluster does not serve, one per line
+("PodMonitor", ...). Such objects are not rendered (an install would fail on them with "no matches
+for kind"); NOTES.txt names them. `helm template` knows only what --api-versions tells it.
+*/}}
+{{- define "judgequeue.unservedMonitors" -}}
+{{- range $kind, $enabled := dict "PodMonitor" .Values.podMonitor.enabled "ServiceMonitor" .Values.serviceMonitor.enabled "PrometheusRule" .Values.prometheusRule.enabled }}
+{{- if and $enabled (not ($.Capabilities.APIVersions.Has (printf "monitoring.coreos.com/v1/%s" $kind))) }}
+{{ $kind }}
+{{- end }}
+{{- end }}
+{{- end }}
+
 {{/* The ServiceAccount the operator runs as. */}}
 {{- define "judgequeue.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create }}

@@ -1,0 +1,206 @@
+"""The queue's cutover flags held to the spec: claim the queue, compare its row, write, restore or
+report (docs/gitops.md, "Git is the truth").
+
+Each reconcile reads the queue row (one statement while the JudgeQueue owns it) and compares it with
+``spec.cutover`` and ``spec.paused``. A difference is either a spec change the operator has not
+written yet (written now) or drift, a change made outside the spec (``judgequeue cutover set``, SQL):
+restored, or only reported with ``cutover.driftPolicy: report``. Which one it is comes from
+``status.cutover.applied``, the flags the operator last wrote or confirmed. ``CutoverApplied`` is True
+only while the row holds the spec's flags, and ``status.cutover`` always says what the row holds.
+
+A queue belongs to one JudgeQueue (migration 0011): the first to reconcile it claims it; any other
+is refused and writes nothing. :func:`decide` is pure; :func:`sync_queue` does the I/O through
+:mod:`judgequeue.core.queues` (the operator never talks SQL itself). A gate on a flip (say, "only go
+live once the shadow results agree") belongs in :func:`decide`: it returns what to do with a
+difference, and a gate is one more reason not to write yet.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal
+
+import asyncpg
+
+from judgequeue.core.connect import connect_postgres
+from judgequeue.core.errors import CutoverBlocked, JudgeQueueError, QueueOwned, WatermarkMovedBack
+from judgequeue.core.queues import QueueFlags, claim_queue, release_queue, set_cutover
+from judgequeue.core.spec import JudgeQueueSpec
+
+from .conditions import Condition, Problem, rfc3339
+
+Decision = Literal["applied", "write", "restore", "report"]
+
+
+@dataclass(frozen=True)
+class Wanted:
+    """The flags a spec asks for. ``watermark`` None: the spec names none (the row may hold one,
+    which cannot be removed: a watermark only moves forward)."""
+
+    queue: str
+    mode: str
+    paused: bool
+    watermark: datetime | None
+    policy: str = "restore"
+
+    def canonical(self) -> str:
+        """The flags as one line, as ``status.cutover.applied`` records them."""
+        mark = rfc3339(self.watermark) if self.watermark is not None else "none"
+        return f"mode={self.mode} paused={str(self.paused).lower()} watermark={mark}"
+
+
+def wanted(spec: JudgeQueueSpec) -> Wanted:
+    return Wanted(spec.queue, spec.cutover.mode, spec.paused, spec.cutover.watermark, spec.cutover.drift_policy)
+
+
+def describe(flags: QueueFlags) -> str:
+    """What a row holds, for messages: ``mode=live paused=false watermark=none (config version 7)``."""
+    mark = rfc3339(flags.watermark) if flags.watermark is not None else "none"
+    return (f"mode={flags.mode} paused={str(flags.paused).lower()} watermark={mark}"
+            f" (config version {flags.config_version})")
+
+
+def differences(want: Wanted, row: QueueFlags) -> list[str]:
+    """The flags where ``row`` differs from ``want``: ``mode``, ``paused``, ``watermark``."""
+    out = []
+    if row.mode != want.mode:
+        out.append("mode")
+    if row.paused != want.paused:
+        out.append("paused")
+    if want.watermark is not None and (row.watermark is None or row.watermark != want.watermark):
+        out.append("watermark")
+    if want.watermark is None and row.watermark is not None:
+        out.append("watermark")  # not restorable: see decide()
+    return out
+
+
+def restorable(want: Wanted, row: QueueFlags) -> list[str]:
+    """The differing flags a write can bring back (a watermark the spec does not name cannot go)."""
+    return [d for d in differences(want, row) if not (d == "watermark" and want.watermark is None)]
+
+
+def decide(want: Wanted, row: QueueFlags, *, last_applied: str | None) -> Decision:
+    """What to do with the row: nothing (``applied``: it holds the spec's flags), ``write`` the spec's
+    flags (the spec changed since they were last written: ``last_applied`` is not ``want``'s),
+    ``restore`` them (drift, and the policy restores) or ``report`` the drift (the policy says so, or
+    no write could remove it)."""
+    if not differences(want, row):
+        return "applied"
+    if not restorable(want, row):
+        return "report"
+    if last_applied != want.canonical():
+        return "write"
+    return "restore" if want.policy == "restore" else "report"
+
+
+@dataclass
+class QueueSync:
+    """The outcome of one :func:`sync_queue`: the ``CutoverApplied`` condition, the fields of
+    ``status.cutover`` (empty: keep the previous), a problem for ``Degraded``, whether another owner
+    holds the queue, and what was written (for the action log and a Warning Event)."""
+
+    condition: Condition
+    status: dict[str, Any] = field(default_factory=dict)
+    problem: Problem | None = None
+    owned_by: str | None = None
+    wrote: Decision | None = None
+    before: QueueFlags | None = None
+    released: str | None = None
+    claimed: bool = False
+
+
+def _status(row: QueueFlags, *, generation: int | None, applied: str | None) -> dict[str, Any]:
+    status: dict[str, Any] = {"queue": row.name, "mode": row.mode, "paused": row.paused,
+                              "configVersion": row.config_version, "owner": row.owner or ""}
+    if row.watermark is not None:
+        status["watermark"] = rfc3339(row.watermark)
+    if generation is not None:
+        status["generation"] = generation
+    if applied is not None:
+        status["applied"] = applied
+    return status
+
+
+def _drifted(want: Wanted, row: QueueFlags) -> str:
+    message = f"queue {want.queue!r} holds {describe(row)}, not the spec's {want.canonical()}"
+    if not restorable(want, row):
+        return (f"{message}: its watermark was set outside the spec and cannot be removed (a watermark only"
+                " moves forward); name it in spec.cutover.watermark")
+    return f"{message}: changed outside the spec; cutover.driftPolicy is report, so it is left as it is"
+
+
+async def sync_queue(
+    dsn: str, spec: JudgeQueueSpec, *, owner: str, previous: Mapping[str, Any], generation: int,
+    connect_timeout: float, pooler: str = "none",
+) -> QueueSync:
+    """Claim the queue for ``owner``, compare its row with the spec and write, restore or report.
+
+    ``previous`` is the JudgeQueue's ``status.cutover``. Never raises for what the database says:
+    every outcome is a :class:`QueueSync` (connection failures too: ``DatabaseUnavailable``)."""
+    want = wanted(spec)
+    try:
+        conn = await connect_postgres(dsn, pooler=pooler, timeout=connect_timeout)
+    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError, JudgeQueueError) as exc:
+        return _unavailable(want, exc)
+    try:
+        try:
+            row = await claim_queue(conn, want.queue, owner, mode=want.mode)  # type: ignore[arg-type]
+        except QueueOwned as exc:
+            message = (f"queue {want.queue!r} belongs to {exc.owner}: this JudgeQueue runs and writes nothing"
+                       f" (delete one of the two, or give this one another spec.queue)")
+            return QueueSync(Condition("CutoverApplied", "False", "QueueOwned", message),
+                             problem=Problem("QueueOwned", message), owned_by=exc.owner)
+        sync = QueueSync(Condition("CutoverApplied", "Unknown", "", ""))
+        sync.claimed = previous.get("owner") != owner or previous.get("queue") != want.queue
+        old_queue = previous.get("queue")
+        renamed = old_queue and old_queue != want.queue and previous.get("owner") == owner
+        if renamed and await release_queue(conn, str(old_queue), owner):
+            sync.released = str(old_queue)
+        decision = decide(want, row, last_applied=previous.get("applied"))
+        if decision in ("write", "restore"):
+            sync.before = row
+            kwargs: dict[str, Any] = {"mode": want.mode, "paused": want.paused, "owner": owner}
+            if want.watermark is not None:
+                kwargs["watermark"] = want.watermark
+            row = await set_cutover(conn, want.queue, **kwargs)
+            sync.wrote = decision
+        return _outcome(sync, want, row, decision, previous, generation)
+    except WatermarkMovedBack as exc:
+        message = str(exc)
+        return QueueSync(Condition("CutoverApplied", "False", "WatermarkMovedBack", message),
+                         problem=Problem("WatermarkMovedBack", message))
+    except CutoverBlocked as exc:  # transient: retried on the next pass, not a failure
+        return QueueSync(Condition("CutoverApplied", "False", "WaitingForSubmits", str(exc)))
+    except QueueOwned as exc:  # taken between the claim and the write
+        message = f"queue {want.queue!r} belongs to {exc.owner}: this JudgeQueue runs and writes nothing"
+        return QueueSync(Condition("CutoverApplied", "False", "QueueOwned", message),
+                         problem=Problem("QueueOwned", message), owned_by=exc.owner)
+    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError, JudgeQueueError) as exc:
+        return _unavailable(want, exc)
+    finally:
+        await conn.close()
+
+
+def _unavailable(want: Wanted, exc: BaseException) -> QueueSync:
+    message = f"cannot read or write queue {want.queue!r}: {exc}" if str(exc) else (
+        f"cannot read or write queue {want.queue!r}: {type(exc).__name__}")
+    return QueueSync(Condition("CutoverApplied", "False", "DatabaseUnavailable", message),
+                     problem=Problem("DatabaseUnavailable", message))
+
+
+def _outcome(sync: QueueSync, want: Wanted, row: QueueFlags, decision: Decision, previous: Mapping[str, Any],
+             generation: int) -> QueueSync:
+    if not differences(want, row):
+        text = f"queue {want.queue!r}: {describe(row)}"
+        if decision == "restore" and sync.before is not None:
+            text += f"; restored: the row held {describe(sync.before)}, changed outside the spec"
+        sync.condition = Condition("CutoverApplied", "True", "Applied", text)
+        sync.status = _status(row, generation=generation, applied=want.canonical())
+        return sync
+    message = _drifted(want, row)
+    sync.condition = Condition("CutoverApplied", "False", "Drifted", message)
+    sync.problem = Problem("Drifted", message)
+    sync.status = _status(row, generation=previous.get("generation"), applied=previous.get("applied"))
+    return sync

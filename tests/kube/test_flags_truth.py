@@ -1,0 +1,187 @@
+"""Git is the truth for a queue's flags, on the real control plane with the chart's RBAC.
+
+- A flag changed behind the operator's back (``judgequeue cutover set``, the real CLI) is restored
+  on the operator's next pass, with a Warning Event and an action line naming what the row held;
+  status never says "applied" for values the row does not hold.
+- With ``cutover.driftPolicy: report`` the row is left alone and ``CutoverApplied=False``, reason
+  ``Drifted``, names the row's values (and ``Degraded`` says the same).
+- A queue belongs to one JudgeQueue: a second one (another namespace, the same Secret and
+  ``spec.queue``) is refused in its status (``Degraded``, reason ``QueueOwned``, naming the owner)
+  and writes nothing (no children, no flags); once the owner is deleted it takes the queue over.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.kube import tools
+from tests.kube.cluster import Cluster
+from tests.support.databases import REDIS_URL
+
+WATERMARK = "2026-01-01T00:00:00Z"
+
+
+def _row(dsn: str, queue: str) -> dict[str, Any]:
+    (row,) = tools.run_sql(dsn, "SELECT mode, paused, watermark, config_version, owner FROM judgequeue.queues"
+                                " WHERE name = $1", queue)
+    return dict(row)
+
+
+def _cli_flip(dsn: str, queue: str, *args: str) -> None:
+    env = {**os.environ, "JUDGEQUEUE_POSTGRES_DSN": dsn, "JUDGEQUEUE_QUEUE": queue}
+    result = subprocess.run([str(tools.JUDGEQUEUE_BIN), "cutover", "set", *args], env=env, capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.fixture
+def second_namespace(crd_installed: Cluster) -> Iterator[str]:
+    name = f"t-{uuid.uuid4().hex[:10]}"
+    crd_installed.create_namespace(name)
+    yield name
+    crd_installed.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+def _spec(**extra: Any) -> dict[str, Any]:
+    return {"dispatcher": {"replicas": 0}, "reaper": {"replicas": 0},
+            "worker": {"judge": "sleep", "minReplicas": 0, "maxReplicas": 1}, **extra}
+
+
+def test_a_flag_changed_outside_the_spec_is_restored_on_the_next_pass(
+    crd_installed: Cluster, namespace: str, pg_dsn: str, queue_name: str, tmp_path: Path
+) -> None:
+    kube = crd_installed
+    tools.connection_secrets(kube, namespace, dsn=pg_dsn, redis_url=REDIS_URL)
+    operator = tools.start_operator(tools.operator_identity(kube, namespace), namespace, tmp_path / "operator.log")
+    try:
+        kube.request("POST", tools.jq_path(namespace), tools.judgequeue(
+            "judge", queue_name, cutover={"mode": "shadow", "watermark": WATERMARK}, **_spec()))
+
+        def cr() -> dict[str, Any]:
+            return dict(kube.request("GET", tools.jq_path(namespace, "judge")))
+
+        tools.wait_for("cutover applied", lambda: tools.condition(cr(), "CutoverApplied").get("status") == "True",
+                       check=operator.check)
+        applied = _row(pg_dsn, queue_name)
+        assert applied["mode"] == "shadow" and applied["owner"] == f"JudgeQueue {namespace}/judge"
+        _cli_flip(pg_dsn, queue_name, "--mode", "live")
+        flipped = applied["config_version"] + 1  # the CLI's write (the operator may restore it at once)
+        started = time.monotonic()
+        tools.wait_for("the row restored to shadow", lambda: _row(pg_dsn, queue_name)["mode"] == "shadow",
+                       timeout=15, check=operator.check)
+        tools.record_figure("flag_drift_restored_seconds", round(time.monotonic() - started, 2))
+        restored = _row(pg_dsn, queue_name)
+        assert restored["config_version"] == flipped + 1
+
+        def reports_the_row() -> dict[str, Any] | None:
+            obj = cr()
+            cutover = obj["status"].get("cutover") or {}
+            return obj if cutover.get("configVersion") == restored["config_version"] else None
+
+        obj = tools.wait_for("status reporting the restored row", reports_the_row, timeout=15, check=operator.check)
+        assert obj["status"]["cutover"]["mode"] == "shadow"
+        applied_cond = tools.condition(obj, "CutoverApplied")
+        assert applied_cond["status"] == "True" and f"(config version {restored['config_version']})" in (
+            applied_cond["message"])
+        events = tools.wait_for("a Warning Event naming the drift",
+                                lambda: tools.warning_events(kube, namespace, "judge", "CutoverDrifted"), timeout=15)
+        assert f"the row held mode=live paused=false watermark={WATERMARK} (config version {flipped})" in (
+            events[0]["message"])
+        writes = [e for e in tools.actions(operator.lines(), "cutover") if "changed outside the spec" in e["reason"]]
+        assert writes and writes[0]["level"] == "INFO" and writes[0]["object"] == f"queue {queue_name}"
+    finally:
+        operator.stop()
+
+
+def test_drift_is_reported_not_restored_when_the_spec_says_report(
+    crd_installed: Cluster, namespace: str, pg_dsn: str, queue_name: str, tmp_path: Path
+) -> None:
+    kube = crd_installed
+    tools.connection_secrets(kube, namespace, dsn=pg_dsn, redis_url=REDIS_URL)
+    operator = tools.start_operator(tools.operator_identity(kube, namespace), namespace, tmp_path / "operator.log")
+    try:
+        kube.request("POST", tools.jq_path(namespace), tools.judgequeue(
+            "judge", queue_name, cutover={"mode": "shadow", "driftPolicy": "report"}, **_spec()))
+        met, _, out = tools.kubectl_wait(kube, namespace, "judge", "CutoverApplied", timeout=30)
+        assert met, out
+        _cli_flip(pg_dsn, queue_name, "--mode", "live", "--pause")
+        version = _row(pg_dsn, queue_name)["config_version"]  # reported, never restored: stays
+        met, _, out = tools.kubectl_wait(kube, namespace, "judge", "CutoverApplied", value="False", timeout=15)
+        assert met, out
+        obj = kube.request("GET", tools.jq_path(namespace, "judge"))
+        cond = tools.condition(obj, "CutoverApplied")
+        assert cond["reason"] == "Drifted", cond
+        assert f"holds mode=live paused=true watermark=none (config version {version})" in cond["message"], cond
+        assert "not the spec's mode=shadow paused=false" in cond["message"], cond
+        degraded = tools.condition(obj, "Degraded")
+        assert (degraded["status"], degraded["reason"]) == ("True", "Drifted"), degraded
+        assert obj["status"]["cutover"]["mode"] == "live" and obj["status"]["cutover"]["paused"] is True
+        # Reported, not written: three more passes leave the row alone.
+        tools.wait_ticks(kube, namespace, "judge", 3, check=operator.check)
+        row = _row(pg_dsn, queue_name)
+        assert (row["mode"], row["paused"], row["config_version"]) == ("live", True, version)
+        # Choosing restore brings the spec back.
+        kube.request("PATCH", tools.jq_path(namespace, "judge"), {"spec": {"cutover": {"driftPolicy": "restore"}}},
+                     content_type="application/merge-patch+json")
+        tools.wait_for("the row restored", lambda: _row(pg_dsn, queue_name)["mode"] == "shadow", timeout=15,
+                       check=operator.check)
+        met, _, out = tools.kubectl_wait(kube, namespace, "judge", "Degraded", value="False", timeout=15)
+        assert met, out
+    finally:
+        operator.stop()
+
+
+def test_a_second_judgequeue_on_the_same_queue_is_refused_and_writes_nothing(
+    crd_installed: Cluster, namespace: str, second_namespace: str, pg_dsn: str, queue_name: str, tmp_path: Path
+) -> None:
+    kube = crd_installed
+    first, second = namespace, second_namespace
+    for ns in (first, second):
+        tools.connection_secrets(kube, ns, dsn=pg_dsn, redis_url=REDIS_URL)  # the same database
+    kubeconfig = tools.operator_identity(kube, first)
+    operator = tools.start_operator(kubeconfig, [first, second], tmp_path / "operator.log")
+    try:
+        kube.request("POST", tools.jq_path(first), tools.judgequeue(
+            "judge", queue_name, cutover={"mode": "shadow"}, **_spec()))
+        met, _, out = tools.kubectl_wait(kube, first, "judge", "CutoverApplied", timeout=30)
+        assert met, out
+        owned = _row(pg_dsn, queue_name)
+        kube.request("POST", tools.jq_path(second), tools.judgequeue("judge", queue_name, **_spec()))
+        met, _, out = tools.kubectl_wait(kube, second, "judge", "Degraded", timeout=15)
+        assert met, out
+        obj = kube.request("GET", tools.jq_path(second, "judge"))
+        degraded = tools.condition(obj, "Degraded")
+        assert degraded["reason"] == "QueueOwned", degraded
+        assert f"queue {queue_name!r} belongs to JudgeQueue {first}/judge" in degraded["message"], degraded
+        assert tools.condition(obj, "CutoverApplied")["reason"] == "QueueOwned"
+        assert tools.warning_events(kube, second, "judge", "QueueOwned")
+        # Nothing written: no children in the second namespace, the row as the owner left it.
+        deployments = kube.request("GET", f"/apis/apps/v1/namespaces/{second}/deployments")["items"]
+        services = kube.request("GET", f"/api/v1/namespaces/{second}/services")["items"]
+        assert deployments == [] and services == []
+        row = _row(pg_dsn, queue_name)
+        assert (row["mode"], row["config_version"], row["owner"]) == ("shadow", owned["config_version"],
+                                                                      f"JudgeQueue {first}/judge")
+        assert tools.condition(kube.request("GET", tools.jq_path(first, "judge")), "Degraded")["status"] == "False"
+        # The owner goes: it releases the queue, and the second JudgeQueue takes it over with its flags.
+        kube.request("DELETE", tools.jq_path(first, "judge"))
+        tools.wait_for("the queue taken over",
+                       lambda: _row(pg_dsn, queue_name)["owner"] == f"JudgeQueue {second}/judge",
+                       timeout=30, check=operator.check)
+        tools.wait_for("the second JudgeQueue's flags", lambda: _row(pg_dsn, queue_name)["mode"] == "live",
+                       timeout=15, check=operator.check)
+        met, _, out = tools.kubectl_wait(kube, second, "judge", "Degraded", value="False", timeout=15)
+        assert met, out
+        assert kube.get(f"/apis/apps/v1/namespaces/{second}/deployments/judge-worker") is not None
+        assert [e["action"] for e in tools.actions(operator.lines()) if e["action"] in ("claim", "release")] == [
+            "claim", "release", "claim"]
+    finally:
+        operator.stop()
