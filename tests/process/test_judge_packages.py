@@ -17,6 +17,7 @@ from prometheus_client import REGISTRY
 
 from judgequeue.core.judges import Verdict
 from judgequeue.core.judges.isolation import JudgeSettings
+from judgequeue.core.judges.languages import LANGUAGES, missing_toolchain
 from judgequeue.core.judges.program import ProgramJudge
 from judgequeue.core.problems import ProblemCache, upload
 from judgequeue.core.worker import attach_package_cache
@@ -494,3 +495,37 @@ async def test_a_submission_of_several_files(judge: ProgramJudge) -> None:
     assert "files: 'main.cpp' must be a plain file name" in clash["reason"]
     escape = await expect(judge, {**payload, "files": {"../x.h": "x"}}, "SYSTEM_ERROR")
     assert "must be a plain file name" in escape["reason"]
+    java = {"language": "java", "source": "public class Sum {}\n", "files": {"Sum.java": "x"}, "tests": TWO}
+    assert "files: 'Sum.java' must be a plain file name" in (await expect(judge, java, "SYSTEM_ERROR"))["reason"]
+
+
+TWO = [{"input": "3\n", "output": "6\n"}]
+
+
+async def test_a_kept_build_is_the_main_source_and_the_files_beside_it(judge: ProgramJudge) -> None:
+    """The same main source with other files beside it is another build: a header it includes, a
+    Python module it imports. Each submission gets its own files, never a kept build of another's."""
+    kept, hits = judge.builds.kept, judge.builds.hits
+    main = '#include <cstdio>\n#include "k.h"\nint main(){int x; scanf("%d", &x); printf("%d\\n", K * x);}\n'
+    for k, verdict in ((2, "ACCEPTED"), (3, "WRONG_ANSWER"), (2, "ACCEPTED")):
+        payload = {"language": "cpp", "source": main, "files": {"k.h": f"#define K {k}\n"}, "tests": TWO}
+        await expect(judge, payload, verdict)
+    assert (judge.builds.kept - kept, judge.builds.hits - hits) == (2, 1)
+    # Python finds a submission's modules in its directory, each submission its own.
+    modules = {"language": "python", "source": "from calc import f\nprint(f(int(input())))\n", "tests": TWO}
+    await expect(judge, {**modules, "files": {"calc.py": "def f(x):\n    return 2 * x\n"}}, "ACCEPTED")
+    await expect(judge, {**modules, "files": {"calc.py": "def f(x):\n    return 3 * x\n"}}, "WRONG_ANSWER")
+
+
+async def test_a_java_submission_of_several_classes(judge: ProgramJudge) -> None:
+    """javac, run in the box's directory, finds the classes of the other files beside the main one."""
+    missing = missing_toolchain(LANGUAGES["java"], judge.tools)
+    if missing:
+        pytest.skip(missing)
+    main = "public class Twice { public static void main(String[] a) {"
+    main += " System.out.println(Calc.f(new java.util.Scanner(System.in).nextInt())); } }\n"
+    payload = {"language": "java", "source": main, "tests": TWO}
+    await expect(judge, {**payload, "files": {"Calc.java": "class Calc { static int f(int x) { return 2 * x; } }"}},
+                 "ACCEPTED")  # fmt: skip
+    await expect(judge, {**payload, "files": {"Calc.java": "class Calc { static int f(int x) { return 3 * x; } }"}},
+                 "WRONG_ANSWER")  # fmt: skip
