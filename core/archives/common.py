@@ -11,6 +11,7 @@ from typing import Any
 
 from ..errors import JudgeQueueError
 from ..judges.languages import LANGUAGES as LANGUAGE_TABLE
+from ..judges.languages import UNAVAILABLE, parse_standard
 
 CHUNK = 1024 * 1024
 MAX_TESTS = 10_000
@@ -19,13 +20,6 @@ MAX_BESIDE_FILES = 64
 MAX_BESIDE_BYTES = 16 * 1024 * 1024
 ID = re.compile(r"[a-z0-9]([-a-z0-9_.]*[a-z0-9])?")
 LANGUAGES = tuple(LANGUAGE_TABLE)  # a checker or interactor may be written in any language the judge runs
-
-#: Source file suffixes of the judge's languages, for formats that name programs by file name only
-#: (Kattis validators and submissions; Polygon names a type, see polygon.py).
-SUFFIXES: dict[str, str] = {
-    ".py": "python", ".py3": "python", ".c": "c", ".cc": "cpp", ".cpp": "cpp", ".cxx": "cpp", ".c++": "cpp",
-    ".C": "cpp", ".java": "java",
-}  # fmt: skip
 
 
 class InvalidPackage(JudgeQueueError, ValueError):
@@ -82,13 +76,23 @@ def program(
     *,
     beside: list[Path] | None = None,
     protocol: str | None = None,
+    std: str | None = None,
     where: str,
 ) -> dict[str, Any]:
     """A program's manifest entry: its main source, the files shipped beside it (by name), its
-    language and, for checkers and interactors, the protocol it speaks (testlib or kattis)."""
+    language (a row of the judge's table) and standard (C, C++; None: the row's default) and, for
+    checkers and interactors, the protocol it speaks (testlib or kattis)."""
+    if language in UNAVAILABLE:
+        raise InvalidPackage(f"{where}: language {language!r} is not offered here: {UNAVAILABLE[language]}")
     if language not in LANGUAGES:
         raise InvalidPackage(f"{where}: language must be one of {', '.join(LANGUAGES)}, got {language!r}")
+    try:
+        std = parse_standard(LANGUAGE_TABLE[language], std)
+    except ValueError as exc:
+        raise InvalidPackage(f"{where}: {exc}") from None
     entry: dict[str, Any] = {"language": language, "file": add(main, files), "name": main.name}
+    if std is not None:
+        entry["std"] = std
     others = [p for p in (beside or []) if p != main]
     if len(others) > MAX_BESIDE_FILES or sum(p.stat().st_size for p in others) > MAX_BESIDE_BYTES:
         raise InvalidPackage(

@@ -24,6 +24,7 @@ What is read, and how it maps onto a stored manifest:
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,6 @@ import yaml
 from ..judges.checkers import InvalidChecker, kattis_flags
 from .common import (
     MAX_TESTS,
-    SUFFIXES,
     InvalidPackage,
     PackageDir,
     PackageFile,
@@ -42,6 +42,33 @@ from .common import (
     total_bytes,
 )
 
+#: problemtools' languages (its config/languages.yaml) as rows of the judge's table: the row, the
+#: file suffixes that are the language's sources, the priority that settles a directory whose files
+#: fit several, and the standard problemtools compiles C and C++ with (None: the row's default).
+#: Python 3 is CPython here (problemtools runs PyPy; a contest may offer ``pypy``); ``.pl`` is
+#: Prolog, as on Kattis; C# and Python 2 are refused with the reason (languages.UNAVAILABLE);
+#: Kattis languages that are no row of the table (Objective-C, F#, COBOL) are not recognised, and
+#: Haskell's C files (problemtools links them with its sources) are not Haskell's here.
+KATTIS_LANGUAGES: dict[str, tuple[str, tuple[str, ...], int, str | None]] = {
+    "c": ("c", (".c",), 950, "gnu17"),
+    "cpp": ("cpp", (".cc", ".C", ".cpp", ".cxx", ".c++"), 1000, "gnu++23"),
+    "csharp": ("csharp", (".cs",), 700, None),
+    "go": ("go", (".go",), 400, None),
+    "haskell": ("haskell", (".hs",), 600, None),
+    "java": ("java", (".java",), 800, None),
+    "javascript": ("javascript", (".js",), 500, None),
+    "kotlin": ("kotlin", (".kt",), 250, None),
+    "lisp": ("lisp", (".lisp", ".cl"), 200, None),
+    "ocaml": ("ocaml", (".ml",), 375, None),
+    "pascal": ("pascal", (".pas",), 350, None),
+    "php": ("php", (".php",), 450, None),
+    "prolog": ("prolog", (".pl",), 100, None),
+    "python2": ("python2", (".py2",), 860, None),
+    "python3": ("python", (".py", ".py3"), 850, None),
+    "ruby": ("ruby", (".rb",), 650, None),
+    "rust": ("rust", (".rs",), 575, None),
+    "scala": ("scala", (".scala", ".sc"), 550, None),
+}
 LEGACY = "legacy"
 V2023 = ("2023-07-draft", "2023-07")
 DEFAULT_MEMORY_MB = 1024  # problemtools' defaults (its config/problem.yaml)
@@ -90,36 +117,49 @@ def _number(value: Any, where: str) -> float:
     return number
 
 
-def language_of(path: Path) -> str | None:
-    """The judge language of a source file, by its suffix (None: not one the judge speaks)."""
-    return SUFFIXES.get(path.suffix) or SUFFIXES.get(path.suffix.lower())
+_PYTHON2 = re.compile(rb"^#!.*python2\b")
+
+
+def _python2(path: Path) -> bool:
+    """A ``.py`` file problemtools counts as Python 2: its first line a ``python2`` shebang."""
+    try:
+        with path.open("rb") as f:
+            return _PYTHON2.search(f.readline()) is not None
+    except OSError:
+        return False
+
+
+def language_of(paths: list[Path]) -> tuple[str, str | None, list[Path]] | None:
+    """The language problemtools detects for a program's files: the one most of them are sources
+    of, the higher priority on a tie (a ``.py`` file is Python 2's only with a ``python2`` shebang).
+    Its row of the judge's table, the standard it is compiled with, and its sources (sorted); None
+    when no file is a source of any language."""
+    best: tuple[int, int] | None = None
+    found = None
+    for row, suffixes, priority, std in KATTIS_LANGUAGES.values():
+        sources = sorted(p for p in paths if p.suffix in suffixes or (row == "python2" and p.suffix == ".py"))
+        evidence = [p for p in sources if row != "python2" or p.suffix != ".py" or _python2(p)]
+        if evidence and (best is None or (len(evidence), priority) > best):
+            best, found = (len(evidence), priority), (row, std, sources)
+    return found
 
 
 def _program_at(path: Path, where: str, files: dict[str, PackageFile], protocol: str | None) -> dict[str, Any]:
-    """A program as problemtools finds one: a single source file, or a directory built as a whole."""
+    """A program as problemtools finds one: a single source file, or a directory built as a whole
+    (its main file one named ``main.*``, else the first source by name)."""
     if path.is_file():
-        language = language_of(path)
-        if language is None:
-            raise InvalidPackage(f"{where}: {path.name} is in no language this judge runs")
-        return program(path, language, files, protocol=protocol, where=where)
-    sources = sorted(p for p in path.iterdir() if p.is_file() and language_of(p) is not None)
-    languages = {language_of(p) for p in sources}
-    if len(languages) != 1:
-        found = ", ".join(sorted(str(x) for x in languages)) or "none"
-        raise InvalidPackage(
-            f"{where}: {path.name}/ must hold sources of one language this judge runs (found: {found})"
-        )
-    language = languages.pop()
-    assert language is not None
-    if language == "python":  # problemtools runs the file named like the directory, else main.py, else the only one
-        named = [p for p in sources if p.stem in (path.name, "main")]
-        main = named[0] if named else sources[0]
-    elif language == "java":
-        main = next((p for p in sources if p.stem in ("Main", path.name)), sources[0])
+        paths = [path]
     else:
-        main = sources[0]
-    beside = sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith("."))
-    entry = program(main, language, files, beside=beside, protocol=protocol, where=where)
+        paths = sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith("."))
+    detected = language_of(paths)
+    if detected is None:
+        what = path.name if path.is_file() else f"{path.name}/"
+        raise InvalidPackage(f"{where}: {what} holds no source in a language this judge runs")
+    language, std, sources = detected
+    if path.is_file():
+        return program(path, language, files, protocol=protocol, std=std, where=where)
+    main = next((p for p in sources if p.stem.lower() == "main"), sources[0])
+    entry = program(main, language, files, beside=paths, protocol=protocol, std=std, where=where)
     units = [p.name for p in sources if p != main and language in ("c", "cpp")]
     if units:
         entry["units"] = units  # further translation units problemtools compiles with the main one
@@ -130,7 +170,7 @@ def _validator(root: Path, version: str, files: dict[str, PackageFile]) -> dict[
     folder = root / ("output_validators" if version == LEGACY else "output_validator")
     if not folder.is_dir():
         return None
-    if version != LEGACY and any(language_of(p) for p in folder.iterdir() if p.is_file()):
+    if version != LEGACY and language_of([p for p in folder.iterdir() if p.is_file()]) is not None:
         return _program_at(folder, "output_validator", files, "kattis")
     found = sorted(p for p in folder.iterdir() if not p.name.startswith("."))
     if len(found) != 1:

@@ -54,7 +54,8 @@ def _program(spec: Any, where: str, root: Path, files: dict[str, PackageFile]) -
     protocol = spec.get("protocol", "testlib")
     if protocol not in PROTOCOLS:
         raise InvalidPackage(f"{where}.protocol must be one of {', '.join(PROTOCOLS)}, got {protocol!r}")
-    return program(main, spec.get("language", "python"), files, beside=beside, protocol=protocol, where=where)
+    language = spec.get("language", "python")
+    return program(main, language, files, beside=beside, protocol=protocol, std=spec.get("std"), where=where)
 
 
 def _tests(root: Path, files: dict[str, PackageFile]) -> list[dict[str, Any]]:

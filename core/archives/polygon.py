@@ -23,10 +23,12 @@ they replace the points the test would earn.
 from __future__ import annotations
 
 import math
+import re
 import xml.etree.ElementTree as ET  # the uploader's own file; expat refuses external entities
 from pathlib import Path
 from typing import Any
 
+from ..judges.languages import LANGUAGES
 from .common import (
     MAX_TESTS,
     InvalidPackage,
@@ -61,18 +63,35 @@ def is_polygon(root: Path) -> bool:
     return (root / "problem.xml").is_file()
 
 
-def language_of(kind: str | None) -> str | None:
-    """The judge language of a Polygon source type (``cpp.g++17``, ``python.3``, ``java11``...)."""
+#: Polygon source types as rows of the judge's table, by prefix (the first that fits): Codeforces'
+#: compilers, each the row that runs its language. PyPy types are the ``pypy`` row; Java's 8, 11
+#: and 21 are the JDK here; Delphi, PascalABC.NET and D are no row of the table (not recognised);
+#: C#'s and Python 2's types are refused with the reason (languages.UNAVAILABLE).
+POLYGON_TYPES: tuple[tuple[str, str], ...] = (
+    ("c.", "c"), ("cpp.", "cpp"), ("javascript", "javascript"), ("js.", "javascript"), ("java", "java"),
+    ("kotlin", "kotlin"), ("scala", "scala"), ("python.pypy2", "python2"), ("python.2", "python2"),
+    ("python.pypy3", "pypy"), ("python.3", "python"), ("go", "go"), ("rust", "rust"), ("ruby", "ruby"),
+    ("php", "php"), ("perl", "perl"), ("haskell", "haskell"), ("ocaml", "ocaml"), ("pas.fpc", "pascal"),
+    ("csharp", "csharp"),
+)  # fmt: skip
+_CPP_VERSION = re.compile(r"\+\+(\d\d)(?!\d)")
+
+
+def language_of(kind: str | None) -> tuple[str, str | None] | None:
+    """The judge's row and standard for a Polygon source type (pure), or None when no row runs it.
+
+    A C++ type's standard is the one it names (``cpp.g++17``, ``cpp.gcc13-64-winlibs-g++20``,
+    ``cpp.gcc14-64-msys2-g++23``) in the GNU dialect, the table's; one that names none
+    (``cpp.g++``, ``cpp.ms2017``) is the row's default. C types are Codeforces' GNU C11."""
     kind = kind or ""
-    if kind.startswith("cpp."):
-        return "cpp"
-    if kind.startswith("c."):
-        return "c"
-    if kind in ("python.3", "python.pypy3", "python.pypy3-64"):
-        return "python"
-    if kind.startswith("java"):
-        return "java"
-    return None
+    language = next((row for prefix, row in POLYGON_TYPES if kind.startswith(prefix)), None)
+    if language == "cpp":
+        version = _CPP_VERSION.search(kind)
+        std = f"gnu++{version.group(1)}" if version else None
+        return language, std if std in LANGUAGES["cpp"].standards else None
+    if language == "c":
+        return language, "gnu11"
+    return (language, None) if language is not None else None
 
 
 def _source(root: Path, element: ET.Element | None, where: str, files: dict[str, PackageFile]) -> dict[str, Any]:
@@ -80,10 +99,11 @@ def _source(root: Path, element: ET.Element | None, where: str, files: dict[str,
     if source is None or not source.get("path"):
         raise InvalidPackage(f"problem.xml: {where} has no <source path=...>")
     main = inside(root, str(source.get("path")), f"problem.xml: {where} source")
-    language = language_of(source.get("type"))
-    if language is None:
+    found = language_of(source.get("type"))
+    if found is None:
         raise InvalidPackage(f"problem.xml: {where} is {source.get('type')!r}, a language this judge does not run")
-    return program(main, language, files, beside=siblings(main), protocol="testlib", where=where)
+    language, std = found
+    return program(main, language, files, beside=siblings(main), protocol="testlib", std=std, where=where)
 
 
 def _int(text: str | None, where: str) -> int:

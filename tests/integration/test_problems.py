@@ -51,6 +51,10 @@ def test_read_package_dir_orders_tests_naturally_and_validates(tmp_path: Path) -
     assert [t["name"] for t in package.manifest["tests"]] == ["1", "2", "10"]  # 10 after 2
     assert package.manifest["checker"] == {"type": "floats", "abs": 1e-6, "rel": 1e-6}
     assert package.id == "mean" and package.version is None
+    # A checker or interactor may name its C/C++ standard (the language's default otherwise).
+    interactor = "interactor: {source: tests/1.in, language: cpp, std: c++20}\n"
+    (tmp_path / "problem.yaml").write_text(PROBLEM_YAML + interactor)
+    assert read_package_dir(tmp_path).manifest["interactor"]["std"] == "c++20"
 
 
 @pytest.mark.parametrize(
@@ -64,6 +68,10 @@ def test_read_package_dir_orders_tests_naturally_and_validates(tmp_path: Path) -
         (lambda r: (r / "problem.yaml").write_text(PROBLEM_YAML + "interactor: {source: ../../etc/passwd}\n"),
          "is not a file inside the package"),
         (lambda r: (r / "problem.yaml").write_text("id: x\n  bad: [\n"), "is not YAML"),
+        (lambda r: (r / "problem.yaml").write_text(PROBLEM_YAML + "interactor: {source: tests/1.in, language: cpp,"
+                                                   " std: c++98}\n"), "interactor: std must be one of c\\+\\+11"),
+        (lambda r: (r / "problem.yaml").write_text(PROBLEM_YAML + "interactor: {source: tests/1.in, language: "
+                                                   "csharp}\n"), "interactor: language 'csharp' is not offered here"),
     ],
 )
 def test_bad_packages_are_refused_naming_what(tmp_path: Path, change: object, error: str) -> None:

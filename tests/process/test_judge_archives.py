@@ -131,6 +131,15 @@ CLOSE = {
     "submissions/accepted/plus_one.py": "print(int(input()) + 1)\n",
     "submissions/wrong_answer/plus_five.py": "print(int(input()) + 5)\n",
     "submissions/wrong_answer/chatty.py": "print(input(), 'and more')\n",
+    # C++20: problemtools compiles C++ as GNU C++23, and so must the judge (its default is C++17).
+    "submissions/accepted/spaceship.cc": "#include <iostream>\n#include <compare>\nstruct N { long v; };\n"
+                                         "int main(){N n{.v = 0}; std::cin >> n.v; auto c = n.v <=> 0L;"
+                                         "std::cout << (c < 0 ? n.v : n.v) << '\\n';}\n",
+    # A program of several files (a directory): main.py imports the module beside it.
+    "submissions/accepted/modules/main.py": "from echo import echo\necho()\n",
+    "submissions/accepted/modules/echo.py": "def echo():\n    print(input())\n",
+    "submissions/wrong_answer/modules/main.py": "from echo import echo\necho()\n",
+    "submissions/wrong_answer/modules/echo.py": "def echo():\n    print(int(input()) + 7)\n",
 }  # fmt: skip
 
 
@@ -142,9 +151,16 @@ async def test_a_custom_validator_with_its_header_agrees_with_problemtools(
     assert (checker["type"], checker["protocol"], checker["name"], list(checker["files"])) == (
         "custom", "kattis", "validate.cc", ["validate.h"],
     )  # fmt: skip
+    assert checker["std"] == "gnu++23"  # problemtools' C++
+    solutions = {s["name"]: s for s in read_package(root).manifest["solutions"]}
+    assert (solutions["accepted/spaceship.cc"]["std"], solutions["accepted/modules"]["files"].keys()) == (
+        "gnu++23", {"echo.py"},
+    )  # fmt: skip
     ours = await agree(judge, pg_pool, root, tmp_path)
     assert ours["accepted/plus_one.py"].details["tests"][0]["message"] == "close enough"
     assert ours["wrong_answer/plus_five.py"].details["reason"] == "off by 5"
+    # The two submissions named modules share their main source, not their build: each got its own echo.py.
+    assert ours["wrong_answer/modules"].details["reason"] == "off by 7"
 
 
 # --- test data groups with scores (2023-07-draft, as problemtools' own oddecho example) ------------
@@ -264,13 +280,14 @@ def test_what_a_kattis_package_may_not_be(tmp_path: Path) -> None:
 
 SCORING_VALIDATOR = """\
 import sys
+from tolerance import TOLERANCE
 want = int(open(sys.argv[2]).read())
 feedback = sys.argv[3]
 try:
     got = int(sys.stdin.read())
 except ValueError:
     sys.exit(43)
-if abs(got - want) > 1:
+if abs(got - want) > TOLERANCE:
     open(feedback + "/judgemessage.txt", "w").write(f"off by {got - want}")
     sys.exit(43)
 open(feedback + "/score.txt", "w").write("10" if got == want else "4.5")
@@ -283,6 +300,7 @@ NEAR = {
     "data/secret/1.in": "10\n", "data/secret/1.ans": "10\n",
     "data/secret/2.in": "-3\n", "data/secret/2.ans": "-3\n",
     "output_validators/near/near.py": SCORING_VALIDATOR,
+    "output_validators/near/tolerance.py": "TOLERANCE = 1\n",  # a module the validator imports
     "submissions/accepted/echo.py": "print(input())\n",
     "submissions/partially_accepted/plus_one.py": "print(int(input()) + 1)\n",
     "submissions/wrong_answer/plus_five.py": "print(int(input()) + 5)\n",

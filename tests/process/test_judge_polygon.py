@@ -58,6 +58,12 @@ def problem_xml(name: str, tests: str, groups: str, assets: str) -> str:
 CHECKER = '<checker name="std::wcmp.cpp" type="testlib"><source path="files/check.cpp" type="cpp.g++17"/>' \
           '<copy path="check.cpp"/></checker>'  # fmt: skip
 SUM_CPP = "#include <cstdio>\nint main(){long a,b;scanf(\"%ld %ld\",&a,&b);printf(\"%ld\\n\",a+b);}\n"
+# C++20 (designated initialisers, <=>): compiles only under the standard its Polygon type names.
+SUM_CPP20 = (
+    "#include <cstdio>\n#include <compare>\nstruct P { long a, b; };\n"
+    "int main(){long a,b;scanf(\"%ld %ld\",&a,&b);P p{.a = a, .b = b};"
+    "printf(\"%ld\\n\",(p.a <=> p.b) == 0 ? 2 * p.a : p.a + p.b);}\n"
+)
 SUMS = {
     "tests/01": "1 2\n", "tests/01.a": "3\n",
     "tests/02": "10 20\n", "tests/02.a": "30\n",
@@ -91,14 +97,16 @@ SUM_SOLUTIONS = """<solutions>
       <solution tag="rejected"><source path="solutions/small.py" type="python.3"/></solution>
       <solution tag="time-limit-exceeded"><source path="solutions/slow.py" type="python.3"/></solution>
       <solution tag="failed"><source path="solutions/crash.py" type="python.3"/></solution>
-      <solution tag="accepted"><source path="solutions/sum.kt" type="kotlin.19"/></solution>
+      <solution tag="accepted"><source path="solutions/sum20.cpp" type="cpp.gcc13-64-winlibs-g++20"/></solution>
+      <solution tag="accepted"><source path="solutions/sum.cs" type="csharp.mono"/></solution>
+      <solution tag="accepted"><source path="solutions/sum.d" type="d"/></solution>
     </solutions>"""
 
 
 async def test_a_polygon_package_round_trip_with_groups_points_and_tagged_solutions(
     judge: ProgramJudge, pg_pool: asyncpg.Pool, tmp_path: Path
 ) -> None:
-    files = {**SUMS, "solutions/sum.kt": "fun main() {}\n",
+    files = {**SUMS, "solutions/sum20.cpp": SUM_CPP20, "solutions/sum.cs": "class P {}\n", "solutions/sum.d": "",
              "problem.xml": problem_xml("a-plus-b", SUM_TESTS, SUM_GROUPS, CHECKER + SUM_SOLUTIONS)}  # fmt: skip
     root = write_tree(tmp_path / "package", files)
     package = read_package(root)
@@ -106,9 +114,14 @@ async def test_a_polygon_package_round_trip_with_groups_points_and_tagged_soluti
     checker = package.manifest["checker"]
     assert (checker["protocol"], checker["language"], sorted(checker["files"])) == ("testlib", "cpp", ["testlib.h"])
     assert package.manifest["limits"] == {"time": 1.0, "memory_mb": 256}
-    assert [s["name"] for s in package.manifest["solutions"]] == [  # the Kotlin one is not recorded
-        "solutions/main.cpp", "solutions/sum.py", "solutions/diff.py", "solutions/small.py", "solutions/slow.py",
-        "solutions/crash.py",
+    assert checker["std"] == "gnu++17"  # cpp.g++17
+    # Each solution is the table's row (and C++ standard) its type names; C# (no runtime that starts
+    # in a box) and D (no row) are not recorded.
+    assert [(s["name"], s["language"], s.get("std")) for s in package.manifest["solutions"]] == [
+        ("solutions/main.cpp", "cpp", "gnu++17"), ("solutions/sum.py", "python", None),
+        ("solutions/diff.py", "python", None), ("solutions/small.py", "python", None),
+        ("solutions/slow.py", "python", None), ("solutions/crash.py", "python", None),
+        ("solutions/sum20.cpp", "cpp", "gnu++20"),
     ]  # fmt: skip
     version = await put(pg_pool, root)
     verdicts = await judge_solutions(judge, "a-plus-b", version)
@@ -116,6 +129,9 @@ async def test_a_polygon_package_round_trip_with_groups_points_and_tagged_soluti
     for name, verdict in verdicts.items():
         assert verdict.status in expected[name], (name, verdict.status, verdict.details)
         assert verdict.details["format"] == "polygon"
+    # The C++20 solution was judged under the standard its type names: the row's default refuses it.
+    default = {"problem": "a-plus-b", "version": version, "language": "cpp", "source": SUM_CPP20}
+    assert (await judge.judge(default)).status == "COMPILE_ERROR"
     main, small = verdicts["solutions/main.cpp"].details, verdicts["solutions/small.py"].details
     assert (main["score"], main["max_score"]) == (100, 100)
     assert main["tests"][0]["message"] == 'ok "3"'

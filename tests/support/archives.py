@@ -92,6 +92,8 @@ async def judge_solutions(judge: ProgramJudge, problem: str, version: int) -> di
         for s in solutions:
             payload: dict[str, Any] = {"problem": problem, "version": version, "language": s["language"],
                                        "source": package.path(s["file"]).read_text()}  # fmt: skip
+            if s.get("std"):
+                payload["std"] = s["std"]
             if s.get("files"):
                 payload["files"] = {n: package.path(d).read_text() for n, d in s["files"].items()}
             payloads[s["name"]] = payload

@@ -4,10 +4,16 @@ tree, Polygon's group policies, and who wins an interactive test under each form
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from typing import Any
 
+import problemtools
 import pytest
+import yaml
 
+from judgequeue.core.archives import kattis, polygon
+from judgequeue.core.archives.common import InvalidPackage, program
 from judgequeue.core.judges.checkers import (
     CheckerSpec,
     CheckResult,
@@ -19,6 +25,7 @@ from judgequeue.core.judges.checkers import (
     kattis_outcome,
     parse_testlib_points,
 )
+from judgequeue.core.judges.languages import LANGUAGES, UNAVAILABLE
 from judgequeue.core.judges.program import Case, Problem, classify_interactive, verdict_details
 from judgequeue.core.judges.sandbox import Limits, RunFacts
 from judgequeue.core.judges.scoring import (
@@ -170,3 +177,81 @@ def test_the_failed_test_and_its_stderr_agree() -> None:
     assert details["failed_test"] == 2 and details["reason"] == "line 1" and "stderr" not in details
     details = verdict_details(results, problem, {}, {2: b"to stderr", 6: b"Traceback"}).details
     assert details["stderr"] == "to stderr"
+
+
+# --- the archives' languages as rows of the judge's table -------------------------------------------
+
+
+def test_kattis_languages_are_problemtools_own_mapped_onto_the_table() -> None:
+    """Every problemtools language the table runs has problemtools' file globs and priority, and C
+    and C++ problemtools' standard (read from problemtools' own languages.yaml)."""
+    config = yaml.safe_load((Path(problemtools.__file__).parent / "config" / "languages.yaml").read_text())
+    for kattis_id, (row, suffixes, priority, std) in kattis.KATTIS_LANGUAGES.items():
+        assert row in LANGUAGES or row in UNAVAILABLE, row
+        theirs = config[kattis_id]
+        ours = {f"*{s}" for s in suffixes} | ({"*.py"} if kattis_id == "python2" else set())  # by shebang
+        assert ours == set(theirs["files"].split()) - ({"*.c"} if kattis_id == "haskell" else set()), kattis_id
+        assert priority == theirs["priority"], kattis_id
+        flag = re.search(r"-std=(\S+)", theirs.get("compile", ""))
+        assert std == (flag.group(1) if flag and row in ("c", "cpp") else None), kattis_id
+    assert set(config) - set(kattis.KATTIS_LANGUAGES) == {"cobol", "fsharp", "objectivec"}
+
+
+def kattis_language(*names: str) -> tuple[str, str | None, list[str]] | None:
+    found = kattis.language_of([Path(n) for n in names])
+    return None if found is None else (found[0], found[1], [p.name for p in found[2]])
+
+
+def test_the_language_of_a_kattis_program_as_problemtools_detects_it() -> None:
+    assert kattis_language("validate.cc", "validate.h") == ("cpp", "gnu++23", ["validate.cc"])
+    assert kattis_language("a.c") == ("c", "gnu17", ["a.c"])
+    assert kattis_language("b.py", "a.py3", "notes.txt") == ("python", None, ["a.py3", "b.py"])
+    assert kattis_language("Main.java", "Util.java")[:2] == ("java", None)  # type: ignore[index]
+    assert kattis_language("solve.pl") == ("prolog", None, ["solve.pl"])  # .pl is Prolog on Kattis
+    for name, row in (("m.kt", "kotlin"), ("m.rs", "rust"), ("m.hs", "haskell"), ("m.lisp", "lisp"),
+                      ("m.sc", "scala"), ("m.pas", "pascal"), ("m.ml", "ocaml"), ("m.go", "go")):  # fmt: skip
+        assert kattis_language(name) == (row, None, [name])
+    assert kattis_language("a.c", "b.cc")[:2] == ("cpp", "gnu++23")  # type: ignore[index]  # tie: priority
+    assert kattis_language("a.c", "b.c", "m.cc")[:2] == ("c", "gnu17")  # type: ignore[index]  # more files
+    assert kattis_language("a.cs")[:2] == ("csharp", None)  # type: ignore[index]  # refused when read, with why
+    assert kattis_language("README.md", "x.h") is None
+
+
+def test_a_python_2_program_is_python_2s_by_its_shebang(tmp_path: Path) -> None:
+    (tmp_path / "old.py").write_text("#!/usr/bin/env python2\nprint 'hi'\n")
+    (tmp_path / "new.py").write_text("#!/usr/bin/env python3\nprint('hi')\n")
+    assert kattis.language_of([tmp_path / "old.py"]) == ("python2", None, [tmp_path / "old.py"])
+    assert kattis.language_of([tmp_path / "new.py"]) == ("python", None, [tmp_path / "new.py"])
+
+
+def test_polygon_source_types_are_rows_of_the_table_with_the_standard_they_name() -> None:
+    cases = {
+        "cpp.g++17": ("cpp", "gnu++17"), "cpp.gcc13-64-winlibs-g++20": ("cpp", "gnu++20"),
+        "cpp.gcc14-64-msys2-g++23": ("cpp", "gnu++23"), "cpp.msys2-mingw64-9-g++17": ("cpp", "gnu++17"),
+        "cpp.g++11": ("cpp", "gnu++11"), "cpp.g++14": ("cpp", "gnu++14"), "cpp.g++": ("cpp", None),
+        "cpp.ms2017": ("cpp", None), "c.gcc": ("c", "gnu11"), "java8": ("java", None), "java21": ("java", None),
+        "kotlin19": ("kotlin", None), "scala": ("scala", None), "python.3": ("python", None),
+        "python.pypy3": ("pypy", None), "python.pypy3-64": ("pypy", None), "python.2": ("python2", None),
+        "go": ("go", None), "rust.2021": ("rust", None), "ruby.3": ("ruby", None), "php.5": ("php", None),
+        "perl.5": ("perl", None), "haskell.ghc": ("haskell", None), "ocaml": ("ocaml", None),
+        "pas.fpc": ("pascal", None), "js.v8": ("javascript", None), "csharp.mono": ("csharp", None),
+        "pas.dpr": None, "pas.pascalabc": None, "d": None, "": None, None: None,
+    }  # fmt: skip
+    for kind, row in cases.items():
+        assert polygon.language_of(kind) == row, kind
+    for _prefix, language in polygon.POLYGON_TYPES:
+        assert language in LANGUAGES or language in UNAVAILABLE, language
+
+
+def test_a_package_program_names_a_row_and_a_standard_it_has(tmp_path: Path) -> None:
+    main = tmp_path / "check.cpp"
+    main.write_text("int main() {}\n")
+    entry = program(main, "cpp", {}, std="c++20", where="checker")
+    assert (entry["language"], entry["std"]) == ("cpp", "c++20")
+    assert "std" not in program(main, "cpp", {}, where="checker")  # the row's default
+    with pytest.raises(InvalidPackage, match="checker: std must be one of c\\+\\+11"):
+        program(main, "cpp", {}, std="c++98", where="checker")
+    with pytest.raises(InvalidPackage, match="checker: std: python has no standard to choose"):
+        program(main, "python", {}, std="c++17", where="checker")
+    with pytest.raises(InvalidPackage, match="checker: language 'csharp' is not offered here: "):
+        program(main, "csharp", {}, where="checker")
