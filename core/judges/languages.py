@@ -162,8 +162,17 @@ PYTHON_HELPER = (
     "    traceback.print_exc()\n"
     "    sys.exit(3)\n"
 )
-#: A Python syntax check that writes nothing (the box directory is the submission's; no __pycache__).
-PYTHON_CHECK = "import sys\np = sys.argv[1]\ncompile(open(p, 'rb').read(), p, 'exec')\n"
+#: A Python syntax check that writes nothing (the box directory is the submission's; no __pycache__):
+#: the main source, then every other ``.py`` file beside it (a submission's modules, as problemtools
+#: compiles all of a program's files).
+PYTHON_CHECK = (
+    "import os, sys\n"
+    "main = sys.argv[1]\n"
+    "here = os.path.dirname(main)\n"
+    "others = sorted(os.path.join(here, n) for n in os.listdir(here) if n.endswith('.py'))\n"
+    "for p in [main] + [p for p in others if p != main]:\n"
+    "    compile(open(p, 'rb').read(), p, 'exec')\n"
+)
 
 C_STANDARDS = ("c99", "c11", "c17", "c2x", "gnu99", "gnu11", "gnu17", "gnu2x")
 CPP_STANDARDS = tuple(f"{d}++{v}" for d in ("c", "gnu") for v in ("11", "14", "17", "20", "23"))

@@ -515,6 +515,9 @@ async def test_a_kept_build_is_the_main_source_and_the_files_beside_it(judge: Pr
     modules = {"language": "python", "source": "from calc import f\nprint(f(int(input())))\n", "tests": TWO}
     await expect(judge, {**modules, "files": {"calc.py": "def f(x):\n    return 2 * x\n"}}, "ACCEPTED")
     await expect(judge, {**modules, "files": {"calc.py": "def f(x):\n    return 3 * x\n"}}, "WRONG_ANSWER")
+    # Every module is syntax checked as the build: an error in one is COMPILE_ERROR, naming the file.
+    broken = await expect(judge, {**modules, "files": {"calc.py": "def f(x)\n    return x\n"}}, "COMPILE_ERROR")
+    assert 'calc.py", line 1' in broken["output"], broken
 
 
 async def test_a_java_submission_of_several_classes(judge: ProgramJudge) -> None:
