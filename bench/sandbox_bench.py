@@ -27,7 +27,7 @@ from bench.cli import add_counts, new_parser
 from bench.common import span_seconds
 from bench.pipeline import percentile, stack, wait_done
 from judgequeue.core import outbox
-from judgequeue.core.judges.cgroups import BoxGroup, find_roots
+from judgequeue.core.judges.cgroups import BoxGroup, V1Roots, find_roots
 from judgequeue.core.judges.isolation import JudgeSettings
 from judgequeue.core.judges.lane import Lane
 from judgequeue.core.judges.program import ProgramJudge, run_limits
@@ -168,7 +168,7 @@ async def system_load(submissions: int, tests: int, workers: int, concurrency: i
     payload = {"language": "python", "source": SOLUTION, "tests": [test_case(i) for i in range(tests)],
                "limits": {"time": 2, "memory_mb": 256}}  # fmt: skip
     roots = find_roots(_text("/proc/self/mounts"), _text("/proc/self/cgroup"))
-    assert not isinstance(roots, str), roots
+    assert isinstance(roots, V1Roots), roots  # the figures are cgroup v1's
     box_cpu = os.path.join(roots.cpuacct, "cpuacct.usage")  # every box of the roles (they are our children)
     async with stack(JUDGE="program", CONCURRENCY=str(concurrency), PROGRAM_BOX=box) as s:
         s.start("dispatcher")

@@ -18,8 +18,12 @@ re-parented to it) and empties ``/tmp``, then reports the direct child's raw wai
 the box is clean. The worker checks the groups itself as well and discards a box that is not.
 
 Protocol on the inherited ``SOCK_SEQPACKET`` descriptor (``argv[1]``): the runner sends ``ready``;
-the worker sends ``run`` with three descriptors (stdin, stdout, stderr); the runner answers
-``done <wait status> <clean: 0|1>``. End of file from the worker ends the runner.
+the worker sends ``run`` with three descriptors (stdin, stdout, stderr) and, on cgroup v2, a fourth:
+the test's own ``cgroup.procs``, opened for writing by the worker. The program then writes itself
+into it between its fork and its exec (the kernel checks that write against the worker's credentials
+and cgroup namespace, Linux 5.16+); when it cannot, it never runs and the runner answers
+``unjoined``. Otherwise the runner answers ``done <wait status> <clean: 0|1>``. End of file from the
+worker ends the runner.
 """
 
 from __future__ import annotations
@@ -34,8 +38,10 @@ import sys
 
 PR_SET_DUMPABLE = 4
 FD_BYTES = 4  # a descriptor in SCM_RIGHTS data is a C int
+MAX_FDS = 4  # stdin, stdout, stderr and (cgroup v2) the test's cgroup.procs
 SCRATCH = "/tmp"
 EXEC_FAILED = 127 << 8  # a wait status of exit(127): what a shell reports for a command it cannot run
+DEFAULTS = (_signal.SIGPIPE, _signal.SIGXFSZ, _signal.SIGINT)  # what Python itself changed
 
 
 def wipe(path: str, depth: int = 0) -> None:
@@ -74,17 +80,23 @@ def reap_all(child: int) -> int:
             kill_others()  # the program is done: nothing it started may see the next test
 
 
-def run_once(argv: list[str], env: dict[str, str], fds: list[int]) -> int:
-    """Run the program on the test's three descriptors; its raw wait status."""
+def run_once(argv: list[str], env: dict[str, str], fds: list[int]) -> int | None:
+    """Run the program on the test's three descriptors (joining the group of the fourth, when
+    given); its raw wait status, None when it could not join."""
     for fd in fds:
         os.set_inheritable(fd, False)  # the program gets them only as 0, 1 and 2
-    actions = [(os.POSIX_SPAWN_DUP2, fd, target) for target, fd in enumerate(fds)]
-    defaults = [_signal.SIGPIPE, _signal.SIGXFSZ, _signal.SIGINT]  # what Python itself changed
     try:
-        child = os.posix_spawn(argv[0], argv, env, file_actions=actions, setsigdef=defaults, setsigmask=())
-    except OSError as exc:
-        os.write(fds[2], f"cannot run {argv[0]}: {exc.strerror}\n".encode())
-        return EXEC_FAILED
+        if len(fds) == 4:
+            child = spawn_joined(argv, env, fds[:3], fds[3])
+            if child is None:
+                return None
+        else:
+            actions = [(os.POSIX_SPAWN_DUP2, fd, target) for target, fd in enumerate(fds)]
+            try:
+                child = os.posix_spawn(argv[0], argv, env, file_actions=actions, setsigdef=DEFAULTS, setsigmask=())
+            except OSError as exc:
+                os.write(fds[2], f"cannot run {argv[0]}: {exc.strerror}\n".encode())
+                return EXEC_FAILED
     finally:
         for fd in fds:
             os.close(fd)
@@ -94,9 +106,49 @@ def run_once(argv: list[str], env: dict[str, str], fds: list[int]) -> int:
     return status
 
 
+def spawn_joined(argv: list[str], env: dict[str, str], fds: list[int], join_fd: int) -> int | None:
+    """Fork a child that joins the test's group (``join_fd``), takes ``fds`` as 0, 1 and 2 and
+    execs the program; its pid, or None (reaped) when it could not join.
+
+    A fork, not ``posix_spawn``: the write must come between the two. What the child's few
+    steps touch is charged to the runner's group, where it is before the write.
+    """
+    failed_r, failed_w = os.pipe2(os.O_CLOEXEC)  # a byte: it did not join; EOF at its exec: it did
+    child = os.fork()
+    if child == 0:
+        code = EXEC_FAILED >> 8
+        try:  # whatever happens, this child never returns into the runner's loop
+            try:
+                os.write(join_fd, b"0")
+            except OSError:
+                code = 125
+                os.write(failed_w, b"j")
+                raise
+            for target, fd in enumerate(fds):
+                os.dup2(fd, target)  # inheritable: the program's 0, 1 and 2
+            for number in DEFAULTS:
+                _signal.signal(number, _signal.SIG_DFL)
+            _signal.pthread_sigmask(_signal.SIG_SETMASK, ())
+            os.execve(argv[0], argv, env)
+        except OSError as exc:
+            if code != 125:
+                os.write(2, f"cannot run {argv[0]}: {exc.strerror}\n".encode())
+        finally:
+            os._exit(code)
+    os.close(failed_w)
+    try:
+        joined = os.read(failed_r, 1) == b""
+    finally:
+        os.close(failed_r)
+    if joined:
+        return child
+    reap_all(child)
+    return None
+
+
 def receive(channel: _socket.socket) -> tuple[bytes, list[int]]:
     """One message and the descriptors sent with it (b"" at the worker's end of file)."""
-    message, ancillary, _flags, _addr = channel.recvmsg(64, _socket.CMSG_LEN(3 * FD_BYTES))
+    message, ancillary, _flags, _addr = channel.recvmsg(64, _socket.CMSG_LEN(MAX_FDS * FD_BYTES))
     fds: list[int] = []
     for level, kind, data in ancillary:
         if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
@@ -127,9 +179,12 @@ def main() -> None:
         message, fds = receive(channel)
         if not message:
             return
-        if message != b"run" or len(fds) != 3:
+        if message != b"run" or len(fds) not in (3, 4):
             sys.exit(126)
         status = run_once(argv, env, fds)
+        if status is None:
+            channel.send(b"unjoined")
+            continue
         clean = 1
         try:
             wipe(SCRATCH)

@@ -1,8 +1,9 @@
 """Decide, once per worker, how the program judge isolates runs, and refuse to start without it.
 
 Full isolation needs: bubblewrap and setpriv, root (to give each box its own uid and to create
-cgroups), user namespaces that bubblewrap may create, cgroup v1 memory/pids/cpuacct groups this
-process may create, and a seccomp allow-list for the CPU architecture. When any is missing the
+cgroups), user namespaces that bubblewrap may create, a cgroup per box this process may create
+(cgroup v1: memory/pids/cpuacct groups; cgroup v2: a delegated subtree the worker claims, see
+:mod:`.cgroups_v2`), and a seccomp allow-list for the CPU architecture. When any is missing the
 judge fails closed: :class:`SandboxUnavailable` names every missing piece, unless
 ``JUDGEQUEUE_SANDBOX=trusted`` says the code it will run is trusted (then it runs without isolation
 and every verdict says so).

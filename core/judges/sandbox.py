@@ -1,8 +1,8 @@
-"""Run one untrusted command in a box: bubblewrap for isolation, cgroup v1 for whole-tree limits.
+"""Run one untrusted command in a box: bubblewrap for isolation, cgroups for whole-tree limits.
 
 A run (``isolation.mode == "full"``, see docs/judges.md for the threat model):
 
-* joins fresh memory/pids/cpuacct cgroups first (a two-line ``sh`` shim, as root), so every
+* joins a fresh cgroup first (v1: memory/pids/cpuacct; v2: one; a two-line ``sh`` shim, as root), so every
   process it will ever make is limited and accounted together: memory + swap, process count, CPU
   time in nanoseconds (the worker kills the box when it reaches the limit);
 * sets the per-process limits the kernel has no group form of: file size, stack, open files, no
@@ -313,13 +313,15 @@ async def arm(
     stdout_fd: int | None = None,
     keep_fd: int | None = None,
     memory: int | None = None,
+    processes: int | None = None,
 ) -> Armed:
     """Start a run's process up to the point where only the program's exec is left.
 
     ``stdin`` given here is written before the process starts (trusted mode starts at once);
     otherwise :func:`run` writes it at go. ``stdin_fd``/``stdout_fd`` are owned from here on.
     ``keep_fd`` (the box runner's channel, full mode only) is passed to the command under its own
-    number, which then runs as the namespace's init; ``memory`` replaces the group's memory limit.
+    number, which then runs as the namespace's init, in a group made for tests of their own
+    (:meth:`~.cgroups.BoxGroup.per_test`); ``memory`` and ``processes`` replace the group's limits.
     """
     full = isolation.mode == "full"
     if full:
@@ -327,7 +329,9 @@ async def arm(
         # A few small writes to cgroupfs (well under a millisecond): not worth a thread hop.
         if group.leftover():
             await asyncio.to_thread(group.destroy, time.monotonic() + REAP_GRACE)
-        group.create(memory=memory or limits.memory, processes=limits.processes)
+        group.create(
+            memory=memory or limits.memory, processes=processes or limits.processes, split_tests=keep_fd is not None
+        )
     own_stdin = stdin_fd is None
     opened: list[int] = []
     try:

@@ -8,10 +8,14 @@ the runner spawns the program on the test's stdin memfd and output pipes, waits,
 everything else in the namespace, empties ``/tmp`` and reports the raw wait status.
 
 What stays the worker's, as for a cold run: the CPU and wall limits (it kills the program's
-processes, never the runner's), the output cap, and every accounting fact, read from the box's
-groups as differences over the test (CPU time; the memory peak over what the group held before the
-test; OOM kills; refused forks). The group's memory limit is the test's plus what the runner itself
-held once ready, so a program gets exactly its limit.
+processes, never the runner's), the output cap, and every accounting fact of the test alone
+(:meth:`~.cgroups.BoxGroup.per_test`). On cgroup v1 they are read from the box's groups as
+differences over the test (CPU time; the memory peak over what the group held before the test;
+OOM kills; refused forks), and the group's memory limit is the test's plus what the runner itself
+held once ready, so a program gets exactly its limit. On cgroup v2 each test has a fresh cgroup of
+its own in the box with the test's limits: the worker sends the runner a descriptor of its
+``cgroup.procs`` with the test's, and the program writes itself into it before its exec (the runner
+answers ``unjoined`` when it could not: the test then runs in a box of its own).
 
 A session that is not provably clean after a test (the runner said so, a process other than the
 runner is left, the runner is gone or late) is *broken*: the caller discards it and starts afresh.
@@ -28,7 +32,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from .cgroups import BoxGroup
+from .cgroups import BoxGroup, PerTest
 from .sandbox import (
     REAP_GRACE,
     Armed,
@@ -48,6 +52,7 @@ from .sandbox import (
 
 RUNNER_SOURCE = Path(__file__).with_name("box_runner.py").read_text()
 RUNNER_ROOM = 64 * 1024 * 1024  # memory the runner may use while it starts, before it is measured
+RUNNER_PROCESSES = 2  # bubblewrap's monitor and the runner, beside a test's own (cgroup v2)
 START_WITHIN = 10.0  # seconds for a box and its runner to come up
 KILL_EVERY = 0.01  # seconds between kills of a program that keeps forking while it is stopped
 
@@ -141,6 +146,7 @@ class Session:
         pipes: list[Pipe] = []
         killed_for: KilledFor | None = None
         killed_at = 0.0
+        test: PerTest | None = None
         try:
             stdin_fd = os.memfd_create("stdin", os.MFD_CLOEXEC)
             fds.append(stdin_fd)
@@ -149,9 +155,10 @@ class Session:
             fds += [out_r, out_w]
             err_r, err_w = os.pipe2(os.O_CLOEXEC)
             fds += [err_r, err_w]
-            before = group.usage()
-            group.reset_peak()
-            held = group.memory_now()
+            try:
+                test = group.per_test(memory=limits.memory, processes=limits.processes)
+            except OSError as exc:
+                raise SessionBroken(f"cannot make the test's cgroup: {exc}") from None
 
             def over() -> None:
                 nonlocal killed_for, killed_at
@@ -163,9 +170,10 @@ class Session:
             err = Pipe(loop, err_r, limits.stderr)
             pipes = [out, err]
             fds = [stdin_fd, out_w, err_w]
+            given = [stdin_fd, out_w, err_w, *([test.join_fd] if test.join_fd >= 0 else [])]
             started = time.monotonic()
             try:
-                socket.send_fds(self.channel, [b"run"], [stdin_fd, out_w, err_w])
+                socket.send_fds(self.channel, [b"run"], given)
             except OSError as exc:
                 raise SessionBroken(f"the runner is gone: {exc}") from None
             for fd in fds:
@@ -175,7 +183,7 @@ class Session:
             reply: bytes | None = None
             while reply is None:
                 now = time.monotonic()
-                cpu = (group.cpu_ns() - before.cpu_ns) / 1e9
+                cpu = test.cpu_ns() / 1e9
                 if killed_for is None and (cpu >= limits.cpu or now >= wall_deadline):
                     killed_for = "cpu" if cpu >= limits.cpu else "wall"
                 if killed_for is not None:
@@ -190,19 +198,20 @@ class Session:
                 with contextlib.suppress(TimeoutError):
                     reply = await asyncio.wait_for(self._replies.get(), wait)
             wall = time.monotonic() - started
+            if reply == b"unjoined":  # the program never ran
+                raise SessionBroken("the program could not join its test's cgroup")
             done = parse_done(reply) if reply else None
             # Every writer is dead once the runner reports; what is left is bounded by the buffers.
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.gather(*(p.eof.wait() for p in pipes)), REAP_GRACE)
-            after = group.usage()
+            used = test.usage()
             if done is None or not done[1] or self._others():
                 self.broken = True
             code, sig = exit_facts(done[0] if done else None)
             return RunFacts(
                 exit_code=code, signal=sig, stdout=bytes(out.data[: limits.output]), stderr=bytes(err.data),
-                wall=wall, cpu=(after.cpu_ns - before.cpu_ns) / 1e9, memory_peak=max(0, after.memory_peak - held),
-                oom_killed=after.oom_kills > before.oom_kills, killed_for=killed_for,
-                processes_refused=after.pids_refused - before.pids_refused, stuck=reply is None and killed_at > 0,
+                wall=wall, cpu=used.cpu_ns / 1e9, memory_peak=used.memory_peak, oom_killed=used.oom_kills > 0,
+                killed_for=killed_for, processes_refused=used.pids_refused, stuck=reply is None and killed_at > 0,
             )  # fmt: skip
         except BaseException:
             self.broken = True
@@ -212,6 +221,10 @@ class Session:
                 os.close(fd)
             for p in pipes:
                 p.close()
+            # One try, no wait: the runner reaped the test's processes before it reported; a test
+            # whose group is not gone at once leaves a broken box (its removal then waits).
+            if test is not None and not test.close(time.monotonic()):
+                self.broken = True
 
     async def close(self) -> None:
         """Kill the box and remove its groups (whatever state it is in)."""
@@ -242,6 +255,7 @@ async def start(
         armed = await arm(
             runner_argv(python, theirs.fileno(), argv), box=box, uid=uid, limits=limits, isolation=isolation,
             group=group, keep_fd=theirs.fileno(), memory=limits.memory + RUNNER_ROOM,
+            processes=limits.processes + RUNNER_PROCESSES if group.tests_join else None,
         )  # fmt: skip
     except BaseException:
         ours.close()
@@ -271,8 +285,9 @@ async def start(
         if ready != b"ready":
             why = bytes(errors.data).decode(errors="replace").strip()[-300:]
             raise SessionBroken(f"the box runner did not start: {why or 'no message'}")
-        # From now on the program gets its own limit, on top of what the runner holds.
-        group.set_memory(limits.memory + group.memory_now())
+        if not group.tests_join:
+            # From now on the program gets its own limit, on top of what the runner holds.
+            group.set_memory(limits.memory + group.memory_now())
         return session
     except BaseException:
         if session is not None:

@@ -53,13 +53,13 @@ def user_manifests(cluster: NodeCluster, database: str) -> list[dict[str, Any]]:
     """The README's Secrets and JudgeQueue, with the user's image and connection strings."""
     docs = copy.deepcopy(readme.manifests())
     kinds = [d["kind"] for d in docs]
-    assert kinds.count("Secret") == 2 and kinds.count("JudgeQueue") == 1, kinds
+    assert kinds == ["Namespace", "Secret", "Secret", "JudgeQueue"], kinds
     for doc in docs:
         if doc["kind"] == "Secret" and "dsn" in doc["stringData"]:
             doc["stringData"]["dsn"] = cluster.pod_dsn(database)
         elif doc["kind"] == "Secret":
             doc["stringData"]["url"] = cluster.pod_redis_url
-        else:
+        elif doc["kind"] == "JudgeQueue":
             doc["spec"]["image"] = cluster.image
     return docs
 
@@ -71,20 +71,15 @@ def installed(node_cluster: NodeCluster) -> Iterator[Installed]:
     repository, tag = node_cluster.image.rsplit(":", 1)
     helm = readme.command("helm", "install")
     helm = readme.set_value(readme.set_value(helm, "image.repository", repository), "image.tag", tag)
-    for key in ("podMonitor.enabled", "prometheusRule.enabled", "dashboard.enabled"):  # XXX until monitors are optional
-        helm = readme.set_value(helm, key, "false")
     kube.helm_cmd(*helm[1:], "--wait", "--timeout", "5m")
-    kube.kubectl("create", "namespace", NAMESPACE)
     database = "judge"
     asyncio.run(_create_database(node_cluster.local_dsn("postgres"), database))
-    # `docker run --rm IMAGE migrate ...`, as a pod of the same image on the cluster.
-    migrate = kube.kubectl(
-        "run", "judgequeue-migrate", "--rm", "-i", "--restart=Never", f"--image={node_cluster.image}",
-        "--image-pull-policy=Never", "--", "migrate", "--postgres-dsn", node_cluster.pod_dsn(database),
-        namespace=NAMESPACE, timeout=180,
-    )  # fmt: skip
-    assert "migrat" in (migrate.stdout + migrate.stderr).lower(), migrate
-    kube.apply(yaml.safe_dump_all(user_manifests(node_cluster, database)), namespace=NAMESPACE)
+    migrate = readme.command("kubectl", "run")
+    migrate = [f"--image={node_cluster.image}" if w.startswith("--image=") else w for w in migrate]
+    migrate = [node_cluster.pod_dsn(database) if w.startswith("postgresql://") else w for w in migrate]
+    done = kube.kubectl("run", "--image-pull-policy=Never", *migrate[2:], namespace="default", timeout=180)
+    assert "migrat" in (done.stdout + done.stderr).lower(), done
+    kube.apply(yaml.safe_dump_all(user_manifests(node_cluster, database)))
     waited = kube.kubectl("wait", "-n", NAMESPACE, "jq/judge", "--for=condition=Ready", "--timeout=5m",
                           check=False, timeout=330)
     installed = Installed(node_cluster, database)

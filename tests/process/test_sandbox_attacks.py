@@ -18,7 +18,7 @@ import pytest
 
 from judgequeue.core.judges.isolation import JudgeSettings
 from judgequeue.core.judges.program import ProgramJudge
-from tests.support.sandbox_host import assert_host_clean, box_leftovers, box_uids, processes_of
+from tests.support.sandbox_host import CPU_SCALE, assert_host_clean, box_leftovers, box_uids, processes_of
 from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.usefixtures("as_root")
@@ -30,6 +30,8 @@ PY_SUM = "a, b = map(int, input().split())\nprint(a + b)\n"
 def py(source: str, expected: str | None = None, **limits: Any) -> dict[str, Any]:
     tests = SUM if expected is None else [{"input": "", "output": expected}]
     payload: dict[str, Any] = {"language": "python", "source": source, "tests": tests}
+    if CPU_SCALE != 1:
+        limits.setdefault("time", 2 * CPU_SCALE)  # the default limit, on a slower CPU
     if limits:
         payload["limits"] = limits
     return payload
@@ -68,7 +70,7 @@ async def test_verdicts_of_ordinary_programs(clean: ProgramJudge) -> None:
         "RUNTIME_ERROR": py("import sys\nsys.exit(3)"),
         "MEMORY_LIMIT": py("x = bytearray(600 * 1024 * 1024)\nprint(len(x))", memory_mb=128),
         "TIME_LIMIT": py("while True:\n    pass", time=0.25),
-        "IDLENESS_LIMIT": py("import time\ntime.sleep(60)", time=0.25),
+        "IDLENESS_LIMIT": py("import time\ntime.sleep(60)", time=0.25 * CPU_SCALE),  # the start fits the limit
         "OUTPUT_LIMIT": py("while True:\n    print('x' * 1000)", output_kb=64),
     }
     verdicts = await asyncio.gather(*(clean.judge(p) for p in cases.values()))
@@ -80,7 +82,7 @@ async def test_verdicts_of_ordinary_programs(clean: ProgramJudge) -> None:
     # time: 0.25 is 0.25 s of CPU, not rounded up to a second (how far past it the run gets depends
     # on how busy the machine is when the worker checks: no tighter bound here).
     tle = verdicts[4].details["tests"][0]
-    assert 250 <= tle["cpu_ms"] < 1000, tle
+    assert 250 <= tle["cpu_ms"] < 1000 * CPU_SCALE, tle
 
 
 async def test_c_and_cpp(clean: ProgramJudge) -> None:
@@ -330,7 +332,8 @@ print(' '.join(made))
 
 async def test_closing_its_fds_and_sleeping_cannot_hang_the_judge(clean: ProgramJudge) -> None:
     started = time.monotonic()
-    await expect(clean, py("import os, time\nos.closerange(0, 65536)\ntime.sleep(3600)", time=0.5), "IDLENESS_LIMIT")
+    sleeper = py("import os, time\nos.closerange(0, 65536)\ntime.sleep(3600)", time=0.5 * CPU_SCALE)
+    await expect(clean, sleeper, "IDLENESS_LIMIT")
     assert time.monotonic() - started < 60  # bounded by the wall guard, not the program's hour
 
 
@@ -401,7 +404,7 @@ async def test_stdout_floods_never_hang_the_judge(clean: ProgramJudge) -> None:
 
 
 async def test_each_box_has_its_own_uid_and_private_directory(clean: ProgramJudge) -> None:
-    waiting = asyncio.create_task(clean.judge(py("import time\ntime.sleep(1.5)\nprint(5)", "5", time=1)))
+    waiting = asyncio.create_task(clean.judge(py("import time\ntime.sleep(1.5)\nprint(5)", "5", time=CPU_SCALE)))
     boxes: list[str] = []
 
     async def box_appears() -> bool:
@@ -461,18 +464,18 @@ async def test_a_crashed_workers_boxes_are_removed_on_the_next_start(sandbox_dir
         line = await asyncio.wait_for(proc.stdout.readline(), 30)
         first_range, uid_base = map(int, line.split())
         uids = range(uid_base, uid_base + 2)
+        boxes = os.path.join(sandbox_dir, str(first_range))
 
-        async def running() -> bool:
-            await asyncio.sleep(0)
-            return bool(processes_of(uids))
+        def running() -> bool:
+            # Its box, not only a process of its uids: another worker on this host (another sandbox
+            # directory, the same range number) runs its boxes under the same uids.
+            return bool(processes_of(uids)) and os.path.isdir(boxes) and bool(os.listdir(boxes))
 
         await eventually(running, within=10, what="the sleeping submission running")
     finally:
         proc.send_signal(signal.SIGKILL)
         await proc.wait()
-    assert await asyncio.to_thread(
-        os.listdir, os.path.join(sandbox_dir, str(first_range))
-    )  # the crash left its box behind
+    assert await asyncio.to_thread(os.listdir, boxes)  # the crash left its box behind
     judge = ProgramJudge(settings=JudgeSettings(sandbox_dir=sandbox_dir), slots=2)
     try:
         assert judge.range == first_range and judge.stale_removed

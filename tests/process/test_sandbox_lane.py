@@ -18,19 +18,19 @@ from pathlib import Path
 
 import pytest
 
-from judgequeue.core.judges.cgroups import BoxGroup
+from judgequeue.core.judges.cgroups import BoxGroup, PerTest, Usage
 from judgequeue.core.judges.isolation import JudgeSettings
 from judgequeue.core.judges.lane import Lane
 from judgequeue.core.judges.program import ProgramJudge
 from judgequeue.core.judges.sandbox import BOX, Armed, Limits, RunFacts, arm, discard, run
-from tests.support.sandbox_host import assert_host_clean, box_uids, processes_of
+from tests.support.sandbox_host import CPU_SCALE, assert_host_clean, box_uids, processes_of
 from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.usefixtures("as_root")
 
 PYTHON = "/usr/bin/python3"
 ECHO_TWICE = "import sys\nprint(int(sys.stdin.read()) * 2)\n"
-LIMITS = Limits(cpu=2.0, wall=5.0, memory=256 << 20)
+LIMITS = Limits(cpu=2.0 * CPU_SCALE, wall=5.0 * CPU_SCALE, memory=256 << 20)
 ECHO_ARGV = [PYTHON, "-I", "-S", "-B", f"{BOX}/main.py"]
 
 
@@ -187,7 +187,7 @@ async def test_a_session_runs_every_test_in_one_box(
     facts = await session_runs(lane, ECHO_ARGV, [str(n).encode() for n in range(5)])
     assert [f.stdout for f in facts] == [f"{2 * n}\n".encode() for n in range(5)]
     assert (lane.sessions, lane.in_session, lane.cold) == (1, 5, 0)
-    assert all(f.exit_code == 0 and f.signal is None and 0 < f.cpu < 1 for f in facts), facts
+    assert all(f.exit_code == 0 and f.signal is None and 0 < f.cpu < CPU_SCALE for f in facts), facts
     await lane.close()
     assert not any(g.leftover() for g in groups)
     # A lone test (nothing follows it) is cheaper cold than a session.
@@ -309,15 +309,16 @@ async def test_each_test_is_accounted_and_limited_alone(
 ) -> None:
     directory, lane = box[0], session_lane
     argv = await asyncio.to_thread(python_run, directory, ACCOUNTED)
-    limits = replace(LIMITS, cpu=0.5, wall=1.0)
+    cpu = 0.5 * CPU_SCALE  # the heavy test's start and its 100 MiB fit under it
+    limits = replace(LIMITS, cpu=cpu, wall=2 * cpu)
     inputs = [str(n).encode() for n in range(1, 7)]
     heavy, light, oom, spin, sleeper, last = await session_runs(lane, argv, inputs, limits)
     assert heavy.stdout == b"1\n" and heavy.cpu >= 0.3 and heavy.memory_peak >= 100 << 20, heavy
     # Nothing of the heavy test is counted to the light one.
-    assert light.stdout == b"2\n" and light.cpu < 0.2 and light.memory_peak < 50 << 20, light
+    assert light.stdout == b"2\n" and light.cpu < 0.4 * cpu and light.memory_peak < 50 << 20, light
     assert oom.oom_killed and oom.signal == 9, oom  # the group's limit is the test's, the runner's use on top
-    assert spin.killed_for == "cpu" and 0.5 <= spin.cpu < 1.0 and not spin.oom_killed, spin
-    assert sleeper.killed_for == "wall" and sleeper.cpu < 0.2, sleeper
+    assert spin.killed_for == "cpu" and cpu <= spin.cpu < 2 * cpu and not spin.oom_killed, spin
+    assert sleeper.killed_for == "wall" and sleeper.cpu < 0.4 * cpu, sleeper
     assert last.stdout == b"6\n" and last.killed_for is None and not last.oom_killed, last
     assert lane.in_session == 6
     await lane.close()
@@ -358,3 +359,37 @@ async def test_cancelling_a_session_run_kills_the_box(
         await hanging
     await lane.close()
     assert not any(g.leftover() for g in groups)
+
+
+class Unjoinable(PerTest):
+    """A test's accounting whose group the program cannot join (a descriptor it cannot write)."""
+
+    def __init__(self, real: PerTest) -> None:
+        self.real = real
+        self.join_fd = os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)
+
+    def cpu_ns(self) -> int:
+        return self.real.cpu_ns()
+
+    def usage(self) -> Usage:
+        return self.real.usage()
+
+    def close(self, deadline: float) -> bool:
+        os.close(self.join_fd)
+        self.join_fd = -1
+        return self.real.close(deadline)
+
+
+async def test_a_program_that_cannot_join_its_tests_group_never_runs_in_the_session(
+    box: tuple[str, int, tuple[BoxGroup, BoxGroup]], session_lane: Lane, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # On cgroup v2 the program joins its test's own group before its exec; when that write fails the
+    # runner says "unjoined" instead of running it, and the test runs in a box of its own.
+    for group in box[2]:
+        real = group.per_test
+        monkeypatch.setattr(group, "per_test", lambda real=real, **limits: Unjoinable(real(**limits)))
+    facts = await session_runs(session_lane, ECHO_ARGV, [b"4", b"5"])
+    assert [f.stdout for f in facts] == [b"8\n", b"10\n"], facts
+    # The first test's session broke before its program ran: both ran in boxes of their own.
+    assert (session_lane.sessions, session_lane.in_session) == (1, 0)
+    assert session_lane.cold + session_lane.ahead_used == 2

@@ -10,6 +10,10 @@ from judgequeue.core.judges.program import ProgramJudge
 from tests.support.waiting import eventually
 
 SCRATCH_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
+#: How many times slower than a native CPU the machine running the sandbox tests is: the cgroup v2
+#: VM (tests/vm) emulates its CPU and sets it. CPU limits a program's own start has to fit under,
+#: and bounds on the CPU time a run reports, are multiplied by it.
+CPU_SCALE = float(os.environ.get("JUDGEQUEUE_TEST_CPU_SCALE", "1"))
 
 
 def box_uids(judge: ProgramJudge) -> range:

@@ -11,7 +11,6 @@ import pytest
 from judgequeue.core.errors import ConfigError
 from judgequeue.core.judges import UnknownJudge, Verdict, available_judges, load_judge
 from judgequeue.core.judges.builtin import JudgeCrashed, NoopJudge, SleepJudge
-from judgequeue.core.judges.cgroups import find_roots, parse_oom_kills
 from judgequeue.core.judges.isolation import JudgeSettings, load_judge_settings
 from judgequeue.core.judges.program import (
     InvalidProgramPayload,
@@ -197,24 +196,6 @@ def test_seccomp_filter_shape() -> None:
         assert forbidden not in ALLOWED_X86_64
     with pytest.raises(SeccompUnsupported, match="aarch64"):
         build_filter(machine="aarch64")
-
-
-def test_cgroup_parsing() -> None:
-    mounts = (
-        "cgroup /sys/fs/cgroup/memory cgroup rw,nosuid,memory 0 0\n"
-        "cgroup /sys/fs/cgroup/pids cgroup rw,pids 0 0\n"
-        "cgroup /sys/fs/cgroup/cpu,cpuacct cgroup rw,cpu,cpuacct 0 0\n"
-    )
-    roots = find_roots(mounts, "4:memory:/pod/abc\n2:cpu,cpuacct:/\n8:pids:/x\n")
-    assert not isinstance(roots, str)
-    assert roots.memory == "/sys/fs/cgroup/memory/pod/abc/judgequeue-sandbox"
-    assert roots.cpuacct == "/sys/fs/cgroup/cpu,cpuacct/judgequeue-sandbox"
-    assert roots.pids == "/sys/fs/cgroup/pids/x/judgequeue-sandbox"
-    assert find_roots("cgroup2 /sys/fs/cgroup cgroup2 rw 0 0\n", "0::/\n") == (
-        "cgroup v1 controllers memory, pids, cpuacct are not mounted (cgroup v2 is not supported yet)"
-    )
-    assert parse_oom_kills("oom_kill_disable 0\nunder_oom 0\noom_kill 3\n") == 3
-    assert parse_oom_kills("oom_kill_disable 0\n") == 0
 
 
 def test_the_box_runner_is_init_only_when_asked_and_its_reports_are_parsed_strictly() -> None:

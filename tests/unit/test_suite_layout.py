@@ -2,8 +2,9 @@
 
 ``tests/unit`` is pure (no Postgres, Redis or child process), ``tests/integration`` uses the real
 servers in-process, ``tests/process`` launches judgequeue processes, ``tests/kube`` a real control
-plane; shared code lives in ``tests/support``. A new test file at the top of ``tests/`` fails here
-until it is given its kind.
+plane, ``tests/node`` pods of the image on a real kubelet, ``tests/vm`` a cgroup v2 VM; shared code
+lives in ``tests/support``. A new test file at the top of ``tests/`` fails here until it is given
+its kind.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import ast
 from pathlib import Path
 
 TESTS = Path(__file__).resolve().parents[1]
-KINDS = {"unit", "integration", "process", "kube"}
+KINDS = {"unit", "integration", "process", "kube", "node", "vm"}
 #: Fixtures (tests/conftest.py) that reach a server: a unit test asking for one is not a unit test.
 SERVER_FIXTURES = {"pg", "pg_dsn", "pg_pool", "fresh_db", "template_db", "own_pg", "redis_client", "kmock"}
 #: Support modules that start servers or processes.
