@@ -388,12 +388,16 @@ def cmd_problem(args: argparse.Namespace, env: Mapping[str, str]) -> int:
 
         _print_listing(_run(_with_pg(dsn, list_problems)), args.json, dict, line, "no problems")
         return EXIT_OK
-    done = _run(_with_pg(dsn, lambda conn: upload(conn, Path(args.dir), version=args.version)))
+    done = _run(_with_pg(dsn, lambda conn: upload(
+        conn, Path(args.dir), version=args.version, problem_id=args.id, time_limit=args.time_limit, fmt=args.format,
+    )))  # fmt: skip
     if args.json:
-        _print_json(vars(done))
+        _print_json({**vars(done), "notes": list(done.notes)})
     else:
-        print(f"{done.id} version {done.version}: {done.tests} tests, {done.total_bytes} bytes "
-              f"({done.new_files} new files), sha256 {done.sha256[:16]}")
+        print(f"{done.id} version {done.version} ({done.format} package): {done.tests} tests, {done.total_bytes} "
+              f"bytes ({done.new_files} new files), sha256 {done.sha256[:16]}")
+        for note in done.notes:
+            print(f"note: {note}")
         print(f'submit with: {{"problem": "{done.id}", "version": {done.version}, "language": ..., "source": ...}}')
     return EXIT_OK
 
@@ -770,10 +774,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("problem", "upload and list problem packages (tests, checker, interactor, limits, subtasks)")
     psub = p.add_subparsers(dest="problem_command", metavar="ACTION", parser_class=_Parser, required=True)
-    text = "store the package in DIR (problem.yaml, tests/NAME.in + NAME.ans) as a new version"
+    text = ("store the package in DIR as a new version: judgequeue (problem.yaml with an id, tests/NAME.in + "
+            "NAME.ans), ICPC/Kattis (problem.yaml, data/, output_validators/) or Polygon (problem.xml)")
     q = psub.add_parser("upload", help=text, description=text, parents=[json_flag])
     q.add_argument("dir", help="the package directory")
-    q.add_argument("--version", type=int, help="version number (default: problem.yaml's, else the next free one)")
+    q.add_argument("--version", type=int,
+                   help="version number (default: the package's own (problem.yaml's, Polygon's revision), else the "
+                        "next free one)")  # fmt: skip
+    q.add_argument("--id", help="problem id (default: problem.yaml's id, Polygon's short-name, "
+                                "a Kattis package's directory name)")  # fmt: skip
+    q.add_argument("--time-limit", type=float, metavar="SECONDS",
+                   help="a Kattis package's time limit when it gives none (limits.time_limit, .timelimit)")
+    q.add_argument("--format", choices=("judgequeue", "kattis", "polygon"),
+                   help="the package format (default: detected)")  # fmt: skip
     _add_variable_flags(q, [DSN], "connection")
     q.set_defaults(handler=cmd_problem)
     q = psub.add_parser("list", help="list stored packages", description="list stored packages", parents=[json_flag])

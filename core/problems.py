@@ -1,11 +1,7 @@
 """Problem packages: uploaded once into Postgres, referenced by ``{"problem": id, "version": N}``.
 
-A package is a directory::
-
-    problem.yaml        id, limits, checker, optional interactor and scoring (see docs/judges.md)
-    tests/01.in         inputs, each with its answer beside it: 01.ans (or 01.out)
-    tests/01.ans
-    checker.py          a custom checker or interactor, when problem.yaml names one
+A package is a directory in one of the formats :mod:`.archives` reads (judgequeue's own, an
+ICPC/Kattis package, a Polygon package); what is stored is its manifest and its files.
 
 :func:`upload` stores every file content-addressed (sha256) in 1 MiB chunks, one transaction per
 file, then the package row naming them, so a reader never sees half a package and 500 MiB of
@@ -21,7 +17,6 @@ import contextlib
 import hashlib
 import json
 import os
-import re
 import shutil
 import time
 import uuid
@@ -31,24 +26,13 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
-import yaml
 
 from . import metrics, sql
+from .archives import CHUNK, InvalidPackage, PackageDir, PackageFile, read_package
 from .connect import STATEMENT_TIMEOUT
 from .errors import JudgeQueueError
-from .judges.checkers import InvalidChecker, parse_spec
-from .judges.languages import LANGUAGES as LANGUAGE_TABLE
-from .judges.scoring import InvalidScoring, parse_scoring
 
-CHUNK = 1024 * 1024
 MANIFEST_FILE = "problem.yaml"
-_ID = re.compile(r"[a-z0-9]([-a-z0-9_.]*[a-z0-9])?")
-MAX_TESTS = 10_000
-LANGUAGES = tuple(LANGUAGE_TABLE)  # a checker or interactor may be written in any language the judge runs
-
-
-class InvalidPackage(JudgeQueueError, ValueError):
-    """A package directory that does not describe a problem; the message names the file or field."""
 
 
 class UnknownProblem(JudgeQueueError, LookupError):
@@ -59,108 +43,11 @@ class VersionConflict(JudgeQueueError):
     """That version exists with different content (versions are immutable)."""
 
 
-@dataclass(frozen=True)
-class PackageFile:
-    path: Path
-    sha256: str
-    size: int
-
-
-@dataclass(frozen=True)
-class PackageDir:
-    """A validated package directory: the manifest to store and the files it names."""
-
-    id: str
-    version: int | None
-    manifest: dict[str, Any]  # without id/version/digest
-    files: dict[str, PackageFile]  # sha256 -> file
-
-
-def _digest(path: Path) -> PackageFile:
-    h = hashlib.sha256()
-    size = 0
-    with path.open("rb") as f:
-        while block := f.read(CHUNK):
-            h.update(block)
-            size += len(block)
-    return PackageFile(path, h.hexdigest(), size)
-
-
-def _program(spec: Any, where: str, root: Path, files: dict[str, PackageFile]) -> dict[str, Any]:
-    if not isinstance(spec, dict) or not isinstance(spec.get("source"), str):
-        raise InvalidPackage(f"{where} must be an object with a 'source' file (and a 'language')")
-    language = spec.get("language", "python")
-    if language not in LANGUAGES:
-        raise InvalidPackage(f"{where}.language must be one of {', '.join(LANGUAGES)}, got {language!r}")
-    path = (root / spec["source"]).resolve()
-    if root.resolve() not in path.parents or not path.is_file():
-        raise InvalidPackage(f"{where}.source {spec['source']!r} is not a file inside the package")
-    found = _digest(path)
-    files[found.sha256] = found
-    return {"language": language, "file": found.sha256}
-
-
-def _natural(path: Path) -> list[Any]:
-    """Sort key putting test 2 before test 10."""
-    return [(0, int(t)) if t.isdigit() else (1, t) for t in re.split(r"(\d+)", path.stem)]
-
-
-def _tests(root: Path, files: dict[str, PackageFile]) -> list[dict[str, str]]:
-    folder = root / "tests"
-    inputs = sorted(folder.glob("*.in"), key=_natural)
-    if not inputs:
-        raise InvalidPackage(f"{folder} has no tests (NAME.in with NAME.ans or NAME.out beside each)")
-    if len(inputs) > MAX_TESTS:
-        raise InvalidPackage(f"{len(inputs)} tests is more than {MAX_TESTS}")
-    out = []
-    for path in inputs:
-        answer = next((p for p in (path.with_suffix(".ans"), path.with_suffix(".out")) if p.is_file()), None)
-        if answer is None:
-            raise InvalidPackage(f"test {path.name} has no answer ({path.stem}.ans or {path.stem}.out)")
-        pair = _digest(path), _digest(answer)
-        for f in pair:
-            files[f.sha256] = f
-        out.append({"name": path.stem, "input": pair[0].sha256, "answer": pair[1].sha256})
-    return out
-
-
-def read_package_dir(root: Path) -> PackageDir:
-    """Validate a package directory (reads and hashes its files); InvalidPackage names what is wrong."""
-    spec_path = root / MANIFEST_FILE
-    try:
-        spec = yaml.safe_load(spec_path.read_text())
-    except OSError as exc:
-        raise InvalidPackage(f"cannot read {spec_path}: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise InvalidPackage(f"{spec_path} is not YAML: {exc}") from None
-    if not isinstance(spec, dict):
-        raise InvalidPackage(f"{spec_path} must be a mapping")
-    problem_id = spec.get("id")
-    if not isinstance(problem_id, str) or len(problem_id) > 100 or _ID.fullmatch(problem_id) is None:
-        raise InvalidPackage(f"id must be lowercase letters, digits, '-', '_' or '.', got {problem_id!r}")
-    version = spec.get("version")
-    if version is not None and (isinstance(version, bool) or not isinstance(version, int) or version < 1):
-        raise InvalidPackage(f"version must be a positive integer, got {version!r}")
-    limits = spec.get("limits", {})
-    if not isinstance(limits, dict):
-        raise InvalidPackage("limits must be a mapping (time, memory_mb, output_kb)")
-    files: dict[str, PackageFile] = {}
-    tests = _tests(root, files)
-    manifest: dict[str, Any] = {"limits": limits, "tests": tests}
-    try:
-        checker = spec.get("checker", "lines")
-        kind = parse_spec(checker).kind
-        manifest["checker"] = checker if isinstance(checker, dict) else {"type": checker}
-        if kind == "custom":
-            manifest["checker"] = {"type": "custom", **_program(checker, "checker", root, files)}
-        manifest["scoring"] = spec.get("scoring") or {}
-        parse_scoring(spec.get("scoring"), len(tests))
-    except (InvalidChecker, InvalidScoring) as exc:
-        raise InvalidPackage(str(exc)) from None
-    if spec.get("interactor") is not None:
-        manifest["interactor"] = _program(spec["interactor"], "interactor", root, files)
-    manifest["total_bytes"] = sum(f.size for f in files.values())
-    return PackageDir(problem_id, version, manifest, files)
+def read_package_dir(
+    root: Path, *, problem_id: str | None = None, time_limit: float | None = None, fmt: str | None = None
+) -> PackageDir:
+    """Validate a package directory in any format judgequeue reads (see :mod:`.archives`)."""
+    return read_package(root, problem_id=problem_id, time_limit=time_limit, fmt=fmt)
 
 
 def manifest_digest(manifest: dict[str, Any]) -> str:
@@ -176,6 +63,8 @@ class Uploaded:
     tests: int
     total_bytes: int
     new_files: int
+    format: str = "judgequeue"
+    notes: tuple[str, ...] = ()
 
 
 async def _store_file(conn: asyncpg.Connection, f: PackageFile) -> bool:
@@ -190,9 +79,17 @@ async def _store_file(conn: asyncpg.Connection, f: PackageFile) -> bool:
     return True
 
 
-async def upload(conn: asyncpg.Connection, root: Path, *, version: int | None = None) -> Uploaded:
+async def upload(
+    conn: asyncpg.Connection,
+    root: Path,
+    *,
+    version: int | None = None,
+    problem_id: str | None = None,
+    time_limit: float | None = None,
+    fmt: str | None = None,
+) -> Uploaded:
     """Store the package in ``root`` (idempotent for an identical version); returns what was stored."""
-    package = read_package_dir(root)
+    package = read_package_dir(root, problem_id=problem_id, time_limit=time_limit, fmt=fmt)
     new_files = 0
     for f in package.files.values():
         new_files += await _store_file(conn, f)
@@ -210,7 +107,8 @@ async def upload(conn: asyncpg.Connection, root: Path, *, version: int | None = 
                     "upload a new version"
                 )
     tests, total = len(package.manifest["tests"]), package.manifest["total_bytes"]
-    return Uploaded(package.id, number, digest, tests, total, new_files)
+    fmt_of = str(package.manifest.get("format", "judgequeue"))
+    return Uploaded(package.id, number, digest, tests, total, new_files, fmt_of, tuple(package.notes))
 
 
 async def manifest_of(conn: asyncpg.Connection, problem: str, version: int) -> tuple[dict[str, Any], str]:
@@ -352,9 +250,26 @@ class ProblemCache:
 
 
 def _files_of(manifest: dict[str, Any]) -> set[str]:
+    """Every file a manifest names: tests, and each program's source and the files beside it."""
     found = {t[k] for t in manifest.get("tests", []) for k in ("input", "answer")}
-    for name in ("checker", "interactor"):
-        program = manifest.get(name)
+    programs = [manifest.get("checker"), manifest.get("interactor"), *manifest.get("solutions", [])]
+    for program in programs:
         if isinstance(program, dict) and "file" in program:
             found.add(program["file"])
+            found.update((program.get("files") or {}).values())
     return found
+
+
+__all__ = [
+    "CHUNK",
+    "InvalidPackage",
+    "PackageDir",
+    "PackageFile",
+    "ProblemCache",
+    "UnknownProblem",
+    "VersionConflict",
+    "list_problems",
+    "manifest_of",
+    "read_package_dir",
+    "upload",
+]

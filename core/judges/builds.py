@@ -2,8 +2,9 @@
 built once per worker and copied into each later box (a rejudge, a resubmission).
 
 A build is keyed by the sha256 of everything that decides its result (:func:`build_key`): the
-language, the compile command as the box sees it (tool paths, standard, flags), the source, and
-each tool file's size and modification time (a toolchain upgraded in place is a new key). What the
+language, the compile command as the box sees it (tool paths, standard, flags, further translation
+units), the source, the files of the submission beside it (a header it includes), and each tool
+file's size and modification time (a toolchain upgraded in place is a new key). What the
 build left in the box directory is copied, as root, into a 0700 directory of the worker's own
 (symlinks as symlinks), and restored by copying it back and giving it to the next box's uid. A
 worker removes its predecessor's builds at start (a crashed worker's are not trusted), keeps at
@@ -37,9 +38,18 @@ def tool_stamps(values: Sequence[str]) -> list[tuple[str, int, int]]:
     return stamps
 
 
-def build_key(language: str, argv: Sequence[str], source: str, tools: Mapping[str, str], used: Sequence[str]) -> str:
-    """The sha256 naming one build (``used``: the names of the tools its command needs)."""
-    doc = [language, list(argv), source, tool_stamps([tools[t] for t in sorted(used) if t in tools])]
+def build_key(
+    language: str,
+    argv: Sequence[str],
+    source: str,
+    tools: Mapping[str, str],
+    used: Sequence[str],
+    files: Sequence[tuple[str, bytes]] = (),
+) -> str:
+    """The sha256 naming one build (``used``: the names of the tools its command needs; ``files``:
+    the files written beside the source, by name, each of which a build may include or compile)."""
+    beside = sorted((name, hashlib.sha256(data).hexdigest()) for name, data in files)
+    doc = [language, list(argv), source, tool_stamps([tools[t] for t in sorted(used) if t in tools]), beside]
     return hashlib.sha256(json.dumps(doc).encode()).hexdigest()
 
 

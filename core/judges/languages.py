@@ -145,11 +145,14 @@ def scala_entry(source: str) -> str:
 
 #: Runs a Python checker or interactor so that an uncaught exception is a checker failure (testlib's
 #: exit code 3, reported as SYSTEM_ERROR with the exception first) rather than exit status 1, which
-#: testlib reads as WRONG_ANSWER: a checker's bug must never be the submission's wrong answer.
+#: testlib reads as WRONG_ANSWER: a checker's bug must never be the submission's wrong answer. Its
+#: directory comes first on ``sys.path``, as for a script run directly: a validator of several files
+#: imports the others.
 PYTHON_HELPER = (
-    "import runpy, sys, traceback\n"
+    "import os, runpy, sys, traceback\n"
     "path = sys.argv[1]\n"
     "sys.argv = sys.argv[1:]\n"
+    "sys.path.insert(0, os.path.dirname(path))\n"
     "try:\n"
     "    runpy.run_path(path, run_name='__main__')\n"
     "except SystemExit:\n"
@@ -159,8 +162,17 @@ PYTHON_HELPER = (
     "    traceback.print_exc()\n"
     "    sys.exit(3)\n"
 )
-#: A Python syntax check that writes nothing (the box directory is the submission's; no __pycache__).
-PYTHON_CHECK = "import sys\np = sys.argv[1]\ncompile(open(p, 'rb').read(), p, 'exec')\n"
+#: A Python syntax check that writes nothing (the box directory is the submission's; no __pycache__):
+#: the main source, then every other ``.py`` file beside it (a submission's modules, as problemtools
+#: compiles all of a program's files).
+PYTHON_CHECK = (
+    "import os, sys\n"
+    "main = sys.argv[1]\n"
+    "here = os.path.dirname(main)\n"
+    "others = sorted(os.path.join(here, n) for n in os.listdir(here) if n.endswith('.py'))\n"
+    "for p in [main] + [p for p in others if p != main]:\n"
+    "    compile(open(p, 'rb').read(), p, 'exec')\n"
+)
 
 C_STANDARDS = ("c99", "c11", "c17", "c2x", "gnu99", "gnu11", "gnu17", "gnu2x")
 CPP_STANDARDS = tuple(f"{d}++{v}" for d in ("c", "gnu") for v in ("11", "14", "17", "20", "23"))
@@ -219,11 +231,14 @@ LANGUAGES: dict[str, Language] = {
             notes="an `object` with `main` (the first top-level one) or an `@main` method; JVM memory model",
         ),
         Language(
-            "python", "main.py", ("{python3}", "-I", "-S", "-B", "{dir}/main.py"),
+            # -E -s, not -I: isolated mode also leaves the script's directory off sys.path, and a
+            # submission's other files (modules it imports) are there.
+            "python", "main.py", ("{python3}", "-E", "-s", "-S", "-B", "{dir}/main.py"),
             compile=("{python3}", "-I", "-S", "-B", "-c", PYTHON_CHECK, "{dir}/main.py"),
             helper_run=("{python3}", "-I", "-S", "-B", "-c", PYTHON_HELPER, "{dir}/main.py"),
             title="Python 3 (CPython 3.11)", toolchain=Toolchain(debian=("python3",), base=True),
-            notes="syntax checked first (a syntax error is COMPILE_ERROR); isolated mode, no site packages",
+            notes="syntax checked first (a syntax error is COMPILE_ERROR); no site packages, no `PYTHON*` variables;"
+                  " the files of a submission import from its directory",
         ),
         Language(
             "pypy", "main.py", ("{pypy3}", "{dir}/main.py"),

@@ -12,8 +12,12 @@ or naming an uploaded problem package (tests, limits, checker, interactor, scori
     {"problem": "mean", "version": 3, "language": "cpp", "source": "..."}
 
 ``language`` is a name of :data:`~.languages.LANGUAGES`; ``std`` (optional, C and C++ only) one of
-that language's standards. A submission's build is kept by the worker (:mod:`.builds`): the same
-source in the same language and standard is built once per worker.
+that language's standards. A submission of several files adds ``"files": {"util.h": "...",
+"util.cpp": "..."}`` beside its ``source`` (C and C++ compile the further ``.c``/``.cpp`` files with
+it; every language finds them in its directory); an output-only problem's submission is
+``"outputs": {"<test name>": "..."}`` instead of a language and a source. A submission's build is
+kept by the worker (:mod:`.builds`): the same sources in the same language and standard are built
+once per worker.
 
 Each test gives a :class:`~.scoring.TestResult` (verdict, CPU ms, wall ms, peak memory, exit code
 or signal, a short checker message). The submission's verdict is the first failing test's, or
@@ -25,6 +29,10 @@ program, or, for interactive problems, the interactor the submission talked to. 
 interactors run in boxes of their own (the same uid, a separate directory the submission never
 sees, their own limits); one that crashes makes the submission SYSTEM_ERROR with its message.
 A submission has a wall-time budget for everything it runs and a maximum number of tests.
+
+A package's format (judgequeue, ICPC/Kattis, Polygon) brings its own verdict rules, applied to its
+submissions only: how a Kattis output validator is run and read, the order of verdicts of an
+interactive test (:func:`classify_interactive`), how tests are grouped and scored.
 """
 
 from __future__ import annotations
@@ -34,7 +42,9 @@ import contextlib
 import fcntl
 import functools
 import hashlib
+import json
 import os
+import re
 import shutil
 import socket
 import stat
@@ -48,7 +58,16 @@ from ..errors import ConfigError
 from . import STATUSES, PackageSource, Status, Verdict
 from .builds import BuildCache, build_key
 from .cgroups import BoxGroup, Roots, remove_stale
-from .checkers import MAX_MESSAGE, CheckerSpec, CheckResult, InvalidChecker, check, custom_outcome, parse_spec
+from .checkers import (
+    MAX_MESSAGE,
+    CheckerSpec,
+    CheckResult,
+    InvalidChecker,
+    check,
+    custom_outcome,
+    kattis_outcome,
+    parse_spec,
+)
 from .isolation import SANDBOX_DIR_VAR, JudgeSettings, detect, load_judge_settings
 from .lane import Lane
 from .languages import (
@@ -65,7 +84,7 @@ from .languages import (
     template_values,
 )
 from .sandbox import BOX, Isolation, Limits, RunFacts, run
-from .scoring import InvalidScoring, Scoring, TestResult, parse_scoring, should_run, summarize
+from .scoring import InvalidScoring, Scoring, TestResult, finished, parse_scoring, should_run, summarize
 
 MAX_TIME = 30.0
 MAX_MEMORY_MB = 2048
@@ -84,6 +103,14 @@ HELPER_LIMITS = Limits(
 INTERACTOR_GRACE = 2.0
 #: Built checkers/interactors a worker keeps (oldest removed first).
 MAX_KEPT_HELPERS = 32
+#: A submission of several files: at most this many besides its main source, this much in all.
+MAX_FILES = 64
+MAX_FILES_BYTES = 4 * 1024 * 1024
+_FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,63}")
+#: Further translation units a C or C++ build compiles with its main source (by suffix).
+UNITS = {"c": (".c",), "cpp": (".cpp", ".cc", ".cxx", ".c++", ".C")}
+#: What of a Kattis output validator's feedback directory is read (each file, at most).
+FEEDBACK_MAX = 128 * 1024
 
 
 class InvalidProgramPayload(ValueError):
@@ -105,25 +132,36 @@ class Program:
     checker: CheckerSpec = field(default_factory=lambda: CheckerSpec("lines"))
     scoring: Scoring = field(default_factory=Scoring)
     std: str | None = None  # the language standard asked for (C, C++); None: the language's default
+    files: tuple[tuple[str, str], ...] = ()  # further files of the submission, beside its main source
+    outputs: dict[str, str] | None = None  # an output-only submission: its output for each test, by name
 
 
 @dataclass(frozen=True)
 class Helper:
-    """A checker or interactor program of a package: its language, its file on local disk, and the
-    file's sha256 (packages are content-addressed: the same digest is the same program)."""
+    """A checker or interactor program of a package: its language, its main source on local disk,
+    the files its package ships beside it, and the build's identity (packages are content-addressed:
+    the same digest is the same program). ``protocol`` is how it is run and read: ``testlib``
+    (input, output, answer; testlib's exit codes) or ``kattis`` (input, answer, feedback directory;
+    exit 42/43)."""
 
     language: str
     path: Path
     sha256: str = ""
+    protocol: str = "testlib"
+    files: tuple[tuple[str, Path], ...] = ()
+    units: tuple[str, ...] = ()  # files beside it compiled with it (Kattis validators of several sources)
+    std: str | None = None  # the C/C++ standard its format compiles it with (None: the language's default)
 
 
 @dataclass(frozen=True)
 class Case:
-    """One test: its input and answer, as bytes (inline tests) or files (a cached package)."""
+    """One test: its input and answer, as bytes (inline tests) or files (a cached package), and the
+    flags a Kattis validator gets for it."""
 
     name: str
     input: bytes | Path
     answer: bytes | Path
+    flags: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -139,6 +177,9 @@ class Problem:
     checker_program: Helper | None = None
     interactor: Helper | None = None
     ref: dict[str, Any] | None = None  # {"id", "version", "sha256"} of a package
+    format: str = "judgequeue"  # whose verdict rules apply: judgequeue, kattis or polygon
+    kind: str = "batch"  # batch, interactive or output-only
+    custom_score: bool = False  # Kattis: the validator may give a score (score.txt)
 
 
 def parse_limits(limits: Any, where: str = "limits") -> tuple[float, int, int]:
@@ -162,22 +203,67 @@ def parse_limits(limits: Any, where: str = "limits") -> tuple[float, int, int]:
     return time_limit, memory_mb, output_kb
 
 
+def own_files(language: Language, source: str, std: str | None = None) -> tuple[str, str | None]:
+    """The names of a program's main source and of what its build must leave, in its directory (pure):
+    the table's templates filled from the source (Java's file is named after its public class)."""
+    values = template_values(language, source, std, 0)
+    main = expand((language.source,), "", {}, values)[0]
+    artifact = expand((language.artifact,), "", {}, values)[0] if language.artifact else None
+    return main, artifact
+
+
+def _parse_files(files: Any, language: str, source: str, std: str | None) -> tuple[tuple[str, str], ...]:
+    """A submission's further files, checked: plain names, not its main source's, bounded (pure)."""
+    if files is None:
+        return ()
+    if not isinstance(files, dict) or not all(isinstance(v, str) for v in files.values()):
+        raise InvalidProgramPayload("files must be an object of file name to text")
+    if len(files) > MAX_FILES or sum(len(v.encode()) for v in files.values()) > MAX_FILES_BYTES:
+        raise InvalidProgramPayload(f"files: at most {MAX_FILES} files and {MAX_FILES_BYTES >> 20} MiB")
+    main, artifact = own_files(LANGUAGES[language], source, std)
+    for name in files:
+        if not isinstance(name, str) or _FILE_NAME.fullmatch(name) is None or name in (main, artifact):
+            raise InvalidProgramPayload(
+                f"files: {name!r} must be a plain file name (letters, digits, '_', '.', '+', '-'), not {main!r}"
+            )
+    return tuple(sorted(files.items()))
+
+
+def _parse_outputs(outputs: Any) -> dict[str, str]:
+    if not isinstance(outputs, dict) or not outputs or not all(isinstance(v, str) for v in outputs.values()):
+        raise InvalidProgramPayload("outputs must be an object of test name to the output for that test")
+    if sum(len(v.encode()) for v in outputs.values()) > MAX_OUTPUT_KB * 1024:
+        raise InvalidProgramPayload(f"outputs: at most {MAX_OUTPUT_KB // 1024} MiB in all")
+    return {str(k): v for k, v in outputs.items()}
+
+
 def parse_payload(payload: Any, *, max_tests: int = 1000) -> Program:
     """Validate a payload into a :class:`Program` (pure), or raise InvalidProgramPayload saying why."""
     if not isinstance(payload, dict):
         raise InvalidProgramPayload("payload must be a JSON object")
-    language = payload.get("language")
-    if isinstance(language, str) and language in UNAVAILABLE:
-        raise InvalidProgramPayload(f"language {language!r} is not offered here: {UNAVAILABLE[language]}")
-    if language not in LANGUAGES:
-        raise InvalidProgramPayload(f"language must be one of {', '.join(LANGUAGES)}, got {language!r}")
-    source = payload.get("source")
-    if not isinstance(source, str):
-        raise InvalidProgramPayload("source must be a string")
-    try:
-        std = parse_standard(LANGUAGES[language], payload.get("std"))
-    except ValueError as exc:
-        raise InvalidProgramPayload(str(exc)) from None
+    outputs: dict[str, str] | None = None
+    files: tuple[tuple[str, str], ...] = ()
+    std: str | None = None
+    if "outputs" in payload:
+        for program_field in ("language", "source", "files", "std"):
+            if program_field in payload:
+                raise InvalidProgramPayload(f"{program_field}: an output-only submission gives outputs, not a program")
+        outputs = _parse_outputs(payload["outputs"])
+        language, source = "python", ""
+    else:
+        named, given = payload.get("language"), payload.get("source")
+        if isinstance(named, str) and named in UNAVAILABLE:
+            raise InvalidProgramPayload(f"language {named!r} is not offered here: {UNAVAILABLE[named]}")
+        if not isinstance(named, str) or named not in LANGUAGES:
+            raise InvalidProgramPayload(f"language must be one of {', '.join(LANGUAGES)}, got {named!r}")
+        if not isinstance(given, str):
+            raise InvalidProgramPayload("source must be a string")
+        language, source = named, given
+        try:
+            std = parse_standard(LANGUAGES[language], payload.get("std"))
+        except ValueError as exc:
+            raise InvalidProgramPayload(str(exc)) from None
+        files = _parse_files(payload.get("files"), language, source, std)
     if "problem" in payload:
         problem, version = payload["problem"], payload.get("version")
         if not isinstance(problem, str) or not problem:
@@ -187,7 +273,7 @@ def parse_payload(payload: Any, *, max_tests: int = 1000) -> Program:
         for own in ("tests", "limits", "checker", "scoring"):
             if own in payload:
                 raise InvalidProgramPayload(f"{own}: a payload naming a problem package takes its {own} from it")
-        return Program(language, source, [], problem=problem, version=version, std=std)
+        return Program(language, source, [], problem=problem, version=version, std=std, files=files, outputs=outputs)
     tests = payload.get("tests")
     if not isinstance(tests, list) or not tests:
         raise InvalidProgramPayload("tests must be a non-empty list (or name a package with problem and version)")
@@ -207,13 +293,23 @@ def parse_payload(payload: Any, *, max_tests: int = 1000) -> Program:
         raise InvalidProgramPayload(str(exc)) from None
     if checker.kind == "custom":
         raise InvalidProgramPayload("checker: a custom checker comes with a problem package, not inline")
-    return Program(language, source, cases, time_limit, memory_mb, output_kb, checker=checker, scoring=scoring, std=std)
+    return Program(
+        language, source, cases, time_limit, memory_mb, output_kb, checker=checker, scoring=scoring, std=std,
+        files=files, outputs=outputs,
+    )  # fmt: skip
 
 
 def inline_problem(program: Program) -> Problem:
-    """The problem of a payload that carries its own tests (pure)."""
+    """The problem of a payload that carries its own tests (pure); with outputs, an output-only one."""
     cases = tuple(Case(str(i + 1), given.encode(), want.encode()) for i, (given, want) in enumerate(program.tests))
-    return Problem(cases, program.time, program.memory_mb, program.output_kb, program.checker, program.scoring)
+    kind = "output-only" if program.outputs is not None else "batch"
+    return Problem(
+        cases, program.time, program.memory_mb, program.output_kb, program.checker, program.scoring, kind=kind
+    )
+
+
+FORMATS = ("judgequeue", "kattis", "polygon")
+KINDS = ("batch", "interactive", "output-only")
 
 
 def package_problem(
@@ -222,16 +318,23 @@ def package_problem(
     """The problem a stored package manifest describes (pure but for ``path_of``), or
     InvalidProgramPayload naming the package and the field."""
     where = f"problem {ref['id']} version {ref['version']}"
+    fmt, kind = manifest.get("format", "judgequeue"), manifest.get("type")
+    if fmt not in FORMATS:
+        raise InvalidProgramPayload(f"{where}: format {fmt!r} is not one this judge knows")
     try:
         time_limit, memory_mb, output_kb = parse_limits(manifest.get("limits"), f"{where}: limits")
         raw_tests = manifest.get("tests") or []
         if len(raw_tests) > max_tests:
             raise InvalidProgramPayload(f"{where}: {len(raw_tests)} tests, at most {max_tests} per submission")
-        cases = tuple(Case(str(t["name"]), path_of(t["input"]), path_of(t["answer"])) for t in raw_tests)
+        cases = tuple(
+            Case(str(t["name"]), path_of(t["input"]), path_of(t["answer"]), tuple(t.get("flags") or ()))
+            for t in raw_tests
+        )
         if not cases:
             raise InvalidProgramPayload(f"{where}: tests: the package has no tests")
         checker = parse_spec(manifest.get("checker"))
-        scoring = parse_scoring(manifest.get("scoring") or None, len(cases))
+        raw_scoring = manifest.get("scoring") or None
+        scoring = parse_scoring(raw_scoring, len(cases))
     except (InvalidChecker, InvalidScoring) as exc:
         raise InvalidProgramPayload(f"{where}: {exc}") from None
 
@@ -241,12 +344,30 @@ def package_problem(
             return None
         if spec.get("language") not in LANGUAGES:
             raise InvalidProgramPayload(f"{where}: {name}.language {spec.get('language')!r} is not known here")
-        return Helper(spec["language"], path_of(spec["file"]), str(spec["file"]))
+        try:
+            std = parse_standard(LANGUAGES[spec["language"]], spec.get("std"))
+        except ValueError as exc:
+            raise InvalidProgramPayload(f"{where}: {name}.{exc}") from None
+        beside = tuple(sorted((str(n), path_of(str(d))) for n, d in (spec.get("files") or {}).items()))
+        units = tuple(str(u) for u in spec.get("units") or ())
+        # The build's identity: the main source, every file built or included with it, the standard.
+        identity = json.dumps([spec["file"], sorted((spec.get("files") or {}).items()), units, std])
+        return Helper(
+            spec["language"], path_of(spec["file"]), hashlib.sha256(identity.encode()).hexdigest(),
+            str(spec.get("protocol", "testlib")), beside, units, std,
+        )  # fmt: skip
 
     custom = helper("checker") if checker.kind == "custom" else None
     if checker.kind == "custom" and custom is None:
         raise InvalidProgramPayload(f"{where}: checker: a custom checker needs its program file")
-    return Problem(cases, time_limit, memory_mb, output_kb, checker, scoring, custom, helper("interactor"), ref)
+    interactor = helper("interactor")
+    kind = kind or ("interactive" if interactor is not None else "batch")
+    if kind not in KINDS or (kind == "interactive") != (interactor is not None):
+        raise InvalidProgramPayload(f"{where}: type {kind!r} does not fit its interactor")
+    custom_score = bool(isinstance(raw_scoring, dict) and raw_scoring.get("custom_score"))
+    return Problem(
+        cases, time_limit, memory_mb, output_kb, checker, scoring, custom, interactor, ref, fmt, kind, custom_score
+    )
 
 
 def run_limits(spec: Program | Problem, processes: int = 16) -> Limits:
@@ -331,24 +452,60 @@ def classify_run(facts: RunFacts, limits: Limits, expected: str) -> tuple[Status
     return "ACCEPTED", None
 
 
-def helper_outcome(facts: RunFacts) -> CheckResult:
-    """What a custom checker or interactor said, from its facts (pure): testlib's exit codes, its
-    message from stderr (or stdout); a checker stopped by its limits or killed is SYSTEM_ERROR."""
+def helper_outcome(facts: RunFacts, *, absolute_points: bool = False) -> CheckResult:
+    """What a testlib-protocol checker or interactor said, from its facts (pure): testlib's exit
+    codes, its message from stderr (or stdout); a checker stopped by its limits or killed is
+    SYSTEM_ERROR."""
     limited = facts.killed_for is not None or facts.oom_killed or facts.stuck
-    return custom_outcome(facts.exit_code, facts.signal, facts.stderr or facts.stdout, timed_out=limited)
+    return custom_outcome(
+        facts.exit_code, facts.signal, facts.stderr or facts.stdout, timed_out=limited, absolute_points=absolute_points
+    )
+
+
+def kattis_helper_outcome(facts: RunFacts, feedback: dict[str, bytes], *, score_allowed: bool) -> CheckResult:
+    """What a Kattis output validator said, from its facts and feedback directory (pure)."""
+    limited = facts.killed_for is not None or facts.oom_killed or facts.stuck
+    return kattis_outcome(
+        facts.exit_code, facts.signal, feedback, facts.stderr, timed_out=limited, score_allowed=score_allowed
+    )
+
+
+def format_facts(facts: RunFacts, limits: Limits, fmt: str) -> tuple[Status, str] | None:
+    """:func:`classify_facts` under a format's rules (pure): Kattis has no idleness verdict, a run
+    stopped by the wall clock is over its time limit there."""
+    forced = classify_facts(facts, limits)
+    if forced is not None and forced[0] == "IDLENESS_LIMIT" and fmt == "kattis":
+        return "TIME_LIMIT", forced[1]
+    return forced
 
 
 def classify_interactive(
-    submission: RunFacts, limits: Limits, interactor: RunFacts, said: CheckResult
+    submission: RunFacts, limits: Limits, interactor: RunFacts, said: CheckResult, fmt: str = "judgequeue"
 ) -> tuple[Status, float, str]:
-    """Verdict, score and message of one interactive test (pure).
+    """Verdict, score and message of one interactive test (pure), by the package format's rules.
 
-    An interactor that failed (crashed, its limits, exit 3) is the system's fault; then the
-    submission's limits (IDLENESS_LIMIT when it waited forever: it is stopped before the
-    interactor, so the interactor's complaint about EOF does not hide it); then the interactor's
-    verdict (a wrong guess, too many queries: the submission may have died writing to it, so this
-    comes before the submission's exit status); then the submission's crash.
+    judgequeue and Polygon (testlib): an interactor that failed (crashed, its limits, exit 3) is
+    the system's fault; then the submission's limits (IDLENESS_LIMIT when it waited forever: it
+    is stopped before the interactor, so the interactor's complaint about EOF does not hide it);
+    then the interactor's verdict (a wrong guess, too many queries: the submission may have died
+    writing to it, so this comes before the submission's exit status); then the submission's crash.
+
+    ICPC/Kattis (problemtools' rules): a validator that failed is a judge error; a wrong answer
+    from a validator that ended before the submission wins over anything the submission did after
+    (a wrong guess, then a spin); then the submission's time limit (wall clock included), its
+    crash (a crash at once is a run-time error even if the validator then says wrong answer), and
+    last the validator's verdict.
     """
+    if fmt == "kattis":
+        if interactor.stuck or said.verdict == "SYSTEM_ERROR":
+            return "SYSTEM_ERROR", 0.0, f"output validator: {said.message}"[:MAX_MESSAGE]
+        validator_first = 0 < interactor.ended < submission.ended or (interactor.ended and not submission.ended)
+        if said.verdict == "WRONG_ANSWER" and validator_first:
+            return "WRONG_ANSWER", 0.0, said.message
+        forced = format_facts(submission, limits, fmt)
+        if forced is not None:
+            return forced[0], 0.0, forced[1]
+        return said.verdict, said.score, said.message
     if interactor.stuck or said.verdict == "SYSTEM_ERROR":
         return "SYSTEM_ERROR", 0.0, f"interactor: {said.message}"[:MAX_MESSAGE]
     forced = classify_facts(submission, limits)
@@ -361,29 +518,39 @@ def classify_interactive(
     return "ACCEPTED", said.score, said.message
 
 
-def result_of(number: int, verdict: Status, facts: RunFacts | None, score: float, message: str) -> TestResult:
+def result_of(
+    number: int, verdict: Status, facts: RunFacts | None, score: float, message: str, points: float | None = None
+) -> TestResult:
     """One test's line in the verdict details (pure)."""
     if facts is None:
-        return TestResult(number, verdict, score, message=message[:MAX_MESSAGE])
+        return TestResult(number, verdict, score, message=message[:MAX_MESSAGE], points=points)
     return TestResult(
         test=number, verdict=verdict, score=score,
         cpu_ms=round(facts.cpu * 1000), wall_ms=round(facts.wall * 1000), memory_kb=facts.memory_peak // 1024,
-        exit_code=facts.exit_code, signal=facts.signal, message=message[:MAX_MESSAGE],
+        exit_code=facts.exit_code, signal=facts.signal, message=message[:MAX_MESSAGE], points=points,
     )  # fmt: skip
 
 
-def verdict_details(results: list[TestResult], problem: Problem, base: dict[str, Any], stderr: bytes = b"") -> Verdict:
-    """The submission's verdict from its test results (pure): the first failing test's verdict (or
-    ACCEPTED), its message as the reason, and the score when the problem is scored."""
+def verdict_details(
+    results: list[TestResult], problem: Problem, base: dict[str, Any], stderr: dict[int, bytes] | None = None
+) -> Verdict:
+    """The submission's verdict from its test results (pure): the first failing test's verdict (or,
+    for a Kattis package, its test data tree's), that test as ``failed_test`` with its message as the
+    reason and its stderr, and the score when the problem is scored. The test named is always one
+    whose verdict is the submission's, and the stderr is that test's own."""
     summary = summarize(results, problem.scoring, len(problem.tests))
     details: dict[str, Any] = {**base, "tests": [r.as_dict() for r in results]}
-    failing = next((r for r in sorted(results, key=lambda r: r.test) if r.verdict != "ACCEPTED"), None)
+    ordered = sorted(results, key=lambda r: r.test)
+    failing = None
+    if summary.verdict != "ACCEPTED":
+        failing = next((r for r in ordered if r.verdict == summary.verdict), None)
+        failing = failing or next((r for r in ordered if r.verdict != "ACCEPTED"), None)
     if failing is not None:
         details["failed_test"] = failing.test
         if failing.message:
             details["reason"] = failing.message
-        if stderr:
-            details["stderr"] = _tail(stderr)
+        if stderr and stderr.get(failing.test):
+            details["stderr"] = _tail(stderr[failing.test])
     if summary.score is not None:
         details.update(score=summary.score, max_score=summary.max_score)
         if summary.groups:
@@ -392,18 +559,76 @@ def verdict_details(results: list[TestResult], problem: Problem, base: dict[str,
     return Verdict(status, details)
 
 
-def _write_text(path: str, text: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(text)
-
-
 def _write_bytes(path: str, data: bytes) -> None:
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
     with os.fdopen(fd, "wb") as f:
         f.write(data)
+
+
+def with_units(argv: list[str], main: str, directory: str, units: tuple[str, ...]) -> list[str]:
+    """A build's argv with further translation units right after its main source (pure): libraries
+    named later on the line (``-lm``) then serve them too."""
+    if not units:
+        return argv
+    at = argv.index(main) + 1 if main in argv else len(argv)
+    return [*argv[:at], *(f"{directory}/{unit}" for unit in units), *argv[at:]]
+
+
+def _read_bounded(path: str, limit: int = HELPER_LIMITS.file_size) -> bytes:
+    """A file a helper wrote (never following a link it made), at most ``limit`` bytes; b"" if none."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return b""
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            return b""
+        return f.read(limit)
+
+
+def _read_feedback(directory: str) -> dict[str, bytes]:
+    """The files a Kattis validator left in its feedback directory, each cut at FEEDBACK_MAX."""
+    try:
+        names = sorted(os.listdir(directory))[:16]
+    except OSError:
+        return {}
+    return {name: _read_bounded(os.path.join(directory, name), FEEDBACK_MAX) for name in names}
+
+
+class _Drain:
+    """A pipe read end the worker holds through an interaction: idle while the side reading the
+    pipe lives (it must get every byte), then read and dropped once that side has ended, so its
+    partner's writes neither fail nor block."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, fd: int) -> None:
+        self.loop, self.fd, self.reading = loop, fd, False
+
+    def start(self) -> None:
+        if self.fd < 0 or self.reading:
+            return
+        os.set_blocking(self.fd, False)  # nobody else reads this pipe any more
+        self.loop.add_reader(self.fd, self._read)
+        self.reading = True
+
+    def _read(self) -> None:
+        try:
+            chunk = os.read(self.fd, 1 << 16)
+        except BlockingIOError:
+            return
+        except OSError:
+            chunk = b""
+        if not chunk:  # the writer is gone too
+            self.loop.remove_reader(self.fd)
+            self.reading = False
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            if self.reading:
+                self.loop.remove_reader(self.fd)
+            os.close(self.fd)
+            self.fd = -1
 
 
 def _tail(data: bytes, limit: int = 2000) -> str:
@@ -444,8 +669,9 @@ async def _read(data: bytes | Path) -> bytes:
 
 @dataclass
 class _Box:
-    """One submission's place: its uid, its directory and groups, and its helper's (checker or
-    interactor) directory and groups, which the submission's runs never see."""
+    """One submission's place: its uid, its directory and groups, and its helpers' directories and
+    groups, which the submission's runs never see: the interactor's (or a Kattis validator's, both
+    run with a writable directory) and the checker's."""
 
     uid: int
     dir: str
@@ -454,6 +680,7 @@ class _Box:
     helper_group: BoxGroup | None
     tests: Lane  # the submission's test runs: one box for all (a session) or armed ahead (groups -a and -b)
     checks: Lane  # the custom checker's runs, one per test, alike (groups -ca and -cb)
+    check_dir: str = ""
 
 
 class ProgramJudge:
@@ -555,13 +782,15 @@ class ProgramJudge:
         groups = (BoxGroup(self.roots, f"{named}-a"), BoxGroup(self.roots, f"{named}-b")) if self.roots else None
         checks = (BoxGroup(self.roots, f"{named}-ca"), BoxGroup(self.roots, f"{named}-cb")) if self.roots else None
         helper_dir = os.path.join(self.boxes_dir, f"{slot}-helper")
+        check_dir = os.path.join(self.boxes_dir, f"{slot}-check")
         directory = os.path.join(self.boxes_dir, str(slot))
         runner = self.tools.get("python3") if self.settings.box == "submission" else None
         box = _Box(
             uid, directory, BoxGroup(self.roots, named) if self.roots else None,
             helper_dir, BoxGroup(self.roots, f"{named}-h") if self.roots else None,
             Lane(box=directory, uid=uid, isolation=self.isolation, groups=groups, python=runner),
-            Lane(box=helper_dir, uid=uid, isolation=self.isolation, groups=checks, python=runner),
+            Lane(box=check_dir, uid=uid, isolation=self.isolation, groups=checks, python=runner),
+            check_dir,
         )  # fmt: skip
         try:
             await asyncio.to_thread(self._make_dir, box.dir, uid)
@@ -574,8 +803,8 @@ class ProgramJudge:
 
     @staticmethod
     def _remove_dirs(box: _Box) -> None:
-        shutil.rmtree(box.dir, ignore_errors=True)
-        shutil.rmtree(box.helper_dir, ignore_errors=True)
+        for path in (box.dir, box.helper_dir, box.check_dir):
+            shutil.rmtree(path, ignore_errors=True)
 
     def _make_dir(self, path: str, uid: int) -> None:
         """A fresh 0700 directory owned by ``uid``, appearing at ``path`` only once it is both (made
@@ -605,35 +834,46 @@ class ProgramJudge:
         std: str | None = None,
         memory_mb: int | None = None,
         cache: bool = False,
+        beside: tuple[tuple[str, bytes], ...] = (),
+        units: tuple[str, ...] = (),
     ) -> list[str] | Verdict:
         """Write and (if the language compiles) build a program; its run argv, or the verdict of a failure.
 
         ``memory_mb`` is the run's memory limit, which some runtimes are told (a helper's by default);
         ``cache``: look the build up in, and add it to, the worker's :class:`~.builds.BuildCache`.
+        ``beside`` are further files written next to the main source (headers such as testlib.h, a
+        submission's other files); ``units`` name those of them compiled with it. A kept build is
+        keyed by all of them: the same main source with other files beside it is another build.
         """
         missing = missing_toolchain(language, self.tools)
         if missing:
             return Verdict("SYSTEM_ERROR", {"reason": missing})
         inside = self._inside(directory)
         values = template_values(language, source, std, memory_mb or HELPER_LIMITS.memory // (1024 * 1024))
-        name = expand((language.source,), inside, self.tools, values)[0].rsplit("/", 1)[-1]
+        name, artifact = own_files(language, source, std)
         run_template = language.helper_run if helper and language.helper_run else language.run
         run_argv = expand(run_template, inside, self.tools, values)
+
+        def write() -> None:
+            for other, data in beside:
+                _write_bytes(os.path.join(directory, other), data)
+            # The main source last: a file beside it of the same name never replaces it.
+            _write_bytes(os.path.join(directory, name), source.encode())
+
         if language.compile is None:
-            await asyncio.to_thread(_write_text, os.path.join(directory, name), source)
+            await asyncio.to_thread(write)
             return run_argv
-        argv = expand(language.compile, inside, self.tools, values)
-        key = build_key(language.name, argv, source, self.tools, sorted(language.tools())) if cache else None
+        argv = with_units(expand(language.compile, inside, self.tools, values), f"{inside}/{name}", inside, units)
+        key = build_key(language.name, argv, source, self.tools, sorted(language.tools()), beside) if cache else None
         owner = box.uid if self.isolation.mode == "full" else None
         if key is not None and await asyncio.to_thread(self.builds.restore, key, directory, owner):
             return run_argv
-        await asyncio.to_thread(_write_text, os.path.join(directory, name), source)
+        await asyncio.to_thread(write)
         limits = replace(COMPILE_LIMITS, wall=max(0.001, min(COMPILE_LIMITS.wall, deadline - time.monotonic())))
         facts = await run(
             argv, box=directory, uid=box.uid, stdin=b"", limits=limits,
             isolation=self.isolation, group=group, writable_box=True,
         )  # fmt: skip
-        artifact = expand((language.artifact,), "", self.tools, values)[0] if language.artifact else None
         built = artifact is None or await asyncio.to_thread(os.path.exists, os.path.join(directory, artifact))
         if facts.stuck:
             return Verdict("SYSTEM_ERROR", {"reason": "the compiler's box did not stop after it was killed"})
@@ -647,31 +887,54 @@ class ProgramJudge:
 
     async def _judge_in(self, program: Program, problem: Problem, box: _Box) -> Verdict:
         deadline = time.monotonic() + self.settings.budget
-        base: dict[str, Any] = {"isolation": self.isolation.mode, "language": program.language}
+        base: dict[str, Any] = {"isolation": self.isolation.mode}
+        if program.outputs is None:
+            base["language"] = program.language
         if problem.ref is not None:
             base["problem"] = problem.ref
+            if problem.format != "judgequeue":
+                base["format"] = problem.format
+        if (program.outputs is not None) != (problem.kind == "output-only"):
+            why = (
+                "outputs: this problem takes a program (language and source), not outputs"
+                if program.outputs is not None
+                else "this problem is output-only: submit outputs (test name to output), not a program"
+            )
+            return Verdict("SYSTEM_ERROR", {**base, "reason": f"invalid payload: {why}"})
         language = LANGUAGES[program.language]
-        argv = await self._build(
-            language, program.source, box.dir, box, box.group, deadline,
-            std=program.std, memory_mb=problem.memory_mb, cache=True,
-        )  # fmt: skip
-        if isinstance(argv, Verdict):
-            return Verdict(argv.status, {**base, **argv.details})
-        helper_argv: list[str] | None = None
-        helper = problem.interactor or problem.checker_program
-        if helper is not None:
-            kind = "interactor" if problem.interactor is not None else "checker"
-            built = await self._prepare_helper(helper, box, deadline)
+        argv: list[str] = []
+        if program.outputs is None:  # an output-only submission has nothing to build
+            beside = tuple((name, text.encode()) for name, text in program.files)
+            units = tuple(name for name, _ in program.files if name.endswith(UNITS.get(language.name, ())))
+            built = await self._build(
+                language, program.source, box.dir, box, box.group, deadline,
+                std=program.std, memory_mb=problem.memory_mb, cache=True, beside=beside, units=units,
+            )  # fmt: skip
             if isinstance(built, Verdict):
-                why = built.details.get("output") or built.details.get("reason", "")
+                return Verdict(built.status, {**base, **built.details})
+            argv = built
+        interactor_argv: list[str] | None = None
+        checker_argv: list[str] | None = None
+        for kind, helper, directory, group in (
+            ("interactor", problem.interactor, box.helper_dir, box.helper_group),
+            ("checker", problem.checker_program, box.check_dir, box.helper_group),
+        ):
+            if helper is None:
+                continue
+            prepared = await self._prepare_helper(helper, box, deadline, directory, group)
+            if isinstance(prepared, Verdict):
+                why = prepared.details.get("output") or prepared.details.get("reason", "")
                 return Verdict("SYSTEM_ERROR", {**base, "reason": f"the {kind} does not build: {why}"[:2000]})
-            helper_argv = built
+            if kind == "interactor":
+                interactor_argv = prepared
+            else:
+                checker_argv = prepared
         limits = run_limits(problem, language.processes)
         results: list[TestResult] = []
-        failing_stderr = b""
+        stderr: dict[int, bytes] = {}
         for number, case in enumerate(problem.tests, 1):
             if not should_run(number, results, problem.scoring):
-                if not problem.scoring.scored:
+                if not problem.scoring.scored or finished(results, problem.scoring):
                     break
                 continue
             left = deadline - time.monotonic()
@@ -681,40 +944,50 @@ class ProgramJudge:
                 break
             this = replace(limits, wall=min(limits.wall, left))
             given = await _read(case.input)
-            if problem.interactor is not None:
-                assert helper_argv is not None
-                result, stderr = await self._interact(number, case, given, argv, helper_argv, this, box)
+            if program.outputs is not None:
+                result = await self._output_only(number, case, given, program.outputs, checker_argv, problem, box)
+                err = b""
+            elif interactor_argv is not None:
+                result, err = await self._interact(number, case, given, argv, interactor_argv, checker_argv, this, box,
+                                                   problem)  # fmt: skip
             else:
-                result, stderr = await self._test(number, case, given, argv, helper_argv, problem, this, box)
-            if result.verdict == "IDLENESS_LIMIT" and this.wall < limits.wall:
+                result, err = await self._test(number, case, given, argv, checker_argv, problem, this, box)
+            if "wall time over" in result.message and this.wall < limits.wall:
                 used_up = f"submission time budget of {self.settings.budget:g}s used up"
                 result = replace(result, verdict="TIME_LIMIT", message=used_up)
             results.append(result)
-            if result.verdict != "ACCEPTED" and not failing_stderr:
-                failing_stderr = stderr
+            if err:
+                stderr[number] = err
             if result.verdict == "SYSTEM_ERROR":
                 break  # the judging itself failed: no later test can be trusted to mean anything
-        return verdict_details(results, problem, base, failing_stderr)
+        return verdict_details(results, problem, base, stderr)
 
-    async def _prepare_helper(self, helper: Helper, box: _Box, deadline: float) -> list[str] | Verdict:
-        """Put a checker or interactor into the box's helper directory, ready to run.
+    async def _prepare_helper(
+        self, helper: Helper, box: _Box, deadline: float, directory: str, group: BoxGroup | None
+    ) -> list[str] | Verdict:
+        """Put a checker or interactor into its directory, ready to run, with the files its package
+        ships beside it.
 
-        A compiled one is built once per worker and program (its sha256): a testlib checker takes
-        seconds to compile, which every submission of the problem would otherwise pay. The build's
-        directory is kept (root's, 0700) and copied into each later submission's helper directory.
+        A compiled one is built once per worker and build identity (its sources' digests): a testlib
+        checker takes seconds to compile, which every submission of the problem would otherwise pay.
+        The build's directory is kept (root's, 0700) and copied into each later submission's.
         """
         language = LANGUAGES[helper.language]
-        await asyncio.to_thread(self._make_dir, box.helper_dir, box.uid)
+        await asyncio.to_thread(self._make_dir, directory, box.uid)
         kept = os.path.join(self.helpers_dir, f"{helper.sha256}-{helper.language}") if helper.sha256 else None
         source = await asyncio.to_thread(helper.path.read_text)
         if language.compile is not None and kept is not None and await asyncio.to_thread(os.path.isdir, kept):
-            await asyncio.to_thread(self._restore_helper, kept, box)
+            await asyncio.to_thread(self._restore_helper, kept, directory, box.uid)
             run_template = language.helper_run or language.run
-            values = template_values(language, source, None, HELPER_LIMITS.memory // (1024 * 1024))
-            return expand(run_template, self._inside(box.helper_dir), self.tools, values)
-        built = await self._build(language, source, box.helper_dir, box, box.helper_group, deadline, helper=True)
+            values = template_values(language, source, helper.std, HELPER_LIMITS.memory // (1024 * 1024))
+            return expand(run_template, self._inside(directory), self.tools, values)
+        beside = tuple([(name, await _read(path)) for name, path in helper.files])
+        built = await self._build(
+            language, source, directory, box, group, deadline, helper=True, std=helper.std, beside=beside,
+            units=helper.units,
+        )  # fmt: skip
         if not isinstance(built, Verdict) and language.compile is not None and kept is not None:
-            await asyncio.to_thread(self._keep_helper, box.helper_dir, kept)
+            await asyncio.to_thread(self._keep_helper, directory, kept)
             self.helper_builds += 1
         return built
 
@@ -731,12 +1004,12 @@ class ProgramJudge:
         for old in entries[: max(0, len(entries) - MAX_KEPT_HELPERS)]:
             shutil.rmtree(old, ignore_errors=True)
 
-    def _restore_helper(self, kept: str, box: _Box) -> None:
-        shutil.copytree(kept, box.helper_dir, symlinks=True, dirs_exist_ok=True)
+    def _restore_helper(self, kept: str, directory: str, uid: int) -> None:
+        shutil.copytree(kept, directory, symlinks=True, dirs_exist_ok=True)
         if self.isolation.mode == "full":
-            for where, dirs, files in os.walk(box.helper_dir):
+            for where, dirs, files in os.walk(directory):
                 for name in dirs + files:
-                    os.lchown(os.path.join(where, name), box.uid, box.uid)
+                    os.lchown(os.path.join(where, name), uid, uid)
 
     async def _test(
         self, number: int, case: Case, given: bytes, argv: list[str], checker_argv: list[str] | None,
@@ -745,69 +1018,159 @@ class ProgramJudge:
         """Run one ordinary test and check its output."""
         ahead = number < len(problem.tests)
         facts = await box.tests.run(argv, stdin=given, limits=limits, ahead=ahead)
-        forced = classify_facts(facts, limits)
+        forced = format_facts(facts, limits, problem.format)
         if forced is not None:
             return result_of(number, forced[0], facts, 0.0, forced[1]), facts.stderr
+        said = await self._judge_output(case, given, facts.stdout, checker_argv, problem, box, ahead)
+        return result_of(number, said.verdict, facts, said.score, said.message, said.points), facts.stderr
+
+    async def _judge_output(
+        self, case: Case, given: bytes, output: bytes, checker_argv: list[str] | None, problem: Problem, box: _Box,
+        ahead: bool,
+    ) -> CheckResult:  # fmt: skip
+        """Check one output against the test: the built-in checker, or the package's checker program
+        by its protocol."""
         answer = await _read(case.answer)
         if checker_argv is None:
-            said = check(problem.checker, facts.stdout, answer)
-        else:
-            said = await self._check(checker_argv, given, facts.stdout, answer, box, ahead)
-        return result_of(number, said.verdict, facts, said.score, said.message), facts.stderr
+            return check(problem.checker, output, answer, case.flags)
+        assert problem.checker_program is not None
+        if problem.checker_program.protocol == "kattis":
+            return await self._validate(checker_argv, case, given, output, answer, problem, box)
+        return await self._check(checker_argv, given, output, answer, box, ahead, problem.format == "polygon")
+
+    async def _output_only(
+        self, number: int, case: Case, given: bytes, outputs: dict[str, str], checker_argv: list[str] | None,
+        problem: Problem, box: _Box,
+    ) -> TestResult:  # fmt: skip
+        """One test of an output-only problem: the output submitted for it, checked; none is a wrong answer."""
+        output = outputs.get(case.name)
+        if output is None:
+            return result_of(number, "WRONG_ANSWER", None, 0.0, f"no output submitted for test {case.name}")
+        data = output.encode()
+        if len(data) > problem.output_kb * 1024:
+            return result_of(number, "OUTPUT_LIMIT", None, 0.0, f"output over {problem.output_kb} KiB")
+        ahead = number < len(problem.tests)
+        said = await self._judge_output(case, given, data, checker_argv, problem, box, ahead)
+        return result_of(number, said.verdict, None, said.score, said.message, said.points)
 
     async def _check(
-        self, argv: list[str], given: bytes, output: bytes, answer: bytes, box: _Box, ahead: bool
-    ) -> CheckResult:
+        self, argv: list[str], given: bytes, output: bytes, answer: bytes, box: _Box, ahead: bool,
+        absolute_points: bool = False,
+    ) -> CheckResult:  # fmt: skip
         """Run the custom checker on one test (testlib arguments: input, output, answer); in one box
         for all of a submission's tests, like the tests (the files are rewritten before each run)."""
 
         def write() -> None:
             for name, data in (("input", given), ("output", output), ("answer", answer)):
-                _write_bytes(os.path.join(box.helper_dir, name), data)
+                _write_bytes(os.path.join(box.check_dir, name), data)
 
         await asyncio.to_thread(write)
-        inside = self._inside(box.helper_dir)
+        inside = self._inside(box.check_dir)
         paths = [f"{inside}/input", f"{inside}/output", f"{inside}/answer"]
         facts = await box.checks.run([*argv, *paths], stdin=b"", limits=HELPER_LIMITS, ahead=ahead)
-        return helper_outcome(facts)
+        return helper_outcome(facts, absolute_points=absolute_points)
+
+    async def _validate(
+        self, argv: list[str], case: Case, given: bytes, output: bytes, answer: bytes, problem: Problem, box: _Box
+    ) -> CheckResult:
+        """Run a Kattis output validator on one test: ``validator input answer feedback/ [flags] <
+        output``, in its directory (writable: the feedback directory is in it), then read its feedback."""
+
+        def write() -> None:
+            for name, data in (("input", given), ("answer", answer)):
+                _write_bytes(os.path.join(box.check_dir, name), data)
+            self._fresh_feedback(box.check_dir, box.uid)
+
+        await asyncio.to_thread(write)
+        inside = self._inside(box.check_dir)
+        command = [*argv, f"{inside}/input", f"{inside}/answer", f"{inside}/feedback/", *case.flags]
+        facts = await run(
+            command, box=box.check_dir, uid=box.uid, stdin=output, limits=HELPER_LIMITS, isolation=self.isolation,
+            group=box.helper_group, writable_box=True,
+        )  # fmt: skip
+        feedback = await asyncio.to_thread(_read_feedback, os.path.join(box.check_dir, "feedback"))
+        return kattis_helper_outcome(facts, feedback, score_allowed=problem.custom_score)
+
+    def _fresh_feedback(self, directory: str, uid: int) -> None:
+        """An empty feedback directory for a Kattis validator, owned by the box's uid."""
+        path = os.path.join(directory, "feedback")
+        shutil.rmtree(path, ignore_errors=True)
+        os.mkdir(path, 0o700)
+        if self.isolation.mode == "full":
+            os.chown(path, uid, uid)
 
     async def _interact(
-        self, number: int, case: Case, given: bytes, argv: list[str], interactor: list[str], limits: Limits, box: _Box
-    ) -> tuple[TestResult, bytes]:
-        """Run the submission and the interactor connected by two pipes; the interactor's verdict
-        decides (:func:`classify_interactive`). It gets the test's input and answer as files."""
+        self, number: int, case: Case, given: bytes, argv: list[str], interactor: list[str],
+        checker: list[str] | None, limits: Limits, box: _Box, problem: Problem,
+    ) -> tuple[TestResult, bytes]:  # fmt: skip
+        """Run the submission and the interactor connected by two pipes; the verdict comes from the
+        interactor by the format's rules (:func:`classify_interactive`) and, for a testlib
+        interactor whose problem has a checker, from that checker judging what the interactor wrote.
+
+        The worker keeps a read end of each pipe until both sides are gone, and drains the one whose
+        reader has ended: a side that writes to a partner that already left is never killed by
+        SIGPIPE (whether it was depended on how soon the box of the side that left was torn down)."""
         answer = await _read(case.answer)
+        kattis = problem.interactor is not None and problem.interactor.protocol == "kattis"
 
         def write() -> None:
             for name, data in (("input", given), ("answer", answer)):
                 _write_bytes(os.path.join(box.helper_dir, name), data)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(box.helper_dir, "output"))
+            if kattis:
+                self._fresh_feedback(box.helper_dir, box.uid)
 
         await asyncio.to_thread(write)
         inside = self._inside(box.helper_dir)
-        to_sub_r, to_sub_w = os.pipe2(os.O_CLOEXEC)
-        try:
-            to_int_r, to_int_w = os.pipe2(os.O_CLOEXEC)
-        except OSError:
-            os.close(to_sub_r)
-            os.close(to_sub_w)
-            raise
-        helper_limits = replace(HELPER_LIMITS, wall=limits.wall + INTERACTOR_GRACE)
-        # Each run owns (and closes) the two ends it is given, so either side sees EOF once the other is
-        # gone; a task group cancels (and so kills) one side if the other fails to start.
-        async with asyncio.TaskGroup() as both:
-            boxed = functools.partial(run, uid=box.uid, stdin=b"", isolation=self.isolation)
-            sub_run = both.create_task(
-                boxed(argv, box=box.dir, limits=limits, group=box.group, stdin_fd=to_sub_r, stdout_fd=to_int_w)
-            )
+        if kattis:
+            interactor_argv = [*interactor, f"{inside}/input", f"{inside}/answer", f"{inside}/feedback/", *case.flags]
+        else:
             interactor_argv = [*interactor, f"{inside}/input", f"{inside}/output", f"{inside}/answer"]
-            inter_run = both.create_task(
-                boxed(interactor_argv, box=box.helper_dir, limits=helper_limits, group=box.helper_group,
-                      writable_box=True, stdin_fd=to_int_r, stdout_fd=to_sub_w)
-            )  # fmt: skip
-        sub, inter = sub_run.result(), inter_run.result()  # fmt: skip
-        said = helper_outcome(inter)
-        verdict, score, message = classify_interactive(sub, limits, inter, said)
-        return result_of(number, verdict, sub, score, message), sub.stderr
+        loop = asyncio.get_running_loop()
+        fds: list[int] = []
+        drains: list[_Drain] = []
+        try:
+            to_sub_r, to_sub_w = os.pipe2(os.O_CLOEXEC)
+            fds += [to_sub_r, to_sub_w]
+            to_int_r, to_int_w = os.pipe2(os.O_CLOEXEC)
+            fds += [to_int_r, to_int_w]
+            drains = [_Drain(loop, os.dup(to_sub_r)), _Drain(loop, os.dup(to_int_r))]
+            helper_limits = replace(HELPER_LIMITS, wall=limits.wall + INTERACTOR_GRACE)
+            # Each run owns (and closes) the two ends it is given, so either side sees EOF once the other
+            # is gone; a task group cancels (and so kills) one side if the other fails to start.
+            fds = []
+            async with asyncio.TaskGroup() as both:
+                boxed = functools.partial(run, uid=box.uid, stdin=b"", isolation=self.isolation)
+                sub_run = both.create_task(
+                    boxed(argv, box=box.dir, limits=limits, group=box.group, stdin_fd=to_sub_r, stdout_fd=to_int_w)
+                )
+                inter_run = both.create_task(
+                    boxed(interactor_argv, box=box.helper_dir, limits=helper_limits, group=box.helper_group,
+                          writable_box=True, stdin_fd=to_int_r, stdout_fd=to_sub_w)
+                )  # fmt: skip
+                sub_run.add_done_callback(lambda _: drains[0].start())
+                inter_run.add_done_callback(lambda _: drains[1].start())
+        finally:
+            for fd in fds:
+                os.close(fd)
+            for drain in drains:
+                drain.close()
+        sub, inter = sub_run.result(), inter_run.result()
+        if kattis:
+            feedback = await asyncio.to_thread(_read_feedback, os.path.join(box.helper_dir, "feedback"))
+            said = kattis_helper_outcome(inter, feedback, score_allowed=problem.custom_score)
+        else:
+            said = helper_outcome(inter)
+        verdict, score, message = classify_interactive(sub, limits, inter, said, problem.format)
+        points = said.points if verdict == "ACCEPTED" else None
+        if verdict == "ACCEPTED" and checker is not None and not kattis:
+            # Polygon: the interactor's output file is what the checker judges.
+            written = await asyncio.to_thread(_read_bounded, os.path.join(box.helper_dir, "output"))
+            checked = await self._check(checker, given, written, answer, box, number < len(problem.tests),
+                                        problem.format == "polygon")  # fmt: skip
+            verdict, score, message, points = checked.verdict, checked.score, checked.message, checked.points
+        return result_of(number, verdict, sub, score, message, points), sub.stderr
 
     def __del__(self) -> None:
         with contextlib.suppress(Exception):

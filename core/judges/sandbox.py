@@ -95,6 +95,7 @@ class RunFacts:
     processes_refused: int = 0
     stuck: bool = False  # the box did not disappear within REAP_GRACE after being killed
     waited: float = 0.0  # seconds its longest-waiting task was runnable but had no CPU (a loaded machine)
+    ended: float = 0.0  # time.monotonic() when the worker saw the program end (0: not known)
 
 
 @dataclass(frozen=True)
@@ -501,7 +502,11 @@ async def _watch(
     pidfd = os.pidfd_open(proc.pid)
     exited = asyncio.Event()
 
+    ended = 0.0
+
     def on_exit() -> None:
+        nonlocal ended
+        ended = time.monotonic()  # which side of an interaction ended first decides some verdicts
         # A pidfd stays readable once the process has exited: a reader left in place would
         # wake the loop on every iteration (a busy loop while the box is emptied and drained).
         loop.remove_reader(pidfd)
@@ -565,13 +570,14 @@ async def _watch(
                 exit_code=engine_exit_code(armed.report), signal=None, stdout=stdout, stderr=bytes(err.data),
                 wall=wall, cpu=usage.cpu_ns / 1e9, memory_peak=usage.memory_peak, oom_killed=usage.oom_kills > 0,
                 killed_for=killed_for, processes_refused=usage.pids_refused, stuck=stuck, waited=guard.waited,
+                ended=ended,
             )  # fmt: skip
         sig = os.WTERMSIG(wait_status) if os.WIFSIGNALED(wait_status) else None
         code = os.WEXITSTATUS(wait_status) if os.WIFEXITED(wait_status) else None
         return RunFacts(
             exit_code=code, signal=sig, stdout=stdout, stderr=bytes(err.data),
             wall=wall, cpu=rusage.ru_utime + rusage.ru_stime, memory_peak=rusage.ru_maxrss * 1024,
-            oom_killed=False, killed_for=killed_for, stuck=stuck, waited=guard.waited,
+            oom_killed=False, killed_for=killed_for, stuck=stuck, waited=guard.waited, ended=ended,
         )  # fmt: skip
     finally:
         loop.remove_reader(pidfd)

@@ -19,6 +19,7 @@ from judgequeue.core.problems import (
     read_package_dir,
     upload,
 )
+from tests.support.archives import write_tree
 from tests.support.packages import write_package
 from tests.support.roles import clean_env, run_cli
 
@@ -50,6 +51,10 @@ def test_read_package_dir_orders_tests_naturally_and_validates(tmp_path: Path) -
     assert [t["name"] for t in package.manifest["tests"]] == ["1", "2", "10"]  # 10 after 2
     assert package.manifest["checker"] == {"type": "floats", "abs": 1e-6, "rel": 1e-6}
     assert package.id == "mean" and package.version is None
+    # A checker or interactor may name its C/C++ standard (the language's default otherwise).
+    interactor = "interactor: {source: tests/1.in, language: cpp, std: c++20}\n"
+    (tmp_path / "problem.yaml").write_text(PROBLEM_YAML + interactor)
+    assert read_package_dir(tmp_path).manifest["interactor"]["std"] == "c++20"
 
 
 @pytest.mark.parametrize(
@@ -63,6 +68,10 @@ def test_read_package_dir_orders_tests_naturally_and_validates(tmp_path: Path) -
         (lambda r: (r / "problem.yaml").write_text(PROBLEM_YAML + "interactor: {source: ../../etc/passwd}\n"),
          "is not a file inside the package"),
         (lambda r: (r / "problem.yaml").write_text("id: x\n  bad: [\n"), "is not YAML"),
+        (lambda r: (r / "problem.yaml").write_text(PROBLEM_YAML + "interactor: {source: tests/1.in, language: cpp,"
+                                                   " std: c++98}\n"), "interactor: std must be one of c\\+\\+11"),
+        (lambda r: (r / "problem.yaml").write_text(PROBLEM_YAML + "interactor: {source: tests/1.in, language: "
+                                                   "csharp}\n"), "interactor: language 'csharp' is not offered here"),
     ],
 )
 def test_bad_packages_are_refused_naming_what(tmp_path: Path, change: object, error: str) -> None:
@@ -92,6 +101,32 @@ def test_upload_by_cli_then_versions_are_immutable(pg_dsn: str, tmp_path: Path) 
     assert bad.returncode == 2 and "cannot read" in bad.stderr and len(bad.stderr.splitlines()) == 1
     listed = cli("problem", "list", dsn=pg_dsn)
     assert listed.stdout.count("mean  version=") == 2
+
+
+def test_the_cli_recognises_kattis_and_polygon_packages(pg_dsn: str, tmp_path: Path) -> None:
+    kattis = write_tree(tmp_path / "hello", {
+        "problem.yaml": "name: Hello\nlicense: cc0\n", "data/secret/1.in": "", "data/secret/1.ans": "hello\n",
+        "submissions/accepted/hello.py": "print('hello')\n",
+    })  # fmt: skip
+    first = cli("problem", "upload", str(kattis), dsn=pg_dsn)
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.startswith("hello version 1 (kattis package): 1 tests")
+    assert "note: no time limit in the package: 1 s" in first.stdout
+    timed = json.loads(cli("problem", "upload", str(kattis), "--time-limit", "2.5", "--id", "hi", "--json",
+                           dsn=pg_dsn).stdout)  # fmt: skip
+    assert (timed["id"], timed["version"], timed["format"], timed["notes"]) == ("hi", 1, "kattis", [])
+    polygon = write_tree(tmp_path / "p", {
+        "problem.xml": '<problem short-name="echo" revision="3"><judging><testset name="tests">'
+                       "<time-limit>500</time-limit><memory-limit>67108864</memory-limit><test-count>1</test-count>"
+                       '<tests><test method="manual"/></tests></testset></judging>'
+                       '<assets><checker type="testlib"><source path="files/check.py" type="python.3"/></checker>'
+                       "</assets></problem>",
+        "tests/01": "x\n", "tests/01.a": "x\n", "files/check.py": "import sys\n",
+    })  # fmt: skip
+    done = json.loads(cli("problem", "upload", str(polygon), "--json", dsn=pg_dsn).stdout)
+    assert (done["id"], done["version"], done["format"], done["tests"]) == ("echo", 3, "polygon", 1)
+    refused = cli("problem", "upload", str(tmp_path), dsn=pg_dsn)
+    assert refused.returncode == 2 and "not a problem package" in refused.stderr
 
 
 async def test_large_files_are_chunked_and_read_back_exactly(pg: asyncpg.Connection, tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ uploaded while the old one is being judged. Each test checks the host is clean a
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from prometheus_client import REGISTRY
 
 from judgequeue.core.judges import Verdict
 from judgequeue.core.judges.isolation import JudgeSettings
+from judgequeue.core.judges.languages import LANGUAGES, missing_toolchain
 from judgequeue.core.judges.program import ProgramJudge
 from judgequeue.core.problems import ProblemCache, upload
 from judgequeue.core.worker import attach_package_cache
@@ -313,3 +315,220 @@ async def test_compile_errors_return_bounded_compiler_output(judge: ProgramJudge
     details = await expect(judge, {"language": "c", "source": noisy, "tests": [{"output": ""}]}, "COMPILE_ERROR")
     assert details["reason"] == "compilation failed"
     assert "undefined_thing" in details["output"] and len(details["output"]) <= 4000
+
+
+# --- testlib as shipped: headers beside checkers, points, interactor plus checker, no SIGPIPE race ------
+
+TESTLIB = Path(__file__).resolve().parents[1] / "fixtures" / "testlib"
+
+
+def shipped_testlib(*names: str) -> dict[str, str]:
+    return {name: (TESTLIB / name).read_text() for name in ("testlib.h", *names)}
+
+
+async def test_a_testlib_checker_is_built_with_the_testlib_h_beside_it(
+    judge: ProgramJudge, pg_pool: asyncpg.Pool, tmp_path: Path
+) -> None:
+    spec = "id: words\nlimits: {time: 1}\nchecker: {type: custom, source: wcmp.cpp, language: cpp}\n"
+    tests = {"1": ("a b\n", "a b\n"), "2": ("x\n", "x\n")}
+    version = await put(pg_pool, write_package(tmp_path / "words", spec, tests, shipped_testlib("wcmp.cpp")))
+    ok = await expect(judge, sub("words", version, ECHO), "ACCEPTED")
+    assert ok["tests"][0]["message"].startswith("ok 2 tokens")
+    wrong = await expect(judge, sub("words", version, "print('a c')"), "WRONG_ANSWER")
+    assert "2nd words differ - expected: 'b', found: 'c'" in wrong["reason"]
+
+
+async def test_testlib_points_become_the_tests_score(
+    judge: ProgramJudge, pg_pool: asyncpg.Pool, tmp_path: Path
+) -> None:
+    """testlib's pointscmp answers ``quitp(|answer - output|)``: ``points 0.25 ...`` on stderr, exit 7."""
+    spec = "id: points\nlimits: {time: 1}\nchecker: {type: custom, source: pointscmp.cpp, language: cpp}\n" \
+           "scoring: {run_all: true}\n"  # fmt: skip
+    tests = {"1": ("1.25\n", "1\n"), "2": ("2\n", "1\n")}
+    version = await put(pg_pool, write_package(tmp_path / "points", spec, tests, shipped_testlib("pointscmp.cpp")))
+    details = await expect(judge, sub("points", version, ECHO), "WRONG_ANSWER")
+    assert [(t["verdict"], t["score"]) for t in details["tests"]] == [("WRONG_ANSWER", 0.25), ("ACCEPTED", 1.0)]
+    assert details["tests"][0]["message"].startswith("ja=1.0000 pa=1.2500")
+    assert details["score"] == 62.5
+
+
+A_PLUS_B_TESTS = {"1": ("2\n1 2\n3 4\n", "3\n7\n"), "2": ("1\n-5 5\n", "0\n")}
+A_PLUS_B = "n = 0\nwhile True:\n    try:\n        a, b = map(int, input().split())\n    except EOFError:\n" \
+           "        break\n    print(a + b, flush=True)\n"  # fmt: skip
+
+
+async def test_an_interactor_writes_what_the_checker_judges(
+    judge: ProgramJudge, pg_pool: asyncpg.Pool, tmp_path: Path
+) -> None:
+    """testlib's interactor-a-plus-b copies the sums it hears to its output file; the checker (wcmp)
+    compares that with the answer. A submission answering wrong sums is WRONG_ANSWER, though the
+    interactor itself accepts every exchange."""
+    spec = "id: aplusb\nlimits: {time: 1}\nchecker: {type: custom, source: check/wcmp.cpp, language: cpp}\n" \
+           "interactor: {source: interact/interactor-a-plus-b.cpp, language: cpp}\n"  # fmt: skip
+    files = {f"check/{k}": v for k, v in shipped_testlib("wcmp.cpp").items()}
+    files |= {f"interact/{k}": v for k, v in shipped_testlib("interactor-a-plus-b.cpp").items()}
+    for folder in ("check", "interact"):
+        (tmp_path / "aplusb" / folder).mkdir(parents=True)
+    version = await put(pg_pool, write_package(tmp_path / "aplusb", spec, A_PLUS_B_TESTS, files))
+    ok = await expect(judge, sub("aplusb", version, A_PLUS_B), "ACCEPTED")
+    assert ok["tests"][0]["message"] == "ok 2 tokens"
+    wrong = await expect(judge, sub("aplusb", version, A_PLUS_B.replace("a + b", "a + b + 1")), "WRONG_ANSWER")
+    assert wrong["failed_test"] == 1 and "1st words differ - expected: '3', found: '4'" in wrong["reason"]
+
+
+#: The same game with Python programs: the interactor copies each sum it hears to its output file and
+#: accepts every exchange; the checker alone compares the sums with the answer.
+PY_INTERACTOR = """\
+import sys
+given = open(sys.argv[1]).read().split()
+with open(sys.argv[2], "w") as out:
+    for i in range(int(given[0])):
+        print(given[1 + 2 * i], given[2 + 2 * i], flush=True)
+        out.write(sys.stdin.readline())
+print(f"{given[0]} queries processed", file=sys.stderr)
+"""
+PY_CHECKER = """\
+import sys
+got, want = open(sys.argv[2]).read().split(), open(sys.argv[3]).read().split()
+if got != want:
+    print(f"expected {want}, found {got}", file=sys.stderr); sys.exit(1)
+print(f"{len(want)} sums", file=sys.stderr)
+"""
+
+
+async def test_a_checker_judges_an_interactors_output_whatever_the_language(
+    judge: ProgramJudge, pg_pool: asyncpg.Pool, tmp_path: Path
+) -> None:
+    spec = "id: sums\nlimits: {time: 1}\nchecker: {type: custom, source: check.py}\n" \
+           "interactor: {source: interactor.py}\n"  # fmt: skip
+    files = {"check.py": PY_CHECKER, "interactor.py": PY_INTERACTOR}
+    version = await put(pg_pool, write_package(tmp_path / "sums", spec, A_PLUS_B_TESTS, files))
+    await expect(judge, sub("sums", version, A_PLUS_B), "ACCEPTED")
+    wrong = await expect(judge, sub("sums", version, A_PLUS_B.replace("a + b", "a - b")), "WRONG_ANSWER")
+    assert wrong["reason"] == "expected ['3', '7'], found ['-1', '-1']"
+
+
+#: Reads one query, answers it (after the submission has surely gone, when told to wait), then wants
+#: a final answer the submission never sends.
+ANSWERING = """\
+import sys, time
+wait = float(open(sys.argv[1]).read())
+line = sys.stdin.readline()
+time.sleep(wait)
+print("<", flush=True)
+print("no answer" if not sys.stdin.readline() else "unexpected", file=sys.stderr)
+sys.exit(1)
+"""
+GUESS_AND_EXIT = "print('? 500', flush=True)\n"
+
+
+def flake_runs() -> int:
+    """How many runs the SIGPIPE race test makes (JUDGEQUEUE_TEST_FLAKE_RUNS; CI's size by default)."""
+    return int(os.environ.get("JUDGEQUEUE_TEST_FLAKE_RUNS", "200"))
+
+
+async def test_an_interactor_answering_a_submission_that_left_is_never_killed_by_sigpipe(
+    judge: ProgramJudge, pg_pool: asyncpg.Pool, tmp_path: Path
+) -> None:
+    """The submission asks once and exits; the interactor answers and then finds no final answer:
+    WRONG_ANSWER, every time. Writing to a pipe nobody reads any more used to kill the interactor with
+    SIGPIPE (exit 141, a SYSTEM_ERROR) when the submission's box was gone first: always with a slow
+    interactor (test 1 waits 0.3 s before answering), now and then with a quick one (the others)."""
+    runs = flake_runs()
+    spec = "id: leaver\nlimits: {time: 1}\ninteractor: {source: interactor.py, language: python}\n" \
+           "scoring: {run_all: true}\n"  # fmt: skip
+    tests = {str(i): ("0.3\n" if i == 1 else "0\n", "500\n") for i in range(1, runs + 1)}
+    version = await put(pg_pool, write_package(tmp_path / "leaver", spec, tests, {"interactor.py": ANSWERING}))
+    details = await expect(judge, sub("leaver", version, GUESS_AND_EXIT), "WRONG_ANSWER")
+    verdicts = [(t["verdict"], t["message"]) for t in details["tests"]]
+    assert len(verdicts) == runs
+    assert [v for v in verdicts if v != ("WRONG_ANSWER", "no answer")] == []
+
+
+async def test_a_scored_verdicts_stderr_is_its_failed_tests(judge: ProgramJudge) -> None:
+    """Test 2 fails without a word on stderr, test 6 crashes with a traceback: the verdict names test
+    2 and carries no stderr, rather than test 6's traceback beside test 2's number."""
+    source = "import sys\nn = int(input())\nif n == 6:\n    raise RuntimeError('test six')\nprint(0 if n == 2 else n)\n"
+    tests = [{"input": f"{n}\n", "output": f"{n}\n"} for n in range(1, 7)]
+    payload = {"language": "python", "source": source, "tests": tests, "scoring": {"run_all": True}}
+    details = await expect(judge, payload, "WRONG_ANSWER")
+    assert [t["verdict"] for t in details["tests"]][1::4] == ["WRONG_ANSWER", "RUNTIME_ERROR"]
+    assert details["failed_test"] == 2 and "stderr" not in details, details.get("stderr")
+
+
+# --- output-only problems and submissions of several files ------------------------------------------
+
+
+async def test_an_output_only_problem_judges_the_outputs_given(
+    judge: ProgramJudge, pg_pool: asyncpg.Pool, tmp_path: Path
+) -> None:
+    spec = "id: answers\ntype: output-only\nchecker: {type: custom, source: check.py}\nscoring: {run_all: true}\n"
+    tests = {"1": ("10\n", "10\n"), "2": ("11\n", "12\n"), "3": ("5\n", "5\n")}
+    version = await put(pg_pool, write_package(tmp_path / "answers", spec, tests, {"check.py": CHECKER}))
+    outputs = {"1": "10\n", "2": "13\n"}  # test 2 close (half the points), no output for test 3
+    details = await expect(judge, {"problem": "answers", "version": version, "outputs": outputs}, "WRONG_ANSWER")
+    assert [(t["verdict"], t["score"]) for t in details["tests"]] == [
+        ("ACCEPTED", 1.0), ("WRONG_ANSWER", 0.5), ("WRONG_ANSWER", 0.0),
+    ]  # fmt: skip
+    assert details["tests"][2]["message"] == "no output submitted for test 3" and "language" not in details
+    assert details["score"] == pytest.approx(50)
+    every = {"1": "10", "2": "12", "3": "5"}
+    await expect(judge, {"problem": "answers", "version": version, "outputs": every}, "ACCEPTED")
+    program = await expect(judge, sub("answers", version, ECHO), "SYSTEM_ERROR")
+    assert "this problem is output-only" in program["reason"]
+    inline = {"outputs": {"1": "3", "2": "4"}, "tests": [{"output": "3"}, {"output": "5"}]}
+    assert (await expect(judge, inline, "WRONG_ANSWER"))["failed_test"] == 2
+
+
+async def test_a_submission_of_several_files(judge: ProgramJudge) -> None:
+    files = {
+        "sum.h": "long add(long a, long b);\n",
+        "sum.cpp": '#include "sum.h"\nlong add(long a, long b) { return a + b; }\n',
+    }
+    main = '#include <cstdio>\n#include "sum.h"\n' \
+           'int main(){long a,b;scanf("%ld %ld",&a,&b);printf("%ld\\n",add(a,b));}\n'  # fmt: skip
+    payload = {"language": "cpp", "source": main, "files": files, "tests": [{"input": "2 3\n", "output": "5\n"}]}
+    await expect(judge, payload, "ACCEPTED")
+    no_unit = {**payload, "files": {"sum.h": files["sum.h"]}}  # declared, never defined: the link fails
+    assert "undefined reference to" in (await expect(judge, no_unit, "COMPILE_ERROR"))["output"]
+    clash = await expect(judge, {**payload, "files": {"main.cpp": "x"}}, "SYSTEM_ERROR")
+    assert "files: 'main.cpp' must be a plain file name" in clash["reason"]
+    escape = await expect(judge, {**payload, "files": {"../x.h": "x"}}, "SYSTEM_ERROR")
+    assert "must be a plain file name" in escape["reason"]
+    java = {"language": "java", "source": "public class Sum {}\n", "files": {"Sum.java": "x"}, "tests": TWO}
+    assert "files: 'Sum.java' must be a plain file name" in (await expect(judge, java, "SYSTEM_ERROR"))["reason"]
+
+
+TWO = [{"input": "3\n", "output": "6\n"}]
+
+
+async def test_a_kept_build_is_the_main_source_and_the_files_beside_it(judge: ProgramJudge) -> None:
+    """The same main source with other files beside it is another build: a header it includes, a
+    Python module it imports. Each submission gets its own files, never a kept build of another's."""
+    kept, hits = judge.builds.kept, judge.builds.hits
+    main = '#include <cstdio>\n#include "k.h"\nint main(){int x; scanf("%d", &x); printf("%d\\n", K * x);}\n'
+    for k, verdict in ((2, "ACCEPTED"), (3, "WRONG_ANSWER"), (2, "ACCEPTED")):
+        payload = {"language": "cpp", "source": main, "files": {"k.h": f"#define K {k}\n"}, "tests": TWO}
+        await expect(judge, payload, verdict)
+    assert (judge.builds.kept - kept, judge.builds.hits - hits) == (2, 1)
+    # Python finds a submission's modules in its directory, each submission its own.
+    modules = {"language": "python", "source": "from calc import f\nprint(f(int(input())))\n", "tests": TWO}
+    await expect(judge, {**modules, "files": {"calc.py": "def f(x):\n    return 2 * x\n"}}, "ACCEPTED")
+    await expect(judge, {**modules, "files": {"calc.py": "def f(x):\n    return 3 * x\n"}}, "WRONG_ANSWER")
+    # Every module is syntax checked as the build: an error in one is COMPILE_ERROR, naming the file.
+    broken = await expect(judge, {**modules, "files": {"calc.py": "def f(x)\n    return x\n"}}, "COMPILE_ERROR")
+    assert 'calc.py", line 1' in broken["output"], broken
+
+
+async def test_a_java_submission_of_several_classes(judge: ProgramJudge) -> None:
+    """javac, run in the box's directory, finds the classes of the other files beside the main one."""
+    missing = missing_toolchain(LANGUAGES["java"], judge.tools)
+    if missing:
+        pytest.skip(missing)
+    main = "public class Twice { public static void main(String[] a) {"
+    main += " System.out.println(Calc.f(new java.util.Scanner(System.in).nextInt())); } }\n"
+    payload = {"language": "java", "source": main, "tests": TWO}
+    await expect(judge, {**payload, "files": {"Calc.java": "class Calc { static int f(int x) { return 2 * x; } }"}},
+                 "ACCEPTED")  # fmt: skip
+    await expect(judge, {**payload, "files": {"Calc.java": "class Calc { static int f(int x) { return 3 * x; } }"}},
+                 "WRONG_ANSWER")  # fmt: skip

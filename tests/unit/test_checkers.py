@@ -44,6 +44,12 @@ FLOATS = parse_spec({"type": "floats", "abs": 1e-6, "rel": 1e-6})
         (FLOATS, b"YES 1.0000001", b"YES 1", "ACCEPTED"),  # words compared exactly
         (FLOATS, b"yes 1", b"YES 1", "WRONG_ANSWER"),
         (FLOATS, b"\xff\xfe", b"1", "WRONG_ANSWER"),  # bytes that are not text
+        # Python's float() syntax is not a contest's: no digit separators, no words (testlib rejects them).
+        (FLOATS, b"1_0", b"10", "WRONG_ANSWER"),
+        (FLOATS, b"infinity", b"1e308", "WRONG_ANSWER"),
+        (FLOATS, b" 10", b"10.0", "ACCEPTED"),  # whitespace separates tokens, it is not part of one
+        (FLOATS, b"1e1", b"10", "ACCEPTED"),
+        (FLOATS, b".5", b"0.5", "ACCEPTED"),
     ],
 )
 def test_builtin_checkers(spec: CheckerSpec, output: bytes, answer: bytes, verdict: str) -> None:

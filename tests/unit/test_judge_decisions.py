@@ -156,7 +156,7 @@ def test_problem_cache_settings_name_the_bad_variable() -> None:
 
 def test_a_checker_program_that_cannot_judge_is_a_system_error() -> None:
     assert helper_outcome(facts(exit_code=7, stderr=b"0.25\nhalf right")) == CheckResult(
-        "WRONG_ANSWER", 0.25, "half right"
+        "WRONG_ANSWER", 0.25, "half right", 0.25
     )
     assert helper_outcome(facts(exit_code=2, stderr=b"spaces")).verdict == "PRESENTATION_ERROR"
     assert helper_outcome(facts(exit_code=139)).verdict == "SYSTEM_ERROR"  # bubblewrap's report of a SIGSEGV
@@ -197,7 +197,7 @@ def test_the_first_failing_test_decides_and_the_score_is_recorded() -> None:
         TestResult(2, "PRESENTATION_ERROR", 0.0, 10, 20, 3000, 0, None, "leading spaces"),
         TestResult(3, "WRONG_ANSWER", 0.5, 10, 20, 3000, 0, None, "close"),
     ]
-    plain = verdict_details(results[:2], problem_of(3), {"isolation": "full"}, b"Traceback")
+    plain = verdict_details(results[:2], problem_of(3), {"isolation": "full"}, {2: b"Traceback"})
     assert plain.status == "PRESENTATION_ERROR"
     assert (plain.details["failed_test"], plain.details["reason"], plain.details["stderr"]) == (
         2, "leading spaces", "Traceback",

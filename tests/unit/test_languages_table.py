@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from judgequeue.core.judges.builds import build_key
 from judgequeue.core.judges.languages import (
     LANGUAGES,
     UNAVAILABLE,
@@ -111,3 +112,14 @@ def test_the_docs_languages_table_is_generated_from_the_code() -> None:
         assert f"| `{name}` |" in doc
     # Every row is judged for real by tests/process/test_languages.py, from these programs.
     assert set(PROGRAMS) == set(LANGUAGES)
+
+
+def test_a_kept_build_is_keyed_by_the_files_beside_the_source_too() -> None:
+    """Two submissions with the same main source and other files (a header it includes, a module it
+    imports) are two builds; the files' order in the payload does not matter."""
+    argv, tools = ["/usr/bin/g++", "-std=gnu++17", "main.cpp"], {"g++": "/usr/bin/g++"}
+    one = build_key("cpp", argv, "int main() {}", tools, ["g++"], [("k.h", b"#define K 1\n")])
+    two = build_key("cpp", argv, "int main() {}", tools, ["g++"], [("k.h", b"#define K 2\n")])
+    assert one != two != build_key("cpp", argv, "int main() {}", tools, ["g++"])
+    both = [("a.h", b"a"), ("b.h", b"b")]
+    assert build_key("cpp", argv, "", tools, [], both) == build_key("cpp", argv, "", tools, [], both[::-1])

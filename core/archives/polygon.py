@@ -1,0 +1,241 @@
+"""Polygon packages (Codeforces' problem preparation system), read from ``problem.xml``.
+
+What is read, and how it maps onto a stored manifest:
+
+- the ``tests`` testset: time limit (ms), memory limit (bytes), the tests by the input and answer
+  path patterns (``tests/%02d``, ``tests/%02d.a``; a package built with its tests, as Polygon's
+  full packages are), each test's ``points`` and ``group``;
+- ``<groups>``: ``points-policy`` ``complete-group`` (the group's ``points``, or the sum of its
+  tests' points, only when every test passes) or ``each-test`` (the points of each test that
+  passes), and ``<dependencies>`` (a group earns nothing unless those passed entirely). Tests with
+  points but no groups are one ``each-test`` group; neither makes the problem unscored (first
+  failure decides, as in ICPC rounds);
+- ``<assets><checker>`` and ``<interactor>``: testlib programs, built with every file of their
+  directory beside them (``files/testlib.h`` and the like); an interactive problem's checker
+  judges what the interactor wrote to its output file;
+- ``<assets><solutions>``: each solution with the verdicts its tag expects (``main``,
+  ``accepted``, ``wrong-answer``, ``time-limit-exceeded``, ``rejected``...).
+
+testlib's ``quitp`` points count as the test's points in a Polygon package (Codeforces' rule):
+they replace the points the test would earn.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import xml.etree.ElementTree as ET  # the uploader's own file; expat refuses external entities
+from pathlib import Path
+from typing import Any
+
+from ..judges.languages import LANGUAGES
+from .common import (
+    MAX_TESTS,
+    InvalidPackage,
+    PackageDir,
+    PackageFile,
+    add,
+    check_id,
+    inside,
+    program,
+    siblings,
+    total_bytes,
+)
+
+FAILURES = ["WRONG_ANSWER", "PRESENTATION_ERROR", "TIME_LIMIT", "MEMORY_LIMIT", "RUNTIME_ERROR", "IDLENESS_LIMIT",
+            "OUTPUT_LIMIT"]  # fmt: skip
+#: The verdicts each solution tag expects.
+TAGS: dict[str, list[str]] = {
+    "main": ["ACCEPTED"],
+    "accepted": ["ACCEPTED"],
+    "wrong-answer": ["WRONG_ANSWER"],
+    "presentation-error": ["PRESENTATION_ERROR"],
+    "time-limit-exceeded": ["TIME_LIMIT", "IDLENESS_LIMIT"],
+    "time-limit-exceeded-or-accepted": ["TIME_LIMIT", "IDLENESS_LIMIT", "ACCEPTED"],
+    "time-limit-exceeded-or-memory-limit-exceeded": ["TIME_LIMIT", "IDLENESS_LIMIT", "MEMORY_LIMIT"],
+    "memory-limit-exceeded": ["MEMORY_LIMIT"],
+    "failed": ["RUNTIME_ERROR"],
+    "rejected": FAILURES,
+}
+
+
+def is_polygon(root: Path) -> bool:
+    return (root / "problem.xml").is_file()
+
+
+#: Polygon source types as rows of the judge's table, by prefix (the first that fits): Codeforces'
+#: compilers, each the row that runs its language. PyPy types are the ``pypy`` row; Java's 8, 11
+#: and 21 are the JDK here; Delphi, PascalABC.NET and D are no row of the table (not recognised);
+#: C#'s and Python 2's types are refused with the reason (languages.UNAVAILABLE).
+POLYGON_TYPES: tuple[tuple[str, str], ...] = (
+    ("c.", "c"), ("cpp.", "cpp"), ("javascript", "javascript"), ("js.", "javascript"), ("java", "java"),
+    ("kotlin", "kotlin"), ("scala", "scala"), ("python.pypy2", "python2"), ("python.2", "python2"),
+    ("python.pypy3", "pypy"), ("python.3", "python"), ("go", "go"), ("rust", "rust"), ("ruby", "ruby"),
+    ("php", "php"), ("perl", "perl"), ("haskell", "haskell"), ("ocaml", "ocaml"), ("pas.fpc", "pascal"),
+    ("csharp", "csharp"),
+)  # fmt: skip
+_CPP_VERSION = re.compile(r"\+\+(\d\d)(?!\d)")
+
+
+def language_of(kind: str | None) -> tuple[str, str | None] | None:
+    """The judge's row and standard for a Polygon source type (pure), or None when no row runs it.
+
+    A C++ type's standard is the one it names (``cpp.g++17``, ``cpp.gcc13-64-winlibs-g++20``,
+    ``cpp.gcc14-64-msys2-g++23``) in the GNU dialect, the table's; one that names none
+    (``cpp.g++``, ``cpp.ms2017``) is the row's default. C types are Codeforces' GNU C11."""
+    kind = kind or ""
+    language = next((row for prefix, row in POLYGON_TYPES if kind.startswith(prefix)), None)
+    if language == "cpp":
+        version = _CPP_VERSION.search(kind)
+        std = f"gnu++{version.group(1)}" if version else None
+        return language, std if std in LANGUAGES["cpp"].standards else None
+    if language == "c":
+        return language, "gnu11"
+    return (language, None) if language is not None else None
+
+
+def _source(root: Path, element: ET.Element | None, where: str, files: dict[str, PackageFile]) -> dict[str, Any]:
+    source = element.find("source") if element is not None else None
+    if source is None or not source.get("path"):
+        raise InvalidPackage(f"problem.xml: {where} has no <source path=...>")
+    main = inside(root, str(source.get("path")), f"problem.xml: {where} source")
+    found = language_of(source.get("type"))
+    if found is None:
+        raise InvalidPackage(f"problem.xml: {where} is {source.get('type')!r}, a language this judge does not run")
+    language, std = found
+    return program(main, language, files, beside=siblings(main), protocol="testlib", std=std, where=where)
+
+
+def _int(text: str | None, where: str) -> int:
+    try:
+        return int(str(text).strip())
+    except ValueError:
+        raise InvalidPackage(f"problem.xml: {where} must be an integer, got {text!r}") from None
+
+
+def _points(value: str | None, where: str) -> float | None:
+    if value is None:
+        return None
+    try:
+        points = float(value)
+    except ValueError:
+        raise InvalidPackage(f"problem.xml: {where} must be a number, got {value!r}") from None
+    if not math.isfinite(points) or points < 0:
+        raise InvalidPackage(f"problem.xml: {where} must be a number of points, got {value!r}")
+    return points
+
+
+def _scoring(testset: ET.Element, tests: list[ET.Element]) -> dict[str, Any]:
+    points = [_points(t.get("points"), f"test {i + 1} points") for i, t in enumerate(tests)]
+    groups_el = testset.find("groups")
+    if groups_el is None or not list(groups_el):
+        if all(p is None for p in points):
+            return {}
+        values = [p or 0.0 for p in points]
+        group = {"name": "tests", "points": sum(values), "tests": list(range(1, len(tests) + 1)), "each_test": True}
+        return {"groups": [group], "test_points": values}
+    members: dict[str, list[int]] = {}
+    for i, t in enumerate(tests):
+        name = t.get("group")
+        if name is None:
+            raise InvalidPackage(f"problem.xml: test {i + 1} is in no group, but the testset has groups")
+        members.setdefault(name, []).append(i + 1)
+    values = [p or 0.0 for p in points]
+    groups = []
+    for g in groups_el.findall("group"):
+        name = g.get("name")
+        if name is None or name not in members:
+            raise InvalidPackage(f"problem.xml: group {name!r} has no tests")
+        policy = g.get("points-policy", "complete-group")
+        if policy not in ("complete-group", "each-test"):
+            raise InvalidPackage(f"problem.xml: group {name!r} has points-policy {policy!r}")
+        own = _points(g.get("points"), f"group {name} points")
+        total = own if own is not None else sum(values[t - 1] for t in members[name])
+        depends = [d.get("group") for d in g.findall("dependencies/dependency") if d.get("group")]
+        entry: dict[str, Any] = {"name": name, "points": total, "tests": members[name]}
+        if policy == "each-test":
+            entry["each_test"] = True
+        if depends:
+            entry["depends"] = depends
+        groups.append(entry)
+    missing = sorted(set(members) - {g["name"] for g in groups})
+    if missing:
+        raise InvalidPackage(f"problem.xml: tests name group {missing[0]!r}, which <groups> does not declare")
+    return {"groups": groups, "test_points": values}
+
+
+def read(root: Path, *, problem_id: str | None = None) -> PackageDir:
+    """Validate a Polygon package directory (reads and hashes its files)."""
+    try:
+        doc = ET.parse(root / "problem.xml").getroot()
+    except (OSError, ET.ParseError) as exc:
+        raise InvalidPackage(f"problem.xml cannot be read: {exc}") from None
+    pid = check_id(problem_id or doc.get("short-name"), "the problem id (problem.xml's short-name, or --id)")
+    revision = doc.get("revision")
+    judging = doc.find("judging")
+    testset = judging.find("testset[@name='tests']") if judging is not None else None
+    if judging is None or testset is None:
+        raise InvalidPackage("problem.xml: no <judging><testset name='tests'>")
+    for attribute in ("input-file", "output-file"):
+        if judging.get(attribute):
+            raise InvalidPackage(
+                f"problem.xml: {attribute} is {judging.get(attribute)!r}: only standard input and output are supported"
+            )
+    time_ms = _int(testset.findtext("time-limit"), "time-limit")
+    memory = _int(testset.findtext("memory-limit"), "memory-limit")
+    tests_el = testset.findall("tests/test")
+    count = _int(testset.findtext("test-count", str(len(tests_el))), "test-count")
+    if count != len(tests_el) or not tests_el:
+        raise InvalidPackage(f"problem.xml: test-count is {count} but {len(tests_el)} <test> elements are listed")
+    if count > MAX_TESTS:
+        raise InvalidPackage(f"{count} tests is more than {MAX_TESTS}")
+    input_pattern = testset.findtext("input-path-pattern") or "tests/%02d"
+    answer_pattern = testset.findtext("answer-path-pattern") or "tests/%02d.a"
+    files: dict[str, PackageFile] = {}
+    tests = []
+    for i, t in enumerate(tests_el, 1):
+        given, answer = root / (input_pattern % i), root / (answer_pattern % i)
+        if not given.is_file() or not answer.is_file():
+            made = (
+                " (it is generated: upload the package built with its tests)" if t.get("method") == "generated" else ""
+            )
+            raise InvalidPackage(f"test {i}: {given.relative_to(root)} and {answer.relative_to(root)} must exist{made}")
+        entry: dict[str, Any] = {"name": f"{i:02d}", "input": add(given, files), "answer": add(answer, files)}
+        if t.get("sample") == "true":
+            entry["sample"] = True
+        tests.append(entry)
+    manifest: dict[str, Any] = {
+        "format": "polygon",
+        "limits": {"time": time_ms / 1000, "memory_mb": max(16, memory // (1024 * 1024))},
+        "tests": tests,
+        "scoring": _scoring(testset, tests_el),
+        "type": "batch",
+    }
+    assets = doc.find("assets")
+    checker = assets.find("checker") if assets is not None else None
+    if checker is None:
+        raise InvalidPackage("problem.xml: no <assets><checker>")
+    if checker.get("type", "testlib") != "testlib":
+        raise InvalidPackage(f"problem.xml: checker type {checker.get('type')!r}: only testlib checkers are supported")
+    manifest["checker"] = {"type": "custom", **_source(root, checker, "checker", files)}
+    interactor = assets.find("interactor") if assets is not None else None
+    if interactor is not None:
+        manifest["interactor"] = _source(root, interactor, "interactor", files)
+        manifest["type"] = "interactive"
+    solutions = []
+    for n, s in enumerate(assets.findall("solutions/solution") if assets is not None else []):
+        try:
+            entry = _source(root, s, f"solution {n + 1}", files)
+        except InvalidPackage:
+            continue  # a language this judge does not run: not recorded
+        entry.pop("protocol", None)
+        entry.pop("files", None)
+        entry["name"] = str(s.find("source").get("path"))  # type: ignore[union-attr]
+        tag = s.get("tag", "")
+        if tag in TAGS:
+            entry["expected"] = TAGS[tag]
+        solutions.append(entry)
+    if solutions:
+        manifest["solutions"] = solutions
+    version = int(revision) if revision and revision.isdigit() and int(revision) > 0 else None
+    return PackageDir(pid, version, total_bytes(manifest, files), files)
