@@ -267,14 +267,16 @@ def _http_ok(url: str, *, ca: Path | None = None, token: str | None = None) -> b
 
 @contextmanager
 def control_plane(workdir: Path, *, oldest: bool = False, scheduler: bool = True,
-                  timeout: float = 90.0, address: str = "127.0.0.1") -> Iterator[Cluster]:
+                  timeout: float = 90.0, address: str = "127.0.0.1",
+                  san_ips: Sequence[str] = ()) -> Iterator[Cluster]:
     """Start etcd + kube-apiserver (+ controller-manager and scheduler) and yield a :class:`Cluster`.
 
     ``oldest``: the API server of the oldest Kubernetes release the chart claims, alone (no
     controller-manager or scheduler): enough to check that the CRD and the example are accepted.
     ``address``: where the API server listens and what it advertises; a real node (tests/node/)
     needs one it can reach, and then the ``kubernetes`` Service's endpoints are kept to it (pods
-    reach the API server through that Service, as in any cluster).
+    reach the API server through that Service, as in any cluster). ``san_ips``: more addresses its
+    certificate names (a VM reaches the host's loopback as 10.0.2.2).
     """
     dirs = binary_dirs()
     bin_dir = dirs["KUBE_OLDEST_BIN" if oldest else "KUBE_BIN"]
@@ -291,7 +293,7 @@ def control_plane(workdir: Path, *, oldest: bool = False, scheduler: bool = True
         raise KubeTierError("openssl is required to make the test cluster's certificates")
     workdir.mkdir(parents=True, exist_ok=True)
     pki = workdir / "pki"
-    make_certificates(pki, extra_ips=() if address == "127.0.0.1" else (address,))
+    make_certificates(pki, extra_ips=(*(() if address == "127.0.0.1" else (address,)), *san_ips))
     admin_token = base64.b32encode(os.urandom(20)).decode().lower()
     (pki / "tokens.csv").write_text(f'{admin_token},admin,admin-uid,"system:masters"\n')
     etcd_port, etcd_peer, api_port = free_port(), free_port(), free_port()

@@ -20,13 +20,10 @@ from pathlib import Path
 import pytest
 
 from tests.kube.cluster import Cluster, control_plane
+from tests.node import readme
 from tests.node.realnode import Addresses, RealNode, script_output
-from tests.support.pg_servers import PostgresServer, postgres_server
-from tests.support.redis_servers import RedisServer, free_port
-
-#: The password of the pods' Postgres and Redis (they reach them over the node's network, as pods
-#: reach any database: with credentials from a Secret).
-PASSWORD = "node-tier-secret"
+from tests.node.services import HostServices, host_services
+from tests.support.pg_servers import PostgresServer
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -42,37 +39,28 @@ class NodeCluster:
 
     kube: Cluster
     node: RealNode
-    addresses: Addresses
     image: str
-    postgres: PostgresServer
-    redis: RedisServer
+    host: HostServices
+
+    @property
+    def addresses(self) -> Addresses:
+        return self.host.addresses
+
+    @property
+    def postgres(self) -> PostgresServer:
+        return self.host.postgres
 
     def pod_dsn(self, database: str) -> str:
-        """A DSN as a pod uses it (the host end of the node's veth)."""
-        return f"postgresql://postgres:{PASSWORD}@{self.addresses.host}:{self.postgres.port}/{database}"
+        """A DSN as a pod uses it (the host end of the node's veth, with the password)."""
+        return self.host.dsn(database)
 
     def local_dsn(self, database: str) -> str:
         """The same database as the test process reaches it."""
-        return f"postgresql://postgres@127.0.0.1:{self.postgres.port}/{database}"
+        return self.host.local_dsn(database)
 
     @property
     def pod_redis_url(self) -> str:
-        return f"redis://:{PASSWORD}@{self.addresses.host}:{self.redis.port}/0"
-
-    @property
-    def local_redis_url(self) -> str:
-        return f"redis://:{PASSWORD}@127.0.0.1:{self.redis.port}/0"
-
-
-def _allow_pods(postgres: PostgresServer, addresses: Addresses) -> None:
-    """Pods (masqueraded as the node) log in with a password; the test process still trusts loopback."""
-    hba = postgres.data / "pg_hba.conf"
-    subnet = addresses.host.rsplit(".", 2)[0] + ".0.0/16"
-    with hba.open("a") as f:  # pods arrive masqueraded as the node's address
-        f.write(f"host all all {subnet} scram-sha-256\n")
-    postgres._run("psql", "-h", "127.0.0.1", "-p", str(postgres.port), "-U", "postgres", "-qc",
-                  f"ALTER USER postgres PASSWORD '{PASSWORD}'")
-    postgres._run("pg_ctl", "-D", str(postgres.data), "reload")
+        return self.host.redis_url
 
 
 @contextlib.contextmanager
@@ -82,29 +70,15 @@ def node_cluster_up(workdir: Path) -> Iterator[NodeCluster]:
     image = script_output("build-image", "--print")
     pause = script_output("build-node", "--print")
     built = time.monotonic() - started
-    addresses = Addresses.pick()
-    suffix = os.urandom(3).hex()
-    RealNode.make_network(addresses, suffix)
-    try:
-        with postgres_server(settings={"listen_addresses": f"127.0.0.1,{addresses.host}"}) as postgres:
-            _allow_pods(postgres, addresses)
-            redis = RedisServer(free_port(), workdir / "redis",
-                                ["--bind", f"127.0.0.1 {addresses.host}"], password=PASSWORD)
-            try:
-                with control_plane(workdir / "control-plane", address=addresses.host) as kube:
-                    node = RealNode(kube, workdir / "node", addresses, suffix=suffix)
-                    try:
-                        node.start(pause=(pause["PAUSE_IMAGE"], Path(pause["PAUSE_ARCHIVE"])),
-                                   images=[Path(image["ARCHIVE"])])
-                        print(f"\n[node tier] artefacts ready in {built:.0f} s, node Ready "
-                              f"{time.monotonic() - started - built:.0f} s later")
-                        yield NodeCluster(kube, node, addresses, image["IMAGE"], postgres, redis)
-                    finally:
-                        node.stop()
-            finally:
-                redis.stop()
-    finally:
-        RealNode.remove_network(suffix)
+    with host_services(workdir) as host, control_plane(workdir / "control-plane", address=host.addresses.host) as kube:
+        node = RealNode(kube, workdir / "node", host.addresses, suffix=host.suffix)
+        try:
+            node.start(pause=(pause["PAUSE_IMAGE"], Path(pause["PAUSE_ARCHIVE"])), images=[Path(image["ARCHIVE"])])
+            print(f"\n[node tier] artefacts ready in {built:.0f} s, node Ready "
+                  f"{time.monotonic() - started - built:.0f} s later")
+            yield NodeCluster(kube, node, image["IMAGE"], host)
+        finally:
+            node.stop()
 
 
 @pytest.fixture(scope="session")
@@ -114,3 +88,13 @@ def node_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeClust
         pytest.fail("the real-node tier needs root (namespaces, cgroups, containerd)")
     with node_cluster_up(tmp_path_factory.mktemp("realnode")) as cluster:
         yield cluster
+
+
+@pytest.fixture(scope="session")
+def helm_installed(node_cluster: NodeCluster) -> None:
+    """The chart installed with README.md's command (the user's image in place of its example):
+    the operator runs as a pod of the node, watching every namespace."""
+    repository, tag = node_cluster.image.rsplit(":", 1)
+    helm = readme.command("helm", "install")
+    helm = readme.set_value(readme.set_value(helm, "image.repository", repository), "image.tag", tag)
+    node_cluster.kube.helm_cmd(*helm[1:], "--wait", "--timeout", "5m")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import json
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ import pytest
 import yaml
 
 from judgequeue.core import api
-from tests.kube.tools import condition, jq_path, ready_pods, wait_for
+from tests.kube.tools import actions, condition, jq_path, ready_pods, wait_for
 from tests.node import readme
 from tests.node.conftest import NodeCluster
 
@@ -65,13 +66,10 @@ def user_manifests(cluster: NodeCluster, database: str) -> list[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def installed(node_cluster: NodeCluster) -> Iterator[Installed]:
-    """helm install, the namespace, migrate, the Secrets and the JudgeQueue: the README's steps."""
+def installed(node_cluster: NodeCluster, helm_installed: None) -> Iterator[Installed]:
+    """helm install (the session's), migrate, the namespace, the Secrets and the JudgeQueue: the
+    README's steps."""
     kube = node_cluster.kube
-    repository, tag = node_cluster.image.rsplit(":", 1)
-    helm = readme.command("helm", "install")
-    helm = readme.set_value(readme.set_value(helm, "image.repository", repository), "image.tag", tag)
-    kube.helm_cmd(*helm[1:], "--wait", "--timeout", "5m")
     database = "judge"
     asyncio.run(_create_database(node_cluster.local_dsn("postgres"), database))
     migrate = readme.command("kubectl", "run")
@@ -196,8 +194,7 @@ def test_readme_path_judges_normal_and_hostile_submissions(installed: Installed)
     for name, want, have, i in zip([*NORMAL, *attacks], expected, got, ids, strict=True):
         assert have in want.split("|"), (name, have, verdicts[i].details)
     for i in ids:
-        details = verdicts[i].details or {}
-        assert details.get("isolation", "full") == "full", details
+        assert (verdicts[i].details or {})["details"]["isolation"] == "full", verdicts[i].details
     # The node afterwards, as the attack catalogue checks a host: the workers never restarted, no
     # process of any box is left in their pods (daemons, fork bombs), nothing written outside a box.
     assert worker_restarts(installed) == restarts_before
@@ -208,6 +205,11 @@ def test_readme_path_judges_normal_and_hostile_submissions(installed: Installed)
         return not left
 
     wait_for("no box process left in the worker pods", boxes_gone, timeout=30)
+    # `kubectl logs` of the operator (a pod of this node) shows what it did for this JudgeQueue.
+    logs = cluster.kube.kubectl("logs", "-n", RELEASE_NS, "deploy/judgequeue", timeout=60).stdout
+    lines = [json.loads(line) for line in logs.splitlines() if line.startswith("{")]
+    done = {(e["action"], e["object"].split(" ")[0]) for e in actions(lines) if e.get("judgequeue") == "judge/judge"}
+    assert {("create", "Deployment"), ("create", "Service"), ("claim", "queue")} <= done, sorted(done)
     for path in (Path("/judgequeue-escape"), Path("/tmp/judgequeue-escape")):
         assert not path.exists()
 
