@@ -104,6 +104,21 @@ def runtime_layout(paths: tuple[str, ...] = RUNTIME_PATHS) -> tuple[tuple[str, .
     return tuple(binds), tuple(links)
 
 
+#: The capabilities root needs in the worker's container for its boxes (bit numbers of
+#: ``linux/capability.h``): a uid per box (SETUID, SETGID), its directory made, owned and emptied
+#: (CHOWN, DAC_OVERRIDE, FOWNER), whatever it leaves killed (KILL).
+BOX_CAPABILITIES = {"CHOWN": 0, "DAC_OVERRIDE": 1, "FOWNER": 3, "KILL": 5, "SETGID": 6, "SETUID": 7}
+
+
+def missing_capabilities(status: str) -> list[str]:
+    """The box capabilities absent from ``CapEff`` in a ``/proc/PID/status`` text (pure)."""
+    for line in status.splitlines():
+        if line.startswith("CapEff:"):
+            effective = int(line.split()[1], 16)
+            return [name for name, bit in BOX_CAPABILITIES.items() if not effective >> bit & 1]
+    return []
+
+
 def missing_for_full(cgroup_roots: cgroups.Roots | str) -> list[str]:
     """Every reason full isolation is impossible on this host (empty when it is possible)."""
     missing = []
@@ -113,6 +128,12 @@ def missing_for_full(cgroup_roots: cgroups.Roots | str) -> list[str]:
         missing.append("setpriv (util-linux) is not installed")
     if os.geteuid() != 0:
         missing.append(f"the worker runs as uid {os.geteuid()}, not root (needed for a uid and cgroups per box)")
+    else:
+        with open("/proc/self/status") as f:
+            lacking = missing_capabilities(f.read())
+        if lacking:
+            missing.append(f"root here lacks the capabilities {', '.join(lacking)} (a container's "
+                           "securityContext.capabilities.add)")
     try:
         build_filter()
     except SeccompUnsupported as exc:

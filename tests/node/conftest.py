@@ -10,15 +10,19 @@ the proof that the local-process node agent of tests/kube cannot give.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import asyncpg
 import pytest
 
+from judgequeue.core.migrate import migrate
 from tests.kube.cluster import Cluster, control_plane
 from tests.node import readme
 from tests.node.realnode import Addresses, RealNode, script_output
@@ -98,3 +102,23 @@ def helm_installed(node_cluster: NodeCluster) -> None:
     helm = readme.command("helm", "install")
     helm = readme.set_value(readme.set_value(helm, "image.repository", repository), "image.tag", tag)
     node_cluster.kube.helm_cmd(*helm[1:], "--wait", "--timeout", "5m")
+
+
+def migrated_database(cluster: NodeCluster) -> str:
+    """A new migrated database on the pods' Postgres; its name."""
+    name = f"jq_node_{uuid.uuid4().hex[:10]}"
+
+    async def make() -> None:
+        admin = await asyncpg.connect(cluster.local_dsn("postgres"))
+        try:
+            await admin.execute(f'CREATE DATABASE "{name}"')
+        finally:
+            await admin.close()
+        conn = await asyncpg.connect(cluster.local_dsn(name))
+        try:
+            await migrate(conn)
+        finally:
+            await conn.close()
+
+    asyncio.run(make())
+    return name

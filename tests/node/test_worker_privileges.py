@@ -24,7 +24,7 @@ import pytest
 from judgequeue.controllers.render import SANDBOX_CAPABILITIES, Owner, render_deployment
 from judgequeue.core.spec import JudgeQueueSpec, parse_spec
 from tests.kube.tools import condition, jq_path, wait_for
-from tests.node.conftest import NodeCluster
+from tests.node.conftest import NodeCluster, migrated_database
 
 #: Judges two submissions in the pod with the worker's own judge and prints the verdicts (or the
 #: judge's refusal) as one JSON line.
@@ -122,20 +122,21 @@ def test_the_rendered_worker_pod_judges(node_cluster: NodeCluster, privileged_na
     assert run_probe(node_cluster, privileged_namespace, rendered_worker_pod(node_cluster.image)) == JUDGED
 
 
-@pytest.mark.parametrize("taken", [
-    *(pytest.param(without_capability(c), id=f"no-{c}") for c in SANDBOX_CAPABILITIES),
-    pytest.param(runtime_default_seccomp, id="runtime-default-seccomp"),
-    pytest.param(no_cgroup_mount, id="no-cgroup-hostpath"),
+@pytest.mark.parametrize(("taken", "named"), [
+    *(pytest.param(without_capability(c), c, id=f"no-{c}") for c in SANDBOX_CAPABILITIES),
+    pytest.param(runtime_default_seccomp, "bubblewrap cannot create namespaces", id="runtime-default-seccomp"),
+    pytest.param(no_cgroup_mount, "cgroup", id="no-cgroup-hostpath"),
 ])  # fmt: skip
-def test_without_any_one_privilege_the_judge_cannot_judge(
-    node_cluster: NodeCluster, privileged_namespace: str, taken: Callable[[dict[str, Any]], None]
+def test_without_any_one_privilege_the_judge_refuses_naming_it(
+    node_cluster: NodeCluster, privileged_namespace: str, taken: Callable[[dict[str, Any]], None], named: str
 ) -> None:
+    """None of them is there for nothing, and a worker without one fails closed saying which."""
     pod = rendered_worker_pod(node_cluster.image)
     taken(pod)
     outcome = run_probe(node_cluster, privileged_namespace, pod)
-    assert outcome != JUDGED, "this privilege is not needed: take it out of _grant_sandbox"
-    if "refused" in outcome:
-        assert "the program judge cannot isolate untrusted code" in outcome["refused"]
+    assert "refused" in outcome, f"judged without it ({outcome}): take it out of _grant_sandbox"
+    assert "the program judge cannot isolate untrusted code" in outcome["refused"], outcome
+    assert named in outcome["refused"], outcome
 
 
 def labelled_namespace(cluster: NodeCluster, level: str) -> str:
@@ -151,13 +152,13 @@ def labelled_namespace(cluster: NodeCluster, level: str) -> str:
 def test_podsecurity_baseline_refuses_the_sandboxed_worker_and_status_says_why(node_cluster: NodeCluster) -> None:
     kube = node_cluster.kube
     namespace = labelled_namespace(node_cluster, "baseline")
+    kube.apply(_secrets(node_cluster, namespace), namespace=namespace)
     kube.apply({"apiVersion": "judgequeue.dev/v1alpha1", "kind": "JudgeQueue", "metadata": {"name": "judge"},
                 "spec": {"image": node_cluster.image, "queue": f"pss-{uuid.uuid4().hex[:6]}",
                          "postgres": {"secretKeyRef": {"name": "judgequeue-postgres", "key": "dsn"}},
                          "redis": {"secretKeyRef": {"name": "judgequeue-redis", "key": "url"}},
                          "worker": {"judge": "program", "minReplicas": 1, "maxReplicas": 1}}},
                namespace=namespace)
-    kube.apply(_secrets(node_cluster, namespace), namespace=namespace)
     started = time.monotonic()
 
     def refused() -> dict[str, Any] | None:
@@ -197,9 +198,10 @@ def test_trusted_workers_dispatchers_and_reapers_are_admitted(node_cluster: Node
 
 
 def _secrets(cluster: NodeCluster, namespace: str) -> list[dict[str, Any]]:
+    """The connection Secrets, to a database of the namespace's own."""
     return [
         {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "judgequeue-postgres", "namespace": namespace},
-         "stringData": {"dsn": cluster.pod_dsn("postgres")}},
+         "stringData": {"dsn": cluster.pod_dsn(migrated_database(cluster))}},
         {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "judgequeue-redis", "namespace": namespace},
          "stringData": {"url": cluster.pod_redis_url}},
     ]

@@ -11,7 +11,7 @@ import pytest
 from judgequeue.core.errors import ConfigError
 from judgequeue.core.judges import UnknownJudge, Verdict, available_judges, load_judge
 from judgequeue.core.judges.builtin import JudgeCrashed, NoopJudge, SleepJudge
-from judgequeue.core.judges.isolation import JudgeSettings, load_judge_settings
+from judgequeue.core.judges.isolation import BOX_CAPABILITIES, JudgeSettings, load_judge_settings, missing_capabilities
 from judgequeue.core.judges.program import (
     InvalidProgramPayload,
     classify_run,
@@ -256,3 +256,13 @@ def test_an_armed_command_waits_on_its_block_fd_and_fits_only_the_same_run() -> 
         run_fit(["/box/a"], box="/b/1", uid=1, limits=Limits(scratch=1 << 20), writable_box=False),
     ):
         assert other != fit
+
+
+def test_missing_capabilities_are_named() -> None:
+    everything = "Name:\tx\nCapEff:\t000001ffffffffff\n"
+    assert missing_capabilities(everything) == []
+    # the sandbox's six and nothing else: what the operator renders for a worker pod
+    six = "CapEff:\t00000000000000eb\n"
+    assert missing_capabilities(six) == []
+    assert missing_capabilities("CapEff:\t00000000000000ea\n") == ["CHOWN"]
+    assert missing_capabilities("CapEff:\t0000000000000000\n") == list(BOX_CAPABILITIES)
