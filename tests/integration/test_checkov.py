@@ -95,7 +95,7 @@ def write_manifests(base: Path) -> None:
     (base / "canary").mkdir()
     (base / "canary" / "judge-dispatcher.yaml").write_text(yaml.safe_dump(canary()))
     helm = helm_binary()
-    assert helm.exists(), f"{helm} is missing: run scripts/install (scripts/build-kube builds it)"
+    assert helm.exists(), f"{helm} is missing: run scripts/build-kube (scripts/test does)"
     chart = subprocess.run([str(helm), "template", "judgequeue", str(ROOT / "charts" / "judgequeue"), "-n",
                             "judgequeue-system", "--kube-version", "1.36.3"], check=True, capture_output=True,
                            text=True, env={**os.environ, "HELM_CACHE_HOME": str(base / ".helm"),
@@ -126,7 +126,7 @@ def scan(base: Path) -> set[tuple[str, str]]:
 @pytest.fixture(scope="module")
 def findings(tmp_path_factory: pytest.TempPathFactory) -> set[tuple[str, str]]:
     if not CHECKOV.exists():
-        pytest.fail(f"checkov is not installed at {CHECKOV}: run scripts/install (it makes .venv-checkov)")
+        pytest.fail(f"checkov is not installed at {CHECKOV}: scripts/prepare-tests makes it (scripts/test runs that)")
     base = tmp_path_factory.mktemp("checkov")
     write_manifests(base)
     return scan(base)

@@ -287,8 +287,8 @@ def control_plane(workdir: Path, *, oldest: bool = False, scheduler: bool = True
         wanted += [bin_dir / "kube-controller-manager", bin_dir / "kube-scheduler"]
     missing = [str(p) for p in wanted if not p.exists()]
     if missing:
-        raise KubeTierError(f"control-plane binaries missing ({', '.join(missing)}): run scripts/install "
-                            "(it runs scripts/build-kube)")
+        raise KubeTierError(f"control-plane binaries missing ({', '.join(missing)}): run scripts/build-kube "
+                            "(scripts/test does, through scripts/prepare-tests)")
     if shutil.which("openssl") is None:
         raise KubeTierError("openssl is required to make the test cluster's certificates")
     workdir.mkdir(parents=True, exist_ok=True)

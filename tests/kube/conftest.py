@@ -1,7 +1,8 @@
-"""Fixtures of the real-API-server tier: one control plane per session, a namespace per test.
+"""Fixtures of the real-API-server tier: one control plane for the tier (package-scoped: it stops
+when the tier's last test has run, not at the end of the whole suite), a namespace per test.
 
 Every test in tests/kube/ is marked ``kube`` (select with ``-m kube``, leave out with ``-m "not kube"``).
-The binaries come from ``scripts/build-kube`` (run by ``scripts/install``); when they are missing the
+The binaries come from ``scripts/build-kube`` (run by ``scripts/prepare-tests``); when they are missing the
 tests fail and say so rather than skip: this tier is the proof the kmock tier cannot give.
 """
 
@@ -33,7 +34,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.kube)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     """The pinned current control plane: etcd, kube-apiserver (RBAC, OwnerReferencesPermissionEnforcement),
     kube-controller-manager and kube-scheduler on loopback."""
@@ -44,7 +45,7 @@ def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         yield cluster
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def kube_oldest(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     """kube-apiserver of the oldest release the chart's kubeVersion claims (with etcd only)."""
     started = time.monotonic()
@@ -53,7 +54,7 @@ def kube_oldest(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         yield cluster
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def crd_installed(kube: Cluster) -> Cluster:
     """The JudgeQueue CRD applied (as a user would, with kubectl) and established."""
     kube.kubectl("apply", "-f", str(CRD_FILE))
@@ -70,7 +71,7 @@ def namespace(kube: Cluster) -> Iterator[str]:
     kube.kubectl("delete", "namespace", name, "--wait=false", check=False)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def node(kube: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeAgent]:
     """The test node agent: runs the pods the scheduler binds to it as local processes."""
     agent = NodeAgent(kube, tmp_path_factory.mktemp("node"), entrypoint=str(JUDGEQUEUE_BIN))

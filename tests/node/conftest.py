@@ -85,7 +85,7 @@ def node_cluster_up(workdir: Path) -> Iterator[NodeCluster]:
             node.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def node_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeCluster]:
     """One real node for the session (its pods are the tests' to make and delete)."""
     if os.geteuid() != 0:
@@ -94,7 +94,7 @@ def node_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeClust
         yield cluster
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def helm_installed(node_cluster: NodeCluster) -> None:
     """The chart installed with README.md's command (the user's image in place of its example):
     the operator runs as a pod of the node, watching every namespace."""
