@@ -18,12 +18,13 @@ re-parented to it) and empties ``/tmp``, then reports the direct child's raw wai
 the box is clean. The worker checks the groups itself as well and discards a box that is not.
 
 Protocol on the inherited ``SOCK_SEQPACKET`` descriptor (``argv[1]``): the runner sends ``ready``;
-the worker sends ``run`` with four descriptors: stdin, stdout, stderr and the ``cgroup.procs`` of the
-test's own group (cgroup v2: the test's cgroup; v1: its memory group), opened for writing by the
-worker. The program writes itself into it between its fork and its exec (the kernel checks that
-write against the credentials of whoever opened the file, Linux 5.16+, and on v2 its cgroup
-namespace); when it cannot, it never runs and the runner answers ``unjoined``. Otherwise the runner
-answers ``done <wait status> <clean: 0|1>``. End of file from the worker ends the runner.
+the worker sends ``run`` with four descriptors: stdin, stdout, stderr and the file that joins the
+test's own group (cgroup v2: the test's cgroup's ``cgroup.procs``; v1: its memory group's
+``tasks``), opened for writing by the worker. The program writes itself (``0``) into it between its
+fork and its exec (the kernel checks that write against the credentials of whoever opened the file,
+Linux 5.16+, and on v2 its cgroup namespace); when it cannot, it never runs and the runner answers
+``unjoined``. Otherwise the runner answers ``done <wait status> <clean: 0|1>``. End of file from the
+worker ends the runner.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ import sys
 
 PR_SET_DUMPABLE = 4
 FD_BYTES = 4  # a descriptor in SCM_RIGHTS data is a C int
-FDS = 4  # stdin, stdout, stderr and the test's cgroup.procs
+FDS = 4  # stdin, stdout, stderr and the file that joins the test's group
 SCRATCH = "/tmp"
 EXEC_FAILED = 127 << 8  # a wait status of exit(127): what a shell reports for a command it cannot run
 DEFAULTS = (_signal.SIGPIPE, _signal.SIGXFSZ, _signal.SIGINT)  # what Python itself changed

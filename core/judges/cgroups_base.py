@@ -67,9 +67,9 @@ class Roots(ABC):
 class PerTest(ABC):
     """The accounting of one test in a box that runs several: its facts are that test's alone."""
 
-    #: A descriptor of the ``cgroup.procs`` of the test's own group, opened for writing by the
-    #: worker, for the box's runner to hand to the program, which joins it before its exec (-1 once
-    #: closed).
+    #: A descriptor of the file that joins the test's own group (v2 ``cgroup.procs``, v1 ``tasks``),
+    #: opened for writing by the worker, for the box's runner to hand to the program, which writes
+    #: itself into it before its exec (-1 once closed).
     join_fd: int = -1
 
     @abstractmethod

@@ -229,8 +229,8 @@ class V1Group(BoxGroup):
 
 class V1PerTest(PerTest):
     """One test of a split box: its own memory group (the test's limit, a fresh peak and OOM
-    counter), which the program joins through :attr:`join_fd` before its exec; CPU time and
-    refused forks as differences over the test on the box's groups."""
+    counter), which the program joins through :attr:`join_fd` (the group's ``tasks``) before its
+    exec; CPU time and refused forks as differences over the test on the box's groups."""
 
     def __init__(self, group: V1Group, path: str, memory: int) -> None:
         self.group = group
@@ -240,7 +240,11 @@ class V1PerTest(PerTest):
         os.mkdir(path)
         try:
             _limit_memory(path, memory)
-            self.join_fd = os.open(os.path.join(path, "cgroup.procs"), os.O_WRONLY | os.O_CLOEXEC)
+            # ``tasks``, not ``cgroup.procs``: the program joins before its exec, while its process
+            # is one thread (the runner's fork), and the kernel moves a writer's own thread without
+            # the global lock a process move takes, which waits for an RCU grace period (~10 ms
+            # measured here) whenever no move came just before.
+            self.join_fd = os.open(os.path.join(path, "tasks"), os.O_WRONLY | os.O_CLOEXEC)
         except BaseException:
             _rmdir_all(path, None)
             raise
