@@ -496,3 +496,57 @@ async def test_a_tests_memory_limit_and_oom_kills_are_its_own(touch_box: list[st
     assert over.oom_killed and over.signal == 9 and over.memory_peak <= 64 << 20, over
     assert all(0 < f.memory_peak < 2 << 20 for f in (small, between, after)), facts
     assert (session_lane.sessions, session_lane.in_session) == (1, 5)
+
+
+#: Two child processes and two threads touch the input's MiB each and hold them until all four have.
+TREE_TOUCH = """
+import os, sys, threading
+mib = int(sys.stdin.read())
+def touch():
+    block = bytearray(mib << 20)
+    for i in range(0, len(block), 4096):
+        block[i] = 1
+    return block
+gate_r, gate_w = os.pipe()
+ready_r, ready_w = os.pipe()
+kids = []
+for _ in range(2):
+    pid = os.fork()
+    if pid == 0:
+        block = touch()
+        os.write(ready_w, b"k")
+        os.read(gate_r, 1)
+        os._exit(0)
+    kids.append(pid)
+os.close(ready_w)  # a child killed before it is ready ends the wait below
+held = []
+threads = [threading.Thread(target=lambda: held.append(touch())) for _ in range(2)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+ready = b""
+while len(ready) < 2:
+    got = os.read(ready_r, 2)
+    if not got:
+        sys.exit(3)
+    ready += got
+os.write(gate_w, b"go")
+for pid in kids:
+    os.waitpid(pid, 0)
+print(mib)
+"""
+
+
+async def test_a_tests_group_holds_the_programs_whole_tree(
+    box: tuple[str, int, tuple[BoxGroup, BoxGroup]], session_lane: Lane
+) -> None:
+    # The program joins its test's group before its exec: its threads and children are made there.
+    argv = await asyncio.to_thread(python_run, box[0], TREE_TOUCH)
+    fits, small = await session_runs(session_lane, argv, [b"24", b"0"])
+    assert (fits.exit_code, fits.stdout) == (0, b"24\n") and fits.memory_peak >= 96 << 20, fits
+    assert small.stdout == b"0\n" and small.memory_peak < 32 << 20, small
+    over, after = await session_runs(session_lane, argv, [b"24", b"0"], replace(LIMITS, memory=64 << 20))
+    assert over.oom_killed and over.memory_peak <= 64 << 20, over
+    assert (after.exit_code, after.stdout, after.oom_killed) == (0, b"0\n", False), after
+    assert session_lane.in_session == 4
