@@ -13,8 +13,8 @@ processes, never the runner's), the output cap, and every accounting fact of the
 test's memory limit (cgroup v2: its process limit too; cgroup v1: a memory group, CPU time and
 refused forks counted as differences over the test on the box's groups): the worker sends the
 runner a descriptor of the file that joins that group with the test's, and the program writes
-itself into it before its exec (the runner answers ``unjoined`` when it could not: the test then runs in a
-box of its own). The box's own limits are the test's plus room for the runner.
+itself into it before its exec (the runner answers ``unjoined`` when it could not: the test then
+runs in a box of its own). The box's own limits are the test's plus room for the runner.
 
 A session that is not provably clean after a test (the runner said so, a process other than the
 runner is left, the runner is gone or late) is *broken*: the caller discards it and starts afresh.
