@@ -18,10 +18,11 @@ re-parented to it) and empties ``/tmp``, then reports the direct child's raw wai
 the box is clean. The worker checks the groups itself as well and discards a box that is not.
 
 Protocol on the inherited ``SOCK_SEQPACKET`` descriptor (``argv[1]``): the runner sends ``ready``;
-the worker sends ``run`` with three descriptors (stdin, stdout, stderr) and, on cgroup v2, a fourth:
-the test's own ``cgroup.procs``, opened for writing by the worker. The program then writes itself
-into it between its fork and its exec (the kernel checks that write against the worker's credentials
-and cgroup namespace, Linux 5.16+); when it cannot, it never runs and the runner answers
+the worker sends ``run`` with four descriptors: stdin, stdout, stderr and the file that joins the
+test's own group (cgroup v2: the test's cgroup's ``cgroup.procs``; v1: its memory group's
+``tasks``), opened for writing by the worker. The program writes itself (``0``) into it between its
+fork and its exec (the kernel checks that write against the credentials of whoever opened the file,
+Linux 5.16+, and on v2 its cgroup namespace); when it cannot, it never runs and the runner answers
 ``unjoined``. Otherwise the runner answers ``done <wait status> <clean: 0|1>``. End of file from the
 worker ends the runner.
 """
@@ -38,7 +39,7 @@ import sys
 
 PR_SET_DUMPABLE = 4
 FD_BYTES = 4  # a descriptor in SCM_RIGHTS data is a C int
-MAX_FDS = 4  # stdin, stdout, stderr and (cgroup v2) the test's cgroup.procs
+FDS = 4  # stdin, stdout, stderr and the file that joins the test's group
 SCRATCH = "/tmp"
 EXEC_FAILED = 127 << 8  # a wait status of exit(127): what a shell reports for a command it cannot run
 DEFAULTS = (_signal.SIGPIPE, _signal.SIGXFSZ, _signal.SIGINT)  # what Python itself changed
@@ -81,22 +82,14 @@ def reap_all(child: int) -> int:
 
 
 def run_once(argv: list[str], env: dict[str, str], fds: list[int]) -> int | None:
-    """Run the program on the test's three descriptors (joining the group of the fourth, when
-    given); its raw wait status, None when it could not join."""
+    """Run the program on the test's first three descriptors, in the group of the fourth; its raw
+    wait status, None when it could not join."""
     for fd in fds:
         os.set_inheritable(fd, False)  # the program gets them only as 0, 1 and 2
     try:
-        if len(fds) == 4:
-            child = spawn_joined(argv, env, fds[:3], fds[3])
-            if child is None:
-                return None
-        else:
-            actions = [(os.POSIX_SPAWN_DUP2, fd, target) for target, fd in enumerate(fds)]
-            try:
-                child = os.posix_spawn(argv[0], argv, env, file_actions=actions, setsigdef=DEFAULTS, setsigmask=())
-            except OSError as exc:
-                os.write(fds[2], f"cannot run {argv[0]}: {exc.strerror}\n".encode())
-                return EXEC_FAILED
+        child = spawn_joined(argv, env, fds[:3], fds[3])
+        if child is None:
+            return None
     finally:
         for fd in fds:
             os.close(fd)
@@ -148,7 +141,7 @@ def spawn_joined(argv: list[str], env: dict[str, str], fds: list[int], join_fd: 
 
 def receive(channel: _socket.socket) -> tuple[bytes, list[int]]:
     """One message and the descriptors sent with it (b"" at the worker's end of file)."""
-    message, ancillary, _flags, _addr = channel.recvmsg(64, _socket.CMSG_LEN(MAX_FDS * FD_BYTES))
+    message, ancillary, _flags, _addr = channel.recvmsg(64, _socket.CMSG_LEN(FDS * FD_BYTES))
     fds: list[int] = []
     for level, kind, data in ancillary:
         if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
@@ -179,7 +172,7 @@ def main() -> None:
         message, fds = receive(channel)
         if not message:
             return
-        if message != b"run" or len(fds) not in (3, 4):
+        if message != b"run" or len(fds) != FDS:
             sys.exit(126)
         status = run_once(argv, env, fds)
         if status is None:

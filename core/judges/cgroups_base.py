@@ -3,8 +3,9 @@
 A box's group is made with its limits, joined by the box's first process (through the files
 :meth:`BoxGroup.procs_files` names), read for the facts of a run (:class:`Usage`), emptied and
 removed. ``BoxGroup(roots, name)`` makes the group of the backend those roots belong to, so callers
-never name a hierarchy version. A submission's box that runs several tests (:mod:`.session`) measures
-each test with :meth:`BoxGroup.per_test`, whose facts are that test's alone.
+never name a hierarchy version. A submission's box that runs several tests (:mod:`.session`) gives
+each test a group of its own with :meth:`BoxGroup.per_test`, which the test's program joins and
+whose facts are that test's alone.
 """
 
 from __future__ import annotations
@@ -66,8 +67,9 @@ class Roots(ABC):
 class PerTest(ABC):
     """The accounting of one test in a box that runs several: its facts are that test's alone."""
 
-    #: A descriptor of the test's own ``cgroup.procs``, for the box's runner to hand to the program,
-    #: which joins it before its exec (-1: nothing to join, the box's own group is measured).
+    #: A descriptor of the file that joins the test's own group (v2 ``cgroup.procs``, v1 ``tasks``),
+    #: opened for writing by the worker, for the box's runner to hand to the program, which writes
+    #: itself into it before its exec (-1 once closed).
     join_fd: int = -1
 
     @abstractmethod
@@ -122,14 +124,6 @@ class BoxGroup:
     def usage(self) -> Usage:
         raise NotImplementedError
 
-    def memory_now(self) -> int:
-        """Memory (+ swap where accounted) the group holds now."""
-        raise NotImplementedError
-
-    def set_memory(self, limit: int) -> None:
-        """Change the box's memory (+ swap) limit."""
-        raise NotImplementedError
-
     def cpu_ns(self) -> int:
         raise NotImplementedError
 
@@ -147,11 +141,7 @@ class BoxGroup:
         raise NotImplementedError
 
     def per_test(self, *, memory: int, processes: int) -> PerTest:
-        """Start measuring one test of a box made with ``split_tests`` (``memory`` and
-        ``processes`` are the test's limits, where the backend gives a test its own)."""
+        """Start measuring one test of a box made with ``split_tests``: a fresh group of the test's
+        own with its memory limit (and its process limit, where the backend gives a test its own),
+        for its program to join (:attr:`PerTest.join_fd`)."""
         raise NotImplementedError
-
-    @property
-    def tests_join(self) -> bool:
-        """Whether a test's program joins a group of its own (:attr:`PerTest.join_fd`)."""
-        return False

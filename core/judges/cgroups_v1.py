@@ -5,9 +5,12 @@ OOM kills, CPU time in nanoseconds, and the number of processes. Every box group
 ``<worker's own group>/judgequeue-sandbox/<name>`` in each hierarchy, so the worker's own memory
 limit (a pod's) still bounds all its boxes together.
 
-A box that runs several tests measures each as differences over the test: CPU time and counters
-read before and after, the memory peak reset at the start (v1 resets it on any write) and counted
-over what the group held then.
+A box that runs several tests (:mod:`.session`) gives each test a fresh child of the box's memory
+group, ``<box>/test-<n>``, with the test's own memory (+swap) limit, which the program joins before
+its exec (:attr:`V1PerTest.join_fd`, as on cgroup v2): the test's memory peak and OOM kills are
+read from that group alone, and an OOM kill can only hit the test's processes, never the box's
+runner. CPU time and refused forks stay differences over the test on the box's cpuacct and pids
+groups: those counters are exact, so the program joins only the memory hierarchy.
 
 Parsing is pure (:func:`find_v1_roots`, :func:`parse_oom_kills`); everything else touches
 ``/sys/fs/cgroup`` and is idempotent (a crashed worker's leftovers are removed by the next one).
@@ -93,14 +96,60 @@ def prepare(roots: V1Roots) -> None:
         write(os.path.join(roots.memory, "memory.use_hierarchy"), "1")
 
 
+def _peak(memory_dir: str) -> int:
+    """A memory group's peak, memory + swap where swap is accounted."""
+    peak = os.path.join(memory_dir, "memory.memsw.max_usage_in_bytes")
+    if not os.path.exists(peak):
+        peak = os.path.join(memory_dir, "memory.max_usage_in_bytes")
+    return int(read(peak))
+
+
+def _limit_memory(memory_dir: str, limit: int) -> None:
+    """The memory limit of a fresh group, and memory + swap at the same value where swap is
+    accounted (both start unlimited, and the kernel wants memory <= memory + swap at every step)."""
+    write(os.path.join(memory_dir, "memory.limit_in_bytes"), str(limit))
+    memsw = os.path.join(memory_dir, "memory.memsw.limit_in_bytes")
+    if os.path.exists(memsw):  # no swap on top of the limit where swap is accounted
+        write(memsw, str(limit))
+
+
+def _below(path: str) -> list[str]:
+    """``path`` and every group below it, deepest first (removal order)."""
+    return [top for top, _, _ in os.walk(path)][::-1]
+
+
+def _procs(path: str) -> set[int]:
+    with contextlib.suppress(FileNotFoundError):
+        return {int(p) for p in read(os.path.join(path, "cgroup.procs")).split()}
+    return set()
+
+
+def _rmdir_all(path: str, deadline: float | None) -> bool:
+    """rmdir ``path`` and the groups below it, deepest first; without a deadline, one try."""
+    for d in _below(path):
+        while True:
+            try:
+                os.rmdir(d)
+                break
+            except FileNotFoundError:
+                break
+            except OSError:
+                if deadline is None or time.monotonic() > deadline:
+                    return False
+                time.sleep(0.001)  # exiting tasks leave the group a moment after SIGKILL
+    return not os.path.isdir(path)
+
+
 class V1Group(BoxGroup):
-    """A box's groups in the three hierarchies."""
+    """A box's groups in the three hierarchies (and, split for tests, one memory child per test)."""
 
     def __init__(self, roots: V1Roots, name: str) -> None:
         self.name = name
         self.memory = os.path.join(roots.memory, name)
         self.pids = os.path.join(roots.pids, name)
         self.cpuacct = os.path.join(roots.cpuacct, name)
+        self.split = False
+        self.tests = 0
 
     def dirs(self) -> tuple[str, str, str]:
         return (self.memory, self.pids, self.cpuacct)
@@ -115,69 +164,38 @@ class V1Group(BoxGroup):
     def try_remove(self) -> bool:
         if self.pids_in():
             return False
-        for d in self.dirs():
-            try:
-                os.rmdir(d)
-            except FileNotFoundError:
-                continue
-            except OSError:
-                return False
-        return True
+        return all(_rmdir_all(d, None) for d in self.dirs())
 
     def create(self, *, memory: int, processes: int, split_tests: bool = False) -> None:
-        # split_tests changes nothing here: a test is measured as differences (V1PerTest).
         for d in self.dirs():
             os.mkdir(d)
-        write(os.path.join(self.memory, "memory.limit_in_bytes"), str(memory))
-        memsw = os.path.join(self.memory, "memory.memsw.limit_in_bytes")
-        if os.path.exists(memsw):  # no swap on top of the limit where swap is accounted
-            write(memsw, str(memory))
+        self.split = split_tests  # a test's memory group is made in the box's by per_test
+        _limit_memory(self.memory, memory)
         write(os.path.join(self.pids, "pids.max"), str(processes))
 
     def usage(self) -> Usage:
-        peak = os.path.join(self.memory, "memory.memsw.max_usage_in_bytes")
-        if not os.path.exists(peak):
-            peak = os.path.join(self.memory, "memory.max_usage_in_bytes")
         return Usage(
-            cpu_ns=int(read(os.path.join(self.cpuacct, "cpuacct.usage"))),
-            memory_peak=int(read(peak)),
+            cpu_ns=self.cpu_ns(),
+            memory_peak=_peak(self.memory),
             oom_kills=parse_oom_kills(read(os.path.join(self.memory, "memory.oom_control"))),
-            pids_refused=keyed(read(os.path.join(self.pids, "pids.events"))).get("max", 0),
+            pids_refused=self.pids_refused(),
         )
-
-    def memory_now(self) -> int:
-        usage = os.path.join(self.memory, "memory.memsw.usage_in_bytes")
-        if not os.path.exists(usage):
-            usage = os.path.join(self.memory, "memory.usage_in_bytes")
-        return int(read(usage))
-
-    def reset_peak(self) -> None:
-        """Start the peak over from what the group holds now (cgroup v1 resets it on any write)."""
-        for name in ("memory.max_usage_in_bytes", "memory.memsw.max_usage_in_bytes"):
-            path = os.path.join(self.memory, name)
-            if os.path.exists(path):
-                write(path, "0")
-
-    def set_memory(self, limit: int) -> None:
-        """The kernel wants memory <= memory + swap at every step."""
-        mem = os.path.join(self.memory, "memory.limit_in_bytes")
-        memsw = os.path.join(self.memory, "memory.memsw.limit_in_bytes")
-        if not os.path.exists(memsw):
-            write(mem, str(limit))
-            return
-        first, second = (memsw, mem) if limit > int(read(mem)) else (mem, memsw)
-        write(first, str(limit))
-        write(second, str(limit))
 
     def cpu_ns(self) -> int:
         return int(read(os.path.join(self.cpuacct, "cpuacct.usage")))
 
+    def pids_refused(self) -> int:
+        return keyed(read(os.path.join(self.pids, "pids.events"))).get("max", 0)
+
     def pids_in(self, *, everywhere: bool = False) -> set[int]:
-        """By the pids hierarchy (every run joins it), or in all three ``everywhere``."""
+        """By the pids hierarchy (every run joins it), or in every group of the box ``everywhere``
+        (a test's memory group included)."""
+        if not everywhere:
+            return _procs(self.pids)
         found: set[int] = set()
-        for f in self.procs_files() if everywhere else [os.path.join(self.pids, "cgroup.procs")]:
-            with contextlib.suppress(FileNotFoundError):
-                found.update(int(p) for p in read(f).split())
+        for d in self.dirs():
+            for group in _below(d):
+                found |= _procs(group)
         return found
 
     def kill_all(self, deadline: float) -> bool:
@@ -198,43 +216,59 @@ class V1Group(BoxGroup):
         if not any(os.path.isdir(d) for d in self.dirs()):
             return True
         self.kill_all(deadline)
-        gone = True
-        for d in self.dirs():
-            while os.path.isdir(d):
-                try:
-                    os.rmdir(d)
-                except OSError:
-                    if time.monotonic() > deadline:
-                        gone = False
-                        break
-                    time.sleep(0.001)  # exiting tasks leave the group a moment after SIGKILL
-        return gone
+        return all([_rmdir_all(d, deadline) for d in self.dirs()])  # a list: every one is tried
 
     def per_test(self, *, memory: int, processes: int) -> PerTest:
-        return V1PerTest(self)
+        """A fresh memory group in the box's for the test (``processes`` is the box's own limit,
+        counted over the test by the pids group)."""
+        if not self.split:
+            raise ValueError(f"{self.memory} was not made for tests of their own (split_tests)")
+        self.tests += 1
+        return V1PerTest(self, os.path.join(self.memory, f"test-{self.tests}"), memory)
 
 
 class V1PerTest(PerTest):
-    """One test of a box, measured on the box's own groups: differences over the test, the memory
-    peak reset at its start and counted over what the group held then (the box runner's own)."""
+    """One test of a split box: its own memory group (the test's limit, a fresh peak and OOM
+    counter), which the program joins through :attr:`join_fd` (the group's ``tasks``) before its
+    exec; CPU time and refused forks as differences over the test on the box's groups."""
 
-    def __init__(self, group: V1Group) -> None:
+    def __init__(self, group: V1Group, path: str, memory: int) -> None:
         self.group = group
-        self.before = group.usage()
-        group.reset_peak()
-        self.held = group.memory_now()
+        self.path = path
+        self.cpu_before = group.cpu_ns()
+        self.refused_before = group.pids_refused()
+        os.mkdir(path)
+        try:
+            _limit_memory(path, memory)
+            # ``tasks``, not ``cgroup.procs``: the program joins before its exec, while its process
+            # is one thread (the runner's fork), and the kernel moves a writer's own thread without
+            # the global lock a process move takes, which waits for an RCU grace period (~10 ms
+            # measured here) whenever no move came just before.
+            self.join_fd = os.open(os.path.join(path, "tasks"), os.O_WRONLY | os.O_CLOEXEC)
+        except BaseException:
+            _rmdir_all(path, None)
+            raise
 
     def cpu_ns(self) -> int:
-        return self.group.cpu_ns() - self.before.cpu_ns
+        return self.group.cpu_ns() - self.cpu_before
 
     def usage(self) -> Usage:
-        after = self.group.usage()
         return Usage(
-            cpu_ns=after.cpu_ns - self.before.cpu_ns,
-            memory_peak=max(0, after.memory_peak - self.held),
-            oom_kills=after.oom_kills - self.before.oom_kills,
-            pids_refused=after.pids_refused - self.before.pids_refused,
+            cpu_ns=self.cpu_ns(),
+            memory_peak=_peak(self.path),
+            oom_kills=parse_oom_kills(read(os.path.join(self.path, "memory.oom_control"))),
+            pids_refused=self.group.pids_refused() - self.refused_before,
         )
 
     def close(self, deadline: float) -> bool:
-        return True  # nothing of its own: the box's groups live on
+        if self.join_fd >= 0:
+            os.close(self.join_fd)
+            self.join_fd = -1
+        while pids := _procs(self.path):  # the runner reaped the test's processes: normally none
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.001)  # let the kernel finish the exits before the next read
+        return _rmdir_all(self.path, deadline)

@@ -337,10 +337,6 @@ class V2Group(BoxGroup):
         self.split = False
         self.tests = 0
 
-    @property
-    def tests_join(self) -> bool:
-        return True
-
     def dirs(self) -> tuple[str]:
         return (self.path,)
 
@@ -367,15 +363,6 @@ class V2Group(BoxGroup):
 
     def usage(self) -> Usage:
         return _usage(self.path)
-
-    def memory_now(self) -> int:
-        now = int(read(os.path.join(self.path, "memory.current")))
-        with contextlib.suppress(FileNotFoundError):
-            now += int(read(os.path.join(self.path, "memory.swap.current")))
-        return now
-
-    def set_memory(self, limit: int) -> None:
-        write(os.path.join(self.path, "memory.max"), str(limit))
 
     def cpu_ns(self) -> int:
         return _cpu_ns(self.path)

@@ -9,13 +9,12 @@ everything else in the namespace, empties ``/tmp`` and reports the raw wait stat
 
 What stays the worker's, as for a cold run: the CPU and wall limits (it kills the program's
 processes, never the runner's), the output cap, and every accounting fact of the test alone
-(:meth:`~.cgroups.BoxGroup.per_test`). On cgroup v1 they are read from the box's groups as
-differences over the test (CPU time; the memory peak over what the group held before the test;
-OOM kills; refused forks), and the group's memory limit is the test's plus what the runner itself
-held once ready, so a program gets exactly its limit. On cgroup v2 each test has a fresh cgroup of
-its own in the box with the test's limits: the worker sends the runner a descriptor of its
-``cgroup.procs`` with the test's, and the program writes itself into it before its exec (the runner
-answers ``unjoined`` when it could not: the test then runs in a box of its own).
+(:meth:`~.cgroups.BoxGroup.per_test`). Each test has a fresh group of its own in the box with the
+test's memory limit (cgroup v2: its process limit too; cgroup v1: a memory group, CPU time and
+refused forks counted as differences over the test on the box's groups): the worker sends the
+runner a descriptor of the file that joins that group with the test's, and the program writes
+itself into it before its exec (the runner answers ``unjoined`` when it could not: the test then
+runs in a box of its own). The box's own limits are the test's plus room for the runner.
 
 A session that is not provably clean after a test (the runner said so, a process other than the
 runner is left, the runner is gone or late) is *broken*: the caller discards it and starts afresh.
@@ -52,8 +51,8 @@ from .sandbox import (
 )
 
 RUNNER_SOURCE = Path(__file__).with_name("box_runner.py").read_text()
-RUNNER_ROOM = 64 * 1024 * 1024  # memory the runner may use while it starts, before it is measured
-RUNNER_PROCESSES = 2  # bubblewrap's monitor and the runner, beside a test's own (cgroup v2)
+RUNNER_ROOM = 64 * 1024 * 1024  # the box's memory beside a test's own limit: the runner's
+RUNNER_PROCESSES = 2  # bubblewrap's monitor and the runner, beside a test's own
 START_WITHIN = 10.0  # seconds for a box and its runner to come up
 KILL_EVERY = 0.01  # seconds between kills of a program that keeps forking while it is stopped
 
@@ -171,7 +170,7 @@ class Session:
             err = Pipe(loop, err_r, limits.stderr)
             pipes = [out, err]
             fds = [stdin_fd, out_w, err_w]
-            given = [stdin_fd, out_w, err_w, *([test.join_fd] if test.join_fd >= 0 else [])]
+            given = [stdin_fd, out_w, err_w, test.join_fd]
             started = time.monotonic()
             try:
                 socket.send_fds(self.channel, [b"run"], given)
@@ -257,7 +256,7 @@ async def start(
         armed = await arm(
             runner_argv(python, theirs.fileno(), argv), box=box, uid=uid, limits=limits, isolation=isolation,
             group=group, keep_fd=theirs.fileno(), memory=limits.memory + RUNNER_ROOM,
-            processes=limits.processes + RUNNER_PROCESSES if group.tests_join else None,
+            processes=limits.processes + RUNNER_PROCESSES,
         )  # fmt: skip
     except BaseException:
         ours.close()
@@ -287,9 +286,6 @@ async def start(
         if ready != b"ready":
             why = bytes(errors.data).decode(errors="replace").strip()[-300:]
             raise SessionBroken(f"the box runner did not start: {why or 'no message'}")
-        if not group.tests_join:
-            # From now on the program gets its own limit, on top of what the runner holds.
-            group.set_memory(limits.memory + group.memory_now())
         return session
     except BaseException:
         if session is not None:

@@ -5,16 +5,20 @@ when unused or when its run is cancelled. In a session (one box, :mod:`~judgeque
 running the program per test) the program is hostile: it cannot signal, stop or trace the runner,
 reach its channel or fake its report, leave a process, a file or a descriptor to the next test, or
 have its use counted to another test; a box that is not provably clean is replaced. Either way
-nothing is left on the host. Needs root (CI runs as root)."""
+nothing is left on the host. A test in a session gets a memory group of its own: its memory figure,
+limit and OOM kills are its alone, as in a box of its own. Needs root (CI runs as root)."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import shutil
+import statistics
+import subprocess
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -393,3 +397,156 @@ async def test_a_program_that_cannot_join_its_tests_group_never_runs_in_the_sess
     # The first test's session broke before its program ran: both ran in boxes of their own.
     assert (session_lane.sessions, session_lane.in_session) == (1, 0)
     assert session_lane.cold + session_lane.ahead_used == 2
+
+
+# --- a test's memory: a group of its own in the session's box ------------------------------------
+
+#: Touches as many MiB as its input says, then prints the number.
+TOUCH_C = r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+int main(void) {
+    long mib = 0;
+    if (scanf("%ld", &mib) != 1) return 1;
+    size_t size = (size_t)mib << 20;
+    char *block = size ? malloc(size) : NULL;
+    if (size && !block) return 2;
+    if (size) memset(block, 1, size);
+    printf("%ld\n", mib + (size ? block[size - 1] - 1 : 0));
+    return 0;
+}
+"""
+KIB = 1024
+#: How far below a box per test a small program's figure in a shared box may be: a box per test
+#: also counts bubblewrap's two processes and its namespaces (about 0.6 MiB here, about twice the
+#: program's own), a shared box's test only the program.
+BELOW_A_BOX_PER_TEST_KB = 1024
+#: How far above: the kernel charges a group in batches of 64 pages (256 KiB).
+ABOVE_A_BOX_PER_TEST_KB = 256
+
+
+def touching(mibs: list[int], memory_mb: int = 256) -> dict[str, Any]:
+    """A C submission whose tests touch ``mibs`` MiB each, every test judged (``run_all``)."""
+    return {
+        "language": "c", "source": TOUCH_C, "tests": [{"input": f"{m}\n", "output": f"{m}\n"} for m in mibs],
+        "limits": {"memory_mb": memory_mb, "time": 2 * CPU_SCALE}, "scoring": {"run_all": True},
+    }  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def judge_per_test(sandbox_dir: str) -> Iterator[ProgramJudge]:
+    """A judge that gives every test a box of its own (``JUDGEQUEUE_PROGRAM_BOX=test``)."""
+    j = ProgramJudge(settings=JudgeSettings(sandbox_dir=sandbox_dir, box="test"), slots=2)
+    yield j
+    j.close()
+
+
+async def memory_kb(judge: ProgramJudge, payload: dict[str, Any]) -> list[int]:
+    verdict = await judge.judge(payload)
+    assert verdict.status == "ACCEPTED", verdict.details
+    return [t["memory_kb"] for t in verdict.details["tests"]]
+
+
+async def test_a_small_c_programs_memory_is_counted_as_in_a_box_of_its_own(
+    judge: ProgramJudge, judge_per_test: ProgramJudge
+) -> None:
+    # Counted as the growth of the shared box's group, a program this small often showed 0 (its
+    # pages came out of the batch the group had already been charged for the runner).
+    shared = await memory_kb(judge, touching([0] * 12))
+    alone = await memory_kb(judge_per_test, touching([0] * 12))
+    assert all(kb > 0 for kb in shared), shared
+    below = statistics.median(alone) - statistics.median(shared)
+    assert -ABOVE_A_BOX_PER_TEST_KB <= below <= BELOW_A_BOX_PER_TEST_KB, (shared, alone)
+    await assert_host_clean(judge)
+    await assert_host_clean(judge_per_test)
+
+
+async def test_a_big_test_between_small_ones_is_counted_to_itself_alone(judge: ProgramJudge) -> None:
+    small, big, after = await memory_kb(judge, touching([0, 96, 0]))
+    assert big >= 96 * KIB, big
+    assert 0 < small < 2 * KIB and 0 < after < 2 * KIB, (small, big, after)  # nothing carried over
+    await assert_host_clean(judge)
+
+
+@pytest.fixture
+async def touch_box(box: tuple[str, int, tuple[BoxGroup, BoxGroup]]) -> list[str]:
+    """Slot 0's box with TOUCH_C built as its program; the argv that runs it."""
+    directory = box[0]
+    source = os.path.join(directory, "touch.c")
+    await asyncio.to_thread(Path(source).write_text, TOUCH_C)
+    built = await asyncio.to_thread(
+        subprocess.run, ["gcc", "-O2", "-o", os.path.join(directory, "touch"), source], capture_output=True, text=True
+    )
+    assert built.returncode == 0, built.stderr
+    os.chmod(os.path.join(directory, "touch"), 0o755)
+    return [f"{BOX}/touch"]
+
+
+async def test_a_tests_memory_limit_and_oom_kills_are_its_own(touch_box: list[str], session_lane: Lane) -> None:
+    # 60 of 64 MiB fit (the runner's memory is not the test's), 70 do not (the box's own limit is
+    # the test's plus room for the runner), and the test after the OOM kill runs in the same box
+    # with nothing of it counted.
+    limits = replace(LIMITS, memory=64 << 20)
+    facts = await session_runs(session_lane, touch_box, [b"0", b"60", b"0", b"70", b"0"], limits)
+    small, fits, between, over, after = facts
+    for f, mib in ((small, 0), (fits, 60), (between, 0), (after, 0)):
+        assert (f.exit_code, f.stdout, f.oom_killed) == (0, f"{mib}\n".encode(), False), f
+    assert fits.memory_peak >= 60 << 20, fits
+    assert over.oom_killed and over.signal == 9 and over.memory_peak <= 64 << 20, over
+    assert all(0 < f.memory_peak < 2 << 20 for f in (small, between, after)), facts
+    assert (session_lane.sessions, session_lane.in_session) == (1, 5)
+
+
+#: Two child processes and two threads touch the input's MiB each and hold them until all four have.
+TREE_TOUCH = """
+import os, sys, threading
+mib = int(sys.stdin.read())
+def touch():
+    block = bytearray(mib << 20)
+    for i in range(0, len(block), 4096):
+        block[i] = 1
+    return block
+gate_r, gate_w = os.pipe()
+ready_r, ready_w = os.pipe()
+kids = []
+for _ in range(2):
+    pid = os.fork()
+    if pid == 0:
+        block = touch()
+        os.write(ready_w, b"k")
+        os.read(gate_r, 1)
+        os._exit(0)
+    kids.append(pid)
+os.close(ready_w)  # a child killed before it is ready ends the wait below
+held = []
+threads = [threading.Thread(target=lambda: held.append(touch())) for _ in range(2)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+ready = b""
+while len(ready) < 2:
+    got = os.read(ready_r, 2)
+    if not got:
+        sys.exit(3)
+    ready += got
+os.write(gate_w, b"go")
+for pid in kids:
+    os.waitpid(pid, 0)
+print(mib)
+"""
+
+
+async def test_a_tests_group_holds_the_programs_whole_tree(
+    box: tuple[str, int, tuple[BoxGroup, BoxGroup]], session_lane: Lane
+) -> None:
+    # The program joins its test's group before its exec: its threads and children are made there.
+    argv = await asyncio.to_thread(python_run, box[0], TREE_TOUCH)
+    fits, small = await session_runs(session_lane, argv, [b"24", b"0"])
+    assert (fits.exit_code, fits.stdout) == (0, b"24\n") and fits.memory_peak >= 96 << 20, fits
+    assert small.stdout == b"0\n" and small.memory_peak < 32 << 20, small
+    over, after = await session_runs(session_lane, argv, [b"24", b"0"], replace(LIMITS, memory=64 << 20))
+    assert over.oom_killed and over.memory_peak <= 64 << 20, over
+    assert (after.exit_code, after.stdout, after.oom_killed) == (0, b"0\n", False), after
+    assert session_lane.in_session == 4
