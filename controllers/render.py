@@ -202,6 +202,8 @@ def render_deployment(
     labels = common_labels(owner.name, component)
     resources = {"dispatcher": spec.dispatcher.resources, "worker": spec.worker.resources,
                  "reaper": spec.reaper.resources}[role]
+    if shadow and spec.worker.shadow.resources:
+        resources = spec.worker.shadow.resources
     container: dict[str, Any] = {
         "name": role,
         "image": spec.image,

@@ -273,7 +273,7 @@ SECRET_SETTINGS: tuple[tuple[tuple[str, ...], tuple[str | None, str], tuple[Role
 FIELD_BY_PATH: dict[tuple[str, ...], Field] = {f.path: f for f in FIELDS}
 
 #: Objects that hold ``resources`` (``requests`` and ``limits`` maps of quantities).
-RESOURCES: tuple[tuple[str, ...], ...] = (("dispatcher",), ("worker",), ("reaper",))
+RESOURCES: tuple[tuple[str, ...], ...] = (("dispatcher",), ("worker",), ("reaper",), ("worker", "shadow"))
 
 
 @dataclass(frozen=True)
@@ -375,6 +375,9 @@ class ShadowWorkers:
 
     enabled: bool = False
     replicas: int = 1
+    #: Their own requests and limits (empty: the workers'): smaller CPU requests give shadow judging a
+    #: smaller share of a busy node than the live workers (Kubernetes turns requests into CPU shares).
+    resources: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -681,7 +684,8 @@ def _build(
                                  v[("worker", "networkPolicy", "redis", "cidr")]),
                 sentinel_port=v[("worker", "networkPolicy", "redis", "sentinelPort")],
             ),
-            shadow=ShadowWorkers(v[("worker", "shadow", "enabled")], v[("worker", "shadow", "replicas")]),
+            shadow=ShadowWorkers(v[("worker", "shadow", "enabled")], v[("worker", "shadow", "replicas")],
+                                 resources[("worker", "shadow")]),
         ),
         reaper=ReaperSpec(
             replicas=v[("reaper", "replicas")],

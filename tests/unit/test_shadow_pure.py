@@ -214,6 +214,21 @@ def test_shadow_workers_are_rendered_while_the_row_is_in_shadow_mode() -> None:
     assert len(render.child_name(longest, render.SHADOW_WORKER)) == 63
 
 
+def test_shadow_workers_may_have_resources_of_their_own() -> None:
+    """Smaller CPU requests give shadow judging a smaller share of a busy node (Kubernetes turns
+    requests into CPU shares); without any, the workers' (and so their defaults) apply."""
+    small = {"requests": {"cpu": "100m", "memory": "512Mi"}, "limits": {"cpu": "1", "memory": "2Gi"}}
+    parsed = _parse(worker={"shadow": {"enabled": True, "resources": small}})
+    assert isinstance(parsed, JudgeQueueSpec)
+    children = {c.name: c for c in render.render_children(parsed, OWNER, worker_replicas=1, shadow_mode=True)}
+    (shadow,) = children["judge-shadow-worker"].body["spec"]["template"]["spec"]["containers"]
+    (worker,) = children["judge-worker"].body["spec"]["template"]["spec"]["containers"]
+    assert shadow["resources"] == small and worker["resources"] != small
+    inverted = {"requests": {"cpu": "2"}, "limits": {"cpu": "1"}}
+    errors = _parse(worker={"shadow": {"enabled": True, "resources": inverted}})
+    assert isinstance(errors, list) and any("spec.worker.shadow.resources.limits.cpu" in e for e in errors), errors
+
+
 def test_the_shadow_setting_is_validated() -> None:
     base = {"JUDGEQUEUE_POSTGRES_DSN": "postgresql://h/d", "JUDGEQUEUE_REDIS_URL": "redis://h", "JUDGEQUEUE_QUEUE": "q"}
     assert load_settings(base).worker.shadow == "off"
