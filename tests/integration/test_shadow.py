@@ -510,3 +510,26 @@ async def test_old_shadow_stream_entries_are_trimmed(sh: Shadow) -> None:
     reaper = Reaper(sh.pool, sh.redis, sh.settings(retention="1d"))
     assert await reaper.trim_shadow_stream() == 1
     assert await sh.redis.xlen(key) == 3 and b"1-1" not in [e[0] for e in await sh.redis.xrange(key) or []]
+
+
+async def test_a_shadow_workers_readiness_is_its_own_streams_group(sh: Shadow) -> None:
+    """A shadow worker needs the group on the shadow stream (it creates it at start, and /readyz says
+    whether it exists); the work stream's group is not what it reads."""
+    from judgequeue.core.lifecycle import open_connections
+    from judgequeue.core.runtime import ReadinessProbe
+
+    settings = sh.settings(shadow="judge")
+    probe = ReadinessProbe(settings, need_group=True, timeout=5)
+    try:
+        before = await probe()
+        missing = f"group 'workers' missing on {streams.shadow_key(sh.queue)}"
+        assert not before.ready and before.checks["group"] == missing
+        conns = await open_connections(settings, asyncio.Event(), pool_size=1)
+        assert conns is not None
+        await conns.pool.close()
+        await conns.redis.aclose()
+        after = await probe()
+        assert after.checks["group"] == "ok", after
+        assert not await sh.redis.exists(streams.stream_key(sh.queue))  # the work stream's group: not its business
+    finally:
+        await probe.close()
