@@ -219,7 +219,10 @@ async def sync_queue(
         decision = decide(want, row, last_applied=previous.get("applied"), figures=figures)
         sync.gate = gate_check(want, row, figures)
         if figures is not None:
-            sync.shadow = shadow_status(figures, sync.gate, datetime.now(UTC))
+            # The gate's verdict on these figures whether or not a flip is asked for yet: commit the
+            # flip once it says "met" (docs/gitops.md, "A gate and the watermark").
+            preview = check_gate(want.gate, figures) if want.gate is not None and row.mode == "shadow" else None
+            sync.shadow = shadow_status(figures, sync.gate or preview, datetime.now(UTC))
         target = held_back(want, row) if decision == "gated" else want
         if decision in ("write", "restore") or (decision == "gated" and differences(target, row)):
             sync.before = row

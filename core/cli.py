@@ -845,7 +845,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = add(
         "status",
         "one screen of queue health: outbox by state, oldest pending age, stream length, lag, PEL, oldest idle, "
-        "DLQ, live consumers, cutover flags. Exits 1 when a threshold is crossed ('off' disables one).",
+        "DLQ, live consumers, cutover flags, and shadow judging's agreement with the legacy judge (matched, "
+        "mismatched, legacy only, shadow only, per verdict class). Exits 1 when a threshold is crossed ('off' "
+        "disables one).",
         parents=[json_flag],
     )
     th = p.add_argument_group("thresholds")

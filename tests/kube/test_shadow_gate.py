@@ -167,6 +167,8 @@ def test_shadow_figures_everywhere_and_the_gate_on_the_flip(
                                        check=operator.check)
         assert {"verdict": "WRONG_ANSWER", "matched": 9, "mismatched": 2, "legacyOnly": 0, "shadowOnly": 0} in (
             shadow_status["byVerdict"])
+        # Before any flip is asked for, status says whether one would pass now.
+        assert shadow_status["gate"].startswith("not met: agreement 90.00% over 20 compared"), shadow_status
         printed = kube.kubectl("get", "jq", "judge", "-n", namespace).stdout
         assert "90.00%" in printed.splitlines()[1], printed
 
