@@ -19,7 +19,14 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from judgequeue.core.config import FILE_SUFFIX, JUDGE_REFUSED_VARIABLE
-from judgequeue.core.spec import NAME_MAX_LENGTH, EgressPeer, JudgeQueueSpec, role_secrets, role_settings
+from judgequeue.core.spec import (
+    NAME_MAX_LENGTH,
+    EgressPeer,
+    JudgeQueueSpec,
+    parse_quantity,
+    role_secrets,
+    role_settings,
+)
 from judgequeue.core.spec import ROLES as ROLES
 from judgequeue.core.spec import Role as Role
 
@@ -184,6 +191,26 @@ def default_worker_resources(spec: JudgeQueueSpec) -> dict[str, dict[str, str]]:
     }
 
 
+#: The CPU shadow workers request unless ``spec.worker.shadow.resources`` says otherwise: on a node shared
+#: with live workers (which request 500m by default) they take idle CPU and yield under contention, as
+#: Kubernetes turns requests into CPU shares (docs/performance.md, "Shadow judging beside live queues").
+SHADOW_CPU_REQUEST = "100m"
+
+
+def shadow_resources(workers: Mapping[str, Any]) -> dict[str, Any]:
+    """Shadow workers' resources from the workers' (pure): the same limits and memory, and a CPU request
+    of :data:`SHADOW_CPU_REQUEST` (no more than a CPU limit below it)."""
+    out = {k: dict(v) for k, v in workers.items()}
+    requests = out.setdefault("requests", {})
+    limit = out.get("limits", {}).get("cpu")
+    low = parse_quantity(SHADOW_CPU_REQUEST)
+    request = SHADOW_CPU_REQUEST
+    if limit is not None and (value := parse_quantity(limit)) is not None and low is not None and value < low:
+        request = str(limit)
+    requests["cpu"] = request
+    return out
+
+
 def termination_grace_seconds(spec: JudgeQueueSpec, role: Role) -> int:
     """Workers get their in-flight grace period plus a margin for shutdown; others a fixed 30s."""
     if role == "worker":
@@ -202,7 +229,8 @@ def render_deployment(
     labels = common_labels(owner.name, component)
     resources = {"dispatcher": spec.dispatcher.resources, "worker": spec.worker.resources,
                  "reaper": spec.reaper.resources}[role]
-    if shadow and spec.worker.shadow.resources:
+    own = shadow and bool(spec.worker.shadow.resources)
+    if own:
         resources = spec.worker.shadow.resources
     container: dict[str, Any] = {
         "name": role,
@@ -240,6 +268,8 @@ def render_deployment(
     rendered = _resources(resources)
     if not rendered:
         rendered = default_worker_resources(spec) if role == "worker" else dict(DEFAULT_ROLE_RESOURCES)
+    if shadow and not own:
+        rendered = shadow_resources(rendered)
     if rendered:
         container["resources"] = rendered
     spec_body: dict[str, Any] = {

@@ -375,8 +375,9 @@ class ShadowWorkers:
 
     enabled: bool = False
     replicas: int = 1
-    #: Their own requests and limits (empty: the workers'): smaller CPU requests give shadow judging a
-    #: smaller share of a busy node than the live workers (Kubernetes turns requests into CPU shares).
+    #: Their own requests and limits (empty: the workers', with a CPU request of 100m, controllers/render.py):
+    #: a small CPU request gives shadow judging a small share of a busy node (Kubernetes turns requests
+    #: into CPU shares), so live workers on the same node are not slowed.
     resources: Mapping[str, Any] = field(default_factory=dict)
 
 

@@ -197,8 +197,10 @@ def test_shadow_workers_are_rendered_while_the_row_is_in_shadow_mode() -> None:
     (worker_container,) = worker["spec"]["template"]["spec"]["containers"]
     # The same judge, sandbox and resources as the workers, with JUDGEQUEUE_SHADOW=judge.
     assert container["env"] == worker_container["env"] + [{"name": "JUDGEQUEUE_SHADOW", "value": "judge"}]
-    assert container["securityContext"] == worker_container["securityContext"]
-    assert container["resources"] == worker_container["resources"] and container["args"] == ["worker"]
+    assert container["securityContext"] == worker_container["securityContext"] and container["args"] == ["worker"]
+    # The workers' limits and memory; a CPU request of 100m, so they yield to live work on a shared node.
+    assert container["resources"]["limits"] == worker_container["resources"]["limits"]
+    assert container["resources"]["requests"] == {**worker_container["resources"]["requests"], "cpu": "100m"}
     # The egress policy covers them (they run the same untrusted code); its selector is not the workers'.
     policy = children["judge-worker-egress"].body["spec"]["podSelector"]
     assert policy["matchExpressions"] == [{"key": "app.kubernetes.io/component", "operator": "In",
@@ -227,6 +229,14 @@ def test_shadow_workers_may_have_resources_of_their_own() -> None:
     inverted = {"requests": {"cpu": "2"}, "limits": {"cpu": "1"}}
     errors = _parse(worker={"shadow": {"enabled": True, "resources": inverted}})
     assert isinstance(errors, list) and any("spec.worker.shadow.resources.limits.cpu" in e for e in errors), errors
+
+
+def test_shadow_workers_request_little_cpu_unless_told() -> None:
+    assert render.shadow_resources({"requests": {"cpu": "2", "memory": "1Gi"}, "limits": {"cpu": "4"}}) == {
+        "requests": {"cpu": "100m", "memory": "1Gi"}, "limits": {"cpu": "4"}}
+    assert render.shadow_resources({"limits": {"cpu": "50m"}}) == {"requests": {"cpu": "50m"},
+                                                                   "limits": {"cpu": "50m"}}  # never above the limit
+    assert render.shadow_resources({"requests": {"memory": "1Gi"}})["requests"] == {"memory": "1Gi", "cpu": "100m"}
 
 
 def test_the_shadow_setting_is_validated() -> None:
