@@ -261,8 +261,18 @@ async def _run(args: argparse.Namespace, payload: dict[str, Any], concurrency: s
                 results[f"latency_{condition}"].append(
                     await latency(s, shadow_q, args.rate, args.seconds, payload, condition))
                 _shadow_worker(s, shadow_q, False)
+        async with s.pool.acquire() as conn:
+            # What the judges said: a starved shadow run must not change its verdict (docs/performance.md).
+            results["verdicts"] = [{
+                "live": {r["status"]: r["n"] for r in await conn.fetch(
+                    "SELECT status, count(*) AS n FROM judgequeue.submissions WHERE queue = $1 GROUP BY 1", s.queue)},
+                "shadow": {r["status"]: r["n"] for r in await conn.fetch(
+                    "SELECT status, count(*) AS n FROM judgequeue.shadow_verdicts WHERE queue = $1 GROUP BY 1",
+                    shadow_q)},
+            }]
     if args.repeats:
         print(report(results, args))
+        print(f"verdicts: {results['verdicts'][0]}")
     for cost in results.get("agreement", []):
         print(f"agreement figures over {cost['rows']:,} compared submissions: median {cost['median_ms']:.1f} ms,"
               f" max {cost['max_ms']:.1f} ms")
