@@ -10,20 +10,27 @@ only while the row holds the spec's flags, and ``status.cutover`` always says wh
 
 A queue belongs to one JudgeQueue (migration 0011): the first to reconcile it claims it; any other
 is refused and writes nothing. :func:`decide` is pure; :func:`sync_queue` does the I/O through
-:mod:`judgequeue.core.queues` (the operator never talks SQL itself). A gate on a flip (say, "only go
-live once the shadow results agree") belongs in :func:`decide`: it returns what to do with a
-difference, and a gate is one more reason not to write yet.
+:mod:`judgequeue.core.queues` and :mod:`judgequeue.core.shadow` (the operator never talks SQL itself).
+
+While the row is in shadow mode every pass reads shadow judging's figures (legacy and shadow verdicts
+compared, :mod:`judgequeue.core.agreement`) into ``status.shadow``. ``spec.cutover.gate`` holds a
+flip to live back until they meet it: :func:`decide` says ``gated``, the other flags are written with
+the row's mode kept, and ``CutoverApplied`` is False with reason ``GateNotMet`` and the figures; each
+pass decides again, so the flip happens on the first pass whose figures meet the gate, with no new
+commit. ``cutover.force`` lets it through; a rollback to shadow is never gated.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 import asyncpg
 
+from judgequeue.core import shadow
+from judgequeue.core.agreement import Agreement, Gate, GateCheck, check_gate
 from judgequeue.core.connect import connect_postgres
 from judgequeue.core.errors import CutoverBlocked, JudgeQueueError, QueueOwned, WatermarkMovedBack
 from judgequeue.core.queues import QueueFlags, claim_queue, release_queue, set_cutover
@@ -31,7 +38,7 @@ from judgequeue.core.spec import JudgeQueueSpec
 
 from .conditions import Condition, Problem, rfc3339
 
-Decision = Literal["applied", "write", "restore", "report"]
+Decision = Literal["applied", "write", "restore", "report", "gated"]
 
 
 @dataclass(frozen=True)
@@ -44,6 +51,8 @@ class Wanted:
     paused: bool
     watermark: datetime | None
     policy: str = "restore"
+    gate: Gate | None = None
+    force: bool = False
 
     def canonical(self) -> str:
         """The flags as one line, as ``status.cutover.applied`` records them."""
@@ -52,7 +61,8 @@ class Wanted:
 
 
 def wanted(spec: JudgeQueueSpec) -> Wanted:
-    return Wanted(spec.queue, spec.cutover.mode, spec.paused, spec.cutover.watermark, spec.cutover.drift_policy)
+    c = spec.cutover
+    return Wanted(spec.queue, c.mode, spec.paused, c.watermark, c.drift_policy, c.gate, c.force)
 
 
 def describe(flags: QueueFlags) -> str:
@@ -81,18 +91,61 @@ def restorable(want: Wanted, row: QueueFlags) -> list[str]:
     return [d for d in differences(want, row) if not (d == "watermark" and want.watermark is None)]
 
 
-def decide(want: Wanted, row: QueueFlags, *, last_applied: str | None) -> Decision:
+def gate_check(want: Wanted, row: QueueFlags, figures: Agreement | None) -> GateCheck | None:
+    """The gate's verdict on a flip to live (pure): None when there is no flip to live to judge (the
+    row is live already, the spec asks for shadow) or no gate; else whether the figures meet it
+    (figures None: they could not be read, which never meets it)."""
+    if want.gate is None or want.mode != "live" or row.mode != "shadow":
+        return None
+    if figures is None:
+        return GateCheck(False, "shadow judging's figures could not be read (is the schema migrated?)")
+    return check_gate(want.gate, figures)
+
+
+def decide(
+    want: Wanted, row: QueueFlags, *, last_applied: str | None, figures: Agreement | None = None
+) -> Decision:
     """What to do with the row: nothing (``applied``: it holds the spec's flags), ``write`` the spec's
     flags (the spec changed since they were last written: ``last_applied`` is not ``want``'s),
     ``restore`` them (drift, and the policy restores) or ``report`` the drift (the policy says so, or
-    no write could remove it)."""
+    no write could remove it); ``gated`` where the write or restore would flip the row to live and
+    ``figures`` (shadow judging's) do not meet ``spec.cutover.gate``, unless ``force``."""
     if not differences(want, row):
         return "applied"
     if not restorable(want, row):
         return "report"
     if last_applied != want.canonical():
-        return "write"
-    return "restore" if want.policy == "restore" else "report"
+        decision: Decision = "write"
+    else:
+        decision = "restore" if want.policy == "restore" else "report"
+    if decision != "report" and not want.force:
+        check = gate_check(want, row, figures)
+        if check is not None and not check.met:
+            return "gated"
+    return decision
+
+
+def held_back(want: Wanted, row: QueueFlags) -> Wanted:
+    """What a gated pass writes: the spec's flags with the row's mode (pure)."""
+    return Wanted(want.queue, row.mode, want.paused, want.watermark, want.policy, want.gate, want.force)
+
+
+def shadow_status(figures: Agreement, check: GateCheck | None, now: datetime) -> dict[str, Any]:
+    """``status.shadow`` from the figures (pure): each outcome, the agreement and the gate's verdict."""
+    t = figures.total
+    out: dict[str, Any] = {
+        "samples": figures.samples, "matched": t.matched, "mismatched": t.mismatched,
+        "legacyOnly": t.legacy_only, "shadowOnly": t.shadow_only,
+        "byVerdict": [{"verdict": v, "matched": c.matched, "mismatched": c.mismatched,
+                       "legacyOnly": c.legacy_only, "shadowOnly": c.shadow_only}
+                      for v, c in sorted(figures.by_verdict.items())],
+        "readAt": rfc3339(now),
+    }  # fmt: skip
+    if figures.percent is not None:
+        out["agreement"] = figures.percent
+    if check is not None:
+        out["gate"] = ("met: " if check.met else "not met: ") + check.message
+    return out
 
 
 @dataclass
@@ -109,6 +162,10 @@ class QueueSync:
     before: QueueFlags | None = None
     released: str | None = None
     claimed: bool = False
+    #: ``status.shadow`` (empty: not read on this pass; the previous stays).
+    shadow: dict[str, Any] = field(default_factory=dict)
+    #: The gate's verdict on a flip to live this pass wrote or held back (None: no gated flip).
+    gate: GateCheck | None = None
 
 
 def _status(row: QueueFlags, *, generation: int | None, applied: str | None) -> dict[str, Any]:
@@ -158,12 +215,20 @@ async def sync_queue(
         renamed = old_queue and old_queue != want.queue and previous.get("owner") == owner
         if renamed and await release_queue(conn, str(old_queue), owner):
             sync.released = str(old_queue)
-        decision = decide(want, row, last_applied=previous.get("applied"))
-        if decision in ("write", "restore"):
+        figures = await _figures(conn, want, row)
+        decision = decide(want, row, last_applied=previous.get("applied"), figures=figures)
+        sync.gate = gate_check(want, row, figures)
+        if figures is not None:
+            # The gate's verdict on these figures whether or not a flip is asked for yet: commit the
+            # flip once it says "met" (docs/gitops.md, "A gate and the watermark").
+            preview = check_gate(want.gate, figures) if want.gate is not None and row.mode == "shadow" else None
+            sync.shadow = shadow_status(figures, sync.gate or preview, datetime.now(UTC))
+        target = held_back(want, row) if decision == "gated" else want
+        if decision in ("write", "restore") or (decision == "gated" and differences(target, row)):
             sync.before = row
-            kwargs: dict[str, Any] = {"mode": want.mode, "paused": want.paused, "owner": owner}
-            if want.watermark is not None:
-                kwargs["watermark"] = want.watermark
+            kwargs: dict[str, Any] = {"mode": target.mode, "paused": target.paused, "owner": owner}
+            if target.watermark is not None:
+                kwargs["watermark"] = target.watermark
             row = await set_cutover(conn, want.queue, **kwargs)
             sync.wrote = decision
         return _outcome(sync, want, row, decision, previous, generation)
@@ -183,6 +248,18 @@ async def sync_queue(
         await conn.close()
 
 
+async def _figures(conn: asyncpg.Connection, want: Wanted, row: QueueFlags) -> Agreement | None:
+    """Shadow judging's figures while the row is in shadow mode (or the spec asks for it); None
+    otherwise, or when they cannot be read: a database not migrated to shadow judging yet has no
+    figures, which holds a gated flip back and nothing else."""
+    if row.mode != "shadow" and want.mode != "shadow":
+        return None
+    try:
+        return await shadow.agreement(conn, want.queue)
+    except asyncpg.UndefinedTableError:
+        return None
+
+
 def _unavailable(want: Wanted, exc: BaseException) -> QueueSync:
     message = f"cannot read or write queue {want.queue!r}: {exc}" if str(exc) else (
         f"cannot read or write queue {want.queue!r}: {type(exc).__name__}")
@@ -192,10 +269,22 @@ def _unavailable(want: Wanted, exc: BaseException) -> QueueSync:
 
 def _outcome(sync: QueueSync, want: Wanted, row: QueueFlags, decision: Decision, previous: Mapping[str, Any],
              generation: int) -> QueueSync:
+    if decision == "gated":
+        assert sync.gate is not None
+        message = (f"flip to live held back by cutover.gate: {sync.gate.message}; queue {want.queue!r} stays in"
+                   f" shadow mode and the flip is written on the first pass whose figures meet the gate"
+                   f" (cutover.force: true lets it through now)")
+        sync.condition = Condition("CutoverApplied", "False", "GateNotMet", message)
+        applied = held_back(want, row).canonical() if sync.wrote else previous.get("applied")
+        sync.status = _status(row, generation=previous.get("generation"), applied=applied)
+        return sync
     if not differences(want, row):
         text = f"queue {want.queue!r}: {describe(row)}"
         if decision == "restore" and sync.before is not None:
             text += f"; restored: the row held {describe(sync.before)}, changed outside the spec"
+        if sync.gate is not None and sync.before is not None:
+            text += ("; the gate was met: " if sync.gate.met else "; forced past the gate (cutover.force): ")
+            text += sync.gate.message
         sync.condition = Condition("CutoverApplied", "True", "Applied", text)
         sync.status = _status(row, generation=generation, applied=want.canonical())
         return sync

@@ -45,6 +45,7 @@ from .kube import KIND_REFS, PODS, KubeApi, KubeError, SecretNotFound
 from .render import (
     GROUP,
     PLURAL,
+    SHADOW_WORKER,
     VERSION,
     Owner,
     name_errors,
@@ -184,6 +185,7 @@ async def _pod_states(
 
 async def _apply_children(
     state: OperatorState, body: Mapping[str, Any], spec: JudgeQueueSpec, owner: Owner, *, keep_live_workers: bool,
+    shadow_mode: bool = False,
 ) -> tuple[dict[str, dict[str, Any]], list[Problem]]:
     """Make every child equal to its rendering (created, replaced, deleted when no longer rendered);
     returns the live objects afterwards and the API server's refusals, one problem each (the other
@@ -194,7 +196,7 @@ async def _apply_children(
     live_replicas = (live_worker or {}).get("spec", {}).get("replicas") if live_worker else None
     replicas = live_replicas if keep_live_workers and live_replicas is not None else worker_replicas(
         spec, live_replicas)
-    desired = render_children(spec, owner, worker_replicas=replicas)
+    desired = render_children(spec, owner, worker_replicas=replicas, shadow_mode=shadow_mode)
     result: dict[str, dict[str, Any]] = {}
     problems: list[Problem] = []
     for child in desired:
@@ -322,8 +324,12 @@ async def reconcile(
         mode=parsed.worker.autoscaling, previous_mode=(status.get("workers") or {}).get("autoscaling"),
         spec_replicas=parsed.worker.replicas, memory=autoscale.Handoff.of(status.get("autoscaling")),
         window=parsed.worker.scale_down_window, now=time.time())
-    children, problems = await _apply_children(state, body, parsed, owner, keep_live_workers=handoff.keep_live)
-    roles = [conditions.availability(r, children.get(f"{owner.name}-{r}")) for r in ("dispatcher", "worker", "reaper")]
+    # Shadow workers run while the queue row is in shadow mode (a flip the gate holds back included).
+    row_mode = (sync.status or status.get("cutover") or {}).get("mode") or parsed.cutover.mode
+    children, problems = await _apply_children(state, body, parsed, owner, keep_live_workers=handoff.keep_live,
+                                               shadow_mode=row_mode == "shadow")
+    components = ["dispatcher", "worker", "reaper"] + ([SHADOW_WORKER] if parsed.worker.shadow.enabled else [])
+    roles = [conditions.availability(r, children.get(f"{owner.name}-{r}")) for r in components]
     failures, waits = await _pod_states(api, owner, roles)
     ready, progressing, rollout_problems = conditions.rollout_problems(roles, failures, waits)
     problems += rollout_problems
@@ -336,6 +342,8 @@ async def reconcile(
     }
     if sync.status:
         new_status["cutover"] = sync.status
+    if sync.shadow:
+        new_status["shadow"] = sync.shadow
     if tick and not any(p.reason in NO_AUTOSCALE for p in problems):
         try:
             scaled = await autoscale_workers(body, parsed, state, conns, children.get(f"{owner.name}-worker"),
@@ -362,12 +370,21 @@ def _log_sync(sync: cutover.QueueSync, spec: JudgeQueueSpec, owner: Owner, body:
         log_action("release", f"queue {sync.released}", "spec.queue names another queue now", judgequeue=jq)
     if sync.wrote is not None and sync.before is not None:
         wanted = cutover.wanted(spec).canonical()
-        if sync.wrote == "restore":
+        if sync.wrote == "gated":
+            written = cutover.held_back(cutover.wanted(spec), sync.before).canonical()
+            reason = (f"wrote {written}, the flip to live held back by the gate"
+                      f" (the row held {cutover.describe(sync.before)})")
+        elif sync.wrote == "restore":
             reason = f"restored {wanted}: the row held {cutover.describe(sync.before)}, changed outside the spec"
             warn_event(state, body, "CutoverDrifted", f"{obj}: {reason}")
         else:
             reason = f"wrote {wanted} (the row held {cutover.describe(sync.before)})"
+            if sync.gate is not None:
+                reason += ("; gate met: " if sync.gate.met else "; forced past the gate: ") + sync.gate.message
         log_action("cutover", obj, reason, judgequeue=jq)
+    if sync.condition.reason == "GateNotMet":
+        log_problem(jq, f"{obj}: {sync.condition.message}", level=logging.INFO, reason="GateNotMet")
+        warn_event(state, body, "GateNotMet", sync.condition.message)
     if sync.problem is not None:
         log_problem(jq, f"{obj}: {sync.problem.message}", reason=sync.problem.reason)
         if sync.problem.reason in ("QueueOwned", "Drifted", "WatermarkMovedBack"):

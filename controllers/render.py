@@ -3,7 +3,10 @@
 Three Deployments (dispatcher, worker, reaper) run the one image with ``judgequeue <role>``, each with
 only the ``JUDGEQUEUE_*`` variables its role reads (so a dispatcher-only change rolls only the
 dispatchers), a Service exposes every pod's metrics port, and workers that run the program judge get
-an egress NetworkPolicy. Connections come from the referenced Secrets as files of a projected volume
+an egress NetworkPolicy. With ``spec.worker.shadow.enabled`` a fourth Deployment,
+``<name>-shadow-worker``, runs workers with ``JUDGEQUEUE_SHADOW=judge`` (shadow judging: the same
+judge, sandbox, resources and egress policy as the workers), scaled to none once the queue row is live.
+Connections come from the referenced Secrets as files of a projected volume
 (``JUDGEQUEUE_*_FILE`` names them); the operator never copies credentials into a child, and no
 credential is ever an environment variable of a pod.
 """
@@ -16,7 +19,14 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from judgequeue.core.config import FILE_SUFFIX, JUDGE_REFUSED_VARIABLE
-from judgequeue.core.spec import NAME_MAX_LENGTH, EgressPeer, JudgeQueueSpec, role_secrets, role_settings
+from judgequeue.core.spec import (
+    NAME_MAX_LENGTH,
+    EgressPeer,
+    JudgeQueueSpec,
+    parse_quantity,
+    role_secrets,
+    role_settings,
+)
 from judgequeue.core.spec import ROLES as ROLES
 from judgequeue.core.spec import Role as Role
 
@@ -76,7 +86,11 @@ class Child:
     body: dict[str, Any]
 
 
-def child_name(owner: str, role: Role | Literal["metrics"]) -> str:
+#: The component (and name suffix) of the shadow workers' Deployment.
+SHADOW_WORKER: Literal["shadow-worker"] = "shadow-worker"
+
+
+def child_name(owner: str, role: Role | Literal["metrics", "shadow-worker"]) -> str:
     return f"{owner}-{role}"
 
 
@@ -177,6 +191,26 @@ def default_worker_resources(spec: JudgeQueueSpec) -> dict[str, dict[str, str]]:
     }
 
 
+#: The CPU shadow workers request unless ``spec.worker.shadow.resources`` says otherwise: on a node shared
+#: with live workers (which request 500m by default) they take idle CPU and yield under contention, as
+#: Kubernetes turns requests into CPU shares (docs/performance.md, "Shadow judging beside live queues").
+SHADOW_CPU_REQUEST = "100m"
+
+
+def shadow_resources(workers: Mapping[str, Any]) -> dict[str, Any]:
+    """Shadow workers' resources from the workers' (pure): the same limits and memory, and a CPU request
+    of :data:`SHADOW_CPU_REQUEST` (no more than a CPU limit below it)."""
+    out = {k: dict(v) for k, v in workers.items()}
+    requests = out.setdefault("requests", {})
+    limit = out.get("limits", {}).get("cpu")
+    low = parse_quantity(SHADOW_CPU_REQUEST)
+    request = SHADOW_CPU_REQUEST
+    if limit is not None and (value := parse_quantity(limit)) is not None and low is not None and value < low:
+        request = str(limit)
+    requests["cpu"] = request
+    return out
+
+
 def termination_grace_seconds(spec: JudgeQueueSpec, role: Role) -> int:
     """Workers get their in-flight grace period plus a margin for shutdown; others a fixed 30s."""
     if role == "worker":
@@ -184,19 +218,27 @@ def termination_grace_seconds(spec: JudgeQueueSpec, role: Role) -> int:
     return ROLE_GRACE_SECONDS
 
 
-def render_deployment(spec: JudgeQueueSpec, owner: Owner, role: Role, *, replicas: int | None) -> Child:
-    """One role's Deployment; ``replicas=None`` leaves the count to someone else (autoscaler, HPA)."""
-    name = child_name(owner.name, role)
-    labels = common_labels(owner.name, role)
+def render_deployment(
+    spec: JudgeQueueSpec, owner: Owner, role: Role, *, replicas: int | None, shadow: bool = False
+) -> Child:
+    """One role's Deployment; ``replicas=None`` leaves the count to someone else (autoscaler, HPA).
+    ``shadow`` (workers only): the shadow workers' Deployment, a worker's with ``JUDGEQUEUE_SHADOW=judge``
+    under a component of its own."""
+    component: Role | Literal["shadow-worker"] = SHADOW_WORKER if shadow else role
+    name = child_name(owner.name, component)
+    labels = common_labels(owner.name, component)
     resources = {"dispatcher": spec.dispatcher.resources, "worker": spec.worker.resources,
                  "reaper": spec.reaper.resources}[role]
+    own = shadow and bool(spec.worker.shadow.resources)
+    if own:
+        resources = spec.worker.shadow.resources
     container: dict[str, Any] = {
         "name": role,
         "image": spec.image,
         "imagePullPolicy": spec.image_pull_policy,
         "args": [role],
         "command": ["judgequeue"],
-        "env": role_env(spec, role),
+        "env": role_env(spec, role) + ([{"name": "JUDGEQUEUE_SHADOW", "value": "judge"}] if shadow else []),
         "ports": [{"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"}],
         "livenessProbe": {
             "httpGet": {"path": "/healthz", "port": "metrics"},
@@ -226,11 +268,13 @@ def render_deployment(spec: JudgeQueueSpec, owner: Owner, role: Role, *, replica
     rendered = _resources(resources)
     if not rendered:
         rendered = default_worker_resources(spec) if role == "worker" else dict(DEFAULT_ROLE_RESOURCES)
+    if shadow and not own:
+        rendered = shadow_resources(rendered)
     if rendered:
         container["resources"] = rendered
     spec_body: dict[str, Any] = {
         "progressDeadlineSeconds": max(1, math.ceil(spec.progress_deadline)),
-        "selector": {"matchLabels": selector_labels(owner.name, role)},
+        "selector": {"matchLabels": {**selector_labels(owner.name), "app.kubernetes.io/component": component}},
         "template": {
             "metadata": {"labels": labels},
             "spec": {
@@ -327,6 +371,11 @@ def render_network_policy(spec: JudgeQueueSpec, owner: Owner) -> Child:
     server, nor the internet. Ingress (metrics scrapes) is not restricted."""
     policy = spec.worker.network_policy
     redis_ports = [policy.redis.port] + ([policy.sentinel_port] if policy.sentinel_port else [])
+    selector: dict[str, Any] = {"matchLabels": selector_labels(owner.name, "worker")}
+    if spec.worker.shadow.enabled:  # shadow workers run the same untrusted code
+        selector = {"matchLabels": selector_labels(owner.name),
+                    "matchExpressions": [{"key": "app.kubernetes.io/component", "operator": "In",
+                                          "values": ["worker", SHADOW_WORKER]}]}
     name = network_policy_name(owner.name)
     body = {
         "apiVersion": "networking.k8s.io/v1",
@@ -338,7 +387,7 @@ def render_network_policy(spec: JudgeQueueSpec, owner: Owner) -> Child:
             "ownerReferences": [owner_reference(owner)],
         },
         "spec": {
-            "podSelector": {"matchLabels": selector_labels(owner.name, "worker")},
+            "podSelector": selector,
             "policyTypes": ["Egress"],
             "egress": [
                 {"ports": [{"protocol": "UDP", "port": DNS_PORT}, {"protocol": "TCP", "port": DNS_PORT}]},
@@ -350,14 +399,20 @@ def render_network_policy(spec: JudgeQueueSpec, owner: Owner) -> Child:
     return Child("networking.k8s.io/v1", "NetworkPolicy", name, body)
 
 
-def render_children(spec: JudgeQueueSpec, owner: Owner, *, worker_replicas: int | None) -> list[Child]:
-    """Everything the JudgeQueue owns, in creation order."""
+def render_children(
+    spec: JudgeQueueSpec, owner: Owner, *, worker_replicas: int | None, shadow_mode: bool = False
+) -> list[Child]:
+    """Everything the JudgeQueue owns, in creation order. ``shadow_mode``: the queue row is in shadow
+    mode, so shadow workers (if enabled) run their replicas; otherwise none."""
     children = [
         render_deployment(spec, owner, "dispatcher", replicas=spec.dispatcher.replicas),
         render_deployment(spec, owner, "worker", replicas=worker_replicas),
         render_deployment(spec, owner, "reaper", replicas=spec.reaper.replicas),
         render_service(owner),
     ]
+    if spec.worker.shadow.enabled:
+        children.append(render_deployment(spec, owner, "worker", shadow=True,
+                                          replicas=spec.worker.shadow.replicas if shadow_mode else 0))
     if wants_network_policy(spec):
         children.append(render_network_policy(spec, owner))
     return children
@@ -366,7 +421,7 @@ def render_children(spec: JudgeQueueSpec, owner: Owner, *, worker_replicas: int 
 def optional_children(owner: Owner) -> list[tuple[str, str]]:
     """(kind, name) of every child the operator may render or not: one that is live but no longer
     rendered is deleted."""
-    return [("NetworkPolicy", network_policy_name(owner.name))]
+    return [("NetworkPolicy", network_policy_name(owner.name)), ("Deployment", child_name(owner.name, SHADOW_WORKER))]
 
 
 def clamp(value: int, lo: int, hi: int) -> int:

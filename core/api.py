@@ -2,7 +2,10 @@
 
 Everything here is stable; everything else in ``judgequeue.core`` is internal. An application
 writes submissions in its own transaction (:func:`submit`), starts a new generation of one
-(:func:`rejudge`), and reads where one stands (:func:`result`). Judge plugins implement
+(:func:`rejudge`), and reads where one stands (:func:`result`). While a queue is in shadow mode it
+reports what the judge being replaced decided (:func:`report_legacy_verdict`), which judgequeue
+compares with its own shadow verdicts; a shadow verdict is never a submission's verdict, so
+:func:`result` never shows one. Judge plugins implement
 :class:`Judge` and return a :class:`Verdict`. Errors are subclasses of :class:`JudgeQueueError`;
 each says what was wrong with the input, and a refused call writes nothing.
 """
@@ -15,11 +18,13 @@ from typing import Any
 
 import asyncpg
 
-from . import submissions
+from . import shadow, submissions
 from .errors import (
     InvalidPayload,
     InvalidQueueName,
+    InvalidVerdict,
     JudgeQueueError,
+    NotShadowed,
     PayloadTooLarge,
     UnknownQueue,
     UnknownSubmission,
@@ -58,18 +63,42 @@ async def result(conn: asyncpg.Connection, submission_id: int) -> Result:
     )  # fmt: skip
 
 
+async def report_legacy_verdict(
+    conn: asyncpg.Connection, submission_id: int, verdict: str, details: dict[str, Any] | None = None
+) -> None:
+    """Record the legacy judge's verdict of ``submission_id``, in the caller's transaction.
+
+    ``verdict`` is one of :data:`VERDICTS`; ``details`` (optional) a JSON object, shown beside the
+    shadow verdict's by ``judgequeue shadow diff``: give it the program judge's shape (``tests``: a list
+    of ``{"test", "verdict", "cpu_ms", "wall_ms", "memory_kb", "message"}``, ``score``, ``reason``) and
+    both sides line up. Reporting again replaces the previous report (the legacy judge judged again).
+
+    Accepted for a submission of a queue in shadow mode, and for one that was sent to shadow judging
+    (a legacy verdict may arrive after the flip). Refused, with nothing written: a verdict that is not
+    one of :data:`VERDICTS` or details that are not an object (:class:`InvalidVerdict`), details
+    that are not JSON (:class:`InvalidPayload`) or over 1 MiB (:class:`PayloadTooLarge`), an unknown
+    id (:class:`UnknownSubmission`), and a submission of a queue not in shadow mode that was never
+    shadowed (:class:`NotShadowed`). SQL callers use ``judgequeue.report_legacy_verdict(id, verdict,
+    details)``, which refuses the same with the SQLSTATEs of :mod:`judgequeue.core.errors`.
+    """
+    await shadow.report_legacy_verdict(conn, submission_id, verdict, details)
+
+
 __all__ = [
     "VERDICTS",
     "InvalidPayload",
     "InvalidQueueName",
+    "InvalidVerdict",
     "Judge",
     "JudgeQueueError",
+    "NotShadowed",
     "PayloadTooLarge",
     "Result",
     "UnknownQueue",
     "UnknownSubmission",
     "Verdict",
     "rejudge",
+    "report_legacy_verdict",
     "result",
     "submit",
 ]

@@ -679,6 +679,46 @@ def cmd_dlq(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     return EXIT_FAILURE if failed else EXIT_OK
 
 
+def _mismatch_json(m: Any) -> dict[str, Any]:
+    return {
+        "submission": m.submission, "queue": m.queue, "generation": m.generation,
+        "legacy": {"status": m.legacy, "details": m.legacy_details, "reported_at": m.reported_at.isoformat()},
+        "shadow": {"status": m.shadow, "details": m.shadow_details, "judged_at": m.judged_at.isoformat()},
+    }  # fmt: skip
+
+
+def _mismatch_lines(m: Any) -> list[str]:
+    """Both verdicts of a mismatch for people: each side's summary and per-test table (judges.report)."""
+    from .judges.report import render_verdict
+
+    lines = [f"submission {m.submission}  queue {m.queue}  generation {m.generation}:"
+             f" legacy {m.legacy}, shadow {m.shadow}"]
+    for side, status, details, at in (("legacy", m.legacy, m.legacy_details, m.reported_at),
+                                      ("shadow", m.shadow, m.shadow_details, m.judged_at)):
+        summary, *rest = render_verdict(status, details if isinstance(details, dict) else {}, indent="      ")
+        lines.append(f"  {side}  {summary}  ({'reported' if side == 'legacy' else 'judged'} {at.isoformat()})")
+        lines += rest
+    return lines
+
+
+def cmd_shadow(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    """``shadow diff``: the submissions the legacy and the shadow judge disagree on, newest first."""
+    from . import shadow
+
+    dsn: str = resolve(args, env, DSN)
+    queue: str | None = resolve(args, env, QUEUE) if overrides_from(args).get(QUEUE) or env.get(QUEUE) else None
+    if args.limit < 1:
+        raise Failure("shadow diff: --limit must be 1 or more", EXIT_USAGE)
+    found = _run(_with_pg(dsn, lambda conn: shadow.mismatches(conn, queue, limit=args.limit)))
+    if args.json:
+        _print_json([_mismatch_json(m) for m in found])
+    elif found:
+        print("\n\n".join("\n".join(_mismatch_lines(m)) for m in found))
+    else:
+        print(f"no mismatches{f' in queue {queue}' if queue else ''}")
+    return EXIT_OK
+
+
 # --- parser ---------------------------------------------------------------------------------------
 
 
@@ -805,7 +845,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = add(
         "status",
         "one screen of queue health: outbox by state, oldest pending age, stream length, lag, PEL, oldest idle, "
-        "DLQ, live consumers, cutover flags. Exits 1 when a threshold is crossed ('off' disables one).",
+        "DLQ, live consumers, cutover flags, and shadow judging's agreement with the legacy judge (matched, "
+        "mismatched, legacy only, shadow only, per verdict class). Exits 1 when a threshold is crossed ('off' "
+        "disables one).",
         parents=[json_flag],
     )
     th = p.add_argument_group("thresholds")
@@ -848,6 +890,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("ids", nargs="+", type=int, metavar="ID", help="submission id")
     _add_variable_flags(p, [DSN], "connection")
     p.set_defaults(handler=cmd_rejudge)
+
+    p = add("shadow", "shadow judging: compare the legacy judge's verdicts with the shadow workers' (Postgres only)")
+    ssub = p.add_subparsers(dest="shadow_command", metavar="ACTION", parser_class=_Parser, required=True)
+    text = ("list the submissions the legacy and the shadow judge disagree on (their statuses differ), newest "
+            "first, with both verdicts and their per-test details; every queue unless --queue or $JUDGEQUEUE_QUEUE")
+    d = ssub.add_parser("diff", help=text, description=text, parents=[json_flag])
+    d.add_argument("--limit", type=int, default=20, help="at most this many mismatches (default 20)")
+    _add_variable_flags(d, [DSN, QUEUE], "connection")
+    d.set_defaults(handler=cmd_shadow)
 
     p = add("cutover", "show or change a queue's cutover flags (mode, watermark, paused)")
     csub = p.add_subparsers(dest="cutover_command", metavar="ACTION", parser_class=_Parser, required=True)

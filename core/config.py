@@ -75,6 +75,12 @@ class DispatcherSettings:
 #: took within one ``schedule`` (and shadow rows), so Redis carries the overflow and re-deliveries.
 INTAKES = ("stream", "direct")
 
+#: ``JUDGEQUEUE_SHADOW`` values. ``off``: a worker judges its queue's work stream. ``judge``: a *shadow
+#: worker*, which judges the queue's shadow stream only (same judge, same sandbox) and writes shadow
+#: verdicts, never a submission's verdict (docs/gitops.md). Run shadow workers as their own processes
+#: (on Kubernetes, ``spec.worker.shadow``: their own Deployment) beside the live ones.
+SHADOW_MODES = ("off", "judge")
+
 
 @dataclass(frozen=True)
 class WorkerSettings:
@@ -85,6 +91,7 @@ class WorkerSettings:
     intake: str = "stream"  # INTAKES; the dispatcher reads it too
     #: Direct intake: open slots an idle worker offers for submits to fill (core/offers.py); 0: none.
     offers: int = 32
+    shadow: str = "off"  # SHADOW_MODES
 
 
 @dataclass(frozen=True)
@@ -228,6 +235,11 @@ _intake = _one_of(
     "themselves; the stream carries the overflow)",
 )
 
+_shadow = _one_of(
+    SHADOW_MODES,
+    "off (judge the work stream) or judge (a shadow worker: judge the shadow stream into shadow verdicts)",
+)
+
 
 def _judge_name(text: str) -> str:
     if not re.match(r"^[a-z][a-z0-9_-]*$", text):
@@ -258,6 +270,7 @@ _VARIABLES: dict[str, tuple[str | None, str, Callable[[str], Any]]] = {
     "GRACE_PERIOD": ("worker", "grace_period", _positive_duration),
     "INTAKE": ("worker", "intake", _intake),
     "OFFERS": ("worker", "offers", _count),
+    "SHADOW": ("worker", "shadow", _shadow),
     "REAPER_INTERVAL": ("reaper", "interval", _positive_duration),
     "VISIBILITY_TIMEOUT": ("reaper", "visibility_timeout", _positive_duration),
     "MAX_DELIVERIES": ("reaper", "max_deliveries", _positive_int),

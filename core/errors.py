@@ -51,6 +51,15 @@ class UnknownSubmission(JudgeQueueError, LookupError):
     """No submission has this id."""
 
 
+class NotShadowed(JudgeQueueError, LookupError):
+    """A legacy verdict for a submission that has no shadow verdict to be compared with: its queue is
+    not in shadow mode and never sent it to shadow judging (migration 0012); nothing was written."""
+
+
+class InvalidVerdict(JudgeQueueError, ValueError):
+    """A legacy verdict's name is not a verdict, or its details are not a JSON object."""
+
+
 class ConfigError(JudgeQueueError, ValueError):
     """A configuration value is missing or malformed; the message names the variable."""
 
@@ -74,6 +83,8 @@ _SQLSTATE_ERRORS: dict[str, type[JudgeQueueError]] = {
     "JQ004": InvalidPayload,
     "JQ005": WatermarkMovedBack,
     "JQ006": UnknownSubmission,
+    "JQ007": NotShadowed,
+    "JQ008": InvalidVerdict,
 }
 
 

@@ -279,7 +279,8 @@ async def open_connections(settings: Settings, stop: asyncio.Event, *, pool_size
             await wait_any(stop, None, delay)
     redis = redis_client(settings.redis_url, socket_timeout=REDIS_TIMEOUT, socket_connect_timeout=REDIS_TIMEOUT)
     with contextlib.suppress(TransportError):
-        await streams.ensure_group(redis, settings.queue)
+        # A shadow worker reads the shadow stream: its group is the one it needs (and /readyz checks).
+        await streams.ensure_group(redis, settings.queue, shadow=settings.worker.shadow == "judge")
     return Connections(pool, redis)
 
 

@@ -22,7 +22,7 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, cast
 
 import asyncpg
 import redis.asyncio as aioredis
@@ -99,12 +99,19 @@ def load_demo(directory: Path) -> tuple[list[DemoProgram], Path | None]:
     return programs, package
 
 
+#: A child that runs ``judgequeue worker`` in the shadow lane (``spec.worker.shadow``).
+SHADOW_WORKER = "shadow-worker"
+
+
 def role_env(
-    base: Mapping[str, str], manifest: Manifest, role: Role, options: LocalOptions, port: int
+    base: Mapping[str, str], manifest: Manifest, role: str, options: LocalOptions, port: int
 ) -> dict[str, str]:
     """One ``role`` child's environment: the caller's, then the settings the manifest gives that role
-    (as its Deployment would get them), then the connections. Pure."""
-    rendered = manifest.env(role)
+    (as its Deployment would get them; a shadow worker: the workers' and ``JUDGEQUEUE_SHADOW=judge``),
+    then the connections. Pure."""
+    rendered = manifest.env("worker" if role == SHADOW_WORKER else cast(Role, role))
+    if role == SHADOW_WORKER:
+        rendered[PREFIX + "SHADOW"] = "judge"
     env = {k: v for k, v in base.items() if not k.startswith(PREFIX)}
     env.update({k: v for k, v in base.items() if k.startswith(PREFIX) and k not in rendered})
     env.update(rendered)
@@ -114,14 +121,16 @@ def role_env(
     return env
 
 
-def plan_children(manifest: Manifest, workers: int | None) -> list[Role]:
-    """Which role processes to start, in start order. Pure."""
+def plan_children(manifest: Manifest, workers: int | None) -> list[str]:
+    """Which role processes to start, in start order (shadow workers last, while the manifest's queue
+    is in shadow mode). Pure."""
     counts = {
         "dispatcher": manifest.replicas.dispatcher,
         "worker": manifest.replicas.worker if workers is None else workers,
         "reaper": manifest.replicas.reaper,
     }
-    return [role for role in ROLES for _ in range(counts[role])]
+    plan: list[str] = [role for role in ROLES for _ in range(counts[role])]
+    return plan + [SHADOW_WORKER] * manifest.replicas.shadow_worker
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
@@ -159,7 +168,7 @@ def start_children(plan: Sequence[str], env_for: Any, log_dir: Path) -> list[Chi
         log_path = log_dir / f"{role}-{index}.log"
         log_file = log_path.open("wb")
         process = subprocess.Popen(
-            [sys.executable, "-m", "judgequeue.core.cli", role],
+            [sys.executable, "-m", "judgequeue.core.cli", "worker" if role == SHADOW_WORKER else role],
             env=env_for(len(children)),
             stdin=subprocess.DEVNULL,
             stdout=log_file,
@@ -173,7 +182,7 @@ def start_children(plan: Sequence[str], env_for: Any, log_dir: Path) -> list[Chi
 
 async def stop_children(children: Sequence[Child], grace: float) -> dict[str, int]:
     """SIGTERM every child (workers first, so they release work while others still run), then wait."""
-    order = sorted(children, key=lambda c: {"worker": 0, "dispatcher": 1, "reaper": 2}[c.role])
+    order = sorted(children, key=lambda c: {"worker": 0, SHADOW_WORKER: 0, "dispatcher": 1, "reaper": 2}[c.role])
     for child in order:
         if child.process.poll() is None:
             with contextlib.suppress(ProcessLookupError):

@@ -38,6 +38,8 @@ class Replicas:
     dispatcher: int
     worker: int
     reaper: int
+    #: Shadow workers (``spec.worker.shadow``), while the queue is in shadow mode, as the operator runs them.
+    shadow_worker: int = 0
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,8 @@ def parse_manifest(doc: Any) -> Manifest:
             dispatcher=parsed.dispatcher.replicas,
             worker=parsed.worker.min_replicas,
             reaper=parsed.reaper.replicas,
+            shadow_worker=parsed.worker.shadow.replicas
+            if parsed.worker.shadow.enabled and parsed.cutover.mode == "shadow" else 0,
         ),
     )
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from .agreement import OUTCOMES
 from .states import VERDICTS as VERDICT_STATUSES
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
@@ -105,3 +106,39 @@ MALFORMED_ENTRIES = Counter(
     ["queue"],
 )
 JOBS_IN_FLIGHT = Gauge("judgequeue_jobs_in_flight", "Jobs this worker is judging now.", ["queue"])
+
+# --- shadow judging (docs/gitops.md) -------------------------------------------------------------------
+SHADOW_VERDICTS = Counter(
+    "judgequeue_shadow_verdicts_total",
+    "Shadow verdicts written by shadow workers (never a submission's verdict), by status.",
+    ["queue", "status"],
+)
+SHADOW_COMPARED = Gauge(
+    "judgequeue_shadow_submissions",
+    "Submissions of a queue by how their legacy and shadow verdicts compare (outcome: matched, mismatched,"
+    " legacy_only, shadow_only) and verdict class (the legacy verdict, else the shadow one); refreshed by"
+    " the reaper over what retention keeps.",
+    ["queue", "verdict", "outcome"],
+)
+SHADOW_AGREEMENT = Gauge(
+    "judgequeue_shadow_agreement_ratio",
+    "Matched / (matched + mismatched) over a queue's compared submissions; NaN before any was compared.",
+    ["queue"],
+)
+SHADOW_SAMPLES = Gauge(
+    "judgequeue_shadow_compared_submissions", "Submissions both the legacy and the shadow judge judged.", ["queue"]
+)
+SHADOW_RESENT = Counter(
+    "judgequeue_shadow_resent_total",
+    "Shadow entries sent again by the reaper after a shadow worker's lease expired.",
+    ["queue"],
+)
+PRUNED_SHADOW = Counter(
+    "judgequeue_pruned_shadow_verdicts_total", "Shadow and legacy verdicts deleted by retention.", ["queue", "side"]
+)
+
+
+def shadow_series(queue: str) -> dict[tuple[str, str], Any]:
+    """Every ``judgequeue_shadow_submissions`` child of a queue (each verdict class and outcome), so a
+    class that has no submission reads 0 rather than nothing."""
+    return {(v, o): SHADOW_COMPARED.labels(queue, v, o) for v in VERDICT_STATUSES for o in OUTCOMES}

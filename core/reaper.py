@@ -32,7 +32,17 @@ A sweep has four parts, each guarded on its own so one failing dependency does n
     ``finished_at``, oldest first, migration 0009's index), stale dispatcher waiters, and consumers of
     group ``workers`` idle longer than ten visibility timeouts with no pending entry (checked and
     deleted atomically in one script, so a consumer that just read something is never dropped).
-(d) **Gauges** from :func:`judgequeue.core.stream_stats.stream_figures` and ``outbox.stats``.
+(d) **Gauges** from :func:`judgequeue.core.stream_stats.stream_figures` and ``outbox.stats``, and, once a
+    minute, the shadow agreement figures (:func:`judgequeue.core.shadow.agreement`).
+
+**Shadow judging** (docs/gitops.md) gets the same care on its own stream and table: (a) the shadow
+stream is swept like the work stream, except that an entry given up on (``maxDeliveries``, or not
+an envelope) becomes a ``SYSTEM_ERROR`` *shadow* verdict and is acked and deleted, with no DLQ and
+nothing of the submission touched; (b) expired shadow leases are sent again
+(:func:`judgequeue.core.shadow.rescue_expired`), or end ``SYSTEM_ERROR`` at ``maxRetries``; (c) shadow
+and legacy verdicts are pruned by the same retention, and shadow stream entries older than it are
+trimmed (worth nothing by then, and a queue may send to that stream long before any shadow worker
+reads it).
 """
 
 from __future__ import annotations
@@ -48,7 +58,8 @@ from typing import Any
 import asyncpg
 import redis.asyncio as aioredis
 
-from . import dead_letters, failpoints, metrics, offers, outbox, streams
+from . import dead_letters, failpoints, metrics, offers, outbox, shadow, streams
+from .agreement import Agreement, Counts
 from .config import Settings
 from .connect import STATEMENT_TIMEOUT
 from .envelope import Envelope, MalformedEnvelope
@@ -70,6 +81,8 @@ IDLE_CONSUMER_FACTOR = 10
 PRUNE_BATCHES = 50
 #: Seconds between exact counts of terminal outbox rows (a scan of everything kept).
 TERMINAL_COUNT_EVERY = 60.0
+#: Seconds between refreshes of the shadow agreement gauges (a count over everything kept).
+AGREEMENT_EVERY = 60.0
 
 
 def decide(entry: ClaimedEntry, max_deliveries: int) -> Decision:
@@ -111,6 +124,8 @@ class SweepReport:
 
     stream: StreamSweep | None = None
     leases: LeaseSweep | None = None
+    shadow_stream: StreamSweep | None = None
+    shadow_leases: shadow.ShadowRescue | None = None
     pruned_rows: int = 0
     pruned_waiters: int = 0
     resent_stranded: int = 0
@@ -149,7 +164,10 @@ class Reaper:
         #: Test seam: awaited after the Postgres step of a dead-letter batch, before the Redis step.
         self.between_steps: Callable[[Sequence[Decision]], Awaitable[None]] | None = None
         self._terminal_counted_at = float("-inf")
+        self._agreement_counted_at = float("-inf")
+        self._agreement_published = False
         self.pruned_submissions = 0  # terminal submissions deleted by retention, for tests and logs
+        self.pruned_shadow = 0  # shadow and legacy verdicts deleted by retention
         self._stranded_checked_at = float("-inf")
         #: Tables this process has analysed once (outbox.analyze_new_tables); a role that does not own
         #: them gets only a warning and no statistics, so it must not try again every sweep.
@@ -157,7 +175,7 @@ class Reaper:
 
     # --- (a) stream sweep -------------------------------------------------------------------------
 
-    async def claim(self, cursor: str = "0-0") -> tuple[str, list[ClaimedEntry], int]:
+    async def claim(self, cursor: str = "0-0", *, shadow: bool = False) -> tuple[str, list[ClaimedEntry], int]:
         """Claim one batch of idle entries to this reaper: (next cursor, entries, deleted ids acked)."""
         cfg = self.settings.reaper
         batch = await streams.claim_idle(
@@ -167,18 +185,19 @@ class Reaper:
             min_idle_ms=int(cfg.visibility_timeout * 1000),
             cursor=cursor,
             count=cfg.sweep_batch,
+            shadow=shadow,
         )
         if batch.entries:
             failpoints.hit("reaper.after_claim")
         return batch.cursor, batch.entries, batch.deleted
 
-    async def requeue(self, decisions: Sequence[Decision]) -> tuple[int, int]:
+    async def requeue(self, decisions: Sequence[Decision], *, shadow: bool = False) -> tuple[int, int]:
         """Re-deliver entries still pending for this reaper (deliveries + 1): (requeued, skipped)."""
         entries = []
         for d in decisions:
             assert d.envelope is not None
             entries.append((d.entry.entry_id, replace(d.envelope, deliveries=d.envelope.deliveries + 1)))
-        return await streams.requeue(self.redis, self.queue, self.name, entries)
+        return await streams.requeue(self.redis, self.queue, self.name, entries, shadow=shadow)
 
     async def record_dead(self, decisions: Sequence[Decision]) -> list[str]:
         """Postgres step of dead-lettering (idempotent); one outcome per decision."""
@@ -188,11 +207,12 @@ class Reaper:
         """Redis step of dead-lettering: (dead-lettered, already dead, skipped)."""
         return await dead_letters.to_dlq(self.redis, self.queue, self.name, decisions, outcomes)
 
-    async def sweep_stream(self, *, max_batches: int = 10_000) -> StreamSweep:
-        """Claim idle entries batch by batch and requeue or dead-letter each exactly once."""
+    async def sweep_stream(self, *, max_batches: int = 10_000, shadow: bool = False) -> StreamSweep:
+        """Claim idle entries batch by batch and requeue or dead-letter each exactly once (``shadow``:
+        those of the shadow stream, given up on as shadow verdicts)."""
         cfg = self.settings.reaper
         stats = StreamSweep()
-        claiming = asyncio.ensure_future(self.claim("0-0"))
+        claiming = asyncio.ensure_future(self.claim("0-0", shadow=shadow))
         try:
             while True:
                 cursor, entries, deleted = await claiming
@@ -201,16 +221,18 @@ class Reaper:
                 if more:
                     # Claim the next batch while this one is decided and requeued: the claim scans
                     # past this batch's entries, so the two never overlap.
-                    claiming = asyncio.ensure_future(self.claim(cursor))
+                    claiming = asyncio.ensure_future(self.claim(cursor, shadow=shadow))
                 stats.claimed += len(entries)
                 stats.deleted += deleted
                 decisions = [decide(e, cfg.max_deliveries) for e in entries]
-                done, skipped = await self.requeue([d for d in decisions if d.action == "requeue"])
+                done, skipped = await self.requeue([d for d in decisions if d.action == "requeue"], shadow=shadow)
                 stats.requeued += done
                 stats.skipped += skipped
                 metrics.RECLAIMS.labels(self.queue).inc(done)
                 doomed = [d for d in decisions if d.action == "dead_letter"]
-                if doomed:
+                if doomed and shadow:
+                    await self._give_up_shadow(doomed, stats)
+                elif doomed:
                     await self._dead_letter_batch(doomed, stats)
                 if not more:
                     return stats
@@ -248,6 +270,30 @@ class Reaper:
         if dead:
             log.warning("entries dead-lettered", extra={"queue": self.queue, "count": dead})
 
+    async def _give_up_shadow(self, doomed: Sequence[Decision], stats: StreamSweep) -> None:
+        """Shadow entries nobody acked in ``maxDeliveries`` (or not envelopes): a SYSTEM_ERROR shadow
+        verdict with the reason (Postgres first, as for a dead letter), then the entry acked and
+        deleted while still pending for this reaper."""
+        named = [(d, d.envelope) for d in doomed if d.envelope is not None]
+        pairs = [(e.submission, e.generation) for _, e in named]
+        try:
+            async with self.pool.acquire(timeout=STATEMENT_TIMEOUT) as conn:
+                outcomes = await shadow.give_up(conn, pairs, [d.reason for d, _ in named])
+        except DB_ERRORS as exc:
+            log.warning("shadow give-up postponed: postgres failed", extra={"error": str(exc), "entries": len(doomed)})
+            stats.deferred += len(doomed)
+            return
+        for outcome in outcomes:
+            stats.postgres[outcome] = stats.postgres.get(outcome, 0) + 1
+        failpoints.hit("reaper.dead_letter.after_postgres")
+        acked = await streams.ack_pending(self.redis, self.queue, self.name, [d.entry.entry_id for d in doomed], pairs,
+                                          shadow=True)
+        stats.dead_lettered += acked
+        stats.skipped += len(doomed) - acked
+        if acked:
+            log.warning("shadow entries given up", extra={"queue": self.queue, "count": acked,
+                                                          "reasons": sorted({d.reason for d in doomed})[:5]})
+
     # --- (b) leases -------------------------------------------------------------------------------
 
     async def rescue_leases(self, *, batch: int = 500, max_batches: int = 20) -> LeaseSweep:
@@ -268,6 +314,36 @@ class Reaper:
             log.info("expired leases rescued", extra={"queue": self.queue, "requeued": requeued, "failed": failed})
         return LeaseSweep(requeued=requeued, failed=failed)
 
+    async def rescue_shadow_leases(self, *, batch: int = 500, max_batches: int = 20) -> shadow.ShadowRescue:
+        """Send the entries of expired shadow leases again (or end them SYSTEM_ERROR at ``maxRetries``).
+
+        Postgres first: the row is marked waiting for a delivery (the old attempt fenced out) and is
+        rescued again ``redispatchAfter`` later if this send is lost. The send goes through the
+        dedup-and-append script: a worker's ack removed the entry's marker, and a marker still there
+        means its entry is still pending, which the stream sweep re-delivers."""
+        cfg = self.settings.reaper
+        resend: list[shadow.Resend] = []
+        failed = 0
+        for _ in range(max_batches):
+            async with self.pool.acquire(timeout=STATEMENT_TIMEOUT) as conn:
+                got = await shadow.rescue_expired(conn, self.queue, max_retries=cfg.max_retries,
+                                                  resend_after=cfg.redispatch_after, batch=batch)
+            failed += got.failed
+            if got.resend:
+                failpoints.hit("reaper.after_lease_rescue")
+                now = time.time()
+                envelopes = [Envelope(r.submission, r.generation, r.attempts, r.outbox, now) for r in got.resend]
+                await streams.enqueue_many(self.redis, self.queue, envelopes,
+                                           seen_ttl=self.settings.dispatcher.seen_ttl, shadow=True)
+                resend += got.resend
+            if len(got.resend) + got.failed < batch:
+                break
+        if resend or failed:
+            metrics.SHADOW_RESENT.labels(self.queue).inc(len(resend))
+            log.info("expired shadow leases rescued", extra={"queue": self.queue, "resent": len(resend),
+                                                            "failed": failed})
+        return shadow.ShadowRescue(resend, failed)
+
     # --- (c) prune --------------------------------------------------------------------------------
 
     async def prune_outbox(self) -> tuple[int, int]:
@@ -285,19 +361,38 @@ class Reaper:
             # left of a crashed worker's goes once it is clearly gone (its filled ones' jobs have
             # leases of their own, rescued when they expire).
             waiters += await offers.prune(conn, older_than=waiter_age)
+            shadows, legacies = await shadow.prune(
+                conn, self.queue, retention=retention, batch=1000, max_batches=PRUNE_BATCHES
+            )
             analyzed = [] if len(self._analysed) == 2 else await outbox.analyze_new_tables(conn, skip=self._analysed)
         self._analysed.update(analyzed)
         if analyzed:
             log.info("analysed tables that had no statistics", extra={"tables": analyzed})
         metrics.PRUNED_ROWS.labels(self.queue).inc(rows)
         metrics.PRUNED_SUBMISSIONS.labels(self.queue).inc(finished)
+        metrics.PRUNED_SHADOW.labels(self.queue, "shadow").inc(shadows)
+        metrics.PRUNED_SHADOW.labels(self.queue, "legacy").inc(legacies)
         self.pruned_submissions += finished
+        self.pruned_shadow += shadows + legacies
         return rows, waiters
 
+    async def trim_shadow_stream(self) -> int:
+        """Trim shadow stream entries appended more than ``retention`` ago (Redis's clock)."""
+        seconds, micros = await streams.guarded(lambda: self.redis.time())
+        now_ms = int(seconds) * 1000 + int(micros) // 1000
+        retention_ms = int(self.settings.reaper.retention * 1000)
+        key = streams.shadow_key(self.queue)
+        return await streams.trim_older_than(self.redis, key, min_id_ms=now_ms - retention_ms)
+
     async def remove_idle_consumers(self) -> int:
-        """Delete consumers of ``workers`` idle past the threshold that hold no pending entry."""
-        names = await streams.idle_consumers(self.redis, self.queue, idle_ms=int(self.idle_consumer_after * 1000))
-        removed = await streams.delete_idle_consumers(self.redis, self.queue, names)
+        """Delete consumers of ``workers`` idle past the threshold that hold no pending entry (on the
+        work stream and the shadow stream)."""
+        removed = 0
+        for lane in (False, True):
+            names = await streams.idle_consumers(
+                self.redis, self.queue, idle_ms=int(self.idle_consumer_after * 1000), shadow=lane
+            )
+            removed += await streams.delete_idle_consumers(self.redis, self.queue, names, shadow=lane)
         if removed:
             log.info("idle consumers removed", extra={"queue": self.queue, "count": removed})
         return removed
@@ -349,7 +444,24 @@ class Reaper:
         for state, n in stats.by_state.items():
             metrics.OUTBOX_ROWS.labels(self.queue, state).set(n)
         metrics.OUTBOX_OLDEST_PENDING_AGE.labels(self.queue).set(stats.oldest_pending_age)
+        if now - self._agreement_counted_at >= AGREEMENT_EVERY:
+            async with self.pool.acquire(timeout=STATEMENT_TIMEOUT) as conn:
+                figures_of = await shadow.agreement(conn, self.queue)
+            self._agreement_counted_at = now
+            self.publish_agreement(figures_of)
         return figures
+
+    def publish_agreement(self, figures: Agreement) -> None:
+        """Export the shadow figures: every verdict class and outcome of a queue that has any (a live
+        queue that never had shadow judging gets no series; one whose figures were pruned reads 0)."""
+        if figures.total.total == 0 and not self._agreement_published:
+            return
+        self._agreement_published = True
+        for (verdict, outcome), child in metrics.shadow_series(self.queue).items():
+            child.set(getattr(figures.by_verdict.get(verdict, Counts()), outcome))
+        rate = figures.rate
+        metrics.SHADOW_AGREEMENT.labels(self.queue).set(float("nan") if rate is None else float(rate))
+        metrics.SHADOW_SAMPLES.labels(self.queue).set(figures.samples)
 
     # --- the whole sweep --------------------------------------------------------------------------
 
@@ -376,9 +488,12 @@ class Reaper:
 
         report.stream = await part("stream", self.sweep_stream)
         report.leases = await part("leases", self.rescue_leases)
+        report.shadow_stream = await part("shadow_stream", lambda: self.sweep_stream(shadow=True))
+        report.shadow_leases = await part("shadow_leases", self.rescue_shadow_leases)
         pruned = await part("prune", self.prune_outbox)
         if pruned is not None:
             report.pruned_rows, report.pruned_waiters = pruned
+        await part("shadow_trim", self.trim_shadow_stream)
         report.removed_consumers = await part("consumers", self.remove_idle_consumers) or 0
         report.resent_stranded = await part("stranded", self.resend_stranded) or 0
         report.figures = await part("gauges", self.refresh_gauges)

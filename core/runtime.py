@@ -26,7 +26,7 @@ from .connect import connect_postgres, redis_client
 from .errors import ConfigError
 from .http import HealthServer, Readiness
 from .logs import setup_logging
-from .streams import GROUP, stream_key
+from .streams import GROUP, work_key
 
 log = logging.getLogger("judgequeue.runtime")
 
@@ -77,12 +77,13 @@ class ReadinessProbe:
         await self._redis.ping()
         if not self._need_group:
             return ["ok"]
+        key = work_key(self._settings.queue, self._settings.worker.shadow == "judge")  # a shadow worker's own
         try:
-            groups = await self._redis.xinfo_groups(stream_key(self._settings.queue))
+            groups = await self._redis.xinfo_groups(key)
         except aioredis.ResponseError:  # no such stream yet
             groups = []
         names = {g["name"].decode() if isinstance(g["name"], bytes) else g["name"] for g in groups}
-        return ["ok", "ok" if GROUP in names else f"group {GROUP!r} missing on {stream_key(self._settings.queue)}"]
+        return ["ok", "ok" if GROUP in names else f"group {GROUP!r} missing on {key}"]
 
     async def __call__(self) -> Readiness:
         async with self._lock:

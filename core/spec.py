@@ -34,6 +34,7 @@ from datetime import datetime
 from decimal import Decimal, InvalidOperation
 from typing import Any, Literal
 
+from .agreement import PERCENT_PATTERN, Gate, parse_percent
 from .config import (
     INTAKES,
     POOLERS,
@@ -123,6 +124,9 @@ class Field:
     max_length: int | None = None
     min_length: int | None = None
     required: bool = False
+    #: Required whenever its object is given (the CRD lists it in that object's ``required``); the
+    #: object itself stays optional (``cutover.gate``).
+    required_in_object: bool = False
     setting: tuple[str | None, str] | None = None
     also_read_by: tuple[Role, ...] = ()
     schema_default: tuple[Any] | None = None
@@ -209,6 +213,10 @@ FIELDS: tuple[Field, ...] = (
           setting=("worker", "intake"), also_read_by=("dispatcher",)),
     # Direct intake: open slots an idle worker offers for submits to fill (core/offers.py); 0: none.
     _integer(("worker", "offers"), 0, 1024, setting=("worker", "offers")),
+    # Shadow judging (docs/gitops.md): workers of their own (a Deployment, <name>-shadow-worker) that
+    # judge the shadow stream into shadow verdicts, while the queue row is in shadow mode.
+    Field(("worker", "shadow", "enabled"), "boolean", False),
+    _integer(("worker", "shadow", "replicas"), 0, 100, 1),
     # isolated: the program judge's sandbox is required (and the operator grants the pod what it
     # needs); trusted: submissions are trusted code and run without isolation (JUDGEQUEUE_SANDBOX).
     Field(("worker", "sandbox"), "choice", "isolated", choices=SANDBOX_MODES),
@@ -238,6 +246,13 @@ FIELDS: tuple[Field, ...] = (
     # What the operator does when the queue row's flags differ from the spec without a spec change
     # (someone ran `judgequeue cutover set`): restore the spec's (Git is the truth) or only report it.
     Field(("cutover", "driftPolicy"), "choice", "restore", choices=DRIFT_POLICIES),
+    # The gate on a flip to live: at least minAgreement of at least minSamples compared submissions
+    # (core/agreement.py); both are needed once the gate is given. Absent: no gate.
+    Field(("cutover", "gate", "minAgreement"), "string", pattern=PERCENT_PATTERN, max_length=8,
+          required_in_object=True, hint="a percentage from 0% to 100% such as 99.5%"),
+    Field(("cutover", "gate", "minSamples"), "integer", minimum=1, maximum=1_000_000_000, required_in_object=True),
+    # true: a flip to live goes through whatever the gate says (a one-off: remove it with the next commit).
+    Field(("cutover", "force"), "boolean"),
     # How long a Deployment may roll out without progress before the JudgeQueue turns Degraded
     # (each Deployment's progressDeadlineSeconds).
     _duration(("progressDeadline",), 600.0),
@@ -258,7 +273,7 @@ SECRET_SETTINGS: tuple[tuple[tuple[str, ...], tuple[str | None, str], tuple[Role
 FIELD_BY_PATH: dict[tuple[str, ...], Field] = {f.path: f for f in FIELDS}
 
 #: Objects that hold ``resources`` (``requests`` and ``limits`` maps of quantities).
-RESOURCES: tuple[tuple[str, ...], ...] = (("dispatcher",), ("worker",), ("reaper",))
+RESOURCES: tuple[tuple[str, ...], ...] = (("dispatcher",), ("worker",), ("reaper",), ("worker", "shadow"))
 
 
 @dataclass(frozen=True)
@@ -355,6 +370,18 @@ class NetworkPolicySpec:
 
 
 @dataclass(frozen=True)
+class ShadowWorkers:
+    """``spec.worker.shadow``: shadow workers of their own, while the queue row is in shadow mode."""
+
+    enabled: bool = False
+    replicas: int = 1
+    #: Their own requests and limits (empty: the workers', with a CPU request of 100m, controllers/render.py):
+    #: a small CPU request gives shadow judging a small share of a busy node (Kubernetes turns requests
+    #: into CPU shares), so live workers on the same node are not slowed.
+    resources: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class WorkerSpec:
     min_replicas: int
     max_replicas: int
@@ -368,6 +395,7 @@ class WorkerSpec:
     resources: Mapping[str, Any] = field(default_factory=dict)
     sandbox: Literal["isolated", "trusted"] = "isolated"
     network_policy: NetworkPolicySpec = NetworkPolicySpec()
+    shadow: ShadowWorkers = ShadowWorkers()
 
 
 @dataclass(frozen=True)
@@ -387,6 +415,8 @@ class CutoverSpec:
     mode: Literal["live", "shadow"]
     watermark: datetime | None
     drift_policy: Literal["restore", "report"] = "restore"
+    gate: Gate | None = None  # None: a flip to live is not gated
+    force: bool = False  # a flip to live goes through whatever the gate says
 
 
 @dataclass(frozen=True)
@@ -598,6 +628,10 @@ def parse_spec(spec: Any, *, name: str) -> JudgeQueueSpec | list[str]:
                 errors.append(f"spec.worker.networkPolicy.{service}.cidr: {cidr!r} is not a CIDR ({exc})")
     if (*LISTEN_SECRET, "secretKeyRef", "key") in raw and (*LISTEN_SECRET, "secretKeyRef", "name") not in raw:
         errors.append("spec.postgres.listen.secretKeyRef.name: is required")
+    for f in FIELDS:
+        given_beside = any(p[: len(f.path) - 1] == f.path[:-1] for p in raw)
+        if f.required_in_object and f.path not in raw and given_beside:
+            errors.append(f"{f.name}: is required (spec.{'.'.join(f.path[:-1])} is given)")
     for rule in RULES:
         if any((*rule.obj, k) in bad for k in rule.uses):
             continue  # a field of the rule is already reported
@@ -651,6 +685,8 @@ def _build(
                                  v[("worker", "networkPolicy", "redis", "cidr")]),
                 sentinel_port=v[("worker", "networkPolicy", "redis", "sentinelPort")],
             ),
+            shadow=ShadowWorkers(v[("worker", "shadow", "enabled")], v[("worker", "shadow", "replicas")],
+                                 resources[("worker", "shadow")]),
         ),
         reaper=ReaperSpec(
             replicas=v[("reaper", "replicas")],
@@ -663,7 +699,11 @@ def _build(
             resources=resources[("reaper",)],
         ),
         cutover=CutoverSpec(mode=v[("cutover", "mode")], watermark=v[("cutover", "watermark")],
-                            drift_policy=v[("cutover", "driftPolicy")]),
+                            drift_policy=v[("cutover", "driftPolicy")],
+                            gate=(Gate(parse_percent(v[("cutover", "gate", "minAgreement")]),
+                                       v[("cutover", "gate", "minSamples")])
+                                  if v[("cutover", "gate", "minAgreement")] is not None else None),
+                            force=bool(v[("cutover", "force")])),
         progress_deadline=v[("progressDeadline",)],
         postgres_pooler=v[("postgres", "pooler")],
         postgres_listen=(

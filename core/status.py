@@ -14,6 +14,8 @@ from typing import Any
 import asyncpg
 import redis.asyncio as aioredis
 
+from . import shadow
+from .agreement import OUTCOMES, Agreement
 from .config import format_duration
 from .outbox import OUTBOX_STATES
 from .outbox import stats as outbox_stats
@@ -43,6 +45,8 @@ class Figures:
     paused: bool | None = None
     config_version: int | None = None
     redis_error: str | None = None
+    #: Shadow judging's figures (legacy and shadow verdicts compared), over what retention keeps.
+    shadow: Agreement | None = None
 
     @property
     def backlog(self) -> int:
@@ -128,6 +132,7 @@ async def gather(
 ) -> Figures:
     """Read every figure of ``queue``; a Redis failure is reported in the figures, not raised."""
     stats = await outbox_stats(conn, queue)
+    figures_of = await shadow.agreement(conn, queue)
     flags: QueueFlags | None
     try:
         flags = await get_queue(conn, queue)
@@ -147,6 +152,7 @@ async def gather(
         watermark=flags.watermark if flags else None,
         paused=flags.paused if flags else None,
         config_version=flags.config_version if flags else None,
+        shadow=figures_of,
         **redis_part,
     )
 
@@ -155,6 +161,7 @@ def as_json(figures: Figures, verdict: Verdict) -> dict[str, Any]:
     """The ``--json`` document of ``judgequeue status``."""
     data = asdict(figures)
     data["watermark"] = figures.watermark.isoformat() if figures.watermark else None
+    data["shadow"] = figures.shadow.as_dict() if figures.shadow is not None else None
     data["backlog"] = figures.backlog
     data["healthy"] = verdict.healthy
     data["problems"] = verdict.problems
@@ -191,5 +198,19 @@ def render(figures: Figures, verdict: Verdict) -> str:
         + ("" if figures.group_present in (None, True) else f"  (group {GROUP!r} not created yet)"),
         f"  backlog        {figures.backlog}",
     ]
+    lines += shadow_lines(figures)
     lines += [f"  ! {p}" for p in verdict.problems]
     return "\n".join(lines)
+
+
+def shadow_lines(figures: Figures) -> list[str]:
+    """The shadow section: shown for a queue in shadow mode or one that has shadow figures."""
+    agreement = figures.shadow
+    if agreement is None or (agreement.total.total == 0 and figures.mode != "shadow"):
+        return []
+    lines = [f"  shadow         {agreement.describe()}"]
+    width = max((len(v) for v in agreement.by_verdict), default=0)
+    for verdict, counts in sorted(agreement.by_verdict.items()):
+        cells = "  ".join(f"{o}={getattr(counts, o)}" for o in OUTCOMES)
+        lines.append(f"    {verdict.ljust(width)}  {cells}")
+    return lines

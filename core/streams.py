@@ -48,6 +48,11 @@ def shadow_key(queue: str) -> str:
     return f"jq:{{{queue}}}:shadow"
 
 
+def work_key(queue: str, shadow: bool) -> str:
+    """The stream a worker of either lane reads: the work stream, or the shadow stream (shadow judging)."""
+    return shadow_key(queue) if shadow else stream_key(queue)
+
+
 def dlq_key(queue: str) -> str:
     return f"jq:{{{queue}}}:dlq"
 
@@ -254,6 +259,26 @@ return removed
 """)
 
 
+# Giving up on shadow entries. KEYS: stream, then dedup markers to delete. ARGV: group, consumer, then
+# entry ids. Acks and deletes the entries still pending for this consumer (another that took one over
+# acts on it instead); returns how many. The shadow lane has no DLQ: what it gives up on is recorded
+# in Postgres as a SYSTEM_ERROR shadow verdict before this runs.
+ACK_PENDING = script("ack_pending", """
+local owned = {}
+for i = 3, #ARGV do
+  if #redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[i], ARGV[i], 1, ARGV[2]) == 1 then
+    owned[#owned + 1] = ARGV[i]
+  end
+end
+if #owned > 0 then
+  redis.call('XACK', KEYS[1], ARGV[1], unpack(owned))
+  redis.call('XDEL', KEYS[1], unpack(owned))
+end
+if #KEYS > 1 then redis.call('DEL', unpack(KEYS, 2)) end
+return #owned
+""")
+
+
 async def load_scripts(client: aioredis.Redis) -> None:
     """SCRIPT LOAD every registered script (on every primary when ``client`` is a cluster client)."""
     for registered in list(_REGISTRY.values()):
@@ -398,12 +423,15 @@ def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-async def ensure_group(client: aioredis.Redis, queue: str) -> None:
-    """Create the ``workers`` group from ``0-0`` (with the stream); an existing group is fine."""
+async def ensure_group(client: aioredis.Redis, queue: str, *, shadow: bool = False) -> None:
+    """Create the ``workers`` group from ``0-0`` (with the stream); an existing group is fine.
+
+    ``shadow``: on the shadow stream, where it starts from ``0-0`` too, so a queue that sent entries
+    to it before any shadow worker ran has them all judged once one starts."""
 
     async def create() -> None:
         try:
-            await client.xgroup_create(stream_key(queue), GROUP, id="0-0", mkstream=True)
+            await client.xgroup_create(work_key(queue, shadow), GROUP, id="0-0", mkstream=True)
         except rexc.ResponseError as exc:
             if "BUSYGROUP" not in str(exc):
                 raise
@@ -433,25 +461,27 @@ def decode_entries(entries: Sequence[tuple[bytes | str, dict[Any, Any] | None]])
 
 
 async def read(
-    client: aioredis.Redis, queue: str, consumer: str, *, count: int, block_ms: int | None
+    client: aioredis.Redis, queue: str, consumer: str, *, count: int, block_ms: int | None, shadow: bool = False
 ) -> list[Delivery]:
     """Read up to ``count`` new entries for ``consumer`` (XREADGROUP ... BLOCK ``block_ms``; None:
-    answer at once, as a direct-intake worker's look at the stream does).
+    answer at once, as a direct-intake worker's look at the stream does); ``shadow``: from the
+    shadow stream (a shadow worker).
 
-    A NOGROUP (the stream was deleted, e.g. a Redis restart without persistence) recreates the group
-    and reads again.
+    A NOGROUP (the stream was deleted, e.g. a Redis restart without persistence, or no shadow worker
+    ever read it) creates the group and reads again.
     """
     if count <= 0:
         return []
+    key = work_key(queue, shadow)
 
     async def xreadgroup() -> Any:
         try:
-            return await client.xreadgroup(GROUP, consumer, {stream_key(queue): ">"}, count=count, block=block_ms)
+            return await client.xreadgroup(GROUP, consumer, {key: ">"}, count=count, block=block_ms)
         except rexc.ResponseError as exc:
             if "NOGROUP" not in str(exc):
                 raise
-        await ensure_group(client, queue)
-        return await client.xreadgroup(GROUP, consumer, {stream_key(queue): ">"}, count=count, block=block_ms)
+        await ensure_group(client, queue, shadow=shadow)
+        return await client.xreadgroup(GROUP, consumer, {key: ">"}, count=count, block=block_ms)
 
     reply = await guarded(xreadgroup)
     if not reply:
@@ -467,7 +497,8 @@ async def read(
 
 
 async def ack(
-    client: aioredis.Redis, queue: str, entry_ids: Sequence[str], forget: Sequence[tuple[int, int]] = ()
+    client: aioredis.Redis, queue: str, entry_ids: Sequence[str], forget: Sequence[tuple[int, int]] = (),
+    *, shadow: bool = False,
 ) -> int:
     """XACK and XDEL the entries in one script; returns how many were pending.
 
@@ -476,12 +507,27 @@ async def ack(
     the entry stale) owns the submission, and a later append of the same pair (a re-send after a
     lost mark) is acked as a stale envelope, never judged again. Without this the markers of every
     dispatched job stay for ``seen_ttl`` (24 h by default): Redis memory then grows with the
-    submission rate, about 140 bytes per job (docs/performance.md, soak).
+    submission rate, about 140 bytes per job (docs/performance.md, soak). ``shadow``: entries of the
+    shadow stream, and their shadow markers.
     """
     if not entry_ids:
         return 0
-    keys = [stream_key(queue), *(seen_key(queue, s, g) for s, g in forget)]
+    marker = shadow_seen_key if shadow else seen_key
+    keys = [work_key(queue, shadow), *(marker(queue, s, g) for s, g in forget)]
     return int(await run_script(client, ACK, keys, [GROUP, *entry_ids]))
+
+
+async def ack_pending(
+    client: aioredis.Redis, queue: str, consumer: str, entry_ids: Sequence[str],
+    forget: Sequence[tuple[int, int]] = (), *, shadow: bool = True,
+) -> int:
+    """Ack and delete the entries still pending for ``consumer`` (a give-up: another consumer that
+    took one over acts on it instead); returns how many."""
+    if not entry_ids:
+        return 0
+    marker = shadow_seen_key if shadow else seen_key
+    keys = [work_key(queue, shadow), *(marker(queue, s, g) for s, g in forget)]
+    return int(await run_script(client, ACK_PENDING, keys, [GROUP, consumer, *entry_ids]))
 
 
 @dataclass(frozen=True)
@@ -516,11 +562,13 @@ def _claimed_fields(raw: Any) -> dict[str, str] | None:
 
 
 async def claim_idle(
-    client: aioredis.Redis, queue: str, consumer: str, *, min_idle_ms: int, cursor: str, count: int
+    client: aioredis.Redis, queue: str, consumer: str, *, min_idle_ms: int, cursor: str, count: int,
+    shadow: bool = False,
 ) -> ClaimedBatch:
-    """Claim up to ``count`` entries idle at least ``min_idle_ms`` to ``consumer``, from ``cursor``."""
+    """Claim up to ``count`` entries idle at least ``min_idle_ms`` to ``consumer``, from ``cursor``
+    (of the shadow stream with ``shadow``)."""
     [reply] = await evalsha_many(
-        client, CLAIM, [([stream_key(queue)], [GROUP, consumer, max(1, min_idle_ms), cursor, count])]
+        client, CLAIM, [([work_key(queue, shadow)], [GROUP, consumer, max(1, min_idle_ms), cursor, count])]
     )
     if isinstance(reply, Exception):
         if "NOGROUP" in str(reply):
@@ -535,7 +583,7 @@ async def claim_idle(
 
 
 async def requeue(
-    client: aioredis.Redis, queue: str, consumer: str, entries: Sequence[tuple[str, Envelope]]
+    client: aioredis.Redis, queue: str, consumer: str, entries: Sequence[tuple[str, Envelope]], *, shadow: bool = False
 ) -> tuple[int, int]:
     """Replace each entry still pending for ``consumer`` by a new one carrying its envelope.
 
@@ -546,16 +594,16 @@ async def requeue(
     args: list[str | int | float] = [GROUP, consumer, ",".join(ENVELOPE_FIELDS)]
     for entry_id, envelope in entries:
         args += [entry_id, envelope.packed()]
-    done, skipped = await run_script(client, REQUEUE, [stream_key(queue)], args)
+    done, skipped = await run_script(client, REQUEUE, [work_key(queue, shadow)], args)
     return int(done), int(skipped)
 
 
-async def idle_consumers(client: aioredis.Redis, queue: str, *, idle_ms: int) -> list[str]:
+async def idle_consumers(client: aioredis.Redis, queue: str, *, idle_ms: int, shadow: bool = False) -> list[str]:
     """Consumers of the group idle longer than ``idle_ms`` with nothing pending (candidates to delete)."""
 
     async def info() -> list[dict[Any, Any]]:
         try:
-            return list(await client.xinfo_consumers(stream_key(queue), GROUP))
+            return list(await client.xinfo_consumers(work_key(queue, shadow), GROUP))
         except rexc.ResponseError as exc:
             if "NOGROUP" in str(exc) or "no such key" in str(exc).lower():
                 return []
@@ -571,8 +619,18 @@ async def idle_consumers(client: aioredis.Redis, queue: str, *, idle_ms: int) ->
     ]
 
 
-async def delete_idle_consumers(client: aioredis.Redis, queue: str, names: Sequence[str]) -> int:
+async def delete_idle_consumers(
+    client: aioredis.Redis, queue: str, names: Sequence[str], *, shadow: bool = False
+) -> int:
     """Delete those of ``names`` that hold no pending entry at this instant; returns how many."""
     if not names:
         return 0
-    return int(await run_script(client, DELETE_IDLE_CONSUMERS, [stream_key(queue)], [GROUP, *names]))
+    return int(await run_script(client, DELETE_IDLE_CONSUMERS, [work_key(queue, shadow)], [GROUP, *names]))
+
+
+async def trim_older_than(client: aioredis.Redis, key: str, *, min_id_ms: int) -> int:
+    """XTRIM ``key`` MINID ``min_id_ms``: the entries appended before that Redis time; returns how
+    many went. For the shadow stream only: its entries past the retention
+    are worth nothing (their shadow verdicts would be pruned at once), and a queue may send to it
+    for a long time before any shadow worker reads it."""
+    return int(await guarded(lambda: client.xtrim(key, minid=f"{max(0, min_id_ms)}-0", approximate=False)))

@@ -19,6 +19,11 @@ claims and leases ready outbox rows itself (``outbox.take_direct``, one statemen
 and so no ack), woken by the submits' notifications (:mod:`judgequeue.core.wakeup`); the stream then
 carries what no worker took within a ``schedule``.
 
+A *shadow worker* (``JUDGEQUEUE_SHADOW=judge``, docs/gitops.md) runs the same loop, judge and sandbox
+over the queue's shadow stream instead, in the shadow :class:`Lane`: its leases and verdicts are rows
+of ``judgequeue.shadow_verdicts`` (:mod:`judgequeue.core.shadow`), fenced the same way, and never
+touch the submission, whose status the legacy judge owns. It takes no direct intake and no offers.
+
 A stale envelope (generation moved on, already judging or terminal) is acked and counted, never
 judged. An entry that can never be judged (it does not parse, or the database refuses its lease for
 its values) is dead-lettered at once with the reason, so a poison entry holds no slot beyond one
@@ -44,7 +49,7 @@ from typing import Any
 import asyncpg
 import redis.asyncio as aioredis
 
-from . import dead_letters, failpoints, leases, metrics, outbox, streams
+from . import dead_letters, failpoints, leases, metrics, outbox, shadow, streams
 from .config import Settings
 from .connect import STATEMENT_TIMEOUT
 from .envelope import Envelope
@@ -116,6 +121,90 @@ class _Job:
     lost: bool = False
     releasing: bool = False
 
+
+
+class Lane:
+    """Where a worker's jobs come from and where their leases and verdicts go: the live lane (the
+    work stream, leases and verdicts on ``judgequeue.submissions``). Every method has the fence's
+    contract of :mod:`judgequeue.core.leases`."""
+
+    shadow = False
+    #: Prefix of this lane's ``judgequeue_stale_results_dropped_total`` reasons.
+    stale_prefix = ""
+
+    async def acquire(
+        self, conn: asyncpg.Connection, queue: str, pairs: Sequence[tuple[int, int]], *, ttl: float, worker: str
+    ) -> list[leases.Lease]:
+        return await leases.acquire(conn, queue, pairs, ttl=ttl)
+
+    async def renew(self, conn: asyncpg.Connection, held: Sequence[leases.Lease], *, ttl: float) -> set[uuid.UUID]:
+        return await leases.renew(conn, held, ttl=ttl)
+
+    async def write(self, conn: asyncpg.Connection, writes: Sequence[leases.VerdictWrite]) -> dict[uuid.UUID, float]:
+        return await leases.write_verdicts(conn, writes)
+
+    async def release(self, conn: asyncpg.Connection, held: Sequence[leases.Lease]) -> list[int]:
+        return await leases.release(conn, held)
+
+    async def stale_reasons(self, conn: asyncpg.Connection, pairs: Sequence[tuple[int, int]]) -> list[str]:
+        return await leases.stale_reasons(conn, pairs)
+
+    async def give_up(
+        self, pool: asyncpg.Pool, redis: aioredis.Redis, queue: str, consumer: str,
+        poison: Sequence[dead_letters.Decision],
+    ) -> int:
+        """Set aside entries no retry can judge: Postgres record first, then the DLQ; how many went."""
+        outcomes = await dead_letters.record(pool, poison)
+        dead, _again, _skipped = await dead_letters.to_dlq(redis, queue, consumer, poison, outcomes)
+        metrics.DEAD_LETTERS.labels(queue).inc(dead)
+        return dead
+
+    def verdict_counter(self, queue: str, status: str) -> Any:
+        return metrics.VERDICTS.labels(queue, status)
+
+
+class ShadowLane(Lane):
+    """The shadow lane: the shadow stream, shadow leases and shadow verdicts (core/shadow.py)."""
+
+    shadow = True
+    stale_prefix = "shadow_"
+
+    async def acquire(
+        self, conn: asyncpg.Connection, queue: str, pairs: Sequence[tuple[int, int]], *, ttl: float, worker: str
+    ) -> list[leases.Lease]:
+        return await shadow.acquire(conn, queue, pairs, ttl=ttl, worker=worker)
+
+    async def renew(self, conn: asyncpg.Connection, held: Sequence[leases.Lease], *, ttl: float) -> set[uuid.UUID]:
+        return await shadow.renew(conn, held, ttl=ttl)
+
+    async def write(self, conn: asyncpg.Connection, writes: Sequence[leases.VerdictWrite]) -> dict[uuid.UUID, float]:
+        return await shadow.write_verdicts(conn, writes)
+
+    async def release(self, conn: asyncpg.Connection, held: Sequence[leases.Lease]) -> list[int]:
+        return await shadow.release(conn, held)
+
+    async def stale_reasons(self, conn: asyncpg.Connection, pairs: Sequence[tuple[int, int]]) -> list[str]:
+        return await shadow.stale_reasons(conn, pairs)
+
+    async def give_up(
+        self, pool: asyncpg.Pool, redis: aioredis.Redis, queue: str, consumer: str,
+        poison: Sequence[dead_letters.Decision],
+    ) -> int:
+        """A SYSTEM_ERROR shadow verdict with the reason (where the entry names a submission), then the
+        entry acked and deleted: the shadow lane has no DLQ, and nothing of the submission changes."""
+        pairs = [(d.envelope.submission, d.envelope.generation) for d in poison if d.envelope is not None]
+        if pairs:
+            async with pool.acquire(timeout=STATEMENT_TIMEOUT) as conn:
+                await shadow.give_up(conn, pairs, [d.reason for d in poison if d.envelope is not None])
+        return await streams.ack_pending(redis, queue, consumer, [d.entry.entry_id for d in poison], pairs,
+                                         shadow=True)
+
+    def verdict_counter(self, queue: str, status: str) -> Any:
+        return metrics.SHADOW_VERDICTS.labels(queue, status)
+
+
+LIVE_LANE = Lane()
+SHADOW_LANE = ShadowLane()
 
 
 def verdict_document(verdict: Verdict, lease: leases.Lease, worker: str) -> dict[str, Any]:
@@ -215,8 +304,9 @@ def unleased(asked: Sequence[tuple[int, int]], leased: Sequence[tuple[int, int]]
 class _VerdictWriter:
     """Group commit of fenced verdict writes: one statement per batch of finished jobs."""
 
-    def __init__(self, pool: asyncpg.Pool, stats: WorkerStats, *, linger: float) -> None:
+    def __init__(self, pool: asyncpg.Pool, stats: WorkerStats, *, linger: float, lane: Lane = LIVE_LANE) -> None:
         self._pool = pool
+        self._lane = lane
         self._stats = stats
         self._linger = linger
         self._pending: list[tuple[leases.VerdictWrite, asyncio.Future[float | None]]] = []
@@ -286,7 +376,7 @@ class _VerdictWriter:
         while True:
             try:
                 async with self._pool.acquire(timeout=STATEMENT_TIMEOUT) as conn:
-                    written = await leases.write_verdicts(conn, writes)
+                    written = await self._lane.write(conn, writes)
                 self._stats.verdict_writes += 1
                 failpoints.hit("worker.after_verdict")
                 return written
@@ -311,7 +401,7 @@ class _VerdictWriter:
             for attempt in (write, unstorable_replacement(write)):
                 try:
                     async with self._pool.acquire(timeout=STATEMENT_TIMEOUT) as conn:
-                        written.update(await leases.write_verdicts(conn, [attempt]))
+                        written.update(await self._lane.write(conn, [attempt]))
                     break
                 except DB_ERRORS as exc:
                     if is_permanent(exc):
@@ -350,10 +440,11 @@ class _AckWhenDurable:
     a worker then acks them as stale (lease held) or leases them again (lease lost).
     """
 
-    def __init__(self, pool: asyncpg.Pool, redis: aioredis.Redis, queue: str) -> None:
+    def __init__(self, pool: asyncpg.Pool, redis: aioredis.Redis, queue: str, *, shadow: bool = False) -> None:
         self._pool = pool
         self._redis = redis
         self._queue = queue
+        self._shadow = shadow
         self._pending: list[str] = []
         self._forget: list[tuple[int, int] | None] = []  # each entry's (submission, generation)
         self._wake = asyncio.Event()
@@ -398,7 +489,9 @@ class _AckWhenDurable:
         try:
             for start in range(0, len(entry_ids), ACK_BATCH):
                 pairs = [p for p in forget[start : start + ACK_BATCH] if p is not None]
-                await streams.ack(self._redis, self._queue, entry_ids[start : start + ACK_BATCH], pairs)
+                await streams.ack(
+                    self._redis, self._queue, entry_ids[start : start + ACK_BATCH], pairs, shadow=self._shadow
+                )
             failpoints.hit("worker.after_ack")
         except TransportError as exc:
             # Harmless: the entries stay pending, get re-delivered and are then acked as stale.
@@ -438,10 +531,12 @@ class Worker:
         self.stats = WorkerStats()
         self._jobs: dict[uuid.UUID, _Job] = {}
         self._slot_freed = asyncio.Event()
-        self._writer = _VerdictWriter(pool, self.stats, linger=VERDICT_LINGER)
+        #: The shadow lane (JUDGEQUEUE_SHADOW=judge) judges the shadow stream only, into shadow verdicts.
+        self.lane: Lane = SHADOW_LANE if self.cfg.shadow == "judge" else LIVE_LANE
+        self._writer = _VerdictWriter(pool, self.stats, linger=VERDICT_LINGER, lane=self.lane)
         self._intake = HeldSession(pool)  # the read loop's leases: one session, not one per batch
-        self._acks = _AckWhenDurable(pool, redis, self.queue)
-        self.direct = self.cfg.intake == "direct"
+        self._acks = _AckWhenDurable(pool, redis, self.queue, shadow=self.lane.shadow)
+        self.direct = self.cfg.intake == "direct" and not self.lane.shadow
         self._stream_checked = -float("inf")  # direct intake: when the stream was last read
         self._stream_flowing = False  # direct intake: the last read of the stream found entries
         self._streak = 0  # direct intake: takes in a row that found rows without waiting
@@ -459,7 +554,7 @@ class Worker:
         self._m_e2e = metrics.END_TO_END.labels(q)
         self._m_in_flight = metrics.JOBS_IN_FLIGHT.labels(q)
         self._m_renew_failures = metrics.LEASE_RENEW_FAILURES.labels(q)
-        self._m_verdicts: dict[str, Any] = metrics.verdict_series(q)
+        self._m_verdicts: dict[str, Any] = {} if self.lane.shadow else metrics.verdict_series(q)
 
     # --- public -----------------------------------------------------------------------------------
 
@@ -495,7 +590,8 @@ class Worker:
                     continue
                 try:
                     deliveries = await streams.read(
-                        self.redis, self.queue, self.name, count=free, block_ms=self.block_ms
+                        self.redis, self.queue, self.name, count=free, block_ms=self.block_ms,
+                        shadow=self.lane.shadow,
                     )
                     failures = 0
                 except TransportError as exc:
@@ -733,7 +829,9 @@ class Worker:
             try:
                 conn = await self._intake.get()
                 pairs = [(env.submission, env.generation) for _, env in batch]
-                got = await unless_stopped(stop, leases.acquire(conn, self.queue, pairs, ttl=self.cfg.lease_ttl))
+                got = await unless_stopped(
+                    stop, self.lane.acquire(conn, self.queue, pairs, ttl=self.cfg.lease_ttl, worker=self.name)
+                )
                 if got is None:
                     # Stopping while the statement hung: the entries stay pending for the reaper,
                     # and a lease it did take expires and is rescued like a crashed worker's.
@@ -798,25 +896,23 @@ class Worker:
         ``maxDeliveries`` as before, so nothing is lost; this worker moves on either way.
         """
         try:
-            outcomes = await dead_letters.record(self.pool, poison)
-            dead, _again, _skipped = await dead_letters.to_dlq(self.redis, self.queue, self.name, poison, outcomes)
+            dead = await self.lane.give_up(self.pool, self.redis, self.queue, self.name, poison)
         except SERVER_ERRORS as exc:
             log.warning("dead-letter failed; left pending for the reaper", extra={"error": str(exc)})
             return
         self.stats.dead_lettered += dead
-        metrics.DEAD_LETTERS.labels(self.queue).inc(dead)
         for d in poison:
             log.error("entry dead-lettered", extra={"entry": d.entry.entry_id, "reason": d.reason})
 
     async def _count_stale(self, stale: list[tuple[int, int]]) -> None:
         self.stats.stale_envelopes += len(stale)
         try:
-            reasons = await leases.stale_reasons(await self._intake.get(), stale)
+            reasons = await self.lane.stale_reasons(await self._intake.get(), stale)
         except DB_ERRORS:
             await self._intake.drop()
             reasons = ["unknown"] * len(stale)
         for reason in reasons:
-            metrics.STALE_RESULTS_DROPPED.labels(self.queue, f"envelope_{reason}").inc()
+            metrics.STALE_RESULTS_DROPPED.labels(self.queue, f"{self.lane.stale_prefix}envelope_{reason}").inc()
         log.info("stale envelopes acked", extra={"count": len(stale), "reasons": sorted(set(reasons))})
 
     # --- one job ----------------------------------------------------------------------------------
@@ -839,7 +935,7 @@ class Worker:
                     current.uncancel()
                 if job.lost:
                     self.stats.lost_leases += 1
-                    metrics.STALE_RESULTS_DROPPED.labels(self.queue, "lease_lost").inc()
+                    metrics.STALE_RESULTS_DROPPED.labels(self.queue, f"{self.lane.stale_prefix}lease_lost").inc()
                     log.info("lease lost; judge cancelled", extra={"submission": lease.submission})
                 return  # releasing: _shutdown gives the lease back
             except Exception as exc:
@@ -863,15 +959,16 @@ class Worker:
                 return
             if end_to_end is None:
                 self.stats.stale_results += 1
-                metrics.STALE_RESULTS_DROPPED.labels(self.queue, "stale_verdict").inc()
+                metrics.STALE_RESULTS_DROPPED.labels(self.queue, f"{self.lane.stale_prefix}stale_verdict").inc()
                 log.info("stale verdict dropped", extra={"submission": lease.submission})
                 return
             self.stats.written += 1
             counter = self._m_verdicts.get(verdict.status)
             if counter is None:
-                counter = self._m_verdicts[verdict.status] = metrics.VERDICTS.labels(self.queue, verdict.status)
+                counter = self._m_verdicts[verdict.status] = self.lane.verdict_counter(self.queue, verdict.status)
             counter.inc()
-            self._m_e2e.observe(end_to_end)
+            if not self.lane.shadow:  # a shadow verdict's seconds are its judging, not created -> verdict
+                self._m_e2e.observe(end_to_end)
         finally:
             job.phase = "done"
             self._m_in_flight.dec()
@@ -893,7 +990,7 @@ class Worker:
                 continue
             try:
                 async with self.pool.acquire(timeout=STATEMENT_TIMEOUT) as conn:
-                    held = await leases.renew(conn, [j.lease for j in jobs], ttl=self.cfg.lease_ttl)
+                    held = await self.lane.renew(conn, [j.lease for j in jobs], ttl=self.cfg.lease_ttl)
             except DB_ERRORS as exc:
                 # Keep judging: the fence decides at write time whether the result still counts.
                 self._m_renew_failures.inc()
@@ -952,7 +1049,7 @@ class Worker:
                 break
             try:
                 async with asyncio.timeout(left), self.pool.acquire(timeout=STATEMENT_TIMEOUT) as conn:
-                    released = await leases.release(conn, held)
+                    released = await self.lane.release(conn, held)
                 self.stats.released += len(released)
                 log.info("released in-flight jobs", extra={"released": len(released), "asked": len(held)})
                 return

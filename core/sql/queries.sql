@@ -481,6 +481,199 @@ UPDATE judgequeue.queues
  WHERE name = $1 AND ($6::text IS NULL OR owner = $6)
 RETURNING name, mode, watermark, paused, config_version, updated_at, owner
 
+-- name: shadow_acquire
+-- Take shadow leases for (submission, generation) pairs of a queue: a new row, a row of an older generation, or one whose lease expired or waits for a delivery.
+WITH no_flush_wait AS MATERIALIZED (
+    SELECT set_config('synchronous_commit', 'off', true)
+), src AS (
+    SELECT DISTINCT ON (s.id) s.id, s.generation, e.attempt, s.payload, s.created_at
+      FROM judgequeue.submissions s
+      JOIN unnest($1::bigint[], $2::bigint[], $3::uuid[]) WITH ORDINALITY AS e(id, generation, attempt, n)
+        ON s.id = e.id AND s.generation = e.generation
+     WHERE s.id = ANY($1::bigint[]) AND s.queue = $4
+     ORDER BY s.id, e.n
+), taken AS (
+    INSERT INTO judgequeue.shadow_verdicts AS v
+           (submission_id, queue, generation, attempt, status, worker, lease_expires_at, started_at)
+    SELECT src.id, $4, src.generation, src.attempt, 'JUDGING', $6, now() + make_interval(secs => $5::float8), now()
+      FROM src, no_flush_wait
+    ON CONFLICT (submission_id) DO UPDATE
+       SET generation = excluded.generation, attempt = excluded.attempt, status = 'JUDGING', details = NULL,
+           worker = excluded.worker, lease_expires_at = excluded.lease_expires_at, started_at = now(),
+           judged_at = NULL,
+           retry_count = CASE WHEN v.generation = excluded.generation THEN v.retry_count ELSE 0 END
+     WHERE v.generation < excluded.generation
+        OR (v.generation = excluded.generation AND v.status = 'JUDGING'
+            AND (v.attempt IS NULL OR v.lease_expires_at < now()))
+    RETURNING v.submission_id, v.generation, v.attempt
+)
+SELECT t.submission_id AS id, t.generation, t.attempt AS attempt_id, src.payload::text AS payload, src.created_at
+  FROM taken t JOIN src ON src.id = t.submission_id
+
+-- name: shadow_renew
+-- Extend shadow leases still held under their fence (a shadow worker's heartbeat); a rejudge (the submission's generation moved) ends them.
+UPDATE judgequeue.shadow_verdicts v
+   SET lease_expires_at = now() + make_interval(secs => $4::float8)
+  FROM unnest($1::bigint[], $2::bigint[], $3::uuid[]) AS l(id, generation, attempt), judgequeue.submissions s
+ WHERE v.submission_id = ANY($1::bigint[])
+   AND v.submission_id = l.id AND v.generation = l.generation AND v.attempt = l.attempt AND v.status = 'JUDGING'
+   AND s.id = v.submission_id AND s.generation = v.generation
+RETURNING v.attempt AS attempt_id
+
+-- name: shadow_verdict
+-- Write shadow verdicts fenced on (submission, generation, attempt, JUDGING) and the submission's own generation; the details are the verdict document's.
+UPDATE judgequeue.shadow_verdicts v
+   SET status = w.status,
+       details = w.doc -> 'details',
+       lease_expires_at = NULL,
+       judged_at = now()
+  FROM unnest($1::bigint[], $2::bigint[], $3::uuid[], $4::text[], $5::jsonb[]) AS w(id, generation, attempt, status, doc),
+       judgequeue.submissions s
+ WHERE v.submission_id = ANY($1::bigint[])
+   AND v.submission_id = w.id AND v.generation = w.generation AND v.attempt = w.attempt AND v.status = 'JUDGING'
+   AND s.id = v.submission_id AND s.generation = v.generation
+RETURNING v.attempt AS attempt_id, extract(epoch FROM now() - v.started_at)::float8 AS seconds
+
+-- name: shadow_release
+-- Give shadow leases back (a stopping worker): expired at once, waiting for the reaper to send them again.
+UPDATE judgequeue.shadow_verdicts v
+   SET attempt = NULL, lease_expires_at = now()
+  FROM unnest($1::bigint[], $2::bigint[], $3::uuid[]) AS l(id, generation, attempt)
+ WHERE v.submission_id = ANY($1::bigint[])
+   AND v.submission_id = l.id AND v.generation = l.generation AND v.attempt = l.attempt AND v.status = 'JUDGING'
+RETURNING v.submission_id AS id
+
+-- name: shadow_stale_reasons
+-- The submission's current generation and its shadow row's generation and status, per (id, generation) pair, in order.
+SELECT e.id, e.generation, s.generation AS current_generation, v.generation AS shadow_generation,
+       v.status AS shadow_status
+  FROM unnest($1::bigint[], $2::bigint[]) WITH ORDINALITY AS e(id, generation, n)
+  LEFT JOIN judgequeue.submissions s ON s.id = e.id
+  LEFT JOIN judgequeue.shadow_verdicts v ON v.submission_id = e.id
+ ORDER BY e.n
+
+-- name: shadow_rescue_expired
+-- Expired shadow leases of a queue: sent again (attempt NULL, resend in $4 s if no delivery takes it), or SYSTEM_ERROR at $2 expiries.
+WITH doomed AS (
+    SELECT submission_id
+      FROM judgequeue.shadow_verdicts
+     WHERE status = 'JUDGING' AND lease_expires_at < now() AND queue = $1
+     ORDER BY lease_expires_at
+     LIMIT $3
+       FOR UPDATE SKIP LOCKED
+), failed AS (
+    UPDATE judgequeue.shadow_verdicts v
+       SET status = 'SYSTEM_ERROR', attempt = NULL, lease_expires_at = NULL, judged_at = now(),
+           retry_count = v.retry_count + 1,
+           details = jsonb_build_object('reason', format('shadow judging gave up after %s lease expiries',
+                                                         v.retry_count + 1))
+      FROM doomed d
+     WHERE v.submission_id = d.submission_id AND v.retry_count + 1 >= $2
+    RETURNING v.submission_id, v.generation
+), resent AS (
+    UPDATE judgequeue.shadow_verdicts v
+       SET attempt = NULL, retry_count = v.retry_count + 1,
+           lease_expires_at = now() + make_interval(secs => $4::float8)
+      FROM doomed d
+     WHERE v.submission_id = d.submission_id AND v.retry_count + 1 < $2
+    RETURNING v.submission_id, v.generation
+)
+SELECT 'resend' AS outcome, r.submission_id, r.generation, coalesce(o.id, 0) AS outbox_id,
+       coalesce(o.attempts, 0) AS attempts
+  FROM resent r
+  LEFT JOIN judgequeue.outbox o ON o.submission_id = r.submission_id AND o.generation = r.generation
+UNION ALL
+SELECT 'failed', f.submission_id, f.generation, 0, 0 FROM failed f
+
+-- name: shadow_give_up
+-- Give up shadow-judging (submission, generation) pairs: a SYSTEM_ERROR shadow verdict with the reason, unless a held lease or a final verdict of that generation has the row; one outcome per pair.
+WITH input AS (
+    SELECT i.id, i.generation, i.reason, i.ord
+      FROM unnest($1::bigint[], $2::bigint[], $3::text[]) WITH ORDINALITY AS i(id, generation, reason, ord)
+), src AS (
+    SELECT DISTINCT ON (i.id) i.id, i.generation, i.reason, s.queue
+      FROM input i JOIN judgequeue.submissions s ON s.id = i.id AND s.generation = i.generation
+     ORDER BY i.id, i.ord
+), failed AS (
+    INSERT INTO judgequeue.shadow_verdicts AS v (submission_id, queue, generation, status, details, judged_at)
+    SELECT src.id, src.queue, src.generation, 'SYSTEM_ERROR', jsonb_build_object('reason', src.reason), now()
+      FROM src
+    ON CONFLICT (submission_id) DO UPDATE
+       SET generation = excluded.generation, status = 'SYSTEM_ERROR', details = excluded.details, attempt = NULL,
+           worker = NULL, lease_expires_at = NULL, judged_at = now(),
+           retry_count = CASE WHEN v.generation = excluded.generation THEN v.retry_count ELSE 0 END
+     WHERE v.generation < excluded.generation
+        OR (v.generation = excluded.generation AND v.status = 'JUDGING'
+            AND (v.attempt IS NULL OR v.lease_expires_at < now()))
+    RETURNING v.submission_id
+)
+SELECT i.ord,
+       CASE
+           WHEN f.submission_id IS NOT NULL THEN 'recorded'
+           WHEN s.id IS NULL THEN 'unknown'
+           WHEN s.generation <> i.generation THEN 'superseded'
+           WHEN v.status IS NULL THEN 'unknown'
+           ELSE lower(v.status)
+       END AS outcome
+  FROM input i
+  LEFT JOIN failed f ON f.submission_id = i.id
+  LEFT JOIN judgequeue.submissions s ON s.id = i.id
+  LEFT JOIN judgequeue.shadow_verdicts v ON v.submission_id = i.id
+ ORDER BY i.ord
+
+-- name: report_legacy_verdict
+-- Record the legacy judge's verdict of a submission in the caller's transaction (refusals: JQ003, JQ006-JQ008).
+SELECT judgequeue.report_legacy_verdict($1::bigint, $2::text, $3::jsonb)
+
+-- name: shadow_agreement
+-- A queue's legacy and final shadow verdicts paired by submission, counted by their two statuses (NULL: absent); $2 = states.VERDICTS.
+WITH l AS (
+    SELECT submission_id, status FROM judgequeue.legacy_verdicts WHERE queue = $1
+), s AS (
+    SELECT submission_id, status FROM judgequeue.shadow_verdicts WHERE queue = $1 AND status = ANY($2::text[])
+)
+SELECT l.status AS legacy, s.status AS shadow, count(*)::bigint AS n
+  FROM l FULL JOIN s USING (submission_id)
+ GROUP BY 1, 2
+
+-- name: shadow_mismatches
+-- Submissions whose legacy and final shadow verdicts differ in status (agreement.agree in SQL), newest first; $1 NULL: every queue.
+SELECT l.submission_id, l.queue, v.generation, l.status AS legacy_status, l.details::text AS legacy_details,
+       l.reported_at, v.status AS shadow_status, v.details::text AS shadow_details, v.judged_at
+  FROM judgequeue.legacy_verdicts l
+  JOIN judgequeue.shadow_verdicts v ON v.submission_id = l.submission_id
+ WHERE ($1::text IS NULL OR l.queue = $1)
+   AND v.status = ANY($2::text[])
+   AND v.status <> l.status
+ ORDER BY greatest(l.reported_at, v.judged_at) DESC, l.submission_id DESC
+ LIMIT $3
+
+-- name: shadow_verdicts_prune
+-- Delete a batch of a queue's final shadow verdicts judged before the retention, oldest first; $4 = states.VERDICTS.
+WITH doomed AS (
+    SELECT submission_id FROM judgequeue.shadow_verdicts
+     WHERE queue = $3
+       AND judged_at IS NOT NULL
+       AND judged_at < now() - make_interval(secs => $1)
+       AND status = ANY($4::text[])
+     ORDER BY judged_at
+     LIMIT $2
+       FOR UPDATE SKIP LOCKED
+)
+DELETE FROM judgequeue.shadow_verdicts v USING doomed WHERE v.submission_id = doomed.submission_id
+
+-- name: legacy_verdicts_prune
+-- Delete a batch of a queue's legacy verdicts reported before the retention, oldest first.
+WITH doomed AS (
+    SELECT submission_id FROM judgequeue.legacy_verdicts
+     WHERE queue = $3
+       AND reported_at < now() - make_interval(secs => $1)
+     ORDER BY reported_at
+     LIMIT $2
+       FOR UPDATE SKIP LOCKED
+)
+DELETE FROM judgequeue.legacy_verdicts l USING doomed WHERE l.submission_id = doomed.submission_id
+
 -- name: problem_file_exists
 -- True when a package file is stored.
 SELECT true FROM judgequeue.problem_files WHERE sha256 = $1

@@ -103,6 +103,8 @@ OWNERS = {
     "problems": {"problems"},
     "problem_files": {"problems"},
     "problem_chunks": {"problems"},
+    "shadow_verdicts": {"shadow"},
+    "legacy_verdicts": {"shadow"},
 }
 _WRITE = re.compile(r"\b(?:INSERT\s+INTO|UPDATE|DELETE\s+FROM)\s+judgequeue\.(\w+)")
 
@@ -167,18 +169,23 @@ async def test_state_lists_match_the_check_constraints(pg: asyncpg.Connection) -
     assert await _check_values(pg, "submissions", "status") == set(states.SUBMISSION_STATUSES)
     assert await _check_values(pg, "outbox", "state") == set(states.OUTBOX_STATES)
     assert await _check_values(pg, "queues", "mode") == set(states.MODES)
+    assert await _check_values(pg, "shadow_verdicts", "status") == {"JUDGING", *states.VERDICTS}
+    assert await _check_values(pg, "legacy_verdicts", "status") == set(states.VERDICTS)
+    # report_legacy_verdict() checks names against this list before the CHECK would.
+    assert await pg.fetchval("SELECT judgequeue.verdict_names()") == list(states.VERDICTS)
 
 
 def test_the_verdict_list_is_the_one_documented_and_counted() -> None:
     """docs/judges.md has one verdict table; it, the metrics' zero series and states.VERDICTS agree
     (the CHECK is compared above), PRESENTATION_ERROR included (migration 0008)."""
-    from judgequeue.core.metrics import verdict_series
+    from judgequeue.core.metrics import shadow_series, verdict_series
 
     section = (ROOT / "docs" / "judges.md").read_text().split("## Verdicts", 1)[1].split("\n## ", 1)[0]
     documented = re.findall(r"^\| `([A-Z_]+)` \|", section, re.M)
     assert documented == list(states.VERDICTS)
     assert "PRESENTATION_ERROR" in states.VERDICTS
     assert set(verdict_series("q")) == set(states.VERDICTS)
+    assert {v for v, _ in shadow_series("q")} == set(states.VERDICTS)
 
 
 def test_state_lists_partition_cleanly() -> None:

@@ -67,6 +67,17 @@ CATALOGUE: list[tuple[str, dict[str, Any], list[str]]] = [
     ("log level", _spec(logLevel="TRACE"), ["spec.logLevel", "Unsupported value"]),
     ("resource amount not a quantity type", _spec(worker={"resources": {"limits": {"memory": True}}}),
      ["spec.worker.resources.limits.memory"]),
+    ("gate agreement not a percentage", _spec(cutover={"gate": {"minAgreement": "0.995", "minSamples": 10}}),
+     ["spec.cutover.gate.minAgreement", "should match"]),
+    ("gate agreement over 100%", _spec(cutover={"gate": {"minAgreement": "100.5%", "minSamples": 10}}),
+     ["spec.cutover.gate.minAgreement", "should match"]),
+    ("gate without a sample size", _spec(cutover={"gate": {"minAgreement": "99.5%"}}),
+     ["spec.cutover.gate.minSamples: Required value"]),
+    ("gate of no samples", _spec(cutover={"gate": {"minAgreement": "99.5%", "minSamples": 0}}),
+     ["spec.cutover.gate.minSamples", "greater than or equal to 1"]),
+    ("force not a boolean", _spec(cutover={"force": "yes"}), ["spec.cutover.force", "boolean"]),
+    ("too many shadow workers", _spec(worker={"shadow": {"enabled": True, "replicas": 500}}),
+     ["spec.worker.shadow.replicas", "less than or equal to 100"]),
 ]
 
 # What the API server used to accept and the operator could only report later (or never): refused at
@@ -128,6 +139,16 @@ def test_edge_values_pass_the_door(crd_installed: Cluster, namespace: str) -> No
         dispatcher={"schedule": "0.5s"}, reaper={"retention": "0.5d"}, progressDeadline="90s")
     created = crd_installed.request("POST", jq_path(namespace), obj)
     assert created["spec"]["worker"]["concurrency"] == 64
+    assert created["spec"]["worker"]["shadow"] == {"enabled": False, "replicas": 1}  # defaulted
+    gated = judgequeue("gated", "gated", cutover={"mode": "shadow", "force": False,
+                                                  "gate": {"minAgreement": "100%", "minSamples": 1}},
+                       worker={"shadow": {"enabled": True, "replicas": 0, "resources": {"requests": {"cpu": "100m"}}}})
+    assert crd_installed.request("POST", jq_path(namespace), gated)["spec"]["cutover"]["gate"] == {
+        "minAgreement": "100%", "minSamples": 1}
+    for agreement in ("0%", "99.999%", "100.000%", "7%"):
+        edge = judgequeue(f"gate-{agreement.rstrip('%').replace('.', '-')}", "edge",
+                          cutover={"gate": {"minAgreement": agreement, "minSamples": 1_000_000_000}})
+        crd_installed.request("POST", jq_path(namespace), edge)
 
 
 @pytest.mark.parametrize(("case", "obj", "expected"), CATALOGUE, ids=[c[0] for c in CATALOGUE])

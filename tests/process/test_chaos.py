@@ -63,6 +63,29 @@ async def test_chaos_with_offers_keeps_every_invariant(
     assert report.filled_offers >= config.submissions // 10, "the offers must carry jobs"
 
 
+async def test_chaos_with_shadow_judging_keeps_every_invariant(
+    pg_dsn: str, queue_name: str, redis_client: aioredis.Redis, tmp_path: Path
+) -> None:
+    """Shadow workers judge the legacy submissions (each up to a second) while every role, shadow
+    workers included, is killed, frozen and failpointed, through the flip to live and after it: every
+    shadow-sent submission still gets exactly one shadow verdict of its own status (or an explained
+    SYSTEM_ERROR), no stale shadow attempt writes, and the submissions stay the legacy judge's."""
+    config = ChaosConfig(submissions=600, chaos_seconds=20, seed=23, legacy=300, shadow_workers=2,
+                         workers=2, reapers=2, legacy_seconds=1.5)
+    # A re-send a killed reaper lost is sent again after redispatchAfter: within the drain deadline here.
+    config.role_env = {**config.role_env, "JUDGEQUEUE_REDISPATCH_AFTER": "10s"}
+    report = await Chaos(pg_dsn, REDIS_URL, queue_name, config, tmp_path).run()
+    print(json.dumps(report.as_dict(), indent=1))
+    assert report.kills > 5, "the run must actually kill processes"
+    assert report.violations == [], report.violations
+    assert report.lost_submissions == 0 and report.stale_writes_accepted == 0
+    assert report.shadow_expected >= config.legacy and report.shadow_lost == 0 and report.shadow_wrong == 0
+    assert report.shadow_judged + report.shadow_system_errors == report.shadow_expected
+    assert report.shadow_stale_writes_accepted == 0 and report.shadow_touched_submissions == 0
+    # Shadow workers died mid-judge and their leases were taken over or sent again.
+    assert report.shadow_kills > 0 and report.shadow_rescued + report.shadow_takeovers > 0
+
+
 async def test_server_fault_chaos_keeps_every_invariant(queue_name: str, tmp_path: Path) -> None:
     """Issue 13: every server-side fault kind at least once while jobs flow; no role may exit, every
     committed submission gets its one verdict, and SIGTERM after the faults exits 0 everywhere."""

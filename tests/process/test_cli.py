@@ -307,3 +307,29 @@ def test_a_worker_with_an_uninstalled_judge_leaves_its_line_in_the_termination_l
     result = subprocess.run([sys.executable, "-c", WITH_TERMINATION_LOG, str(absent), "worker"], env=env,
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and not absent.exists()
+
+
+async def test_shadow_diff_lists_mismatches_and_refuses_a_bad_limit(pg_dsn: str, queue_name: str) -> None:
+    """``judgequeue shadow diff``: nothing to show, then a mismatch with both sides' per-test tables,
+    scoped by --queue / $JUDGEQUEUE_QUEUE (every queue without either); a bad --limit is a usage error."""
+    assert jq("queue", "create", queue_name, "--mode", "shadow", dsn=pg_dsn).returncode == 0
+    assert jq("shadow", "diff", dsn=pg_dsn, queue=queue_name).stdout.strip() == f"no mismatches in queue {queue_name}"
+    async with connection(pg_dsn) as conn:
+        sid = await conn.fetchval("SELECT judgequeue.submit($1, '{}')", queue_name)
+        await conn.execute("INSERT INTO judgequeue.shadow_verdicts (submission_id, queue, generation, status, details,"
+                           " judged_at) VALUES ($1, $2, 1, 'ACCEPTED', $3::jsonb, now())", sid, queue_name,
+                           json.dumps({"tests": [{"test": 1, "verdict": "ACCEPTED", "cpu_ms": 3}]}))
+        await conn.execute("SELECT judgequeue.report_legacy_verdict($1, 'WRONG_ANSWER', $2::jsonb)", sid,
+                           json.dumps({"tests": [{"test": 1, "verdict": "WRONG_ANSWER", "message": "line 2"}]}))
+    shown = jq("shadow", "diff", dsn=pg_dsn, queue=queue_name)
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert lines[0] == f"submission {sid}  queue {queue_name}  generation 1: legacy WRONG_ANSWER, shadow ACCEPTED"
+    assert lines[1].startswith("  legacy  WRONG_ANSWER  (reported ") and "line 2" in lines[3]
+    assert any(line.startswith("  shadow  ACCEPTED  (judged ") for line in lines)
+    everywhere = ok_json(jq("shadow", "diff", "--json", dsn=pg_dsn))  # no queue named: every queue
+    assert [(m["submission"], m["legacy"]["status"], m["shadow"]["status"]) for m in everywhere] == [
+        (sid, "WRONG_ANSWER", "ACCEPTED")]
+    assert ok_json(jq("shadow", "diff", "--json", "--queue", "another", dsn=pg_dsn)) == []
+    bad = jq("shadow", "diff", "--limit", "0", dsn=pg_dsn)
+    assert bad.returncode == 2 and "--limit must be 1 or more" in bad.stderr

@@ -10,6 +10,14 @@ Used by ``tests/test_chaos.py`` (CI size) and ``bench/chaos_run.py`` (larger). T
 3. stops the chaos, lets the system drain, and checks every invariant of docs/design.md §6 from
    Postgres (an audit trigger records every status/generation transition) and Redis.
 
+With ``ChaosConfig.shadow_workers`` the legacy submissions are also judged by shadow workers
+(``JUDGEQUEUE_SHADOW=judge`` processes, killed, frozen and failpointed like the others), each legacy
+job sleeping up to ``legacy_seconds`` so that shadow judging runs on through the chaos after the flip.
+The audit then covers ``judgequeue.shadow_verdicts`` too, and the run checks the same invariants
+on the shadow side: every shadow-sent submission ends with exactly one shadow verdict (its payload's
+status, or an explained SYSTEM_ERROR), no shadow verdict is written by a stale attempt, the
+submissions stay the legacy judge's (PENDING), and the shadow stream and its PEL end empty.
+
 With ``ChaosConfig.server_faults`` the faults come from the servers instead (issue 13): the run owns
 a Postgres server and a redis-server (:func:`fault_targets`), the roles reach both through TCP
 proxies, and a fault loop terminates every backend, sets ``idle_session_timeout`` to a few hundred
@@ -60,6 +68,10 @@ FAILPOINTS = {
     "worker": ["worker.after_lease", "worker.after_ack", "worker.after_judge", "worker.after_verdict"],
     "reaper": ["reaper.after_claim", "reaper.dead_letter.after_postgres", "reaper.after_lease_rescue"],
 }
+FAILPOINTS["shadow-worker"] = FAILPOINTS["worker"]  # the same worker, in the shadow lane
+
+#: The process each slot's role runs (a shadow worker is ``judgequeue worker`` with JUDGEQUEUE_SHADOW=judge).
+COMMAND = {"dispatcher": "dispatcher", "worker": "worker", "reaper": "reaper", "shadow-worker": "worker"}
 
 #: The server-side faults of a ``server_faults`` run, each injected by :meth:`Chaos._inject`.
 SERVER_FAULTS = (
@@ -93,6 +105,31 @@ END $$;
 CREATE TRIGGER chaos_audit AFTER UPDATE ON judgequeue.submissions FOR EACH ROW
     WHEN (OLD.status IS DISTINCT FROM NEW.status OR OLD.generation IS DISTINCT FROM NEW.generation)
     EXECUTE FUNCTION public.chaos_audit_fn();
+CREATE TABLE public.chaos_shadow_audit (
+    seq          bigserial PRIMARY KEY,
+    submission   bigint NOT NULL,
+    old_gen      bigint,
+    new_gen      bigint NOT NULL,
+    old_status   text,
+    new_status   text NOT NULL,
+    old_attempt  uuid,
+    new_attempt  uuid,
+    at           timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE FUNCTION public.chaos_shadow_audit_fn() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'INSERT' THEN
+        INSERT INTO public.chaos_shadow_audit (submission, new_gen, new_status, new_attempt)
+        VALUES (NEW.submission_id, NEW.generation, NEW.status, NEW.attempt);
+    ELSE
+        INSERT INTO public.chaos_shadow_audit (submission, old_gen, new_gen, old_status, new_status, old_attempt,
+                                               new_attempt)
+        VALUES (NEW.submission_id, OLD.generation, NEW.generation, OLD.status, NEW.status, OLD.attempt, NEW.attempt);
+    END IF;
+    RETURN NEW;
+END $$;
+CREATE TRIGGER chaos_shadow_audit AFTER INSERT OR UPDATE ON judgequeue.shadow_verdicts FOR EACH ROW
+    EXECUTE FUNCTION public.chaos_shadow_audit_fn();
 """
 
 
@@ -111,6 +148,10 @@ class ChaosConfig:
     seed: int = 1
     #: Each job sleeps a random time up to this (the sleep judge).
     job_seconds: float = 0.2
+    #: Shadow worker processes judging the legacy submissions (0: none, the legacy jobs do not sleep).
+    shadow_workers: int = 0
+    #: With shadow workers: each legacy job sleeps a random time up to this.
+    legacy_seconds: float = 1.0
     #: Server-side faults instead of kills and failpoints (needs the ``targets`` of :func:`fault_targets`).
     server_faults: bool = False
     #: Pause between the end of one server fault and the start of the next.
@@ -172,6 +213,19 @@ class ChaosReport:
     taken_by_workers: int = 0
     #: Of those, rows a submit handed to a worker's open offer (sent in the submit's transaction).
     filled_offers: int = 0
+    # shadow judging (shadow_workers > 0)
+    shadow_expected: int = 0
+    shadow_judged: int = 0
+    shadow_system_errors: int = 0
+    shadow_lost: int = 0
+    shadow_wrong: int = 0
+    shadow_stale_writes_accepted: int = 0
+    shadow_kills: int = 0  # shadow workers killed or frozen
+    shadow_takeovers: int = 0  # a lease taken over from an attempt that died or froze (expired)
+    shadow_rescued: int = 0  # a lease sent again by a reaper, or released by a stopping worker
+    shadow_touched_submissions: int = 0
+    leftover_shadow_entries: int = 0
+    leftover_shadow_pel: int = 0
     # server-fault runs
     faults: dict[str, int] = field(default_factory=dict)
     backends_terminated: int = 0
@@ -260,7 +314,10 @@ class Chaos:
             [Slot("dispatcher", i) for i in range(config.dispatchers)]
             + [Slot("worker", i) for i in range(config.workers)]
             + [Slot("reaper", i) for i in range(config.reapers)]
+            + [Slot("shadow-worker", i) for i in range(config.shadow_workers)]
         )
+        #: Legacy submissions and the status each one's payload asks the (shadow) judge for.
+        self._legacy_status: dict[int, str] = {}
         self.report = ChaosReport(submissions=config.submissions, legacy=config.legacy)
         self.chaos_on = True
         self._legacy_extra: list[int] = []
@@ -274,11 +331,13 @@ class Chaos:
         if self.chaos_on and self.cfg.failpoint_probability > 0 and not self.cfg.server_faults:
             chosen = self.rng.sample(FAILPOINTS[role], k=self.rng.randint(1, len(FAILPOINTS[role])))
             env["JUDGEQUEUE_FAILPOINTS"] = ",".join(f"{name}%{self.cfg.failpoint_probability}" for name in chosen)
+        if role == "shadow-worker":
+            env["JUDGEQUEUE_SHADOW"] = "judge"
         return env
 
     def _start(self, slot: Slot) -> None:
         log = self.log_dir / f"{slot.role}-{slot.index}-{slot.starts}.log"
-        slot.proc = RoleProcess(slot.role, self._env(slot.role), log)
+        slot.proc = RoleProcess(COMMAND[slot.role], self._env(slot.role), log)
         slot.starts += 1
 
     def _reap_dead(self) -> None:
@@ -298,17 +357,20 @@ class Chaos:
 
     def _freeze_or_kill_random(self) -> None:
         slot = self.rng.choice(self.slots)
-        if slot.role == "worker" and slot.proc is not None and slot.proc.poll() is None and self.rng.random() < 0.3:
+        worker = slot.role in ("worker", "shadow-worker")
+        if worker and slot.proc is not None and slot.proc.poll() is None and self.rng.random() < 0.3:
             # A stalled worker (GC pause, partition): it wakes after its leases expired and were
             # rescued, and must find its heartbeat and verdicts fenced out.
             slot.proc.send_signal(signal.SIGSTOP)
             self._frozen.append((time.monotonic() + 2.5, slot.proc))
             self.report.freezes += 1
+            self.report.shadow_kills += slot.role == "shadow-worker"
             return
         if slot.proc is not None and slot.proc.poll() is None:
             slot.proc.kill()
             slot.proc.wait()
             self.report.kills += 1
+            self.report.shadow_kills += slot.role == "shadow-worker"
             self.report.failpoint_deaths -= 1  # _reap_dead counts every SIGKILL; this one was ours
 
     def _thaw(self, everything: bool = False) -> None:
@@ -348,8 +410,7 @@ class Chaos:
                 await conn.execute(AUDIT_SQL)
                 await create_queue(conn, self.queue, mode="shadow")
                 legacy_ids = [
-                    await outbox.submit(conn, self.queue, {"legacy": True, "status": "ACCEPTED"})
-                    for _ in range(self.cfg.legacy)
+                    await outbox.submit(conn, self.queue, self._legacy_payload()) for _ in range(self.cfg.legacy)
                 ]
             for slot in self.slots:
                 self._start(slot)
@@ -374,6 +435,8 @@ class Chaos:
             await self._retrying(pool, lambda conn: set_cutover(conn, self.queue, paused=False))
             await self._wait_drained(pool, list(expected))
             await self._wait_stream_settled(redis)
+            if self.cfg.shadow_workers:
+                await self._wait_shadow_settled(pool, redis)
             self._reap_dead()
             codes = await asyncio.to_thread(self.stop_all)
             if self.cfg.server_faults:
@@ -394,9 +457,15 @@ class Chaos:
 
     async def _legacy_more(self, conn: asyncpg.Connection) -> None:
         # A few legacy submissions right before the flip: some will be claimed after it.
-        self._legacy_extra = [
-            await outbox.submit(conn, self.queue, {"legacy": True, "status": "ACCEPTED"}) for _ in range(10)
-        ]
+        self._legacy_extra = [await outbox.submit(conn, self.queue, self._legacy_payload()) for _ in range(10)]
+
+    def _legacy_payload(self) -> dict[str, Any]:
+        """A legacy submission's payload: with shadow workers, a job that takes a while (so kills find
+        them mid-judge) and asks for a random status (which its shadow verdict must then carry)."""
+        if not self.cfg.shadow_workers:
+            return {"legacy": True, "status": "ACCEPTED"}
+        return {"legacy": True, "status": self.rng.choice(JUDGE_STATUSES),
+                "seconds": self.rng.uniform(0, self.cfg.legacy_seconds)}
 
     async def _submit_under_chaos(self, pool: asyncpg.Pool) -> dict[int, str]:
         expected: dict[int, str] = {}
@@ -643,6 +712,30 @@ class Chaos:
             self._reap_dead()
             await asyncio.sleep(0.1)
 
+    async def _wait_shadow_settled(self, pool: asyncpg.Pool, redis: aioredis.Redis) -> None:
+        """Wait until every shadow-sent submission has a final shadow verdict and the shadow stream and
+        its PEL are empty (what is left at the drain deadline, :func:`check_shadow_invariants` counts)."""
+        deadline = time.monotonic() + self.cfg.drain_deadline
+        key = streams.shadow_key(self.queue)
+
+        async def waiting(conn: asyncpg.Connection) -> int:
+            return int(await conn.fetchval(
+                "SELECT count(*) FROM judgequeue.outbox o LEFT JOIN judgequeue.shadow_verdicts v"
+                " ON v.submission_id = o.submission_id AND v.generation = o.generation"
+                " WHERE o.queue = $1 AND o.state = 'SHADOW_SENT' AND (v.status IS NULL OR v.status = 'JUDGING')",
+                self.queue))
+
+        while True:
+            left = await self._retrying(pool, waiting)
+            pending = await redis.xpending(key, streams.GROUP) if await redis.exists(key) else None
+            in_pel = int(pending["pending"]) if pending else 0
+            if left == 0 and int(await redis.xlen(key)) == 0 and in_pel == 0:
+                return
+            if time.monotonic() > deadline:
+                return
+            self._reap_dead()
+            await asyncio.sleep(0.1)
+
     async def _wait_stream_settled(self, redis: aioredis.Redis) -> None:
         """Wait until the stream and its PEL are empty: once every verdict is written, duplicate and
         stale deliveries still pending are acked by the workers or, once idle past the visibility
@@ -694,6 +787,8 @@ class Chaos:
         self, pool: asyncpg.Pool, redis: aioredis.Redis, expected: dict[int, str], legacy: list[int]
     ) -> None:
         await check_invariants(pool, redis, self.queue, expected, self.report, legacy)
+        if self.cfg.shadow_workers:
+            await check_shadow_invariants(pool, redis, self.queue, legacy, self.report)
 
 
 async def check_invariants(
@@ -812,6 +907,69 @@ async def check_invariants(
         "leftover_outbox_active",
         "seen_keys_without_ttl",
     ):
+        if getattr(r, name):
+            r.violations.append(f"{name} = {getattr(r, name)}")
+
+
+async def check_shadow_invariants(
+    pool: asyncpg.Pool, redis: aioredis.Redis, queue: str, legacy: list[int], report: ChaosReport
+) -> None:
+    """The invariants on the shadow side (see the module docstring); counts and ``violations`` go into
+    ``report``. Needs the shadow audit of :data:`AUDIT_SQL`."""
+    r = report
+    async with pool.acquire() as conn:
+        sent = {row["submission_id"]: row["generation"] for row in await conn.fetch(
+            "SELECT submission_id, generation FROM judgequeue.outbox WHERE queue = $1 AND state = 'SHADOW_SENT'"
+            " AND submission_id = ANY($2)", queue, legacy)}
+        rows = {row["submission_id"]: row for row in await conn.fetch(
+            "SELECT v.*, s.payload->>'status' AS asked FROM judgequeue.shadow_verdicts v"
+            " JOIN judgequeue.submissions s ON s.id = v.submission_id WHERE v.queue = $1", queue)}
+        audit = await conn.fetch("SELECT * FROM public.chaos_shadow_audit ORDER BY seq")
+        statuses = await conn.fetch("SELECT status, count(*) AS n FROM judgequeue.submissions WHERE id = ANY($1)"
+                                    " GROUP BY status", legacy)
+    r.shadow_expected = len(sent)
+    for sid, generation in sent.items():
+        row = rows.get(sid)
+        if row is None or row["status"] == "JUDGING" or row["generation"] != generation:
+            r.shadow_lost += 1
+        elif row["status"] == "SYSTEM_ERROR":
+            r.shadow_system_errors += 1
+            if not (row["details"] and json.loads(row["details"]).get("reason")):
+                r.violations.append(f"submission {sid}: shadow SYSTEM_ERROR without a reason")
+        elif row["status"] != row["asked"]:
+            r.shadow_wrong += 1
+        else:
+            r.shadow_judged += 1
+    finals: dict[int, int] = {}
+    for a in audit:
+        final = a["new_status"] != "JUDGING"
+        if final:
+            finals[a["submission"]] = finals.get(a["submission"], 0) + 1
+        if final and a["new_status"] != "SYSTEM_ERROR":
+            fenced = (a["old_status"] == "JUDGING" and a["old_gen"] == a["new_gen"]
+                      and a["old_attempt"] is not None and a["old_attempt"] == a["new_attempt"])
+            if not fenced:
+                r.shadow_stale_writes_accepted += 1
+        if a["old_status"] not in (None, "JUDGING"):
+            r.shadow_stale_writes_accepted += 1  # a final shadow verdict overwritten (no rejudge in a chaos run)
+        moved_on = a["old_status"] == "JUDGING" and a["new_status"] == "JUDGING" and a["old_attempt"] is not None
+        if moved_on and a["new_attempt"] is not None and a["old_attempt"] != a["new_attempt"]:
+            r.shadow_takeovers += 1
+        elif moved_on and a["new_attempt"] is None:
+            r.shadow_rescued += 1
+    twice = [sid for sid, n in finals.items() if n > 1]
+    if twice:
+        r.violations.append(f"{len(twice)} submissions got a final shadow verdict twice, e.g. {twice[:5]}")
+    r.shadow_touched_submissions = sum(int(row["n"]) for row in statuses if row["status"] != "PENDING")
+    key = streams.shadow_key(queue)
+    r.leftover_shadow_entries = int(await redis.xlen(key))
+    pending = await redis.xpending(key, streams.GROUP) if await redis.exists(key) else None
+    r.leftover_shadow_pel = int(pending["pending"]) if pending else 0
+    async for marker in redis.scan_iter(match=f"jq:{{{queue}}}:shadow-seen:*", count=1000):
+        if await redis.ttl(marker) < 0:
+            r.violations.append(f"shadow marker {marker!r} has no TTL")
+    for name in ("shadow_lost", "shadow_wrong", "shadow_stale_writes_accepted", "shadow_touched_submissions",
+                 "leftover_shadow_entries", "leftover_shadow_pel"):
         if getattr(r, name):
             r.violations.append(f"{name} = {getattr(r, name)}")
 

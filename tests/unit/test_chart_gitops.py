@@ -69,6 +69,9 @@ HEALTHY = (
          "Progressing", "no db"),
         (jq(cond("Ready", "True"), cond("CutoverApplied", "False", "WaitingForSubmits", "waited 10s for 1")),
          "Progressing", "waited 10s"),
+        # A flip the gate holds back waits for figures: progressing, never degraded.
+        (jq(cond("Ready", "True"), cond("CutoverApplied", "False", "GateNotMet", "held back by cutover.gate")),
+         "Progressing", "held back by cutover.gate"),
         (jq(cond("Ready", "False", "ReplicasUnavailable", "available replicas: worker 0/2"),
             cond("CutoverApplied", "True")), "Progressing", "worker 0/2"),
         (jq(cond("Ready", "True"), cond("CutoverApplied", "True", generation=2)), "Progressing", "cutover"),

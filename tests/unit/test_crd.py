@@ -44,7 +44,7 @@ def test_crd_names_and_subresources() -> None:
     assert scale["statusReplicasPath"] == ".status.workers.replicas"
     assert scale["labelSelectorPath"] == ".status.workers.selector"
     columns = [c["name"] for c in version["additionalPrinterColumns"]]
-    assert columns == ["Mode", "Workers", "Backlog", "Ready", "Age"]
+    assert columns == ["Mode", "Agreement", "Workers", "Backlog", "Ready", "Age"]
 
 
 def test_defaults_applied_and_minimal_object_valid() -> None:

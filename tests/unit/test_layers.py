@@ -16,11 +16,11 @@ ROOT = Path(__file__).resolve().parents[2]
 CORE_LAYERS: dict[str, int] = {
     # foundations: no judgequeue imports but each other
     "errors": 0, "logs": 0, "failpoints": 0, "metrics": 0, "http": 0, "migrations": 0, "envelope": 0,
-    "redis_url": 0, "sql": 0, "states": 0,
+    "redis_url": 0, "sql": 0, "states": 0, "agreement": 0,
     # one server or one concern each: the Redis door, the tables, the judges
     "streams": 1, "queues": 1, "leases": 1, "submissions": 1, "migrate": 1, "judges": 1, "connect": 1,
     "config": 2, "spec": 2, "outbox": 2, "offers": 2, "dlq": 2, "dead_letters": 2, "stream_stats": 2,
-    "problems": 2, "archives": 2,
+    "problems": 2, "archives": 2, "shadow": 2,
     # what every role runs on, and read-only views over the queue
     "lifecycle": 3, "api": 3, "backlog": 3, "status": 3, "runtime": 3, "manifest": 3, "wakeup": 3,
     "offering": 3,
@@ -35,8 +35,11 @@ ROLES = {"dispatcher", "worker", "reaper"}
 #: the JudgeQueue spec model (``judgequeue local`` runs the same manifests, so both must parse them alike),
 #: and the connection door (``connect``, with ``redis_url`` to check a Secret's URL before using it): the
 #: operator's own cutover writes and backlog reads must work behind the same PgBouncer and Sentinel
-#: setup as the roles, which only connections made the roles' way do.
-CONTROLLERS_MAY_USE = {"errors", "config", "queues", "backlog", "logs", "spec", "connect", "redis_url"}
+#: setup as the roles, which only connections made the roles' way do. And shadow judging's figures
+#: (``shadow`` reads them, ``agreement`` decides the gate on a flip): the operator shows them in status
+#: and holds a flip to live back on them.
+CONTROLLERS_MAY_USE = {"errors", "config", "queues", "backlog", "logs", "spec", "connect", "redis_url", "shadow",
+                       "agreement"}
 
 
 def _modules(package: str, folder: Path) -> dict[str, Path]:

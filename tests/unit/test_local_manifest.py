@@ -136,6 +136,20 @@ def test_role_env_layers_caller_env_manifest_then_connections() -> None:
     assert env["JUDGEQUEUE_POSTGRES_DSN"] == "postgresql://h/db" and env["JUDGEQUEUE_METRICS_PORT"] == "9191"
 
 
+def test_shadow_workers_run_locally_as_the_operator_runs_them() -> None:
+    """``spec.worker.shadow`` in a shadow-mode manifest: that many ``judgequeue worker`` children with
+    the workers' settings and JUDGEQUEUE_SHADOW=judge; none once the manifest says live."""
+    options = LocalOptions(manifest="x", postgres_dsn="postgresql://h/db", redis_url="redis://h/1")
+    shadow = parse_manifest(manifest(cutover={"mode": "shadow"},
+                                     worker={"concurrency": 3, "shadow": {"enabled": True, "replicas": 2}}))
+    assert plan_children(shadow, None) == ["dispatcher", "worker", "reaper", "shadow-worker", "shadow-worker"]
+    env = role_env({}, shadow, "shadow-worker", options, port=0)
+    assert env["JUDGEQUEUE_SHADOW"] == "judge" and env["JUDGEQUEUE_CONCURRENCY"] == "3"
+    assert "JUDGEQUEUE_SHADOW" not in role_env({}, shadow, "worker", options, port=0)
+    live = parse_manifest(manifest(worker={"shadow": {"enabled": True, "replicas": 2}}))
+    assert "shadow-worker" not in plan_children(live, None)
+
+
 def test_verdict_table_and_progress_line() -> None:
     programs = [
         DemoProgram("accepted.py", "ACCEPTED", {}),

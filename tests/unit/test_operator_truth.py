@@ -44,8 +44,9 @@ def test_cutover_decision(want: cutover.Wanted, row: QueueFlags, last: str | Non
 
 
 def test_a_flag_gate_has_one_place_to_go() -> None:
-    """The decision is the one function a flip gate extends: every outcome is named."""
-    assert set(cutover.Decision.__args__) == {"applied", "write", "restore", "report"}  # type: ignore[attr-defined]
+    """The decision is the one function a flip gate extends: every outcome is named (``gated``:
+    tests/unit/test_shadow_pure.py)."""
+    assert set(cutover.Decision.__args__) == {"applied", "write", "restore", "report", "gated"}  # type: ignore[attr-defined]
 
 
 def test_cutover_messages_name_the_rows_values() -> None:

@@ -73,7 +73,7 @@ def crd_drift(spec_schema: Mapping[str, Any]) -> list[str]:
         drift += [f"{where}.{n}: in the CRD, not in the model" for n in sorted(declared - names)]
         drift += [f"{where}.{n}: in the model, not in the CRD" for n in sorted(names - declared)]
         required = {p[-1] for p in required_objects if p[:-1] == path}
-        required |= {f.path[-1] for f in FIELDS if f.required and f.path[:-1] == path}
+        required |= {f.path[-1] for f in FIELDS if (f.required or f.required_in_object) and f.path[:-1] == path}
         if set(node.get("required") or []) != required:
             drift.append(f"{where}: required {sorted(node.get('required') or [])}, model {sorted(required)}")
         if "default" in node:  # an object default is written out in full (CEL checks it as written)
