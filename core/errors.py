@@ -72,6 +72,11 @@ class Failure(JudgeQueueError):
         self.code = code
 
 
+class RoleUnfit(JudgeQueueError):
+    """A running role found it cannot do its job any more (a worker whose sandbox directory was
+    removed under it): it has given its work back and exits non-zero, so it is restarted afresh."""
+
+
 class TransportError(JudgeQueueError):
     """Redis could not be reached or refused the command; the operation may be retried."""
 

@@ -23,7 +23,7 @@ import redis.asyncio as aioredis
 from . import sql
 from .config import Settings, redact_url
 from .connect import connect_postgres, redis_client
-from .errors import ConfigError
+from .errors import ConfigError, RoleUnfit
 from .http import HealthServer, Readiness
 from .logs import setup_logging
 from .streams import GROUP, work_key
@@ -233,6 +233,9 @@ async def serve_role(
     except ConfigError as exc:  # found by the role itself (e.g. an unknown judge plugin)
         log.error(str(exc), extra={"role": role})
         code = 2
+    except RoleUnfit as exc:  # it gave its work back; restarted, it starts afresh
+        log.error(str(exc), extra={"role": role})
+        code = 1
     except asyncio.CancelledError:
         log.error(f"{role} cancelled before it finished shutting down", extra={"role": role})
         code = 1

@@ -53,8 +53,8 @@ from . import dead_letters, failpoints, leases, metrics, outbox, shadow, streams
 from .config import Settings
 from .connect import STATEMENT_TIMEOUT
 from .envelope import Envelope
-from .errors import SERVER_ERRORS, TransportError, describe, is_permanent
-from .judges import Judge, UsesPackages, Verdict, load_judge
+from .errors import SERVER_ERRORS, RoleUnfit, TransportError, describe, is_permanent
+from .judges import Judge, SelfChecking, UsesPackages, Verdict, load_judge
 from .lifecycle import (
     DB_ERRORS,
     SHUTDOWN_STEP,
@@ -117,7 +117,7 @@ class WriteAbandoned(Exception):
 class _Job:
     lease: leases.Lease
     task: asyncio.Task[None] | None = None
-    phase: str = "judging"  # judging -> writing -> done
+    phase: str = "judging"  # judging -> writing (or releasing, when the worker is unfit) -> done
     lost: bool = False
     releasing: bool = False
 
@@ -287,6 +287,16 @@ def unstorable_replacement(write: leases.VerdictWrite) -> leases.VerdictWrite:
 def judge_failure(exc: BaseException) -> Verdict:
     """The verdict of a judge that raised instead of returning (an explained SYSTEM_ERROR)."""
     return Verdict("SYSTEM_ERROR", {"reason": f"judge raised {type(exc).__name__}: {exc}"[:2000]})
+
+
+def judge_fault(judge: Judge) -> str | None:
+    """Why ``judge`` says this worker cannot judge any more (see :class:`SelfChecking`), or None."""
+    if not isinstance(judge, SelfChecking):
+        return None
+    try:
+        return judge.fault()
+    except Exception as exc:  # a check that cannot run says as much about the worker
+        return f"the judge's self-check raised {type(exc).__name__}: {exc}"
 
 
 def unleased(asked: Sequence[tuple[int, int]], leased: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -542,6 +552,9 @@ class Worker:
         self._streak = 0  # direct intake: takes in a row that found rows without waiting
         self._take_rate = TakeRate()  # direct intake: how fast the streak's takes find rows
         self._direct_failures = 0
+        #: Set when the judge reports this worker unfit (:func:`judge_fault`): the reason it stops.
+        self.unfit: str | None = None
+        self._halt = asyncio.Event()  # set by stop, or by the worker itself when unfit
         #: Direct intake with a LISTEN connection: slots offered to the submits (core/offering.py).
         self._offering: Offering | None = None
         #: Slots a take, stream read or lease under way may fill: busy for the offers, which must
@@ -567,6 +580,9 @@ class Worker:
         self._loop = asyncio.get_running_loop()
         self._writer.start()
         self._acks.start()
+        halt = self._halt
+        follow = asyncio.create_task(_follow(stop, halt), name="worker-stop")
+        stop = halt  # from here on "stop" also means the worker stopping itself (unfit)
         heartbeat = asyncio.create_task(self._heartbeat(), name="lease-heartbeat")
         wakeup = self._direct_wakeup() if self.direct else None
         failures = 0
@@ -611,6 +627,9 @@ class Worker:
             await self._intake.release()
             await self._shutdown()
             await cancel_within(heartbeat, SHUTDOWN_STEP)
+            follow.cancel()
+        if self.unfit is not None:
+            raise RoleUnfit(f"the worker cannot judge any more, its jobs were given back: {self.unfit}")
 
     # --- direct intake ----------------------------------------------------------------------------
 
@@ -942,6 +961,11 @@ class Worker:
                 self.stats.judge_errors += 1
                 log.exception("judge failed", extra={"submission": lease.submission})
                 verdict = judge_failure(exc)
+            if verdict.status == "SYSTEM_ERROR" and (fault := judge_fault(self.judge)) is not None:
+                # The worker failed, not the submission: give the job back for another worker.
+                job.phase = "releasing"
+                await self._give_back_unfit(lease, fault)
+                return
             job.phase = "writing"
             self._m_judge.observe(time.monotonic() - started)
             checked, doc, text = stored_verdict(verdict, lease, self.name)
@@ -977,6 +1001,15 @@ class Worker:
             self._slot_freed.set()
             if self._offering is not None:
                 self._offering.freed()
+
+    async def _give_back_unfit(self, lease: leases.Lease, fault: str) -> None:
+        """Release ``lease`` and stop taking jobs: the judge says this worker cannot judge any more."""
+        if self.unfit is None:
+            self.unfit = fault
+            log.error("the judge cannot judge on this worker: giving jobs back and stopping", extra={"reason": fault})
+            self._halt.set()
+            self._slot_freed.set()
+        await self._release([lease])
 
     # --- heartbeat --------------------------------------------------------------------------------
 
@@ -1057,6 +1090,11 @@ class Worker:
                 log.warning("lease release failed", extra={"error": str(exc), "attempt": attempt + 1})
                 await asyncio.sleep(min(backoff(attempt + 1), max(0.0, left)))
         log.error("could not release leases; they will expire and be rescued", extra={"leases": len(held)})
+
+
+async def _follow(source: asyncio.Event, target: asyncio.Event) -> None:
+    await source.wait()
+    target.set()
 
 
 def attach_package_cache(judge: Judge, pool: asyncpg.Pool) -> ProblemCache | None:

@@ -43,6 +43,17 @@ class Judge(Protocol):
     async def judge(self, payload: Any) -> Verdict: ...
 
 
+@runtime_checkable
+class SelfChecking(Protocol):
+    """A judge that can tell when the worker it runs in can no longer judge (its sandbox directory
+    removed under it, say): the worker asks after a SYSTEM_ERROR, and on a fault gives the job back
+    instead of storing a verdict the submission did not earn, and stops with that fault."""
+
+    def fault(self) -> str | None:
+        """Why this worker cannot judge any more, or None when it can."""
+        ...
+
+
 class PackageView(Protocol):
     """A problem package on this worker's disk, as a judge sees it (``problems.LocalPackage`` is one)."""
 
@@ -102,6 +113,7 @@ __all__ = [
     "Judge",
     "PackageSource",
     "PackageView",
+    "SelfChecking",
     "Status",
     "UnknownJudge",
     "UsesPackages",

@@ -749,6 +749,24 @@ class ProgramJudge:
             shutil.rmtree(self.boxes_dir, ignore_errors=True)
         return removed
 
+    def fault(self) -> str | None:
+        """Why this worker can no longer judge: a directory it made at start-up is gone (a pod's
+        emptyDir removed under a running container, a cleaner sweeping /tmp), or the lock file of
+        its uid range was replaced (another worker could claim the same range and uids)."""
+        root = self.settings.sandbox_dir
+        for path in (self.staging_dir, self.boxes_dir, self.helpers_dir):
+            if not os.path.isdir(path):
+                return f"the sandbox directory {path} was removed while the worker ran (something cleaned {root})"
+        lock = os.path.join(root, "locks", f"{self.range}.lock")
+        try:
+            found, held = os.stat(lock), os.fstat(self._lock_fd)
+            same = (found.st_dev, found.st_ino) == (held.st_dev, held.st_ino)
+        except OSError:
+            same = False
+        if not same:
+            return f"the lock of sandbox uid range {self.range} ({lock}) was removed while the worker ran"
+        return None
+
     def close(self) -> None:
         """Give the uid range back (tests; a worker keeps it until it exits)."""
         if self._lock_fd >= 0:
