@@ -17,6 +17,7 @@ Only the standard library; it prints ``listening on http://127.0.0.1:<port>`` on
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import random
 import sys
@@ -114,10 +115,8 @@ def main(argv: list[str] | None = None) -> None:
     server = ThreadingHTTPServer(("127.0.0.1", args.port), handler(Tool(args)))
     server.daemon_threads = True
     print(f"listening on http://127.0.0.1:{server.server_address[1]}", flush=True)
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         server.serve_forever()
-    except KeyboardInterrupt:
-        pass
     sys.exit(0)
 
 
