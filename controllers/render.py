@@ -20,9 +20,11 @@ from typing import Any, Literal
 
 from judgequeue.core.config import FILE_SUFFIX, JUDGE_REFUSED_VARIABLE
 from judgequeue.core.spec import (
+    ENDPOINT_URL_DIR,
     NAME_MAX_LENGTH,
     EgressPeer,
     JudgeQueueSpec,
+    endpoint_secrets,
     parse_quantity,
     role_secrets,
     role_settings,
@@ -45,6 +47,7 @@ MANAGED_BY = "judgequeue-operator"
 #: Connections reach the roles as files of one projected Secret volume (core/config.py reads the
 #: ``*_FILE`` variables), mode 0440: the container's user, or the pod's fsGroup.
 CREDENTIALS_DIR = "/var/run/secrets/judgequeue"
+assert CREDENTIALS_DIR == ENDPOINT_URL_DIR  # endpoint URLs from Secrets are mounted in the same volume
 CREDENTIALS_VOLUME = "credentials"
 CREDENTIALS_MODE = 0o440
 
@@ -147,6 +150,11 @@ def credentials_volume(spec: JudgeQueueSpec, role: Role) -> dict[str, Any]:
         {"secret": {"name": ref.name, "items": [{"key": ref.key, "path": credential_file(name).rsplit("/", 1)[1]}]}}
         for name, ref in role_secrets(spec, role).items()
     ]
+    if role == "worker":  # the http-call judge's endpoint URLs kept in Secrets, beside the connections
+        sources += [
+            {"secret": {"name": ref.name, "items": [{"key": ref.key, "path": path}]}}
+            for path, ref in endpoint_secrets(spec).items()
+        ]
     return {"name": CREDENTIALS_VOLUME, "projected": {"sources": sources, "defaultMode": CREDENTIALS_MODE}}
 
 
