@@ -54,8 +54,12 @@ BACKOFF_BASE = 0.5
 BACKOFF_CAP = 60.0
 #: A ``Retry-After`` is honoured up to this many seconds (a bogus header must not park a job for days).
 RETRY_AFTER_CAP = 600.0
-#: Seconds a job for an endpoint at its concurrency bound waits (out of any slot) before it looks again.
+#: Seconds a job for an endpoint at its concurrency bound waits (out of any slot) before it looks
+#: again: ``BUSY_DELAY * 2**waits`` (its earlier waits), at most ``BUSY_CAP``, jittered. Each wait
+#: costs a deferral (a generation and an outbox row, a dispatch, a lease); backing off keeps jobs
+#: queued behind a slow endpoint cheap, at the price of taking a freed slot up to ``BUSY_CAP`` late.
 BUSY_DELAY = 0.5
+BUSY_CAP = 5.0
 #: Characters of an endpoint's error message kept in a verdict.
 MESSAGE_CHARS = 500
 
@@ -228,6 +232,13 @@ def retry_delay(failures: int, retry_after: float | None, *, rand: Callable[[], 
     return float(max(delay, retry_after or 0.0))
 
 
+def busy_delay(waits: int, *, rand: Callable[[], float] = random.random) -> float:
+    """Seconds a job waits after finding its endpoint at its bound ``waits`` times before (pure
+    given ``rand``): between half and all of ``BUSY_DELAY * 2**waits``, at most :data:`BUSY_CAP`."""
+    ceiling = min(BUSY_CAP, BUSY_DELAY * 2 ** max(waits, 0))
+    return float(ceiling / 2 + rand() * ceiling / 2)
+
+
 def check_payload(payload: Any, settings: CallSettings) -> tuple[Endpoint, bytes] | Verdict:
     """The endpoint and the encoded body a payload asks for, or the terminal verdict saying what is
     wrong with it (pure)."""
@@ -271,8 +282,9 @@ class HttpCallJudge:
         slots = self._slots[endpoint.name]
         if slots.locked():
             # Waiting here would hold a worker slot other endpoints' jobs could use.
-            raise CallLater(BUSY_DELAY * (1 + random.random()), f"endpoint {endpoint.name} is at its concurrency bound",
-                            failed=False)
+            # Its earlier waits: the request's generations that were not failed tries (a rescue counts too).
+            waits = job.generation - job.request_generation - job.failures
+            raise CallLater(busy_delay(waits), f"endpoint {endpoint.name} is at its concurrency bound", failed=False)
         async with slots:
             result = await self._try(endpoint, body, job)
         outcome = classify(result, deadline=endpoint.deadline)

@@ -12,11 +12,14 @@ from judgequeue.core.errors import ConfigError
 from judgequeue.core.judges import Job, Verdict
 from judgequeue.core.judges.http_call import (
     BACKOFF_CAP,
+    BUSY_CAP,
+    BUSY_DELAY,
     ENDPOINTS_VAR,
     MAX_BODY_VAR,
     RETRY_AFTER_CAP,
     CallSettings,
     Endpoint,
+    busy_delay,
     check_payload,
     classify,
     load_call_settings,
@@ -152,3 +155,10 @@ def test_urls_are_checked() -> None:
     for bad in ("127.0.0.1:80", "http:///path", "http://x:notaport/"):
         with pytest.raises(ValueError):
             check_url(bad)
+
+
+def test_waiting_for_a_busy_endpoint_backs_off_to_a_cap() -> None:
+    assert busy_delay(0, rand=lambda: 1.0) == BUSY_DELAY
+    assert busy_delay(0, rand=lambda: 0.0) == BUSY_DELAY / 2
+    assert [busy_delay(n, rand=lambda: 1.0) for n in range(1, 4)] == [BUSY_DELAY * 2, BUSY_DELAY * 4, BUSY_DELAY * 8]
+    assert busy_delay(50, rand=lambda: 1.0) == BUSY_CAP
