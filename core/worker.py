@@ -49,7 +49,7 @@ from typing import Any
 import asyncpg
 import redis.asyncio as aioredis
 
-from . import dead_letters, failpoints, leases, metrics, outbox, shadow, streams
+from . import dead_letters, deferral, failpoints, leases, metrics, outbox, shadow, streams
 from .config import Settings
 from .connect import STATEMENT_TIMEOUT
 from .envelope import Envelope
@@ -959,9 +959,10 @@ class Worker:
                 return  # releasing: _shutdown gives the lease back
             except CallLater as later:
                 job.phase = "writing"  # the heartbeat leaves it alone: the deferral is fenced itself
-                if await self._defer(lease, later):
-                    return
-                verdict = Verdict("SYSTEM_ERROR", {"reason": f"cannot try again later here: {later.reason}"[:2000]})
+                instead = await deferral.defer(self.pool, self.queue, lease, later, shadow=self.lane.shadow)
+                if instead is None:
+                    return  # given back to be tried later: the slot is free now
+                verdict = instead
             except Exception as exc:
                 self.stats.judge_errors += 1
                 log.exception("judge failed", extra={"submission": lease.submission})
@@ -1006,25 +1007,6 @@ class Worker:
             self._slot_freed.set()
             if self._offering is not None:
                 self._offering.freed()
-
-    async def _defer(self, lease: leases.Lease, later: CallLater) -> bool:
-        """Give ``lease`` back to be tried again after ``later.delay`` (the slot frees now); False
-        where this lane cannot (shadow verdicts are judged once). A failed deferral leaves the
-        lease to expire and be rescued, like a crash."""
-        if self.lane.shadow:
-            return False
-        try:
-            async with self.pool.acquire(timeout=STATEMENT_TIMEOUT) as conn:
-                moved = await leases.defer(conn, lease, delay=later.delay, failed=later.failed, reason=later.reason)
-        except DB_ERRORS as exc:
-            log.warning("deferral failed; the lease expiry will rescue the job",
-                        extra={"submission": lease.submission, "error": str(exc)})
-            return True
-        if moved is None:
-            self.stats.stale_results += 1
-            metrics.STALE_RESULTS_DROPPED.labels(self.queue, "stale_deferral").inc()
-        log.info("job deferred", extra={"submission": lease.submission, "delay": later.delay, "reason": later.reason})
-        return True
 
     async def _give_back_unfit(self, lease: leases.Lease, fault: str) -> None:
         """Release ``lease`` and stop taking jobs: the judge says this worker cannot judge any more."""

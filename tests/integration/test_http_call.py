@@ -66,6 +66,7 @@ async def test_the_answer_is_the_verdict_and_the_effect_is_applied_once(h: Harne
 
 
 async def test_429_and_503_are_tried_later_with_the_same_key_out_of_the_slots(h: Harness) -> None:
+    deferred = metrics.JOBS_DEFERRED.labels(h.queue, "failed")
     with tool_server("--delay", "0", "--fail-first", "2") as tool:
         w = h.worker(judge(Endpoint("tool", tool.url, tries=5)))
         [sid] = await h.submit({"endpoint": "tool", "body": {}})
@@ -88,7 +89,7 @@ async def test_429_and_503_are_tried_later_with_the_same_key_out_of_the_slots(h:
         )  # fmt: skip
         assert [r["wait"] >= 1.0 for r in waits] == [True, True]
         assert all("endpoint answered" in r["last_error"] for r in waits)
-        assert w.in_flight == 0
+        assert w.in_flight == 0 and deferred._value.get() == 2
 
 
 async def test_a_4xx_is_terminal_with_the_answers_message(h: Harness) -> None:

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
+from judgequeue.core import deferral
 from judgequeue.core.errors import ConfigError
-from judgequeue.core.judges import Job, Verdict
+from judgequeue.core.judges import CallLater, Job, Verdict
 from judgequeue.core.judges.http_call import (
     BACKOFF_CAP,
     BUSY_CAP,
@@ -27,6 +29,7 @@ from judgequeue.core.judges.http_call import (
     retry_delay,
 )
 from judgequeue.core.judges.http_client import Answer, CallFailed, check_url
+from judgequeue.core.leases import Lease
 
 
 def answer(status: int, body: bytes = b"{}", **headers: str) -> Answer:
@@ -162,3 +165,12 @@ def test_waiting_for_a_busy_endpoint_backs_off_to_a_cap() -> None:
     assert busy_delay(0, rand=lambda: 0.0) == BUSY_DELAY / 2
     assert [busy_delay(n, rand=lambda: 1.0) for n in range(1, 4)] == [BUSY_DELAY * 2, BUSY_DELAY * 4, BUSY_DELAY * 8]
     assert busy_delay(50, rand=lambda: 1.0) == BUSY_CAP
+
+
+async def test_a_shadow_job_is_not_deferred_but_explained() -> None:
+    """Shadow verdicts are judged once: a CallLater there becomes a SYSTEM_ERROR naming the reason
+    (and touches no database: the pool is never used)."""
+    lease = Lease(1, 1, uuid.uuid4(), {}, datetime.now(UTC))
+    later = CallLater(1.0, "endpoint answered 503: busy")
+    verdict = await deferral.defer(None, "q", lease, later, shadow=True)
+    assert verdict == Verdict("SYSTEM_ERROR", {"reason": f"a shadow job is not tried again later: {later.reason}"})
