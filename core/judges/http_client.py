@@ -13,10 +13,11 @@ It never decides what an answer means: :func:`judgequeue.core.judges.http_call.c
 from __future__ import annotations
 
 import asyncio
+import base64
 import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 #: Bytes of status line and headers an answer may have.
 MAX_HEAD = 64 * 1024
@@ -55,27 +56,49 @@ def check_url(url: str) -> str:
     return url
 
 
-async def post(url: str, body: bytes, headers: Mapping[str, str], *, max_response: int) -> Answer:
-    """POST ``body`` to ``url`` and read the whole answer (at most ``max_response`` body bytes).
+@dataclass(frozen=True)
+class Request:
+    """Where to connect and the bytes to send (:func:`request`)."""
 
-    Unbounded in time: the caller wraps it in its deadline. Raises :class:`CallFailed`.
-    """
+    host: str
+    port: int
+    secure: bool
+    data: bytes
+
+
+def request(url: str, body: bytes, headers: Mapping[str, str]) -> Request:
+    """The POST of ``body`` to ``url`` (pure). Credentials in the URL (``https://user:token@host/``,
+    as a Secret may hold it) become an ``Authorization: Basic`` header and never reach the wire
+    otherwise."""
     parts = urlsplit(url)
     secure = parts.scheme == "https"
     host = parts.hostname or ""
     port = parts.port or (443 if secure else 80)
     target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    netloc = parts.netloc.rpartition("@")[2]
+    lines = [f"POST {target} HTTP/1.1", f"Host: {netloc}", f"Content-Length: {len(body)}", "Connection: close"]
+    if parts.username is not None:
+        user = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
+        lines.append("Authorization: Basic " + base64.b64encode(user.encode()).decode("ascii"))
+    lines += [f"{name}: {value}" for name, value in headers.items()]
+    return Request(host, port, secure, ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body)
+
+
+async def post(url: str, body: bytes, headers: Mapping[str, str], *, max_response: int) -> Answer:
+    """POST ``body`` to ``url`` and read the whole answer (at most ``max_response`` body bytes).
+
+    Unbounded in time: the caller wraps it in its deadline. Raises :class:`CallFailed`; its
+    messages name the host and port, never the URL (which may hold a secret).
+    """
+    req = request(url, body, headers)
     try:
         reader, writer = await asyncio.open_connection(
-            host, port, ssl=ssl.create_default_context() if secure else None, limit=MAX_HEAD
+            req.host, req.port, ssl=ssl.create_default_context() if req.secure else None, limit=MAX_HEAD
         )
     except OSError as exc:
-        raise CallFailed("connection", f"cannot connect to {host}:{port}: {exc}") from None
+        raise CallFailed("connection", f"cannot connect to {req.host}:{req.port}: {exc.strerror or exc}") from None
     try:
-        netloc = host if parts.port is None else f"{host}:{port}"
-        lines = [f"POST {target} HTTP/1.1", f"Host: {netloc}", f"Content-Length: {len(body)}", "Connection: close"]
-        lines += [f"{name}: {value}" for name, value in headers.items()]
-        writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body)
+        writer.write(req.data)
         await writer.drain()
         return await _read_answer(reader, max_response)
     except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError) as exc:

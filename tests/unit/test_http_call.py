@@ -28,7 +28,7 @@ from judgequeue.core.judges.http_call import (
     retry_after_seconds,
     retry_delay,
 )
-from judgequeue.core.judges.http_client import Answer, CallFailed, check_url
+from judgequeue.core.judges.http_client import Answer, CallFailed, check_url, request
 from judgequeue.core.leases import Lease
 
 
@@ -174,3 +174,18 @@ async def test_a_shadow_job_is_not_deferred_but_explained() -> None:
     later = CallLater(1.0, "endpoint answered 503: busy")
     verdict = await deferral.defer(None, "q", lease, later, shadow=True)
     assert verdict == Verdict("SYSTEM_ERROR", {"reason": f"a shadow job is not tried again later: {later.reason}"})
+
+
+def test_the_request_carries_url_credentials_as_basic_auth_only() -> None:
+    req = request("https://bot:s%40cret@tools.example:8443/run?v=2", b'{"a":1}', {"Idempotency-Key": "k"})
+    assert (req.host, req.port, req.secure) == ("tools.example", 8443, True)
+    head, _, body = req.data.partition(b"\r\n\r\n")
+    lines = head.decode().split("\r\n")
+    assert lines[0] == "POST /run?v=2 HTTP/1.1"
+    assert "Host: tools.example:8443" in lines and "Idempotency-Key: k" in lines
+    assert "Authorization: Basic Ym90OnNAY3JldA==" in lines  # bot:s@cret
+    assert b"s%40cret" not in req.data and body == b'{"a":1}'
+    plain = request("http://[::1]:8765", b"", {})
+    assert (plain.host, plain.port, plain.secure) == ("::1", 8765, False)
+    assert b"Host: [::1]:8765\r\n" in plain.data and b"POST / HTTP/1.1" in plain.data
+    assert b"Authorization" not in plain.data
