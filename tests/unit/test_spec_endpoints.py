@@ -4,13 +4,15 @@ the http-call judge's variable, URLs from Secrets mounted beside the connections
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from judgequeue.controllers import render
 from judgequeue.core.judges.http_call import load_call_settings
-from judgequeue.core.manifest import parse_manifest
+from judgequeue.core.manifest import load_manifest, parse_manifest
 from judgequeue.core.spec import EndpointSpec, JudgeQueueSpec, parse_spec
 from tests.support.kube_schema import admit, load_crd, schema_of
 
@@ -115,3 +117,14 @@ def test_the_crd_admits_endpoints_with_defaults_and_refuses_what_the_model_refus
     _, errors = admit(manifest(both))
     assert any("give exactly one of url and secretKeyRef" in e for e in errors), errors
     assert isinstance(spec(endpoints=both), list)
+
+
+def test_the_agent_example_manifest_is_valid_for_local_and_the_api_server() -> None:
+    path = Path(__file__).resolve().parents[2] / "examples" / "agent" / "judgequeue.yaml"
+    m = load_manifest(str(path))
+    assert m.spec.worker.judge == "http-call"
+    assert [e.name for e in m.spec.worker.endpoints] == ["tool"]
+    doc = yaml.safe_load(path.read_text())
+    doc["metadata"]["namespace"] = "default"
+    _, errors = admit(doc)
+    assert errors == []
