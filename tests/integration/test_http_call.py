@@ -114,6 +114,17 @@ async def test_retries_are_bounded(h: Harness) -> None:
         assert sum((await tool.aeffects())["calls"].values()) == 2
 
 
+async def test_a_call_past_its_deadline_is_abandoned_and_tried_again(h: Harness) -> None:
+    with tool_server("--hang") as tool:
+        h.worker(judge(Endpoint("tool", tool.url, deadline=0.3, tries=2)))
+        [sid] = await h.submit({"endpoint": "tool", "body": {}})
+        await eventually(lambda: finished(h, sid), within=20)
+        doc = await verdict(h, sid)
+        assert doc["status"] == "SYSTEM_ERROR"
+        assert doc["reason"] == "gave up after 2 tries: no answer within the deadline of 0.3s"
+        assert tool.effects()["calls"] == {f"judgequeue:{h.queue}:{sid}:1": 2}
+
+
 async def test_bad_inputs_are_clear_terminal_verdicts_and_the_worker_goes_on(h: Harness) -> None:
     raw = RawServer({
         "text": http_answer(200, b"<html>not json</html>", "text/html"),
