@@ -191,8 +191,13 @@ def sandboxed(spec: JudgeQueueSpec, role: Role) -> bool:
 def default_worker_resources(spec: JudgeQueueSpec) -> dict[str, dict[str, str]]:
     """Requests and limits for workers whose spec sets none. The limit has room for every slot's
     largest box at once (a compile, 1 GiB); the request, what the scheduler reserves, a typical box
-    per slot, so a worker of the largest concurrency (64) still fits a node (16.25 GiB requested)."""
+    per slot, so a worker of the largest concurrency (64) still fits a node (16.25 GiB requested). An
+    http-call worker runs no boxes: the process alone, whatever its concurrency."""
     c = spec.worker.concurrency
+    if spec.worker.judge == "http-call":
+        # Its slots wait on sockets: no box per slot, an answer of at most 1 MiB each (64 at most).
+        return {"requests": {"cpu": "250m", "memory": f"{WORKER_BASE_MEMORY_MIB}Mi"},
+                "limits": {"cpu": "1", "memory": f"{2 * WORKER_BASE_MEMORY_MIB}Mi"}}
     return {
         "requests": {"cpu": "500m", "memory": f"{WORKER_BASE_MEMORY_MIB + c * PER_SLOT_REQUEST_MIB}Mi"},
         "limits": {"cpu": str(c), "memory": f"{WORKER_BASE_MEMORY_MIB + c * PER_SLOT_MEMORY_MIB}Mi"},

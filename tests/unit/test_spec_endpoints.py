@@ -128,3 +128,11 @@ def test_the_agent_example_manifest_is_valid_for_local_and_the_api_server() -> N
     doc["metadata"]["namespace"] = "default"
     _, errors = admit(doc)
     assert errors == []
+
+
+def test_http_call_workers_reserve_no_memory_per_slot() -> None:
+    parsed = spec(concurrency=64, endpoints=ENDPOINTS)
+    assert isinstance(parsed, JudgeQueueSpec)
+    assert render.default_worker_resources(parsed) == {
+        "requests": {"cpu": "250m", "memory": "256Mi"}, "limits": {"cpu": "1", "memory": "512Mi"},
+    }  # fmt: skip
