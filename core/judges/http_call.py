@@ -16,12 +16,13 @@ the verdict's details, written through the fence like any verdict.
 
 Every answer is classified once, by :func:`classify` (pure): a timeout, a connection error, a 5xx,
 a 408 or a 429 is tried again later (:class:`~judgequeue.core.judges.CallLater`, honouring
-``Retry-After``) up to the endpoint's ``tries``; the job holds no worker slot while it waits. A
-4xx is a terminal ``RUNTIME_ERROR`` with the answer's message; an answer that is not JSON or is over
-the size bound is a terminal ``SYSTEM_ERROR``; so are an unknown endpoint name and a body over the
-bound (``RUNTIME_ERROR``: the request's fault). Each endpoint has a concurrency bound per worker:
-a job for an endpoint at its bound is deferred briefly instead of waiting in a slot, so a slow
-tool cannot hold the slots other endpoints' jobs need.
+``Retry-After``) up to the endpoint's ``tries``; the job holds no worker slot while it waits. What
+the request is to blame for ends ``RUNTIME_ERROR`` with its reason: another 4xx (with the answer's
+message), and before any call an unknown endpoint name or a body over the bound
+(:func:`check_payload`). What the endpoint is to blame for ends ``SYSTEM_ERROR``: an answer that
+is not JSON or is over the size bound, a redirect, tries used up. Each endpoint has a concurrency
+bound per worker: a job for an endpoint at its bound is deferred briefly instead of waiting in a
+slot, so a slow tool cannot hold the slots other endpoints' jobs need.
 """
 
 from __future__ import annotations
