@@ -14,7 +14,9 @@ Each round submits ``--jobs`` jobs for *good* and as many for ``other`` at once 
 queue's throughput, first submit to last verdict, after a warm-up round. ``--repeats`` *calm* rounds (nothing else) come
 first, then as many *faults* rounds: 20 jobs for *storm* and 10 for *hung* are submitted before them
 and keep failing and hanging through every one (the hung ones hold the hung endpoint's 2 slots, the
-others wait out of any slot and come back; the storm's back off). Prints the medians and the ratio
+others wait out of any slot and come back; the storm's back off). ``--hung-bound 8 --hung-deadline 10``
+shows the same rounds without the bound in effect (the hung endpoint may take every slot, each call
+for its 10 s deadline). Prints the medians and the ratio
 faults/calm (1.0: no effect) and writes ``agent_bench.json`` to ``--out``. The machine is shared
 and loaded: read the ratios, not the rates.
 """
@@ -87,7 +89,7 @@ async def _throughput(pool: asyncpg.Pool, queue: str, payloads: list[dict[str, A
     return len(ids) / (time.monotonic() - start)
 
 
-async def run(jobs: int, repeats: int) -> dict[str, Any]:
+async def run(jobs: int, repeats: int, *, hung_bound: int = 2, hung_deadline: float = 600) -> dict[str, Any]:
     dsn = await create_database("jq_agent_bench")
     tag = uuid.uuid4().hex[:6]
     agents, other = f"agents-{tag}", f"other-{tag}"
@@ -105,7 +107,7 @@ async def run(jobs: int, repeats: int) -> dict[str, Any]:
         calls = json.dumps({
             "good": {"url": good.url, "concurrency": 8},
             "storm": {"url": storm.url, "concurrency": 2, "tries": 100},
-            "hung": {"url": hung.url, "concurrency": 2, "deadline": 600},
+            "hung": {"url": hung.url, "concurrency": hung_bound, "deadline": hung_deadline, "tries": 100},
         })  # fmt: skip
         common = {"JUDGEQUEUE_SCHEDULE": "100ms", "JUDGEQUEUE_CONCURRENCY": "8", "JUDGEQUEUE_LEASE_TTL": "10s",
                   "JUDGEQUEUE_VISIBILITY_TIMEOUT": "20s", "JUDGEQUEUE_MAX_RETRIES": "50",
@@ -125,7 +127,7 @@ async def run(jobs: int, repeats: int) -> dict[str, Any]:
                 # Submitted once: they keep failing (storm) and hanging (hung) through every later round.
                 await _submit(pool, agents, [{"endpoint": "storm", "body": {}}] * 20
                               + [{"endpoint": "hung", "body": {}}] * 10)
-                await _until(lambda: _calls(hung) >= 2, "the hung endpoint's calls to start")
+                await _until(lambda: _calls(hung) >= min(hung_bound, 10), "the hung endpoint's calls to start")
             for round_no in range(repeats):
                 good_payloads = [{"endpoint": "good", "body": {"i": i, "kind": kind, "round": round_no}}
                                  for i in range(jobs)]
@@ -140,7 +142,8 @@ async def run(jobs: int, repeats: int) -> dict[str, Any]:
         hung_calls = _calls(hung)
         medians = {k: statistics.median(v) for k, v in figures.items() if v}
         result = {
-            "jobs": jobs, "repeats": repeats, "medians": medians,
+            "jobs": jobs, "repeats": repeats, "hung_bound": hung_bound, "hung_deadline": hung_deadline,
+            "medians": medians,
             "ratio_good": medians["faults_good"] / medians["calm_good"],
             "ratio_other": medians["faults_other"] / medians["calm_other"],
             "storm_calls": storm_calls, "hung_calls_in_flight": hung_calls,
@@ -163,8 +166,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--jobs", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, default=Path("bench/out"))
+    parser.add_argument("--hung-bound", type=int, default=2,
+                        help="the hung endpoint's concurrency bound (8, the worker's slots: no bound in effect)")
+    parser.add_argument("--hung-deadline", type=float, default=600, help="seconds before a hung call is abandoned")
     args: argparse.Namespace = parser.parse_args(argv)
-    result = asyncio.run(run(args.jobs, args.repeats))
+    result = asyncio.run(run(args.jobs, args.repeats, hung_bound=args.hung_bound, hung_deadline=args.hung_deadline))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "agent_bench.json").write_text(json.dumps(result, indent=2))
     m = result["medians"]
@@ -172,8 +178,8 @@ def main(argv: list[str] | None = None) -> None:
           f" (ratio {result['ratio_good']:.2f})")
     print(f"other queue:   calm {m['calm_other']:.1f} jobs/s, beside a storm and a hang {m['faults_other']:.1f} jobs/s"
           f" (ratio {result['ratio_other']:.2f})")
-    print(f"meanwhile: {result['storm_calls']} calls answered 429/503, {result['hung_calls_in_flight']} hung calls"
-          f" (at most the hung endpoint's bound, 2)")
+    print(f"meanwhile: {result['storm_calls']} calls answered 429/503, {result['hung_calls_in_flight']} calls to the"
+          f" hung endpoint (bound {args.hung_bound}, deadline {args.hung_deadline:g}s)")
 
 
 if __name__ == "__main__":
