@@ -20,9 +20,11 @@ from typing import Any, Literal
 
 from judgequeue.core.config import FILE_SUFFIX, JUDGE_REFUSED_VARIABLE
 from judgequeue.core.spec import (
+    ENDPOINT_URL_DIR,
     NAME_MAX_LENGTH,
     EgressPeer,
     JudgeQueueSpec,
+    endpoint_secrets,
     parse_quantity,
     role_secrets,
     role_settings,
@@ -45,6 +47,7 @@ MANAGED_BY = "judgequeue-operator"
 #: Connections reach the roles as files of one projected Secret volume (core/config.py reads the
 #: ``*_FILE`` variables), mode 0440: the container's user, or the pod's fsGroup.
 CREDENTIALS_DIR = "/var/run/secrets/judgequeue"
+assert CREDENTIALS_DIR == ENDPOINT_URL_DIR  # endpoint URLs from Secrets are mounted in the same volume
 CREDENTIALS_VOLUME = "credentials"
 CREDENTIALS_MODE = 0o440
 
@@ -147,6 +150,11 @@ def credentials_volume(spec: JudgeQueueSpec, role: Role) -> dict[str, Any]:
         {"secret": {"name": ref.name, "items": [{"key": ref.key, "path": credential_file(name).rsplit("/", 1)[1]}]}}
         for name, ref in role_secrets(spec, role).items()
     ]
+    if role == "worker":  # the http-call judge's endpoint URLs kept in Secrets, beside the connections
+        sources += [
+            {"secret": {"name": ref.name, "items": [{"key": ref.key, "path": path}]}}
+            for path, ref in endpoint_secrets(spec).items()
+        ]
     return {"name": CREDENTIALS_VOLUME, "projected": {"sources": sources, "defaultMode": CREDENTIALS_MODE}}
 
 
@@ -183,8 +191,13 @@ def sandboxed(spec: JudgeQueueSpec, role: Role) -> bool:
 def default_worker_resources(spec: JudgeQueueSpec) -> dict[str, dict[str, str]]:
     """Requests and limits for workers whose spec sets none. The limit has room for every slot's
     largest box at once (a compile, 1 GiB); the request, what the scheduler reserves, a typical box
-    per slot, so a worker of the largest concurrency (64) still fits a node (16.25 GiB requested)."""
+    per slot, so a worker of the largest concurrency (64) still fits a node (16.25 GiB requested). An
+    http-call worker runs no boxes: the process alone, whatever its concurrency."""
     c = spec.worker.concurrency
+    if spec.worker.judge == "http-call":
+        # Its slots wait on sockets: no box per slot, an answer of at most 1 MiB each (64 at most).
+        return {"requests": {"cpu": "250m", "memory": f"{WORKER_BASE_MEMORY_MIB}Mi"},
+                "limits": {"cpu": "1", "memory": f"{2 * WORKER_BASE_MEMORY_MIB}Mi"}}
     return {
         "requests": {"cpu": "500m", "memory": f"{WORKER_BASE_MEMORY_MIB + c * PER_SLOT_REQUEST_MIB}Mi"},
         "limits": {"cpu": str(c), "memory": f"{WORKER_BASE_MEMORY_MIB + c * PER_SLOT_MEMORY_MIB}Mi"},

@@ -22,6 +22,7 @@ from typing import Any
 import asyncpg
 
 from . import metrics, sql
+from .judges import Job
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,17 @@ class Lease:
     attempt: uuid.UUID
     payload: Any
     created_at: datetime
+    #: The generation the submit or rejudge that this lease serves created: rescues, releases and
+    #: deferrals bump :attr:`generation` but keep it (migration 0013). None where not tracked (shadow).
+    request_generation: int | None = None
+    #: Failed tries of this request so far (:func:`defer` with ``failed``).
+    call_failures: int = 0
+
+
+def job_of(queue: str, lease: Lease) -> Job:
+    """The identity a judge sees of the job ``lease`` holds (pure)."""
+    request = lease.request_generation if lease.request_generation is not None else lease.generation
+    return Job(queue, lease.submission, lease.generation, request, lease.call_failures)
 
 
 @dataclass(frozen=True)
@@ -85,6 +97,8 @@ async def acquire(
             attempt=uuid.UUID(bytes=r["attempt_id"].bytes),
             payload=json.loads(r["payload"]),
             created_at=r["created_at"],
+            request_generation=r["request_generation"],
+            call_failures=r["call_failures"],
         )
         for r in rows
     ]
@@ -159,6 +173,18 @@ async def release(conn: asyncpg.Connection, leases: Sequence[Lease]) -> list[int
         return []
     rows = await conn.fetch(sql.query("lease_release"), *_fence_arrays(leases))
     return [r["id"] for r in rows]
+
+
+async def defer(conn: asyncpg.Connection, lease: Lease, *, delay: float, failed: bool, reason: str) -> int | None:
+    """Give ``lease`` back to be tried again no sooner than ``delay`` seconds from now (DB clock).
+
+    Fenced like a verdict: returns the new generation, or None when the lease was not held any more
+    (the try is stale; nothing changed). The job holds no worker slot while it waits: its outbox row
+    is dispatched (or taken directly) once due. ``failed`` counts the try in ``call_failures``.
+    """
+    return await conn.fetchval(  # type: ignore[no-any-return]
+        sql.query("lease_defer"), lease.submission, lease.generation, lease.attempt, float(delay), failed, reason
+    )
 
 
 async def rescue_expired_leases(

@@ -30,14 +30,15 @@ import redis.asyncio as aioredis
 from . import submissions
 from .config import PREFIX, Settings, load_settings, redact_url
 from .connect import connect_postgres, redis_client
-from .errors import Failure
+from .errors import ConfigError, Failure
+from .judges.http_call import load_call_settings
 from .judges.report import render_verdict
 from .manifest import Manifest, load_manifest
 from .migrate import migrate
 from .outbox import submit
 from .problems import InvalidPackage, read_package_dir, upload
 from .queues import create_queue, set_cutover
-from .spec import ROLES, Role
+from .spec import ENDPOINTS_VARIABLE, ROLES, Role
 from .states import VERDICTS
 from .status import Figures, gather
 
@@ -115,10 +116,28 @@ def role_env(
     env = {k: v for k, v in base.items() if not k.startswith(PREFIX)}
     env.update({k: v for k, v in base.items() if k.startswith(PREFIX) and k not in rendered})
     env.update(rendered)
+    if ENDPOINTS_VARIABLE in base and ENDPOINTS_VARIABLE in rendered:
+        # No Kubernetes here to mount a Secret's URL: the caller's own endpoints stand in for the manifest's.
+        env[ENDPOINTS_VARIABLE] = base[ENDPOINTS_VARIABLE]
     env[PREFIX + "POSTGRES_DSN"] = options.postgres_dsn
     env[PREFIX + "REDIS_URL"] = options.redis_url
     env[PREFIX + "METRICS_PORT"] = str(port)
     return env
+
+
+def check_endpoints(worker_env: Mapping[str, str]) -> None:
+    """Stop before anything runs if the workers' http-call endpoints cannot be read: an endpoint
+    whose URL is a Kubernetes Secret's has no file here unless the caller gives its own endpoints."""
+    if ENDPOINTS_VARIABLE not in worker_env:
+        return
+    try:
+        load_call_settings(worker_env)
+    except ConfigError as exc:
+        hint = ""
+        if "urlFile" in str(exc):
+            hint = (f" (judgequeue local cannot read Kubernetes Secrets: give the endpoint a url, or set"
+                    f" {ENDPOINTS_VARIABLE} in the environment, which stands in for the manifest's endpoints)")
+        raise Failure(f"{exc}{hint}") from None
 
 
 def plan_children(manifest: Manifest, workers: int | None) -> list[str]:
@@ -330,6 +349,7 @@ async def _local(options: LocalOptions, base_env: Mapping[str, str]) -> int:
     settings: Settings = load_settings(role_env(base_env, manifest, "worker", options, 0))
     for role in ("dispatcher", "reaper"):
         load_settings(role_env(base_env, manifest, role, options, 0))
+    check_endpoints(role_env(base_env, manifest, "worker", options, 0))
     programs, package, log_dir = _files(options, manifest)
     display = Display(sys.stderr, enabled=not options.json_output)
     try:

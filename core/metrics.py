@@ -97,6 +97,12 @@ STALE_RESULTS_DROPPED = Counter(
     "Results or envelopes dropped by the generation/attempt fence.",
     ["queue", "reason"],
 )
+JOBS_DEFERRED = Counter(
+    "judgequeue_jobs_deferred_total",
+    "Jobs a judge gave back to be tried again later without a slot (kind: failed, a failed try; waited,"
+    " its endpoint was at its concurrency bound).",
+    ["queue", "kind"],
+)
 LEASE_RENEW_FAILURES = Counter(
     "judgequeue_lease_renew_failures_total", "Lease heartbeats that failed or found the lease lost.", ["queue"]
 )

@@ -355,6 +355,8 @@ async def take_direct(
                     attempt=r["attempt_id"],  # asyncpg's UUID is a uuid.UUID
                     payload=json.loads(r["payload"]),
                     created_at=r["created_at"],
+                    request_generation=r["request_generation"],
+                    call_failures=r["call_failures"],
                 )
             )
     flags = rows[0]

@@ -27,9 +27,10 @@ here too. Every error starts with the field's path (``spec.worker.minReplicas: .
 from __future__ import annotations
 
 import ipaddress
+import json
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields, replace
 from datetime import datetime
 from decimal import Decimal, InvalidOperation
 from typing import Any, Literal
@@ -272,6 +273,18 @@ SECRET_SETTINGS: tuple[tuple[tuple[str, ...], tuple[str | None, str], tuple[Role
 
 FIELD_BY_PATH: dict[tuple[str, ...], Field] = {f.path: f for f in FIELDS}
 
+#: ``spec.worker.endpoints``: the endpoints an ``http-call`` worker may call (core/judges/http_call.py),
+#: a list of objects (not scalars, so not in :data:`FIELDS`): read by :func:`_endpoints`.
+ENDPOINTS: tuple[str, ...] = ("worker", "endpoints")
+ENDPOINT_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9_]*[a-z0-9])?$"
+ENDPOINTS_MAX = 32
+ENDPOINT_URL_MAX_LENGTH = 2048
+#: The variable the http-call judge reads its endpoints from (core/judges/http_call.py ENDPOINTS_VAR).
+ENDPOINTS_VARIABLE = "JUDGEQUEUE_CALL_ENDPOINTS"
+#: Where a worker pod finds each endpoint's URL taken from a Secret (the operator mounts it there,
+#: beside the connections, controllers/render.py).
+ENDPOINT_URL_DIR = "/var/run/secrets/judgequeue"
+
 #: Objects that hold ``resources`` (``requests`` and ``limits`` maps of quantities).
 RESOURCES: tuple[tuple[str, ...], ...] = (("dispatcher",), ("worker",), ("reaper",), ("worker", "shadow"))
 
@@ -318,6 +331,7 @@ def object_paths() -> dict[tuple[str, ...], set[str]]:
             objects.setdefault(f.path[:i], set()).add(f.path[i])
     for path in RESOURCES:
         objects[path].add("resources")
+    objects[ENDPOINTS[:-1]].add(ENDPOINTS[-1])
     return objects
 
 
@@ -382,6 +396,24 @@ class ShadowWorkers:
 
 
 @dataclass(frozen=True)
+class EndpointSpec:
+    """One of ``spec.worker.endpoints``: a name jobs call by, where it is (a URL, or a Secret key
+    holding it), and how hard each worker may call it (concurrent calls, a deadline per call, tries)."""
+
+    name: str
+    url: str | None = None
+    secret: SecretKeyRef | None = None
+    concurrency: int = 4
+    deadline: float = 60.0
+    tries: int = 5
+
+
+def endpoint_url_file(name: str) -> str:
+    """Where a worker pod finds the URL of endpoint ``name`` taken from a Secret."""
+    return f"{ENDPOINT_URL_DIR}/endpoint-{name}-url"
+
+
+@dataclass(frozen=True)
 class WorkerSpec:
     min_replicas: int
     max_replicas: int
@@ -396,6 +428,7 @@ class WorkerSpec:
     sandbox: Literal["isolated", "trusted"] = "isolated"
     network_policy: NetworkPolicySpec = NetworkPolicySpec()
     shadow: ShadowWorkers = ShadowWorkers()
+    endpoints: tuple[EndpointSpec, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -565,7 +598,7 @@ def _walk(spec: Mapping[str, Any], errors: list[str]) -> dict[tuple[str, ...], A
             where = "spec." + ".".join(here)
             if key not in objects[path]:
                 errors.append(f"{where}: unknown field (see crds/judgequeue.yaml for the JudgeQueue schema)")
-            elif key == "resources" and path in RESOURCES:
+            elif (key == "resources" and path in RESOURCES) or here == ENDPOINTS:  # parsed on their own
                 raw[here] = value
             elif here in objects:
                 if value is None:
@@ -640,9 +673,70 @@ def parse_spec(spec: Any, *, name: str) -> JudgeQueueSpec | list[str]:
             errors.append(f"spec.{'.'.join((*rule.obj, rule.field))}: {rule.message}")
     resources = {p: _resources(raw.get((*p, "resources")), f"spec.{'.'.join(p)}.resources", errors)
                  for p in RESOURCES}
+    endpoints = _endpoints(raw.get(ENDPOINTS), errors)
+    if values[("worker", "judge")] == "http-call" and not endpoints and ENDPOINTS not in raw:
+        errors.append("spec.worker.endpoints: is required when spec.worker.judge is http-call")
     if errors:
         return errors
-    return _build(values, resources, frozenset(raw))
+    built = _build(values, resources, frozenset(raw))
+    if endpoints:
+        built = replace(built, worker=replace(built.worker, endpoints=endpoints))
+    return built
+
+
+def _endpoints(value: Any, errors: list[str]) -> tuple[EndpointSpec, ...]:
+    """``spec.worker.endpoints`` checked item by item (the CRD's item schema, checked here too)."""
+    where = "spec.worker.endpoints"
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        errors.append(f"{where}: must be a list")
+        return ()
+    if len(value) > ENDPOINTS_MAX:
+        errors.append(f"{where}: at most {ENDPOINTS_MAX} endpoints, got {len(value)}")
+    out: list[EndpointSpec] = []
+    seen: set[str] = set()
+    for i, item in enumerate(value):
+        at = f"{where}[{i}]"
+        if not isinstance(item, Mapping):
+            errors.append(f"{at}: must be an object")
+            continue
+        unknown = sorted(set(item) - {"name", "url", "secretKeyRef", "concurrency", "deadline", "tries"})
+        if unknown:
+            errors.append(f"{at}.{unknown[0]}: unknown field (see crds/judgequeue.yaml for the JudgeQueue schema)")
+        name = item.get("name")
+        if not isinstance(name, str) or len(name) > 63 or not re.match(ENDPOINT_NAME_PATTERN, name):
+            errors.append(f"{at}.name: {name!r} is not an endpoint name (lowercase letters, digits, - and _)")
+            continue
+        if name in seen:
+            errors.append(f"{at}.name: {name!r} is given twice")
+        seen.add(name)
+        url, ref = item.get("url"), item.get("secretKeyRef")
+        if (url is None) == (ref is None):
+            errors.append(f"{at}: give exactly one of url and secretKeyRef")
+            continue
+        secret = None
+        if url is not None and (not isinstance(url, str) or not re.match(r"^https?://[^/?#]+", url)
+                                or len(url) > ENDPOINT_URL_MAX_LENGTH):
+            errors.append(f"{at}.url: must be an http or https URL (a Secret's key for one with credentials)")
+        if ref is not None:
+            if (not isinstance(ref, Mapping) or not isinstance(ref.get("name"), str)
+                    or not _SECRET_NAME.match(ref["name"]) or not isinstance(ref.get("key"), str)
+                    or not re.match(SECRET_KEY_PATTERN, ref["key"])):
+                errors.append(f"{at}.secretKeyRef: must name a Secret and a key ({{name: ..., key: ...}})")
+            else:
+                secret = SecretKeyRef(ref["name"], ref["key"])
+        concurrency, tries = item.get("concurrency", 4), item.get("tries", 5)
+        for label, number, high in (("concurrency", concurrency, 1024), ("tries", tries, 100)):
+            if isinstance(number, bool) or not isinstance(number, int) or not 1 <= number <= high:
+                errors.append(f"{at}.{label}: must be an integer between 1 and {high}, got {number!r}")
+        deadline = item.get("deadline", "60s")
+        if not isinstance(deadline, str) or not re.match(DURATION_PATTERN, deadline) or parse_duration(deadline) <= 0:
+            errors.append(f"{at}.deadline: {deadline!r} is not a positive duration (e.g. 90s, 5m)")
+            continue
+        out.append(EndpointSpec(name, url if isinstance(url, str) else None, secret, concurrency,
+                                parse_duration(deadline), tries))
+    return tuple(out)
 
 
 def _build(
@@ -742,7 +836,27 @@ def role_settings(spec: JudgeQueueSpec, role: Role, *, given_only: bool = False)
     if role == "worker" and spec.worker.sandbox == "trusted":
         # Read by the program judge itself (judges/isolation.py), not core/config.py.
         values[SANDBOX_VARIABLE] = "trusted"
+    if role == "worker" and spec.worker.endpoints:
+        values[ENDPOINTS_VARIABLE] = endpoints_setting(spec.worker.endpoints)
     return values
+
+
+def endpoints_setting(endpoints: tuple[EndpointSpec, ...]) -> str:
+    """The http-call judge's :data:`ENDPOINTS_VARIABLE` for these endpoints: a URL given inline, or the
+    file the operator mounts its Secret's key at (:func:`endpoint_url_file`). Pure."""
+    doc = {
+        e.name: {
+            **({"url": e.url} if e.url is not None else {"urlFile": endpoint_url_file(e.name)}),
+            "concurrency": e.concurrency, "deadline": e.deadline, "tries": e.tries,
+        }
+        for e in endpoints
+    }
+    return json.dumps(doc, separators=(",", ":"), sort_keys=True)
+
+
+def endpoint_secrets(spec: JudgeQueueSpec) -> dict[str, SecretKeyRef]:
+    """The Secret keys holding endpoint URLs, by the file name a worker pod finds each at."""
+    return {endpoint_url_file(e.name).rsplit("/", 1)[1]: e.secret for e in spec.worker.endpoints if e.secret}
 
 
 def role_secrets(spec: JudgeQueueSpec, role: Role) -> dict[str, SecretKeyRef]:

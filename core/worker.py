@@ -49,12 +49,12 @@ from typing import Any
 import asyncpg
 import redis.asyncio as aioredis
 
-from . import dead_letters, failpoints, leases, metrics, outbox, shadow, streams
+from . import dead_letters, deferral, failpoints, leases, metrics, outbox, shadow, streams
 from .config import Settings
 from .connect import STATEMENT_TIMEOUT
 from .envelope import Envelope
 from .errors import SERVER_ERRORS, RoleUnfit, TransportError, describe, is_permanent
-from .judges import Judge, SelfChecking, UsesPackages, Verdict, load_judge
+from .judges import CallLater, Judge, SelfChecking, UsesPackages, Verdict, judge_job, load_judge
 from .lifecycle import (
     DB_ERRORS,
     SHUTDOWN_STEP,
@@ -942,7 +942,7 @@ class Worker:
         started = time.monotonic()
         try:
             try:
-                verdict = await self.judge.judge(lease.payload)
+                verdict = await judge_job(self.judge, leases.job_of(self.queue, lease), lease.payload)
                 failpoints.hit("worker.after_judge")
                 if not isinstance(verdict, Verdict):
                     raise TypeError(f"judge returned {type(verdict).__name__}, not a Verdict")
@@ -957,6 +957,12 @@ class Worker:
                     metrics.STALE_RESULTS_DROPPED.labels(self.queue, f"{self.lane.stale_prefix}lease_lost").inc()
                     log.info("lease lost; judge cancelled", extra={"submission": lease.submission})
                 return  # releasing: _shutdown gives the lease back
+            except CallLater as later:
+                job.phase = "writing"  # the heartbeat leaves it alone: the deferral is fenced itself
+                instead = await deferral.defer(self.pool, self.queue, lease, later, shadow=self.lane.shadow)
+                if instead is None:
+                    return  # given back to be tried later: the slot is free now
+                verdict = instead
             except Exception as exc:
                 self.stats.judge_errors += 1
                 log.exception("judge failed", extra={"submission": lease.submission})

@@ -54,6 +54,56 @@ class SelfChecking(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class Job:
+    """Which job a judge is judging: the lease's identity, for judges that act on the world.
+
+    ``request_generation`` is the generation the submit or rejudge created; retries of that request
+    (a rescued or released lease, a deferred try) run at later generations but keep it, so
+    :attr:`idempotency_key` is the same for every try of one request and new for a rejudge.
+    ``failures`` counts the request's failed tries so far (:class:`CallLater` with ``failed``).
+    """
+
+    queue: str
+    submission: int
+    generation: int
+    request_generation: int
+    failures: int = 0
+
+    @property
+    def idempotency_key(self) -> str:
+        """``judgequeue:<queue>:<submission>:<request generation>``: one key per request."""
+        return f"judgequeue:{self.queue}:{self.submission}:{self.request_generation}"
+
+
+@runtime_checkable
+class KnowsJob(Protocol):
+    """A judge that needs the job's identity (an idempotency key for a remote call): the worker
+    calls :meth:`judge_job` instead of ``judge``."""
+
+    async def judge_job(self, job: Job, payload: Any) -> Verdict: ...
+
+
+class CallLater(Exception):
+    """Raised by a judge to be tried again no sooner than ``delay`` seconds from now, without
+    holding a worker slot meanwhile: the worker gives the lease back with that not-before time (a
+    new generation of the same request). ``failed``: the try failed (it counts towards the
+    judge's bound, :attr:`Job.failures`) rather than waited for capacity."""
+
+    def __init__(self, delay: float, reason: str, *, failed: bool = True) -> None:
+        super().__init__(reason)
+        self.delay = delay
+        self.reason = reason
+        self.failed = failed
+
+
+async def judge_job(judge: Judge, job: Job, payload: Any) -> Verdict:
+    """Run ``judge`` on one job: with its identity when it asks for it (:class:`KnowsJob`)."""
+    if isinstance(judge, KnowsJob):
+        return await judge.judge_job(job, payload)
+    return await judge.judge(payload)
+
+
 class PackageView(Protocol):
     """A problem package on this worker's disk, as a judge sees it (``problems.LocalPackage`` is one)."""
 
@@ -110,7 +160,10 @@ def load_judge(name: str) -> Judge:
 __all__ = [
     "ENTRY_POINT_GROUP",
     "STATUSES",
+    "CallLater",
+    "Job",
     "Judge",
+    "KnowsJob",
     "PackageSource",
     "PackageView",
     "SelfChecking",
@@ -119,5 +172,6 @@ __all__ = [
     "UsesPackages",
     "Verdict",
     "available_judges",
+    "judge_job",
     "load_judge",
 ]

@@ -210,7 +210,8 @@ UPDATE judgequeue.submissions s
   FROM unnest($1::bigint[], $2::bigint[], $3::uuid[]) AS e(id, generation, attempt), no_flush_wait
  WHERE s.id = ANY($1::bigint[])  -- a primary-key lookup whatever the backlog's size
    AND s.id = e.id AND s.generation = e.generation AND s.status = 'PENDING' AND s.queue = $4
-RETURNING s.id, s.generation, s.attempt_id, s.payload::text AS payload, s.created_at
+RETURNING s.id, s.generation, s.attempt_id, s.payload::text AS payload, s.created_at, s.request_generation,
+          s.call_failures
 
 -- name: lease_direct
 -- Direct intake (JUDGEQUEUE_INTAKE=direct): claim a live queue's ready outbox rows, mark them sent
@@ -260,7 +261,8 @@ WITH no_flush_wait AS MATERIALIZED (
      WHERE s.id = ANY(ARRAY(SELECT submission_id FROM sent WHERE state = 'SENT'))
        AND sent.state = 'SENT' AND s.id = sent.submission_id AND s.generation = sent.generation
        AND s.status = 'PENDING' AND s.queue = $1
-    RETURNING s.id, s.generation, s.attempt_id, s.payload::text AS payload, s.created_at
+    RETURNING s.id, s.generation, s.attempt_id, s.payload::text AS payload, s.created_at, s.request_generation,
+              s.call_failures
 ), unregistered AS (
     DELETE FROM judgequeue.dispatch_waiters
      WHERE $5 AND queue = $1 AND dispatcher = $2 AND EXISTS (SELECT 1 FROM picked)
@@ -278,11 +280,11 @@ WITH no_flush_wait AS MATERIALIZED (
 -- Always one row at least: with nothing claimed, a row of NULLs that still carries the flags (a
 -- worker of a paused or shadow queue polls instead of asking submits to notify it).
 SELECT flags.live, flags.registered, flags.unregistered, t.outbox_state, t.submission_id, t.outbox_generation, t.attempt_id,
-       t.payload, t.created_at
+       t.payload, t.created_at, t.request_generation, t.call_failures
   FROM flags
   LEFT JOIN (
       SELECT sent.id, sent.state AS outbox_state, sent.submission_id, sent.generation AS outbox_generation,
-             leased.attempt_id, leased.payload, leased.created_at
+             leased.attempt_id, leased.payload, leased.created_at, leased.request_generation, leased.call_failures
         FROM sent LEFT JOIN leased ON leased.id = sent.submission_id AND leased.generation = sent.generation
   ) t ON true
  ORDER BY t.id
@@ -394,6 +396,10 @@ SELECT pg_logical_emit_message(true, 'judgequeue', 'leases'),
 -- name: lease_release
 -- Give leases back (PENDING, same generation) so another worker can take them.
 SELECT judgequeue.release_leases($1::bigint[], $2::bigint[], $3::uuid[]) AS id
+
+-- name: lease_defer
+-- Give a lease back to be tried again after $4 seconds (migration 0013); NULL when it was not held.
+SELECT judgequeue.defer_lease($1::bigint, $2::bigint, $3::uuid, $4::float8, $5::boolean, $6::text) AS generation
 
 -- name: lease_rescue_expired
 -- Requeue or fail a batch of expired leases on the database clock.

@@ -78,6 +78,14 @@ CATALOGUE: list[tuple[str, dict[str, Any], list[str]]] = [
     ("force not a boolean", _spec(cutover={"force": "yes"}), ["spec.cutover.force", "boolean"]),
     ("too many shadow workers", _spec(worker={"shadow": {"enabled": True, "replicas": 500}}),
      ["spec.worker.shadow.replicas", "less than or equal to 100"]),
+    ("endpoint with a url and a secret", _spec(worker={"judge": "http-call", "endpoints": [
+        {"name": "a", "url": "http://x", "secretKeyRef": {"name": "s", "key": "k"}}]}),
+     ["spec.worker.endpoints[0]", "give exactly one of url and secretKeyRef"]),
+    ("endpoint named twice", _spec(worker={"judge": "http-call", "endpoints": [
+        {"name": "a", "url": "http://x"}, {"name": "a", "url": "http://y"}]}),
+     ["spec.worker.endpoints[1]", "Duplicate value"]),
+    ("endpoint url not http", _spec(worker={"judge": "http-call", "endpoints": [{"name": "a", "url": "file:///x"}]}),
+     ["spec.worker.endpoints[0].url", "should match"]),
 ]
 
 # What the API server used to accept and the operator could only report later (or never): refused at
@@ -149,6 +157,19 @@ def test_edge_values_pass_the_door(crd_installed: Cluster, namespace: str) -> No
         edge = judgequeue(f"gate-{agreement.rstrip('%').replace('.', '-')}", "edge",
                           cutover={"gate": {"minAgreement": agreement, "minSamples": 1_000_000_000}})
         crd_installed.request("POST", jq_path(namespace), edge)
+
+
+def test_endpoints_pass_the_door_with_their_defaults(crd_installed: Cluster, namespace: str) -> None:
+    obj = judgequeue("agents", "agents", worker={"judge": "http-call", "endpoints": [
+        {"name": "tool", "secretKeyRef": {"name": "tools", "key": "url"}},
+        {"name": "lookup", "url": "http://lookup.tools.svc:8080/v1", "deadline": "5m", "concurrency": 1024}]})
+    created = crd_installed.request("POST", jq_path(namespace), obj)
+    assert created["spec"]["worker"]["endpoints"] == [
+        {"name": "tool", "secretKeyRef": {"name": "tools", "key": "url"}, "concurrency": 4, "deadline": "60s",
+         "tries": 5},
+        {"name": "lookup", "url": "http://lookup.tools.svc:8080/v1", "deadline": "5m", "concurrency": 1024,
+         "tries": 5},
+    ]
 
 
 @pytest.mark.parametrize(("case", "obj", "expected"), CATALOGUE, ids=[c[0] for c in CATALOGUE])

@@ -51,7 +51,7 @@ def py(source: str, **limits: Any) -> dict[str, Any]:
 def test_plugins_are_registered_and_unknown_name_lists_them() -> None:
     assert {"noop", "sleep", "program"} <= set(available_judges())
     assert isinstance(load_judge("noop"), NoopJudge)
-    with pytest.raises(UnknownJudge, match=r"JUDGEQUEUE_JUDGE='nope' .*available: noop, program, sleep"):
+    with pytest.raises(UnknownJudge, match=r"JUDGEQUEUE_JUDGE='nope' .*available: http-call, noop, program, sleep"):
         load_judge("nope")
 
 

@@ -9,10 +9,12 @@ from typing import Any
 import pytest
 
 from judgequeue.core.config import load_settings
+from judgequeue.core.errors import Failure
 from judgequeue.core.local import (
     DemoProgram,
     LocalOptions,
     Progress,
+    check_endpoints,
     load_demo,
     plan_children,
     progress_line,
@@ -134,6 +136,24 @@ def test_role_env_layers_caller_env_manifest_then_connections() -> None:
     assert env["JUDGEQUEUE_CONCURRENCY"] == "3"  # the manifest wins over the caller's environment
     assert env["JUDGEQUEUE_LOG_LEVEL"] == "DEBUG"  # the caller's value stays where the manifest is silent
     assert env["JUDGEQUEUE_POSTGRES_DSN"] == "postgresql://h/db" and env["JUDGEQUEUE_METRICS_PORT"] == "9191"
+
+
+def test_http_call_endpoints_run_locally_and_secret_ones_need_the_callers() -> None:
+    """An endpoint with a url runs as the manifest says; one whose URL is a Kubernetes Secret's is
+    refused before anything starts, naming the way out, unless the caller gives its endpoints."""
+    options = LocalOptions(manifest="x", postgres_dsn="postgresql://h/db", redis_url="redis://h/1")
+    inline = parse_manifest(manifest(worker={"judge": "http-call", "endpoints": [
+        {"name": "tool", "url": "http://127.0.0.1:1/x"}]}))  # fmt: skip
+    check_endpoints(role_env({}, inline, "worker", options, port=0))
+    secret = parse_manifest(manifest(worker={"judge": "http-call", "endpoints": [
+        {"name": "tool", "secretKeyRef": {"name": "tools", "key": "url"}}]}))  # fmt: skip
+    with pytest.raises(Failure, match="judgequeue local cannot read Kubernetes Secrets"):
+        check_endpoints(role_env({}, secret, "worker", options, port=0))
+    mine = '{"tool": {"url": "http://127.0.0.1:2/y"}}'
+    env = role_env({"JUDGEQUEUE_CALL_ENDPOINTS": mine}, secret, "worker", options, port=0)
+    assert env["JUDGEQUEUE_CALL_ENDPOINTS"] == mine
+    check_endpoints(env)
+    check_endpoints(role_env({}, parse_manifest(manifest()), "worker", options, port=0))  # no endpoints: nothing
 
 
 def test_shadow_workers_run_locally_as_the_operator_runs_them() -> None:
