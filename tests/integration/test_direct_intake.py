@@ -20,8 +20,7 @@ import asyncpg
 import pytest
 import redis.asyncio as aioredis
 
-from judgequeue.core import leases, outbox, sql, streams, wakeup
-from judgequeue.core import worker as worker_module
+from judgequeue.core import direct_intake, leases, outbox, sql, streams, wakeup
 from judgequeue.core.dispatcher import Dispatcher
 from judgequeue.core.judges import Verdict
 from judgequeue.core.judges.builtin import SleepJudge
@@ -308,7 +307,7 @@ async def test_a_busy_worker_paces_its_takes_so_each_brings_several_rows(
     TAKE_PACE between takes, so each take brings what came meanwhile instead of a statement per row
     or two. A long pace makes that visible whatever the machine's speed; without it the takes
     would keep up with one submitting connection at about a row each."""
-    monkeypatch.setattr(worker_module, "TAKE_PACE", 0.25)
+    monkeypatch.setattr(direct_intake, "TAKE_PACE", 0.25)
     monkeypatch.setattr(wakeup, "PACE_ABOVE", 1.0)  # one connection's submits count as fast here
     settings = make_settings(pg_dsn, REDIS_URL, queue, intake="direct", schedule="30s", concurrency="1000", offers="0")
     w = Worker(pg_pool, redis_client, settings, judge=Recorder())
@@ -327,7 +326,7 @@ async def test_a_busy_worker_paces_its_takes_so_each_brings_several_rows(
         await submitter
         await eventually(functools.partial(_all_done, pg_pool, ids), within=30, what="every job judged")
     assert w.stats.leased == len(ids)
-    assert w.stats.leased >= 5 * w.stats.direct_takes, w.stats
+    assert w.direct is not None and w.stats.leased >= 5 * w.direct.takes, w.stats
 
 
 def test_takes_are_paced_only_while_work_flows_fast() -> None:
@@ -378,9 +377,11 @@ async def test_a_worker_of_a_paused_or_shadow_queue_polls_and_never_registers(
     settings = make_settings(pg_dsn, REDIS_URL, queue, intake="direct", schedule="200ms")
     judge = Recorder()
     worker = Worker(pg_pool, redis_client, settings, judge=judge)
+    direct = worker.direct
+    assert direct is not None
     async with running(worker):
         ids = await _submit(pg_pool, queue, 3)
-        await eventually(lambda: worker.stats.direct_takes >= 4, what="several polls of the paused queue")
+        await eventually(lambda: direct.takes >= 4, what="several polls of the paused queue")
         assert await _waiters(pg_pool, 0), "a worker of a paused queue must not ask submits to notify"
         assert judge.ran == []
         async with pg_pool.acquire() as conn:

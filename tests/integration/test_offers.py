@@ -382,9 +382,11 @@ async def test_an_idle_worker_offers_and_submits_hand_it_their_jobs(
     """Trickles of submits are judged through the offers alone: the worker's takes are the few it
     makes while idle, not one per job; its offers are topped up as they fill."""
     w = _worker(pg_pool, redis_client, pg_dsn, queue, SleepJudgeAccepting(), concurrency="8", offers="4")
+    direct = w.direct
+    assert direct is not None
     async with running(w):
         await eventually(lambda: _open_offers(pg_pool, 4), what="four offers open")
-        takes = w.stats.direct_takes
+        takes = direct.takes
         ids: list[int] = []
         async with pg_pool.acquire() as conn:
             for k in range(5):
@@ -392,7 +394,7 @@ async def test_an_idle_worker_offers_and_submits_hand_it_their_jobs(
                 await eventually(functools.partial(_done, pg_pool, list(ids)), what=f"trickle {k} judged")
                 # Topped up once three quarters are gone (offers.to_add): open again before the next.
                 await eventually(lambda: _open_at_least(pg_pool, 2), what="the offers topped up")
-        assert w.stats.direct_takes - takes <= 2, "the jobs came through offers, not takes"
+        assert direct.takes - takes <= 2, "the jobs came through offers, not takes"
         claimed = await pg_pool.fetch(
             "SELECT DISTINCT claimed_by FROM judgequeue.outbox WHERE submission_id = ANY($1)", ids
         )
@@ -568,13 +570,17 @@ async def test_a_lost_notification_is_made_up_by_the_sync(
     the worker still judges those jobs within a sync or two, long before their leases expire."""
     w = _worker(pg_pool, redis_client, pg_dsn, queue, SleepJudgeAccepting(), concurrency="8", offers="4",
                 lease_ttl="60s")  # fmt: skip
+    assert w.direct is not None
+    direct = w.direct
     async with running(w):
         await eventually(lambda: _open_offers(pg_pool, 4), what="offers open")
-        listen_pid = w._wakeup._conn.get_server_pid() if w._wakeup and w._wakeup._conn else None
+        listen_pid = direct.wakeup._conn.get_server_pid() if direct.wakeup and direct.wakeup._conn else None
         assert listen_pid is not None
         async with pg_pool.acquire() as conn:
             await conn.execute("SELECT pg_terminate_backend($1)", listen_pid)
-            await eventually(lambda: w._wakeup is not None and not w._wakeup.listening, what="the listener gone")
+            await eventually(
+                lambda: direct.wakeup is not None and not direct.wakeup.listening, what="the listener gone"
+            )
             ids = [await outbox.submit(conn, queue, {"i": i}) for i in range(3)]
         assert await pg_pool.fetchval(
             "SELECT count(*) FROM judgequeue.submissions WHERE id = ANY($1) AND status = 'JUDGING'", ids
