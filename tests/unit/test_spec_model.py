@@ -1,7 +1,8 @@
 """The JudgeQueue spec model (core/spec.py) against the two things that must agree with it:
 
-- the CRD (crds/judgequeue.yaml): its properties, types, defaults, bounds, patterns, required fields
-  and CEL rules are checked against the model, as the RBAC rules are checked against controllers/rbac.py;
+- the CRD (crds/judgequeue.yaml): generated from the model (controllers/crd.py), so the file must be
+  what the model gives now; and, read back, its properties, types, defaults, bounds, patterns,
+  required fields and CEL rules say what the model says (the generator's own check);
 - the roles: each role gets exactly the variables it reads, found from the role modules' source.
 """
 
@@ -80,7 +81,7 @@ def crd_drift(spec_schema: Mapping[str, Any]) -> list[str]:
             drift += _object_default_drift(path, node["default"], where)
         rules = {(r.field, r.message) for r in RULES if r.obj == path}
         cel = {(str(v.get("fieldPath", "")).lstrip("."), v.get("message"))
-               for v in node.get("x-kubernetes-validations") or [] if "oldSelf" not in v["rule"]}
+               for v in node.get("x-kubernetes-validations") or []}
         drift += [f"{where}: CEL rule {m!r} on {p} is not in the model" for p, m in sorted(cel - rules)]
         drift += [f"{where}: model rule {m!r} on {p} is not in the CRD" for p, m in sorted(rules - cel)]
     for f in FIELDS:
@@ -123,6 +124,15 @@ def _object_default_drift(path: tuple[str, ...], default: Any, where: str) -> li
 
 def spec_schema() -> dict[str, Any]:
     return copy.deepcopy(schema_of(load_crd())["properties"]["spec"])
+
+
+def test_crd_is_what_the_model_generates() -> None:
+    """A field changed in core/spec.py and not regenerated into the CRD (or the CRD edited by hand) fails here."""
+    from judgequeue.controllers.crd import render_crd_text
+
+    assert (ROOT / "crds" / "judgequeue.yaml").read_text() == render_crd_text(), (
+        "crds/judgequeue.yaml differs from the spec model: run .venv/bin/python scripts/gen_chart_files.py"
+    )
 
 
 def test_crd_agrees_with_the_model() -> None:
@@ -256,7 +266,10 @@ def _cel_holds(rule: str, obj: dict[str, Any]) -> bool:
     return bool(result)
 
 
-@pytest.mark.parametrize("rule", RULES, ids=[r.message for r in RULES])
+CHECKED_RULES = [r for r in RULES if r.check is not None]  # a transition rule is the API server's alone
+
+
+@pytest.mark.parametrize("rule", CHECKED_RULES, ids=[r.message for r in CHECKED_RULES])
 def test_cel_rules_and_model_rules_decide_alike(rule: Any) -> None:
     """Matching messages are not enough: on edge values of its fields, each CEL rule of the CRD and the
     model's rule of the same message accept and refuse the same objects."""
