@@ -3,7 +3,7 @@
 With ``JUDGEQUEUE_INTAKE=direct`` a worker claims and leases ready outbox rows in one statement
 (``outbox.take_direct``: no stream entry and so no ack), woken by the submits' notifications
 (:mod:`judgequeue.core.wakeup`), and, when it can listen, offers some free slots for the submits to
-fill (:mod:`judgequeue.core.offering`). The stream then carries what no worker took within a
+fill (:mod:`judgequeue.core.offer_keeper`). The stream then carries what no worker took within a
 ``schedule`` (the overflow) and the reaper's re-deliveries, which this intake reads first while
 there are any. The jobs it brings are judged, heartbeated and written like any other: it hands them
 to the worker's ``start_jobs`` (leases) or ``start_deliveries`` (stream entries).
@@ -23,7 +23,7 @@ from . import failpoints, leases, metrics, outbox, streams
 from .config import Settings
 from .errors import SERVER_ERRORS, TransportError
 from .lifecycle import SHUTDOWN_STEP, HeldSession, backoff, best_effort, unless_stopped, wait_any
-from .offering import Offering
+from .offer_keeper import OfferKeeper
 from .wakeup import TAKE_PACE, TakeRate, Wakeup, keep_listening, pace_takes
 
 log = logging.getLogger("judgequeue.worker")
@@ -74,7 +74,7 @@ class DirectIntake:
         self._take_rate = TakeRate()  # how fast the streak's takes find rows
         self._failures = 0
         #: With a LISTEN connection and ``JUDGEQUEUE_OFFERS`` > 0: slots offered to the submits.
-        self.offering: Offering | None = None
+        self.offering: OfferKeeper | None = None
         #: Slots a take, stream read or lease under way may fill: busy for the offers, which must
         #: not open them meanwhile (jobs + offers + this never exceed the concurrency).
         self._taking = 0
@@ -85,7 +85,7 @@ class DirectIntake:
         is allowed some (``JUDGEQUEUE_OFFERS``); in the running loop."""
         channel = None
         if self._settings.listen_dsn is not None and self._cfg.offers > 0:
-            self.offering = Offering(
+            self.offering = OfferKeeper(
                 self._pool, self._queue, self._name, limit=self._cfg.offers, concurrency=self._cfg.concurrency,
                 lease_ttl=self._cfg.lease_ttl, busy=lambda: self._jobs() + self._taking, start=self._start_offered,
             )  # fmt: skip

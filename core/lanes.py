@@ -22,7 +22,7 @@ from typing import Any
 import asyncpg
 import redis.asyncio as aioredis
 
-from . import dead_letters, failpoints, leases, metrics, shadow, streams
+from . import failpoints, giving_up, leases, metrics, shadow, streams
 from .connect import STATEMENT_TIMEOUT
 from .errors import DB_ERRORS, TransportError
 from .lifecycle import SHUTDOWN_STEP, cancel_within
@@ -59,11 +59,11 @@ class Lane:
 
     async def give_up(
         self, pool: asyncpg.Pool, redis: aioredis.Redis, queue: str, consumer: str,
-        poison: Sequence[dead_letters.Decision],
+        poison: Sequence[giving_up.Decision],
     ) -> int:
         """Set aside entries no retry can judge: Postgres record first, then the DLQ; how many went."""
-        outcomes = await dead_letters.record(pool, poison)
-        dead, _again, _skipped = await dead_letters.to_dlq(redis, queue, consumer, poison, outcomes)
+        outcomes = await giving_up.record(pool, poison)
+        dead, _again, _skipped = await giving_up.to_dlq(redis, queue, consumer, poison, outcomes)
         metrics.DEAD_LETTERS.labels(queue).inc(dead)
         return dead
 
@@ -96,7 +96,7 @@ class ShadowLane(Lane):
 
     async def give_up(
         self, pool: asyncpg.Pool, redis: aioredis.Redis, queue: str, consumer: str,
-        poison: Sequence[dead_letters.Decision],
+        poison: Sequence[giving_up.Decision],
     ) -> int:
         """A SYSTEM_ERROR shadow verdict with the reason (where the entry names a submission), then the
         entry acked and deleted: the shadow lane has no DLQ, and nothing of the submission changes."""

@@ -41,7 +41,7 @@ from typing import Any
 import asyncpg
 import redis.asyncio as aioredis
 
-from . import dead_letters, failpoints, leases, metrics, streams
+from . import failpoints, giving_up, leases, metrics, streams
 from .config import Settings
 from .connect import STATEMENT_TIMEOUT
 from .direct_intake import DirectIntake
@@ -230,7 +230,7 @@ class Worker:
     async def _start(self, deliveries: Sequence[streams.Delivery], stop: asyncio.Event) -> None:
         """Lease, ack and launch a batch of deliveries; set aside what can never be judged."""
         good: list[tuple[str, Envelope]] = []
-        poison: list[dead_letters.Decision] = []
+        poison: list[giving_up.Decision] = []
         for d in deliveries:
             if d.envelope is None:
                 self.stats.malformed += 1
@@ -253,7 +253,7 @@ class Worker:
 
     async def _lease(
         self, batch: list[tuple[str, Envelope]], stop: asyncio.Event
-    ) -> tuple[list[leases.Lease] | None, list[dead_letters.Decision]]:
+    ) -> tuple[list[leases.Lease] | None, list[giving_up.Decision]]:
         """Leases for ``batch``, retrying transient errors; envelopes the database refuses for good.
 
         A batch refused for its values (:func:`~judgequeue.core.errors.is_permanent`) is leased one
@@ -282,7 +282,7 @@ class Worker:
                         log.error("lease refused by the database", extra={"entry": entry_id, "error": describe(exc)})
                         return [], [self._give_up(entry_id, env, f"lease refused by the database: {describe(exc)}")]
                     held: list[leases.Lease] = []
-                    refused: list[dead_letters.Decision] = []
+                    refused: list[giving_up.Decision] = []
                     for one in batch:
                         got, bad = await self._lease([one], stop)
                         if got is None:
@@ -299,7 +299,7 @@ class Worker:
                 await wait_any(stop, None, delay)
 
     def _launch(
-        self, held: list[leases.Lease], batch: list[tuple[str, Envelope]], refused: list[dead_letters.Decision]
+        self, held: list[leases.Lease], batch: list[tuple[str, Envelope]], refused: list[giving_up.Decision]
     ) -> list[tuple[int, int]]:
         """Start a judge per lease and hand the batch's entries to the acker; returns the stale envelopes."""
         if held:
@@ -321,11 +321,11 @@ class Worker:
             job.task = loop.create_task(self._run_job(job))
         self.stats.leased += len(held)
 
-    def _give_up(self, entry_id: str, envelope: Envelope | None, reason: str) -> dead_letters.Decision:
+    def _give_up(self, entry_id: str, envelope: Envelope | None, reason: str) -> giving_up.Decision:
         entry = streams.ClaimedEntry(entry_id, None, self.name, envelope.deliveries if envelope else 1)
-        return dead_letters.Decision(entry, "dead_letter", reason[:1000], envelope)
+        return giving_up.Decision(entry, "dead_letter", reason[:1000], envelope)
 
-    async def _dead_letter(self, poison: list[dead_letters.Decision]) -> None:
+    async def _dead_letter(self, poison: list[giving_up.Decision]) -> None:
         """Dead-letter entries no retry can judge, at once (Postgres record first, then the DLQ).
 
         If either step fails the entries stay pending: the reaper dead-letters them after

@@ -371,7 +371,7 @@ END $$;
 
 -- === dead letters: the Postgres record of a stream entry given up on ==============================
 
--- Recorded BEFORE Redis is touched (core/dead_letters.py), so this is idempotent: running it again
+-- Recorded BEFORE Redis is touched (core/giving_up.py), so this is idempotent: running it again
 -- for the same envelope changes nothing and reports why. Fenced on the envelope's generation, and
 -- acting only while the submission is still PENDING: a JUDGING submission is owned by its lease
 -- (the lease reaper recovers it), and a terminal or newer-generation one needs nothing.

@@ -1,4 +1,4 @@
-"""Offers (migration 0010, core/offers.py, core/offering.py) against real Postgres and Redis: an idle
+"""Offers (core/sql/schema.sql, core/offers.py, core/offer_keeper.py) against real Postgres and Redis: an idle
 direct-intake worker's open slots, which the submits fill in their own transactions.
 
 What must hold is what holds for any lease: one terminal verdict per submission, no verdict from a
@@ -22,7 +22,7 @@ import asyncpg
 import pytest
 import redis.asyncio as aioredis
 
-from judgequeue.core import offering, offers, outbox
+from judgequeue.core import offer_keeper, offers, outbox
 from judgequeue.core.errors import CutoverBlocked
 from judgequeue.core.judges import Verdict
 from judgequeue.core.queues import database_now, get_queue, set_cutover
@@ -344,8 +344,8 @@ def test_notifications_and_decisions_parse() -> None:
     assert offers.to_add(concurrency=4, busy=0, open_now=1, limit=32) == 3
     assert offers.to_add(concurrency=2, busy=1, open_now=0, limit=32) == 1
     assert offers.to_add(concurrency=2, busy=2, open_now=0, limit=32) == 0
-    assert offering.too_fast(int(offering.MAX_FILL_RATE * offering.RATE_WINDOW) + 1)
-    assert not offering.too_fast(int(offering.MAX_FILL_RATE * offering.RATE_WINDOW))
+    assert offer_keeper.too_fast(int(offer_keeper.MAX_FILL_RATE * offer_keeper.RATE_WINDOW) + 1)
+    assert not offer_keeper.too_fast(int(offer_keeper.MAX_FILL_RATE * offer_keeper.RATE_WINDOW))
 
 
 # --- the worker's side ---------------------------------------------------------------------------
@@ -489,7 +489,7 @@ async def test_offers_lost_with_the_table_stay_reserved_when_written_again(
     worker's open slots again, and those slots stay reserved (the worker takes nothing into them):
     slots a submit may fill are never free for a take at the same time."""
     started: list[Any] = []
-    off = offering.Offering(
+    off = offer_keeper.OfferKeeper(
         pg_pool, queue, WORKER, limit=4, concurrency=8, lease_ttl=30, busy=lambda: 0, start=started.extend
     )
     off.start()
@@ -510,7 +510,7 @@ async def test_offers_stay_alive_while_top_ups_keep_the_loop_busy(pg_pool: async
     """Top-ups between refreshes write only the slots they open; the once-a-second refresh still
     comes when the loop never waits out its timer (a fill every few milliseconds wakes it), so an
     offer nobody fills does not expire (offers.VALIDITY) while its worker lives."""
-    off = offering.Offering(
+    off = offer_keeper.OfferKeeper(
         pg_pool, queue, WORKER, limit=4, concurrency=8, lease_ttl=30, busy=lambda: 0, start=lambda _: None
     )
     off.start()
@@ -536,7 +536,7 @@ async def test_the_offers_loop_sleeps_while_it_offers_nothing(
     """Not wanted (a busy worker), or cooling down after a burst: nothing to write or keep alive,
     so the loop wakes about once a REFRESH, not in a spin (which once cost a third of a busy
     worker's CPU and a quarter of its throughput)."""
-    off = offering.Offering(
+    off = offer_keeper.OfferKeeper(
         pg_pool, queue, WORKER, limit=4, concurrency=8, lease_ttl=30, busy=lambda: 0, start=lambda _: None
     )
     syncs = 0
@@ -552,13 +552,13 @@ async def test_the_offers_loop_sleeps_while_it_offers_nothing(
     try:
         off.want(True)
         await eventually(lambda: _open_offers(pg_pool, 4), what="four offers open")
-        off.taken(offering.BURST_ROWS)  # a burst: cool down (offers withdrawn, none for COOLDOWN)
+        off.taken(offer_keeper.BURST_ROWS)  # a burst: cool down (offers withdrawn, none for COOLDOWN)
         await eventually(lambda: _open_offers(pg_pool, 0), what="offers withdrawn")
         syncs = 0
         window = asyncio.Event()
-        asyncio.get_running_loop().call_later(offering.COOLDOWN / 2, window.set)
+        asyncio.get_running_loop().call_later(offer_keeper.COOLDOWN / 2, window.set)
         await window.wait()  # a span of the cooldown, measured by the loop's own clock
-        assert syncs <= 2, f"{syncs} syncs in {offering.COOLDOWN / 2}s with nothing to offer"
+        assert syncs <= 2, f"{syncs} syncs in {offer_keeper.COOLDOWN / 2}s with nothing to offer"
     finally:
         await off.close(5)
 
@@ -621,7 +621,7 @@ async def test_a_burst_makes_the_worker_take_its_offers_back(
     async with running(w):
         await eventually(lambda: _open_offers(pg_pool, 2), what="offers open")
         async with pg_pool.acquire() as conn, conn.transaction():  # one commit: they arrive at once
-            ids = [await outbox.submit(conn, queue, {"i": i}) for i in range(2 + offering.BURST_ROWS * 2)]
+            ids = [await outbox.submit(conn, queue, {"i": i}) for i in range(2 + offer_keeper.BURST_ROWS * 2)]
         await eventually(lambda: len(judge.started) == len(ids), what="the burst taken")
         await eventually(lambda: _open_offers(pg_pool, 0), what="offers taken back")
         judge.open.set()

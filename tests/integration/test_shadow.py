@@ -491,7 +491,7 @@ async def test_shadow_and_legacy_verdicts_are_pruned_with_the_retention(sh: Shad
         await conn.execute("UPDATE judgequeue.legacy_verdicts SET reported_at = now() - interval '2 days'"
                            " WHERE submission_id = ANY($1)", [old, ids["legacy_only"][0]])
     reaper = Reaper(sh.pool, sh.redis, sh.settings(retention="1d"))
-    await reaper.prune_outbox()
+    await reaper.prune()
     assert reaper.pruned_shadow == 3
     async with sh.pool.acquire() as conn:
         figures = await shadow.agreement(conn, sh.queue)
