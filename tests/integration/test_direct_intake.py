@@ -25,7 +25,6 @@ from judgequeue.core.dispatcher import Dispatcher
 from judgequeue.core.judges import Verdict
 from judgequeue.core.judges.builtin import SleepJudge
 from judgequeue.core.queues import database_now, set_cutover
-from judgequeue.core.wakeup import BUSY_STREAK, PACE_ABOVE, RATE_WINDOW, TakeRate, pace_takes
 from judgequeue.core.worker import Worker
 from tests.support.databases import REDIS_URL
 from tests.support.inprocess import GateJudge, running
@@ -273,7 +272,7 @@ async def test_a_full_worker_unregisters_so_submits_stop_notifying(
         [sid] = await _submit(pg_pool, queue, 1)
         await eventually(lambda: judge.started == [0], what="the job taken")
         await eventually(lambda: _waiters(pg_pool, 0), what="the full worker unregistered")
-        judge.open.set()
+        judge.gate.set()
         await eventually(lambda: _is(pg_pool, sid, "ACCEPTED"))
         await eventually(lambda: _waiters(pg_pool, 1), what="idle again: registered")
 
@@ -327,29 +326,6 @@ async def test_a_busy_worker_paces_its_takes_so_each_brings_several_rows(
         await eventually(functools.partial(_all_done, pg_pool, ids), within=30, what="every job judged")
     assert w.stats.leased == len(ids)
     assert w.direct is not None and w.stats.leased >= 5 * w.direct.takes, w.stats
-
-
-def test_takes_are_paced_only_while_work_flows_fast() -> None:
-    fast = PACE_ABOVE
-    assert pace_takes(2, 64, BUSY_STREAK, fast)  # a streak of takes finding a row or two: let rows gather
-    assert not pace_takes(2, 64, BUSY_STREAK - 1, fast)  # not a streak yet: a trickle is a notification's
-    assert not pace_takes(64, 64, BUSY_STREAK, fast)  # every free slot filled: the slots are the limit
-    assert not pace_takes(0, 64, BUSY_STREAK, fast)  # nothing found: the wait is the notification's
-    assert not pace_takes(2, 64, BUSY_STREAK, fast - 1)  # offers' rates: each take at once, for latency
-
-
-def test_the_take_rate_leaves_out_the_first_take_and_follows_the_latest_window() -> None:
-    rate = TakeRate()
-    rate.start(10.0)  # the first take's rows gathered while it waited: not counted
-    rate.add(3, 10.001)
-    rate.add(3, 10.002)
-    assert rate.per_second == pytest.approx(3000)
-    rate.add(0, 10.0 + RATE_WINDOW)  # the window ends: its rate stands until the next has one
-    assert rate.per_second == pytest.approx(6 / RATE_WINDOW)
-    rate.add(1, 10.0 + RATE_WINDOW + 0.01)
-    assert rate.per_second == pytest.approx(100)
-    rate.start(20.0)
-    assert rate.per_second == 0.0
 
 
 async def test_direct_intake_judges_with_redis_unreachable(pg_pool: asyncpg.Pool, pg_dsn: str, queue: str) -> None:

@@ -13,8 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import json
-import uuid
 from datetime import timedelta
 from typing import Any
 
@@ -328,26 +326,6 @@ async def test_the_reaper_prunes_offers_their_worker_stopped_refreshing(pg_pool:
         assert await offers.prune(conn, older_than=300) == 2
 
 
-def test_notifications_and_decisions_parse() -> None:
-    attempt = uuid.uuid4()
-    filled = offers.parse_notification(f'42 {attempt} 3 1733290000.5 {json.dumps({"a": [1, "b c"]})}')
-    assert (filled.submission, filled.attempt, filled.slot, filled.payload) == (42, attempt, 3, {"a": [1, "b c"]})
-    bare = offers.parse_notification(f"42 {attempt} 3 1733290000.5")
-    assert not bare.has_payload and bare.payload is None
-    for bad in ("", "42", f"x {attempt} 3 1.0", "42 not-a-uuid 3 1.0"):
-        with pytest.raises(ValueError):
-            offers.parse_notification(bad)
-    # Top up once three quarters are gone, within the free slots and the limit.
-    assert offers.to_add(concurrency=256, busy=0, open_now=0, limit=32) == 32
-    assert offers.to_add(concurrency=256, busy=0, open_now=9, limit=32) == 0
-    assert offers.to_add(concurrency=256, busy=0, open_now=8, limit=32) == 24
-    assert offers.to_add(concurrency=4, busy=0, open_now=1, limit=32) == 3
-    assert offers.to_add(concurrency=2, busy=1, open_now=0, limit=32) == 1
-    assert offers.to_add(concurrency=2, busy=2, open_now=0, limit=32) == 0
-    assert offer_keeper.too_fast(int(offer_keeper.MAX_FILL_RATE * offer_keeper.RATE_WINDOW) + 1)
-    assert not offer_keeper.too_fast(int(offer_keeper.MAX_FILL_RATE * offer_keeper.RATE_WINDOW))
-
-
 # --- the worker's side ---------------------------------------------------------------------------
 
 
@@ -422,18 +400,18 @@ async def test_offers_never_give_a_worker_more_jobs_than_slots(
         assert await pg_pool.fetchval(
             "SELECT count(*) FROM judgequeue.submissions WHERE id = ANY($1) AND status = 'PENDING'", ids
         ) == 4
-        judge.open.set()
+        judge.gate.set()
         await eventually(functools.partial(_done, pg_pool, ids), what="all judged as slots freed")
         # Rows that went the usual way (rejudges) while both slots are offered, and submits that
         # fill those offers at the same moment: still two at once.
-        judge.open.clear()
+        judge.gate.clear()
         await eventually(lambda: _open_offers(pg_pool, 2), what="both slots offered again")
         async with pg_pool.acquire() as conn:
             for sid in ids[:2]:
                 await outbox.rejudge(conn, sid)
             more = [await outbox.submit(conn, queue, {"i": i}) for i in range(6, 8)]
         await eventually(lambda: len(judge.started) == 8, what="two more running")
-        judge.open.set()
+        judge.gate.set()
         await eventually(functools.partial(_done, pg_pool, ids + more), what="all judged again")
     assert judge.most <= 2
 
@@ -477,7 +455,7 @@ async def test_offers_never_open_for_slots_a_take_is_filling(
             ids = [await outbox.submit(conn, queue, {"i": i}) for i in range(4)]
         release.set()
         await eventually(lambda: len(judge.started) == 2, what="the take's two jobs running")
-        judge.open.set()
+        judge.gate.set()
         await eventually(functools.partial(_done, pg_pool, ids), what="all judged as slots freed")
     assert judge.most <= 2
 
@@ -624,7 +602,7 @@ async def test_a_burst_makes_the_worker_take_its_offers_back(
             ids = [await outbox.submit(conn, queue, {"i": i}) for i in range(2 + offer_keeper.BURST_ROWS * 2)]
         await eventually(lambda: len(judge.started) == len(ids), what="the burst taken")
         await eventually(lambda: _open_offers(pg_pool, 0), what="offers taken back")
-        judge.open.set()
+        judge.gate.set()
         await eventually(functools.partial(_done, pg_pool, ids), what="all judged")
 
 

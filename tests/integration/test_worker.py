@@ -21,27 +21,10 @@ from judgequeue.core.judges.builtin import SleepJudge
 from judgequeue.core.queues import create_queue
 from judgequeue.core.worker import Worker
 from tests.support.databases import REDIS_URL
+from tests.support.inprocess import GateJudge
 from tests.support.queries import submission
 from tests.support.settings import make_settings
 from tests.support.waiting import eventually
-
-
-class GateJudge:
-    """A judge the test steers: each job waits until released; starts and cancellations are recorded."""
-
-    def __init__(self) -> None:
-        self.started: list[int] = []
-        self.cancelled: list[int] = []
-        self.gate = asyncio.Event()
-
-    async def judge(self, payload: Any) -> Verdict:
-        self.started.append(payload["i"])
-        try:
-            await self.gate.wait()
-        except asyncio.CancelledError:
-            self.cancelled.append(payload["i"])
-            raise
-        return Verdict(payload.get("status", "ACCEPTED"), {"i": payload["i"]})
 
 
 class Harness:
