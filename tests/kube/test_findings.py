@@ -1,4 +1,4 @@
-"""Issue 14's five findings, each against the real API server (each failed before its fix).
+"""Five things the operator once got wrong on a real API server, each checked against one (each failed before its fix).
 
 1. The CRD is accepted: CEL rules are checked against every ``default:`` as written, so an object
    default must already hold the keys its rules read.

@@ -232,7 +232,7 @@ def test_each_role_gets_exactly_the_spec_settings_it_reads(role: Role) -> None:
 
 
 def test_lease_ttl_goes_to_workers_only() -> None:
-    """Changing leaseTtl must not roll the reaper, which never reads it (issue 17)."""
+    """Changing leaseTtl must not roll the reaper, which never reads it."""
     spec = full_spec()
     assert "JUDGEQUEUE_LEASE_TTL" in role_settings(spec, "worker")
     assert "JUDGEQUEUE_LEASE_TTL" not in role_settings(spec, "reaper")
