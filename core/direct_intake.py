@@ -55,17 +55,11 @@ class DirectIntake:
         start_deliveries: Callable[[Sequence[streams.Delivery], asyncio.Event], Awaitable[None]],
         count_stale: Callable[[list[tuple[int, int]]], Awaitable[None]],
     ) -> None:
-        self._pool = pool
-        self._redis = redis
-        self._settings = settings
+        self._pool, self._redis, self._settings, self._name = pool, redis, settings, name
         self._queue = settings.queue
-        self._cfg = settings.worker
-        self._name = name
-        self._session = session
-        self._jobs = jobs
-        self._start_jobs = start_jobs
-        self._start_deliveries = start_deliveries
-        self._count_stale = count_stale
+        self._cfg = settings.worker  # one name, so tests/unit/test_spec_model.py sees what it reads
+        self._session, self._jobs, self._count_stale = session, jobs, count_stale
+        self._start_jobs, self._start_deliveries = start_jobs, start_deliveries
         #: Take statements issued, rows or not.
         self.takes = 0
         self._stream_checked = -float("inf")  # when the stream was last read

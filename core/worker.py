@@ -47,7 +47,7 @@ from .connect import STATEMENT_TIMEOUT
 from .direct_intake import DirectIntake
 from .envelope import Envelope
 from .errors import SERVER_ERRORS, RoleUnfit, TransportError, describe, is_permanent
-from .judges import Judge, SelfChecking, Verdict, load_judge
+from .judges import Judge, Verdict, judge_failure, judge_fault, load_judge
 from .lanes import LIVE_LANE, SHADOW_LANE, AckWhenDurable, Lane
 from .lifecycle import (
     DB_ERRORS,
@@ -89,21 +89,6 @@ class _Job:
     phase: str = "judging"  # judging -> writing (or releasing, when the worker is unfit) -> done
     lost: bool = False
     releasing: bool = False
-
-
-def judge_failure(exc: BaseException) -> Verdict:
-    """The verdict of a judge that raised instead of returning (an explained SYSTEM_ERROR)."""
-    return Verdict("SYSTEM_ERROR", {"reason": f"judge raised {type(exc).__name__}: {exc}"[:2000]})
-
-
-def judge_fault(judge: Judge) -> str | None:
-    """Why ``judge`` says this worker cannot judge any more (see :class:`SelfChecking`), or None."""
-    if not isinstance(judge, SelfChecking):
-        return None
-    try:
-        return judge.fault()
-    except Exception as exc:  # a check that cannot run says as much about the worker
-        return f"the judge's self-check raised {type(exc).__name__}: {exc}"
 
 
 def unleased(asked: Sequence[tuple[int, int]], leased: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -155,7 +140,7 @@ class Worker:
                 pool, redis, settings, self.name, session=self._intake, jobs=lambda: len(self._jobs),
                 start_jobs=self._start_jobs, start_deliveries=self._start, count_stale=self._count_stale,
             )  # fmt: skip
-        #: Set when the judge reports this worker unfit (:func:`judge_fault`): the reason it stops.
+        #: Set when the judge reports this worker unfit (:func:`~judgequeue.core.judges.judge_fault`): why it stops.
         self.unfit: str | None = None
         self._halt = asyncio.Event()  # set by stop, or by the worker itself when unfit
         self._loop: asyncio.AbstractEventLoop | None = None  # run()'s, for the tasks started per job

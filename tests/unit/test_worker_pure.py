@@ -1,4 +1,4 @@
-"""The worker's pure pieces, by name: ``worker.unleased``, ``worker.judge_failure``, and verdict
+"""The worker's pure pieces, by name: ``worker.unleased``, ``judges.judge_failure``, and verdict
 storage's ``verdicts.stored_verdict`` and ``verdicts.unstorable_replacement`` (docs/design.md §2)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import uuid
 from datetime import UTC, datetime
 
 from judgequeue.core import leases, lifecycle, verdicts, worker
-from judgequeue.core.judges import Verdict
+from judgequeue.core.judges import Verdict, judge_failure
 
 LEASE = leases.Lease(7, 2, uuid.uuid4(), {}, datetime.now(UTC))
 
@@ -20,7 +20,7 @@ def test_unleased_keeps_duplicates_and_order() -> None:
 
 
 def test_judge_failure_explains_itself() -> None:
-    failure = worker.judge_failure(ValueError("boom"))
+    failure = judge_failure(ValueError("boom"))
     assert failure.status == "SYSTEM_ERROR" and failure.details["reason"] == "judge raised ValueError: boom"
 
 
