@@ -1,4 +1,4 @@
-"""Every figure of issue 18 from one command, on one pair of private servers, with plots.
+"""Every performance figure from one command, on one pair of private servers, with plots.
 
     .venv/bin/python -m bench.all [--quick] [--ref main] [--soak-minutes 0] [--out bench/out/all] [--plots docs/img]
 

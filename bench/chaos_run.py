@@ -5,7 +5,7 @@
 
 Creates a throwaway database and queue, runs every role as real processes killed at random
 failpoints and random times, then prints the figures and the invariant check as JSON. With
-``--server-faults`` the faults come from the servers instead (issue 13): the run owns a Postgres
+``--server-faults`` the faults come from the servers instead: the run owns a Postgres
 server and a redis-server, the roles reach them through TCP proxies, and backends are terminated,
 ``idle_session_timeout`` is lowered, Postgres restarts (fast and immediate), Redis clients are
 killed and the proxies reset and stall connections. The last runs' figures are recorded in

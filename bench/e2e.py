@@ -2,7 +2,7 @@
 
     .venv/bin/python -m bench.e2e [--jobs 10000] [--workers 1,2] [--skip-peer] [--intake stream|direct]
 
-In one run: pgbench's raw two-insert transaction (8 clients, the limit of issue 18), then for each
+In one run: pgbench's raw two-insert transaction (8 clients: the limit judgequeue is measured against), then for each
 worker count judgequeue (dispatcher, workers and a reaper as processes, noop judge, ``--jobs``
 submitted one per transaction from 2 application processes over 8 connections; best of two) and
 PgQueuer on the same workload. Prints each rate and its share of the limit (target >= 65%).

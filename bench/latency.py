@@ -6,8 +6,8 @@ Each pair runs judgequeue (``bench.pipeline.end_to_end_latency``: dispatcher, 1 
 noop judge) and then PgQueuer (``bench.peer.peer_latency``: 1 worker process) with the same offered
 load over one application connection, so a noisy moment on a shared machine hits one pair, not one
 system. Commit-to-start is the peer's own measure: the row's ``created_at``/``created`` (database
-clock, the enqueue transaction's start) to the moment the job's code runs (host clock). Target
-(issue 18): judgequeue's p50 and p99 each <= 0.8x PgQueuer's in at least 4 of 5 pairs, at each rate.
+clock, the enqueue transaction's start) to the moment the job's code runs (host clock). Target:
+judgequeue's p50 and p99 each <= 0.8x PgQueuer's in at least 4 of 5 pairs, at each rate.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ Measures, in one process tree on this machine:
    rate, recovery time after a worker SIGKILL, peak memory per role;
 3. the peer (PgQueuer) on the same end-to-end workload, when ``bench.peer`` and its package exist.
 
-Prints a table with ratios to the limits and the targets of issue 9, writes ``results.json`` and
+Prints a table with ratios to the limits and to each figure's target, writes ``results.json`` and
 two PNG plots (latency distributions, throughput against workers) to ``--out``, and shows progress
 on stderr. Exit code 0 always (figures, not a test); MISS marks a missed target.
 """

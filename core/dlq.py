@@ -3,7 +3,7 @@
 A DLQ entry carries ``source_id``, ``reason``, ``consumer`` (the last holder), ``deliveries``,
 ``postgres`` (what was recorded there) and the original entry's fields prefixed ``entry.``.
 :func:`add` writes it (the Redis step of giving up on an entry; the reaper and the workers call it
-through :mod:`judgequeue.core.dead_letters`), :func:`parse` reads it; list, show, replay and purge
+through :mod:`judgequeue.core.giving_up`), :func:`parse` reads it; list, show, replay and purge
 are the CLI's operations over it.
 
 Replay is idempotent by construction: it bumps the submission's generation *conditionally on the

@@ -1,11 +1,16 @@
-"""Apply the versioned SQL migrations shipped in ``judgequeue.core.migrations``.
+"""Bring a database to the current schema: ``core/sql/schema.sql`` on a new one, the migrations it lacks on another.
 
-Migrations run in file-name order and are recorded with a checksum in
-``judgequeue.schema_migrations``. One run is one transaction holding a transaction-level advisory
-lock, so concurrent runs (several pods starting at once) are safe: the second waits, then finds
-nothing left to do. Nothing outlives the transaction (no session lock, no session setting), so
-``migrate`` works the same directly and through a transaction pooler such as PgBouncer, and a run
-that fails leaves the schema as it was.
+``core/sql/schema.sql`` is the schema as it is now (every table, index and SQL function, in one
+file); the versioned migrations in ``judgequeue.core.migrations`` are the history that takes an
+existing database there. A database with no migration recorded is given the schema file in one go
+and every migration is recorded as applied; any other runs, in file-name order, the migrations it
+has not recorded yet. ``tests/integration/test_schema.py`` checks that both ways give the same
+catalog. Migrations are recorded with a checksum in ``judgequeue.schema_migrations``.
+
+One run is one transaction holding a transaction-level advisory lock, so concurrent runs (several
+pods starting at once) are safe: the second waits, then finds nothing left to do. Nothing outlives
+the transaction (no session lock, no session setting), so ``migrate`` works the same directly and
+through a transaction pooler such as PgBouncer, and a run that fails leaves the schema as it was.
 """
 
 from __future__ import annotations
@@ -40,6 +45,11 @@ class MigrationChecksumMismatch(JudgeQueueError):
     """An applied migration's file changed after it was applied."""
 
 
+def current_schema() -> str:
+    """The text of ``core/sql/schema.sql``: the schema as it is now."""
+    return resources.files("judgequeue.core.sql").joinpath("schema.sql").read_text()
+
+
 def available_migrations() -> list[Migration]:
     """The migrations shipped with this version, in the order they apply."""
     found = []
@@ -54,8 +64,12 @@ def available_migrations() -> list[Migration]:
     return found
 
 
-async def migrate(conn: asyncpg.Connection) -> list[int]:
-    """Apply every migration not yet recorded, in one transaction; return the versions applied."""
+async def migrate(conn: asyncpg.Connection, *, replay: bool = False) -> list[int]:
+    """Apply every migration not yet recorded, in one transaction; return the versions applied.
+
+    On a new database (no migration recorded) that is the current schema file, in one statement,
+    unless ``replay``: then each migration runs, as on a database that has seen every release.
+    """
     applied_now: list[int] = []
     async with conn.transaction():
         # Transaction-scoped: a session lock would stay on a pooled server session (or be released
@@ -74,6 +88,10 @@ async def migrate(conn: asyncpg.Connection) -> list[int]:
         )
         rows = await conn.fetch("SELECT version, checksum FROM judgequeue.schema_migrations")
         applied = {r["version"]: r["checksum"] for r in rows}
+        # A new database takes the schema as it is now; its migrations are then only recorded.
+        baseline = not applied and not replay
+        if baseline:
+            await conn.execute(current_schema())
         for migration in available_migrations():
             if migration.version in applied:
                 if applied[migration.version] != migration.checksum:
@@ -82,7 +100,8 @@ async def migrate(conn: asyncpg.Connection) -> list[int]:
                         "was applied; add a new migration instead of editing an applied one"
                     )
                 continue
-            await conn.execute(migration.sql)
+            if not baseline:
+                await conn.execute(migration.sql)
             await conn.execute(
                 "INSERT INTO judgequeue.schema_migrations (version, name, checksum) VALUES ($1, $2, $3)",
                 migration.version,

@@ -1,4 +1,4 @@
-"""Offers: an idle direct-intake worker's open slots, filled by the submits themselves (migration 0010).
+"""Offers, the table's door: an idle worker's open slots that submits fill (core/sql/schema.sql).
 
 A worker that waits for work (registered as a waiter, see :mod:`judgequeue.core.wakeup`) also
 offers some of its free slots in ``judgequeue.worker_offers``. ``judgequeue.submit()`` fills one in
@@ -99,7 +99,7 @@ def to_add(concurrency: int, busy: int, open_now: int, limit: int) -> int:
     """How many new offers a waiting worker makes (pure): it keeps up to ``limit`` open within its
     free slots (``concurrency - busy``), topping up once three quarters are gone, so a trickle
     costs one statement per many jobs, not one each (a quarter left lasts several round trips of
-    the top-up at the rates offers are made for, see offering.MAX_FILL_RATE)."""
+    the top-up at the rates offers are made for, see offer_keeper.MAX_FILL_RATE)."""
     want = min(limit, concurrency - busy)
     if want <= 0 or open_now > want // 4:
         return 0

@@ -31,6 +31,7 @@ from . import metrics, sql
 from .archives import CHUNK, InvalidPackage, PackageDir, PackageFile, read_package
 from .connect import STATEMENT_TIMEOUT
 from .errors import JudgeQueueError
+from .judges import Judge, UsesPackages
 
 MANIFEST_FILE = "problem.yaml"
 
@@ -268,8 +269,20 @@ __all__ = [
     "ProblemCache",
     "UnknownProblem",
     "VersionConflict",
+    "attach_package_cache",
     "list_problems",
     "manifest_of",
     "read_package_dir",
     "upload",
 ]
+
+
+def attach_package_cache(judge: Judge, pool: asyncpg.Pool) -> ProblemCache | None:
+    """Give a judge that judges problem packages by reference its cache of them (judges never
+    connect to Postgres themselves); None for judges that need none."""
+    if not isinstance(judge, UsesPackages):
+        return None
+    directory, max_bytes = judge.package_cache()
+    cache = ProblemCache(Path(directory), max_bytes, pool)
+    judge.attach_packages(cache)
+    return cache

@@ -1,9 +1,10 @@
 """The reaper role: rescue idle stream entries and expired leases, prune, refresh gauges (docs/design.md §1).
 
-A sweep has four parts, each guarded on its own so one failing dependency does not stop the others:
+A sweep (:meth:`Reaper.sweep`) runs these parts in this order, each guarded on its own so one
+failing dependency does not stop the others; the names are the ones its report and logs use.
 
-(a) **Stream sweep.** One script reads who holds each entry idle longer than ``visibilityTimeout``
-    and XAUTOCLAIMs the batch (``sweepBatch`` entries) to this reaper's own consumer; ids of
+1. **stream**: the stream sweep. One script reads who holds each entry idle longer than
+    ``visibilityTimeout`` and XAUTOCLAIMs the batch (``sweepBatch`` entries) to this reaper's own consumer; ids of
     entries deleted while pending (XAUTOCLAIM's third reply) are acked in the same script. A pure
     function (:func:`decide`) then requeues each entry (a copy with ``deliveries+1`` appended, the
     original acked and deleted, one script) or, at ``maxDeliveries`` or when the entry is not a
@@ -13,8 +14,8 @@ A sweep has four parts, each guarded on its own so one failing dependency does n
     reapers never requeue or dead-letter the same entry twice.
 
     **Dead-letter order: Postgres first, then Redis.**
-      1. ``judgequeue.record_dead_letters`` (migration 0002) marks the outbox row ``DEAD`` and the
-         submission ``SYSTEM_ERROR`` with the reason, fenced on the envelope's generation and only
+      1. ``judgequeue.record_dead_letters`` (core/sql/schema.sql) marks the outbox row ``DEAD``
+         and the submission ``SYSTEM_ERROR`` with the reason, fenced on the envelope's generation and only
          while the submission is ``PENDING`` (a ``JUDGING`` one belongs to its lease). It is
          idempotent: a second call changes nothing and reports the current state.
       2. One script adds the DLQ entry (source id, reason, last consumer, deliveries, Postgres
@@ -27,22 +28,25 @@ A sweep has four parts, each guarded on its own so one failing dependency does n
     order would leave a window where Redis has given up on a job that Postgres still shows
     ``PENDING`` forever, which needs a separate repair scan; this order needs none.
 
-(b) **Lease rescue** through ``judgequeue.core.leases.rescue_expired_leases``, batch by batch.
-(c) **Prune**: terminal outbox rows and terminal submissions past ``retention`` (submissions by
-    ``finished_at``, oldest first, migration 0009's index), stale dispatcher waiters, and consumers of
-    group ``workers`` idle longer than ten visibility timeouts with no pending entry (checked and
-    deleted atomically in one script, so a consumer that just read something is never dropped).
-(d) **Gauges** from :func:`judgequeue.core.stream_stats.stream_figures` and ``outbox.stats``, and, once a
-    minute, the shadow agreement figures (:func:`judgequeue.core.shadow.agreement`).
-
-**Shadow judging** (docs/gitops.md) gets the same care on its own stream and table: (a) the shadow
-stream is swept like the work stream, except that an entry given up on (``maxDeliveries``, or not
-an envelope) becomes a ``SYSTEM_ERROR`` *shadow* verdict and is acked and deleted, with no DLQ and
-nothing of the submission touched; (b) expired shadow leases are sent again
-(:func:`judgequeue.core.shadow.rescue_expired`), or end ``SYSTEM_ERROR`` at ``maxRetries``; (c) shadow
-and legacy verdicts are pruned by the same retention, and shadow stream entries older than it are
-trimmed (worth nothing by then, and a queue may send to that stream long before any shadow worker
-reads it).
+2. **leases**: lease rescue through ``judgequeue.core.leases.rescue_expired_leases``, batch by batch.
+3. **shadow_stream**, **shadow_leases**: the same for shadow judging (docs/gitops.md), on its own
+   stream and table: an entry given up on (``maxDeliveries``, or not an envelope) becomes a
+   ``SYSTEM_ERROR`` *shadow* verdict and is acked and deleted, with no DLQ and nothing of the
+   submission touched; an expired shadow lease is sent again
+   (:func:`judgequeue.core.shadow.rescue_expired`), or ends ``SYSTEM_ERROR`` at ``maxRetries``.
+4. **prune**: rows past ``retention`` (terminal outbox rows; terminal submissions by
+   ``finished_at``, oldest first; shadow and legacy verdicts) and soft state left behind (dispatcher
+   and worker waiters, offers their worker stopped refreshing).
+5. **analyse**: on a new database, ANALYZE the tables direct intake's take reads once they have
+   rows (:func:`judgequeue.core.outbox.analyze_new_tables`); nothing once both are done.
+6. **shadow_trim**: shadow stream entries older than ``retention`` are trimmed (worth nothing by
+   then, and a queue may send to that stream long before any shadow worker reads it).
+7. **consumers**: consumers of group ``workers`` (on both streams) idle longer than ten visibility
+   timeouts with no pending entry are deleted (checked and deleted atomically in one script, so a
+   consumer that just read something is never dropped).
+8. **stranded**: deliveries sent but never leased (Redis lost the entry) are sent again.
+9. **gauges** from :func:`judgequeue.core.stream_stats.stream_figures` and ``outbox.stats``, and,
+   once a minute, the shadow agreement figures (:func:`judgequeue.core.shadow.agreement`).
 """
 
 from __future__ import annotations
@@ -58,7 +62,7 @@ from typing import Any
 import asyncpg
 import redis.asyncio as aioredis
 
-from . import dead_letters, failpoints, metrics, offers, outbox, shadow, streams
+from . import failpoints, giving_up, metrics, offers, outbox, shadow, streams
 from .agreement import Agreement, Counts
 from .config import Settings
 from .connect import STATEMENT_TIMEOUT
@@ -69,7 +73,7 @@ from .lifecycle import instance_id, serve, unless_stopped
 from .stream_stats import StreamFigures, publish, stream_figures
 
 ClaimedEntry = streams.ClaimedEntry
-Decision = dead_letters.Decision
+Decision = giving_up.Decision
 
 log = logging.getLogger("judgequeue.reaper")
 
@@ -173,7 +177,7 @@ class Reaper:
         #: them gets only a warning and no statistics, so it must not try again every sweep.
         self._analysed: set[str] = set()
 
-    # --- (a) stream sweep -------------------------------------------------------------------------
+    # --- stream, shadow_stream ------------------------------------------------------------------------
 
     async def claim(self, cursor: str = "0-0", *, shadow: bool = False) -> tuple[str, list[ClaimedEntry], int]:
         """Claim one batch of idle entries to this reaper: (next cursor, entries, deleted ids acked)."""
@@ -201,11 +205,11 @@ class Reaper:
 
     async def record_dead(self, decisions: Sequence[Decision]) -> list[str]:
         """Postgres step of dead-lettering (idempotent); one outcome per decision."""
-        return await dead_letters.record(self.pool, decisions)
+        return await giving_up.record(self.pool, decisions)
 
     async def dead_letter(self, decisions: Sequence[Decision], outcomes: Sequence[str]) -> tuple[int, int, int]:
         """Redis step of dead-lettering: (dead-lettered, already dead, skipped)."""
-        return await dead_letters.to_dlq(self.redis, self.queue, self.name, decisions, outcomes)
+        return await giving_up.to_dlq(self.redis, self.queue, self.name, decisions, outcomes)
 
     async def sweep_stream(self, *, max_batches: int = 10_000, shadow: bool = False) -> StreamSweep:
         """Claim idle entries batch by batch and requeue or dead-letter each exactly once (``shadow``:
@@ -294,7 +298,7 @@ class Reaper:
             log.warning("shadow entries given up", extra={"queue": self.queue, "count": acked,
                                                           "reasons": sorted({d.reason for d in doomed})[:5]})
 
-    # --- (b) leases -------------------------------------------------------------------------------
+    # --- leases, shadow_leases ------------------------------------------------------------------------
 
     async def rescue_leases(self, *, batch: int = 500, max_batches: int = 20) -> LeaseSweep:
         """Rescue expired JUDGING leases (new generation, or SYSTEM_ERROR at ``maxRetries``)."""
@@ -344,11 +348,11 @@ class Reaper:
                                                             "failed": failed})
         return shadow.ShadowRescue(resend, failed)
 
-    # --- (c) prune --------------------------------------------------------------------------------
+    # --- prune, analyse, shadow_trim, consumers -------------------------------------------------------
 
-    async def prune_outbox(self) -> tuple[int, int]:
-        """Delete terminal outbox rows and submissions past retention, stale waiters and offers; analyse
-        the take's tables once on a new database (:func:`~judgequeue.core.outbox.analyze_new_tables`)."""
+    async def prune(self) -> tuple[int, int]:
+        """Delete what is past ``retention`` (terminal outbox rows and submissions, shadow and legacy
+        verdicts) and soft state left behind (waiters, offers); returns (outbox rows, waiters and offers)."""
         waiter_age = max(300.0, 3 * self.settings.dispatcher.schedule)
         retention = self.settings.reaper.retention
         async with self.pool.acquire(timeout=STATEMENT_TIMEOUT) as conn:
@@ -364,10 +368,6 @@ class Reaper:
             shadows, legacies = await shadow.prune(
                 conn, self.queue, retention=retention, batch=1000, max_batches=PRUNE_BATCHES
             )
-            analyzed = [] if len(self._analysed) == 2 else await outbox.analyze_new_tables(conn, skip=self._analysed)
-        self._analysed.update(analyzed)
-        if analyzed:
-            log.info("analysed tables that had no statistics", extra={"tables": analyzed})
         metrics.PRUNED_ROWS.labels(self.queue).inc(rows)
         metrics.PRUNED_SUBMISSIONS.labels(self.queue).inc(finished)
         metrics.PRUNED_SHADOW.labels(self.queue, "shadow").inc(shadows)
@@ -375,6 +375,18 @@ class Reaper:
         self.pruned_submissions += finished
         self.pruned_shadow += shadows + legacies
         return rows, waiters
+
+    async def analyse_new_tables(self) -> list[str]:
+        """ANALYZE the tables direct intake's take reads once they have rows, on a new database
+        (:func:`~judgequeue.core.outbox.analyze_new_tables`); nothing once both are analysed."""
+        if len(self._analysed) == 2:
+            return []
+        async with self.pool.acquire(timeout=STATEMENT_TIMEOUT) as conn:
+            analysed = await outbox.analyze_new_tables(conn, skip=self._analysed)
+        self._analysed.update(analysed)
+        if analysed:
+            log.info("analysed tables that had no statistics", extra={"tables": analysed})
+        return analysed
 
     async def trim_shadow_stream(self) -> int:
         """Trim shadow stream entries appended more than ``retention`` ago (Redis's clock)."""
@@ -397,7 +409,7 @@ class Reaper:
             log.info("idle consumers removed", extra={"queue": self.queue, "count": removed})
         return removed
 
-    # --- (e) stranded deliveries -----------------------------------------------------------------
+    # --- stranded -------------------------------------------------------------------------------------
 
     async def resend_stranded(self) -> int:
         """Re-send deliveries that were sent but never leased within ``redispatch_after``.
@@ -428,7 +440,7 @@ class Reaper:
             log.warning("stranded deliveries re-sent", extra={"queue": self.queue, "count": resent})
         return resent
 
-    # --- (d) gauges -------------------------------------------------------------------------------
+    # --- gauges ---------------------------------------------------------------------------------------
 
     async def refresh_gauges(self) -> StreamFigures:
         figures = await stream_figures(self.redis, self.queue)
@@ -463,7 +475,7 @@ class Reaper:
         metrics.SHADOW_AGREEMENT.labels(self.queue).set(float("nan") if rate is None else float(rate))
         metrics.SHADOW_SAMPLES.labels(self.queue).set(figures.samples)
 
-    # --- the whole sweep --------------------------------------------------------------------------
+    # --- the whole sweep ------------------------------------------------------------------------------
 
     async def sweep(self, stop: asyncio.Event | None = None) -> SweepReport:
         """Run every part once; a failing part is logged and reported, the others still run.
@@ -490,9 +502,10 @@ class Reaper:
         report.leases = await part("leases", self.rescue_leases)
         report.shadow_stream = await part("shadow_stream", lambda: self.sweep_stream(shadow=True))
         report.shadow_leases = await part("shadow_leases", self.rescue_shadow_leases)
-        pruned = await part("prune", self.prune_outbox)
+        pruned = await part("prune", self.prune)
         if pruned is not None:
             report.pruned_rows, report.pruned_waiters = pruned
+        await part("analyse", self.analyse_new_tables)
         await part("shadow_trim", self.trim_shadow_stream)
         report.removed_consumers = await part("consumers", self.remove_idle_consumers) or 0
         report.resent_stranded = await part("stranded", self.resend_stranded) or 0

@@ -1,19 +1,23 @@
 """The one model of a ``JudgeQueue`` spec: fields, defaults, ranges, cross-field rules, role settings (pure).
 
-Before this module the operator (``controllers/spec.py``) and ``judgequeue local`` (``core/manifest.py``)
-parsed the same manifest independently and disagreed (issue 17). Now both call :func:`parse_spec`,
-and both turn a parsed spec into a role's ``JUDGEQUEUE_*`` variables with :func:`role_settings`:
+The operator (``controllers/``) and ``judgequeue local`` (``core/manifest.py``) both parse a manifest
+with :func:`parse_spec`, so they accept and refuse the same manifests, and both turn a parsed spec into
+a role's ``JUDGEQUEUE_*`` variables with :func:`role_settings`:
 
-- :data:`FIELDS` lists every scalar field once: its type, default, bounds and, when it configures a
-  role, the :class:`~judgequeue.core.config.Settings` field it sets. A field that sets a role's setting
-  takes its default from ``core/config.py`` (what a role uses when the variable is absent), so each
-  default is written once. ``tests/unit/test_spec_model.py`` checks the CRD's types, defaults, bounds,
-  patterns and CEL rules against this table, the way ``scripts/gen_chart_files.py`` checks the RBAC.
-- :data:`RULES` are the cross-field rules, with the same messages as the CRD's CEL rules.
+- :data:`FIELDS` lists every scalar field once: its type, default, bounds, description and, when it
+  configures a role, the :class:`~judgequeue.core.config.Settings` field it sets. A field that sets a
+  role's setting takes its default from ``core/config.py`` (what a role uses when the variable is
+  absent), so each default is written once.
+- :data:`RULES` are the cross-field rules: the check, and the CRD's CEL rule with the same message.
+- The CRD's ``spec`` schema is generated from these (``controllers/crd.py``, written by
+  ``scripts/gen_chart_files.py``, as the chart's RBAC is): a new field is written here and where it
+  is used, and ``tests/unit/test_spec_model.py`` fails while crds/judgequeue.yaml differs from the model.
 - A role gets exactly the variables it reads: a setting's section names its role (``worker.lease_ttl``
   goes to workers only), and :attr:`Field.also_read_by` names other roles that read it (the reaper
   prunes dispatcher waiters by the dispatchers' schedule). ``tests/unit/test_spec_model.py`` checks this
-  against what each role module reads.
+  against what each role's modules read.
+- The typed spec (:class:`JudgeQueueSpec`) carries what the operator itself reads (replicas,
+  resources, the judge, ...); a setting only a role reads reaches it through :func:`role_settings`.
 
 The judge is checked by name only (the CRD's pattern): whether the plugin is installed is known only
 in the image, so the worker checks it at start (``load_judge``) rather than the operator against a
@@ -70,6 +74,17 @@ JUDGE_PATTERN = r"^[a-z][a-z0-9_-]*$"
 SECRET_KEY_PATTERN = r"^[-._a-zA-Z0-9]+$"
 #: An IPv4 or IPv6 CIDR's shape; :func:`parse_spec` checks the address itself (no host bits set).
 CIDR_PATTERN = r"^[0-9a-fA-F:.]+/[0-9]{1,3}$"
+#: The CRD's check of an IPv4 CIDR: a network address (no host bits) with a prefix of at most 32; an
+#: IPv6 CIDR is checked by the operator (Degraded, reason InvalidSpec), as :func:`parse_spec` checks both.
+IPV4_NETWORK_RULE = (
+    "self.contains(':') || (self.matches('^[0-9]{1,3}([.][0-9]{1,3}){3}/[0-9]{1,2}$') && int(self.split('/')[1]) <= 32"
+    " && self.split('/')[0].split('.').all(o, int(o) <= 255) && (int(self.split('/')[0].split('.')[0]) * 16777216"
+    " + int(self.split('/')[0].split('.')[1]) * 65536 + int(self.split('/')[0].split('.')[2]) * 256"
+    " + int(self.split('/')[0].split('.')[3])) % ["
+    + ", ".join(str(2 ** (32 - n)) for n in range(33))
+    + "][int(self.split('/')[1])] == 0)",
+    "must be a network address with no host bits set and a prefix of at most 32 (e.g. 10.0.0.0/16)",
+)
 _SECRET_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 #: A Kubernetes quantity (k8s.io/apimachinery resource.Quantity): a decimal number and a binary
 #: (Ki..Ei) or decimal (n, u, m, k, M..E) suffix or an exponent. ``512MB`` and ``half`` are not.
@@ -132,6 +147,11 @@ class Field:
     also_read_by: tuple[Role, ...] = ()
     schema_default: tuple[Any] | None = None
     hint: str = ""  # what a value refused by ``pattern`` should look like
+    #: What the CRD says of the field (``kubectl explain``).
+    description: str = ""
+    #: CEL rules the CRD adds to the field's own checks, as (rule, message); :func:`parse_spec` checks
+    #: the same in Python.
+    cel: tuple[tuple[str, str], ...] = ()
 
     @property
     def name(self) -> str:
@@ -148,18 +168,20 @@ class Field:
 
 
 def _duration(path: tuple[str, ...], default: float | None = None, *, setting: tuple[str | None, str] | None = None,
-              long: bool = False, also_read_by: tuple[Role, ...] = ()) -> Field:
+              long: bool = False, also_read_by: tuple[Role, ...] = (), description: str = "") -> Field:
     if setting is not None:
         default = float(setting_default(*setting))
     return Field(path, "duration", default, pattern=LONG_DURATION_PATTERN if long else DURATION_PATTERN,
-                 max_length=DURATION_MAX_LENGTH, setting=setting, also_read_by=also_read_by)
+                 max_length=DURATION_MAX_LENGTH, setting=setting, also_read_by=also_read_by, description=description)
 
 
 def _integer(path: tuple[str, ...], lo: int, hi: int, default: int | None = None, *,
-             setting: tuple[str | None, str] | None = None, schema_default: tuple[Any] | None = None) -> Field:
+             setting: tuple[str | None, str] | None = None, schema_default: tuple[Any] | None = None,
+             description: str = "") -> Field:
     if setting is not None:
         default = int(setting_default(*setting))
-    return Field(path, "integer", default, minimum=lo, maximum=hi, setting=setting, schema_default=schema_default)
+    return Field(path, "integer", default, minimum=lo, maximum=hi, setting=setting, schema_default=schema_default,
+                 description=description)
 
 
 def _secret(path: tuple[str, ...], key: str) -> tuple[Field, Field]:
@@ -172,16 +194,25 @@ def _secret(path: tuple[str, ...], key: str) -> tuple[Field, Field]:
 #: Every scalar field of ``JudgeQueue.spec``. ``resources`` (requests/limits of quantities) are the
 #: only other leaves; see :data:`RESOURCES`.
 FIELDS: tuple[Field, ...] = (
-    Field(("image",), "string", required=True, min_length=1),
+    Field(("image",), "string", required=True, min_length=1,
+          description="The judgequeue image; its command selects the role."),
     Field(("imagePullPolicy",), "choice", "IfNotPresent", choices=("Always", "IfNotPresent", "Never")),
-    Field(("queue",), "string", pattern=QUEUE_PATTERN, max_length=63, setting=(None, "queue")),
+    Field(("queue",), "string", pattern=QUEUE_PATTERN, max_length=63, setting=(None, "queue"),
+          description="Queue name (DNS label); defaults to the resource's name."),
     Field(("logLevel",), "choice", setting_default(None, "log_level"), choices=("DEBUG", "INFO", "WARNING", "ERROR"),
           setting=(None, "log_level")),
-    Field(("paused",), "boolean", False),
+    Field(("paused",), "boolean", False,
+          description="When true, dispatchers claim nothing; submissions still commit."),
+    _duration(("progressDeadline",), 600.0,
+              description="How long a Deployment may roll out without progress (its progressDeadlineSeconds) before "
+                          "the JudgeQueue turns Degraded with the rollout's own message."),
     *_secret(("postgres",), "dsn"),
     # What sits between the roles (and the operator) and Postgres: every role connects through it.
     Field(("postgres", "pooler"), "choice", setting_default(None, "postgres_pooler"), choices=POOLERS,
-          setting=(None, "postgres_pooler")),
+          setting=(None, "postgres_pooler"),
+          description="What the DSN reaches: Postgres itself (none), a session pooler, or a transaction pooler such "
+                      "as PgBouncer pool_mode=transaction (no statement cache, no LISTEN through it). The "
+                      "operator's own connections honour it too."),
     # Optional: a direct (pooler-free) DSN for the dispatcher's LISTEN wake-up (see LISTEN_SECRET).
     Field(("postgres", "listen", "secretKeyRef", "name"), "string", min_length=1, max_length=253),
     Field(("postgres", "listen", "secretKeyRef", "key"), "string", "dsn", pattern=SECRET_KEY_PATTERN,
@@ -197,42 +228,50 @@ FIELDS: tuple[Field, ...] = (
     _duration(("dispatcher", "backoff", "max"), setting=("dispatcher", "backoff_max")),
     # The scale subresource's count: absent means "not set" (the CRD writes 1 so reading the scale
     # subresource always answers); honoured only when autoscaling is external.
-    _integer(("worker", "replicas"), 0, 1000, None, schema_default=(1,)),
+    _integer(("worker", "replicas"), 0, 1000, None, schema_default=(1,),
+             description="The scale subresource's replica count (defaulted so reading the scale subresource always "
+                         "answers). Honoured when autoscaling is external (an HPA or KEDA scales the JudgeQueue); "
+                         "the internal autoscaler ignores it."),
     _integer(("worker", "minReplicas"), 0, 1000, 1),
     _integer(("worker", "maxReplicas"), 1, 1000, 10),
     _integer(("worker", "targetBacklogPerReplica"), 1, 1_000_000, 10),
-    # Jobs judged at once per worker; the default resources reserve memory per slot (controllers/render.py),
-    # so the bound keeps a worker's default request schedulable. Beyond it, run more workers.
-    _integer(("worker", "concurrency"), 1, 64, setting=("worker", "concurrency")),
+    # The default resources reserve memory per slot (controllers/render.py), so the bound keeps a
+    # worker's default request schedulable. Beyond it, run more workers.
+    _integer(("worker", "concurrency"), 1, 64, setting=("worker", "concurrency"),
+             description="Jobs a worker judges at once. Without worker.resources a worker requests 256Mi plus 256Mi "
+                         "per slot and is limited to 256Mi plus 1Gi per slot (a compile at most per slot); an "
+                         "http-call worker requests 256Mi and is limited to 512Mi whatever its concurrency."),
     Field(("worker", "judge"), "string", setting_default("worker", "judge"), pattern=JUDGE_PATTERN,
-          setting=("worker", "judge"), hint="a judge plugin name: lowercase letters, digits, - and _"),
-    Field(("worker", "autoscaling"), "choice", "internal", choices=("internal", "external")),
+          setting=("worker", "judge"), hint="a judge plugin name: lowercase letters, digits, - and _",
+          description="Judge plugin (noop, sleep, program, or one installed in the image)."),
+    Field(("worker", "autoscaling"), "choice", "internal", choices=("internal", "external"),
+          description="internal = the operator scales on backlog; external = an HPA or KEDA owns replicas."),
     _duration(("worker", "scaleDownStabilization"), 300.0),
     _duration(("worker", "gracePeriod"), setting=("worker", "grace_period")),
     # How jobs reach the workers (core/config.py INTAKES); the dispatcher holds back for direct.
     Field(("worker", "intake"), "choice", setting_default("worker", "intake"), choices=INTAKES,
-          setting=("worker", "intake"), also_read_by=("dispatcher",)),
-    # Direct intake: open slots an idle worker offers for submits to fill (core/offers.py); 0: none.
-    _integer(("worker", "offers"), 0, 1024, setting=("worker", "offers")),
-    # Shadow judging (docs/gitops.md): workers of their own (a Deployment, <name>-shadow-worker) that
-    # judge the shadow stream into shadow verdicts, while the queue row is in shadow mode.
+          setting=("worker", "intake"), also_read_by=("dispatcher",),
+          description="stream = every job goes through the Redis stream; direct = a worker with free slots claims "
+                      "and leases ready rows from Postgres itself and the dispatcher sends to the stream only what "
+                      "no worker took within one dispatcher schedule (docs/design.md)."),
+    _integer(("worker", "offers"), 0, 1024, setting=("worker", "offers"),
+             description="With direct intake: how many of its free slots an idle worker offers; a submit that finds "
+                         "an open offer writes its job already leased to that worker and notifies it (no statement "
+                         "of the worker's before the judge). 0 = no offers."),
+    Field(("worker", "sandbox"), "choice", "isolated", choices=SANDBOX_MODES,
+          description="isolated = worker pods get what the program judge's sandbox needs (docs/judges.md) and it "
+                      "refuses to run without it; trusted = no isolation, for code you trust only."),
     Field(("worker", "shadow", "enabled"), "boolean", False),
     _integer(("worker", "shadow", "replicas"), 0, 100, 1),
-    # isolated: the program judge's sandbox is required (and the operator grants the pod what it
-    # needs); trusted: submissions are trusted code and run without isolation (JUDGEQUEUE_SANDBOX).
-    Field(("worker", "sandbox"), "choice", "isolated", choices=SANDBOX_MODES),
-    # The egress NetworkPolicy of program-judge workers (docs/judges.md, "On Kubernetes"): only DNS,
-    # Postgres and Redis (+ Sentinel) ports, to anywhere unless a CIDR narrows each; enabled: false
-    # drops it (for clusters whose CNI enforces none, or a policy of your own).
     Field(("worker", "networkPolicy", "enabled"), "boolean", True),
     _integer(("worker", "networkPolicy", "postgres", "port"), 1, 65535, 5432),
     Field(("worker", "networkPolicy", "postgres", "cidr"), "string", pattern=CIDR_PATTERN, max_length=43,
-          hint="a CIDR such as 10.0.0.0/16"),
+          hint="a CIDR such as 10.0.0.0/16", cel=(IPV4_NETWORK_RULE,)),
     _integer(("worker", "networkPolicy", "redis", "port"), 1, 65535, 6379),
-    # 0: no Sentinel port.
-    _integer(("worker", "networkPolicy", "redis", "sentinelPort"), 0, 65535, 26379),
+    _integer(("worker", "networkPolicy", "redis", "sentinelPort"), 0, 65535, 26379,
+             description="Redis Sentinel's port (0 = no Sentinel)."),
     Field(("worker", "networkPolicy", "redis", "cidr"), "string", pattern=CIDR_PATTERN, max_length=43,
-          hint="a CIDR such as 10.0.0.0/16"),
+          hint="a CIDR such as 10.0.0.0/16", cel=(IPV4_NETWORK_RULE,)),
     _integer(("reaper", "replicas"), 0, 20, 1),
     _duration(("reaper", "interval"), setting=("reaper", "interval")),
     _duration(("reaper", "visibilityTimeout"), setting=("reaper", "visibility_timeout")),
@@ -243,20 +282,51 @@ FIELDS: tuple[Field, ...] = (
     _integer(("reaper", "maxRetries"), 0, 100, setting=("reaper", "max_retries")),
     _duration(("reaper", "retention"), setting=("reaper", "retention"), long=True),
     Field(("cutover", "mode"), "choice", "live", choices=("live", "shadow")),
-    Field(("cutover", "watermark"), "timestamp", max_length=64),
-    # What the operator does when the queue row's flags differ from the spec without a spec change
-    # (someone ran `judgequeue cutover set`): restore the spec's (Git is the truth) or only report it.
-    Field(("cutover", "driftPolicy"), "choice", "restore", choices=DRIFT_POLICIES),
-    # The gate on a flip to live: at least minAgreement of at least minSamples compared submissions
-    # (core/agreement.py); both are needed once the gate is given. Absent: no gate.
+    # What the operator does when the queue row's flags differ from the spec without a spec change.
+    Field(("cutover", "driftPolicy"), "choice", "restore", choices=DRIFT_POLICIES,
+          description="When the queue row's flags change outside this spec (judgequeue cutover set, SQL): restore = "
+                      "write the spec's flags back on the operator's next pass; report = leave the row and report "
+                      "CutoverApplied=False, reason Drifted, naming the row's values."),
+    Field(("cutover", "watermark"), "timestamp", max_length=64,
+          description="Rows created at or after this instant (DB clock) are dispatched live."),
+    # The gate on a flip to live (core/agreement.py); both are needed once the gate is given. Absent: no gate.
     Field(("cutover", "gate", "minAgreement"), "string", pattern=PERCENT_PATTERN, max_length=8,
-          required_in_object=True, hint="a percentage from 0% to 100% such as 99.5%"),
-    Field(("cutover", "gate", "minSamples"), "integer", minimum=1, maximum=1_000_000_000, required_in_object=True),
-    # true: a flip to live goes through whatever the gate says (a one-off: remove it with the next commit).
-    Field(("cutover", "force"), "boolean"),
-    # How long a Deployment may roll out without progress before the JudgeQueue turns Degraded
-    # (each Deployment's progressDeadlineSeconds).
-    _duration(("progressDeadline",), 600.0),
+          required_in_object=True, hint="a percentage from 0% to 100% such as 99.5%",
+          description="The least agreement, a percentage such as 99.5%."),
+    Field(("cutover", "gate", "minSamples"), "integer", minimum=1, maximum=1_000_000_000, required_in_object=True,
+          description="The least number of submissions both judges judged."),
+    Field(("cutover", "force"), "boolean",
+          description="true lets a flip to live through whatever the gate says (the status still shows the "
+                      "figures). A one-off: remove it with the next commit, or later flips are not gated either."),
+)
+
+#: What the CRD says of the spec's objects that are more than their fields.
+OBJECT_DESCRIPTIONS: dict[tuple[str, ...], str] = {
+    ("postgres", "listen"):
+        "A direct (pooler-free) DSN for the LISTEN wake-up of dispatchers (and of workers with direct intake); "
+        "without one behind a transaction pooler they poll every schedule. Optional, so secretKeyRef.name is "
+        "checked by the operator (reported in status), not here.",
+    ("worker", "shadow"):
+        "Shadow judging (docs/gitops.md): with enabled, a Deployment <name>-shadow-worker of workers that judge "
+        "the queue's shadow stream with the same judge, sandbox and resources and write shadow verdicts, compared "
+        "with the legacy judge's; never a submission's verdict. It runs replicas while the queue row is in shadow "
+        "mode and none once it is live. Without resources they get the workers' with a CPU request of 100m, so on "
+        "a node shared with live workers they use idle CPU and yield under contention.",
+    ("worker", "networkPolicy"):
+        "The egress NetworkPolicy of workers that run the program judge: DNS (53) and the Postgres and Redis "
+        "(+ Sentinel) ports only, to anywhere unless a cidr narrows each. enabled: false removes it.",
+    ("cutover", "gate"):
+        "Hold a flip to live back until shadow judging agrees with the legacy judge: at least minAgreement of at "
+        "least minSamples compared submissions (status equal, docs/gitops.md). A flip that does not meet it is not "
+        "written (CutoverApplied=False, reason GateNotMet, with the figures); the queue stays in shadow mode. A "
+        "rollback to shadow is never gated.",
+}
+#: Objects the CRD defaults when absent (so the API server fills their fields in); the others exist
+#: only when written: connections (required), the optional LISTEN DSN and gate, the peers of the
+#: network policy.
+DEFAULTED_OBJECTS: tuple[tuple[str, ...], ...] = (
+    ("dispatcher",), ("dispatcher", "backoff"), ("worker",), ("worker", "shadow"), ("worker", "networkPolicy"),
+    ("reaper",), ("cutover",),
 )
 
 #: Where the dispatcher's direct LISTEN DSN is referenced (a Secret, like every connection string).
@@ -277,49 +347,70 @@ FIELD_BY_PATH: dict[tuple[str, ...], Field] = {f.path: f for f in FIELDS}
 #: a list of objects (not scalars, so not in :data:`FIELDS`): read by :func:`_endpoints`.
 ENDPOINTS: tuple[str, ...] = ("worker", "endpoints")
 ENDPOINT_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9_]*[a-z0-9])?$"
+ENDPOINT_URL_PATTERN = r"^https?://[^/?#]+"
 ENDPOINTS_MAX = 32
 ENDPOINT_URL_MAX_LENGTH = 2048
+#: An endpoint's bounded numbers: (least, most, default).
+ENDPOINT_CONCURRENCY = (1, 1024, 4)
+ENDPOINT_TRIES = (1, 100, 5)
+ENDPOINT_DEADLINE = "60s"
 #: The variable the http-call judge reads its endpoints from (core/judges/http_call.py ENDPOINTS_VAR).
 ENDPOINTS_VARIABLE = "JUDGEQUEUE_CALL_ENDPOINTS"
 #: Where a worker pod finds each endpoint's URL taken from a Secret (the operator mounts it there,
 #: beside the connections, controllers/render.py).
 ENDPOINT_URL_DIR = "/var/run/secrets/judgequeue"
 
-#: Objects that hold ``resources`` (``requests`` and ``limits`` maps of quantities).
-RESOURCES: tuple[tuple[str, ...], ...] = (("dispatcher",), ("worker",), ("reaper",), ("worker", "shadow"))
+#: Objects that hold ``resources`` (``requests`` and ``limits`` maps of quantities), each with how many
+#: resources a map may name: the shadow workers' take 4, since the oldest release the chart supports caps
+#: the CRD's total CEL cost and their copy of the rules must fit in it.
+RESOURCE_AMOUNTS: dict[tuple[str, ...], int] = {("dispatcher",): 8, ("worker",): 8, ("worker", "shadow"): 4,
+                                                ("reaper",): 8}
+RESOURCES: tuple[tuple[str, ...], ...] = tuple(RESOURCE_AMOUNTS)
 
 
 @dataclass(frozen=True)
 class Rule:
-    """A cross-field rule of one object: ``check(values of that object)`` must hold.
+    """A cross-field rule of one object: ``check(values of that object)`` must hold, and so must ``cel``,
+    the CRD's rule saying the same.
 
-    ``message`` and ``field`` are the CRD's CEL rule's ``message`` and ``fieldPath`` (checked equal by
-    tests/unit/test_spec_model.py); the error reads ``spec.<object>.<field>: <message>``.
+    ``message`` and ``field`` are the CRD rule's ``message`` and ``fieldPath``; the error reads
+    ``spec.<object>.<field>: <message>``. A transition rule (``check`` None: it compares the object
+    with its previous version, ``oldSelf``) is the API server's alone.
     """
 
     obj: tuple[str, ...]
     field: str
     uses: tuple[str, ...]
     message: str
-    check: Callable[[Mapping[str, Any]], bool]
+    check: Callable[[Mapping[str, Any]], bool] | None
+    cel: str
 
 
 RULES: tuple[Rule, ...] = (
     Rule(("dispatcher", "backoff"), "base", ("base", "max"),
          "dispatcher.backoff.base must not exceed dispatcher.backoff.max",
-         lambda v: v["base"] <= v["max"]),
+         lambda v: v["base"] <= v["max"],
+         "duration(self.base) <= duration(self.max)"),
     Rule(("worker",), "minReplicas", ("minReplicas", "maxReplicas"),
          "worker.minReplicas must not exceed worker.maxReplicas",
-         lambda v: v["minReplicas"] <= v["maxReplicas"]),
+         lambda v: v["minReplicas"] <= v["maxReplicas"],
+         "self.minReplicas <= self.maxReplicas"),
     Rule(("worker",), "gracePeriod", ("gracePeriod",),
          "worker.gracePeriod must be under 1h",
-         lambda v: v["gracePeriod"] < 3600),
+         lambda v: v["gracePeriod"] < 3600,
+         "duration(self.gracePeriod) < duration('1h')"),
     Rule(("reaper",), "interval", ("interval", "visibilityTimeout"),
          "reaper.interval must not exceed reaper.visibilityTimeout (sweeps would miss idle entries)",
-         lambda v: v["interval"] <= v["visibilityTimeout"]),
+         lambda v: v["interval"] <= v["visibilityTimeout"],
+         "duration(self.interval) <= duration(self.visibilityTimeout)"),
     Rule(("reaper",), "leaseTtl", ("leaseTtl", "visibilityTimeout"),
          "reaper.leaseTtl must not exceed reaper.visibilityTimeout",
-         lambda v: v["leaseTtl"] <= v["visibilityTimeout"]),
+         lambda v: v["leaseTtl"] <= v["visibilityTimeout"],
+         "duration(self.leaseTtl) <= duration(self.visibilityTimeout)"),
+    Rule(("cutover",), "watermark", ("watermark",),
+         "cutover.watermark may only move forward (roll back with mode shadow)", None,
+         "!has(oldSelf.watermark) || (has(self.watermark) && "
+         "timestamp(self.watermark) >= timestamp(oldSelf.watermark))"),
 )
 
 
@@ -370,25 +461,25 @@ class EgressPeer:
     """Where workers may connect for one service: a TCP port, to ``cidr`` only or (None) anywhere."""
 
     port: int
-    cidr: str | None = None
+    cidr: str | None  # None: anywhere
 
 
 @dataclass(frozen=True)
 class NetworkPolicySpec:
     """``spec.worker.networkPolicy``: the program-judge workers' egress allow-list."""
 
-    enabled: bool = True
-    postgres: EgressPeer = EgressPeer(5432)
-    redis: EgressPeer = EgressPeer(6379)
-    sentinel_port: int = 26379  # 0: none
+    enabled: bool
+    postgres: EgressPeer
+    redis: EgressPeer
+    sentinel_port: int  # 0: none
 
 
 @dataclass(frozen=True)
 class ShadowWorkers:
     """``spec.worker.shadow``: shadow workers of their own, while the queue row is in shadow mode."""
 
-    enabled: bool = False
-    replicas: int = 1
+    enabled: bool
+    replicas: int
     #: Their own requests and limits (empty: the workers', with a CPU request of 100m, controllers/render.py):
     #: a small CPU request gives shadow judging a small share of a busy node (Kubernetes turns requests
     #: into CPU shares), so live workers on the same node are not slowed.
@@ -403,9 +494,9 @@ class EndpointSpec:
     name: str
     url: str | None = None
     secret: SecretKeyRef | None = None
-    concurrency: int = 4
-    deadline: float = 60.0
-    tries: int = 5
+    concurrency: int = ENDPOINT_CONCURRENCY[2]
+    deadline: float = parse_duration(ENDPOINT_DEADLINE)
+    tries: int = ENDPOINT_TRIES[2]
 
 
 def endpoint_url_file(name: str) -> str:
@@ -424,22 +515,19 @@ class WorkerSpec:
     autoscaling: Autoscaling
     scale_down_window: float
     grace_period: float
-    resources: Mapping[str, Any] = field(default_factory=dict)
-    sandbox: Literal["isolated", "trusted"] = "isolated"
-    network_policy: NetworkPolicySpec = NetworkPolicySpec()
-    shadow: ShadowWorkers = ShadowWorkers()
+    resources: Mapping[str, Any]
+    sandbox: Literal["isolated", "trusted"]
+    network_policy: NetworkPolicySpec
+    shadow: ShadowWorkers
     endpoints: tuple[EndpointSpec, ...] = ()
 
 
 @dataclass(frozen=True)
 class ReaperSpec:
+    """What the operator reads of ``spec.reaper``; its settings reach the reaper (and ``leaseTtl`` the
+    workers) through :func:`role_settings`."""
+
     replicas: int
-    interval: float
-    visibility_timeout: float
-    max_deliveries: int
-    lease_ttl: float
-    max_retries: int
-    retention: float
     resources: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -447,9 +535,9 @@ class ReaperSpec:
 class CutoverSpec:
     mode: Literal["live", "shadow"]
     watermark: datetime | None
-    drift_policy: Literal["restore", "report"] = "restore"
-    gate: Gate | None = None  # None: a flip to live is not gated
-    force: bool = False  # a flip to live goes through whatever the gate says
+    drift_policy: Literal["restore", "report"]
+    gate: Gate | None  # None: a flip to live is not gated
+    force: bool  # a flip to live goes through whatever the gate says
 
 
 @dataclass(frozen=True)
@@ -468,9 +556,9 @@ class JudgeQueueSpec:
     worker: WorkerSpec
     reaper: ReaperSpec
     cutover: CutoverSpec
-    postgres_pooler: str = "none"  # none, session or transaction (core/config.py POOLERS)
-    postgres_listen: SecretKeyRef | None = None  # the direct LISTEN DSN (dispatcher, direct-intake worker), if any
-    progress_deadline: float = 600.0  # seconds a Deployment may roll out without progress
+    postgres_pooler: str  # none, session or transaction (core/config.py POOLERS)
+    postgres_listen: SecretKeyRef | None  # the direct LISTEN DSN (dispatcher, direct-intake worker), if any
+    progress_deadline: float  # seconds a Deployment may roll out without progress
     values: Mapping[tuple[str, ...], Any] = field(default_factory=dict, repr=False, compare=False)
     given: frozenset[tuple[str, ...]] = field(default=frozenset(), repr=False, compare=False)
 
@@ -666,7 +754,7 @@ def parse_spec(spec: Any, *, name: str) -> JudgeQueueSpec | list[str]:
         if f.required_in_object and f.path not in raw and given_beside:
             errors.append(f"{f.name}: is required (spec.{'.'.join(f.path[:-1])} is given)")
     for rule in RULES:
-        if any((*rule.obj, k) in bad for k in rule.uses):
+        if rule.check is None or any((*rule.obj, k) in bad for k in rule.uses):
             continue  # a field of the rule is already reported
         inputs = {k: values[(*rule.obj, k)] for k in rule.uses}
         if not rule.check(inputs):
@@ -716,7 +804,7 @@ def _endpoints(value: Any, errors: list[str]) -> tuple[EndpointSpec, ...]:
             errors.append(f"{at}: give exactly one of url and secretKeyRef")
             continue
         secret = None
-        if url is not None and (not isinstance(url, str) or not re.match(r"^https?://[^/?#]+", url)
+        if url is not None and (not isinstance(url, str) or not re.match(ENDPOINT_URL_PATTERN, url)
                                 or len(url) > ENDPOINT_URL_MAX_LENGTH):
             errors.append(f"{at}.url: must be an http or https URL (a Secret's key for one with credentials)")
         if ref is not None:
@@ -726,11 +814,12 @@ def _endpoints(value: Any, errors: list[str]) -> tuple[EndpointSpec, ...]:
                 errors.append(f"{at}.secretKeyRef: must name a Secret and a key ({{name: ..., key: ...}})")
             else:
                 secret = SecretKeyRef(ref["name"], ref["key"])
-        concurrency, tries = item.get("concurrency", 4), item.get("tries", 5)
-        for label, number, high in (("concurrency", concurrency, 1024), ("tries", tries, 100)):
-            if isinstance(number, bool) or not isinstance(number, int) or not 1 <= number <= high:
-                errors.append(f"{at}.{label}: must be an integer between 1 and {high}, got {number!r}")
-        deadline = item.get("deadline", "60s")
+        concurrency, tries = item.get("concurrency", ENDPOINT_CONCURRENCY[2]), item.get("tries", ENDPOINT_TRIES[2])
+        for label, number, (low, high, _) in (("concurrency", concurrency, ENDPOINT_CONCURRENCY),
+                                              ("tries", tries, ENDPOINT_TRIES)):
+            if isinstance(number, bool) or not isinstance(number, int) or not low <= number <= high:
+                errors.append(f"{at}.{label}: must be an integer between {low} and {high}, got {number!r}")
+        deadline = item.get("deadline", ENDPOINT_DEADLINE)
         if not isinstance(deadline, str) or not re.match(DURATION_PATTERN, deadline) or parse_duration(deadline) <= 0:
             errors.append(f"{at}.deadline: {deadline!r} is not a positive duration (e.g. 90s, 5m)")
             continue
@@ -784,12 +873,6 @@ def _build(
         ),
         reaper=ReaperSpec(
             replicas=v[("reaper", "replicas")],
-            interval=v[("reaper", "interval")],
-            visibility_timeout=v[("reaper", "visibilityTimeout")],
-            max_deliveries=v[("reaper", "maxDeliveries")],
-            lease_ttl=v[("reaper", "leaseTtl")],
-            max_retries=v[("reaper", "maxRetries")],
-            retention=v[("reaper", "retention")],
             resources=resources[("reaper",)],
         ),
         cutover=CutoverSpec(mode=v[("cutover", "mode")], watermark=v[("cutover", "watermark")],

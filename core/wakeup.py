@@ -38,7 +38,7 @@ BUSY_STREAK = 3
 #: with it (docs/performance.md).
 TAKE_PACE = 0.002
 #: Rows a second a busy streak's takes must find before they are paced: above the rate at which
-#: offers stop (:data:`judgequeue.core.offering.MAX_FILL_RATE`), so where offers fall back to takes at
+#: offers stop (:data:`judgequeue.core.offer_keeper.MAX_FILL_RATE`), so where offers fall back to takes at
 #: latency-bound rates (a cool-down, a burst's edge) each take still goes at once.
 PACE_ABOVE = 1500.0
 #: Seconds over which a streak's take rate is measured before its count starts again.

@@ -3,11 +3,12 @@
 
 - ``charts/judgequeue/files/rbac-rules.yaml`` from ``judgequeue.controllers.rbac`` (the operator's
   permissions, listed once);
-- ``charts/judgequeue/crds/judgequeue.yaml``, a byte copy of ``crds/judgequeue.yaml``;
+- ``crds/judgequeue.yaml`` and the chart's copy ``charts/judgequeue/crds/judgequeue.yaml``, the CRD, from
+  ``judgequeue.controllers.crd`` (its ``spec`` schema from the spec model, ``core/spec.py``);
 - ``charts/judgequeue/files/dashboards/judgequeue.json``, the Grafana dashboard, from :data:`PANELS`
   (metric names as in ``judgequeue.core.metrics``).
 
-Run ``.venv/bin/python scripts/gen_chart_files.py`` after changing either source;
+Run ``.venv/bin/python scripts/gen_chart_files.py`` after changing any source;
 ``--check`` exits 1 (naming the stale files) instead of writing. tests/unit/test_chart.py runs the check.
 """
 
@@ -24,8 +25,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "charts" / "judgequeue"
 RBAC_FILE = CHART / "files" / "rbac-rules.yaml"
-CRD_SOURCE = ROOT / "crds" / "judgequeue.yaml"
-CRD_FILE = CHART / "crds" / "judgequeue.yaml"
+CRD_FILES = (ROOT / "crds" / "judgequeue.yaml", CHART / "crds" / "judgequeue.yaml")
 DASHBOARD_FILE = CHART / "files" / "dashboards" / "judgequeue.json"
 
 SEL = '{namespace=~"$namespace", queue=~"$queue"}'
@@ -149,9 +149,12 @@ def render_dashboard() -> str:
 
 def expected_files() -> dict[Path, bytes]:
     """Every generated file and the bytes it must hold."""
+    from judgequeue.controllers.crd import render_crd_text
+
+    crd = render_crd_text().encode()
     return {
         RBAC_FILE: render_rbac().encode(),
-        CRD_FILE: CRD_SOURCE.read_bytes(),
+        **{path: crd for path in CRD_FILES},
         DASHBOARD_FILE: render_dashboard().encode(),
     }
 

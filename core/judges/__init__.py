@@ -157,6 +157,21 @@ def load_judge(name: str) -> Judge:
     return judge
 
 
+def judge_failure(exc: BaseException) -> Verdict:
+    """The verdict of a judge that raised instead of returning (an explained SYSTEM_ERROR)."""
+    return Verdict("SYSTEM_ERROR", {"reason": f"judge raised {type(exc).__name__}: {exc}"[:2000]})
+
+
+def judge_fault(judge: Judge) -> str | None:
+    """Why ``judge`` says this worker cannot judge any more (see :class:`SelfChecking`), or None."""
+    if not isinstance(judge, SelfChecking):
+        return None
+    try:
+        return judge.fault()
+    except Exception as exc:  # a check that cannot run says as much about the worker
+        return f"the judge's self-check raised {type(exc).__name__}: {exc}"
+
+
 __all__ = [
     "ENTRY_POINT_GROUP",
     "STATUSES",
@@ -172,6 +187,8 @@ __all__ = [
     "UsesPackages",
     "Verdict",
     "available_judges",
+    "judge_failure",
+    "judge_fault",
     "judge_job",
     "load_judge",
 ]

@@ -6,7 +6,8 @@ comment. It is read once, at import; modules name each statement where they run 
 ``tests/integration/test_sql.py`` checks that every name used exists, every statement is used and
 none is written inline elsewhere. Statements are fixed
 text: values go in as parameters and state lists as arrays from :mod:`judgequeue.core.states`.
-The migrations and the migration runner's bookkeeping are the only SQL kept elsewhere.
+The schema (``schema.sql`` beside it: tables and SQL functions as they are now), the migrations and
+the migration runner's bookkeeping are the only SQL kept elsewhere.
 """
 
 from __future__ import annotations

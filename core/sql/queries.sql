@@ -1,8 +1,9 @@
--- Every SQL statement judgequeue runs, outside the migrations and the migration runner's own
--- bookkeeping (docs/design.md §2). Each sits under `-- name: <name>` with a one-line comment and
--- is run through judgequeue.core.sql.query(name). Statements are fixed text: values are parameters,
--- and state lists come from judgequeue.core.states as array parameters (except where a literal list
--- must match a partial index predicate; tests/integration/test_sql.py checks those against states too).
+-- Every SQL statement judgequeue runs, outside the schema (schema.sql), the migrations and the
+-- migration runner's own bookkeeping (docs/design.md §2). Each sits under `-- name: <name>` with a
+-- one-line comment and is run through judgequeue.core.sql.query(name). Statements are fixed text:
+-- values are parameters, and state lists come from judgequeue.core.states as array parameters
+-- (except where a literal list must match a partial index predicate; tests/integration/test_sql.py
+-- checks those against states too).
 
 -- name: submit
 -- Write a submission and its outbox row in the caller's transaction; returns the id.

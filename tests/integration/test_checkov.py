@@ -147,7 +147,7 @@ def test_the_canary_is_caught(findings: set[tuple[str, str]]) -> None:
 
 
 def test_fixed_by_this_design(findings: set[tuple[str, str]]) -> None:
-    """What checkov reported on the rendered Deployments before issue 15 and no longer does: requests
+    """What checkov would report on Deployments rendered without these choices, and does not: requests
     and limits for every role, connections as files, an egress NetworkPolicy for program workers."""
     for role in ("dispatcher", "worker", "reaper"):
         for check in ("CKV_K8S_10", "CKV_K8S_11", "CKV_K8S_12", "CKV_K8S_13", "CKV_K8S_35"):

@@ -1,4 +1,4 @@
-"""A Redis connection reset (TCP RST) under uvloop is "Redis unavailable", never a crash (issue 13).
+"""A Redis connection reset (TCP RST) under uvloop is "Redis unavailable", never a crash.
 
 Found by the server-fault chaos (``tests/chaos.py``, fault ``proxy_reset``): under uvloop, the
 roles' event loop, an RST closes the transport at once and redis-py's next write on it raises

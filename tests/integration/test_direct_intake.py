@@ -20,13 +20,11 @@ import asyncpg
 import pytest
 import redis.asyncio as aioredis
 
-from judgequeue.core import leases, outbox, sql, streams, wakeup
-from judgequeue.core import worker as worker_module
+from judgequeue.core import direct_intake, leases, outbox, sql, streams, wakeup
 from judgequeue.core.dispatcher import Dispatcher
 from judgequeue.core.judges import Verdict
 from judgequeue.core.judges.builtin import SleepJudge
 from judgequeue.core.queues import database_now, set_cutover
-from judgequeue.core.wakeup import BUSY_STREAK, PACE_ABOVE, RATE_WINDOW, TakeRate, pace_takes
 from judgequeue.core.worker import Worker
 from tests.support.databases import REDIS_URL
 from tests.support.inprocess import GateJudge, running
@@ -274,7 +272,7 @@ async def test_a_full_worker_unregisters_so_submits_stop_notifying(
         [sid] = await _submit(pg_pool, queue, 1)
         await eventually(lambda: judge.started == [0], what="the job taken")
         await eventually(lambda: _waiters(pg_pool, 0), what="the full worker unregistered")
-        judge.open.set()
+        judge.gate.set()
         await eventually(lambda: _is(pg_pool, sid, "ACCEPTED"))
         await eventually(lambda: _waiters(pg_pool, 1), what="idle again: registered")
 
@@ -308,7 +306,7 @@ async def test_a_busy_worker_paces_its_takes_so_each_brings_several_rows(
     TAKE_PACE between takes, so each take brings what came meanwhile instead of a statement per row
     or two. A long pace makes that visible whatever the machine's speed; without it the takes
     would keep up with one submitting connection at about a row each."""
-    monkeypatch.setattr(worker_module, "TAKE_PACE", 0.25)
+    monkeypatch.setattr(direct_intake, "TAKE_PACE", 0.25)
     monkeypatch.setattr(wakeup, "PACE_ABOVE", 1.0)  # one connection's submits count as fast here
     settings = make_settings(pg_dsn, REDIS_URL, queue, intake="direct", schedule="30s", concurrency="1000", offers="0")
     w = Worker(pg_pool, redis_client, settings, judge=Recorder())
@@ -327,30 +325,7 @@ async def test_a_busy_worker_paces_its_takes_so_each_brings_several_rows(
         await submitter
         await eventually(functools.partial(_all_done, pg_pool, ids), within=30, what="every job judged")
     assert w.stats.leased == len(ids)
-    assert w.stats.leased >= 5 * w.stats.direct_takes, w.stats
-
-
-def test_takes_are_paced_only_while_work_flows_fast() -> None:
-    fast = PACE_ABOVE
-    assert pace_takes(2, 64, BUSY_STREAK, fast)  # a streak of takes finding a row or two: let rows gather
-    assert not pace_takes(2, 64, BUSY_STREAK - 1, fast)  # not a streak yet: a trickle is a notification's
-    assert not pace_takes(64, 64, BUSY_STREAK, fast)  # every free slot filled: the slots are the limit
-    assert not pace_takes(0, 64, BUSY_STREAK, fast)  # nothing found: the wait is the notification's
-    assert not pace_takes(2, 64, BUSY_STREAK, fast - 1)  # offers' rates: each take at once, for latency
-
-
-def test_the_take_rate_leaves_out_the_first_take_and_follows_the_latest_window() -> None:
-    rate = TakeRate()
-    rate.start(10.0)  # the first take's rows gathered while it waited: not counted
-    rate.add(3, 10.001)
-    rate.add(3, 10.002)
-    assert rate.per_second == pytest.approx(3000)
-    rate.add(0, 10.0 + RATE_WINDOW)  # the window ends: its rate stands until the next has one
-    assert rate.per_second == pytest.approx(6 / RATE_WINDOW)
-    rate.add(1, 10.0 + RATE_WINDOW + 0.01)
-    assert rate.per_second == pytest.approx(100)
-    rate.start(20.0)
-    assert rate.per_second == 0.0
+    assert w.direct is not None and w.stats.leased >= 5 * w.direct.takes, w.stats
 
 
 async def test_direct_intake_judges_with_redis_unreachable(pg_pool: asyncpg.Pool, pg_dsn: str, queue: str) -> None:
@@ -378,9 +353,11 @@ async def test_a_worker_of_a_paused_or_shadow_queue_polls_and_never_registers(
     settings = make_settings(pg_dsn, REDIS_URL, queue, intake="direct", schedule="200ms")
     judge = Recorder()
     worker = Worker(pg_pool, redis_client, settings, judge=judge)
+    direct = worker.direct
+    assert direct is not None
     async with running(worker):
         ids = await _submit(pg_pool, queue, 3)
-        await eventually(lambda: worker.stats.direct_takes >= 4, what="several polls of the paused queue")
+        await eventually(lambda: direct.takes >= 4, what="several polls of the paused queue")
         assert await _waiters(pg_pool, 0), "a worker of a paused queue must not ask submits to notify"
         assert judge.ran == []
         async with pg_pool.acquire() as conn:

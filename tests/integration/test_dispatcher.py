@@ -13,18 +13,9 @@ from judgequeue.core import outbox, streams
 from judgequeue.core.config import Settings
 from judgequeue.core.dispatcher import Dispatcher
 from judgequeue.core.queues import create_queue, set_cutover
-from judgequeue.core.wakeup import BUSY_STREAK, keep_listening
 from tests.support.databases import REDIS_URL
 from tests.support.settings import make_settings
 from tests.support.waiting import eventually
-
-
-def test_keep_listening_only_for_a_trickle() -> None:
-    assert keep_listening(1, 100, 1)
-    assert keep_listening(99, 100, BUSY_STREAK - 1)
-    assert not keep_listening(100, 100, 1)  # a full batch: more is probably waiting
-    assert not keep_listening(1, 100, BUSY_STREAK)  # work every cycle: polling is cheaper
-    assert not keep_listening(0, 100, 0)
 
 
 async def test_burst_stops_listening_then_registers_again_when_idle(

@@ -8,7 +8,7 @@ import uuid
 import asyncpg
 
 from judgequeue.core import leases, outbox, sql
-from judgequeue.core.leases import Lease, VerdictWrite, classify_stale
+from judgequeue.core.leases import Lease, VerdictWrite
 from judgequeue.core.queues import create_queue
 from tests.support.queries import count_submissions, status_of, submission, submissions
 
@@ -48,13 +48,6 @@ async def test_acquire_returns_payload_and_fences_generation(pg: asyncpg.Connect
 async def test_acquire_ignores_other_queues(pg: asyncpg.Connection, queue_name: str) -> None:
     [sid] = await _submit(pg, queue_name)
     assert await leases.acquire(pg, "other-queue", [(sid, 1)], ttl=30) == []
-
-
-def test_classify_stale() -> None:
-    assert classify_stale(1, None, None) == "unknown_submission"
-    assert classify_stale(1, 2, "PENDING") == "generation_moved"
-    assert classify_stale(1, 1, "ACCEPTED") == "already_terminal"
-    assert classify_stale(1, 1, "JUDGING") == "already_judging"
 
 
 async def test_verdict_write_is_fenced_on_generation_and_attempt(pg: asyncpg.Connection, queue_name: str) -> None:

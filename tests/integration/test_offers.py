@@ -1,4 +1,4 @@
-"""Offers (migration 0010, core/offers.py, core/offering.py) against real Postgres and Redis: an idle
+"""Offers (core/sql/schema.sql, core/offers.py, core/offer_keeper.py) against real Postgres and Redis: an idle
 direct-intake worker's open slots, which the submits fill in their own transactions.
 
 What must hold is what holds for any lease: one terminal verdict per submission, no verdict from a
@@ -13,8 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import json
-import uuid
 from datetime import timedelta
 from typing import Any
 
@@ -22,7 +20,7 @@ import asyncpg
 import pytest
 import redis.asyncio as aioredis
 
-from judgequeue.core import offering, offers, outbox
+from judgequeue.core import offer_keeper, offers, outbox
 from judgequeue.core.errors import CutoverBlocked
 from judgequeue.core.judges import Verdict
 from judgequeue.core.queues import database_now, get_queue, set_cutover
@@ -328,26 +326,6 @@ async def test_the_reaper_prunes_offers_their_worker_stopped_refreshing(pg_pool:
         assert await offers.prune(conn, older_than=300) == 2
 
 
-def test_notifications_and_decisions_parse() -> None:
-    attempt = uuid.uuid4()
-    filled = offers.parse_notification(f'42 {attempt} 3 1733290000.5 {json.dumps({"a": [1, "b c"]})}')
-    assert (filled.submission, filled.attempt, filled.slot, filled.payload) == (42, attempt, 3, {"a": [1, "b c"]})
-    bare = offers.parse_notification(f"42 {attempt} 3 1733290000.5")
-    assert not bare.has_payload and bare.payload is None
-    for bad in ("", "42", f"x {attempt} 3 1.0", "42 not-a-uuid 3 1.0"):
-        with pytest.raises(ValueError):
-            offers.parse_notification(bad)
-    # Top up once three quarters are gone, within the free slots and the limit.
-    assert offers.to_add(concurrency=256, busy=0, open_now=0, limit=32) == 32
-    assert offers.to_add(concurrency=256, busy=0, open_now=9, limit=32) == 0
-    assert offers.to_add(concurrency=256, busy=0, open_now=8, limit=32) == 24
-    assert offers.to_add(concurrency=4, busy=0, open_now=1, limit=32) == 3
-    assert offers.to_add(concurrency=2, busy=1, open_now=0, limit=32) == 1
-    assert offers.to_add(concurrency=2, busy=2, open_now=0, limit=32) == 0
-    assert offering.too_fast(int(offering.MAX_FILL_RATE * offering.RATE_WINDOW) + 1)
-    assert not offering.too_fast(int(offering.MAX_FILL_RATE * offering.RATE_WINDOW))
-
-
 # --- the worker's side ---------------------------------------------------------------------------
 
 
@@ -382,9 +360,11 @@ async def test_an_idle_worker_offers_and_submits_hand_it_their_jobs(
     """Trickles of submits are judged through the offers alone: the worker's takes are the few it
     makes while idle, not one per job; its offers are topped up as they fill."""
     w = _worker(pg_pool, redis_client, pg_dsn, queue, SleepJudgeAccepting(), concurrency="8", offers="4")
+    direct = w.direct
+    assert direct is not None
     async with running(w):
         await eventually(lambda: _open_offers(pg_pool, 4), what="four offers open")
-        takes = w.stats.direct_takes
+        takes = direct.takes
         ids: list[int] = []
         async with pg_pool.acquire() as conn:
             for k in range(5):
@@ -392,7 +372,7 @@ async def test_an_idle_worker_offers_and_submits_hand_it_their_jobs(
                 await eventually(functools.partial(_done, pg_pool, list(ids)), what=f"trickle {k} judged")
                 # Topped up once three quarters are gone (offers.to_add): open again before the next.
                 await eventually(lambda: _open_at_least(pg_pool, 2), what="the offers topped up")
-        assert w.stats.direct_takes - takes <= 2, "the jobs came through offers, not takes"
+        assert direct.takes - takes <= 2, "the jobs came through offers, not takes"
         claimed = await pg_pool.fetch(
             "SELECT DISTINCT claimed_by FROM judgequeue.outbox WHERE submission_id = ANY($1)", ids
         )
@@ -420,18 +400,18 @@ async def test_offers_never_give_a_worker_more_jobs_than_slots(
         assert await pg_pool.fetchval(
             "SELECT count(*) FROM judgequeue.submissions WHERE id = ANY($1) AND status = 'PENDING'", ids
         ) == 4
-        judge.open.set()
+        judge.gate.set()
         await eventually(functools.partial(_done, pg_pool, ids), what="all judged as slots freed")
         # Rows that went the usual way (rejudges) while both slots are offered, and submits that
         # fill those offers at the same moment: still two at once.
-        judge.open.clear()
+        judge.gate.clear()
         await eventually(lambda: _open_offers(pg_pool, 2), what="both slots offered again")
         async with pg_pool.acquire() as conn:
             for sid in ids[:2]:
                 await outbox.rejudge(conn, sid)
             more = [await outbox.submit(conn, queue, {"i": i}) for i in range(6, 8)]
         await eventually(lambda: len(judge.started) == 8, what="two more running")
-        judge.open.set()
+        judge.gate.set()
         await eventually(functools.partial(_done, pg_pool, ids + more), what="all judged again")
     assert judge.most <= 2
 
@@ -475,7 +455,7 @@ async def test_offers_never_open_for_slots_a_take_is_filling(
             ids = [await outbox.submit(conn, queue, {"i": i}) for i in range(4)]
         release.set()
         await eventually(lambda: len(judge.started) == 2, what="the take's two jobs running")
-        judge.open.set()
+        judge.gate.set()
         await eventually(functools.partial(_done, pg_pool, ids), what="all judged as slots freed")
     assert judge.most <= 2
 
@@ -487,7 +467,7 @@ async def test_offers_lost_with_the_table_stay_reserved_when_written_again(
     worker's open slots again, and those slots stay reserved (the worker takes nothing into them):
     slots a submit may fill are never free for a take at the same time."""
     started: list[Any] = []
-    off = offering.Offering(
+    off = offer_keeper.OfferKeeper(
         pg_pool, queue, WORKER, limit=4, concurrency=8, lease_ttl=30, busy=lambda: 0, start=started.extend
     )
     off.start()
@@ -508,7 +488,7 @@ async def test_offers_stay_alive_while_top_ups_keep_the_loop_busy(pg_pool: async
     """Top-ups between refreshes write only the slots they open; the once-a-second refresh still
     comes when the loop never waits out its timer (a fill every few milliseconds wakes it), so an
     offer nobody fills does not expire (offers.VALIDITY) while its worker lives."""
-    off = offering.Offering(
+    off = offer_keeper.OfferKeeper(
         pg_pool, queue, WORKER, limit=4, concurrency=8, lease_ttl=30, busy=lambda: 0, start=lambda _: None
     )
     off.start()
@@ -534,7 +514,7 @@ async def test_the_offers_loop_sleeps_while_it_offers_nothing(
     """Not wanted (a busy worker), or cooling down after a burst: nothing to write or keep alive,
     so the loop wakes about once a REFRESH, not in a spin (which once cost a third of a busy
     worker's CPU and a quarter of its throughput)."""
-    off = offering.Offering(
+    off = offer_keeper.OfferKeeper(
         pg_pool, queue, WORKER, limit=4, concurrency=8, lease_ttl=30, busy=lambda: 0, start=lambda _: None
     )
     syncs = 0
@@ -550,13 +530,13 @@ async def test_the_offers_loop_sleeps_while_it_offers_nothing(
     try:
         off.want(True)
         await eventually(lambda: _open_offers(pg_pool, 4), what="four offers open")
-        off.taken(offering.BURST_ROWS)  # a burst: cool down (offers withdrawn, none for COOLDOWN)
+        off.taken(offer_keeper.BURST_ROWS)  # a burst: cool down (offers withdrawn, none for COOLDOWN)
         await eventually(lambda: _open_offers(pg_pool, 0), what="offers withdrawn")
         syncs = 0
         window = asyncio.Event()
-        asyncio.get_running_loop().call_later(offering.COOLDOWN / 2, window.set)
+        asyncio.get_running_loop().call_later(offer_keeper.COOLDOWN / 2, window.set)
         await window.wait()  # a span of the cooldown, measured by the loop's own clock
-        assert syncs <= 2, f"{syncs} syncs in {offering.COOLDOWN / 2}s with nothing to offer"
+        assert syncs <= 2, f"{syncs} syncs in {offer_keeper.COOLDOWN / 2}s with nothing to offer"
     finally:
         await off.close(5)
 
@@ -568,13 +548,17 @@ async def test_a_lost_notification_is_made_up_by_the_sync(
     the worker still judges those jobs within a sync or two, long before their leases expire."""
     w = _worker(pg_pool, redis_client, pg_dsn, queue, SleepJudgeAccepting(), concurrency="8", offers="4",
                 lease_ttl="60s")  # fmt: skip
+    assert w.direct is not None
+    direct = w.direct
     async with running(w):
         await eventually(lambda: _open_offers(pg_pool, 4), what="offers open")
-        listen_pid = w._wakeup._conn.get_server_pid() if w._wakeup and w._wakeup._conn else None
+        listen_pid = direct.wakeup._conn.get_server_pid() if direct.wakeup and direct.wakeup._conn else None
         assert listen_pid is not None
         async with pg_pool.acquire() as conn:
             await conn.execute("SELECT pg_terminate_backend($1)", listen_pid)
-            await eventually(lambda: w._wakeup is not None and not w._wakeup.listening, what="the listener gone")
+            await eventually(
+                lambda: direct.wakeup is not None and not direct.wakeup.listening, what="the listener gone"
+            )
             ids = [await outbox.submit(conn, queue, {"i": i}) for i in range(3)]
         assert await pg_pool.fetchval(
             "SELECT count(*) FROM judgequeue.submissions WHERE id = ANY($1) AND status = 'JUDGING'", ids
@@ -615,10 +599,10 @@ async def test_a_burst_makes_the_worker_take_its_offers_back(
     async with running(w):
         await eventually(lambda: _open_offers(pg_pool, 2), what="offers open")
         async with pg_pool.acquire() as conn, conn.transaction():  # one commit: they arrive at once
-            ids = [await outbox.submit(conn, queue, {"i": i}) for i in range(2 + offering.BURST_ROWS * 2)]
+            ids = [await outbox.submit(conn, queue, {"i": i}) for i in range(2 + offer_keeper.BURST_ROWS * 2)]
         await eventually(lambda: len(judge.started) == len(ids), what="the burst taken")
         await eventually(lambda: _open_offers(pg_pool, 0), what="offers taken back")
-        judge.open.set()
+        judge.gate.set()
         await eventually(functools.partial(_done, pg_pool, ids), what="all judged")
 
 

@@ -304,7 +304,7 @@ async def test_operator_resumes_after_restart(env: Env, queue_name: str, tmp_pat
 
 
 async def test_a_judge_plugin_installed_in_the_image_is_accepted(env: Env, queue_name: str, tmp_path: Path) -> None:
-    """Issue 17: the operator must not refuse a judge because it is not built in; whether a plugin is
+    """The operator must not refuse a judge because it is not built in; whether a plugin is
     installed is known where it runs (the worker loads it at start). Here "gpu" is installed in this
     test's environment, as a plugin would be in the image, and the rendered worker loads it."""
     with contextlib.contextmanager(install_judge_plugin)(tmp_path / "site", "gpu"):

@@ -89,15 +89,6 @@ async def sweep_until(r: Reaper, check: str, within: float = 5.0) -> reaper.Stre
 # --- pure decisions ------------------------------------------------------------------------------
 
 
-def test_decide() -> None:
-    entry = ClaimedEntry("1-0", env(5, deliveries=2).fields(), "w1", 1)
-    assert decide(entry, 3).action == "requeue"
-    last = decide(ClaimedEntry("1-0", env(5, deliveries=3).fields(), "w1", 1), 3)
-    assert last.action == "dead_letter" and "3 deliveries" in last.reason and "w1" in last.reason
-    bad = decide(ClaimedEntry("1-0", {"hello": "world"}, "w1", 1), 3)
-    assert bad.action == "dead_letter" and bad.envelope is None and "malformed" in bad.reason
-
-
 def test_backoff_delay() -> None:
     assert reaper.backoff_delay(5, 0) == 5
     assert reaper.backoff_delay(5, 1) == 10

@@ -23,33 +23,15 @@ from judgequeue.core.agreement import classify
 from judgequeue.core.config import Settings
 from judgequeue.core.dispatcher import Dispatcher
 from judgequeue.core.errors import InvalidPayload, InvalidVerdict, NotShadowed, PayloadTooLarge, UnknownSubmission
-from judgequeue.core.judges import Verdict
 from judgequeue.core.judges.builtin import SleepJudge
 from judgequeue.core.queues import create_queue, set_cutover
 from judgequeue.core.reaper import Reaper
 from judgequeue.core.worker import Worker
 from tests.support.databases import REDIS_URL
+from tests.support.inprocess import GateJudge
 from tests.support.queries import submission
 from tests.support.settings import make_settings
 from tests.support.waiting import eventually
-
-
-class GateJudge:
-    """Each job waits until released; starts and cancellations are recorded."""
-
-    def __init__(self) -> None:
-        self.started: list[int] = []
-        self.cancelled: list[int] = []
-        self.gate = asyncio.Event()
-
-    async def judge(self, payload: Any) -> Verdict:
-        self.started.append(payload["i"])
-        try:
-            await self.gate.wait()
-        except asyncio.CancelledError:
-            self.cancelled.append(payload["i"])
-            raise
-        return Verdict(payload.get("status", "ACCEPTED"), {"i": payload["i"]})
 
 
 class Shadow:
@@ -491,7 +473,7 @@ async def test_shadow_and_legacy_verdicts_are_pruned_with_the_retention(sh: Shad
         await conn.execute("UPDATE judgequeue.legacy_verdicts SET reported_at = now() - interval '2 days'"
                            " WHERE submission_id = ANY($1)", [old, ids["legacy_only"][0]])
     reaper = Reaper(sh.pool, sh.redis, sh.settings(retention="1d"))
-    await reaper.prune_outbox()
+    await reaper.prune()
     assert reaper.pruned_shadow == 3
     async with sh.pool.acquire() as conn:
         figures = await shadow.agreement(conn, sh.queue)

@@ -6,16 +6,14 @@ import asyncio
 import contextlib
 import functools
 import json
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from datetime import UTC, datetime
 from typing import Any
 
 import asyncpg
 import pytest
 import redis.asyncio as aioredis
 
-from judgequeue.core import leases, lifecycle, metrics, outbox, streams, worker
+from judgequeue.core import lanes, leases, metrics, outbox, streams, verdicts, worker
 from judgequeue.core.config import Settings
 from judgequeue.core.dispatcher import Dispatcher
 from judgequeue.core.judges import UnknownJudge, Verdict
@@ -23,27 +21,10 @@ from judgequeue.core.judges.builtin import SleepJudge
 from judgequeue.core.queues import create_queue
 from judgequeue.core.worker import Worker
 from tests.support.databases import REDIS_URL
+from tests.support.inprocess import GateJudge
 from tests.support.queries import submission
 from tests.support.settings import make_settings
 from tests.support.waiting import eventually
-
-
-class GateJudge:
-    """A judge the test steers: each job waits until released; starts and cancellations are recorded."""
-
-    def __init__(self) -> None:
-        self.started: list[int] = []
-        self.cancelled: list[int] = []
-        self.gate = asyncio.Event()
-
-    async def judge(self, payload: Any) -> Verdict:
-        self.started.append(payload["i"])
-        try:
-            await self.gate.wait()
-        except asyncio.CancelledError:
-            self.cancelled.append(payload["i"])
-            raise
-        return Verdict(payload.get("status", "ACCEPTED"), {"i": payload["i"]})
 
 
 class Harness:
@@ -290,34 +271,6 @@ async def test_unknown_judge_is_a_clear_startup_error(pg_dsn: str, queue_name: s
         await worker.run(settings, asyncio.Event())
 
 
-def test_pure_helpers() -> None:
-    assert worker.unleased([(1, 1), (1, 1), (2, 1), (3, 1)], [(1, 1), (3, 1)]) == [(1, 1), (2, 1)]
-    assert lifecycle.backoff(1) == 0.1 and lifecycle.backoff(10) == 5.0
-    failure = worker.judge_failure(ValueError("boom"))
-    assert failure.status == "SYSTEM_ERROR" and failure.details["reason"] == "judge raised ValueError: boom"
-
-
-def test_storable_verdicts() -> None:
-    fine = Verdict("ACCEPTED", {"time": 0.5, "out": ["é", "😀"]})
-    assert worker.storable(fine) == fine
-    for odd in ({"x": float("inf")}, {"x": float("nan")}, {"x": object()}, {"x": {1, 2}}):
-        checked = worker.storable(Verdict("ACCEPTED", odd))
-        assert checked.status == "SYSTEM_ERROR" and "not storable as JSON" in checked.details["reason"]
-    cleaned = worker.storable(Verdict("WRONG_ANSWER", {"a\x00": ("b\x00", "\udcff")}))
-    assert cleaned == Verdict("WRONG_ANSWER", {"a\ufffd": ["b\ufffd", "\ufffd"]})
-
-
-def test_unstorable_replacement_keeps_the_fence_fields() -> None:
-    lease = leases.Lease(7, 2, uuid.uuid4(), {}, datetime.now(UTC))
-    doc = {"status": "ACCEPTED", "details": {"x": 1}, "attempt": str(lease.attempt), "generation": 2, "worker": "w"}
-    replaced = worker.unstorable_replacement(leases.VerdictWrite(lease, "ACCEPTED", doc))
-    assert replaced.lease is lease and replaced.status == "SYSTEM_ERROR"
-    assert replaced.verdict["status"] == "SYSTEM_ERROR" and "refused" in replaced.verdict["reason"]
-    assert (replaced.verdict["attempt"], replaced.verdict["generation"], replaced.verdict["worker"]) == (
-        str(lease.attempt), 2, "w"
-    )
-
-
 async def _pending_entries(redis_client: aioredis.Redis, queue: str, n: int) -> list[str]:
     """``n`` entries read by a consumer and not acked: what a worker holds right after its leases."""
     await streams.ensure_group(redis_client, queue)
@@ -336,7 +289,7 @@ async def test_entries_are_acked_after_the_durability_barrier(
     pg_pool: asyncpg.Pool, redis_client: aioredis.Redis, queue_name: str
 ) -> None:
     ids = await _pending_entries(redis_client, queue_name, 3)
-    acks = worker._AckWhenDurable(pg_pool, redis_client, queue_name)
+    acks = lanes.AckWhenDurable(pg_pool, redis_client, queue_name)
     acks.start()
     acks.add(ids[:2])
     acks.add(ids[2:])  # handed over while the first group may be in flight: acked too
@@ -351,7 +304,7 @@ async def test_entries_stay_pending_when_leases_cannot_be_made_durable(
     ids = await _pending_entries(redis_client, queue_name, 2)
     pool = await asyncpg.create_pool(pg_dsn, min_size=1, max_size=1)
     await pool.close()  # every acquire now fails, as with the database unreachable
-    acks = worker._AckWhenDurable(pool, redis_client, queue_name)
+    acks = lanes.AckWhenDurable(pool, redis_client, queue_name)
     acks.start()
     acks.add(ids)
     await asyncio.wait_for(acks._idle.wait(), 5)  # the attempt is over
@@ -376,7 +329,7 @@ async def test_acker_survives_an_unexpected_error(
         await real(conn)
 
     monkeypatch.setattr(leases, "make_durable", flaky)
-    acks = worker._AckWhenDurable(pg_pool, redis_client, queue_name)
+    acks = lanes.AckWhenDurable(pg_pool, redis_client, queue_name)
     acks.start()
     acks.add(ids[:1])
     await asyncio.wait_for(acks._idle.wait(), 5)
@@ -419,7 +372,7 @@ async def test_a_verdict_the_database_refuses_does_not_hold_up_the_others(h: Har
     async with h.pool.acquire() as conn:
         held = await leases.acquire(conn, h.queue, [(sid, 1) for sid in ids], ttl=30)
     bad, good = sorted(held, key=lambda x: x.submission)
-    writer = worker._VerdictWriter(h.pool, worker.WorkerStats(), linger=0.0)
+    writer = verdicts.VerdictWriter(h.pool, linger=0.0)
     writer.start()
     results = await asyncio.wait_for(
         asyncio.gather(
@@ -452,9 +405,9 @@ async def test_verdict_writer_survives_an_unexpected_error(h: Harness, monkeypat
         return await real(conn, writes)
 
     monkeypatch.setattr(leases, "write_verdicts", flaky)
-    writer = worker._VerdictWriter(h.pool, worker.WorkerStats(), linger=0.0)
+    writer = verdicts.VerdictWriter(h.pool, linger=0.0)
     writer.start()
-    with pytest.raises(worker.WriteAbandoned, match="a bug"):
+    with pytest.raises(verdicts.WriteAbandoned, match="a bug"):
         await asyncio.wait_for(writer.write(leases.VerdictWrite(first, "ACCEPTED", {"status": "ACCEPTED"})), 5)
     # The writer is still there for the next verdict; the first job is left to its lease expiry.
     written = await asyncio.wait_for(writer.write(leases.VerdictWrite(second, "ACCEPTED", {"status": "ACCEPTED"})), 5)
@@ -477,7 +430,7 @@ async def test_verdicts_finishing_together_share_one_write(h: Harness) -> None:
     for sid in ids:
         await eventually(functools.partial(h.status_is, sid, "ACCEPTED"), what=f"verdict of {sid}")
     await eventually(lambda: w.stats.written == 12, what="twelve verdicts counted")
-    assert 1 <= w.stats.verdict_writes <= 3, w.stats
+    assert 1 <= w.verdict_statements <= 3, w.stats
 
 
 async def test_a_full_worker_writes_its_verdicts_without_lingering(
@@ -492,7 +445,7 @@ async def test_a_full_worker_writes_its_verdicts_without_lingering(
         await eventually(functools.partial(h.status_is, sid, "ACCEPTED"), within=10, what=f"verdict of {sid}")
     # Each written at once (the next job needed the slot); the count follows the commit the status
     # showed, so it is waited for, not read at once.
-    await eventually(lambda: w.stats.verdict_writes == 4, what="four verdict statements")
+    await eventually(lambda: w.verdict_statements == 4, what="four verdict statements")
 
 
 async def test_a_stopping_worker_writes_a_lingering_verdict_at_once(
@@ -509,4 +462,4 @@ async def test_a_stopping_worker_writes_a_lingering_verdict_at_once(
     assert (await h.row(sid))["status"] == "JUDGING"  # lingering: not written yet
     stop.set()
     await asyncio.wait_for(task, 5)
-    assert (await h.row(sid))["status"] == "ACCEPTED" and w.stats.verdict_writes == 1
+    assert (await h.row(sid))["status"] == "ACCEPTED" and w.verdict_statements == 1

@@ -11,7 +11,7 @@ PEERING_CRDS = ("kopfpeerings.kopf.dev", "clusterkopfpeerings.kopf.dev")
 
 
 def test_peering_install_ships_its_crds(kube: Cluster) -> None:
-    """peering.enabled renders KopfPeering objects; the chart must bring their CRDs (issue 14, finding 5)."""
+    """peering.enabled renders KopfPeering objects; the chart must bring their CRDs."""
     for crd in PEERING_CRDS:  # a cluster without Kopf's CRDs, whatever ran before
         kube.kubectl("delete", "crd", crd, "--ignore-not-found", "--wait=true")
     suffix = uuid.uuid4().hex[:6]

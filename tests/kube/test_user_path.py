@@ -144,9 +144,13 @@ def test_kubectl_get_jq_fills_the_printer_columns(installed: Installed) -> None:
 
     def columns() -> dict[str, str] | None:
         out = kube.kubectl("get", "jq", "demo", "-n", ns).stdout.splitlines()
-        header, row = out[0].split(), out[1].split()
-        values = dict(zip(header, row, strict=False))
-        if values.get("BACKLOG", "<none>") == "<none>" or values.get("READY") != "True":
+        # A custom resource's column with no value is blank (AGREEMENT, while nothing is compared),
+        # so the row is cut where the header's columns start, not at white space.
+        header, row = out[0], out[1]
+        starts = [i for i, c in enumerate(header) if c != " " and (i == 0 or header[i - 1] == " ")]
+        values = {header[a:b].strip(): row[a:b].strip()
+                  for a, b in zip(starts, [*starts[1:], len(header) + len(row)], strict=True)}
+        if not values.get("BACKLOG") or values.get("READY") != "True":
             return None
         return values
 

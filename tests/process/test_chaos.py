@@ -87,7 +87,7 @@ async def test_chaos_with_shadow_judging_keeps_every_invariant(
 
 
 async def test_server_fault_chaos_keeps_every_invariant(queue_name: str, tmp_path: Path) -> None:
-    """Issue 13: every server-side fault kind at least once while jobs flow; no role may exit, every
+    """Every server-side fault kind at least once while jobs flow; no role may exit, every
     committed submission gets its one verdict, and SIGTERM after the faults exits 0 everywhere."""
     config = ChaosConfig(submissions=600, chaos_seconds=30, seed=13, server_faults=True, drain_deadline=90)
     async with fault_targets() as targets:

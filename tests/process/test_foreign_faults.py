@@ -1,4 +1,4 @@
-"""What real servers and foreign clients do to a running queue (issue 13's reproductions).
+"""What real servers and foreign clients do to a running queue (reproductions of what users saw).
 
 Each test starts the roles as real processes, does to them what a user did from outside with
 ``psql`` and ``redis-cli``, and checks the invariants: the roles stay up (and exit 0 on SIGTERM),

@@ -17,7 +17,7 @@ from judgequeue.core.archives import InvalidPackage, read_package
 from judgequeue.core.judges import Verdict
 from judgequeue.core.judges.isolation import JudgeSettings
 from judgequeue.core.judges.program import ProgramJudge
-from judgequeue.core.worker import attach_package_cache
+from judgequeue.core.problems import attach_package_cache
 from tests.support.archives import judge_solutions, put, verifyproblem, write_tree
 from tests.support.sandbox_host import assert_host_clean
 

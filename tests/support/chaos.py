@@ -18,7 +18,7 @@ on the shadow side: every shadow-sent submission ends with exactly one shadow ve
 status, or an explained SYSTEM_ERROR), no shadow verdict is written by a stale attempt, the
 submissions stay the legacy judge's (PENDING), and the shadow stream and its PEL end empty.
 
-With ``ChaosConfig.server_faults`` the faults come from the servers instead (issue 13): the run owns
+With ``ChaosConfig.server_faults`` the faults come from the servers instead: the run owns
 a Postgres server and a redis-server (:func:`fault_targets`), the roles reach both through TCP
 proxies, and a fault loop terminates every backend, sets ``idle_session_timeout`` to a few hundred
 milliseconds for a few seconds, restarts Postgres (fast, and immediate: a crash), kills every Redis

@@ -3,7 +3,7 @@
 The integration suites drive real workers and dispatchers against real servers without processes:
 :func:`running` runs their ``run(stop)`` for the length of a ``with`` block and stops them (their
 graceful shutdown included) when it ends; :class:`GateJudge` holds every job until the test opens
-it, counting how many ran at once.
+its gate, recording what started, what was cancelled and how many ran at once.
 """
 
 from __future__ import annotations
@@ -33,21 +33,26 @@ async def running(*roles: _Role, within: float = 15.0) -> AsyncIterator[None]:
 
 
 class GateJudge:
-    """A judge that holds every job until :attr:`open` is set; records each payload's ``i`` and the
-    most jobs it held at once."""
+    """A judge the test steers: each job waits until :attr:`gate` is set. Records each payload's
+    ``i`` as it starts and as it is cancelled, and the most jobs it held at once; the verdict is the
+    payload's ``status`` (``ACCEPTED`` by default) with ``{"i": i}`` as details."""
 
     def __init__(self) -> None:
         self.started: list[Any] = []
+        self.cancelled: list[Any] = []
         self.running = 0
         self.most = 0
-        self.open = asyncio.Event()
+        self.gate = asyncio.Event()
 
     async def judge(self, payload: Any) -> Verdict:
         self.started.append(payload.get("i"))
         self.running += 1
         self.most = max(self.most, self.running)
         try:
-            await self.open.wait()
+            await self.gate.wait()
+        except asyncio.CancelledError:
+            self.cancelled.append(payload.get("i"))
+            raise
         finally:
             self.running -= 1
-        return Verdict("ACCEPTED", {})
+        return Verdict(payload.get("status", "ACCEPTED"), {"i": payload.get("i")})

@@ -1,4 +1,4 @@
-"""Checkers and scoring: the pure decisions of the program judge (issue 16)."""
+"""Checkers and scoring: the pure decisions of the program judge."""
 
 from __future__ import annotations
 

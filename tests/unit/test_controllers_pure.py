@@ -32,7 +32,7 @@ def test_parse_defaults() -> None:
     spec = parsed()
     assert spec.queue == "judge"
     assert spec.dispatcher.batch_size == 100 and spec.dispatcher.backoff.max == 300
-    assert spec.worker.autoscaling == "internal" and spec.reaper.retention == 7 * 86400
+    assert spec.worker.autoscaling == "internal" and spec.values[("reaper", "retention")] == 7 * 86400
     assert spec.cutover.mode == "live" and spec.cutover.watermark is None
 
 

@@ -1,4 +1,4 @@
-"""Issue 17: the operator and ``judgequeue local`` must accept and refuse the same JudgeQueue manifests,
+"""The operator and ``judgequeue local`` must accept and refuse the same JudgeQueue manifests,
 and every role must be able to load the settings either of them renders from an accepted one."""
 
 from __future__ import annotations

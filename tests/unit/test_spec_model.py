@@ -1,7 +1,8 @@
 """The JudgeQueue spec model (core/spec.py) against the two things that must agree with it:
 
-- the CRD (crds/judgequeue.yaml): its properties, types, defaults, bounds, patterns, required fields
-  and CEL rules are checked against the model, as the RBAC rules are checked against controllers/rbac.py;
+- the CRD (crds/judgequeue.yaml): generated from the model (controllers/crd.py), so the file must be
+  what the model gives now; and, read back, its properties, types, defaults, bounds, patterns,
+  required fields and CEL rules say what the model says (the generator's own check);
 - the roles: each role gets exactly the variables it reads, found from the role modules' source.
 """
 
@@ -80,7 +81,7 @@ def crd_drift(spec_schema: Mapping[str, Any]) -> list[str]:
             drift += _object_default_drift(path, node["default"], where)
         rules = {(r.field, r.message) for r in RULES if r.obj == path}
         cel = {(str(v.get("fieldPath", "")).lstrip("."), v.get("message"))
-               for v in node.get("x-kubernetes-validations") or [] if "oldSelf" not in v["rule"]}
+               for v in node.get("x-kubernetes-validations") or []}
         drift += [f"{where}: CEL rule {m!r} on {p} is not in the model" for p, m in sorted(cel - rules)]
         drift += [f"{where}: model rule {m!r} on {p} is not in the CRD" for p, m in sorted(rules - cel)]
     for f in FIELDS:
@@ -123,6 +124,15 @@ def _object_default_drift(path: tuple[str, ...], default: Any, where: str) -> li
 
 def spec_schema() -> dict[str, Any]:
     return copy.deepcopy(schema_of(load_crd())["properties"]["spec"])
+
+
+def test_crd_is_what_the_model_generates() -> None:
+    """A field changed in core/spec.py and not regenerated into the CRD (or the CRD edited by hand) fails here."""
+    from judgequeue.controllers.crd import render_crd_text
+
+    assert (ROOT / "crds" / "judgequeue.yaml").read_text() == render_crd_text(), (
+        "crds/judgequeue.yaml differs from the spec model: run .venv/bin/python scripts/gen_chart_files.py"
+    )
 
 
 def test_crd_agrees_with_the_model() -> None:
@@ -207,16 +217,22 @@ def test_the_source_reading_finds_what_roles_read() -> None:
     assert ("worker", "lease_ttl") in settings_read_by(ROOT / "core" / "worker.py")  # self.cfg.lease_ttl
 
 
+#: The modules that read a role's settings for it: the role's own, and the pieces only it runs.
+ROLE_MODULES: dict[str, tuple[str, ...]] = {"worker": ("worker", "direct_intake", "lanes", "verdicts")}
+
+
 @pytest.mark.parametrize("role", ROLES)
 def test_each_role_gets_exactly_the_spec_settings_it_reads(role: Role) -> None:
     settable = {f.setting: f for f in FIELDS if f.setting is not None and f.setting[0] is not None}
-    read = {variable_for(*key) for key in settings_read_by(ROOT / "core" / f"{role}.py") if key in settable}
+    modules = ROLE_MODULES.get(role, (role,))
+    found = set().union(*(settings_read_by(ROOT / "core" / f"{m}.py") for m in modules))
+    read = {variable_for(*key) for key in found if key in settable}
     given = set(role_settings(full_spec(), role)) - COMMON
     assert given == read, f"{role}: sent but not read {sorted(given - read)}, read but not sent {sorted(read - given)}"
 
 
 def test_lease_ttl_goes_to_workers_only() -> None:
-    """Changing leaseTtl must not roll the reaper, which never reads it (issue 17)."""
+    """Changing leaseTtl must not roll the reaper, which never reads it."""
     spec = full_spec()
     assert "JUDGEQUEUE_LEASE_TTL" in role_settings(spec, "worker")
     assert "JUDGEQUEUE_LEASE_TTL" not in role_settings(spec, "reaper")
@@ -250,7 +266,10 @@ def _cel_holds(rule: str, obj: dict[str, Any]) -> bool:
     return bool(result)
 
 
-@pytest.mark.parametrize("rule", RULES, ids=[r.message for r in RULES])
+CHECKED_RULES = [r for r in RULES if r.check is not None]  # a transition rule is the API server's alone
+
+
+@pytest.mark.parametrize("rule", CHECKED_RULES, ids=[r.message for r in CHECKED_RULES])
 def test_cel_rules_and_model_rules_decide_alike(rule: Any) -> None:
     """Matching messages are not enough: on edge values of its fields, each CEL rule of the CRD and the
     model's rule of the same message accept and refuse the same objects."""

@@ -1,7 +1,8 @@
-"""A direct-intake worker's side of offers (:mod:`judgequeue.core.offers`): which of its slots are
-open, the jobs that fill them, and the loop that keeps ``judgequeue.worker_offers`` in line.
+"""The keeper of one worker's offers: which of its slots are open, the jobs that fill them, and the
+loop that keeps its rows of ``judgequeue.worker_offers`` in line (the table, its statement and the
+notification's format are :mod:`judgequeue.core.offers`).
 
-The worker decides *whether* to offer (:meth:`Offering.want`: while it waits for work, registered
+The worker decides *whether* to offer (:meth:`OfferKeeper.want`: while it waits for work, registered
 as a waiter) and gives this class its free-slot count; this class decides *how many* (topping up
 once three quarters are gone, :func:`offers.to_add`), writes them, refreshes them every
 :data:`offers.REFRESH` seconds while wanted, withdraws them when not, and turns each filled offer
@@ -56,7 +57,7 @@ def too_fast(fills_in_window: int) -> bool:
     return fills_in_window > MAX_FILL_RATE * RATE_WINDOW
 
 
-class Offering:
+class OfferKeeper:
     """One worker's offers."""
 
     def __init__(

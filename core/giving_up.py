@@ -1,4 +1,4 @@
-"""Dead-lettering a stream entry: the two steps every role that gives up on an entry takes.
+"""Giving up on a stream entry (dead-lettering it): the two steps every role that gives up takes.
 
 The reaper gives up on entries idle past ``maxDeliveries``; a worker gives up at once on an entry
 it cannot parse, or whose lease the database refuses for good (a poison entry must never hold a

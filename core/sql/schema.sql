@@ -1,0 +1,601 @@
+-- judgequeue's schema as it is now: every table, index, trigger and SQL function, in one file.
+--
+-- The migrations (core/migrations/) are the history that brings an existing database here; this
+-- file is where each thing is read and changed. A new database is given this file in one go (see
+-- core/migrate.py), an existing one the migrations it lacks; tests/integration/test_schema.py checks
+-- that both give the same catalog. A change is written twice on purpose: here as the thing itself,
+-- and as a new migration (never an edit of an applied one) that takes an existing database there.
+--
+-- All decisions use the database clock; nothing here trusts a client's time. Errors use SQLSTATEs
+-- JQ001..JQ008 (core/errors.py).
+
+-- === queues: the cutover flags of each queue =====================================================
+
+-- owner: the one JudgeQueue whose flags these are (docs/gitops.md, "One owner per queue"); NULL for
+-- a queue no JudgeQueue owns yet (created by the CLI or `judgequeue local`). Not a flag: changing it
+-- leaves config_version alone.
+CREATE TABLE judgequeue.queues (
+    name            text PRIMARY KEY
+                    CHECK (length(name) <= 63 AND name ~ '^[a-z0-9]([-a-z0-9]*[a-z0-9])?$'),
+    mode            text NOT NULL DEFAULT 'live' CHECK (mode IN ('live', 'shadow')),
+    watermark       timestamptz,
+    paused          boolean NOT NULL DEFAULT false,
+    config_version  bigint NOT NULL DEFAULT 1,
+    created_at      timestamptz NOT NULL DEFAULT now(),
+    updated_at      timestamptz NOT NULL DEFAULT now(),
+    owner           text CHECK (owner IS NULL OR length(owner) BETWEEN 1 AND 512)
+);
+
+-- A flag flip (mode, watermark, paused) and a submit filling an offer exclude each other: the
+-- submit decides on the flags it read and its decision takes effect at its commit, which may come
+-- long after (the application's transaction), so a flip must not commit in between (invariant 4:
+-- no live dispatch of a pre-watermark row, none after a pause or a rollback to shadow). Submits
+-- that fill offers hold this key shared until they commit; a flip takes it exclusively, so it waits
+-- for them (set_cutover bounds that wait and says so), and a submit that cannot get it at once (a
+-- flip is waiting or running) writes a PENDING row, which the flags judge later. The rule needs a
+-- fresh snapshot per statement: only READ COMMITTED transactions fill offers (see submit()).
+CREATE FUNCTION judgequeue.offers_lock_key(p_queue text) RETURNS bigint LANGUAGE sql IMMUTABLE
+    AS $$ SELECT (hashtext('judgequeue.offers')::bigint << 32) | (hashtext(p_queue)::bigint & 4294967295) $$;
+
+-- The watermark only moves forward (clearing it would move it back to the beginning of time);
+-- every real change bumps config_version so readers can tell which flags they acted on.
+CREATE FUNCTION judgequeue.queues_guard() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF (NEW.mode, NEW.watermark, NEW.paused) IS DISTINCT FROM (OLD.mode, OLD.watermark, OLD.paused) THEN
+        -- Already held when the flip came through judgequeue (set_cutover takes it first, with a
+        -- bounded wait, before it locks this row); taken here for any other writer of the flags.
+        PERFORM pg_advisory_xact_lock(judgequeue.offers_lock_key(NEW.name));
+    END IF;
+    IF OLD.watermark IS NOT NULL
+       AND (NEW.watermark IS NULL OR NEW.watermark < OLD.watermark) THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'JQ005',
+            MESSAGE = format('queue %s: watermark may only move forward (current %s, requested %s)',
+                             OLD.name, OLD.watermark, coalesce(NEW.watermark::text, 'none'));
+    END IF;
+    IF (NEW.mode, NEW.watermark, NEW.paused) IS DISTINCT FROM (OLD.mode, OLD.watermark, OLD.paused) THEN
+        NEW.config_version := OLD.config_version + 1;
+        NEW.updated_at := now();
+    END IF;
+    RETURN NEW;
+END $$;
+
+CREATE TRIGGER queues_guard BEFORE UPDATE ON judgequeue.queues
+    FOR EACH ROW EXECUTE FUNCTION judgequeue.queues_guard();
+
+-- === submissions: the fence target ================================================================
+
+-- No foreign key to queues on purpose: every submit would take a KEY SHARE lock on the same queue
+-- row, and many concurrent lockers of one row turn into MultiXacts that cap commit throughput.
+-- judgequeue.submit() checks the queue instead. The statuses are core/states.py's (a test compares).
+CREATE TABLE judgequeue.submissions (
+    id                bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    queue             text NOT NULL,
+    payload           jsonb NOT NULL,
+    status            text NOT NULL DEFAULT 'PENDING' CHECK (status IN (
+                          'PENDING', 'JUDGING', 'ACCEPTED', 'WRONG_ANSWER', 'TIME_LIMIT',
+                          'MEMORY_LIMIT', 'OUTPUT_LIMIT', 'IDLENESS_LIMIT', 'RUNTIME_ERROR',
+                          'COMPILE_ERROR', 'PRESENTATION_ERROR', 'SYSTEM_ERROR')),
+    generation        bigint NOT NULL DEFAULT 1,
+    attempt_id        uuid,
+    lease_expires_at  timestamptz,
+    retry_count       integer NOT NULL DEFAULT 0,
+    verdict           jsonb,
+    created_at        timestamptz NOT NULL DEFAULT now(),
+    finished_at       timestamptz,
+    -- the generation a submit or a rejudge created: rescues, releases and deferrals bump the
+    -- generation (the fence) but keep it, so a remote call's idempotency key (queue, submission,
+    -- request_generation) is the same for every try of one request and new for a rejudge
+    request_generation bigint NOT NULL DEFAULT 1,
+    -- failed tries of this request (timeouts, connection errors, 5xx, 429): the remote-call judge's
+    -- retry bound and backoff; waiting for a free endpoint slot does not count
+    call_failures     integer NOT NULL DEFAULT 0
+);
+
+-- Serves the lease reaper: only JUDGING rows carry a lease.
+CREATE INDEX submissions_lease ON judgequeue.submissions (lease_expires_at) WHERE status = 'JUDGING';
+
+-- Submissions whose delivery was sent but never leased (Redis lost the entry): the reaper re-sends
+-- the current generation's row. Only rows never leased in their generation are indexed, so the scan
+-- costs what is waiting, and the lease query (which implies status = 'PENDING' but not
+-- attempt_id IS NULL) can never pick this index.
+CREATE INDEX submissions_never_leased ON judgequeue.submissions (queue, created_at)
+    WHERE status = 'PENDING' AND attempt_id IS NULL;
+
+-- Retention: the reaper deletes a queue's terminal submissions oldest first. Only finished rows
+-- enter (every terminal status sets finished_at; a generation bump clears it).
+CREATE INDEX submissions_finished ON judgequeue.submissions (queue, finished_at)
+    WHERE finished_at IS NOT NULL;
+
+-- === outbox: each generation's delivery intent ====================================================
+
+CREATE TABLE judgequeue.outbox (
+    id                bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    queue             text NOT NULL,
+    submission_id     bigint NOT NULL,
+    generation        bigint NOT NULL,
+    state             text NOT NULL DEFAULT 'PENDING' CHECK (state IN (
+                          'PENDING', 'CLAIMED', 'SENT', 'DEAD', 'SKIPPED', 'SHADOW_SENT')),
+    attempts          integer NOT NULL DEFAULT 0,
+    last_error        text,
+    -- For PENDING rows: when the row may be tried (backoff). For CLAIMED rows: when the claim
+    -- expires. One column lets one partial index serve both "ready" and "abandoned" rows.
+    next_attempt_at   timestamptz NOT NULL DEFAULT now(),
+    claimed_by        text,
+    claim_expires_at  timestamptz,
+    created_at        timestamptz NOT NULL DEFAULT now(),
+    sent_at           timestamptz,
+    UNIQUE (submission_id, generation)
+);
+
+CREATE INDEX outbox_claim ON judgequeue.outbox (queue, next_attempt_at, id)
+    WHERE state IN ('PENDING', 'CLAIMED');
+
+-- Idle dispatchers (and direct-intake workers) register here before they block on LISTEN; submit()
+-- notifies only while a waiter exists, so a busy system pays nothing for the wake-up (a NOTIFY per
+-- commit serialises commits on the notification queue lock). UNLOGGED: soft state, lost on crash by
+-- design.
+CREATE UNLOGGED TABLE judgequeue.dispatch_waiters (
+    queue       text NOT NULL,
+    dispatcher  text NOT NULL,
+    since       timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (queue, dispatcher)
+);
+
+-- === offers: an idle direct-intake worker's free slots, filled by submit() ========================
+
+-- Soft state, like dispatch_waiters: lost in a crash by design (workers offer again; a job already
+-- handed over keeps its lease). An offer not refreshed by expires_at is never filled (a dead worker
+-- stops refreshing), and the reaper prunes old rows. Filling one sets submission/attempt (a HOT
+-- update: no index changes); the worker deletes the row once it has the job.
+CREATE UNLOGGED TABLE judgequeue.worker_offers (
+    queue       text NOT NULL,
+    worker      text NOT NULL,
+    slot        integer NOT NULL,
+    channel     text NOT NULL,                       -- the worker's own notification channel
+    lease_ttl   float8 NOT NULL CHECK (lease_ttl > 0),
+    expires_at  timestamptz NOT NULL,
+    submission  bigint,                               -- set when a submit filled the offer
+    attempt     uuid,
+    PRIMARY KEY (queue, worker, slot)
+);
+
+-- The largest payload a notification carries with its job (NOTIFY takes under 8,000 bytes); a
+-- larger one the worker reads from the table.
+CREATE FUNCTION judgequeue.offer_payload_bytes() RETURNS integer LANGUAGE sql IMMUTABLE
+    AS $$ SELECT 7000 $$;
+
+-- === submit, rejudge, and the generation bump =====================================================
+
+-- Limits kept in one place so SQL and Python agree; submit() reads them.
+CREATE FUNCTION judgequeue.max_payload_bytes() RETURNS integer LANGUAGE sql IMMUTABLE
+    AS $$ SELECT 1048576 $$;
+
+CREATE FUNCTION judgequeue.is_dns_label(p_name text) RETURNS boolean LANGUAGE sql IMMUTABLE
+    AS $$ SELECT p_name IS NOT NULL AND length(p_name) <= 63
+                 AND p_name ~ '^[a-z0-9]([-a-z0-9]*[a-z0-9])?$' $$;
+
+-- Enqueue a submission inside the caller's transaction: the submission row and its delivery intent
+-- commit or roll back together. With an open offer on a live queue (and its rows at or past the
+-- watermark) the intent is delivered here: the submission is written already leased to the offering
+-- worker (JUDGING, a fresh attempt, the lease on the database clock), its outbox row already SENT,
+-- and that worker alone is notified with the job. The lease runs from the submit statement, not
+-- from the commit: an application transaction that stays open longer than the lease TTL commits an
+-- expired lease, which the reaper rescues like any other (a second run, fenced).
+CREATE FUNCTION judgequeue.submit(p_queue text, p_payload jsonb) RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_id bigint;
+    v_text text;
+    v_size integer;
+    v_known boolean;
+    v_live boolean;
+    v_offer record;
+    v_filled boolean := false;
+BEGIN
+    IF NOT judgequeue.is_dns_label(p_queue) THEN
+        RAISE EXCEPTION USING ERRCODE = 'JQ001',
+            MESSAGE = format('queue name %L is not a DNS label ([a-z0-9]([-a-z0-9]*[a-z0-9])?, at most 63 characters)', p_queue);
+    END IF;
+    IF p_payload IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'JQ004', MESSAGE = 'payload must be a JSON value, got NULL';
+    END IF;
+    v_text := p_payload::text;
+    v_size := octet_length(v_text);
+    IF v_size > judgequeue.max_payload_bytes() THEN
+        RAISE EXCEPTION USING ERRCODE = 'JQ003',
+            MESSAGE = format('payload is %s bytes, over the limit of %s bytes', v_size, judgequeue.max_payload_bytes());
+    END IF;
+
+    -- Fill an open offer at once (locked for this transaction; other submits skip it), with the
+    -- submission id taken ahead (it is this submission's id whichever way it goes). The lock below
+    -- is taken only then, so a flip waits only for submits that fill offers. Only at READ
+    -- COMMITTED: the flags must be read after that lock with a snapshot of their own, which a
+    -- REPEATABLE READ or SERIALIZABLE transaction does not take (its snapshot may predate a flip),
+    -- and such a transaction would also fail on offers changed since its snapshot (40001).
+    v_id := nextval('judgequeue.submissions_id_seq'::regclass);
+    IF current_setting('transaction_isolation') = 'read committed' THEN
+        UPDATE judgequeue.worker_offers o SET submission = v_id, attempt = gen_random_uuid()
+         WHERE o.ctid = (SELECT ctid FROM judgequeue.worker_offers
+                          WHERE queue = p_queue AND submission IS NULL AND expires_at > clock_timestamp()
+                          LIMIT 1
+                            FOR UPDATE SKIP LOCKED)
+        RETURNING o.ctid AS at_ctid, o.worker, o.slot, o.channel, o.lease_ttl, o.attempt INTO v_offer;
+        v_filled := FOUND;
+    END IF;
+    IF v_filled THEN
+        IF pg_try_advisory_xact_lock_shared(judgequeue.offers_lock_key(p_queue)) THEN
+            -- Read after the lock: a flip committed before it is seen, one after it waits for this commit.
+            SELECT true, mode = 'live' AND NOT paused AND (watermark IS NULL OR watermark <= now())
+              INTO v_known, v_live
+              FROM judgequeue.queues WHERE name = p_queue;
+        END IF;
+        IF v_live THEN
+            INSERT INTO judgequeue.submissions (id, queue, payload, status, attempt_id, lease_expires_at)
+                OVERRIDING SYSTEM VALUE
+                VALUES (v_id, p_queue, p_payload, 'JUDGING', v_offer.attempt,
+                        clock_timestamp() + make_interval(secs => v_offer.lease_ttl));
+            INSERT INTO judgequeue.outbox (queue, submission_id, generation, state, attempts, claimed_by, sent_at)
+                VALUES (p_queue, v_id, 1, 'SENT', 1, v_offer.worker, now());
+            -- "<submission> <attempt> <slot> <created, epoch seconds>[ <payload>]"
+            PERFORM pg_notify(v_offer.channel, concat_ws(' ', v_id, v_offer.attempt, v_offer.slot,
+                extract(epoch FROM now()),
+                CASE WHEN v_size <= judgequeue.offer_payload_bytes() THEN v_text END));
+            RETURN v_id;
+        END IF;
+        -- Not handed over (a flip is under way; paused, shadow, before the watermark): open again.
+        UPDATE judgequeue.worker_offers SET submission = NULL, attempt = NULL WHERE ctid = v_offer.at_ctid;
+    END IF;
+    IF v_known IS NULL THEN
+        SELECT true INTO v_known FROM judgequeue.queues WHERE name = p_queue;
+    END IF;
+    IF v_known IS NOT TRUE THEN
+        RAISE EXCEPTION USING ERRCODE = 'JQ002',
+            MESSAGE = format('unknown queue %L (create it with: judgequeue queue create %s)', p_queue, p_queue);
+    END IF;
+
+    INSERT INTO judgequeue.submissions (id, queue, payload) OVERRIDING SYSTEM VALUE VALUES (v_id, p_queue, p_payload);
+    INSERT INTO judgequeue.outbox (queue, submission_id, generation) VALUES (p_queue, v_id, 1);
+
+    PERFORM 1 FROM judgequeue.dispatch_waiters WHERE queue = p_queue LIMIT 1;
+    IF FOUND THEN
+        PERFORM pg_notify('judgequeue_wakeup', p_queue);
+    END IF;
+    RETURN v_id;
+END $$;
+
+-- Start a new generation of a submission and write its delivery intent, atomically. Any verdict
+-- of an older generation is fenced out from then on. p_expected_generation (when given) makes the
+-- bump conditional, so two actors racing to rescue the same attempt bump it once.
+-- p_count_retry: a lease expiry or release counts towards maxRetries and keeps the request; a
+-- user's rejudge resets the count and starts a new request (request_generation, call_failures).
+-- Returns the new generation, or NULL when nothing was bumped.
+CREATE FUNCTION judgequeue.bump_generation(
+    p_submission_id bigint, p_expected_generation bigint, p_count_retry boolean
+) RETURNS bigint LANGUAGE plpgsql AS $$
+DECLARE
+    v_queue text;
+    v_generation bigint;
+BEGIN
+    UPDATE judgequeue.submissions
+       SET generation = generation + 1,
+           status = 'PENDING',
+           attempt_id = NULL,
+           lease_expires_at = NULL,
+           verdict = NULL,
+           finished_at = NULL,
+           retry_count = CASE WHEN p_count_retry THEN retry_count + 1 ELSE 0 END,
+           request_generation = CASE WHEN p_count_retry THEN request_generation ELSE generation + 1 END,
+           call_failures = CASE WHEN p_count_retry THEN call_failures ELSE 0 END
+     WHERE id = p_submission_id
+       AND (p_expected_generation IS NULL OR generation = p_expected_generation)
+    RETURNING queue, generation INTO v_queue, v_generation;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    INSERT INTO judgequeue.outbox (queue, submission_id, generation)
+        VALUES (v_queue, p_submission_id, v_generation);
+    PERFORM 1 FROM judgequeue.dispatch_waiters WHERE queue = v_queue LIMIT 1;
+    IF FOUND THEN
+        PERFORM pg_notify('judgequeue_wakeup', v_queue);
+    END IF;
+    RETURN v_generation;
+END $$;
+
+CREATE FUNCTION judgequeue.rejudge(p_submission_id bigint) RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_generation bigint;
+BEGIN
+    v_generation := judgequeue.bump_generation(p_submission_id, NULL, false);
+    IF v_generation IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'JQ006',
+            MESSAGE = format('unknown submission %s', p_submission_id);
+    END IF;
+    RETURN v_generation;
+END $$;
+
+-- === leases: the two operations that need a row lock, then bump_generation() =====================
+-- (acquire, renew and verdict writes are single fenced UPDATEs in core/sql/queries.sql)
+
+-- Give back leases a worker cannot finish (graceful shutdown): each lease still held by exactly
+-- this (generation, attempt) gets a new generation and outbox row, so another worker takes it at
+-- once. Counts towards maxRetries (see bump_generation). Returns the released submission ids.
+CREATE FUNCTION judgequeue.release_leases(
+    p_ids bigint[], p_generations bigint[], p_attempts uuid[]
+) RETURNS SETOF bigint LANGUAGE plpgsql AS $$
+DECLARE
+    r record;
+BEGIN
+    FOR r IN
+        SELECT s.id, s.generation
+          FROM judgequeue.submissions s
+          JOIN unnest(p_ids, p_generations, p_attempts) AS l(id, generation, attempt)
+            ON s.id = l.id AND s.generation = l.generation AND s.attempt_id = l.attempt
+         WHERE s.status = 'JUDGING'
+         ORDER BY s.id
+           FOR UPDATE OF s
+    LOOP
+        IF judgequeue.bump_generation(r.id, r.generation, true) IS NOT NULL THEN
+            RETURN NEXT r.id;
+        END IF;
+    END LOOP;
+END $$;
+
+-- Give a lease back to be tried again no sooner than p_delay seconds from now (database clock):
+-- fenced like a verdict on (id, generation, attempt, JUDGING); a new generation (older deliveries
+-- are stale from then on) whose outbox row waits until then, with the reason as its last_error.
+-- p_failed: the try failed (counts in call_failures) rather than waited for a free slot. Unlike a
+-- release it does not count towards maxRetries (lease expiries): the judge bounds its own tries.
+-- Returns the new generation, or NULL when the lease was no longer held (the caller's try is stale).
+CREATE FUNCTION judgequeue.defer_lease(
+    p_id bigint, p_generation bigint, p_attempt uuid, p_delay float8, p_failed boolean, p_reason text
+) RETURNS bigint LANGUAGE plpgsql AS $$
+DECLARE
+    v_queue text;
+    v_generation bigint;
+BEGIN
+    UPDATE judgequeue.submissions
+       SET generation = generation + 1,
+           status = 'PENDING',
+           attempt_id = NULL,
+           lease_expires_at = NULL,
+           call_failures = call_failures + CASE WHEN p_failed THEN 1 ELSE 0 END
+     WHERE id = p_id AND generation = p_generation AND attempt_id = p_attempt AND status = 'JUDGING'
+    RETURNING queue, generation INTO v_queue, v_generation;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    INSERT INTO judgequeue.outbox (queue, submission_id, generation, next_attempt_at, last_error)
+        VALUES (v_queue, p_id, v_generation, now() + make_interval(secs => greatest(p_delay, 0)),
+                left(p_reason, 1000));
+    RETURN v_generation;
+END $$;
+
+-- Rescue expired JUDGING leases of a queue (the worker died or lost its connection): a new
+-- generation and outbox row (retry_count + 1), or SYSTEM_ERROR once the expiries reach
+-- p_max_retries. SKIP LOCKED lets several reapers sweep at once; a worker's renew that commits
+-- first makes the row no longer expired, and one that waits on our lock finds the generation moved.
+CREATE FUNCTION judgequeue.rescue_expired_leases(
+    p_queue text, p_max_retries integer, p_batch integer, OUT requeued integer, OUT failed integer
+) LANGUAGE plpgsql AS $$
+DECLARE
+    r record;
+BEGIN
+    requeued := 0;
+    failed := 0;
+    FOR r IN
+        SELECT id, generation, retry_count
+          FROM judgequeue.submissions
+         WHERE status = 'JUDGING' AND lease_expires_at < now() AND queue = p_queue
+         ORDER BY lease_expires_at
+         LIMIT p_batch
+           FOR UPDATE SKIP LOCKED
+    LOOP
+        IF r.retry_count + 1 >= p_max_retries THEN
+            UPDATE judgequeue.submissions
+               SET status = 'SYSTEM_ERROR',
+                   retry_count = r.retry_count + 1,
+                   lease_expires_at = NULL,
+                   finished_at = now(),
+                   verdict = jsonb_build_object(
+                       'status', 'SYSTEM_ERROR',
+                       'reason', format('gave up after %s lease expiries', r.retry_count + 1))
+             WHERE id = r.id;
+            failed := failed + 1;
+        ELSIF judgequeue.bump_generation(r.id, r.generation, true) IS NOT NULL THEN
+            requeued := requeued + 1;
+        END IF;
+    END LOOP;
+END $$;
+
+-- === dead letters: the Postgres record of a stream entry given up on ==============================
+
+-- Recorded BEFORE Redis is touched (core/giving_up.py), so this is idempotent: running it again
+-- for the same envelope changes nothing and reports why. Fenced on the envelope's generation, and
+-- acting only while the submission is still PENDING: a JUDGING submission is owned by its lease
+-- (the lease reaper recovers it), and a terminal or newer-generation one needs nothing.
+--
+-- One call handles a batch (parallel arrays); it returns one outcome per input position:
+--   'recorded'                  submission -> SYSTEM_ERROR with the reason, outbox row -> DEAD
+--                               (now, or by an earlier call: the repeat reports the same outcome)
+--   'unknown'                   no such submission
+--   'superseded'                the submission moved on to a newer generation
+--   lower(status), e.g. 'judging', 'system_error', 'accepted'   left alone
+CREATE FUNCTION judgequeue.record_dead_letters(
+    p_submission_ids bigint[], p_generations bigint[], p_reasons text[]
+) RETURNS TABLE (ord bigint, outcome text) LANGUAGE sql AS $$
+    WITH input AS (
+        SELECT i.submission_id, i.generation, i.reason, i.ord
+          FROM unnest(p_submission_ids, p_generations, p_reasons)
+               WITH ORDINALITY AS i(submission_id, generation, reason, ord)
+    ), failed AS (
+        UPDATE judgequeue.submissions s
+           SET status = 'SYSTEM_ERROR',
+               verdict = jsonb_build_object('status', 'SYSTEM_ERROR', 'reason', i.reason,
+                                            'source', 'reaper'),
+               attempt_id = NULL,
+               lease_expires_at = NULL,
+               finished_at = now()
+          FROM input i
+         WHERE s.id = i.submission_id AND s.generation = i.generation AND s.status = 'PENDING'
+        RETURNING s.id, s.generation, i.reason
+    ), dead AS (
+        UPDATE judgequeue.outbox o
+           SET state = 'DEAD',
+               last_error = f.reason,
+               claim_expires_at = NULL,
+               sent_at = now()
+          FROM failed f
+         WHERE o.submission_id = f.id AND o.generation = f.generation
+        RETURNING o.id
+    )
+    SELECT i.ord,
+           CASE
+               WHEN f.id IS NOT NULL THEN 'recorded'
+               WHEN s.id IS NULL THEN 'unknown'
+               WHEN s.generation <> i.generation THEN 'superseded'
+               WHEN s.status = 'SYSTEM_ERROR' AND s.verdict ->> 'source' = 'reaper' THEN 'recorded'
+               ELSE lower(s.status)
+           END
+      FROM input i
+      LEFT JOIN (SELECT DISTINCT id, generation FROM failed) f
+             ON f.id = i.submission_id AND f.generation = i.generation
+      LEFT JOIN judgequeue.submissions s ON s.id = i.submission_id
+     ORDER BY i.ord
+$$;
+
+-- === problem packages, uploaded once and referenced by (id, version) from payloads =============
+
+-- Files are content-addressed (sha256) and stored in chunks, so a package of hundreds of MiB is
+-- written in bounded statements and a file shared by two versions is stored once. A file row is
+-- written in the same transaction as all its chunks, and a package row only after every file it
+-- names: a reader never sees half a package. A package version is immutable: the same version
+-- uploaded again must be byte-identical (its manifest digest is the cache key workers use).
+CREATE TABLE judgequeue.problem_files (
+    sha256      text PRIMARY KEY CHECK (sha256 ~ '^[0-9a-f]{64}$'),
+    size        bigint NOT NULL CHECK (size >= 0),
+    chunks      integer NOT NULL CHECK (chunks >= 0),
+    created_at  timestamptz NOT NULL DEFAULT now()
+);
+
+CREATE TABLE judgequeue.problem_chunks (
+    sha256  text NOT NULL REFERENCES judgequeue.problem_files ON DELETE CASCADE,
+    seq     integer NOT NULL CHECK (seq >= 0),
+    data    bytea NOT NULL,
+    PRIMARY KEY (sha256, seq)
+);
+
+CREATE TABLE judgequeue.problems (
+    id          text NOT NULL CHECK (length(id) <= 100 AND id ~ '^[a-z0-9]([-a-z0-9_.]*[a-z0-9])?$'),
+    version     integer NOT NULL CHECK (version >= 1),
+    manifest    jsonb NOT NULL,
+    sha256      text NOT NULL CHECK (sha256 ~ '^[0-9a-f]{64}$'),
+    created_at  timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (id, version)
+);
+
+-- === shadow judging and the legacy verdicts it is compared with (docs/gitops.md) ==================
+
+-- In shadow mode another (legacy) judge is authoritative: a submission's own status and verdict stay
+-- as they are (PENDING). Shadow workers write a shadow verdict beside the submission, fenced like any
+-- verdict (a lease: attempt, expiry; attempt NULL while waiting for a re-delivery); the application
+-- reports the legacy judge's through report_legacy_verdict(). One row per submission: a newer
+-- generation replaces the older one's.
+CREATE TABLE judgequeue.shadow_verdicts (
+    submission_id     bigint PRIMARY KEY,
+    queue             text NOT NULL,
+    generation        bigint NOT NULL,
+    attempt           uuid,                  -- NULL while JUDGING: waiting for a (re-)delivery
+    status            text NOT NULL CHECK (status IN (
+                          'JUDGING', 'ACCEPTED', 'WRONG_ANSWER', 'TIME_LIMIT', 'MEMORY_LIMIT',
+                          'OUTPUT_LIMIT', 'IDLENESS_LIMIT', 'RUNTIME_ERROR', 'COMPILE_ERROR',
+                          'PRESENTATION_ERROR', 'SYSTEM_ERROR')),
+    details           jsonb,                 -- the judge's details (per-test results, score, reason)
+    worker            text,
+    lease_expires_at  timestamptz,
+    retry_count       integer NOT NULL DEFAULT 0,   -- lease expiries of this generation (maxRetries)
+    started_at        timestamptz NOT NULL DEFAULT now(),
+    judged_at         timestamptz
+);
+
+-- The reaper's rescue of expired shadow leases: only JUDGING rows carry one.
+CREATE INDEX shadow_verdicts_lease ON judgequeue.shadow_verdicts (lease_expires_at) WHERE status = 'JUDGING';
+-- A queue's rows in submission order: the agreement figures join the two tables on it.
+CREATE INDEX shadow_verdicts_queue ON judgequeue.shadow_verdicts (queue, submission_id);
+-- Retention, oldest first (every final shadow verdict has judged_at).
+CREATE INDEX shadow_verdicts_judged ON judgequeue.shadow_verdicts (queue, judged_at) WHERE judged_at IS NOT NULL;
+
+-- The legacy judge's verdict of a submission, as the application reported it (the last report wins:
+-- the legacy judge may judge a submission again).
+CREATE TABLE judgequeue.legacy_verdicts (
+    submission_id  bigint PRIMARY KEY,
+    queue          text NOT NULL,
+    status         text NOT NULL CHECK (status IN (
+                       'ACCEPTED', 'WRONG_ANSWER', 'TIME_LIMIT', 'MEMORY_LIMIT', 'OUTPUT_LIMIT',
+                       'IDLENESS_LIMIT', 'RUNTIME_ERROR', 'COMPILE_ERROR', 'PRESENTATION_ERROR',
+                       'SYSTEM_ERROR')),
+    details        jsonb,
+    reported_at    timestamptz NOT NULL DEFAULT now()
+);
+
+CREATE INDEX legacy_verdicts_queue ON judgequeue.legacy_verdicts (queue, submission_id);
+CREATE INDEX legacy_verdicts_reported ON judgequeue.legacy_verdicts (queue, reported_at);
+
+-- The verdict names, in the order docs list them (core/states.py VERDICTS; a test compares them).
+CREATE FUNCTION judgequeue.verdict_names() RETURNS text[] LANGUAGE sql IMMUTABLE
+    AS $$ SELECT ARRAY['ACCEPTED', 'WRONG_ANSWER', 'TIME_LIMIT', 'MEMORY_LIMIT', 'OUTPUT_LIMIT',
+                       'IDLENESS_LIMIT', 'RUNTIME_ERROR', 'COMPILE_ERROR', 'PRESENTATION_ERROR',
+                       'SYSTEM_ERROR'] $$;
+
+-- Record the legacy judge's verdict of a submission, inside the caller's transaction (like submit()).
+-- Accepted for a submission of a queue in shadow mode, and for one that was sent to shadow judging
+-- (a legacy verdict may come in after the flip to live); refused, with nothing written, for a bad
+-- verdict name or details (JQ008), details over the payload limit (JQ003), an unknown submission
+-- (JQ006), and a submission of a queue not in shadow mode that was never shadowed (JQ007).
+CREATE FUNCTION judgequeue.report_legacy_verdict(
+    p_submission_id bigint, p_verdict text, p_details jsonb DEFAULT NULL
+) RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    v_queue text;
+    v_mode text;
+BEGIN
+    IF p_verdict IS NULL OR NOT (p_verdict = ANY (judgequeue.verdict_names())) THEN
+        RAISE EXCEPTION USING ERRCODE = 'JQ008',
+            MESSAGE = format('legacy verdict %s is not a verdict (one of %s)',
+                             coalesce(quote_literal(p_verdict), 'NULL'),
+                             array_to_string(judgequeue.verdict_names(), ', '));
+    END IF;
+    IF p_details IS NOT NULL AND jsonb_typeof(p_details) <> 'object' THEN
+        RAISE EXCEPTION USING ERRCODE = 'JQ008',
+            MESSAGE = format('legacy verdict details must be a JSON object or NULL, got a JSON %s',
+                             jsonb_typeof(p_details));
+    END IF;
+    IF octet_length(p_details::text) > judgequeue.max_payload_bytes() THEN
+        RAISE EXCEPTION USING ERRCODE = 'JQ003',
+            MESSAGE = format('legacy verdict details are %s bytes, over the limit of %s bytes',
+                             octet_length(p_details::text), judgequeue.max_payload_bytes());
+    END IF;
+    IF p_submission_id IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'JQ006', MESSAGE = 'unknown submission NULL';
+    END IF;
+    SELECT s.queue INTO v_queue FROM judgequeue.submissions s WHERE s.id = p_submission_id;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'JQ006', MESSAGE = format('unknown submission %s', p_submission_id);
+    END IF;
+    SELECT q.mode INTO v_mode FROM judgequeue.queues q WHERE q.name = v_queue;
+    IF v_mode IS DISTINCT FROM 'shadow'
+       AND NOT EXISTS (SELECT 1 FROM judgequeue.outbox o
+                        WHERE o.submission_id = p_submission_id AND o.state = 'SHADOW_SENT')
+       AND NOT EXISTS (SELECT 1 FROM judgequeue.shadow_verdicts v WHERE v.submission_id = p_submission_id) THEN
+        RAISE EXCEPTION USING ERRCODE = 'JQ007',
+            MESSAGE = format('submission %s is in queue %L, which is %s and never sent it to shadow judging:'
+                             ' a legacy verdict is compared only with a shadow verdict (report it while'
+                             ' the queue is in shadow mode)', p_submission_id, v_queue,
+                             coalesce(v_mode || ' mode', 'gone'));
+    END IF;
+    INSERT INTO judgequeue.legacy_verdicts (submission_id, queue, status, details)
+    VALUES (p_submission_id, v_queue, p_verdict, p_details)
+    ON CONFLICT (submission_id) DO UPDATE
+        SET status = excluded.status, details = excluded.details, queue = excluded.queue, reported_at = now();
+END $$;

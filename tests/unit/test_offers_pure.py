@@ -1,0 +1,39 @@
+"""Offers' pure pieces, by name: the fill notification's format (``offers.parse_notification``), the
+top-up rule (``offers.to_add``) and the keeper's rate limit (``offer_keeper.too_fast``)."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import pytest
+
+from judgequeue.core import offer_keeper, offers
+
+
+def test_a_fill_notification_parses_with_and_without_its_payload() -> None:
+    attempt = uuid.uuid4()
+    filled = offers.parse_notification(f'42 {attempt} 3 1733290000.5 {json.dumps({"a": [1, "b c"]})}')
+    assert (filled.submission, filled.attempt, filled.slot, filled.payload) == (42, attempt, 3, {"a": [1, "b c"]})
+    bare = offers.parse_notification(f"42 {attempt} 3 1733290000.5")
+    assert not bare.has_payload and bare.payload is None
+
+
+@pytest.mark.parametrize("bad", ["", "42", "x {attempt} 3 1.0", "42 not-a-uuid 3 1.0"])
+def test_a_malformed_fill_notification_is_refused(bad: str) -> None:
+    with pytest.raises(ValueError):
+        offers.parse_notification(bad.format(attempt=uuid.uuid4()))
+
+
+def test_offers_are_topped_up_once_three_quarters_are_gone_within_the_free_slots_and_the_limit() -> None:
+    assert offers.to_add(concurrency=256, busy=0, open_now=0, limit=32) == 32
+    assert offers.to_add(concurrency=256, busy=0, open_now=9, limit=32) == 0
+    assert offers.to_add(concurrency=256, busy=0, open_now=8, limit=32) == 24
+    assert offers.to_add(concurrency=4, busy=0, open_now=1, limit=32) == 3
+    assert offers.to_add(concurrency=2, busy=1, open_now=0, limit=32) == 1
+    assert offers.to_add(concurrency=2, busy=2, open_now=0, limit=32) == 0
+
+
+def test_the_keeper_stops_offering_above_its_fill_rate() -> None:
+    assert offer_keeper.too_fast(int(offer_keeper.MAX_FILL_RATE * offer_keeper.RATE_WINDOW) + 1)
+    assert not offer_keeper.too_fast(int(offer_keeper.MAX_FILL_RATE * offer_keeper.RATE_WINDOW))
