@@ -99,13 +99,18 @@ def availability(role: str, deployment: Mapping[str, Any] | None) -> RoleAvailab
     stuck = ""
     if progressing.get("status") == "False" and progressing.get("reason") == "ProgressDeadlineExceeded":
         stuck = str(progressing.get("message") or "ProgressDeadlineExceeded")
+    available = int(status.get("availableReplicas", 0) or 0)
+    updated = 0 if stale else int(status.get("updatedReplicas", 0) or 0)
+    # A rollout that has every pod it wants updated and available refuses none: a ReplicaFailure
+    # still shown then is an old ReplicaSet's, cleared at its next sync (Ready must not meet Degraded).
+    complete = updated >= desired and available >= desired
     return RoleAvailability(
         role=role,
         desired=desired,
         ready=int(status.get("readyReplicas", 0) or 0),
-        available=int(status.get("availableReplicas", 0) or 0),
-        updated=0 if stale else int(status.get("updatedReplicas", 0) or 0),
-        refused="" if stale else refused,
+        available=available,
+        updated=updated,
+        refused="" if stale or complete else refused,
         stuck="" if stale else stuck,
     )
 

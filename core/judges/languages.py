@@ -330,8 +330,10 @@ UNAVAILABLE: dict[str, str] = {
 }
 
 #: Limits of one build: its own CPU/wall budget, so a slow build is a compile-time verdict, not a test's.
+#: 60 s as the Kattis problem package format's default compilation time: a JVM compiler (Kotlin, Scala)
+#: spends 10-20 s of CPU on a one-file program across its threads, more on a busy worker.
 COMPILE_LIMITS = Limits(
-    cpu=20, wall=40, memory=1024 * 1024 * 1024, output=64 * 1024, file_size=64 * 1024 * 1024, processes=64,
+    cpu=60, wall=60, memory=1024 * 1024 * 1024, output=64 * 1024, file_size=64 * 1024 * 1024, processes=64,
     open_files=256, stack=64 * 1024 * 1024, scratch=256 * 1024 * 1024, stderr=16 * 1024,
 )  # fmt: skip
 

@@ -136,8 +136,8 @@ def test_the_language_table_is_the_only_place_a_language_is_described() -> None:
 
 
 def test_a_build_that_exceeds_its_limits_says_so() -> None:
-    assert compile_failure("cpu", False, COMPILE_LIMITS) == "compile time limit: the build used 20s of CPU"
-    assert compile_failure("wall", False, COMPILE_LIMITS) == "compile time limit: the build ran for 40s"
+    assert compile_failure("cpu", False, COMPILE_LIMITS) == "compile time limit: the build used 60s of CPU"
+    assert compile_failure("wall", False, COMPILE_LIMITS) == "compile time limit: the build ran for 60s"
     assert compile_failure(None, True, COMPILE_LIMITS).startswith("compile memory limit")
     assert compile_failure(None, False, COMPILE_LIMITS) == "compilation failed"
 

@@ -143,6 +143,10 @@ def test_deployment_conditions_make_status() -> None:
     stale = copy.deepcopy(refused)
     stale["metadata"]["generation"] = 3
     assert conditions.availability("worker", stale).refused == ""
+    # A finished rollout refuses nothing, whatever an old ReplicaSet's ReplicaFailure still says.
+    done = copy.deepcopy(refused)
+    done["status"].update(updatedReplicas=1, availableReplicas=1, readyReplicas=1)
+    assert conditions.availability("worker", done).refused == ""
     assert conditions.degraded([]).status == "False"
 
 
