@@ -11,28 +11,13 @@ leave the other endpoints the worker's slots.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from typing import Any
-
-import asyncpg
-import pytest
-import redis.asyncio as aioredis
 
 from judgequeue.core import metrics, outbox
 from judgequeue.core.judges.http_call import CallSettings, Endpoint, HttpCallJudge
-from tests.integration.test_worker import Harness
 from tests.support.tool_server import RawServer, ToolServer, http_answer, tool_server
 from tests.support.waiting import eventually
-
-
-@pytest.fixture
-async def h(
-    pg_pool: asyncpg.Pool, redis_client: aioredis.Redis, pg_dsn: str, queue_name: str
-) -> AsyncIterator[Harness]:
-    harness = Harness(pg_pool, redis_client, pg_dsn, queue_name)
-    await harness.start()
-    yield harness
-    await harness.close()
+from tests.support.worker_harness import Harness
 
 
 def judge(*endpoints: Endpoint, max_body: int = 1024, max_response: int = 4096) -> HttpCallJudge:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
@@ -20,29 +20,20 @@ import redis.asyncio as aioredis
 
 from judgequeue.core import api, metrics, outbox, shadow, status, streams
 from judgequeue.core.agreement import classify
-from judgequeue.core.config import Settings
 from judgequeue.core.dispatcher import Dispatcher
 from judgequeue.core.errors import InvalidPayload, InvalidVerdict, NotShadowed, PayloadTooLarge, UnknownSubmission
 from judgequeue.core.judges.builtin import SleepJudge
 from judgequeue.core.queues import create_queue, set_cutover
 from judgequeue.core.reaper import Reaper
 from judgequeue.core.worker import Worker
-from tests.support.databases import REDIS_URL
 from tests.support.inprocess import GateJudge
 from tests.support.queries import submission
-from tests.support.settings import make_settings
 from tests.support.waiting import eventually
+from tests.support.worker_harness import Harness
 
 
-class Shadow:
+class Shadow(Harness):
     """A queue in shadow mode, a dispatcher task, and helpers to start shadow workers and read rows."""
-
-    def __init__(self, pool: asyncpg.Pool, redis: aioredis.Redis, dsn: str, queue: str) -> None:
-        self.pool, self.redis, self.dsn, self.queue = pool, redis, dsn, queue
-        self.tasks: list[tuple[asyncio.Event, asyncio.Task[None]]] = []
-
-    def settings(self, **env: str) -> Settings:
-        return make_settings(self.dsn, REDIS_URL, self.queue, **env)
 
     async def start(self, *, dispatcher: bool = True) -> None:
         async with self.pool.acquire() as conn:
@@ -50,19 +41,10 @@ class Shadow:
         if dispatcher:
             self.spawn(Dispatcher(self.pool, self.redis, self.settings(schedule="50ms")).run)
 
-    def spawn(self, run: Callable[[asyncio.Event], Awaitable[None]]) -> asyncio.Event:
-        stop = asyncio.Event()
-        self.tasks.append((stop, asyncio.ensure_future(run(stop))))
-        return stop
-
-    def worker(self, judge: Any, *, lane: str = "judge", **env: str) -> tuple[Worker, asyncio.Event]:
+    def shadow_worker(self, judge: Any, *, lane: str = "judge", **env: str) -> tuple[Worker, asyncio.Event]:
         env.setdefault("grace_period", "500ms")
         w = Worker(self.pool, self.redis, self.settings(shadow=lane, **env), judge=judge)
         return w, self.spawn(w.run)
-
-    async def submit(self, *payloads: dict[str, Any]) -> list[int]:
-        async with self.pool.acquire() as conn:
-            return [await outbox.submit(conn, self.queue, p) for p in payloads]
 
     async def shadow_row(self, sid: int) -> asyncpg.Record | None:
         async with self.pool.acquire() as conn:
@@ -73,13 +55,6 @@ class Shadow:
     async def judged(self, sid: int, *statuses: str) -> bool:
         row = await self.shadow_row(sid)
         return row is not None and row["status"] in (statuses or tuple(api.VERDICTS))
-
-    async def close(self) -> None:
-        for stop, _ in self.tasks:
-            stop.set()
-        for _, task in self.tasks:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(task, 10)
 
 
 @pytest.fixture
@@ -108,7 +83,7 @@ async def _shadow_settled(redis: aioredis.Redis, queue: str) -> bool:
 async def test_a_shadow_worker_writes_shadow_verdicts_never_the_submissions(sh: Shadow) -> None:
     ids = await sh.submit({"status": "ACCEPTED", "echo": 1}, {"status": "WRONG_ANSWER", "echo": 2})
     before = _counter(metrics.SHADOW_VERDICTS, sh.queue, "WRONG_ANSWER")
-    w, _ = sh.worker(SleepJudge(), concurrency="2")
+    w, _ = sh.shadow_worker(SleepJudge(), concurrency="2")
     for sid in ids:
         await eventually(lambda sid=sid: sh.judged(sid), what=f"shadow verdict of {sid}")  # type: ignore[misc]
     rows = [await sh.shadow_row(sid) for sid in ids]
@@ -135,8 +110,8 @@ async def test_live_and_shadow_workers_each_take_only_their_own_stream(sh: Shado
     live_judge, shadow_judge = GateJudge(), GateJudge()
     live_judge.gate.set()
     shadow_judge.gate.set()
-    sh.worker(live_judge, lane="off")
-    sh.worker(shadow_judge)
+    sh.shadow_worker(live_judge, lane="off")
+    sh.shadow_worker(shadow_judge)
     [in_shadow] = await sh.submit({"i": 1})
     await eventually(lambda: sh.judged(in_shadow))
     async with sh.pool.acquire() as conn:
@@ -156,7 +131,7 @@ async def test_a_stale_shadow_attempt_is_dropped_and_counted(sh: Shadow) -> None
     attempt's verdict then finds the fence and is dropped, the new one stays."""
     [sid] = await sh.submit({"i": 7, "status": "WRONG_ANSWER"})
     old = GateJudge()
-    w_old, _ = sh.worker(old, lease_ttl="30s", concurrency="1")
+    w_old, _ = sh.shadow_worker(old, lease_ttl="30s", concurrency="1")
     await eventually(lambda: old.started == [7])
     first = await sh.shadow_row(sid)
     assert first is not None and first["status"] == "JUDGING"
@@ -184,7 +159,7 @@ def _write(lease: Any, status_: str) -> Any:
 async def test_a_lost_shadow_lease_cancels_the_judge(sh: Shadow) -> None:
     [sid] = await sh.submit({"i": 3})
     judge = GateJudge()
-    w, _ = sh.worker(judge, lease_ttl="600ms", concurrency="1")  # heartbeat every 200 ms
+    w, _ = sh.shadow_worker(judge, lease_ttl="600ms", concurrency="1")  # heartbeat every 200 ms
     await eventually(lambda: judge.started == [3])
     async with sh.pool.acquire() as conn:  # a rejudge in shadow mode: a new generation, shadow-sent again
         await outbox.rejudge(conn, sid)
@@ -220,7 +195,7 @@ async def test_a_shadow_worker_killed_mid_judge_is_rescued_by_the_reaper(sh: Sha
     assert await reaper.rescue_shadow_leases() == shadow.ShadowRescue([], 0)  # not again before redispatchAfter
     fresh = GateJudge()
     fresh.gate.set()
-    sh.worker(fresh)
+    sh.shadow_worker(fresh)
     await eventually(lambda: sh.judged(sid, "TIME_LIMIT"), what="judged by another worker")
     async with sh.pool.acquire() as conn:  # the dead attempt, had it lived on, writes nothing
         assert await shadow.write_verdicts(conn, [_write(dead, "ACCEPTED")]) == {}
@@ -253,7 +228,7 @@ async def test_shadow_leases_that_keep_expiring_end_as_an_explained_system_error
 async def test_a_stopping_shadow_worker_releases_its_leases_for_the_next(sh: Shadow) -> None:
     [sid] = await sh.submit({"i": 9})
     slow = GateJudge()
-    w, stop = sh.worker(slow, lease_ttl="30s")
+    w, stop = sh.shadow_worker(slow, lease_ttl="30s")
     await eventually(lambda: slow.started == [9])
     stop.set()
     await eventually(lambda: w.stats.released == 1, what="the lease released")
@@ -263,7 +238,7 @@ async def test_a_stopping_shadow_worker_releases_its_leases_for_the_next(sh: Sha
     assert len((await reaper.rescue_shadow_leases()).resend) == 1  # expired at release: sent again at once
     fresh = GateJudge()
     fresh.gate.set()
-    sh.worker(fresh)
+    sh.shadow_worker(fresh)
     await eventually(lambda: sh.judged(sid, "ACCEPTED"))
 
 
@@ -299,7 +274,7 @@ async def _idle(redis: aioredis.Redis, queue: str) -> bool:
 async def test_a_malformed_shadow_entry_is_set_aside_at_once(sh: Shadow) -> None:
     await sh.redis.xadd(streams.shadow_key(sh.queue), {"junk": "1"})
     judge = GateJudge()
-    w, _ = sh.worker(judge)
+    w, _ = sh.shadow_worker(judge)
     await eventually(lambda: w.stats.malformed == 1 and w.stats.dead_lettered == 1)
     assert await _shadow_settled(sh.redis, sh.queue) and judge.started == []
 
@@ -397,7 +372,7 @@ async def _scenario(sh: Shadow) -> dict[str, list[int]]:
         "shadow_only": [("RUNTIME_ERROR", None)],
     }
     judge = SleepJudge()
-    sh.worker(judge, concurrency="8")
+    sh.shadow_worker(judge, concurrency="8")
     ids: dict[str, list[int]] = {}
     for kind, pairs in plan.items():
         ids[kind] = await sh.submit(*({"status": s, "echo": {"tests": [{"test": 1, "verdict": s}]}} for s, _ in pairs))

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import asyncpg
@@ -14,75 +12,15 @@ import pytest
 import redis.asyncio as aioredis
 
 from judgequeue.core import lanes, leases, metrics, outbox, streams, verdicts, worker
-from judgequeue.core.config import Settings
 from judgequeue.core.dispatcher import Dispatcher
 from judgequeue.core.judges import UnknownJudge, Verdict
 from judgequeue.core.judges.builtin import SleepJudge
-from judgequeue.core.queues import create_queue
 from judgequeue.core.worker import Worker
 from tests.support.databases import REDIS_URL
 from tests.support.inprocess import GateJudge
-from tests.support.queries import submission
 from tests.support.settings import make_settings
 from tests.support.waiting import eventually
-
-
-class Harness:
-    """A queue, a dispatcher task and helpers to start workers and read submissions."""
-
-    def __init__(self, pool: asyncpg.Pool, redis: aioredis.Redis, dsn: str, queue: str) -> None:
-        self.pool, self.redis, self.dsn, self.queue = pool, redis, dsn, queue
-        self.tasks: list[tuple[asyncio.Event, asyncio.Task[None]]] = []
-
-    def settings(self, **env: str) -> Settings:
-        return make_settings(self.dsn, REDIS_URL, self.queue, **env)
-
-    async def start(self) -> None:
-        async with self.pool.acquire() as conn:
-            await create_queue(conn, self.queue)
-        await streams.ensure_group(self.redis, self.queue)
-        self.spawn(Dispatcher(self.pool, self.redis, self.settings(schedule="50ms")).run)
-
-    def spawn(self, run: Callable[[asyncio.Event], Awaitable[None]]) -> asyncio.Event:
-        stop = asyncio.Event()
-        self.tasks.append((stop, asyncio.ensure_future(run(stop))))
-        return stop
-
-    def worker(self, judge: Any, **env: str) -> Worker:
-        env.setdefault("grace_period", "500ms")
-        w = Worker(self.pool, self.redis, self.settings(**env), judge=judge)
-        self.spawn(w.run)
-        return w
-
-    async def submit(self, *payloads: dict[str, Any]) -> list[int]:
-        async with self.pool.acquire() as conn:
-            return [await outbox.submit(conn, self.queue, p) for p in payloads]
-
-    async def row(self, sid: int) -> asyncpg.Record:
-        async with self.pool.acquire() as conn:
-            row = await submission(conn, sid)
-        assert row is not None
-        return row
-
-    async def status_is(self, sid: int, *statuses: str) -> bool:
-        return (await self.row(sid))["status"] in statuses
-
-    async def close(self) -> None:
-        for stop, _ in self.tasks:
-            stop.set()
-        for _, task in self.tasks:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(task, 10)
-
-
-@pytest.fixture
-async def h(
-    pg_pool: asyncpg.Pool, redis_client: aioredis.Redis, pg_dsn: str, queue_name: str
-) -> AsyncIterator[Harness]:
-    harness = Harness(pg_pool, redis_client, pg_dsn, queue_name)
-    await harness.start()
-    yield harness
-    await harness.close()
+from tests.support.worker_harness import Harness
 
 
 def _stale(queue: str, reason: str) -> float:

@@ -1,0 +1,21 @@
+"""Fixtures of the integration tier (the shared databases and Redis key spaces are in tests/conftest.py)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import asyncpg
+import pytest
+import redis.asyncio as aioredis
+
+from tests.support.worker_harness import Harness
+
+
+@pytest.fixture
+async def h(
+    pg_pool: asyncpg.Pool, redis_client: aioredis.Redis, pg_dsn: str, queue_name: str
+) -> AsyncIterator[Harness]:
+    harness = Harness(pg_pool, redis_client, pg_dsn, queue_name)
+    await harness.start()
+    yield harness
+    await harness.close()
