@@ -168,23 +168,23 @@ class Worker:
         self._writer.start()
         self._acks.start()
         follow = asyncio.create_task(_follow(stop, self._halt), name="worker-stop")
-        stop = self._halt  # from here on "stop" also means the worker stopping itself (unfit)
+        stopping = self._halt  # asked to stop, or stopping itself (unfit)
         heartbeat = asyncio.create_task(self._heartbeat(), name="lease-heartbeat")
         if self.direct is not None:
             self.direct.start()
         try:
-            while not stop.is_set():
+            while not stopping.is_set():
                 self._slot_freed.clear()
                 free = self.cfg.concurrency - len(self._jobs)
                 if free <= 0:
                     self._writer.flush()  # a slot is held by a verdict waiting for company
                     if self.direct is not None:
                         await self.direct.full()  # a full worker takes nothing: no notifications
-                    await wait_any(stop, self._slot_freed, 1.0)
+                    await wait_any(stopping, self._slot_freed, 1.0)
                 elif self.direct is not None:
-                    await self.direct.step(free, stop)  # takes from the outbox, reads the stream's overflow
-                elif deliveries := await self._read(free, stop):
-                    await self._start(deliveries, stop)  # lease, judge, ack once the leases are durable
+                    await self.direct.step(free, stopping)  # takes from the outbox, reads the stream's overflow
+                elif deliveries := await self._read(free, stopping):
+                    await self._start(deliveries, stopping)  # lease, judge, ack once the leases are durable
         finally:
             if self.direct is not None:
                 await self.direct.close()
