@@ -24,7 +24,7 @@ import signal
 import time
 from dataclasses import dataclass
 
-from .cgroups_base import BoxGroup, PerTest, Roots, Usage, below, keyed, read, remove_tree, write
+from .cgroups_base import BoxGroup, PerTest, Roots, Usage, keyed, read, write
 
 CONTROLLERS = ("memory", "pids", "cpuacct")
 PARENT = "judgequeue-sandbox"
@@ -113,10 +113,31 @@ def _limit_memory(memory_dir: str, limit: int) -> None:
         write(memsw, str(limit))
 
 
+def _below(path: str) -> list[str]:
+    """``path`` and every group below it, deepest first (removal order)."""
+    return [top for top, _, _ in os.walk(path)][::-1]
+
+
 def _procs(path: str) -> set[int]:
     with contextlib.suppress(FileNotFoundError):
         return {int(p) for p in read(os.path.join(path, "cgroup.procs")).split()}
     return set()
+
+
+def _rmdir_all(path: str, deadline: float | None) -> bool:
+    """rmdir ``path`` and the groups below it, deepest first; without a deadline, one try."""
+    for d in _below(path):
+        while True:
+            try:
+                os.rmdir(d)
+                break
+            except FileNotFoundError:
+                break
+            except OSError:
+                if deadline is None or time.monotonic() > deadline:
+                    return False
+                time.sleep(0.001)  # exiting tasks leave the group a moment after SIGKILL
+    return not os.path.isdir(path)
 
 
 class V1Group(BoxGroup):
@@ -143,7 +164,7 @@ class V1Group(BoxGroup):
     def try_remove(self) -> bool:
         if self.pids_in():
             return False
-        return all(remove_tree(d, None) for d in self.dirs())
+        return all(_rmdir_all(d, None) for d in self.dirs())
 
     def create(self, *, memory: int, processes: int, split_tests: bool = False) -> None:
         for d in self.dirs():
@@ -173,7 +194,7 @@ class V1Group(BoxGroup):
             return _procs(self.pids)
         found: set[int] = set()
         for d in self.dirs():
-            for group in below(d):
+            for group in _below(d):
                 found |= _procs(group)
         return found
 
@@ -195,7 +216,7 @@ class V1Group(BoxGroup):
         if not any(os.path.isdir(d) for d in self.dirs()):
             return True
         self.kill_all(deadline)
-        return all([remove_tree(d, deadline) for d in self.dirs()])  # a list: every one is tried
+        return all([_rmdir_all(d, deadline) for d in self.dirs()])  # a list: every one is tried
 
     def per_test(self, *, memory: int, processes: int) -> PerTest:
         """A fresh memory group in the box's for the test (``processes`` is the box's own limit,
@@ -225,7 +246,7 @@ class V1PerTest(PerTest):
             # measured here) whenever no move came just before.
             self.join_fd = os.open(os.path.join(path, "tasks"), os.O_WRONLY | os.O_CLOEXEC)
         except BaseException:
-            remove_tree(path, None)
+            _rmdir_all(path, None)
             raise
 
     def cpu_ns(self) -> int:
@@ -250,4 +271,4 @@ class V1PerTest(PerTest):
             if time.monotonic() > deadline:
                 return False
             time.sleep(0.001)  # let the kernel finish the exits before the next read
-        return remove_tree(self.path, deadline)
+        return _rmdir_all(self.path, deadline)
