@@ -49,8 +49,9 @@ BUSY_STREAK = 3
 #: registration makes every submit pay a NOTIFY for rows it never takes.
 OTHERS_SERVE_EXCESS = 4
 
-#: Seconds a registration serves before it is written again: well inside the five minutes after
-#: which the reaper prunes a waiter (a crashed process's row), at one statement a minute.
+#: Seconds a registration serves before it is written again: well inside the five minutes (or three
+#: schedules, if longer) after which the reaper prunes a waiter (a crashed process's row), at one
+#: statement a minute.
 WAITER_REFRESH = 60.0
 
 
