@@ -18,7 +18,7 @@ from concurrent.futures import ProcessPoolExecutor
 import asyncpg
 
 from bench.common import create_database, drop_database, pgbench, ratio
-from judgequeue.core import outbox
+from judgequeue.core import outbox, wakeup
 from judgequeue.core.queues import create_queue
 
 RAW_SETUP = """
@@ -143,9 +143,9 @@ async def main() -> None:
 
         raw_submit = pgbench(dsn, RAW_SUBMIT, clients=args.clients, seconds=args.seconds)
         ours_idle = submit_rate(dsn, args.clients, args.seconds)
-        await outbox.register_waiter(conn, "bench", "sleeping-dispatcher")
+        await wakeup.register_waiter(conn, "bench", "sleeping-dispatcher")
         ours_notify = submit_rate(dsn, args.clients, args.seconds)
-        await outbox.unregister_waiter(conn, "bench", "sleeping-dispatcher")
+        await wakeup.unregister_waiter(conn, "bench", "sleeping-dispatcher")
 
         # Fresh, equal backlogs for both claim runs.
         await conn.execute("TRUNCATE judgequeue.outbox, judgequeue.submissions, raw.outbox")

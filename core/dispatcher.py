@@ -4,10 +4,11 @@ One cycle claims a batch in a short statement (``FOR UPDATE SKIP LOCKED``, flags
 statement, no lock held across Redis), appends the batch in one pipeline of dedup-and-append
 scripts, then marks every row in one statement fenced on this dispatcher's claim.
 
-Wake-up: only when a claim finds nothing does the dispatcher register in
-``judgequeue.dispatch_waiters`` (then claims once more, then blocks on LISTEN). While registered, a
-trickle of work (partial batches) is dispatched and it goes straight back to LISTEN; a full batch or
-a streak of busy cycles makes it unregister and loop at once (:func:`keep_listening`).
+Wake-up (:mod:`judgequeue.core.wakeup`, the same one a direct-intake worker runs): only when a
+claim finds nothing does the dispatcher register in ``judgequeue.dispatch_waiters`` (then claims
+once more, then blocks on LISTEN). While registered, a trickle of work (partial batches) is
+dispatched and it goes straight back to LISTEN; a full batch or a streak of busy cycles makes it
+unregister and loop at once (:func:`~judgequeue.core.wakeup.keep_listening`).
 ``judgequeue.submit`` notifies only while a waiter exists, so a busy system pays nothing per commit
 (a NOTIFY per commit serialises commits).
 ``schedule`` is only the idle poll fallback (it also bounds the one race a waiter cannot close: a
@@ -31,13 +32,14 @@ import logging
 import time
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import asyncpg
 import redis.asyncio as aioredis
 
 from . import failpoints, metrics, outbox, streams
 from .config import Settings
-from .connect import STATEMENT_TIMEOUT, connect_postgres
+from .connect import STATEMENT_TIMEOUT
 from .envelope import Envelope
 from .errors import TransportError
 from .lifecycle import (
@@ -50,9 +52,11 @@ from .lifecycle import (
     unless_stopped,
     wait_any,
 )
-from .wakeup import keep_listening
+from .wakeup import Wakeup, keep_listening
 
 log = logging.getLogger("judgequeue.dispatcher")
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -248,39 +252,28 @@ class Dispatcher:
     async def run(self, stop: asyncio.Event) -> None:
         """Dispatch until ``stop`` is set, sleeping on LISTEN when there is nothing to do."""
         cfg = self.settings.dispatcher
-        wake = asyncio.Event()
-
-        def on_notify(_conn: object, _pid: int, _channel: str, payload: object) -> None:
-            if payload == self.queue:
-                wake.set()
-
-        listen_conn: asyncpg.Connection | None = None
-        # None: poll on schedule, never register. With direct intake the workers are woken by
-        # the submits and this dispatcher only sends what they left for a schedule: it polls.
-        listen_dsn = self.settings.listen_dsn if not self._hand_off else None
         session = HeldSession(self.pool)
-        registered = False
+        # No listen DSN: poll on schedule, never register. With direct intake the workers are woken
+        # by the submits and this dispatcher only sends what they left for a schedule: it polls.
+        listen_dsn = self.settings.listen_dsn if not self._hand_off else None
+        wakeup = Wakeup(session, listen_dsn, self.queue, self.name)
         failures = 0
         streak = 0  # cycles run back to back (no wait between them) that found work
         carry: list[outbox.Mark] = []  # the last batch's marks, applied with the next claim
 
-        async def step(work: Awaitable[object]) -> bool:
-            """A statement of the loop, abandoned if SIGTERM comes first (False: stop now)."""
-            await unless_stopped(stop, work)
+        async def step(work: Awaitable[T]) -> tuple[bool, T | None]:
+            """A statement of the loop, abandoned if SIGTERM comes first ((False, None): stop now)."""
+            done = await unless_stopped(stop, work)
             if stop.is_set():
                 await session.drop()  # possibly abandoned mid-statement: never reuse that session
-                return False
-            return True
+                return False, None
+            return True, done
 
         try:
             while not stop.is_set():
-                wake.clear()
+                wakeup.event.clear()
                 try:
-                    if listen_dsn is not None and (listen_conn is None or listen_conn.is_closed()):
-                        # (Re)connect before registering, so no notification can go unheard.
-                        listen_conn = await connect_postgres(listen_dsn)
-                        await listen_conn.add_listener(outbox.WAKEUP_CHANNEL, on_notify)
-                        registered = False
+                    await wakeup.listen()
                     conn = await session.get()
                     # While work flows, each batch's marks ride on the next batch's claim: one
                     # statement and commit per batch instead of two. They are flushed before any
@@ -293,29 +286,27 @@ class Dispatcher:
                     failures = 0
                     if result.claimed:
                         streak += 1
-                        if not (registered and keep_listening(result.claimed, cfg.batch_size, streak)):
-                            if registered:
-                                # Work is flowing and we loop at once: submitters need not notify.
-                                if not await step(outbox.unregister_waiter(conn, self.queue, self.name)):
-                                    break
-                                registered = False
+                        if not (wakeup.registered and keep_listening(result.claimed, cfg.batch_size, streak)):
+                            # Work is flowing and we loop at once: submitters need not notify.
+                            if not (await step(wakeup.disarm()))[0]:
+                                break
                             continue
                     else:
                         streak = 0
-                        if not registered and listen_dsn is not None:
-                            if not await step(outbox.register_waiter(conn, self.queue, self.name)):
-                                break
-                            registered = True
+                        going_on, armed = await step(wakeup.arm())
+                        if not going_on:
+                            break
+                        if armed:
                             continue  # rows committed before registering sent no notification
                     marks, carry = carry, []
-                    if not await step(self.flush(conn, marks)):  # about to sleep
+                    if not (await step(self.flush(conn, marks)))[0]:  # about to sleep
                         carry = marks  # not applied: the finally below tries once more
                         break
                 except DB_ERRORS as exc:
                     failures += 1
                     delay = min(5.0, 0.1 * 2**failures)
                     log.warning("dispatch cycle failed", extra={"error": str(exc), "retry_in": delay})
-                    registered = False
+                    wakeup.forget()
                     # Marks not applied: those rows stay CLAIMED until claim_ttl, are claimed
                     # again and re-sent, and the dedup marker or the lease fence absorbs them.
                     carry = []
@@ -324,30 +315,23 @@ class Dispatcher:
                     continue
                 # Only cycles run back to back make a busy streak: one that had to wait for a
                 # notification serves a trickle, however many jobs the trickle has had.
-                if not wake.is_set():
+                if not wakeup.event.is_set():
                     streak = 0
-                woke = await wait_any(stop, wake, cfg.schedule)
+                woke = await wakeup.wait(stop, cfg.schedule)
                 if not woke and not stop.is_set():
-                    registered = False  # refresh the registration on the next idle cycle
                     await self._check_redis_while_idle()
         finally:
             if carry:
                 # Stopping between cycles: best effort and bounded (unapplied marks only cost a
                 # duplicate send after claim_ttl, which the lease fence drops).
                 await best_effort(self._flush_pooled(carry), SHUTDOWN_STEP)
-            await session.release()
-            if listen_conn is not None:
-                listen_conn.terminate()  # nothing to flush; a graceful close could wait on a dead link
             # Best effort and bounded: a waiter row left behind is pruned by the reaper.
-            await best_effort(self._unregister(), SHUTDOWN_STEP)
+            await best_effort(wakeup.close(), SHUTDOWN_STEP)
+            await session.release()
 
     async def _flush_pooled(self, marks: Sequence[outbox.Mark]) -> None:
         async with self.pool.acquire(timeout=STATEMENT_TIMEOUT) as conn:
             await self.flush(conn, marks)
-
-    async def _unregister(self) -> None:
-        async with self.pool.acquire(timeout=STATEMENT_TIMEOUT) as conn:
-            await outbox.unregister_waiter(conn, self.queue, self.name)
 
 
 async def run(settings: Settings, stop: asyncio.Event) -> None:

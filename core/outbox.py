@@ -4,8 +4,8 @@
 will run" commit together. Dispatchers ``claim`` ready rows with ``FOR UPDATE SKIP LOCKED`` in one
 short statement that also reads the queue's cutover flags, then ``mark`` the results of a batch in
 one statement fenced on the claim owner. Backoff, jitter and max attempts are computed in SQL on
-the database clock. With direct intake a worker claims, marks and leases in one statement
-(``take_direct``).
+the database clock. With direct intake a worker claims, marks and leases the same rows in one
+statement of its own (:mod:`judgequeue.core.direct.takes`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 import asyncpg
 
-from . import leases, sql
+from . import sql
 from .errors import InvalidPayload, PayloadTooLarge, UnknownSubmission, translate_pg_error
 from .queues import validate_queue_name
 from .states import OUTBOX_STATES as OUTBOX_STATES  # re-exported: callers know them as outbox's
@@ -29,10 +29,6 @@ from .states import OutboxState as OutboxState
 
 #: Largest accepted payload, as UTF-8 JSON text. The SQL function enforces the same limit.
 MAX_PAYLOAD_BYTES = 1_048_576
-
-#: Channel that idle dispatchers LISTEN on; submit() notifies it only while one is waiting.
-WAKEUP_CHANNEL = "judgequeue_wakeup"
-
 
 #: sent / shadow_sent / dead are final; retry counts an attempt and backs off; release backs off
 #: without counting (the transport as a whole was down, not this row's fault).
@@ -289,96 +285,6 @@ async def resend_stranded(
     return len(rows)
 
 
-@dataclass(frozen=True)
-class DirectTake:
-    """What one :func:`take_direct` call claimed from the outbox."""
-
-    leases: list[leases.Lease]
-    #: (submission, generation) of rows marked sent whose submission had moved on (nothing to judge).
-    stale: list[tuple[int, int]]
-    #: Rows created before the live watermark: marked SKIPPED, never judged (the legacy path owns them).
-    skipped: int
-    #: The queue is live and not paused (else nothing is taken: shadow rows are the dispatcher's).
-    live: bool = True
-    #: The take registered the worker as a waiter (``register_if_idle`` and nothing was ready).
-    registered: bool = False
-    #: The take removed the worker's registration (``unregister_if_busy`` and rows were ready).
-    unregistered: bool = False
-
-    @property
-    def rows(self) -> int:
-        return len(self.leases) + len(self.stale) + self.skipped
-
-
-async def take_direct(
-    conn: asyncpg.Connection,
-    queue: str,
-    worker: str,
-    *,
-    limit: int,
-    ttl: float,
-    unregister_if_busy: bool = False,
-    register_if_idle: bool = False,
-) -> DirectTake:
-    """Direct intake: claim up to ``limit`` ready outbox rows of a live, unpaused queue, mark them
-    sent to ``worker`` and lease their submissions, in one statement and one commit.
-
-    The commit does not wait for the WAL flush, and needs no barrier: there is no stream entry to
-    ack, and a crash that loses the commit loses the claim with the lease (the row is ready again).
-
-    The worker's wake-up registration rides on the same statement, saving a round trip each:
-    ``unregister_if_busy`` removes it if rows were ready (work is flowing); ``register_if_idle``
-    (for an unregistered worker) makes it when nothing was ready on a live queue, and the caller
-    must then look once more before it sleeps (rows committed before the registration sent no
-    notification).
-    """
-    if unregister_if_busy and register_if_idle:
-        raise ValueError("a take either unregisters or registers its worker, not both")
-    rows = await conn.fetch(
-        sql.query("lease_direct"), queue, worker, limit, float(ttl), unregister_if_busy, register_if_idle
-    )
-    leased: list[leases.Lease] = []
-    stale: list[tuple[int, int]] = []
-    skipped = 0
-    for r in rows:
-        if r["outbox_state"] is None:
-            continue  # nothing claimed: the row only carries the flags
-        if r["outbox_state"] == "SKIPPED":
-            skipped += 1
-        elif r["attempt_id"] is None:
-            stale.append((r["submission_id"], r["outbox_generation"]))
-        else:
-            leased.append(
-                leases.Lease(
-                    submission=r["submission_id"],
-                    generation=r["outbox_generation"],
-                    attempt=r["attempt_id"],  # asyncpg's UUID is a uuid.UUID
-                    payload=json.loads(r["payload"]),
-                    created_at=r["created_at"],
-                    request_generation=r["request_generation"],
-                    call_failures=r["call_failures"],
-                )
-            )
-    flags = rows[0]
-    return DirectTake(
-        leased,
-        stale,
-        skipped,
-        live=bool(flags["live"]),
-        registered=bool(flags["registered"]),
-        unregistered=bool(flags["unregistered"]),
-    )
-
-
-async def register_waiter(conn: asyncpg.Connection, queue: str, dispatcher: str) -> None:
-    """Tell submitters that ``dispatcher`` is about to sleep on the wake-up channel."""
-    await conn.execute(sql.query("waiter_register"), queue, dispatcher)
-
-
-async def unregister_waiter(conn: asyncpg.Connection, queue: str, dispatcher: str) -> None:
-    await conn.execute(sql.query("waiter_unregister"), queue, dispatcher)
-
-
 #: Writes after which a table that was never analysed is analysed by the reaper.
 ANALYZE_AFTER = 1000
 
@@ -400,9 +306,3 @@ async def analyze_new_tables(
     for name in names:
         await conn.execute(statements[name])
     return names
-
-
-async def prune_waiters(conn: asyncpg.Connection, *, older_than: float) -> int:
-    """Forget waiters of crashed dispatchers (they only cost extra notifications, never correctness)."""
-    status = await conn.execute(sql.query("waiter_prune"), float(older_than))
-    return int(status.split()[-1])

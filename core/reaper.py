@@ -62,10 +62,11 @@ from typing import Any
 import asyncpg
 import redis.asyncio as aioredis
 
-from . import failpoints, giving_up, metrics, offers, outbox, shadow, streams
+from . import failpoints, giving_up, metrics, outbox, shadow, streams, wakeup
 from .agreement import Agreement, Counts
 from .config import Settings
 from .connect import STATEMENT_TIMEOUT
+from .direct import offers
 from .envelope import Envelope, MalformedEnvelope
 from .errors import DB_ERRORS, SERVER_ERRORS
 from .leases import LeaseSweep, rescue_expired_leases
@@ -360,8 +361,8 @@ class Reaper:
             finished = await outbox.prune_submissions(
                 conn, self.queue, retention=retention, batch=1000, max_batches=PRUNE_BATCHES
             )
-            waiters = await outbox.prune_waiters(conn, older_than=waiter_age)
-            # Offers expire within seconds of their worker's last refresh (core/offers.py); what is
+            waiters = await wakeup.prune_waiters(conn, older_than=waiter_age)
+            # Offers expire within seconds of their worker's last refresh (core/direct/offers.py); what is
             # left of a crashed worker's goes once it is clearly gone (its filled ones' jobs have
             # leases of their own, rescued when they expire).
             waiters += await offers.prune(conn, older_than=waiter_age)

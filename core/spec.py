@@ -336,8 +336,8 @@ LISTEN_SECRET: tuple[str, ...] = ("postgres", "listen")
 SECRET_SETTINGS: tuple[tuple[tuple[str, ...], tuple[str | None, str], tuple[Role, ...]], ...] = (
     (("postgres",), (None, "postgres_dsn"), ROLES),
     (("redis",), (None, "redis_url"), ROLES),
-    # The dispatcher LISTENs (core/dispatcher.py, Settings.listen_dsn), and so does a worker with
-    # direct intake (core/wakeup.py).
+    # The dispatcher LISTENs (core/wakeup.py, Settings.listen_dsn), and so does a worker with
+    # direct intake (the same wake-up, run by core/direct/intake.py).
     (LISTEN_SECRET, (None, "postgres_listen_dsn"), ("dispatcher", "worker")),
 )
 

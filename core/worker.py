@@ -14,10 +14,10 @@ recovery:
   cancels the rest and releases their leases (new generation + outbox row) so another worker takes
   them at once.
 
-With direct intake (``JUDGEQUEUE_INTAKE=direct``) each turn of the loop is a step of
-:mod:`judgequeue.core.direct_intake` instead of a stream read. A *shadow worker*
-(``JUDGEQUEUE_SHADOW=judge``) runs the same loop in the shadow lane (:mod:`judgequeue.core.lanes`),
-with no direct intake.
+Where jobs come from is the worker's *intake*, chosen once (:meth:`Worker._open_intake`): the stream
+(:class:`StreamIntake`, the default), or with ``JUDGEQUEUE_INTAKE=direct`` the outbox itself
+(:class:`judgequeue.core.direct.DirectIntake`). A *shadow worker* (``JUDGEQUEUE_SHADOW=judge``) runs
+the same loop in the shadow lane (:mod:`judgequeue.core.lanes`), always from the stream.
 
 A stale envelope (generation moved on, already judging or terminal) is acked and counted, never
 judged. An entry that can never be judged (it does not parse, or the database refuses its lease for
@@ -34,9 +34,9 @@ import logging
 import time
 import uuid
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import asyncpg
 import redis.asyncio as aioredis
@@ -44,7 +44,7 @@ import redis.asyncio as aioredis
 from . import deferral, failpoints, giving_up, leases, metrics, streams
 from .config import Settings
 from .connect import STATEMENT_TIMEOUT
-from .direct_intake import DirectIntake
+from .direct import DirectIntake
 from .envelope import Envelope
 from .errors import SERVER_ERRORS, RoleUnfit, TransportError, describe, is_permanent
 from .judges import CallLater, Judge, Verdict, judge_failure, judge_fault, judge_job, load_judge
@@ -103,6 +103,53 @@ def unleased(asked: Sequence[tuple[int, int]], leased: Sequence[tuple[int, int]]
     return out
 
 
+class Intake(Protocol):
+    """Where a worker's jobs come from; the worker's loop calls nothing else of it."""
+
+    def start(self) -> None:
+        """In the running loop, before the first step."""
+
+    async def step(self, free: int, stop: asyncio.Event) -> None:
+        """Bring up to ``free`` jobs and start them, or wait a while for some (until ``stop``)."""
+
+    async def full(self) -> None:
+        """Every slot is busy: nothing is brought until one frees."""
+
+    def freed(self) -> None:
+        """A job ended: its slot is free."""
+
+    async def close(self) -> None:
+        """Stopping: bring nothing more (bounded, best effort)."""
+
+
+class StreamIntake:
+    """The stream intake: read up to ``free`` entries of the lane's stream (``read``), then lease,
+    start and ack them (``start``). Nothing to do when full, when a job ends or at close."""
+
+    def __init__(
+        self,
+        read: Callable[[int, asyncio.Event], Awaitable[Sequence[streams.Delivery]]],
+        start: Callable[[Sequence[streams.Delivery], asyncio.Event], Awaitable[None]],
+    ) -> None:
+        self._read, self._start = read, start
+
+    def start(self) -> None:
+        pass
+
+    async def step(self, free: int, stop: asyncio.Event) -> None:
+        if deliveries := await self._read(free, stop):
+            await self._start(deliveries, stop)  # lease, judge, ack once the leases are durable
+
+    async def full(self) -> None:
+        pass
+
+    def freed(self) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
+
+
 class Worker:
     """One worker instance: ``concurrency`` jobs at once from one queue's consumer group."""
 
@@ -130,16 +177,11 @@ class Worker:
         #: The shadow lane (JUDGEQUEUE_SHADOW=judge) judges the shadow stream only, into shadow verdicts.
         self.lane: Lane = SHADOW_LANE if self.cfg.shadow == "judge" else LIVE_LANE
         self._writer = VerdictWriter(pool, linger=VERDICT_LINGER, lane=self.lane)
-        self._intake = HeldSession(pool)  # the read loop's leases: one session, not one per batch
+        self._session = HeldSession(pool)  # the read loop's leases: one session, not one per batch
         self._acks = AckWhenDurable(pool, redis, self.queue, shadow=self.lane.shadow)
         self._read_failures = 0
-        #: Direct intake (``JUDGEQUEUE_INTAKE=direct``; never in the shadow lane), or None.
-        self.direct: DirectIntake | None = None
-        if self.cfg.intake == "direct" and not self.lane.shadow:
-            self.direct = DirectIntake(
-                pool, redis, settings, self.name, session=self._intake, jobs=lambda: len(self._jobs),
-                start_jobs=self._start_jobs, start_deliveries=self._start, count_stale=self._count_stale,
-            )  # fmt: skip
+        #: Where this worker's jobs come from.
+        self.intake: Intake = self._open_intake()
         #: Set when the judge reports this worker unfit (:func:`~judgequeue.core.judges.judge_fault`): why it stops.
         self.unfit: str | None = None
         self._halt = asyncio.Event()  # set by stop, or by the worker itself when unfit
@@ -150,6 +192,16 @@ class Worker:
         self._m_in_flight = metrics.JOBS_IN_FLIGHT.labels(q)
         self._m_renew_failures = metrics.LEASE_RENEW_FAILURES.labels(q)
         self._m_verdicts: dict[str, Any] = {} if self.lane.shadow else metrics.verdict_series(q)
+
+    def _open_intake(self) -> Intake:
+        """The one place the intake is chosen: direct intake (``JUDGEQUEUE_INTAKE=direct``, never in
+        the shadow lane, whose rows only the dispatcher sends), else the stream."""
+        if self.cfg.intake == "direct" and not self.lane.shadow:
+            return DirectIntake(
+                self.pool, self.redis, self.settings, self.name, session=self._session, jobs=lambda: len(self._jobs),
+                start_jobs=self._start_jobs, start_deliveries=self._start, count_stale=self._count_stale,
+            )  # fmt: skip
+        return StreamIntake(self._read, self._start)
 
     # --- public -----------------------------------------------------------------------------------
 
@@ -170,25 +222,20 @@ class Worker:
         follow = asyncio.create_task(_follow(stop, self._halt), name="worker-stop")
         stopping = self._halt  # asked to stop, or stopping itself (unfit)
         heartbeat = asyncio.create_task(self._heartbeat(), name="lease-heartbeat")
-        if self.direct is not None:
-            self.direct.start()
+        self.intake.start()
         try:
             while not stopping.is_set():
                 self._slot_freed.clear()
                 free = self.cfg.concurrency - len(self._jobs)
                 if free <= 0:
                     self._writer.flush()  # a slot is held by a verdict waiting for company
-                    if self.direct is not None:
-                        await self.direct.full()  # a full worker takes nothing: no notifications
+                    await self.intake.full()
                     await wait_any(stopping, self._slot_freed, 1.0)
-                elif self.direct is not None:
-                    await self.direct.step(free, stopping)  # takes from the outbox, reads the stream's overflow
-                elif deliveries := await self._read(free, stopping):
-                    await self._start(deliveries, stopping)  # lease, judge, ack once the leases are durable
+                else:
+                    await self.intake.step(free, stopping)
         finally:
-            if self.direct is not None:
-                await self.direct.close()
-            await self._intake.release()
+            await self.intake.close()
+            await self._session.release()
             await self._shutdown()
             await cancel_within(heartbeat, SHUTDOWN_STEP)
             follow.cancel()
@@ -248,7 +295,7 @@ class Worker:
         failures = 0
         while True:
             try:
-                conn = await self._intake.get()
+                conn = await self._session.get()
                 pairs = [(env.submission, env.generation) for _, env in batch]
                 got = await unless_stopped(
                     stop, self.lane.acquire(conn, self.queue, pairs, ttl=self.cfg.lease_ttl, worker=self.name)
@@ -256,11 +303,11 @@ class Worker:
                 if got is None:
                     # Stopping while the statement hung: the entries stay pending for the reaper,
                     # and a lease it did take expires and is rescued like a crashed worker's.
-                    await self._intake.drop()
+                    await self._session.drop()
                     return None, []
                 return got, []
             except DB_ERRORS as exc:
-                await self._intake.drop()
+                await self._session.drop()
                 if is_permanent(exc):
                     if len(batch) == 1:
                         entry_id, env = batch[0]
@@ -328,9 +375,9 @@ class Worker:
     async def _count_stale(self, stale: list[tuple[int, int]]) -> None:
         self.stats.stale_envelopes += len(stale)
         try:
-            reasons = await self.lane.stale_reasons(await self._intake.get(), stale)
+            reasons = await self.lane.stale_reasons(await self._session.get(), stale)
         except DB_ERRORS:
-            await self._intake.drop()
+            await self._session.drop()
             reasons = ["unknown"] * len(stale)
         for reason in reasons:
             metrics.STALE_RESULTS_DROPPED.labels(self.queue, f"{self.lane.stale_prefix}envelope_{reason}").inc()
@@ -407,8 +454,7 @@ class Worker:
             if not job.releasing:
                 self._jobs.pop(lease.attempt, None)
             self._slot_freed.set()
-            if self.direct is not None:
-                self.direct.freed()
+            self.intake.freed()
 
     async def _give_back_unfit(self, lease: leases.Lease, fault: str) -> None:
         """Release ``lease`` and stop taking jobs: the judge says this worker cannot judge any more."""

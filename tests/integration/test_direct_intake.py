@@ -20,7 +20,8 @@ import asyncpg
 import pytest
 import redis.asyncio as aioredis
 
-from judgequeue.core import direct_intake, leases, outbox, sql, streams, wakeup
+from judgequeue.core import leases, outbox, sql, streams
+from judgequeue.core.direct import DirectIntake, takes, tuning
 from judgequeue.core.dispatcher import Dispatcher
 from judgequeue.core.judges import Verdict
 from judgequeue.core.judges.builtin import SleepJudge
@@ -61,7 +62,7 @@ async def _statuses(pool: asyncpg.Pool, ids: list[int]) -> dict[str, int]:
 async def test_take_leases_marks_sent_and_returns_payloads(pg_pool: asyncpg.Pool, queue: str) -> None:
     ids = await _submit(pg_pool, queue, 5)
     async with pg_pool.acquire() as conn:
-        take = await outbox.take_direct(conn, queue, "w-1", limit=3, ttl=30)
+        take = await takes.take(conn, queue, "w-1", limit=3, ttl=30)
     assert [x.submission for x in take.leases] == ids[:3]  # oldest first
     assert [x.payload for x in take.leases] == [{"i": 0}, {"i": 1}, {"i": 2}]
     assert take.stale == [] and take.skipped == 0
@@ -83,7 +84,7 @@ async def test_concurrent_takes_never_lease_a_row_twice(pg_dsn: str, queue: str,
 
     async def taker(conn: asyncpg.Connection, k: int) -> None:
         while True:
-            take = await outbox.take_direct(conn, queue, f"w-{k}", limit=7, ttl=30)
+            take = await takes.take(conn, queue, f"w-{k}", limit=7, ttl=30)
             if not take.rows:
                 return
             taken.extend(x.submission for x in take.leases)
@@ -102,16 +103,16 @@ async def test_take_reads_the_queues_flags_in_its_own_statement(pg_pool: asyncpg
         await set_cutover(conn, queue, paused=True)
     before = await _submit(pg_pool, queue, 2)
     async with pg_pool.acquire() as conn:
-        paused = await outbox.take_direct(conn, queue, "w", limit=10, ttl=30)
+        paused = await takes.take(conn, queue, "w", limit=10, ttl=30)
         assert (paused.rows, paused.live) == (0, False)
         await set_cutover(conn, queue, paused=False, mode="shadow")
-        shadow = await outbox.take_direct(conn, queue, "w", limit=10, ttl=30)
+        shadow = await takes.take(conn, queue, "w", limit=10, ttl=30)
         assert (shadow.rows, shadow.live) == (0, False)  # shadow rows are the dispatcher's
         watermark = await database_now(conn) + timedelta(microseconds=1)
         await set_cutover(conn, queue, mode="live", watermark=watermark)
     after = await _submit(pg_pool, queue, 1, start=2)
     async with pg_pool.acquire() as conn:
-        take = await outbox.take_direct(conn, queue, "w", limit=10, ttl=30)
+        take = await takes.take(conn, queue, "w", limit=10, ttl=30)
     # Rows created before the watermark were the legacy path's: SKIPPED, never leased (invariant 4).
     assert take.skipped == 2 and [x.submission for x in take.leases] == after
     states = await pg_pool.fetch("SELECT submission_id, state FROM judgequeue.outbox ORDER BY id")
@@ -123,7 +124,7 @@ async def test_a_row_whose_submission_moved_on_is_marked_and_counted_stale(pg_po
     [sid] = await _submit(pg_pool, queue, 1)
     async with pg_pool.acquire() as conn:
         await outbox.rejudge(conn, sid)  # generation 2 and its own outbox row; generation 1's row is stale
-        take = await outbox.take_direct(conn, queue, "w", limit=10, ttl=30)
+        take = await takes.take(conn, queue, "w", limit=10, ttl=30)
     assert take.stale == [(sid, 1)]
     assert [(x.submission, x.generation) for x in take.leases] == [(sid, 2)]
 
@@ -135,7 +136,7 @@ async def test_a_dead_workers_lease_is_rescued_and_its_verdict_fenced(
     worker judges it once, and the dead attempt's late verdict is refused (invariants 1 and 2)."""
     [sid] = await _submit(pg_pool, queue, 1)
     async with pg_pool.acquire() as conn:
-        [dead] = (await outbox.take_direct(conn, queue, "dead-worker", limit=1, ttl=0.2)).leases
+        [dead] = (await takes.take(conn, queue, "dead-worker", limit=1, ttl=0.2)).leases
         await eventually(lambda: _expired(pg_pool, sid), what="the dead worker's lease expired on the database clock")
         assert (await leases.rescue_expired_leases(conn, queue, max_retries=3)).requeued == 1
     settings = make_settings(pg_dsn, REDIS_URL, queue, intake="direct", schedule="30s")
@@ -306,8 +307,8 @@ async def test_a_busy_worker_paces_its_takes_so_each_brings_several_rows(
     TAKE_PACE between takes, so each take brings what came meanwhile instead of a statement per row
     or two. A long pace makes that visible whatever the machine's speed; without it the takes
     would keep up with one submitting connection at about a row each."""
-    monkeypatch.setattr(direct_intake, "TAKE_PACE", 0.25)
-    monkeypatch.setattr(wakeup, "PACE_ABOVE", 1.0)  # one connection's submits count as fast here
+    monkeypatch.setattr(tuning, "TAKE_PACE", 0.25)
+    monkeypatch.setattr(tuning, "PACE_TAKES_ABOVE", 1.0)  # one connection's submits count as fast here
     settings = make_settings(pg_dsn, REDIS_URL, queue, intake="direct", schedule="30s", concurrency="1000", offers="0")
     w = Worker(pg_pool, redis_client, settings, judge=Recorder())
     done_submitting = asyncio.Event()
@@ -325,7 +326,7 @@ async def test_a_busy_worker_paces_its_takes_so_each_brings_several_rows(
         await submitter
         await eventually(functools.partial(_all_done, pg_pool, ids), within=30, what="every job judged")
     assert w.stats.leased == len(ids)
-    assert w.direct is not None and w.stats.leased >= 5 * w.direct.takes, w.stats
+    assert isinstance(w.intake, DirectIntake) and w.stats.leased >= 5 * w.intake.takes_issued, w.stats
 
 
 async def test_direct_intake_judges_with_redis_unreachable(pg_pool: asyncpg.Pool, pg_dsn: str, queue: str) -> None:
@@ -353,11 +354,11 @@ async def test_a_worker_of_a_paused_or_shadow_queue_polls_and_never_registers(
     settings = make_settings(pg_dsn, REDIS_URL, queue, intake="direct", schedule="200ms")
     judge = Recorder()
     worker = Worker(pg_pool, redis_client, settings, judge=judge)
-    direct = worker.direct
-    assert direct is not None
+    direct = worker.intake
+    assert isinstance(direct, DirectIntake)
     async with running(worker):
         ids = await _submit(pg_pool, queue, 3)
-        await eventually(lambda: direct.takes >= 4, what="several polls of the paused queue")
+        await eventually(lambda: direct.takes_issued >= 4, what="several polls of the paused queue")
         assert await _waiters(pg_pool, 0), "a worker of a paused queue must not ask submits to notify"
         assert judge.ran == []
         async with pg_pool.acquire() as conn:
@@ -371,22 +372,22 @@ async def test_the_take_carries_the_wake_up_registration(pg_pool: asyncpg.Pool, 
     rows does not, nor does one of a paused queue; a take asked to leave does so only when it finds
     rows (work is flowing), else the registration stays."""
     async with pg_pool.acquire() as conn:
-        idle = await outbox.take_direct(conn, queue, "w", limit=5, ttl=30, register_if_idle=True)
+        idle = await takes.take(conn, queue, "w", limit=5, ttl=30, register_if_idle=True)
         assert (idle.rows, idle.registered, idle.unregistered) == (0, True, False)
         assert await _waiters(pg_pool, 1)
-        stays = await outbox.take_direct(conn, queue, "w", limit=5, ttl=30, unregister_if_busy=True)
+        stays = await takes.take(conn, queue, "w", limit=5, ttl=30, unregister_if_busy=True)
         assert (stays.rows, stays.unregistered) == (0, False) and await _waiters(pg_pool, 1)
         await _submit(pg_pool, queue, 2)
-        busy = await outbox.take_direct(conn, queue, "w", limit=5, ttl=30, unregister_if_busy=True)
+        busy = await takes.take(conn, queue, "w", limit=5, ttl=30, unregister_if_busy=True)
         assert (busy.rows, busy.unregistered) == (2, True) and await _waiters(pg_pool, 0)
         await _submit(pg_pool, queue, 1, start=2)
-        found = await outbox.take_direct(conn, queue, "w", limit=5, ttl=30, register_if_idle=True)
+        found = await takes.take(conn, queue, "w", limit=5, ttl=30, register_if_idle=True)
         assert (found.rows, found.registered) == (1, False) and await _waiters(pg_pool, 0)
         await set_cutover(conn, queue, paused=True)
-        paused = await outbox.take_direct(conn, queue, "w", limit=5, ttl=30, register_if_idle=True)
+        paused = await takes.take(conn, queue, "w", limit=5, ttl=30, register_if_idle=True)
         assert (paused.live, paused.registered) == (False, False) and await _waiters(pg_pool, 0)
         with pytest.raises(ValueError, match="not both"):
-            await outbox.take_direct(conn, queue, "w", limit=5, ttl=30, unregister_if_busy=True, register_if_idle=True)
+            await takes.take(conn, queue, "w", limit=5, ttl=30, unregister_if_busy=True, register_if_idle=True)
 
 
 async def test_the_take_reaches_rows_by_key_under_a_generic_plan(pg_pool: asyncpg.Pool, queue: str) -> None:
@@ -409,7 +410,7 @@ async def test_a_new_databases_tables_are_analysed_once_they_have_rows(pg_pool: 
     async with pg_pool.acquire() as conn:
         assert await outbox.analyze_new_tables(conn) == []  # a new database's empty tables: nothing yet
         await conn.execute("SELECT judgequeue.submit($1, '{}') FROM generate_series(1, 1500)", queue)
-        while (await outbox.take_direct(conn, queue, "w", limit=500, ttl=30)).rows:
+        while (await takes.take(conn, queue, "w", limit=500, ttl=30)).rows:
             pass
         await conn.execute("SELECT judgequeue.submit($1, '{}') FROM generate_series(1, 5)", queue)
 

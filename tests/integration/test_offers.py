@@ -1,5 +1,5 @@
-"""Offers (core/sql/schema.sql, core/offers.py, core/offer_keeper.py) against real Postgres and Redis: an idle
-direct-intake worker's open slots, which the submits fill in their own transactions.
+"""Offers (core/sql/schema.sql, core/direct/offers.py, core/direct/offer_keeper.py) against real Postgres and
+Redis: an idle direct-intake worker's open slots, which the submits fill in their own transactions.
 
 What must hold is what holds for any lease: one terminal verdict per submission, no verdict from a
 stale attempt, no live dispatch of a pre-watermark row (a flag flip and a filling submit exclude
@@ -20,7 +20,8 @@ import asyncpg
 import pytest
 import redis.asyncio as aioredis
 
-from judgequeue.core import offer_keeper, offers, outbox
+from judgequeue.core import outbox, wakeup
+from judgequeue.core.direct import DirectIntake, offer_keeper, offers, takes, tuning
 from judgequeue.core.errors import CutoverBlocked
 from judgequeue.core.judges import Verdict
 from judgequeue.core.queues import database_now, get_queue, set_cutover
@@ -155,14 +156,14 @@ async def test_a_submit_without_an_offer_wakes_a_registered_waiter_only(
     """No open offer: a PENDING row, and one wake-up notification when a waiter (a dispatcher or
     a worker with direct intake) is registered; none when nobody is, so a busy queue's commits
     carry no NOTIFY."""
-    async with Listener(await asyncpg.connect(pg_dsn), outbox.WAKEUP_CHANNEL) as heard:
+    async with Listener(await asyncpg.connect(pg_dsn), wakeup.WAKEUP_CHANNEL) as heard:
         async with pg_pool.acquire() as conn:
             quiet = await outbox.submit(conn, queue, {})
             # Notifications of one session arrive in commit order: a wake-up of the quiet submit
             # would come before this marker.
-            await conn.execute("SELECT pg_notify($1, 'marker')", outbox.WAKEUP_CHANNEL)
+            await conn.execute("SELECT pg_notify($1, 'marker')", wakeup.WAKEUP_CHANNEL)
             assert await heard.next() == "marker"
-            await outbox.register_waiter(conn, queue, "dispatcher-1")
+            await wakeup.register_waiter(conn, queue, "dispatcher-1")
             woken = await outbox.submit(conn, queue, {})
         assert await heard.next() == queue
     assert (await _row(pg_pool, quiet))["status"] == (await _row(pg_pool, woken))["status"] == "PENDING"
@@ -360,11 +361,11 @@ async def test_an_idle_worker_offers_and_submits_hand_it_their_jobs(
     """Trickles of submits are judged through the offers alone: the worker's takes are the few it
     makes while idle, not one per job; its offers are topped up as they fill."""
     w = _worker(pg_pool, redis_client, pg_dsn, queue, SleepJudgeAccepting(), concurrency="8", offers="4")
-    direct = w.direct
-    assert direct is not None
+    direct = w.intake
+    assert isinstance(direct, DirectIntake)
     async with running(w):
         await eventually(lambda: _open_offers(pg_pool, 4), what="four offers open")
-        takes = direct.takes
+        takes_before = direct.takes_issued
         ids: list[int] = []
         async with pg_pool.acquire() as conn:
             for k in range(5):
@@ -372,7 +373,7 @@ async def test_an_idle_worker_offers_and_submits_hand_it_their_jobs(
                 await eventually(functools.partial(_done, pg_pool, list(ids)), what=f"trickle {k} judged")
                 # Topped up once three quarters are gone (offers.to_add): open again before the next.
                 await eventually(lambda: _open_at_least(pg_pool, 2), what="the offers topped up")
-        assert direct.takes - takes <= 2, "the jobs came through offers, not takes"
+        assert direct.takes_issued - takes_before <= 2, "the jobs came through offers, not takes"
         claimed = await pg_pool.fetch(
             "SELECT DISTINCT claimed_by FROM judgequeue.outbox WHERE submission_id = ANY($1)", ids
         )
@@ -425,15 +426,15 @@ async def test_offers_never_open_for_slots_a_take_is_filling(
     slots as busy until it ends: no offer opens meanwhile, and never more than two jobs run."""
     judge = GateJudge()
     w = _worker(pg_pool, redis_client, pg_dsn, queue, judge, concurrency="2", offers="8")
-    real_take, real_sync = outbox.take_direct, offers.sync
-    takes = 0
+    real_take, real_sync = takes.take, offers.sync
+    calls = 0
     in_take, release = asyncio.Event(), asyncio.Event()
     synced_during_take = asyncio.Event()
 
-    async def gated_take(*args: Any, **kwargs: Any) -> outbox.DirectTake:
-        nonlocal takes
-        takes += 1
-        if takes == 2:  # the look-again take right after the registration
+    async def gated_take(*args: Any, **kwargs: Any) -> takes.Take:
+        nonlocal calls
+        calls += 1
+        if calls == 2:  # the look-again take right after the registration
             in_take.set()
             await release.wait()
         return await real_take(*args, **kwargs)
@@ -444,7 +445,7 @@ async def test_offers_never_open_for_slots_a_take_is_filling(
             synced_during_take.set()
         return result
 
-    monkeypatch.setattr(outbox, "take_direct", gated_take)
+    monkeypatch.setattr(takes, "take", gated_take)
     monkeypatch.setattr(offers, "sync", watched_sync)
     async with running(w):
         await asyncio.wait_for(in_take.wait(), 10)
@@ -487,7 +488,7 @@ async def test_offers_lost_with_the_table_stay_reserved_when_written_again(
 async def test_offers_stay_alive_while_top_ups_keep_the_loop_busy(pg_pool: asyncpg.Pool, queue: str) -> None:
     """Top-ups between refreshes write only the slots they open; the once-a-second refresh still
     comes when the loop never waits out its timer (a fill every few milliseconds wakes it), so an
-    offer nobody fills does not expire (offers.VALIDITY) while its worker lives."""
+    offer nobody fills does not expire (tuning.OFFER_VALIDITY) while its worker lives."""
     off = offer_keeper.OfferKeeper(
         pg_pool, queue, WORKER, limit=4, concurrency=8, lease_ttl=30, busy=lambda: 0, start=lambda _: None
     )
@@ -495,7 +496,7 @@ async def test_offers_stay_alive_while_top_ups_keep_the_loop_busy(pg_pool: async
     try:
         off.want(True)
         await eventually(lambda: _open_offers(pg_pool, 4), what="four offers open")
-        deadline = asyncio.get_running_loop().time() + offers.VALIDITY + 1.5
+        deadline = asyncio.get_running_loop().time() + tuning.OFFER_VALIDITY + 1.5
         while asyncio.get_running_loop().time() < deadline:
             off.freed()  # what each fill does: wake the loop for a top-up
             off._bell.ring()
@@ -530,13 +531,13 @@ async def test_the_offers_loop_sleeps_while_it_offers_nothing(
     try:
         off.want(True)
         await eventually(lambda: _open_offers(pg_pool, 4), what="four offers open")
-        off.taken(offer_keeper.BURST_ROWS)  # a burst: cool down (offers withdrawn, none for COOLDOWN)
+        off.taken(tuning.OFFER_BURST_ROWS)  # a burst: cool down (offers withdrawn, none for COOLDOWN)
         await eventually(lambda: _open_offers(pg_pool, 0), what="offers withdrawn")
         syncs = 0
         window = asyncio.Event()
-        asyncio.get_running_loop().call_later(offer_keeper.COOLDOWN / 2, window.set)
+        asyncio.get_running_loop().call_later(tuning.OFFER_COOLDOWN / 2, window.set)
         await window.wait()  # a span of the cooldown, measured by the loop's own clock
-        assert syncs <= 2, f"{syncs} syncs in {offer_keeper.COOLDOWN / 2}s with nothing to offer"
+        assert syncs <= 2, f"{syncs} syncs in {tuning.OFFER_COOLDOWN / 2}s with nothing to offer"
     finally:
         await off.close(5)
 
@@ -548,8 +549,8 @@ async def test_a_lost_notification_is_made_up_by_the_sync(
     the worker still judges those jobs within a sync or two, long before their leases expire."""
     w = _worker(pg_pool, redis_client, pg_dsn, queue, SleepJudgeAccepting(), concurrency="8", offers="4",
                 lease_ttl="60s")  # fmt: skip
-    assert w.direct is not None
-    direct = w.direct
+    direct = w.intake
+    assert isinstance(direct, DirectIntake)
     async with running(w):
         await eventually(lambda: _open_offers(pg_pool, 4), what="offers open")
         listen_pid = direct.wakeup._conn.get_server_pid() if direct.wakeup and direct.wakeup._conn else None
@@ -599,7 +600,7 @@ async def test_a_burst_makes_the_worker_take_its_offers_back(
     async with running(w):
         await eventually(lambda: _open_offers(pg_pool, 2), what="offers open")
         async with pg_pool.acquire() as conn, conn.transaction():  # one commit: they arrive at once
-            ids = [await outbox.submit(conn, queue, {"i": i}) for i in range(2 + offer_keeper.BURST_ROWS * 2)]
+            ids = [await outbox.submit(conn, queue, {"i": i}) for i in range(2 + tuning.OFFER_BURST_ROWS * 2)]
         await eventually(lambda: len(judge.started) == len(ids), what="the burst taken")
         await eventually(lambda: _open_offers(pg_pool, 0), what="offers taken back")
         judge.gate.set()

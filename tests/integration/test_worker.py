@@ -11,13 +11,14 @@ import asyncpg
 import pytest
 import redis.asyncio as aioredis
 
-from judgequeue.core import lanes, leases, metrics, outbox, streams, verdicts, worker
+from judgequeue.core import lanes, leases, metrics, outbox, sql, streams, verdicts, worker
 from judgequeue.core.dispatcher import Dispatcher
 from judgequeue.core.judges import UnknownJudge, Verdict
 from judgequeue.core.judges.builtin import SleepJudge
 from judgequeue.core.worker import Worker
 from tests.support.databases import REDIS_URL
-from tests.support.inprocess import GateJudge
+from tests.support.inprocess import GateJudge, running
+from tests.support.queries import submission
 from tests.support.settings import make_settings
 from tests.support.waiting import eventually
 from tests.support.worker_harness import Harness
@@ -401,3 +402,56 @@ async def test_a_stopping_worker_writes_a_lingering_verdict_at_once(
     stop.set()
     await asyncio.wait_for(task, 5)
     assert (await h.row(sid))["status"] == "ACCEPTED" and w.verdict_statements == 1
+
+
+#: Direct intake's statements (core/direct): the take, the offers' sync, and the waiter registration
+#: a direct-intake worker makes (a dispatcher's own wake-up registers too: that one is the stream's).
+DIRECT_INTAKE_STATEMENTS = {"lease_direct", "offers_sync"}
+WORKER_WAKEUP_STATEMENTS = {"waiter_register", "waiter_unregister"}
+
+
+async def _logged_pool(dsn: str, statements: list[str]) -> asyncpg.Pool:
+    """A pool whose every statement's text is appended to ``statements``."""
+
+    async def log_each(conn: asyncpg.Connection) -> None:
+        conn.add_query_logger(lambda logged: statements.append(logged.query))
+
+    pool = await asyncpg.create_pool(dsn, min_size=1, max_size=4, init=log_each)
+    assert pool is not None
+    return pool
+
+
+async def test_the_stream_intake_issues_no_direct_intake_statement(
+    pg_dsn: str, redis_client: aioredis.Redis, queue: str
+) -> None:
+    """A stream-intake worker and its dispatcher pay nothing for direct intake: judging a batch of
+    jobs, the worker issues no take, no offers sync and no waiter registration, and the dispatcher
+    no take and no offers sync (it registers as a waiter for its own wake-up, the stream's)."""
+    by_worker: list[str] = []
+    by_dispatcher: list[str] = []
+    worker_pool = await _logged_pool(pg_dsn, by_worker)
+    dispatcher_pool = await _logged_pool(pg_dsn, by_dispatcher)
+    settings = make_settings(pg_dsn, REDIS_URL, queue, schedule="50ms", concurrency="4")
+    try:
+        async with worker_pool.acquire() as conn:
+            ids = [await outbox.submit(conn, queue, {"i": i}) for i in range(20)]
+        by_worker.clear()  # the submits above are the application's
+        dispatcher = Dispatcher(dispatcher_pool, redis_client, settings)
+        async with running(dispatcher, Worker(worker_pool, redis_client, settings, judge=SleepJudge())):
+            for sid in ids:
+                await eventually(functools.partial(_status_of, worker_pool, sid, "ACCEPTED"), what=f"{sid} judged")
+    finally:
+        await worker_pool.close()
+        await dispatcher_pool.close()
+    names = {sql.query(name): name for name in DIRECT_INTAKE_STATEMENTS | WORKER_WAKEUP_STATEMENTS | {"lease_acquire"}}
+    worker_used = {names[q] for q in by_worker if q in names}
+    dispatcher_used = {names[q] for q in by_dispatcher if q in names}
+    assert "lease_acquire" in worker_used, "the log sees the worker's statements by their text"
+    assert worker_used & (DIRECT_INTAKE_STATEMENTS | WORKER_WAKEUP_STATEMENTS) == set(), worker_used
+    assert dispatcher_used & DIRECT_INTAKE_STATEMENTS == set(), dispatcher_used
+
+
+async def _status_of(pool: asyncpg.Pool, sid: int, status: str) -> bool:
+    async with pool.acquire() as conn:
+        row = await submission(conn, sid)
+    return row is not None and row["status"] == status

@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 
-from judgequeue.core import offer_keeper, offers
+from judgequeue.core.direct import offer_keeper, offers, tuning
 
 
 def test_a_fill_notification_parses_with_and_without_its_payload() -> None:
@@ -35,5 +35,5 @@ def test_offers_are_topped_up_once_three_quarters_are_gone_within_the_free_slots
 
 
 def test_the_keeper_stops_offering_above_its_fill_rate() -> None:
-    assert offer_keeper.too_fast(int(offer_keeper.MAX_FILL_RATE * offer_keeper.RATE_WINDOW) + 1)
-    assert not offer_keeper.too_fast(int(offer_keeper.MAX_FILL_RATE * offer_keeper.RATE_WINDOW))
+    assert offer_keeper.too_fast(int(tuning.OFFER_MAX_FILL_RATE * tuning.OFFER_RATE_WINDOW) + 1)
+    assert not offer_keeper.too_fast(int(tuning.OFFER_MAX_FILL_RATE * tuning.OFFER_RATE_WINDOW))

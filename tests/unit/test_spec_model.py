@@ -218,14 +218,20 @@ def test_the_source_reading_finds_what_roles_read() -> None:
 
 
 #: The modules that read a role's settings for it: the role's own, and the pieces only it runs.
-ROLE_MODULES: dict[str, tuple[str, ...]] = {"worker": ("worker", "direct_intake", "lanes", "verdicts")}
+ROLE_MODULES: dict[str, tuple[str, ...]] = {"worker": ("worker", "direct", "lanes", "verdicts")}
+
+
+def _sources(module: str) -> list[Path]:
+    """The files of one module of core, or of every module of a package of core."""
+    package = ROOT / "core" / module
+    return sorted(package.glob("*.py")) if package.is_dir() else [ROOT / "core" / f"{module}.py"]
 
 
 @pytest.mark.parametrize("role", ROLES)
 def test_each_role_gets_exactly_the_spec_settings_it_reads(role: Role) -> None:
     settable = {f.setting: f for f in FIELDS if f.setting is not None and f.setting[0] is not None}
     modules = ROLE_MODULES.get(role, (role,))
-    found = set().union(*(settings_read_by(ROOT / "core" / f"{m}.py") for m in modules))
+    found = set().union(*(settings_read_by(path) for m in modules for path in _sources(m)))
     read = {variable_for(*key) for key in found if key in settable}
     given = set(role_settings(full_spec(), role)) - COMMON
     assert given == read, f"{role}: sent but not read {sorted(given - read)}, read but not sent {sorted(read - given)}"

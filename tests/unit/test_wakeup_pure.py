@@ -1,11 +1,14 @@
-"""The wake-up's pure rules, by name: ``wakeup.keep_listening`` (shared by the dispatcher and
-direct intake), ``wakeup.pace_takes`` and ``wakeup.TakeRate`` (docs/design.md §1)."""
+"""The wake-up's and the takes' pure rules, by name: ``wakeup.keep_listening`` (shared by the
+dispatcher and direct intake), ``direct.takes.pace_takes`` and ``direct.takes.TakeRate``
+(docs/design.md §1)."""
 
 from __future__ import annotations
 
 import pytest
 
-from judgequeue.core.wakeup import BUSY_STREAK, PACE_ABOVE, RATE_WINDOW, TakeRate, keep_listening, pace_takes
+from judgequeue.core.direct.takes import TakeRate, pace_takes
+from judgequeue.core.direct.tuning import PACE_TAKES_ABOVE, TAKE_RATE_WINDOW
+from judgequeue.core.wakeup import BUSY_STREAK, keep_listening
 
 
 def test_keep_listening_only_for_a_trickle() -> None:
@@ -17,7 +20,7 @@ def test_keep_listening_only_for_a_trickle() -> None:
 
 
 def test_takes_are_paced_only_while_work_flows_fast() -> None:
-    fast = PACE_ABOVE
+    fast = PACE_TAKES_ABOVE
     assert pace_takes(2, 64, BUSY_STREAK, fast)  # a streak of takes finding a row or two: let rows gather
     assert not pace_takes(2, 64, BUSY_STREAK - 1, fast)  # not a streak yet: a trickle is a notification's
     assert not pace_takes(64, 64, BUSY_STREAK, fast)  # every free slot filled: the slots are the limit
@@ -31,9 +34,9 @@ def test_the_take_rate_leaves_out_the_first_take_and_follows_the_latest_window()
     rate.add(3, 10.001)
     rate.add(3, 10.002)
     assert rate.per_second == pytest.approx(3000)
-    rate.add(0, 10.0 + RATE_WINDOW)  # the window ends: its rate stands until the next has one
-    assert rate.per_second == pytest.approx(6 / RATE_WINDOW)
-    rate.add(1, 10.0 + RATE_WINDOW + 0.01)
+    rate.add(0, 10.0 + TAKE_RATE_WINDOW)  # the window ends: its rate stands until the next has one
+    assert rate.per_second == pytest.approx(6 / TAKE_RATE_WINDOW)
+    rate.add(1, 10.0 + TAKE_RATE_WINDOW + 0.01)
     assert rate.per_second == pytest.approx(100)
     rate.start(20.0)
     assert rate.per_second == 0.0

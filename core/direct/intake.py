@@ -1,12 +1,13 @@
-"""Direct intake: a worker with free slots takes ready outbox rows itself (docs/design.md §1).
+"""The worker's side of direct intake: each turn of a direct-intake worker's loop (docs/design.md §1).
 
 With ``JUDGEQUEUE_INTAKE=direct`` a worker claims and leases ready outbox rows in one statement
-(``outbox.take_direct``: no stream entry and so no ack), woken by the submits' notifications
-(:mod:`judgequeue.core.wakeup`), and, when it can listen, offers some free slots for the submits to
-fill (:mod:`judgequeue.core.offer_keeper`). The stream then carries what no worker took within a
-``schedule`` (the overflow) and the reaper's re-deliveries, which this intake reads first while
-there are any. The jobs it brings are judged, heartbeated and written like any other: it hands them
-to the worker's ``start_jobs`` (leases) or ``start_deliveries`` (stream entries).
+(:func:`~judgequeue.core.direct.takes.take`: no stream entry and so no ack), woken by the submits'
+notifications (:mod:`judgequeue.core.wakeup`, shared with the dispatcher), and, when it can listen,
+offers some free slots for the submits to fill (:mod:`judgequeue.core.direct.offer_keeper`). The
+stream then carries what no worker took within a ``schedule`` (the overflow) and the reaper's
+re-deliveries, which this intake reads first while there are any. The jobs it brings are judged,
+heartbeated and written like any other: it hands them to the worker's ``start_jobs`` (leases) or
+``start_deliveries`` (stream entries).
 """
 
 from __future__ import annotations
@@ -19,18 +20,15 @@ from collections.abc import Awaitable, Callable, Sequence
 import asyncpg
 import redis.asyncio as aioredis
 
-from . import failpoints, leases, metrics, outbox, streams
-from .config import Settings
-from .errors import SERVER_ERRORS, TransportError
-from .lifecycle import SHUTDOWN_STEP, HeldSession, backoff, best_effort, unless_stopped, wait_any
+from .. import failpoints, leases, metrics, streams
+from ..config import Settings
+from ..errors import SERVER_ERRORS, TransportError
+from ..lifecycle import SHUTDOWN_STEP, HeldSession, backoff, best_effort, unless_stopped, wait_any
+from ..wakeup import Wakeup, keep_listening
+from . import takes, tuning
 from .offer_keeper import OfferKeeper
-from .wakeup import TAKE_PACE, TakeRate, Wakeup, keep_listening, pace_takes
 
 log = logging.getLogger("judgequeue.worker")
-
-#: Seconds a direct-intake worker stays unregistered when other workers take what it is woken for
-#: (it then registers again).
-STEP_BACK = 0.05
 
 
 class DirectIntake:
@@ -61,11 +59,11 @@ class DirectIntake:
         self._session, self._jobs, self._count_stale = session, jobs, count_stale
         self._start_jobs, self._start_deliveries = start_jobs, start_deliveries
         #: Take statements issued, rows or not.
-        self.takes = 0
+        self.takes_issued = 0
         self._stream_checked = -float("inf")  # when the stream was last read
         self._stream_flowing = False  # the last read of the stream found entries
         self._streak = 0  # takes in a row that found rows without waiting
-        self._take_rate = TakeRate()  # how fast the streak's takes find rows
+        self._take_rate = takes.TakeRate()  # how fast the streak's takes find rows
         self._failures = 0
         #: With a LISTEN connection and ``JUDGEQUEUE_OFFERS`` > 0: slots offered to the submits.
         self.offering: OfferKeeper | None = None
@@ -74,19 +72,18 @@ class DirectIntake:
         self._taking = 0
         self.wakeup: Wakeup | None = None
 
-    def start(self) -> Wakeup:
+    def start(self) -> None:
         """Open the wake-up, with offers when the worker can listen (they come by notification) and
         is allowed some (``JUDGEQUEUE_OFFERS``); in the running loop."""
-        channel = None
+        also: dict[str, Callable[[str], None]] = {}
         if self._settings.listen_dsn is not None and self._cfg.offers > 0:
             self.offering = OfferKeeper(
                 self._pool, self._queue, self._name, limit=self._cfg.offers, concurrency=self._cfg.concurrency,
                 lease_ttl=self._cfg.lease_ttl, busy=lambda: self._jobs() + self._taking, start=self._start_offered,
             )  # fmt: skip
             self.offering.start()
-            channel = (self.offering.channel, self.offering.receive)
-        self.wakeup = Wakeup(self._session, self._settings.listen_dsn, self._queue, self._name, offers=channel)
-        return self.wakeup
+            also = {self.offering.channel: self.offering.receive}  # fills come on the wake-up's connection
+        self.wakeup = Wakeup(self._session, self._settings.listen_dsn, self._queue, self._name, also=also)
 
     def freed(self) -> None:
         """A job ended: its slot may be offered again."""
@@ -112,8 +109,9 @@ class DirectIntake:
             await best_effort(self.wakeup.close(), SHUTDOWN_STEP)
 
     async def step(self, free: int, stop: asyncio.Event) -> None:
-        """One turn of direct intake: the stream's entries first while it has any (the dispatcher's
-        overflow and the reaper's re-deliveries are older than anything in the outbox), looked at
+        """One turn of the worker's loop with ``free`` slots: the stream's entries first while it
+        has any (the dispatcher's overflow and the reaper's re-deliveries are older than anything in
+        the outbox), looked at
         once a ``schedule`` otherwise; then lease ready outbox rows; then, unless work is flowing,
         sleep on the submit notification.
 
@@ -121,10 +119,10 @@ class DirectIntake:
         waiter only when a take finds nothing, stay registered while a trickle comes in, and loop
         unregistered while takes keep finding rows: a busy queue pays no NOTIFY per commit (which
         would serialise the submits' commits). In that loop, while the takes find rows faster than
-        offers carry them and leave slots free, they come :data:`~judgequeue.core.wakeup.TAKE_PACE`
-        apart (:func:`~judgequeue.core.wakeup.pace_takes`), so each brings several rows instead of
-        one statement per row or two. Notified of more rows than it took, the
-        worker steps back for :data:`STEP_BACK` (other workers serve the queue). Redis being down
+        offers carry them and leave slots free, they come :data:`~tuning.TAKE_PACE` apart
+        (:func:`~judgequeue.core.direct.takes.pace_takes`), so each brings several rows instead of
+        one statement per row or two. Notified of more rows than it took, the worker steps back for
+        :data:`~tuning.OTHERS_SERVE_STEP_BACK` (other workers serve the queue). Redis being down
         stops only the stream's part.
         """
         wakeup = self.wakeup
@@ -185,14 +183,14 @@ class DirectIntake:
                     self._take_rate.add(taken, time.monotonic())
                 if not (wakeup.registered and keep_listening(taken, free, self._streak)):
                     wakeup.disarm_when_busy()  # the next take leaves if it finds rows
-                    if pace_takes(taken, free, self._streak, self._take_rate.per_second):
-                        await wait_any(stop, None, TAKE_PACE)
+                    if takes.pace_takes(taken, free, self._streak, self._take_rate.per_second):
+                        await wait_any(stop, None, tuning.TAKE_PACE)
                     return  # work is flowing: take again
             elif wakeup.others_serve():
                 # Other workers take the rows this one is woken for (they loop, busy): staying
                 # registered would only make every submit pay a NOTIFY.
                 await self._disarm(wakeup)
-                await wait_any(stop, None, min(schedule, STEP_BACK))
+                await wait_any(stop, None, min(schedule, tuning.OTHERS_SERVE_STEP_BACK))
                 return
             else:
                 self._streak = 0
@@ -212,7 +210,7 @@ class DirectIntake:
             self._streak = 0
         await wakeup.wait(stop, schedule)
 
-    async def _take(self, wakeup: Wakeup, free: int, stop: asyncio.Event) -> outbox.DirectTake | None:
+    async def _take(self, wakeup: Wakeup, free: int, stop: asyncio.Event) -> takes.Take | None:
         """Lease up to ``free`` ready rows straight from the outbox and start their judges; returns
         what the take claimed (None if ``stop`` came first)."""
         await wakeup.listen()  # before a take may register: no notification goes unheard
@@ -220,7 +218,7 @@ class DirectIntake:
         conn = await self._session.get()
         take = await unless_stopped(
             stop,
-            outbox.take_direct(
+            takes.take(
                 conn, self._queue, self._name, limit=free, ttl=self._cfg.lease_ttl,
                 unregister_if_busy=leave, register_if_idle=join,
             ),
@@ -229,7 +227,7 @@ class DirectIntake:
             # Abandoned mid-statement: a claim it committed is rescued like a crashed worker's lease.
             await self._session.drop()
             return None
-        self.takes += 1
+        self.takes_issued += 1
         wakeup.after_take(take.registered, take.unregistered)
         if self.offering is not None:
             self.offering.taken(take.rows)

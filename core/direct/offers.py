@@ -9,7 +9,7 @@ statement of the worker's at all: that take was most of the CPU a job cost and m
 
 What keeps it safe is what keeps any lease safe: the fence, the heartbeat, the expiry that the
 reaper rescues. An offer lives only while its worker refreshes it (a dead worker's offers stop being
-filled within :data:`VALIDITY`); a notification lost with a connection is made up by the worker's
+filled within :data:`~tuning.OFFER_VALIDITY`); a notification lost with a connection is made up by the worker's
 next :func:`sync`, which reports every filled offer it has not seen. A flag flip and a filling
 submit exclude each other (a lock taken in the submit, see the migration), so no submit hands a
 row over under flags that changed before its commit. Offers are made only while the worker waits:
@@ -32,13 +32,8 @@ from typing import Any
 
 import asyncpg
 
-from . import sql
-
-#: Seconds an offer stays fillable without a refresh: how long a dead worker's offers can still
-#: take jobs (each then waits for its lease to expire and be rescued).
-VALIDITY = 3.0
-#: Seconds between refreshes of a waiting worker's offers.
-REFRESH = 1.0
+from .. import sql
+from . import tuning
 
 _NO_PAYLOAD = object()
 
@@ -99,7 +94,7 @@ def to_add(concurrency: int, busy: int, open_now: int, limit: int) -> int:
     """How many new offers a waiting worker makes (pure): it keeps up to ``limit`` open within its
     free slots (``concurrency - busy``), topping up once three quarters are gone, so a trickle
     costs one statement per many jobs, not one each (a quarter left lasts several round trips of
-    the top-up at the rates offers are made for, see offer_keeper.MAX_FILL_RATE)."""
+    the top-up at the rates offers are made for, see :data:`~tuning.OFFER_MAX_FILL_RATE`)."""
     want = min(limit, concurrency - busy)
     if want <= 0 or open_now > want // 4:
         return 0
@@ -120,7 +115,7 @@ async def sync(
 ) -> Synced:
     """Bring the worker's offers in line in one statement (``offers_sync``): ``open_slots`` are
     open (filled ones in ``seen`` opened again, missing ones added), and with ``refresh`` every
-    open offer stays alive for :data:`VALIDITY` more; or with ``withdraw`` its open offers are taken
+    open offer stays alive for :data:`~tuning.OFFER_VALIDITY` more; or with ``withdraw`` its open offers are taken
     back (those a submit is filling this moment stay, and are reported filled later). Filled offers
     in ``seen`` (slot and the attempt that filled it) not opened again are forgotten. By attempt,
     not slot: a slot opened again by a statement whose answer was lost can be filled again before
@@ -131,7 +126,7 @@ async def sync(
         worker,
         channel,
         float(lease_ttl),
-        VALIDITY,
+        tuning.OFFER_VALIDITY,
         list(open_slots),
         [slot for slot, _ in seen],
         withdraw,

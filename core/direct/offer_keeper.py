@@ -1,11 +1,11 @@
 """The keeper of one worker's offers: which of its slots are open, the jobs that fill them, and the
 loop that keeps its rows of ``judgequeue.worker_offers`` in line (the table, its statement and the
-notification's format are :mod:`judgequeue.core.offers`).
+notification's format are :mod:`judgequeue.core.direct.offers`).
 
 The worker decides *whether* to offer (:meth:`OfferKeeper.want`: while it waits for work, registered
 as a waiter) and gives this class its free-slot count; this class decides *how many* (topping up
 once three quarters are gone, :func:`offers.to_add`), writes them, refreshes them every
-:data:`offers.REFRESH` seconds while wanted, withdraws them when not, and turns each filled offer
+:data:`~tuning.OFFER_REFRESH` seconds while wanted, withdraws them when not, and turns each filled offer
 (by notification, or by :func:`offers.sync` when the notification was lost or could not carry the
 payload) into a lease handed to the worker, exactly once per slot.
 
@@ -26,35 +26,17 @@ from datetime import UTC, datetime
 
 import asyncpg
 
-from . import leases, metrics, offers
-from .connect import STATEMENT_TIMEOUT
-from .lifecycle import DB_ERRORS, Doorbell, backoff, cancel_within
+from .. import leases, metrics
+from ..connect import STATEMENT_TIMEOUT
+from ..lifecycle import DB_ERRORS, Doorbell, backoff, cancel_within
+from . import offers, tuning
 
 log = logging.getLogger("judgequeue.worker")
 
-#: Fills per second (over :data:`RATE_WINDOW`) above which a worker stops offering for
-#: :data:`COOLDOWN`. Every fill is a NOTIFY in the submit's commit, and Postgres serialises
-#: notifying commits (with their WAL flush): on the project's machines that caps the submits near
-#: 1,200-1,500 a second once every commit fills an offer, where plain commits reach 4,000-5,000, and
-#: the cap hides the demand (fills never come faster than it). So the limit sits just under the cap,
-#: over a window long enough that a paced load's jitter at 1,000 a second does not cross it. At such
-#: rates the takes batch anyway (several rows each) and the submits commit without a NOTIFY each.
-MAX_FILL_RATE = 1100.0
-RATE_WINDOW = 0.4
-COOLDOWN = 3.0
-#: Rows one take finds while the worker offers that show the submits outrun the offers (they were
-#: all filled when these came): a burst, whose NOTIFYs would cap the submits; stop for COOLDOWN.
-#: A trickle's stragglers (a fill racing a top-up) come one or two at a time.
-BURST_ROWS = 8
-
-#: Seconds an attempt whose job was started is remembered, so a notification arriving after the
-#: sync that reported it (or the other way round) does not start it twice.
-REMEMBER = 60.0
-
 
 def too_fast(fills_in_window: int) -> bool:
-    """Whether fills arrive faster than :data:`MAX_FILL_RATE` (pure)."""
-    return fills_in_window > MAX_FILL_RATE * RATE_WINDOW
+    """Whether fills arrive faster than :data:`~tuning.OFFER_MAX_FILL_RATE` (pure)."""
+    return fills_in_window > tuning.OFFER_MAX_FILL_RATE * tuning.OFFER_RATE_WINDOW
 
 
 class OfferKeeper:
@@ -87,14 +69,14 @@ class OfferKeeper:
         # forgets them. By attempt, since a reopened slot can be filled again before that sync's
         # answer is read.
         self._seen: dict[int, uuid.UUID] = {}
-        # Attempts whose job was started or given up (see REMEMBER), oldest first in the deque.
+        # Attempts whose job was started or given up (see tuning.OFFER_FILL_MEMORY), oldest first in the deque.
         self._handled: set[uuid.UUID] = set()
         self._handled_at: deque[tuple[float, uuid.UUID]] = deque()
         self._wanted = False
         self._closing = False
-        self._fills: deque[float] = deque()  # when the recent fills came (see MAX_FILL_RATE)
+        self._fills: deque[float] = deque()  # when the recent fills came (see tuning.OFFER_MAX_FILL_RATE)
         self._cooldown_until = 0.0
-        self._refreshed_at = 0.0  # when the open offers were last kept alive (see offers.REFRESH)
+        self._refreshed_at = 0.0  # when the open offers were last kept alive (see tuning.OFFER_REFRESH)
         self._bell = Doorbell()
         self._sync_lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
@@ -131,8 +113,8 @@ class OfferKeeper:
         self._handle(filled, from_sync=False)
 
     def taken(self, rows: int) -> None:
-        """A take of the worker's found ``rows`` (see :data:`BURST_ROWS`)."""
-        if self._wanted and rows >= BURST_ROWS:
+        """A take of the worker's found ``rows`` (see :data:`~tuning.OFFER_BURST_ROWS`)."""
+        if self._wanted and rows >= tuning.OFFER_BURST_ROWS:
             self._cool_down()
 
     async def withdraw_now(self) -> None:
@@ -155,13 +137,13 @@ class OfferKeeper:
     async def _run(self) -> None:
         failures = 0
         while True:
-            await self._bell.wait(max(0.0, self._refreshed_at + offers.REFRESH - time.monotonic()))
+            await self._bell.wait(max(0.0, self._refreshed_at + tuning.OFFER_REFRESH - time.monotonic()))
             self._bell.clear()
             try:
                 await self._sync()
                 failures = 0
             except Exception as exc:
-                # Open offers expire on their own (offers.VALIDITY); filled ones wait in the table
+                # Open offers expire on their own (tuning.OFFER_VALIDITY); filled ones wait in the table
                 # and are reported by the next sync that succeeds. A bug must not end the loop
                 # either: the slots it reserves would never come back.
                 failures += 1
@@ -182,7 +164,7 @@ class OfferKeeper:
             offering = self._wanted and not self._closing and now >= self._cooldown_until
             # Every open offer is kept alive about once a second; a top-up between refreshes (every
             # few fills at a steady trickle) writes only the slots it opens.
-            refresh = offering and now >= self._refreshed_at + offers.REFRESH
+            refresh = offering and now >= self._refreshed_at + tuning.OFFER_REFRESH
             opened: list[int] = []
             if offering:
                 n = offers.to_add(self._concurrency, self._busy(), self.reserved, self._limit)
@@ -249,16 +231,16 @@ class OfferKeeper:
     def _count_fill(self) -> None:
         now = time.monotonic()
         self._fills.append(now)
-        while self._fills[0] < now - RATE_WINDOW:
+        while self._fills[0] < now - tuning.OFFER_RATE_WINDOW:
             self._fills.popleft()
         if too_fast(len(self._fills)):
-            self._cool_down()  # submits come faster than offers help (see MAX_FILL_RATE)
+            self._cool_down()  # submits come faster than offers help (see tuning.OFFER_MAX_FILL_RATE)
 
     def _cool_down(self) -> None:
-        """Take the offers back for :data:`COOLDOWN`: at this rate the takes batch, and the submits
+        """Take the offers back for :data:`~tuning.OFFER_COOLDOWN`: at this rate the takes batch, and the submits
         commit without a NOTIFY each."""
         self._fills.clear()
-        self._cooldown_until = time.monotonic() + COOLDOWN
+        self._cooldown_until = time.monotonic() + tuning.OFFER_COOLDOWN
         self._bell.ring()
 
     def _mark_handled(self, slot: int, attempt: uuid.UUID) -> None:
@@ -267,6 +249,6 @@ class OfferKeeper:
         self._seen[slot] = attempt
 
     def _forget_old(self) -> None:
-        cutoff = time.monotonic() - REMEMBER
+        cutoff = time.monotonic() - tuning.OFFER_FILL_MEMORY
         while self._handled_at and self._handled_at[0][0] < cutoff:
             self._handled.discard(self._handled_at.popleft()[1])
