@@ -219,12 +219,18 @@ class HeldSession:
         with contextlib.suppress(Exception):
             await self._pool.release(conn)
 
-    async def release(self) -> None:
-        """Give the held connection back to the pool in good order (a loop ending normally)."""
+    async def release(self, within: float = SHUTDOWN_STEP) -> None:
+        """Give the held connection back to the pool in good order (a loop ending normally), or
+        close it if that takes over ``within`` seconds: a release waits for the cancel requests of
+        statements abandoned on it, which a stalled server never answers."""
         conn, self._conn = self._conn, None
-        if conn is not None:
+        if conn is None:
+            return
+        try:
+            await asyncio.wait_for(self._pool.release(conn), within)
+        except Exception:
             with contextlib.suppress(Exception):
-                await self._pool.release(conn)
+                conn.terminate()
 
 
 def _usable(conn: asyncpg.Connection) -> bool:

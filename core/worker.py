@@ -223,24 +223,30 @@ class Worker:
         stopping = self._halt  # asked to stop, or stopping itself (unfit)
         heartbeat = asyncio.create_task(self._heartbeat(), name="lease-heartbeat")
         self.intake.start()
+        ended = False
         try:
-            while not stopping.is_set():
-                self._slot_freed.clear()
-                free = self.cfg.concurrency - len(self._jobs)
-                if free <= 0:
-                    self._writer.flush()  # a slot is held by a verdict waiting for company
-                    await self.intake.full()
-                    await wait_any(stopping, self._slot_freed, 1.0)
-                else:
-                    await self.intake.step(free, stopping)
+            ended = await _ends_within(self._intake_loop(stopping), stopping, SHUTDOWN_STEP)
         finally:
             await self.intake.close()
-            await self._session.release()
+            # A loop cut short may leave the held session mid-statement: close it, don't reuse it.
+            await (self._session.release() if ended else self._session.drop())
             await self._shutdown()
             await cancel_within(heartbeat, SHUTDOWN_STEP)
             follow.cancel()
         if self.unfit is not None:
             raise RoleUnfit(f"the worker cannot judge any more, its jobs were given back: {self.unfit}")
+
+    async def _intake_loop(self, stopping: asyncio.Event) -> None:
+        """Bring jobs in while there are free slots, until ``stopping`` is set."""
+        while not stopping.is_set():
+            self._slot_freed.clear()
+            free = self.cfg.concurrency - len(self._jobs)
+            if free <= 0:
+                self._writer.flush()  # a slot is held by a verdict waiting for company
+                await self.intake.full()
+                await wait_any(stopping, self._slot_freed, 1.0)
+            else:
+                await self.intake.step(free, stopping)
 
     # --- intake -----------------------------------------------------------------------------------
 
@@ -549,6 +555,32 @@ class Worker:
 async def _follow(source: asyncio.Event, target: asyncio.Event) -> None:
     await source.wait()
     target.set()
+
+
+async def _ends_within(work: Awaitable[None], stop: asyncio.Event, within: float) -> bool:
+    """Run ``work`` (which ends by itself once ``stop`` is set); once ``stop`` is set, give it
+    ``within`` seconds, then cancel it. Returns whether it ended by itself.
+
+    The intake loop's steps wait on ``stop`` and end at once when it is set, unless a step is stuck
+    on a stalled server (a connect, a take, a LISTEN, an offers sync): SIGTERM must not wait that
+    out. What a cut step leaves half-done is a crash's leftover (a lease the reaper rescues, an
+    entry still pending, a waiter row pruned)."""
+    task = asyncio.ensure_future(work)
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait((task, stopped), return_when=asyncio.FIRST_COMPLETED)
+        if not task.done():
+            await asyncio.wait((task,), timeout=within)
+    except BaseException:
+        task.cancel()  # the worker itself is cancelled: so is its loop
+        raise
+    finally:
+        stopped.cancel()
+    if task.done():
+        task.result()  # its failure is the worker's
+        return True
+    await cancel_within(task, within)
+    return False
 
 
 async def run(settings: Settings, stop: asyncio.Event) -> None:

@@ -12,6 +12,9 @@ import signal
 import time
 from pathlib import Path
 
+import pytest
+
+from judgequeue.core.config import INTAKES
 from judgequeue.core.queues import create_queue
 from tests.support.chaos import FaultTargets, fault_targets
 from tests.support.databases import connection
@@ -23,13 +26,13 @@ NAMES = ["dispatcher", "worker", "worker", "reaper"]
 
 
 async def _exit_codes_while_stalled(
-    t: FaultTargets, proxy: TcpProxy, queue: str, tmp_path: Path, within: float
+    t: FaultTargets, proxy: TcpProxy, queue: str, tmp_path: Path, within: float, intake: str
 ) -> dict[str, int | None]:
     """Start the roles through the proxies, let them judge, stall ``proxy``, SIGTERM every role and
     return each role's exit code, or None for a role still running ``within`` seconds later."""
     async with connection(t.pg.dsn) as conn:
         await create_queue(conn, queue)
-    roles = Roles.on(t.role_pg_dsn, queue, tmp_path, redis_url=t.role_redis_url)
+    roles = Roles.on(t.role_pg_dsn, queue, tmp_path, redis_url=t.role_redis_url, JUDGEQUEUE_INTAKE=intake)
     roles.start_all(workers=2)
     try:
         ids = [await submit_retrying(t.pg.dsn, queue, OK) for _ in range(30)]
@@ -60,15 +63,23 @@ async def _exit_codes_while_stalled(
         await asyncio.to_thread(roles.stop)
 
 
-async def test_sigterm_during_a_redis_stall_exits_0_before_the_stall_ends(queue_name: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("intake", INTAKES)
+async def test_sigterm_during_a_redis_stall_exits_0_before_the_stall_ends(
+    queue_name: str, tmp_path: Path, intake: str
+) -> None:
     """Every Redis call a role is in gives up after redis-py's socket timeout; a reaper sweep stops
     starting new steps once asked to stop (it used to run all of them, one timeout each)."""
     async with fault_targets() as t:
-        codes = await _exit_codes_while_stalled(t, t.redis_proxy, queue_name, tmp_path, within=10)
+        codes = await _exit_codes_while_stalled(t, t.redis_proxy, queue_name, tmp_path, within=10, intake=intake)
     assert codes == {"dispatcher-0": 0, "worker-1": 0, "worker-2": 0, "reaper-3": 0}, codes
 
 
-async def test_sigterm_during_a_postgres_stall_exits_0_before_the_stall_ends(queue_name: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("intake", INTAKES)
+async def test_sigterm_during_a_postgres_stall_exits_0_before_the_stall_ends(
+    queue_name: str, tmp_path: Path, intake: str
+) -> None:
+    """A direct-intake worker's step (a take, a LISTEN, an offers sync, a connect) is abandoned at
+    SIGTERM like the stream read: its half-done work is a crash's leftover, rescued."""
     async with fault_targets() as t:
-        codes = await _exit_codes_while_stalled(t, t.pg_proxy, queue_name, tmp_path, within=10)
+        codes = await _exit_codes_while_stalled(t, t.pg_proxy, queue_name, tmp_path, within=10, intake=intake)
     assert codes == {"dispatcher-0": 0, "worker-1": 0, "worker-2": 0, "reaper-3": 0}, codes
