@@ -20,7 +20,7 @@ from tests.support.archives import judge_solutions, put, write_tree
 from tests.support.sandbox_host import assert_host_clean
 
 pytestmark = pytest.mark.usefixtures("as_root")
-TESTLIB = Path(__file__).resolve().parents[1] / "fixtures" / "testlib"
+TESTLIB = Path(__file__).resolve().parents[1] / "fixtures" / "third_party" / "testlib"
 
 
 @pytest.fixture
