@@ -9,7 +9,6 @@ tests fail and say so rather than skip: this tier is the proof the kmock tier ca
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -65,10 +64,8 @@ def crd_installed(kube: Cluster) -> Cluster:
 @pytest.fixture
 def namespace(kube: Cluster) -> Iterator[str]:
     """A fresh namespace per test, deleted afterwards (without waiting for it to go)."""
-    name = f"t-{uuid.uuid4().hex[:10]}"
-    kube.create_namespace(name)
-    yield name
-    kube.kubectl("delete", "namespace", name, "--wait=false", check=False)
+    with kube.fresh_namespace() as name:
+        yield name
 
 
 @pytest.fixture(scope="package")
