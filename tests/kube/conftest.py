@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -24,13 +23,6 @@ EXAMPLE = ROOT / "examples" / "judgequeue.yaml"
 
 # Start times of this session's control planes (seconds), for docs/performance.md's figures.
 START_TIMES: dict[str, float] = {}
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    here = Path(__file__).parent
-    for item in items:
-        if here in Path(str(item.fspath)).parents:
-            item.add_marker(pytest.mark.kube)
 
 
 @pytest.fixture(scope="package")
