@@ -83,7 +83,7 @@ from .languages import (
     parse_standard,
     template_values,
 )
-from .sandbox import BOX, Isolation, Limits, RunFacts, run
+from .sandbox import BOX, Isolation, Limits, RunFacts, read_ready, run
 from .scoring import InvalidScoring, Scoring, TestResult, finished, parse_scoring, should_run, summarize
 
 MAX_TIME = 30.0
@@ -613,12 +613,9 @@ class _Drain:
         self.reading = True
 
     def _read(self) -> None:
-        try:
-            chunk = os.read(self.fd, 1 << 16)
-        except BlockingIOError:
+        chunk = read_ready(self.fd)
+        if chunk is None:
             return
-        except OSError:
-            chunk = b""
         if not chunk:  # the writer is gone too
             self.loop.remove_reader(self.fd)
             self.reading = False
