@@ -7,7 +7,7 @@ by Kattis' precedence rules. Needs root (the sandbox) and problemtools (the test
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import asyncpg
@@ -15,22 +15,10 @@ import pytest
 
 from judgequeue.core.archives import InvalidPackage, read_package
 from judgequeue.core.judges import Verdict
-from judgequeue.core.judges.isolation import JudgeSettings
 from judgequeue.core.judges.program import ProgramJudge
-from judgequeue.core.problems import attach_package_cache
 from tests.support.archives import judge_solutions, put, verifyproblem, write_tree
-from tests.support.sandbox_host import assert_host_clean
 
 pytestmark = pytest.mark.usefixtures("as_root")
-
-
-@pytest.fixture
-async def judge(sandbox_dir: str, pg_pool: asyncpg.Pool) -> AsyncIterator[ProgramJudge]:
-    j = ProgramJudge(settings=JudgeSettings(sandbox_dir=sandbox_dir), slots=4)
-    attach_package_cache(j, pg_pool)
-    yield j
-    await assert_host_clean(j)
-    j.close()
 
 
 EXPECTED = {"accepted": "ACCEPTED", "partially_accepted": "ACCEPTED", "wrong_answer": "WRONG_ANSWER",
@@ -42,14 +30,14 @@ Agree = Callable[[Path], Awaitable[dict[str, Verdict]]]
 
 
 @pytest.fixture
-def agree(judge: ProgramJudge, pg_pool: asyncpg.Pool, tmp_path: Path) -> Agree:
+def agree(package_judge: ProgramJudge, pg_pool: asyncpg.Pool, tmp_path: Path) -> Agree:
     """problemtools and the program judge give every submission of the package the same verdict
     (and score), the one its directory names."""
 
     async def check(root: Path) -> dict[str, Verdict]:
         reference = verifyproblem(root, tmp_path / "config")
         version = await put(pg_pool, root)
-        ours = await judge_solutions(judge, root.name, version)
+        ours = await judge_solutions(package_judge, root.name, version)
         assert sorted(ours) == sorted(reference), (sorted(ours), sorted(reference))
         for name, verdict in ours.items():
             expected = EXPECTED[name.split("/")[0]]
