@@ -56,7 +56,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from . import STATUSES, PackageSource, Status, Verdict
-from .builds import BuildCache, build_key
+from .builds import BuildCache, build_key, keep_copy
 from .cgroups import BoxGroup, Roots, remove_stale
 from .checkers import (
     MAX_MESSAGE,
@@ -1007,12 +1007,7 @@ class ProgramJudge:
         return built
 
     def _keep_helper(self, built: str, kept: str) -> None:
-        staging = f"{kept}.{os.getpid()}-{time.monotonic_ns()}"
-        shutil.copytree(built, staging, symlinks=True)
-        try:
-            os.rename(staging, kept)
-        except OSError:  # another submission kept the same build first
-            shutil.rmtree(staging, ignore_errors=True)
+        keep_copy(built, kept)  # False: another submission kept the same helper first, as good
         entries = sorted(
             (os.path.join(self.helpers_dir, n) for n in os.listdir(self.helpers_dir)), key=os.path.getmtime
         )
