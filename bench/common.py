@@ -1,5 +1,5 @@
 """Helpers shared by benchmark scripts: throwaway databases (from ``tests.support.databases``), pgbench and
-redis-benchmark runs."""
+redis-benchmark runs, timing a judging that must be accepted."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ import re
 import shutil
 import subprocess
 import tempfile
+import time
 import uuid
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import asyncpg
@@ -16,10 +18,14 @@ import asyncpg
 # The throwaway databases are the tests' own (one implementation, no pytest import there).
 from tests.support.databases import REDIS_URL, create_database, drop_database
 
+if TYPE_CHECKING:  # the judge benchmarks only; the others need not import the judges
+    from judgequeue.core.judges.program import ProgramJudge
+
 __all__ = [
     "REDIS_URL",
     "create_database",
     "drop_database",
+    "judge_accepted",
     "pgbench",
     "ratio",
     "redis_benchmark_xadd",
@@ -97,3 +103,14 @@ async def span_seconds(db: asyncpg.Connection | asyncpg.Pool, after: int) -> flo
 
 def ratio(ours: float, limit: float) -> str:
     return f"{100 * ours / limit:.0f}%" if limit else "n/a"
+
+
+async def judge_accepted(judge: ProgramJudge, payload: dict[str, Any], tests: int, what: str) -> float:
+    """Seconds ``judge`` took to judge ``payload``; exits naming ``what`` unless it was accepted on
+    all ``tests`` tests (a benchmark of a failing run would time the wrong thing)."""
+    started = time.monotonic()
+    verdict = await judge.judge(payload)
+    took = time.monotonic() - started
+    if verdict.status != "ACCEPTED" or len(verdict.details["tests"]) != tests:
+        raise SystemExit(f"{what} was not accepted on every test: {verdict.details}")
+    return took

@@ -21,10 +21,10 @@ import os
 import shutil
 import statistics
 import tempfile
-import time
 from typing import Any
 
 from bench.cli import add_counts, new_parser, reporter
+from bench.common import judge_accepted
 from judgequeue.core.judges.builds import BuildCache
 from judgequeue.core.judges.isolation import JudgeSettings
 from judgequeue.core.judges.languages import LANGUAGES, missing_toolchain
@@ -38,12 +38,7 @@ async def judge_once(judge: ProgramJudge, language: str, tests: int) -> float:
     """Seconds to judge the accepted program once; fails loudly on any other verdict."""
     case = {"input": OK_INPUT.get(language, DEFAULT_INPUT), "output": OK_OUTPUT}
     payload = {"language": language, "source": PROGRAMS[language].ok, "tests": [case] * tests, "limits": {"time": 5}}
-    started = time.monotonic()
-    verdict = await judge.judge(payload)
-    took = time.monotonic() - started
-    if verdict.status != "ACCEPTED" or len(verdict.details["tests"]) != tests:
-        raise SystemExit(f"{language}: the benchmark submission was not accepted on every test: {verdict.details}")
-    return took
+    return await judge_accepted(judge, payload, tests, f"{language}: the benchmark submission")
 
 
 async def bench_language(judge: ProgramJudge, language: str, tests: int, rounds: int) -> dict[str, Any]:

@@ -27,7 +27,7 @@ from typing import Any
 
 import asyncpg
 
-from bench.common import create_database, drop_database
+from bench.common import create_database, drop_database, judge_accepted
 from judgequeue.core.judges.isolation import JudgeSettings
 from judgequeue.core.judges.program import ProgramJudge
 from judgequeue.core.problems import ProblemCache, upload
@@ -51,12 +51,7 @@ async def judge_once(judge: ProgramJudge, cache: ProblemCache, tests: int) -> fl
     """Seconds to judge the submission once (including any fetch into ``cache``); fails loudly."""
     judge.attach_packages(cache)
     payload = {"problem": "bench-sum", "version": 1, "language": "python", "source": SOLUTION}
-    started = time.monotonic()
-    verdict = await judge.judge(payload)
-    took = time.monotonic() - started
-    if verdict.status != "ACCEPTED" or len(verdict.details["tests"]) != tests:
-        raise SystemExit(f"benchmark submission was not accepted on every test: {verdict.details}")
-    return took
+    return await judge_accepted(judge, payload, tests, "benchmark submission")
 
 
 async def main(args: argparse.Namespace) -> dict[str, Any]:

@@ -92,28 +92,28 @@ async def _submit_steady(dsn: str, queue: str, rate: float, seconds: float, payl
     return total
 
 
-async def _live_done(pool: asyncpg.Pool, queue: str, after: int, n: int, within: float) -> None:
+LIVE_DONE = ("SELECT count(*) FROM judgequeue.submissions WHERE queue = $1 AND id > $2"
+             " AND finished_at IS NOT NULL")
+SHADOW_DONE = ("SELECT count(*) FROM judgequeue.shadow_verdicts WHERE queue = $1"
+               " AND submission_id > $2 AND judged_at IS NOT NULL")
+
+
+async def _wait_count(pool: asyncpg.Pool, count: str, what: str, queue: str, after: int, n: int, within: float) -> None:
+    """Poll ``count`` (a query of the queue's rows past ``after``) until it reaches ``n``; a deadline
+    names ``what`` fell short."""
     deadline = time.monotonic() + within
-    while True:
-        done = await pool.fetchval("SELECT count(*) FROM judgequeue.submissions WHERE queue = $1 AND id > $2"
-                                   " AND finished_at IS NOT NULL", queue, after)
-        if done >= n:
-            return
+    while (done := await pool.fetchval(count, queue, after)) < n:
         if time.monotonic() > deadline:
-            raise RuntimeError(f"only {done}/{n} live jobs finished within {within}s")
+            raise RuntimeError(f"only {done}/{n} {what} within {within}s")
         await asyncio.sleep(0.05)
+
+
+async def _live_done(pool: asyncpg.Pool, queue: str, after: int, n: int, within: float) -> None:
+    await _wait_count(pool, LIVE_DONE, "live jobs finished", queue, after, n, within)
 
 
 async def _shadow_done(pool: asyncpg.Pool, queue: str, after: int, n: int, within: float) -> None:
-    deadline = time.monotonic() + within
-    while True:
-        done = await pool.fetchval("SELECT count(*) FROM judgequeue.shadow_verdicts WHERE queue = $1"
-                                   " AND submission_id > $2 AND judged_at IS NOT NULL", queue, after)
-        if done >= n:
-            return
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"only {done}/{n} shadow jobs judged within {within}s")
-        await asyncio.sleep(0.05)
+    await _wait_count(pool, SHADOW_DONE, "shadow jobs judged", queue, after, n, within)
 
 
 async def _last_id(pool: asyncpg.Pool) -> int:

@@ -136,7 +136,9 @@ async def stale_reasons(conn: asyncpg.Connection, envelopes: Sequence[tuple[int,
     return [classify_stale(r["generation"], r["current_generation"], r["status"]) for r in rows]
 
 
-def _fence_arrays(leases: Sequence[Lease]) -> tuple[list[int], list[int], list[uuid.UUID]]:
+def fence_arrays(leases: Sequence[Lease]) -> tuple[list[int], list[int], list[uuid.UUID]]:
+    """The fence of each lease as the SQL takes it, one array per column: submissions, generations,
+    attempts (the live leases' queries and the shadow ones' alike)."""
     return [x.submission for x in leases], [x.generation for x in leases], [x.attempt for x in leases]
 
 
@@ -144,7 +146,7 @@ async def renew(conn: asyncpg.Connection, leases: Sequence[Lease], *, ttl: float
     """Extend the leases still held; returns the attempts that still hold theirs (the rest are lost)."""
     if not leases:
         return set()
-    rows = await conn.fetch(sql.query("lease_renew"), *_fence_arrays(leases), float(ttl))
+    rows = await conn.fetch(sql.query("lease_renew"), *fence_arrays(leases), float(ttl))
     return {uuid.UUID(bytes=r["attempt_id"].bytes) for r in rows}
 
 
@@ -155,7 +157,7 @@ async def write_verdicts(conn: asyncpg.Connection, writes: Sequence[VerdictWrite
     """
     if not writes:
         return {}
-    ids, generations, attempts = _fence_arrays([w.lease for w in writes])
+    ids, generations, attempts = fence_arrays([w.lease for w in writes])
     rows = await conn.fetch(
         sql.query("lease_verdict"),
         ids,
@@ -171,7 +173,7 @@ async def release(conn: asyncpg.Connection, leases: Sequence[Lease]) -> list[int
     """Give leases back (new generation + outbox row each); returns the submissions released."""
     if not leases:
         return []
-    rows = await conn.fetch(sql.query("lease_release"), *_fence_arrays(leases))
+    rows = await conn.fetch(sql.query("lease_release"), *fence_arrays(leases))
     return [r["id"] for r in rows]
 
 

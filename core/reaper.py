@@ -248,17 +248,29 @@ class Reaper:
                 with contextlib.suppress(BaseException):
                     await claiming
 
-    async def _dead_letter_batch(self, doomed: Sequence[Decision], stats: StreamSweep) -> None:
+    async def _postgres_first(
+        self, record: Callable[[], Awaitable[list[str]]], postponed: str, doomed: Sequence[Decision], stats: StreamSweep
+    ) -> list[str] | None:
+        """Giving entries up starts in Postgres (``record``): its outcomes, tallied in ``stats``; None when
+        Postgres failed (logged as ``postponed``, the entries counted as deferred)."""
         try:
-            outcomes = await self.record_dead(doomed)
+            outcomes = await record()
         except DB_ERRORS as exc:
             # The entries stay pending under our consumer; a later sweep retries both steps.
-            log.warning("dead-letter postponed: postgres failed", extra={"error": str(exc), "entries": len(doomed)})
+            log.warning(postponed, extra={"error": str(exc), "entries": len(doomed)})
             stats.deferred += len(doomed)
-            return
+            return None
         for outcome in outcomes:
             stats.postgres[outcome] = stats.postgres.get(outcome, 0) + 1
         failpoints.hit("reaper.dead_letter.after_postgres")
+        return outcomes
+
+    async def _dead_letter_batch(self, doomed: Sequence[Decision], stats: StreamSweep) -> None:
+        outcomes = await self._postgres_first(
+            lambda: self.record_dead(doomed), "dead-letter postponed: postgres failed", doomed, stats
+        )
+        if outcomes is None:
+            return
         if self.between_steps is not None:
             await self.between_steps(doomed)
         dead, again, skipped = await self.dead_letter(doomed, outcomes)
@@ -281,16 +293,13 @@ class Reaper:
         deleted while still pending for this reaper."""
         named = [(d, d.envelope) for d in doomed if d.envelope is not None]
         pairs = [(e.submission, e.generation) for _, e in named]
-        try:
+
+        async def record() -> list[str]:
             async with self.pool.acquire(timeout=STATEMENT_TIMEOUT) as conn:
-                outcomes = await shadow.give_up(conn, pairs, [d.reason for d, _ in named])
-        except DB_ERRORS as exc:
-            log.warning("shadow give-up postponed: postgres failed", extra={"error": str(exc), "entries": len(doomed)})
-            stats.deferred += len(doomed)
+                return await shadow.give_up(conn, pairs, [d.reason for d, _ in named])
+
+        if await self._postgres_first(record, "shadow give-up postponed: postgres failed", doomed, stats) is None:
             return
-        for outcome in outcomes:
-            stats.postgres[outcome] = stats.postgres.get(outcome, 0) + 1
-        failpoints.hit("reaper.dead_letter.after_postgres")
         acked = await streams.ack_pending(self.redis, self.queue, self.name, [d.entry.entry_id for d in doomed], pairs,
                                           shadow=True)
         stats.dead_lettered += acked

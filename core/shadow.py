@@ -34,7 +34,7 @@ import asyncpg
 from . import sql
 from .agreement import Agreement, summarize
 from .errors import InvalidPayload, InvalidVerdict, PayloadTooLarge, translate_pg_error
-from .leases import Lease, VerdictWrite
+from .leases import Lease, VerdictWrite, fence_arrays
 from .states import VERDICTS
 
 #: Largest legacy verdict details, as JSON text (the SQL function enforces the same limit).
@@ -59,15 +59,11 @@ async def acquire(
     return [Lease(r["id"], r["generation"], r["attempt_id"], json.loads(r["payload"]), r["created_at"]) for r in rows]
 
 
-def _fence(leases: Sequence[Lease]) -> tuple[list[int], list[int], list[uuid.UUID]]:
-    return [x.submission for x in leases], [x.generation for x in leases], [x.attempt for x in leases]
-
-
 async def renew(conn: asyncpg.Connection, leases: Sequence[Lease], *, ttl: float) -> set[uuid.UUID]:
     """Extend the shadow leases still held; returns their attempts (the others are lost)."""
     if not leases:
         return set()
-    rows = await conn.fetch(sql.query("shadow_renew"), *_fence(leases), float(ttl))
+    rows = await conn.fetch(sql.query("shadow_renew"), *fence_arrays(leases), float(ttl))
     return {r["attempt_id"] for r in rows}
 
 
@@ -76,7 +72,7 @@ async def write_verdicts(conn: asyncpg.Connection, writes: Sequence[VerdictWrite
     judged for (from its lease). An attempt missing from the result was stale: nothing was written."""
     if not writes:
         return {}
-    ids, generations, attempts = _fence([w.lease for w in writes])
+    ids, generations, attempts = fence_arrays([w.lease for w in writes])
     rows = await conn.fetch(
         sql.query("shadow_verdict"), ids, generations, attempts, [w.status for w in writes],
         [w.document() for w in writes],
@@ -89,7 +85,7 @@ async def release(conn: asyncpg.Connection, leases: Sequence[Lease]) -> list[int
     entries again. Returns the submissions released."""
     if not leases:
         return []
-    return [r["id"] for r in await conn.fetch(sql.query("shadow_release"), *_fence(leases))]
+    return [r["id"] for r in await conn.fetch(sql.query("shadow_release"), *fence_arrays(leases))]
 
 
 def classify_stale(

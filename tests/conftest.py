@@ -12,6 +12,7 @@ import asyncio
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import asyncpg
 import pytest
@@ -20,6 +21,19 @@ import redis.asyncio as aioredis
 from judgequeue.core import streams
 from judgequeue.core.queues import create_queue
 from tests.support.databases import REDIS_URL, create_database, delete_queue_keys, drop_database
+
+#: The tiers that need more than Postgres and Redis, one folder each: every test below tests/<tier>/
+#: carries the marker of that name (pyproject.toml declares them), so ``-m "not kube"`` leaves one out.
+TIERS = ("kube", "node", "vm")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+    for item in items:
+        folders = Path(str(item.fspath)).parents
+        for tier in TIERS:
+            if here / tier in folders:
+                item.add_marker(getattr(pytest.mark, tier))
 
 
 @pytest.fixture(scope="session")

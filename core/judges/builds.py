@@ -53,6 +53,20 @@ def build_key(
     return hashlib.sha256(json.dumps(doc).encode()).hexdigest()
 
 
+def keep_copy(directory: str, kept: str) -> bool:
+    """Copy ``directory`` to ``kept`` all at once (a private copy renamed into place, so nobody sees a
+    half-written build): True when this copy is the one kept, False when another submission kept the
+    same build first (this copy is dropped)."""
+    staging = f"{kept}.{os.getpid()}-{time.monotonic_ns()}"
+    shutil.copytree(directory, staging, symlinks=True)
+    try:
+        os.rename(staging, kept)
+    except OSError:
+        shutil.rmtree(staging, ignore_errors=True)
+        return False
+    return True
+
+
 class BuildCache:
     """Built box directories by key, under ``root`` (root's, 0700), emptied at start."""
 
@@ -97,13 +111,7 @@ class BuildCache:
                     size += os.lstat(os.path.join(where, name)).st_size
         if size > MAX_BUILD_BYTES:
             return False
-        kept = os.path.join(self.root, key)
-        staging = f"{kept}.{os.getpid()}-{time.monotonic_ns()}"
-        shutil.copytree(directory, staging, symlinks=True)
-        try:
-            os.rename(staging, kept)
-        except OSError:  # another submission kept the same build first
-            shutil.rmtree(staging, ignore_errors=True)
+        if not keep_copy(directory, os.path.join(self.root, key)):
             return True
         self.kept += 1
         entries = [os.path.join(self.root, n) for n in os.listdir(self.root) if "." not in n]

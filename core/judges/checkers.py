@@ -225,6 +225,18 @@ def parse_testlib_points(text: str) -> tuple[float | None, str]:
     return value, "\n".join(part for part in (tail.strip(), rest.strip()) if part)
 
 
+def _unfinished(
+    who: str, text: str, exit_code: int | None, signal: int | None, *, timed_out: bool
+) -> CheckResult | None:
+    """SYSTEM_ERROR when ``who`` (a checker, an output validator) did not end on its own, past its
+    limits or killed: it never judged the answer. None when it exited."""
+    if timed_out:
+        return CheckResult("SYSTEM_ERROR", 0.0, f"{who} exceeded its limits: {text}"[:MAX_MESSAGE])
+    if signal is not None or exit_code is None:
+        return CheckResult("SYSTEM_ERROR", 0.0, f"{who} killed by signal {signal}: {text}"[:MAX_MESSAGE])
+    return None
+
+
 def custom_outcome(
     exit_code: int | None, signal: int | None, message: bytes, *, timed_out: bool, absolute_points: bool = False
 ) -> CheckResult:
@@ -233,10 +245,8 @@ def custom_outcome(
     so any non-negative number is taken and kept in ``points``; otherwise a points outcome must be a
     share in [0, 1]."""
     text = message.decode("utf-8", "replace").strip()[:MAX_MESSAGE]
-    if timed_out:
-        return CheckResult("SYSTEM_ERROR", 0.0, f"checker exceeded its limits: {text}"[:MAX_MESSAGE])
-    if signal is not None or exit_code is None:
-        return CheckResult("SYSTEM_ERROR", 0.0, f"checker killed by signal {signal}: {text}"[:MAX_MESSAGE])
+    if (unfinished := _unfinished("checker", text, exit_code, signal, timed_out=timed_out)) is not None:
+        return unfinished
     if exit_code == EXIT_OK:
         return CheckResult("ACCEPTED", 1.0, text or "ok")
     if exit_code == EXIT_WA:
@@ -273,10 +283,8 @@ def kattis_outcome(
     judge error. The message is ``judgemessage.txt`` (else ``teammessage.txt``, else stderr)."""
     said = feedback.get("judgemessage.txt") or feedback.get("teammessage.txt") or stderr
     text = said.decode("utf-8", "replace").strip()[:MAX_MESSAGE]
-    if timed_out:
-        return CheckResult("SYSTEM_ERROR", 0.0, f"output validator exceeded its limits: {text}"[:MAX_MESSAGE])
-    if signal is not None or exit_code is None:
-        return CheckResult("SYSTEM_ERROR", 0.0, f"output validator killed by signal {signal}: {text}"[:MAX_MESSAGE])
+    if (unfinished := _unfinished("output validator", text, exit_code, signal, timed_out=timed_out)) is not None:
+        return unfinished
     if exit_code == KATTIS_WA:
         if "score.txt" in feedback:
             return CheckResult("SYSTEM_ERROR", 0.0, 'output validator wrote "score.txt" with a wrong answer')

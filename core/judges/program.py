@@ -56,7 +56,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from . import STATUSES, PackageSource, Status, Verdict
-from .builds import BuildCache, build_key
+from .builds import BuildCache, build_key, keep_copy
 from .cgroups import BoxGroup, Roots, remove_stale
 from .checkers import (
     MAX_MESSAGE,
@@ -83,7 +83,7 @@ from .languages import (
     parse_standard,
     template_values,
 )
-from .sandbox import BOX, Isolation, Limits, RunFacts, run
+from .sandbox import BOX, Isolation, Limits, RunFacts, read_ready, run
 from .scoring import InvalidScoring, Scoring, TestResult, finished, parse_scoring, should_run, summarize
 
 MAX_TIME = 30.0
@@ -613,12 +613,9 @@ class _Drain:
         self.reading = True
 
     def _read(self) -> None:
-        try:
-            chunk = os.read(self.fd, 1 << 16)
-        except BlockingIOError:
+        chunk = read_ready(self.fd)
+        if chunk is None:
             return
-        except OSError:
-            chunk = b""
         if not chunk:  # the writer is gone too
             self.loop.remove_reader(self.fd)
             self.reading = False
@@ -1010,12 +1007,7 @@ class ProgramJudge:
         return built
 
     def _keep_helper(self, built: str, kept: str) -> None:
-        staging = f"{kept}.{os.getpid()}-{time.monotonic_ns()}"
-        shutil.copytree(built, staging, symlinks=True)
-        try:
-            os.rename(staging, kept)
-        except OSError:  # another submission kept the same build first
-            shutil.rmtree(staging, ignore_errors=True)
+        keep_copy(built, kept)  # False: another submission kept the same helper first, as good
         entries = sorted(
             (os.path.join(self.helpers_dir, n) for n in os.listdir(self.helpers_dir)), key=os.path.getmtime
         )

@@ -288,6 +288,17 @@ class WallGuard:
         return False
 
 
+def read_ready(fd: int) -> bytes | None:
+    """One read of a non-blocking pipe end the event loop said is readable: None when nothing is there
+    after all, b"" at end of file or when the pipe broke (nothing more will come either way)."""
+    try:
+        return os.read(fd, 1 << 16)
+    except BlockingIOError:
+        return None
+    except OSError:
+        return b""
+
+
 class Pipe:
     """One non-blocking pipe read end drained by the event loop into a capped buffer."""
 
@@ -304,12 +315,9 @@ class Pipe:
         loop.add_reader(fd, self._readable)
 
     def _readable(self) -> None:
-        try:
-            chunk = os.read(self.fd, 1 << 16)
-        except BlockingIOError:
+        chunk = read_ready(self.fd)
+        if chunk is None:
             return
-        except OSError:
-            chunk = b""
         if not chunk:
             self.close()
             return

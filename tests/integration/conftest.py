@@ -15,7 +15,5 @@ from tests.support.worker_harness import Harness
 async def h(
     pg_pool: asyncpg.Pool, redis_client: aioredis.Redis, pg_dsn: str, queue_name: str
 ) -> AsyncIterator[Harness]:
-    harness = Harness(pg_pool, redis_client, pg_dsn, queue_name)
-    await harness.start()
-    yield harness
-    await harness.close()
+    async with Harness(pg_pool, redis_client, pg_dsn, queue_name) as harness:
+        yield harness

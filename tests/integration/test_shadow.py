@@ -61,10 +61,8 @@ class Shadow(Harness):
 async def sh(
     pg_pool: asyncpg.Pool, redis_client: aioredis.Redis, pg_dsn: str, queue_name: str
 ) -> AsyncIterator[Shadow]:
-    harness = Shadow(pg_pool, redis_client, pg_dsn, queue_name)
-    await harness.start()
-    yield harness
-    await harness.close()
+    async with Shadow(pg_pool, redis_client, pg_dsn, queue_name) as harness:
+        yield harness
 
 
 def _counter(metric: Any, *labels: str) -> float:

@@ -22,6 +22,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -215,6 +216,16 @@ class Cluster:
     def create_namespace(self, name: str) -> None:
         body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
         self.request("POST", "/api/v1/namespaces", body)
+
+    @contextmanager
+    def fresh_namespace(self) -> Iterator[str]:
+        """A new namespace with a random name for one test, deleted afterwards (without waiting for it to go)."""
+        name = f"t-{uuid.uuid4().hex[:10]}"
+        self.create_namespace(name)
+        try:
+            yield name
+        finally:
+            self.kubectl("delete", "namespace", name, "--wait=false", check=False)
 
     def sa_token(self, namespace: str, name: str) -> str:
         """A bound token for a ServiceAccount (what a pod of that account would mount)."""

@@ -9,9 +9,7 @@ tests fail and say so rather than skip: this tier is the proof the kmock tier ca
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -25,13 +23,6 @@ EXAMPLE = ROOT / "examples" / "judgequeue.yaml"
 
 # Start times of this session's control planes (seconds), for docs/performance.md's figures.
 START_TIMES: dict[str, float] = {}
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    here = Path(__file__).parent
-    for item in items:
-        if here in Path(str(item.fspath)).parents:
-            item.add_marker(pytest.mark.kube)
 
 
 @pytest.fixture(scope="package")
@@ -65,10 +56,8 @@ def crd_installed(kube: Cluster) -> Cluster:
 @pytest.fixture
 def namespace(kube: Cluster) -> Iterator[str]:
     """A fresh namespace per test, deleted afterwards (without waiting for it to go)."""
-    name = f"t-{uuid.uuid4().hex[:10]}"
-    kube.create_namespace(name)
-    yield name
-    kube.kubectl("delete", "namespace", name, "--wait=false", check=False)
+    with kube.fresh_namespace() as name:
+        yield name
 
 
 @pytest.fixture(scope="package")

@@ -15,7 +15,6 @@ from typing import Any
 
 from tests.kube import tools
 from tests.kube.cluster import Cluster
-from tests.support.databases import REDIS_URL
 
 
 def _edit(kube: Cluster, path: str, change: Callable[[dict[str, Any]], None]) -> None:
@@ -29,9 +28,8 @@ def test_fields_added_to_children_are_removed_and_named(
     crd_installed: Cluster, namespace: str, pg_dsn: str, queue_name: str, tmp_path: Path
 ) -> None:
     kube = crd_installed
-    tools.connection_secrets(kube, namespace, dsn=pg_dsn, redis_url=REDIS_URL)
-    operator = tools.start_operator(tools.operator_identity(kube, namespace), namespace, tmp_path / "operator.log",
-                                    extra_env={"JUDGEQUEUE_LOG_LEVEL": "DEBUG"})
+    operator = tools.operator_with_secrets(kube, namespace, tmp_path / "operator.log", dsn=pg_dsn,
+                                           extra_env={"JUDGEQUEUE_LOG_LEVEL": "DEBUG"})
     deployments = f"/apis/apps/v1/namespaces/{namespace}/deployments"
     policy = f"/apis/networking.k8s.io/v1/namespaces/{namespace}/networkpolicies/judge-worker-egress"
     try:

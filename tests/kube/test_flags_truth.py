@@ -15,8 +15,8 @@ from __future__ import annotations
 import os
 import subprocess
 import time
-import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -44,10 +44,8 @@ def _cli_flip(dsn: str, queue: str, *args: str) -> None:
 
 @pytest.fixture
 def second_namespace(crd_installed: Cluster) -> Iterator[str]:
-    name = f"t-{uuid.uuid4().hex[:10]}"
-    crd_installed.create_namespace(name)
-    yield name
-    crd_installed.kubectl("delete", "namespace", name, "--wait=false", check=False)
+    with crd_installed.fresh_namespace() as name:
+        yield name
 
 
 def _spec(**extra: Any) -> dict[str, Any]:
@@ -55,15 +53,25 @@ def _spec(**extra: Any) -> dict[str, Any]:
             "worker": {"judge": "sleep", "minReplicas": 0, "maxReplicas": 1}, **extra}
 
 
+@contextmanager
+def _operated(kube: Cluster, namespace: str, pg_dsn: str, queue_name: str, tmp_path: Path,
+              cutover: dict[str, Any]) -> Iterator[tools.OperatorProcess]:
+    """An operator for ``namespace`` and a JudgeQueue "judge" there on ``queue_name`` with ``cutover``;
+    the operator stops when the block ends."""
+    operator = tools.operator_with_secrets(kube, namespace, tmp_path / "operator.log", dsn=pg_dsn)
+    try:
+        kube.request("POST", tools.jq_path(namespace), tools.judgequeue(
+            "judge", queue_name, cutover=cutover, **_spec()))
+        yield operator
+    finally:
+        operator.stop()
+
+
 def test_a_flag_changed_outside_the_spec_is_restored_on_the_next_pass(
     crd_installed: Cluster, namespace: str, pg_dsn: str, queue_name: str, tmp_path: Path
 ) -> None:
-    kube = crd_installed
-    tools.connection_secrets(kube, namespace, dsn=pg_dsn, redis_url=REDIS_URL)
-    operator = tools.start_operator(tools.operator_identity(kube, namespace), namespace, tmp_path / "operator.log")
-    try:
-        kube.request("POST", tools.jq_path(namespace), tools.judgequeue(
-            "judge", queue_name, cutover={"mode": "shadow", "watermark": WATERMARK}, **_spec()))
+    kube, cutover = crd_installed, {"mode": "shadow", "watermark": WATERMARK}
+    with _operated(kube, namespace, pg_dsn, queue_name, tmp_path, cutover) as operator:
 
         def cr() -> dict[str, Any]:
             return dict(kube.request("GET", tools.jq_path(namespace, "judge")))
@@ -97,19 +105,13 @@ def test_a_flag_changed_outside_the_spec_is_restored_on_the_next_pass(
             events[0]["message"])
         writes = [e for e in tools.actions(operator.lines(), "cutover") if "changed outside the spec" in e["reason"]]
         assert writes and writes[0]["level"] == "INFO" and writes[0]["object"] == f"queue {queue_name}"
-    finally:
-        operator.stop()
 
 
 def test_drift_is_reported_not_restored_when_the_spec_says_report(
     crd_installed: Cluster, namespace: str, pg_dsn: str, queue_name: str, tmp_path: Path
 ) -> None:
-    kube = crd_installed
-    tools.connection_secrets(kube, namespace, dsn=pg_dsn, redis_url=REDIS_URL)
-    operator = tools.start_operator(tools.operator_identity(kube, namespace), namespace, tmp_path / "operator.log")
-    try:
-        kube.request("POST", tools.jq_path(namespace), tools.judgequeue(
-            "judge", queue_name, cutover={"mode": "shadow", "driftPolicy": "report"}, **_spec()))
+    kube, cutover = crd_installed, {"mode": "shadow", "driftPolicy": "report"}
+    with _operated(kube, namespace, pg_dsn, queue_name, tmp_path, cutover) as operator:
         met, _, out = tools.kubectl_wait(kube, namespace, "judge", "CutoverApplied", timeout=30)
         assert met, out
         _cli_flip(pg_dsn, queue_name, "--mode", "live", "--pause")
@@ -135,8 +137,6 @@ def test_drift_is_reported_not_restored_when_the_spec_says_report(
                        check=operator.check)
         met, _, out = tools.kubectl_wait(kube, namespace, "judge", "Degraded", value="False", timeout=15)
         assert met, out
-    finally:
-        operator.stop()
 
 
 def test_a_second_judgequeue_on_the_same_queue_is_refused_and_writes_nothing(

@@ -130,8 +130,7 @@ def test_switching_to_external_autoscaling_keeps_the_workers(
     crd_installed: Cluster, namespace: str, pg_dsn: str, queue_name: str, tmp_path: Path
 ) -> None:
     kube = crd_installed
-    tools.connection_secrets(kube, namespace, dsn=pg_dsn, redis_url=REDIS_URL)
-    operator = tools.start_operator(tools.operator_identity(kube, namespace), namespace, tmp_path / "operator.log")
+    operator = tools.operator_with_secrets(kube, namespace, tmp_path / "operator.log", dsn=pg_dsn)
     worker = f"/apis/apps/v1/namespaces/{namespace}/deployments/judge-worker"
 
     def replicas() -> int:

@@ -97,8 +97,7 @@ def test_shadow_figures_everywhere_and_the_gate_on_the_flip(
     crd_installed: Cluster, node: NodeAgent, namespace: str, pg_dsn: str, queue_name: str, tmp_path: Path
 ) -> None:
     kube, q = crd_installed, queue_name
-    tools.connection_secrets(kube, namespace, dsn=pg_dsn, redis_url=REDIS_URL)
-    operator = tools.start_operator(tools.operator_identity(kube, namespace), namespace, tmp_path / "operator.log")
+    operator = tools.operator_with_secrets(kube, namespace, tmp_path / "operator.log", dsn=pg_dsn)
     legacy = LegacyJudge(pg_dsn)
 
     def jq() -> dict[str, Any]:

@@ -173,9 +173,7 @@ def test_every_failure_is_degraded_with_its_cause_then_ready_once_fixed(
 ) -> None:
     kube = crd_installed
     ctx = Ctx(kube, namespace, pg_dsn, queue_name)
-    tools.connection_secrets(kube, namespace, dsn=pg_dsn, redis_url=REDIS_URL)
-    kubeconfig = tools.operator_identity(kube, namespace)
-    operator = tools.start_operator(kubeconfig, namespace, tmp_path / "operator.log", interval=1.0)
+    operator = tools.operator_with_secrets(kube, namespace, tmp_path / "operator.log", dsn=pg_dsn, interval=1.0)
     try:
         case.prepare(ctx)
         spec: dict[str, Any] = {"dispatcher": {"replicas": 0}, "reaper": {"replicas": 0},

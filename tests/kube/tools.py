@@ -99,6 +99,15 @@ def start_operator(kubeconfig: Path, namespace: str | Sequence[str], log: Path, 
                            "--interval", str(interval), *extra_args, cwd=ROOT, new_session=True, append=True)
 
 
+def operator_with_secrets(kube: Cluster, namespace: str, log: Path, *, dsn: str, redis_url: str = REDIS_URL,
+                          **options: Any) -> OperatorProcess:
+    """An operator for ``namespace`` as a user installs one: the README's connection Secrets there
+    (:func:`connection_secrets`), and ``judgequeue operator`` running as the chart's ServiceAccount
+    (:func:`operator_identity`); ``options`` go to :func:`start_operator`."""
+    connection_secrets(kube, namespace, dsn=dsn, redis_url=redis_url)
+    return start_operator(operator_identity(kube, namespace), namespace, log, **options)
+
+
 def actions(lines: Sequence[Mapping[str, Any]], action: str | None = None) -> list[dict[str, Any]]:
     """The operator's action lines (controllers/actions.py): one per create, replace, delete, cutover
     write, scale, claim or release; only ``action`` ones when given."""

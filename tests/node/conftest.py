@@ -30,13 +30,6 @@ from tests.node.services import HostServices, host_services
 from tests.support.pg_servers import PostgresServer
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    here = Path(__file__).parent
-    for item in items:
-        if here in Path(str(item.fspath)).parents:
-            item.add_marker(pytest.mark.node)
-
-
 @dataclass
 class NodeCluster:
     """The control plane, the node, the image its pods run, and the servers they reach."""

@@ -1,4 +1,5 @@
-"""Fixtures of the process tier: a Postgres server a test may crash, and root for the sandbox tests.
+"""Fixtures of the process tier: a Postgres server a test may crash, root for the sandbox tests, and a
+program judge for the problem archive tests.
 
 The shared databases and Redis key spaces (every tier but unit) are in tests/conftest.py."""
 
@@ -9,12 +10,17 @@ import shutil
 import uuid
 from collections.abc import AsyncIterator, Iterator
 
+import asyncpg
 import pytest
 
+from judgequeue.core.judges.isolation import JudgeSettings
+from judgequeue.core.judges.program import ProgramJudge
 from judgequeue.core.migrate import migrate
+from judgequeue.core.problems import attach_package_cache
 from judgequeue.core.queues import create_queue
 from tests.support.databases import connection
 from tests.support.pg_servers import PostgresServer, postgres_server
+from tests.support.sandbox_host import assert_host_clean
 
 
 @pytest.fixture
@@ -45,3 +51,14 @@ def sandbox_dir() -> Iterator[str]:
     path = f"/tmp/jq-sandbox-test-{uuid.uuid4().hex[:8]}"
     yield path
     shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+async def package_judge(sandbox_dir: str, pg_pool: asyncpg.Pool) -> AsyncIterator[ProgramJudge]:
+    """A program judge (4 slots) with a package cache attached the way the worker attaches it; nothing
+    of its boxes may be left on the host afterwards."""
+    j = ProgramJudge(settings=JudgeSettings(sandbox_dir=sandbox_dir), slots=4)
+    attach_package_cache(j, pg_pool)
+    yield j
+    await assert_host_clean(j)
+    j.close()

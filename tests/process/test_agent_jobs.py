@@ -13,6 +13,7 @@ import re
 import signal
 import subprocess
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ from judgequeue.core import api, outbox
 from tests.support.databases import connection
 from tests.support.redis_servers import redis_server
 from tests.support.roles import Roles, clean_env, http_get
-from tests.support.tool_server import tool_server
+from tests.support.tool_server import ToolServer, tool_server
 from tests.support.waiting import eventually, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,92 +33,95 @@ def endpoints(url: str, **options: float) -> str:
     return json.dumps({"tool": {"url": url + "/effect", **options}})
 
 
-async def test_a_worker_killed_mid_call_the_call_repeats_with_the_same_key_and_applies_once(
-    pg_dsn: str, queue: str, tmp_path: Path
-) -> None:
-    with tool_server("--delay", "4") as tool:
+@contextmanager
+def calling(pg_dsn: str, queue: str, tmp_path: Path, *, delay: int) -> Iterator[tuple[ToolServer, Roles]]:
+    """The example tool server, applying each effect in ``delay`` seconds, and roles on ``queue`` whose
+    http-call judge calls it (a 30 s deadline); none started yet, all stopped when the block ends."""
+    with tool_server("--delay", str(delay)) as tool:
         roles = Roles.on(pg_dsn, queue, tmp_path, JUDGEQUEUE_JUDGE="http-call",
                          JUDGEQUEUE_CALL_ENDPOINTS=endpoints(tool.url, deadline=30))  # fmt: skip
         try:
-            roles.start("dispatcher")
-            [first] = roles.start("worker")
-            roles.start("reaper")
-            async with connection(pg_dsn) as conn, conn.transaction():
-                sid = await outbox.submit(conn, queue, {"endpoint": "tool", "body": {"charge": 10}})
-            key = f"judgequeue:{queue}:{sid}:1"
-            await eventually(lambda: tool.effects()["calls"].get(key) == 1, within=20, what="the first call under way")
-            first.send_signal(signal.SIGKILL)  # mid-call: the tool is still applying the effect
-            first.wait()
-            [second] = roles.start("worker")
-
-            async def done() -> bool:
-                async with connection(pg_dsn) as conn:
-                    status = await conn.fetchval("SELECT status FROM judgequeue.submissions WHERE id = $1", sid)
-                return status not in ("PENDING", "JUDGING")
-
-            await eventually(done, within=30, what="the rescued job's verdict")
-            async with connection(pg_dsn) as conn:
-                row = await conn.fetchrow(
-                    "SELECT status, generation, request_generation, retry_count, verdict FROM judgequeue.submissions"
-                    " WHERE id = $1", sid,
-                )  # fmt: skip
-            assert row is not None
-            verdict = json.loads(row["verdict"])
-            # Rescued once (a new generation), the same request: the second call used the same key ...
-            assert (row["status"], row["generation"], row["request_generation"], row["retry_count"]) == (
-                "ACCEPTED", 2, 1, 1,
-            )  # fmt: skip
-            assert verdict["details"]["idempotency_key"] == key and verdict["generation"] == 2
-            # ... the tool saw two calls with it and applied the effect once; one result is stored,
-            # the effect's own, written by the second worker.
-            assert tool.effects() == {"applied": {key: 1}, "calls": {key: 2}}
-            assert verdict["details"]["response"] == {"effect": "applied", "key": key, "echo": {"charge": 10}}
-            assert verdict["worker"] != "" and second.poll() is None
+            yield tool, roles
         finally:
             roles.stop()
+
+
+async def test_a_worker_killed_mid_call_the_call_repeats_with_the_same_key_and_applies_once(
+    pg_dsn: str, queue: str, tmp_path: Path
+) -> None:
+    with calling(pg_dsn, queue, tmp_path, delay=4) as (tool, roles):
+        roles.start("dispatcher")
+        [first] = roles.start("worker")
+        roles.start("reaper")
+        async with connection(pg_dsn) as conn, conn.transaction():
+            sid = await outbox.submit(conn, queue, {"endpoint": "tool", "body": {"charge": 10}})
+        key = f"judgequeue:{queue}:{sid}:1"
+        await eventually(lambda: tool.effects()["calls"].get(key) == 1, within=20, what="the first call under way")
+        first.send_signal(signal.SIGKILL)  # mid-call: the tool is still applying the effect
+        first.wait()
+        [second] = roles.start("worker")
+
+        async def done() -> bool:
+            async with connection(pg_dsn) as conn:
+                status = await conn.fetchval("SELECT status FROM judgequeue.submissions WHERE id = $1", sid)
+            return status not in ("PENDING", "JUDGING")
+
+        await eventually(done, within=30, what="the rescued job's verdict")
+        async with connection(pg_dsn) as conn:
+            row = await conn.fetchrow(
+                "SELECT status, generation, request_generation, retry_count, verdict FROM judgequeue.submissions"
+                " WHERE id = $1", sid,
+            )  # fmt: skip
+        assert row is not None
+        verdict = json.loads(row["verdict"])
+        # Rescued once (a new generation), the same request: the second call used the same key ...
+        assert (row["status"], row["generation"], row["request_generation"], row["retry_count"]) == (
+            "ACCEPTED", 2, 1, 1,
+        )  # fmt: skip
+        assert verdict["details"]["idempotency_key"] == key and verdict["generation"] == 2
+        # ... the tool saw two calls with it and applied the effect once; one result is stored,
+        # the effect's own, written by the second worker.
+        assert tool.effects() == {"applied": {key: 1}, "calls": {key: 2}}
+        assert verdict["details"]["response"] == {"effect": "applied", "key": key, "echo": {"charge": 10}}
+        assert verdict["worker"] != "" and second.poll() is None
 
 
 async def test_a_rejudge_during_a_call_the_old_attempts_result_is_refused_by_the_fence(
     pg_dsn: str, queue: str, tmp_path: Path
 ) -> None:
-    with tool_server("--delay", "3") as tool:
-        roles = Roles.on(pg_dsn, queue, tmp_path, JUDGEQUEUE_JUDGE="http-call",
-                         JUDGEQUEUE_CALL_ENDPOINTS=endpoints(tool.url, deadline=30))  # fmt: skip
-        try:
-            roles.start("dispatcher")
-            roles.start("reaper")
-            # A lease far longer than the call: the heartbeat does not cancel it, so the old try runs
-            # to its end and meets the fence at write time.
-            [old] = roles.start("worker", JUDGEQUEUE_LEASE_TTL="30s", JUDGEQUEUE_VISIBILITY_TIMEOUT="60s",
-                                JUDGEQUEUE_CONCURRENCY="1", JUDGEQUEUE_LOG_LEVEL="INFO")  # fmt: skip
-            async with connection(pg_dsn) as conn, conn.transaction():
-                sid = await outbox.submit(conn, queue, {"endpoint": "tool", "body": {}})
-            first, second = (f"judgequeue:{queue}:{sid}:{g}" for g in (1, 2))
-            await eventually(lambda: tool.effects()["calls"].get(first) == 1, within=20, what="the old call under way")
+    with calling(pg_dsn, queue, tmp_path, delay=3) as (tool, roles):
+        roles.start("dispatcher")
+        roles.start("reaper")
+        # A lease far longer than the call: the heartbeat does not cancel it, so the old try runs
+        # to its end and meets the fence at write time.
+        [old] = roles.start("worker", JUDGEQUEUE_LEASE_TTL="30s", JUDGEQUEUE_VISIBILITY_TIMEOUT="60s",
+                            JUDGEQUEUE_CONCURRENCY="1", JUDGEQUEUE_LOG_LEVEL="INFO")  # fmt: skip
+        async with connection(pg_dsn) as conn, conn.transaction():
+            sid = await outbox.submit(conn, queue, {"endpoint": "tool", "body": {}})
+        first, second = (f"judgequeue:{queue}:{sid}:{g}" for g in (1, 2))
+        await eventually(lambda: tool.effects()["calls"].get(first) == 1, within=20, what="the old call under way")
+        async with connection(pg_dsn) as conn:
+            await api.rejudge(conn, sid)
+        roles.start("worker")
+        port = old.port()
+
+        def refused() -> float:
+            _, text = http_get(port, "/metrics")
+            series = f'judgequeue_stale_results_dropped_total{{queue="{queue}",reason="stale_verdict"}}'
+            match = re.search(re.escape(series) + r" (\S+)", text)
+            return float(match.group(1)) if match else 0.0
+
+        await eventually(lambda: refused() == 1.0, within=30, what="the old try's verdict refused by the fence")
+
+        async def verdict() -> dict[str, Any] | None:
             async with connection(pg_dsn) as conn:
-                await api.rejudge(conn, sid)
-            roles.start("worker")
-            port = old.port()
+                row = await conn.fetchrow("SELECT status, verdict FROM judgequeue.submissions WHERE id = $1", sid)
+            return json.loads(row["verdict"]) if row and row["status"] == "ACCEPTED" else None
 
-            def refused() -> float:
-                _, text = http_get(port, "/metrics")
-                series = f'judgequeue_stale_results_dropped_total{{queue="{queue}",reason="stale_verdict"}}'
-                match = re.search(re.escape(series) + r" (\S+)", text)
-                return float(match.group(1)) if match else 0.0
-
-            await eventually(lambda: refused() == 1.0, within=30, what="the old try's verdict refused by the fence")
-
-            async def verdict() -> dict[str, Any] | None:
-                async with connection(pg_dsn) as conn:
-                    row = await conn.fetchrow("SELECT status, verdict FROM judgequeue.submissions WHERE id = $1", sid)
-                return json.loads(row["verdict"]) if row and row["status"] == "ACCEPTED" else None
-
-            doc = await eventually(verdict, within=30, what="the new generation's verdict")
-            assert doc["generation"] == 2 and doc["details"]["idempotency_key"] == second
-            # Two requests, each applied once: the rejudge asked for the call again, with its own key.
-            assert tool.effects()["applied"] == {first: 1, second: 1}
-        finally:
-            roles.stop()
+        doc = await eventually(verdict, within=30, what="the new generation's verdict")
+        assert doc["generation"] == 2 and doc["details"]["idempotency_key"] == second
+        # Two requests, each applied once: the rejudge asked for the call again, with its own key.
+        assert tool.effects()["applied"] == {first: 1, second: 1}
 
 
 # --- the README's example, as a newcomer runs it -----------------------------------------------------

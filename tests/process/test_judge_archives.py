@@ -7,7 +7,7 @@ by Kattis' precedence rules. Needs root (the sandbox) and problemtools (the test
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import asyncpg
@@ -15,42 +15,39 @@ import pytest
 
 from judgequeue.core.archives import InvalidPackage, read_package
 from judgequeue.core.judges import Verdict
-from judgequeue.core.judges.isolation import JudgeSettings
 from judgequeue.core.judges.program import ProgramJudge
-from judgequeue.core.problems import attach_package_cache
 from tests.support.archives import judge_solutions, put, verifyproblem, write_tree
-from tests.support.sandbox_host import assert_host_clean
 
 pytestmark = pytest.mark.usefixtures("as_root")
-
-
-@pytest.fixture
-async def judge(sandbox_dir: str, pg_pool: asyncpg.Pool) -> AsyncIterator[ProgramJudge]:
-    j = ProgramJudge(settings=JudgeSettings(sandbox_dir=sandbox_dir), slots=4)
-    attach_package_cache(j, pg_pool)
-    yield j
-    await assert_host_clean(j)
-    j.close()
 
 
 EXPECTED = {"accepted": "ACCEPTED", "partially_accepted": "ACCEPTED", "wrong_answer": "WRONG_ANSWER",
             "time_limit_exceeded": "TIME_LIMIT", "run_time_error": "RUNTIME_ERROR"}  # fmt: skip
 
 
-async def agree(judge: ProgramJudge, pool: asyncpg.Pool, root: Path, tmp_path: Path) -> dict[str, Verdict]:
+#: Judges a package written at the path given; what the program judge said of each submission, by name.
+Agree = Callable[[Path], Awaitable[dict[str, Verdict]]]
+
+
+@pytest.fixture
+def agree(package_judge: ProgramJudge, pg_pool: asyncpg.Pool, tmp_path: Path) -> Agree:
     """problemtools and the program judge give every submission of the package the same verdict
     (and score), the one its directory names."""
-    reference = verifyproblem(root, tmp_path / "config")
-    version = await put(pool, root)
-    ours = await judge_solutions(judge, root.name, version)
-    assert sorted(ours) == sorted(reference), (sorted(ours), sorted(reference))
-    for name, verdict in ours.items():
-        expected = EXPECTED[name.split("/")[0]]
-        assert reference[name].verdict == expected, (name, reference[name])
-        assert verdict.status == expected, (name, verdict.details)
-        if reference[name].score is not None:
-            assert verdict.details["score"] == pytest.approx(reference[name].score), (name, verdict.details)
-    return ours
+
+    async def check(root: Path) -> dict[str, Verdict]:
+        reference = verifyproblem(root, tmp_path / "config")
+        version = await put(pg_pool, root)
+        ours = await judge_solutions(package_judge, root.name, version)
+        assert sorted(ours) == sorted(reference), (sorted(ours), sorted(reference))
+        for name, verdict in ours.items():
+            expected = EXPECTED[name.split("/")[0]]
+            assert reference[name].verdict == expected, (name, reference[name])
+            assert verdict.status == expected, (name, verdict.details)
+            if reference[name].score is not None:
+                assert verdict.details["score"] == pytest.approx(reference[name].score), (name, verdict.details)
+        return ours
+
+    return check
 
 
 # --- pass-fail, the default validator with flags (legacy format) -----------------------------------
@@ -73,16 +70,14 @@ AVERAGE = {
 }  # fmt: skip
 
 
-async def test_default_validator_with_flags_agrees_with_problemtools(
-    judge: ProgramJudge, pg_pool: asyncpg.Pool, tmp_path: Path
-) -> None:
+async def test_default_validator_with_flags_agrees_with_problemtools(agree: Agree, tmp_path: Path) -> None:
     root = write_tree(tmp_path / "average", AVERAGE)
     package = read_package(root)
     assert package.manifest["format"] == "kattis" and package.manifest["checker"] == {"type": "kattis"}
     assert [t["name"] for t in package.manifest["tests"]] == ["sample/1", "secret/01", "secret/02", "secret/03"]
     assert package.manifest["tests"][1]["flags"] == ["float_tolerance", "1e-6"]
     assert package.manifest["time_limit_source"] == "default" and package.notes
-    ours = await agree(judge, pg_pool, root, tmp_path)
+    ours = await agree(root)
     floor = ours["wrong_answer/floor.py"].details
     assert floor["failed_test"] == 1 and floor["format"] == "kattis" and len(floor["tests"]) == 1
     assert "too large difference" in floor["reason"]
@@ -121,10 +116,14 @@ int main(int argc, char **argv) {
     accept();
 }
 """
-CLOSE = {
-    "problem.yaml": "name: Close\nlicense: cc0\nsource: judgequeue\nvalidation: custom\nlimits: {memory: 512}\n",
+#: Two tests whose answer is the input: the custom validator and the scoring one judge the same data.
+ECHO_TESTS = {
     "data/secret/1.in": "10\n", "data/secret/1.ans": "10\n",
     "data/secret/2.in": "-3\n", "data/secret/2.ans": "-3\n",
+}  # fmt: skip
+CLOSE = {
+    "problem.yaml": "name: Close\nlicense: cc0\nsource: judgequeue\nvalidation: custom\nlimits: {memory: 512}\n",
+    **ECHO_TESTS,
     "output_validators/close/validate.cc": VALIDATE_CC,
     "output_validators/close/validate.h": VALIDATE_H,
     "submissions/accepted/echo.py": "print(input())\n",
@@ -143,9 +142,7 @@ CLOSE = {
 }  # fmt: skip
 
 
-async def test_a_custom_validator_with_its_header_agrees_with_problemtools(
-    judge: ProgramJudge, pg_pool: asyncpg.Pool, tmp_path: Path
-) -> None:
+async def test_a_custom_validator_with_its_header_agrees_with_problemtools(agree: Agree, tmp_path: Path) -> None:
     root = write_tree(tmp_path / "close", CLOSE)
     checker = read_package(root).manifest["checker"]
     assert (checker["type"], checker["protocol"], checker["name"], list(checker["files"])) == (
@@ -156,7 +153,7 @@ async def test_a_custom_validator_with_its_header_agrees_with_problemtools(
     assert (solutions["accepted/spaceship.cc"]["std"], solutions["accepted/modules"]["files"].keys()) == (
         "gnu++23", {"echo.py"},
     )  # fmt: skip
-    ours = await agree(judge, pg_pool, root, tmp_path)
+    ours = await agree(root)
     assert ours["accepted/plus_one.py"].details["tests"][0]["message"] == "close enough"
     assert ours["wrong_answer/plus_five.py"].details["reason"] == "off by 5"
     # The two submissions named modules share their main source, not their build: each got its own echo.py.
@@ -186,11 +183,9 @@ SCORED = {
 }  # fmt: skip
 
 
-async def test_groups_and_scores_agree_with_problemtools(
-    judge: ProgramJudge, pg_pool: asyncpg.Pool, tmp_path: Path
-) -> None:
+async def test_groups_and_scores_agree_with_problemtools(agree: Agree, tmp_path: Path) -> None:
     root = write_tree(tmp_path / "double", SCORED)
-    ours = await agree(judge, pg_pool, root, tmp_path)
+    ours = await agree(root)
     full, small = ours["accepted/double.py"].details, ours["partially_accepted/small_only.py"].details
     assert (full["score"], full["max_score"]) == (100, 100)
     # problemtools' own rules: the partial submission is ACCEPTED (accept_if_any_accepted) with 40
@@ -250,13 +245,11 @@ GUESS = {
 }  # fmt: skip
 
 
-async def test_interactive_precedence_agrees_with_problemtools(
-    judge: ProgramJudge, pg_pool: asyncpg.Pool, tmp_path: Path
-) -> None:
+async def test_interactive_precedence_agrees_with_problemtools(agree: Agree, tmp_path: Path) -> None:
     root = write_tree(tmp_path / "guess", GUESS)
     manifest = read_package(root).manifest
     assert manifest["type"] == "interactive" and manifest["interactor"]["protocol"] == "kattis"
-    ours = await agree(judge, pg_pool, root, tmp_path)
+    ours = await agree(root)
     assert ours["accepted/bisect.py"].details["tests"][0]["message"] == "found in 9"  # 700 by bisection
     assert ours["wrong_answer/then_spin.py"].details["reason"] == "ten wrong guesses"
 
@@ -297,8 +290,7 @@ NEAR = {
     "problem.yaml": "name: Near\nlicense: cc0\nsource: judgequeue\ntype: scoring\nvalidation: custom score\n"
                     "limits: {memory: 512}\n",
     "data/secret/testdata.yaml": "on_reject: continue\n",
-    "data/secret/1.in": "10\n", "data/secret/1.ans": "10\n",
-    "data/secret/2.in": "-3\n", "data/secret/2.ans": "-3\n",
+    **ECHO_TESTS,
     "output_validators/near/near.py": SCORING_VALIDATOR,
     "output_validators/near/tolerance.py": "TOLERANCE = 1\n",  # a module the validator imports
     "submissions/accepted/echo.py": "print(input())\n",
@@ -307,11 +299,9 @@ NEAR = {
 }  # fmt: skip
 
 
-async def test_a_scoring_validator_agrees_with_problemtools(
-    judge: ProgramJudge, pg_pool: asyncpg.Pool, tmp_path: Path
-) -> None:
+async def test_a_scoring_validator_agrees_with_problemtools(agree: Agree, tmp_path: Path) -> None:
     root = write_tree(tmp_path / "near", NEAR)
-    ours = await agree(judge, pg_pool, root, tmp_path)
+    ours = await agree(root)
     assert ours["accepted/echo.py"].details["score"] == 20
     close = ours["partially_accepted/plus_one.py"].details
     assert (close["score"], [t["points"] for t in close["tests"]]) == (9, [4.5, 4.5])

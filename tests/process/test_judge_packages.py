@@ -318,7 +318,7 @@ async def test_compile_errors_return_bounded_compiler_output(judge: ProgramJudge
 
 # --- testlib as shipped: headers beside checkers, points, interactor plus checker, no SIGPIPE race ------
 
-TESTLIB = Path(__file__).resolve().parents[1] / "fixtures" / "testlib"
+TESTLIB = Path(__file__).resolve().parents[1] / "fixtures" / "third_party" / "testlib"
 
 
 def shipped_testlib(*names: str) -> dict[str, str]:

@@ -6,30 +6,17 @@ Needs root (the sandbox)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import asyncpg
 import pytest
 
 from judgequeue.core.archives import InvalidPackage, read_package
-from judgequeue.core.judges.isolation import JudgeSettings
 from judgequeue.core.judges.program import ProgramJudge
-from judgequeue.core.problems import attach_package_cache
 from tests.support.archives import judge_solutions, put, write_tree
-from tests.support.sandbox_host import assert_host_clean
 
 pytestmark = pytest.mark.usefixtures("as_root")
-TESTLIB = Path(__file__).resolve().parents[1] / "fixtures" / "testlib"
-
-
-@pytest.fixture
-async def judge(sandbox_dir: str, pg_pool: asyncpg.Pool) -> AsyncIterator[ProgramJudge]:
-    j = ProgramJudge(settings=JudgeSettings(sandbox_dir=sandbox_dir), slots=4)
-    attach_package_cache(j, pg_pool)
-    yield j
-    await assert_host_clean(j)
-    j.close()
+TESTLIB = Path(__file__).resolve().parents[1] / "fixtures" / "third_party" / "testlib"
 
 
 def problem_xml(name: str, tests: str, groups: str, assets: str) -> str:
@@ -104,7 +91,7 @@ SUM_SOLUTIONS = """<solutions>
 
 
 async def test_a_polygon_package_round_trip_with_groups_points_and_tagged_solutions(
-    judge: ProgramJudge, pg_pool: asyncpg.Pool, tmp_path: Path
+    package_judge: ProgramJudge, pg_pool: asyncpg.Pool, tmp_path: Path
 ) -> None:
     files = {**SUMS, "solutions/sum20.cpp": SUM_CPP20, "solutions/sum.cs": "class P {}\n", "solutions/sum.d": "",
              "problem.xml": problem_xml("a-plus-b", SUM_TESTS, SUM_GROUPS, CHECKER + SUM_SOLUTIONS)}  # fmt: skip
@@ -124,14 +111,14 @@ async def test_a_polygon_package_round_trip_with_groups_points_and_tagged_soluti
         ("solutions/sum20.cpp", "cpp", "gnu++20"),
     ]  # fmt: skip
     version = await put(pg_pool, root)
-    verdicts = await judge_solutions(judge, "a-plus-b", version)
+    verdicts = await judge_solutions(package_judge, "a-plus-b", version)
     expected = {s["name"]: s["expected"] for s in package.manifest["solutions"]}
     for name, verdict in verdicts.items():
         assert verdict.status in expected[name], (name, verdict.status, verdict.details)
         assert verdict.details["format"] == "polygon"
     # The C++20 solution was judged under the standard its type names: the row's default refuses it.
     default = {"problem": "a-plus-b", "version": version, "language": "cpp", "source": SUM_CPP20}
-    assert (await judge.judge(default)).status == "COMPILE_ERROR"
+    assert (await package_judge.judge(default)).status == "COMPILE_ERROR"
     main, small = verdicts["solutions/main.cpp"].details, verdicts["solutions/small.py"].details
     assert (main["score"], main["max_score"]) == (100, 100)
     assert main["tests"][0]["message"] == 'ok "3"'
@@ -159,7 +146,7 @@ INTERACTIVE = {
 
 
 async def test_a_polygon_interactive_package_its_checker_judges_the_interactors_output(
-    judge: ProgramJudge, pg_pool: asyncpg.Pool, tmp_path: Path
+    package_judge: ProgramJudge, pg_pool: asyncpg.Pool, tmp_path: Path
 ) -> None:
     solutions = """<solutions>
       <solution tag="main"><source path="solutions/ok.py" type="python.3"/></solution>
@@ -171,7 +158,7 @@ async def test_a_polygon_interactive_package_its_checker_judges_the_interactors_
     files = {**INTERACTIVE, "problem.xml": xml}
     root = write_tree(tmp_path / "package", files)
     version = await put(pg_pool, root)
-    verdicts = await judge_solutions(judge, "a-plus-b-interactive", version)
+    verdicts = await judge_solutions(package_judge, "a-plus-b-interactive", version)
     assert {name: v.status for name, v in verdicts.items()} == {
         "solutions/ok.py": "ACCEPTED", "solutions/plus_one.py": "WRONG_ANSWER", "solutions/silent.py": "IDLENESS_LIMIT",
     }  # fmt: skip

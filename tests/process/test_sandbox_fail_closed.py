@@ -17,8 +17,8 @@ import redis
 
 from tests.support.databases import REDIS_URL
 from tests.support.redis_servers import free_port
-from tests.support.roles import http_get, stop_process
-from tests.support.waiting import wait_for
+from tests.support.roles import http_get, stop_process, wait_serving
+from tests.support.sandbox_host import fail_closed_worker_env
 
 pytestmark = pytest.mark.usefixtures("as_root")  # to become an unprivileged user
 
@@ -58,16 +58,7 @@ def nobody_dir() -> Iterator[str]:
 
 
 def worker_env(sandbox_dir: str, **extra: str) -> dict[str, str]:
-    return {
-        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-        "JUDGEQUEUE_POSTGRES_DSN": "postgresql://judge:s3cr3t@127.0.0.1:1/none",
-        "JUDGEQUEUE_REDIS_URL": "redis://127.0.0.1:1/0",
-        "JUDGEQUEUE_QUEUE": "fail-closed",
-        "JUDGEQUEUE_JUDGE": "program",
-        "JUDGEQUEUE_METRICS_PORT": "0",
-        "JUDGEQUEUE_SANDBOX_DIR": sandbox_dir,
-        **extra,
-    }
+    return fail_closed_worker_env(sandbox_dir, "fail-closed", **extra)
 
 
 def test_an_unprivileged_worker_refuses_the_program_judge(nobody_dir: str) -> None:
@@ -131,15 +122,8 @@ def test_in_a_pod_an_unisolated_worker_stays_up_unready_and_takes_no_job(
     )  # fmt: skip
     proc = subprocess.Popen(nobody_argv(["worker"]), env=env, cwd="/", stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
-    def serving() -> bool:
-        assert proc.poll() is None, proc.communicate()
-        try:
-            return http_get(port, "/healthz", timeout=2)[0] == 200
-        except OSError:
-            return False
-
     try:
-        wait_for(serving, 30, "the unready worker to serve /healthz")
+        wait_serving(proc, port, 30, "the unready worker to serve /healthz")
         status, body = http_get(port, "/readyz")
         assert status == 503
         readiness = json.loads(body)

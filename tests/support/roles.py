@@ -105,6 +105,20 @@ def http_get(port: int, path: str, timeout: float = 5.0, host: str = "127.0.0.1"
         return exc.code, exc.read().decode()
 
 
+def wait_serving(process: subprocess.Popen[bytes], port: int, within: float, what: str) -> None:
+    """Wait until ``process`` answers ``/healthz`` on ``port`` with 200 (an unready role still serves
+    it); fail at once with its output if it exits first."""
+
+    def serving() -> bool:
+        assert process.poll() is None, process.communicate()
+        try:
+            return http_get(port, "/healthz", timeout=2)[0] == 200
+        except OSError:
+            return False
+
+    wait_for(serving, within, what)
+
+
 def run_cli(*args: str, env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
     """``judgequeue ARGS`` to completion, output captured as text."""
     return subprocess.run(

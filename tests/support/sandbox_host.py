@@ -88,3 +88,19 @@ async def assert_host_clean(judge: ProgramJudge) -> None:
     assert box_leftovers(judge) == []
     assert files_of(uids) == []
     assert ipc_objects_of(uids) == []
+
+
+def fail_closed_worker_env(sandbox_dir: str, queue: str, **extra: str) -> dict[str, str]:
+    """The environment of a program-judge worker that must refuse before it talks to anyone: its
+    Postgres and Redis are unreachable, and the DSN holds a password (``s3cr3t``) that no refusal may
+    print."""
+    return {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "JUDGEQUEUE_POSTGRES_DSN": "postgresql://judge:s3cr3t@127.0.0.1:1/none",
+        "JUDGEQUEUE_REDIS_URL": "redis://127.0.0.1:1/0",
+        "JUDGEQUEUE_QUEUE": queue,
+        "JUDGEQUEUE_JUDGE": "program",
+        "JUDGEQUEUE_METRICS_PORT": "0",
+        "JUDGEQUEUE_SANDBOX_DIR": sandbox_dir,
+        **extra,
+    }

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Self
 
 import asyncpg
 import redis.asyncio as aioredis
@@ -60,6 +60,14 @@ class Harness:
 
     async def status_is(self, sid: int, *statuses: str) -> bool:
         return (await self.row(sid))["status"] in statuses
+
+    async def __aenter__(self) -> Self:
+        """Started (what a fixture yields); closed when the block ends."""
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
 
     async def close(self) -> None:
         for stop, _ in self.tasks:

@@ -12,23 +12,13 @@ there, where the runner sets ``JUDGEQUEUE_VM_GUEST=1``.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any
-
-import pytest
 
 GUEST = os.environ.get("JUDGEQUEUE_VM_GUEST") == "1"
 collect_ignore_glob = [] if GUEST else ["guest/*"]
 
 #: What the VM runs measured (seconds, the kernel, inner results), printed at the end of the session.
 FIGURES: dict[str, Any] = {}
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    here = Path(__file__).parent
-    for item in items:
-        if here in Path(str(item.fspath)).parents:
-            item.add_marker(pytest.mark.vm)
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:

@@ -34,11 +34,9 @@ from tests.kube.cluster import Cluster, control_plane, write_kubeconfig
 from tests.kube.conftest import CRD_FILE
 from tests.kube.tools import (
     condition,
-    connection_secrets,
     jq_path,
     judgequeue,
-    operator_identity,
-    start_operator,
+    operator_with_secrets,
     wait_for,
 )
 from tests.node.realnode import script_output
@@ -172,8 +170,8 @@ def test_a_cgroup_v2_node_with_kubelets_defaults_judges(v2_node: V2Node) -> None
     database = f"jq_v2node_{uuid.uuid4().hex[:8]}"
     asyncio.run(_create_database(v2_node.host.local_dsn("postgres"), database, queue))
     dsn = v2_node.host.local_dsn(database)
-    connection_secrets(kube, NAMESPACE, dsn=v2_node.host.dsn(database), redis_url=v2_node.host.redis_url)
-    operator = start_operator(operator_identity(kube, NAMESPACE), NAMESPACE, v2_node.job / "operator.log")
+    operator = operator_with_secrets(kube, NAMESPACE, v2_node.job / "operator.log", dsn=v2_node.host.dsn(database),
+                                     redis_url=v2_node.host.redis_url)
     try:
         kube.apply(judgequeue("judge", queue, image=v2_node.image,
                               dispatcher={"replicas": 1}, reaper={"replicas": 1},

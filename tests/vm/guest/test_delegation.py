@@ -29,8 +29,8 @@ from judgequeue.core.judges.program import ProgramJudge
 from judgequeue.core.judges.sandbox import BOX, Limits
 from tests.support.databases import REDIS_URL
 from tests.support.redis_servers import free_port
-from tests.support.roles import http_get, stop_process
-from tests.support.sandbox_host import assert_host_clean
+from tests.support.roles import http_get, stop_process, wait_serving
+from tests.support.sandbox_host import assert_host_clean, fail_closed_worker_env
 from tests.support.waiting import eventually, wait_for
 
 pytestmark = pytest.mark.usefixtures("as_root")
@@ -231,16 +231,7 @@ ROLE = "import sys, judgequeue.core.cli as cli; sys.exit(cli.main(sys.argv[1:]))
 
 
 def worker_env(sandbox_dir: str, **extra: str) -> dict[str, str]:
-    return {
-        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-        "JUDGEQUEUE_POSTGRES_DSN": "postgresql://judge:s3cr3t@127.0.0.1:1/none",
-        "JUDGEQUEUE_REDIS_URL": "redis://127.0.0.1:1/0",
-        "JUDGEQUEUE_QUEUE": "fail-closed-v2",
-        "JUDGEQUEUE_JUDGE": "program",
-        "JUDGEQUEUE_METRICS_PORT": "0",
-        "JUDGEQUEUE_SANDBOX_DIR": sandbox_dir,
-        **extra,
-    }
+    return fail_closed_worker_env(sandbox_dir, "fail-closed-v2", **extra)
 
 
 def read_only_cgroupfs(cgroup: str, argv: list[str]) -> list[str]:
@@ -296,15 +287,8 @@ def test_in_a_pod_a_worker_without_a_delegated_cgroup_stays_up_unready(fresh_cgr
     command = read_only_cgroupfs(fresh_cgroup, [sys.executable, "-c", ROLE, "worker"])
     proc = subprocess.Popen(command, env=env, cwd="/", stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
-    def serving() -> bool:
-        assert proc.poll() is None, proc.communicate()
-        try:
-            return http_get(port, "/healthz", timeout=2)[0] == 200
-        except OSError:
-            return False
-
     try:
-        wait_for(serving, 60, "the unready worker to serve /healthz")
+        wait_serving(proc, port, 60, "the unready worker to serve /healthz")
         status, body = http_get(port, "/readyz")
         reason = json.loads(body)["checks"]["judge"]
         assert status == 503 and reason.startswith("the program judge cannot isolate untrusted code"), body
