@@ -88,7 +88,7 @@ class WorkerSettings:
     judge: str = "program"
     lease_ttl: float = 30.0
     grace_period: float = 25.0
-    intake: str = "stream"  # INTAKES; the dispatcher reads it too
+    intake: str = "direct"  # INTAKES; the dispatcher reads it too
     #: Direct intake: open slots an idle worker offers for submits to fill (core/offers.py); 0: none.
     offers: int = 32
     shadow: str = "off"  # SHADOW_MODES

@@ -56,7 +56,7 @@ def test_defaults_applied_and_minimal_object_valid() -> None:
     }
     assert spec["worker"]["minReplicas"] == 1 and spec["worker"]["maxReplicas"] == 10
     assert spec["worker"]["autoscaling"] == "internal" and spec["worker"]["judge"] == "program"
-    assert spec["worker"]["intake"] == "stream" and spec["worker"]["offers"] == 32
+    assert spec["worker"]["intake"] == "direct" and spec["worker"]["offers"] == 32
     assert spec["reaper"]["retention"] == "7d" and spec["reaper"]["leaseTtl"] == "30s"
     assert spec["cutover"] == {"mode": "live", "driftPolicy": "restore"}
     assert spec["paused"] is False
