@@ -452,7 +452,8 @@ async def _local(options: LocalOptions, base_env: Mapping[str, str]) -> int:
         await conn.close()
     if results:
         if options.json_output:
-            print(json.dumps({"queue": manifest.queue, "results": results}, indent=2, default=str))
+            print(json.dumps({"queue": manifest.queue, "intake": {"intake": intake.intake, "reason": intake.reason},
+                              "results": results}, indent=2, default=str))
         else:
             print(format_table(results))
     return code
