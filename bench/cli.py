@@ -13,6 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from bench import servers
+from judgequeue.core.config import INTAKES, WorkerSettings
+
+#: The intake the product runs when nobody sets one: what a benchmark measures unless told.
+DEFAULT_INTAKE = WorkerSettings().intake
 
 
 def reporter(name: str) -> Callable[[str], None]:
@@ -41,8 +45,8 @@ def add_run_options(
     """Add ``--servers``, ``--out`` (and ``--plots``) and the hidden ``--inner`` that every server script takes."""
     p.add_argument("--servers", choices=("private", "system"), default="private")
     p.add_argument(
-        "--intake", choices=("stream", "direct"), default="stream",
-        help="JUDGEQUEUE_INTAKE of this tree's roles (docs/design.md, direct intake)",
+        "--intake", choices=INTAKES, default=DEFAULT_INTAKE,
+        help=f"JUDGEQUEUE_INTAKE of this tree's roles (default: the product's, {DEFAULT_INTAKE}; docs/design.md)",
     )  # fmt: skip
     p.add_argument(
         "--offers", type=int, default=None,

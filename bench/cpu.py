@@ -38,7 +38,7 @@ from typing import Any
 import asyncpg
 
 from bench import outbox_bench, pipeline, servers
-from bench.cli import INTAKE_VARIABLE, add_run_options, new_parser, reporter, run_on_servers
+from bench.cli import DEFAULT_INTAKE, INTAKE_VARIABLE, add_run_options, new_parser, reporter, run_on_servers
 from bench.common import create_database, drop_database, pgbench, redis_benchmark_xadd
 from judgequeue.core import outbox, sql
 from judgequeue.core.runtime import event_loop_factory
@@ -344,7 +344,7 @@ async def judgequeue_cpu(
     tree = ref_tree(ref) if ref is not None else None
     # The reference runs --ref-intake (trees older than direct intake ignore it); this tree runs
     # the run's --intake (bench.pipeline.stack reads it).
-    intake = ref_intake if tree is not None else os.environ.get(INTAKE_VARIABLE, "stream")
+    intake = ref_intake if tree is not None else os.environ.get(INTAKE_VARIABLE, DEFAULT_INTAKE)
     settings["intake"] = intake
     # The reference's roles run on the reference's own schema (its migrations, not this tree's).
     async with pipeline.stack(schema_from=tree, **settings) as s:
@@ -352,7 +352,7 @@ async def judgequeue_cpu(
         if tree is not None:
             s.env["PYTHONPATH"] = tree
             label = f"judgequeue@{ref}" + (f"/{intake}" if intake != "stream" else "")
-        elif intake != "stream":
+        elif intake != DEFAULT_INTAKE:
             label = f"judgequeue/{intake}"
         s.start("dispatcher")
         s.start("worker", workers)

@@ -28,7 +28,7 @@ from typing import Any
 import asyncpg
 import redis.asyncio as aioredis
 
-from bench.cli import INTAKE_VARIABLE, OFFERS_VARIABLE
+from bench.cli import DEFAULT_INTAKE, INTAKE_VARIABLE, OFFERS_VARIABLE
 from bench.common import REDIS_URL, create_database, drop_database, span_seconds
 from judgequeue.core import outbox, streams
 from judgequeue.core.queues import create_queue
@@ -125,7 +125,7 @@ async def stack(*, schema_from: str | None = None, **settings: str) -> AsyncIter
             "JUDGEQUEUE_CONCURRENCY": "256",
         }
     )
-    env["JUDGEQUEUE_INTAKE"] = os.environ.get(INTAKE_VARIABLE, "stream")  # the run's --intake
+    env["JUDGEQUEUE_INTAKE"] = os.environ.get(INTAKE_VARIABLE, DEFAULT_INTAKE)  # the run's --intake
     if OFFERS_VARIABLE in os.environ:
         env["JUDGEQUEUE_OFFERS"] = os.environ[OFFERS_VARIABLE]  # the run's --offers
     env.update({f"JUDGEQUEUE_{k.upper()}": v for k, v in settings.items()})

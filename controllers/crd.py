@@ -103,6 +103,10 @@ spec:
           type: integer
           jsonPath: .status.workers.replicas
           description: Worker replicas
+        - name: Intake
+          type: string
+          jsonPath: .status.workers.intake
+          description: How jobs reach the workers (stream or direct; spec.worker.intake auto resolved)
         - name: Backlog
           type: integer
           jsonPath: .status.backlog.total
@@ -150,6 +154,12 @@ spec:
                     selector: {type: string}
                     ready: {type: integer}
                     autoscaling: {type: string}
+                    intake:
+                      type: string
+                      description: The intake the workers and dispatchers run (spec.worker.intake, auto resolved).
+                    intakeReason:
+                      type: string
+                      description: Why that intake (set in the spec, or auto's bound applied to maxReplicas).
                 backlog:
                   type: object
                   properties:

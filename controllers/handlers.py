@@ -35,7 +35,7 @@ from judgequeue.core.connect import connect_postgres, redis_client
 from judgequeue.core.errors import JudgeQueueError
 from judgequeue.core.queues import release_queue
 from judgequeue.core.redis_url import validate_redis_url
-from judgequeue.core.spec import JudgeQueueSpec, parse_spec
+from judgequeue.core.spec import JudgeQueueSpec, fleet_intake, parse_spec
 
 from . import autoscale, conditions, cutover
 from .actions import log_action, log_problem
@@ -248,11 +248,14 @@ def _workers_status(spec: JudgeQueueSpec, owner: Owner, live: Mapping[str, Any] 
     selector = ",".join(f"{k}={v}" for k, v in selector_labels(owner.name, "worker").items())
     live_spec = (live or {}).get("spec") or {}
     live_status = (live or {}).get("status") or {}
+    intake = fleet_intake(spec)  # what render_children gave the workers' and dispatchers' environment
     return {
         "replicas": int(live_spec.get("replicas", 0) or 0),
         "ready": int(live_status.get("readyReplicas", 0) or 0),
         "selector": selector,
         "autoscaling": spec.worker.autoscaling,
+        "intake": intake.intake,
+        "intakeReason": intake.reason,
     }
 
 

@@ -74,6 +74,42 @@ class DispatcherSettings:
 #: outbox rows itself in one statement; the dispatcher sends to the stream only the rows no worker
 #: took within one ``schedule`` (and shadow rows), so Redis carries the overflow and re-deliveries.
 INTAKES = ("stream", "direct")
+#: ``spec.worker.intake`` may also say ``auto`` (its default): the operator (and ``judgequeue local``)
+#: picks one of :data:`INTAKES` from the worker fleet's upper bound, :func:`intake_for_fleet`. A role
+#: process never sees ``auto``: it cannot know how many workers share its queue.
+AUTO_INTAKE = "auto"
+SPEC_INTAKES = (AUTO_INTAKE, *INTAKES)
+#: The largest worker fleet ``auto`` gives direct intake; a larger one gets ``stream``. Direct intake
+#: takes about half the CPU per job of ``stream`` at a few workers, but its idle workers' offers and
+#: wake-ups cost more than the stream saves once many workers share a queue: docs/performance.md,
+#: "Intakes at fleet size", has the figures this bound is set from.
+DIRECT_INTAKE_MAX_WORKERS = 16
+
+
+@dataclass(frozen=True)
+class IntakeChoice:
+    """The intake a fleet runs (one of :data:`INTAKES`) and one line saying why, for status and logs."""
+
+    intake: str
+    reason: str
+
+
+def intake_for_fleet(requested: str, max_workers: int, *, bound: str = "maxReplicas") -> IntakeChoice:
+    """Resolve ``spec.worker.intake`` for a fleet of at most ``max_workers`` workers (pure).
+
+    ``auto`` is ``direct`` up to :data:`DIRECT_INTAKE_MAX_WORKERS` workers and ``stream`` above; an
+    explicit intake is kept. The bound is the fleet's static upper bound (``spec.worker.maxReplicas``),
+    never the current count: a different intake changes every worker's and dispatcher's environment, so
+    deciding on the count would roll every pod whenever autoscaling crossed the line. ``bound`` names
+    the number in the reason (``maxReplicas``; ``workers`` for ``judgequeue local``'s fixed count).
+    """
+    if requested in INTAKES:
+        return IntakeChoice(requested, f"{requested}: set in spec.worker.intake")
+    if requested != AUTO_INTAKE:
+        raise ValueError(f"intake must be one of {', '.join(SPEC_INTAKES)}, got {requested!r}")
+    if max_workers <= DIRECT_INTAKE_MAX_WORKERS:
+        return IntakeChoice("direct", f"auto: {bound} {max_workers} <= {DIRECT_INTAKE_MAX_WORKERS}, direct")
+    return IntakeChoice("stream", f"auto: {bound} {max_workers} > {DIRECT_INTAKE_MAX_WORKERS}, stream")
 
 #: ``JUDGEQUEUE_SHADOW`` values. ``off``: a worker judges its queue's work stream. ``judge``: a *shadow
 #: worker*, which judges the queue's shadow stream only (same judge, same sandbox) and writes shadow
@@ -88,7 +124,7 @@ class WorkerSettings:
     judge: str = "program"
     lease_ttl: float = 30.0
     grace_period: float = 25.0
-    intake: str = "stream"  # INTAKES; the dispatcher reads it too
+    intake: str = "direct"  # INTAKES; the dispatcher reads it too
     #: Direct intake: open slots an idle worker offers for submits to fill (core/direct/offers.py); 0: none.
     offers: int = 32
     shadow: str = "off"  # SHADOW_MODES

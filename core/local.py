@@ -28,7 +28,7 @@ import asyncpg
 import redis.asyncio as aioredis
 
 from . import submissions
-from .config import PREFIX, Settings, load_settings, redact_url
+from .config import PREFIX, IntakeChoice, Settings, load_settings, redact_url, variable_for
 from .connect import connect_postgres, redis_client
 from .errors import ConfigError, Failure
 from .judges.http_call import load_call_settings
@@ -38,7 +38,7 @@ from .migrate import migrate
 from .outbox import submit
 from .problems import InvalidPackage, read_package_dir, upload
 from .queues import create_queue, set_cutover
-from .spec import ENDPOINTS_VARIABLE, ROLES, Role
+from .spec import ENDPOINTS_VARIABLE, FIELD_BY_PATH, INTAKE_PATH, ROLES, Role, fleet_intake
 from .states import VERDICTS
 from .status import Figures, gather
 
@@ -110,9 +110,12 @@ def role_env(
     """One ``role`` child's environment: the caller's, then the settings the manifest gives that role
     (as its Deployment would get them; a shadow worker: the workers' and ``JUDGEQUEUE_SHADOW=judge``),
     then the connections. Pure."""
-    rendered = manifest.env("worker" if role == SHADOW_WORKER else cast(Role, role))
+    as_role = "worker" if role == SHADOW_WORKER else cast(Role, role)
+    rendered = manifest.env(as_role)
     if role == SHADOW_WORKER:
         rendered[PREFIX + "SHADOW"] = "judge"
+    if as_role in FIELD_BY_PATH[INTAKE_PATH].roles:
+        rendered[INTAKE_VARIABLE] = local_intake(base, manifest, local_workers(manifest, options)).intake
     env = {k: v for k, v in base.items() if not k.startswith(PREFIX)}
     env.update({k: v for k, v in base.items() if k.startswith(PREFIX) and k not in rendered})
     env.update(rendered)
@@ -123,6 +126,27 @@ def role_env(
     env[PREFIX + "REDIS_URL"] = options.redis_url
     env[PREFIX + "METRICS_PORT"] = str(port)
     return env
+
+
+INTAKE_VARIABLE = variable_for("worker", "intake")
+
+
+def local_workers(manifest: Manifest, options: LocalOptions) -> int:
+    """How many workers ``local`` runs: ``--workers``, else the manifest's floor (:func:`plan_children`)."""
+    return manifest.replicas.worker if options.workers is None else options.workers
+
+
+def local_intake(base: Mapping[str, str], manifest: Manifest, workers: int) -> IntakeChoice:
+    """The intake ``local``'s workers and dispatchers run, and why (pure).
+
+    The manifest's ``spec.worker.intake``, ``auto`` decided on the ``workers`` it runs (a fixed count,
+    so the fleet's bound); when the manifest writes no intake, the caller's ``JUDGEQUEUE_INTAKE`` wins
+    as any setting the manifest is silent on does (load_settings checks its value).
+    """
+    if INTAKE_PATH not in manifest.spec.given and INTAKE_VARIABLE in base:
+        value = base[INTAKE_VARIABLE]
+        return IntakeChoice(value, f"{value}: {INTAKE_VARIABLE} from the environment")
+    return fleet_intake(manifest.spec, workers)
 
 
 def check_endpoints(worker_env: Mapping[str, str]) -> None:
@@ -350,6 +374,7 @@ async def _local(options: LocalOptions, base_env: Mapping[str, str]) -> int:
     for role in ("dispatcher", "reaper"):
         load_settings(role_env(base_env, manifest, role, options, 0))
     check_endpoints(role_env(base_env, manifest, "worker", options, 0))
+    intake = local_intake(base_env, manifest, local_workers(manifest, options))
     programs, package, log_dir = _files(options, manifest)
     display = Display(sys.stderr, enabled=not options.json_output)
     try:
@@ -377,6 +402,7 @@ async def _local(options: LocalOptions, base_env: Mapping[str, str]) -> int:
             f"queue {manifest.queue}: mode={manifest.cutover.mode} paused={manifest.cutover.paused}; "
             f"postgres {redact_url(options.postgres_dsn)}, redis {redact_url(options.redis_url)}"
         )
+        display.say(f"intake {intake.intake} ({intake.reason})")
         children = start_children(plan, env_for, log_dir)
         display.say(f"started {', '.join(c.label for c in children)} (logs in {log_dir}); Ctrl-C stops")
         ids: list[int] = []
@@ -426,7 +452,8 @@ async def _local(options: LocalOptions, base_env: Mapping[str, str]) -> int:
         await conn.close()
     if results:
         if options.json_output:
-            print(json.dumps({"queue": manifest.queue, "results": results}, indent=2, default=str))
+            print(json.dumps({"queue": manifest.queue, "intake": {"intake": intake.intake, "reason": intake.reason},
+                              "results": results}, indent=2, default=str))
         else:
             print(format_table(results))
     return code

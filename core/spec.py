@@ -41,13 +41,17 @@ from typing import Any, Literal
 
 from .agreement import PERCENT_PATTERN, Gate, parse_percent
 from .config import (
-    INTAKES,
+    AUTO_INTAKE,
+    DIRECT_INTAKE_MAX_WORKERS,
     POOLERS,
+    SPEC_INTAKES,
     DispatcherSettings,
+    IntakeChoice,
     ReaperSettings,
     Settings,
     WorkerSettings,
     format_duration,
+    intake_for_fleet,
     parse_duration,
     variable_for,
 )
@@ -248,10 +252,13 @@ FIELDS: tuple[Field, ...] = (
           description="internal = the operator scales on backlog; external = an HPA or KEDA owns replicas."),
     _duration(("worker", "scaleDownStabilization"), 300.0),
     _duration(("worker", "gracePeriod"), setting=("worker", "grace_period")),
-    # How jobs reach the workers (core/config.py INTAKES); the dispatcher holds back for direct.
-    Field(("worker", "intake"), "choice", setting_default("worker", "intake"), choices=INTAKES,
+    # How jobs reach the workers (core/config.py INTAKES); the dispatcher holds back for direct. The one
+    # field whose default is not config's: auto is resolved (fleet_intake) before it reaches a role.
+    Field(("worker", "intake"), "choice", AUTO_INTAKE, choices=SPEC_INTAKES,
           setting=("worker", "intake"), also_read_by=("dispatcher",),
-          description="stream = every job goes through the Redis stream; direct = a worker with free slots claims "
+          description="auto = direct while maxReplicas is at most "
+                      f"{DIRECT_INTAKE_MAX_WORKERS}, else stream (status.workers.intake says which and why); "
+                      "stream = every job goes through the Redis stream; direct = a worker with free slots claims "
                       "and leases ready rows from Postgres itself and the dispatcher sends to the stream only what "
                       "no worker took within one dispatcher schedule (docs/design.md)."),
     _integer(("worker", "offers"), 0, 1024, setting=("worker", "offers"),
@@ -899,6 +906,23 @@ def _text(f: Field, value: Any) -> str:
     return format_duration(float(value)) if f.kind == "duration" else str(value)
 
 
+#: ``spec.worker.intake``, the one field :func:`role_settings` resolves rather than copies.
+INTAKE_PATH: tuple[str, ...] = ("worker", "intake")
+
+
+def fleet_intake(spec: JudgeQueueSpec, workers: int | None = None) -> IntakeChoice:
+    """The intake the spec's workers and dispatchers run, and why (:func:`~judgequeue.core.config.intake_for_fleet`).
+
+    ``auto`` is decided on ``spec.worker.maxReplicas``, the fleet's static upper bound, in either
+    autoscaling mode: the internal autoscaler never goes above it, and with external autoscaling the
+    operator cannot see the scaler's bound, so ``maxReplicas`` (which bounds nothing else then) states
+    it. ``workers`` instead: a fixed count (``judgequeue local`` runs exactly that many).
+    """
+    if workers is None:
+        return intake_for_fleet(spec.values[INTAKE_PATH], spec.worker.max_replicas)
+    return intake_for_fleet(spec.values[INTAKE_PATH], workers, bound="workers")
+
+
 def role_fields(role: Role) -> tuple[Field, ...]:
     """The fields whose settings ``role`` reads."""
     return tuple(f for f in FIELDS if role in f.roles)
@@ -910,9 +934,12 @@ def role_settings(spec: JudgeQueueSpec, role: Role, *, given_only: bool = False)
     the metrics port are not part of the spec: a cluster takes them from Secrets, ``local`` from flags.
 
     ``given_only`` leaves out fields the manifest did not write (``local`` lets the caller's
-    environment set those; the defaults are the same either way, being config's)."""
+    environment set those; the defaults are the same either way, being config's, but for the intake).
+    The intake is resolved on ``maxReplicas`` (:func:`fleet_intake`), so a role never reads ``auto``
+    (``local`` decides it on the workers it runs instead)."""
     values = {
-        variable_for(*f.setting): _text(f, spec.values[f.path])
+        variable_for(*f.setting): (fleet_intake(spec).intake if f.path == INTAKE_PATH
+                                   else _text(f, spec.values[f.path]))
         for f in role_fields(role)
         if f.setting and (not given_only or f.path in spec.given or f.path == ("queue",))
     }

@@ -17,7 +17,7 @@ from judgequeue.core.queues import create_queue
 from judgequeue.core.reaper import Reaper
 from tests.support.queries import count_submissions
 from tests.support.redis_servers import RedisServer, redis_cluster
-from tests.support.settings import make_settings
+from tests.support.settings import stream_settings
 from tests.support.waiting import eventually
 
 
@@ -51,7 +51,7 @@ async def test_enqueue_consume_reap_and_replay_on_a_cluster(
     cluster: aioredis.Redis, cluster_nodes: list[RedisServer], pg_pool: asyncpg.Pool, pg_dsn: str, queue_name: str
 ) -> None:
     url = cluster_nodes[0].url
-    settings = make_settings(pg_dsn, url, queue_name, visibility_timeout="100ms", max_deliveries="2")
+    settings = stream_settings(pg_dsn, url, queue_name, visibility_timeout="100ms", max_deliveries="2")
     async with pg_pool.acquire() as conn:
         await create_queue(conn, queue_name)
         ids = [await outbox.submit(conn, queue_name, {"i": i}) for i in range(4)]

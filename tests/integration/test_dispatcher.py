@@ -14,14 +14,14 @@ from judgequeue.core.config import Settings
 from judgequeue.core.dispatcher import Dispatcher
 from judgequeue.core.queues import create_queue, set_cutover
 from tests.support.databases import REDIS_URL
-from tests.support.settings import make_settings
+from tests.support.settings import stream_settings
 from tests.support.waiting import eventually
 
 
 async def test_burst_stops_listening_then_registers_again_when_idle(
     pg_pool: asyncpg.Pool, pg_dsn: str, redis_client: aioredis.Redis, queue_name: str
 ) -> None:
-    settings = make_settings(pg_dsn, REDIS_URL, queue_name, schedule="1h", batch_size="3")
+    settings = stream_settings(pg_dsn, REDIS_URL, queue_name, schedule="1h", batch_size="3")
     async with running_dispatcher(pg_pool, redis_client, settings):
         await eventually(lambda: waiters_are(pg_pool, 1), what="dispatcher registered as waiter")
         async with pg_pool.acquire() as conn, conn.transaction():
@@ -62,7 +62,7 @@ async def test_cycle_sends_batch_and_marks_rows(
         await create_queue(conn, queue_name)
         for i in range(5):
             await outbox.submit(conn, queue_name, {"i": i})
-    d = Dispatcher(pg_pool, redis_client, make_settings(pg_dsn, REDIS_URL, queue_name, batch_size="3"))
+    d = Dispatcher(pg_pool, redis_client, stream_settings(pg_dsn, REDIS_URL, queue_name, batch_size="3"))
     first = await d.cycle()
     second = await d.cycle()
     assert (first.claimed, second.claimed) == (3, 2)
@@ -78,7 +78,7 @@ async def test_shadow_mode_goes_to_shadow_stream_only(
     async with pg_pool.acquire() as conn:
         await create_queue(conn, queue_name, mode="shadow")
         await outbox.submit(conn, queue_name, {})
-    d = Dispatcher(pg_pool, redis_client, make_settings(pg_dsn, REDIS_URL, queue_name))
+    d = Dispatcher(pg_pool, redis_client, stream_settings(pg_dsn, REDIS_URL, queue_name))
     result = await d.cycle()
     assert result.by_result == {"shadow_sent": 1}
     assert await redis_client.xlen(streams.shadow_key(queue_name)) == 1
@@ -94,7 +94,7 @@ async def test_redis_outage_releases_rows_without_spending_attempts(
         await create_queue(conn, queue_name)
         await outbox.submit(conn, queue_name, {})
     dead_redis = aioredis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.5)
-    d = Dispatcher(pg_pool, dead_redis, make_settings(pg_dsn, REDIS_URL, queue_name))
+    d = Dispatcher(pg_pool, dead_redis, stream_settings(pg_dsn, REDIS_URL, queue_name))
     result = await d.cycle()
     await dead_redis.aclose()
     assert result.by_result == {"release": 1}
@@ -107,7 +107,7 @@ async def test_idle_dispatcher_wakes_on_submit_within_the_poll_interval(
     pg_pool: asyncpg.Pool, pg_dsn: str, redis_client: aioredis.Redis, queue_name: str
 ) -> None:
     # schedule of 1 hour: only the wake-up can deliver within the test's deadline
-    settings = make_settings(pg_dsn, REDIS_URL, queue_name, schedule="1h")
+    settings = stream_settings(pg_dsn, REDIS_URL, queue_name, schedule="1h")
     async with running_dispatcher(pg_pool, redis_client, settings):
         await eventually(lambda: waiters_are(pg_pool, 1), what="dispatcher registered as waiter")
         for i in range(3):
@@ -132,7 +132,7 @@ async def test_paused_queue_dispatches_nothing_until_resumed(
         await create_queue(conn, queue_name)
         await set_cutover(conn, queue_name, paused=True)
         await outbox.submit(conn, queue_name, {})
-    d = Dispatcher(pg_pool, redis_client, make_settings(pg_dsn, REDIS_URL, queue_name))
+    d = Dispatcher(pg_pool, redis_client, stream_settings(pg_dsn, REDIS_URL, queue_name))
     assert (await d.cycle()).claimed == 0
     async with pg_pool.acquire() as conn:
         await set_cutover(conn, queue_name, paused=False)

@@ -13,7 +13,7 @@ from judgequeue.core.queues import create_queue
 from judgequeue.core.reaper import Reaper
 from tests.support.databases import REDIS_URL
 from tests.support.queries import submissions
-from tests.support.settings import make_settings
+from tests.support.settings import stream_settings
 from tests.support.waiting import eventually
 
 
@@ -21,7 +21,7 @@ async def dead_letter_submissions(
     pool: asyncpg.Pool, redis: aioredis.Redis, pg_dsn: str, queue: str, n: int
 ) -> list[int]:
     """Submit ``n`` jobs, deliver them once, never ack, and let a reaper dead-letter them."""
-    settings = make_settings(pg_dsn, REDIS_URL, queue, visibility_timeout="100ms", max_deliveries="1")
+    settings = stream_settings(pg_dsn, REDIS_URL, queue, visibility_timeout="100ms", max_deliveries="1")
     async with pool.acquire() as conn:
         await create_queue(conn, queue)
         ids = [await outbox.submit(conn, queue, {"i": i}) for i in range(n)]

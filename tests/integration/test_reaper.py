@@ -22,7 +22,7 @@ from judgequeue.core.reaper import ClaimedEntry, Decision, Reaper, decide
 from tests.support.databases import REDIS_URL
 from tests.support.queries import status_of, submission
 from tests.support.redis_servers import free_port
-from tests.support.settings import make_settings
+from tests.support.settings import stream_settings
 from tests.support.waiting import eventually
 
 
@@ -47,7 +47,7 @@ async def pending(redis: aioredis.Redis, queue: str) -> list[dict[str, Any]]:
 def make_reaper(
     pool: asyncpg.Pool, redis: aioredis.Redis, pg_dsn: str, queue: str, name: str, **env_overrides: str
 ) -> Reaper:
-    settings = make_settings(
+    settings = stream_settings(
         pg_dsn, REDIS_URL, queue, **{"visibility_timeout": "200ms", "max_deliveries": "3", **env_overrides}
     )
     return Reaper(pool, redis, settings, name=name)
@@ -107,7 +107,7 @@ async def test_unacked_entry_is_requeued_then_dead_lettered_with_postgres_update
         await create_queue(conn, queue_name)
         sid = await outbox.submit(conn, queue_name, {"x": 1})
     await streams.ensure_group(redis_client, queue_name)
-    await Dispatcher(pg_pool, redis_client, make_settings(pg_dsn, REDIS_URL, queue_name)).cycle()
+    await Dispatcher(pg_pool, redis_client, stream_settings(pg_dsn, REDIS_URL, queue_name)).cycle()
     r = make_reaper(pg_pool, redis_client, pg_dsn, queue_name, "reaper-a")
     dead_before = REGISTRY.get_sample_value("judgequeue_dead_letters_total", {"queue": queue_name}) or 0
 
@@ -262,7 +262,7 @@ async def test_reaper_killed_between_postgres_and_redis_steps(
         await create_queue(conn, queue_name)
         sid = await outbox.submit(conn, queue_name, {})
     await streams.ensure_group(redis_client, queue_name)
-    await Dispatcher(pg_pool, redis_client, make_settings(pg_dsn, REDIS_URL, queue_name)).cycle()
+    await Dispatcher(pg_pool, redis_client, stream_settings(pg_dsn, REDIS_URL, queue_name)).cycle()
     [got] = await streams.read(redis_client, queue_name, "worker-1", count=1, block_ms=100)
     await eventually(lambda: idle_pel(redis_client, queue_name, 250), what="PEL idle")
 
@@ -364,7 +364,7 @@ async def test_idle_consumers_without_pending_entries_are_removed(
     [first] = await streams.read(redis_client, queue_name, "idle-worker", count=1, block_ms=100)
     await streams.ack(redis_client, queue_name, [first.entry_id])
     await streams.read(redis_client, queue_name, "busy-worker", count=1, block_ms=100)  # never acked
-    settings = make_settings(pg_dsn, REDIS_URL, queue_name, visibility_timeout="1h")
+    settings = stream_settings(pg_dsn, REDIS_URL, queue_name, visibility_timeout="1h")
     r = Reaper(pg_pool, redis_client, settings, name="reaper-a", idle_consumer_after=0.1)
 
     async def names() -> set[bytes]:
@@ -428,7 +428,7 @@ async def test_role_loop_requeues_and_stops_promptly(
     pg_dsn: str, redis_client: aioredis.Redis, queue_name: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, "judgequeue.reaper")  # log records with extras must be valid
-    settings = make_settings(pg_dsn, REDIS_URL, queue_name, visibility_timeout="100ms", reaper_interval="50ms")
+    settings = stream_settings(pg_dsn, REDIS_URL, queue_name, visibility_timeout="100ms", reaper_interval="50ms")
     await streams.ensure_group(redis_client, queue_name)
     await streams.enqueue_many(redis_client, queue_name, [env(1)], seen_ttl=60)
     await streams.read(redis_client, queue_name, "w", count=1, block_ms=100)
@@ -448,7 +448,7 @@ async def test_role_loop_requeues_and_stops_promptly(
 async def test_sweep_survives_unreachable_redis(pg_pool: asyncpg.Pool, pg_dsn: str, queue_name: str) -> None:
     dead = aioredis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.5, retry=Retry(NoBackoff(), 0))
     try:
-        r = Reaper(pg_pool, dead, make_settings(pg_dsn, REDIS_URL, queue_name))
+        r = Reaper(pg_pool, dead, stream_settings(pg_dsn, REDIS_URL, queue_name))
         report = await r.sweep()
     finally:
         await dead.aclose()
@@ -465,7 +465,7 @@ async def test_a_sweep_with_every_part_failing_is_unreachable(queue_name: str) -
         f"postgresql://postgres@127.0.0.1:{free_port()}/x", min_size=0, max_size=1, timeout=0.5
     )
     try:
-        r = Reaper(dead_pg, dead_redis, make_settings("postgresql://x/y", REDIS_URL, queue_name))
+        r = Reaper(dead_pg, dead_redis, stream_settings("postgresql://x/y", REDIS_URL, queue_name))
         report = await r.sweep()
     finally:
         await dead_redis.aclose()
@@ -491,7 +491,7 @@ async def test_stranded_resend_clears_a_marker_that_outlived_its_entry(
     """A Postgres failover to an asynchronous standby can lose a lease whose entry was acked: the
     submission is PENDING, its row SENT, the entry gone, but the dedup marker still in Redis.
     The re-send must reach the stream anyway, not be absorbed as a duplicate until SEEN_TTL."""
-    settings = make_settings(pg_dsn, REDIS_URL, queue_name, redispatch_after="1h")
+    settings = stream_settings(pg_dsn, REDIS_URL, queue_name, redispatch_after="1h")
     async with pg_pool.acquire() as conn:
         await create_queue(conn, queue_name)
         sid = await outbox.submit(conn, queue_name, {})

@@ -18,7 +18,7 @@ from judgequeue.core.queues import create_queue
 from judgequeue.core.reaper import Reaper
 from tests.support.databases import REDIS_URL
 from tests.support.redis_servers import RedisServer, free_port, redis_server
-from tests.support.settings import make_settings
+from tests.support.settings import stream_settings
 from tests.support.waiting import eventually
 
 
@@ -34,7 +34,7 @@ async def assert_dispatch_keeps_row_retryable(
     async with pool.acquire() as conn:
         await create_queue(conn, queue)
         await outbox.submit(conn, queue, {})
-    result = await Dispatcher(pool, client, make_settings(pg_dsn, REDIS_URL, queue)).cycle()
+    result = await Dispatcher(pool, client, stream_settings(pg_dsn, REDIS_URL, queue)).cycle()
     assert result.by_result == {"release": 1}
     async with pool.acquire() as conn:
         row = await conn.fetchrow("SELECT state, attempts, last_error FROM judgequeue.outbox")
@@ -60,7 +60,7 @@ async def test_refused_connection_is_redis_unavailable_everywhere(
             lambda: streams.ensure_group(client, queue_name),
             lambda: stream_stats.stream_figures(client, queue_name),
             lambda: dlq.list_entries(client, queue_name),
-            lambda: Reaper(pg_pool, client, make_settings(pg_dsn, REDIS_URL, queue_name)).sweep_stream(),
+            lambda: Reaper(pg_pool, client, stream_settings(pg_dsn, REDIS_URL, queue_name)).sweep_stream(),
         ]
         for call in calls:
             with pytest.raises(streams.RedisUnavailable):
@@ -84,7 +84,7 @@ async def test_out_of_memory_is_typed_and_rows_stay_retryable(
         await client.config_set("maxmemory", "0")
         async with pg_pool.acquire() as conn:
             await conn.execute("UPDATE judgequeue.outbox SET next_attempt_at = now()")
-        result = await Dispatcher(pg_pool, client, make_settings(pg_dsn, REDIS_URL, queue_name)).cycle()
+        result = await Dispatcher(pg_pool, client, stream_settings(pg_dsn, REDIS_URL, queue_name)).cycle()
         assert result.by_result == {"sent": 1}
     finally:
         await client.config_set("maxmemory", "0")
@@ -109,7 +109,7 @@ async def test_readonly_replica_is_typed_and_rows_stay_retryable(
             with pytest.raises(streams.RedisReadOnly):
                 await streams.ensure_group(client, queue_name)
             await assert_dispatch_keeps_row_retryable(pg_pool, pg_dsn, client, queue_name, "READONLY")
-            report = await Reaper(pg_pool, client, make_settings(pg_dsn, REDIS_URL, queue_name)).sweep()
+            report = await Reaper(pg_pool, client, stream_settings(pg_dsn, REDIS_URL, queue_name)).sweep()
             assert "stream" not in report.errors or "Redis" in report.errors["stream"]
             assert isinstance(streams.translate_redis_error(Exception("READONLY x")), TransportError)
         finally:

@@ -29,7 +29,10 @@ async def _direct_chaos(pg_dsn: str, queue_name: str, tmp_path: Path, base: Chao
 async def test_chaos_keeps_every_invariant(
     pg_dsn: str, queue_name: str, redis_client: aioredis.Redis, tmp_path: Path
 ) -> None:
+    """The stream intake (every job through a dispatcher and the Redis stream) under kills,
+    freezes, failpoints and flips."""
     config = ChaosConfig(submissions=1200, chaos_seconds=25, seed=7)
+    config = dataclasses.replace(config, role_env={**config.role_env, "JUDGEQUEUE_INTAKE": "stream"})
     report = await Chaos(pg_dsn, REDIS_URL, queue_name, config, tmp_path).run()
     print(json.dumps(report.as_dict(), indent=1))
     assert report.kills > 5, "the run must actually kill processes"

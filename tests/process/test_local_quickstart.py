@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from judgequeue.core.config import intake_for_fleet
 from tests.support.redis_servers import redis_server
 from tests.support.roles import JUDGEQUEUE, RoleProcess, clean_env
 from tests.support.waiting import wait_for
@@ -56,6 +57,9 @@ def test_readme_quickstart_as_written_shows_verdicts(pg_dsn: str, local_redis: s
     assert verdicts["runtime_error.py"] == ("RUNTIME_ERROR", "RUNTIME_ERROR")
     # The demo problem is a package with two subtasks and a float checker; each program's tests show.
     assert "problem demo-mean version 1: 4 tests uploaded" in result.stderr
+    # The example's intake is auto, decided on the two workers local runs (its minReplicas).
+    chosen = intake_for_fleet("auto", 2, bound="workers")
+    assert f"intake {chosen.intake} ({chosen.reason})" in result.stderr
     assert "accepted.py (id 1): ACCEPTED, score 100/100 (demo-mean v1)" in per_test
     assert "wrong_answer.py (id 2): WRONG_ANSWER on test 3, score 40/100 (demo-mean v1)" in per_test
     assert "group small: 40/40 (tests 1, 2)" in per_test and "group large: 0/60 (tests 3, 4)" in per_test
@@ -99,6 +103,8 @@ def test_local_demo_runs_every_role_and_prints_verdicts(
 
     data = json.loads(result.stdout)
     assert data["queue"] == queue_name
+    chosen = intake_for_fleet("auto", 2, bound="workers")  # the example's auto, on its two workers
+    assert data["intake"] == {"intake": chosen.intake, "reason": chosen.reason}
     assert [(r["program"], r["verdict"], r["ok"]) for r in data["results"]] == [
         ("one.py", "ACCEPTED", True),
         ("two.py", "ACCEPTED", True),

@@ -37,5 +37,16 @@ def make_settings(pg_dsn: str, redis_url: str, queue: str, **env: str) -> Settin
     base.update({f"JUDGEQUEUE_{k.upper()}": v for k, v in env.items()})
     return load_settings(base)
 
+
+def stream_settings(pg_dsn: str, redis_url: str, queue: str, **env: str) -> Settings:
+    """:func:`make_settings` for a test of the stream intake (every job through the Redis stream).
+
+    The default intake is ``direct``, whose dispatcher leaves a live row to the workers for one
+    ``schedule`` before it sends it; tests of the dispatcher's sends, the stream's acks and the
+    reaper's stream sweeps name the intake they test.
+    """
+    env.setdefault("intake", "stream")
+    return make_settings(pg_dsn, redis_url, queue, **env)
+
 #: A password the tests put in DSNs and URLs: it must never appear in any output or log.
 SECRET = "s3cr3t-pw-do-not-print"

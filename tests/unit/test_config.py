@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from judgequeue.core.config import load_settings, parse_variable
+from judgequeue.core.config import (
+    DIRECT_INTAKE_MAX_WORKERS,
+    INTAKES,
+    IntakeChoice,
+    WorkerSettings,
+    intake_for_fleet,
+    load_settings,
+    parse_variable,
+)
 from judgequeue.core.errors import ConfigError
 
 BASE = {
@@ -44,3 +52,39 @@ def test_a_bad_flag_is_named_as_the_flag() -> None:
 def test_metrics_address_defaults_to_every_ipv4_interface_and_accepts_ipv6() -> None:
     assert load_settings(BASE).metrics_address == "0.0.0.0"
     assert load_settings({**BASE, "JUDGEQUEUE_METRICS_ADDRESS": "::"}).metrics_address == "::"
+
+
+N = DIRECT_INTAKE_MAX_WORKERS
+
+
+@pytest.mark.parametrize(("workers", "expected"), [
+    (1, IntakeChoice("direct", f"auto: maxReplicas 1 <= {N}, direct")),
+    (N - 1, IntakeChoice("direct", f"auto: maxReplicas {N - 1} <= {N}, direct")),
+    (N, IntakeChoice("direct", f"auto: maxReplicas {N} <= {N}, direct")),  # the bound itself is direct's
+    (N + 1, IntakeChoice("stream", f"auto: maxReplicas {N + 1} > {N}, stream")),
+    (1000, IntakeChoice("stream", f"auto: maxReplicas 1000 > {N}, stream")),
+])
+def test_auto_intake_is_direct_up_to_the_bound_and_stream_above(workers: int, expected: IntakeChoice) -> None:
+    assert intake_for_fleet("auto", workers) == expected
+
+
+@pytest.mark.parametrize("intake", INTAKES)
+@pytest.mark.parametrize("workers", [1, N, N + 1, 1000])
+def test_an_explicit_intake_is_kept_whatever_the_fleet(intake: str, workers: int) -> None:
+    assert intake_for_fleet(intake, workers) == IntakeChoice(intake, f"{intake}: set in spec.worker.intake")
+
+
+def test_the_reason_names_the_bound_it_decided_on() -> None:
+    """``judgequeue local`` runs a fixed count of workers and says so."""
+    assert intake_for_fleet("auto", N + 1, bound="workers").reason == f"auto: workers {N + 1} > {N}, stream"
+    with pytest.raises(ValueError, match="intake must be one of auto, stream, direct, got 'fast'"):
+        intake_for_fleet("fast", 1)
+
+
+def test_a_bare_role_keeps_direct_and_never_reads_auto() -> None:
+    """A role cannot know its fleet's size: unset, the intake is direct; ``auto`` is the spec's alone."""
+    assert WorkerSettings().intake == "direct" and "auto" not in INTAKES
+    env = {"JUDGEQUEUE_POSTGRES_DSN": "postgresql://h/d", "JUDGEQUEUE_REDIS_URL": "redis://h", "JUDGEQUEUE_QUEUE": "q"}
+    assert load_settings(env).worker.intake == "direct"
+    with pytest.raises(ConfigError, match="JUDGEQUEUE_INTAKE"):
+        load_settings({**env, "JUDGEQUEUE_INTAKE": "auto"})

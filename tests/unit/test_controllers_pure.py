@@ -304,3 +304,21 @@ def test_rbac_rules() -> None:
     assert role["metadata"]["namespace"] == "ops"
     with pytest.raises(ValueError):
         rbac.render_role("x", kind="Role")
+
+
+def test_status_reports_the_intake_the_children_run_and_why() -> None:
+    """status.workers.intake is the value rendered into the workers' and dispatchers' environment."""
+    from judgequeue.controllers.handlers import _workers_status
+    from judgequeue.core.config import DIRECT_INTAKE_MAX_WORKERS as N
+
+    for worker, intake, reason in [
+        ({"maxReplicas": N}, "direct", f"auto: maxReplicas {N} <= {N}, direct"),
+        ({"maxReplicas": N + 1}, "stream", f"auto: maxReplicas {N + 1} > {N}, stream"),
+        ({"maxReplicas": N + 1, "intake": "direct"}, "direct", "direct: set in spec.worker.intake"),
+    ]:
+        spec = parsed(worker=worker)
+        status = _workers_status(spec, OWNER, None)
+        assert (status["intake"], status["intakeReason"]) == (intake, reason), worker
+        for role in ("worker", "dispatcher"):
+            env = {e["name"]: e["value"] for e in render.role_env(spec, role)}
+            assert env["JUDGEQUEUE_INTAKE"] == intake, (worker, role)

@@ -44,7 +44,9 @@ def test_crd_names_and_subresources() -> None:
     assert scale["statusReplicasPath"] == ".status.workers.replicas"
     assert scale["labelSelectorPath"] == ".status.workers.selector"
     columns = [c["name"] for c in version["additionalPrinterColumns"]]
-    assert columns == ["Mode", "Agreement", "Workers", "Backlog", "Ready", "Age"]
+    assert columns == ["Mode", "Agreement", "Workers", "Intake", "Backlog", "Ready", "Age"]
+    status = schema_of(crd)["properties"]["status"]["properties"]["workers"]["properties"]
+    assert {"intake", "intakeReason"} <= set(status)  # written by the operator, so declared (never pruned)
 
 
 def test_defaults_applied_and_minimal_object_valid() -> None:
@@ -56,7 +58,7 @@ def test_defaults_applied_and_minimal_object_valid() -> None:
     }
     assert spec["worker"]["minReplicas"] == 1 and spec["worker"]["maxReplicas"] == 10
     assert spec["worker"]["autoscaling"] == "internal" and spec["worker"]["judge"] == "program"
-    assert spec["worker"]["intake"] == "stream" and spec["worker"]["offers"] == 32
+    assert spec["worker"]["intake"] == "auto" and spec["worker"]["offers"] == 32
     assert spec["reaper"]["retention"] == "7d" and spec["reaper"]["leaseTtl"] == "30s"
     assert spec["cutover"] == {"mode": "live", "driftPolicy": "restore"}
     assert spec["paused"] is False
@@ -89,6 +91,7 @@ BAD: list[tuple[str, dict[str, Any], str]] = [
     ("bad mode", {"cutover": {"mode": "half"}}, "Unsupported value"),
     ("bad autoscaling", {"worker": {"autoscaling": "keda"}}, "Unsupported value"),
     ("bad intake", {"worker": {"intake": "fast"}}, "Unsupported value"),
+    ("intake is lowercase", {"worker": {"intake": "Auto"}}, "Unsupported value"),
     ("negative offers", {"worker": {"offers": -1}}, "offers: should be greater"),
     ("bad queue", {"queue": "Not_A_Label"}, "queue: should match"),
     ("huge grace", {"worker": {"gracePeriod": "2h"}}, "gracePeriod must be under 1h"),

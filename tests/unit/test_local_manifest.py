@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from judgequeue.core.config import load_settings
+from judgequeue.core.config import DIRECT_INTAKE_MAX_WORKERS, IntakeChoice, load_settings
 from judgequeue.core.errors import Failure
 from judgequeue.core.local import (
     DemoProgram,
@@ -16,6 +16,7 @@ from judgequeue.core.local import (
     Progress,
     check_endpoints,
     load_demo,
+    local_intake,
     plan_children,
     progress_line,
     role_env,
@@ -188,3 +189,35 @@ def test_verdict_table_and_progress_line() -> None:
     line = progress_line(Progress(figures, {"ACCEPTED": 4, "JUDGING": 1}, 2.5), 3, 4)
     assert "backlog 6" in line and "judging 1" in line and "2.5 verdicts/s" in line
     assert "roles 3/4" in line and "ACCEPTED=4" in line
+
+
+N = DIRECT_INTAKE_MAX_WORKERS
+OPTIONS = LocalOptions(manifest="x", postgres_dsn="postgresql://h/db", redis_url="redis://h/1")
+
+
+def _intakes(m: Any, base: dict[str, str], options: LocalOptions = OPTIONS) -> dict[str, str | None]:
+    return {role: role_env(base, m, role, options, port=0).get("JUDGEQUEUE_INTAKE")
+            for role in ("dispatcher", "worker", "shadow-worker", "reaper")}
+
+
+def test_local_decides_auto_on_the_workers_it_runs() -> None:
+    """``local`` runs a fixed count of workers (the floor, or --workers), so auto is decided on that, not
+    on maxReplicas; workers and dispatchers get the same value."""
+    m = parse_manifest(manifest(worker={"minReplicas": 2, "maxReplicas": N + 10}))
+    assert local_intake({}, m, 2) == IntakeChoice("direct", f"auto: workers 2 <= {N}, direct")
+    assert _intakes(m, {}) == {"dispatcher": "direct", "worker": "direct", "shadow-worker": "direct", "reaper": None}
+    many = LocalOptions(manifest="x", postgres_dsn="postgresql://h/db", redis_url="redis://h/1", workers=N + 1)
+    assert _intakes(m, {}, many) == {"dispatcher": "stream", "worker": "stream", "shadow-worker": "stream",
+                                     "reaper": None}
+    written_auto = parse_manifest(manifest(worker={"minReplicas": N + 1, "maxReplicas": N + 1, "intake": "auto"}))
+    assert local_intake({}, written_auto, N + 1).reason == f"auto: workers {N + 1} > {N}, stream"
+
+
+def test_an_explicit_intake_is_kept_and_the_callers_fills_in_where_the_manifest_is_silent() -> None:
+    explicit = parse_manifest(manifest(worker={"intake": "stream"}))
+    assert _intakes(explicit, {"JUDGEQUEUE_INTAKE": "direct"})["worker"] == "stream"  # the manifest wins
+    assert local_intake({}, explicit, 1) == IntakeChoice("stream", "stream: set in spec.worker.intake")
+    silent = parse_manifest(manifest())
+    assert _intakes(silent, {"JUDGEQUEUE_INTAKE": "stream"})["dispatcher"] == "stream"
+    assert local_intake({"JUDGEQUEUE_INTAKE": "stream"}, silent, 1).reason == \
+        "stream: JUDGEQUEUE_INTAKE from the environment"

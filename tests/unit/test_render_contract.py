@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from judgequeue.controllers import render
-from judgequeue.core.config import load_settings
+from judgequeue.core.config import DIRECT_INTAKE_MAX_WORKERS, load_settings
 from judgequeue.core.manifest import parse_manifest
 from judgequeue.core.spec import JudgeQueueSpec, Role, parse_spec
 
@@ -115,10 +115,41 @@ def test_bad_connection_options_are_named(postgres: dict[str, Any], error: str) 
 def test_bad_intake_is_one_error_naming_the_field() -> None:
     """What the operator reports in status (it never crash-loops on it), and what local mode prints."""
     spec = {**SPEC, "worker": {**SPEC["worker"], "intake": "fast"}}
-    assert parse_spec(spec, name="judge") == ["spec.worker.intake: must be one of stream, direct, got 'fast'"]
+    assert parse_spec(spec, name="judge") == ["spec.worker.intake: must be one of auto, stream, direct, got 'fast'"]
 
 
 def test_bad_offers_is_one_error_naming_the_field() -> None:
     spec = {**SPEC, "worker": {**SPEC["worker"], "offers": -3}}
     errors = parse_spec(spec, name="judge")
     assert isinstance(errors, list) and len(errors) == 1 and errors[0].startswith("spec.worker.offers:"), errors
+
+
+def _deployment_env(worker: dict[str, Any]) -> dict[str, dict[str, str]]:
+    """Each Deployment's JUDGEQUEUE_INTAKE (None: not set) as the operator renders the spec's children."""
+    parsed = parse_spec({**SPEC, "worker": worker}, name="judge")
+    assert isinstance(parsed, JudgeQueueSpec), parsed
+    owner = render.Owner("judge", "ns", "uid-1")
+    out: dict[str, dict[str, str]] = {}
+    for child in render.render_children(parsed, owner, worker_replicas=1):
+        if child.kind == "Deployment":
+            env = child.body["spec"]["template"]["spec"]["containers"][0]["env"]
+            out[child.name] = {e["name"]: e["value"] for e in env if e["name"] == "JUDGEQUEUE_INTAKE"}
+    return out
+
+
+@pytest.mark.parametrize(("worker", "intake"), [
+    ({"maxReplicas": DIRECT_INTAKE_MAX_WORKERS}, "direct"),  # auto (the default), a fleet at the bound
+    ({"minReplicas": 1, "maxReplicas": DIRECT_INTAKE_MAX_WORKERS + 1}, "stream"),  # auto, a larger fleet
+    ({"intake": "auto", "maxReplicas": DIRECT_INTAKE_MAX_WORKERS + 1}, "stream"),
+    ({"intake": "direct", "maxReplicas": DIRECT_INTAKE_MAX_WORKERS + 1}, "direct"),  # explicit values are kept
+    ({"intake": "stream", "maxReplicas": 1}, "stream"),
+    # External autoscaling: the static maxReplicas decides, not the scale subresource's count.
+    ({"autoscaling": "external", "replicas": DIRECT_INTAKE_MAX_WORKERS + 5, "maxReplicas": 2}, "direct"),
+])
+def test_workers_and_dispatchers_get_the_resolved_intake(worker: dict[str, Any], intake: str) -> None:
+    """Workers and dispatchers read the intake (the dispatcher holds live rows back for direct), so both
+    Deployments get the same resolved value, never ``auto``; the reaper, which does not read it, none."""
+    env = _deployment_env(worker)
+    assert env == {"judge-dispatcher": {"JUDGEQUEUE_INTAKE": intake}, "judge-worker": {"JUDGEQUEUE_INTAKE": intake},
+                   "judge-reaper": {}}
+    load_settings({"JUDGEQUEUE_INTAKE": intake, **CONNECTIONS, "JUDGEQUEUE_QUEUE": "q"})  # a value a role accepts

@@ -28,6 +28,7 @@ from judgequeue.core.spec import (
     object_paths,
     parse_spec,
     role_settings,
+    setting_default,
 )
 from tests.support.kube_schema import load_crd, schema_of
 
@@ -247,14 +248,23 @@ def test_lease_ttl_goes_to_workers_only() -> None:
 def test_role_setting_defaults_are_config_defaults() -> None:
     """A field that sets a role's setting has config's default, so an unset field and an absent
     variable mean the same thing (the default is written once, in core/config.py)."""
-    from judgequeue.core.config import load_settings
+    from judgequeue.core.config import DIRECT_INTAKE_MAX_WORKERS, load_settings
 
-    settings = {role: load_settings({**role_settings(full_spec(), role), "JUDGEQUEUE_POSTGRES_DSN": "postgresql://h/d",
+    # The one exception is the intake, whose default (auto) is resolved on the fleet's bound: at a
+    # fleet within DIRECT_INTAKE_MAX_WORKERS it is config's default (direct) too.
+    small = parse_spec({"image": "i", "postgres": {"secretKeyRef": {"name": "db"}},
+                        "redis": {"secretKeyRef": {"name": "rd"}},
+                        "worker": {"minReplicas": 1, "maxReplicas": DIRECT_INTAKE_MAX_WORKERS}}, name="judge")
+    assert isinstance(small, JudgeQueueSpec), small
+    settings = {role: load_settings({**role_settings(small, role), "JUDGEQUEUE_POSTGRES_DSN": "postgresql://h/d",
                                      "JUDGEQUEUE_REDIS_URL": "redis://h"}) for role in ROLES}
     plain = load_settings({"JUDGEQUEUE_POSTGRES_DSN": "postgresql://h/d", "JUDGEQUEUE_REDIS_URL": "redis://h",
                            "JUDGEQUEUE_QUEUE": "judge"})
     for role in ROLES:
         assert settings[role] == plain, role
+    defaults = {f.path: f.default for f in FIELDS
+                if f.setting is not None and f.path != ("queue",) and f.default != setting_default(*f.setting)}
+    assert defaults == {("worker", "intake"): "auto"}
 
 
 DURATIONS = ["250ms", "1s", "59s", "1m", "61s", "59m", "1h", "2h"]
