@@ -56,48 +56,6 @@ progress = reporter("cpu")
 # --------------------------------------------------------------------------- the application side
 
 
-async def _paced(
-    kind: str,
-    dsn: str,
-    queue: str,
-    rate: float,
-    seconds: float,
-    connections: int,
-    payload: dict[str, Any],
-    stagger: bool,
-) -> list[int]:
-    ids: list[int] = []
-    total = int(rate * seconds)
-    interval = connections / rate
-    conns = [await asyncpg.connect(dsn) for _ in range(connections)]
-    start = time.monotonic() + 0.05
-
-    async def lane(k: int) -> None:
-        conn = conns[k]
-        queries: Any = None
-        if kind == "pgqueuer":
-            from pgqueuer import AsyncpgDriver, Queries
-
-            queries = Queries(AsyncpgDriver(conn))
-        for i in range(k, total, connections):
-            # Lanes in step send ``connections`` submits at once every ``interval``; staggered,
-            # one every ``interval / connections`` (what a latency against few slots needs).
-            delay = start + (i / connections if stagger else i // connections) * interval - time.monotonic()
-            if delay > 0:
-                await asyncio.sleep(delay)  # pacing of the offered load
-            if queries is None:
-                await outbox.submit(conn, queue, payload)
-            else:
-                ids.extend(await queries.enqueue("noop", None))
-
-    try:
-        await asyncio.gather(*(lane(k) for k in range(connections)))
-    finally:
-        for c in conns:
-            await c.close()
-    return ids or list(range(total))
-
-
 def paced_submit(
     kind: str,
     dsn: str,
@@ -112,10 +70,43 @@ def paced_submit(
 
     ``payload``: what each judgequeue submit carries (``{}`` by default: the noop judge's);
     ``stagger``: spread the connections' submits evenly instead of sending them in step."""
+
+    async def paced() -> list[int]:
+        ids: list[int] = []
+        total = int(rate * seconds)
+        interval = connections / rate
+        conns = [await asyncpg.connect(dsn) for _ in range(connections)]
+        start = time.monotonic() + 0.05
+
+        async def lane(k: int) -> None:
+            conn = conns[k]
+            queries: Any = None
+            if kind == "pgqueuer":
+                from pgqueuer import AsyncpgDriver, Queries
+
+                queries = Queries(AsyncpgDriver(conn))
+            for i in range(k, total, connections):
+                # Lanes in step send ``connections`` submits at once every ``interval``; staggered,
+                # one every ``interval / connections`` (what a latency against few slots needs).
+                delay = start + (i / connections if stagger else i // connections) * interval - time.monotonic()
+                if delay > 0:
+                    await asyncio.sleep(delay)  # pacing of the offered load
+                if queries is None:
+                    await outbox.submit(conn, queue, payload or {})
+                else:
+                    ids.extend(await queries.enqueue("noop", None))
+
+        try:
+            await asyncio.gather(*(lane(k) for k in range(connections)))
+        finally:
+            for c in conns:
+                await c.close()
+        return ids or list(range(total))
+
     before = resource.getrusage(resource.RUSAGE_SELF)
     t0 = time.monotonic()
     with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
-        ids = runner.run(_paced(kind, dsn, queue, rate, seconds, connections, payload or {}, stagger))
+        ids = runner.run(paced())
     after = resource.getrusage(resource.RUSAGE_SELF)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     return {"jobs": len(ids), "cpu_s": cpu, "wall_s": time.monotonic() - t0, "ids": ids if kind == "pgqueuer" else []}
