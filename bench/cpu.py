@@ -207,8 +207,9 @@ class ConnectionPeaks:
             yield
         finally:
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            # asyncio.wait, not ``await task`` under suppress(CancelledError): that would also
+            # swallow a cancellation of the run itself (Ctrl-C) and carry on to the next one.
+            await asyncio.wait([task])
 
 
 _LITERAL = re.compile(r"'(?:[^']|'')*'|\$\d+|\b\d+(?:\.\d+)?\b|--[^\n]*")

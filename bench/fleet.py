@@ -22,13 +22,18 @@ backends, Redis) and, apart, Postgres's shared part (the application's backends,
 processes, exited backends) and the application; commit-to-start p50/p99; NOTIFYs per job
 (``pg_notify`` calls, counted inside plpgsql too) and statements per job (top-level, and with the
 nested ones); the most client connections held at once (in all and the workers' per worker);
-jobs/s achieved. The private cluster runs ``--max-connections`` (Postgres's default, 100, as a user
-would have): a cell that runs out of connections reports that as its figure.
+jobs/s achieved. The application's 8 connections submit in turn (staggered), not in step, so a
+few slots do not see bursts of 8.
+
+The private cluster runs ``--max-connections`` (Postgres's default, 100, as a user would have): a
+cell that runs out of connections reports that as its figure (its error and the connections held),
+after its warm-up waits out 60 s. For the largest fleet's figures with room to spare, run it again
+with e.g. ``--workers 64 --max-connections 400``.
 
 Writes ``fleet.json`` to ``--out`` and ``fleet.png`` (CPU per job and p99 commit-to-start against
-workers, one line per intake/judge) to ``--plots``, and prints the table. The full matrix (4 fleet
-sizes, 2 intakes, 2 judges, 2 loads, and the dispatcher sweep) is 38 cells: about 25 minutes at
-``--seconds 20``, 12 with ``--quick``.
+workers, one line per intake/judge) to ``--plots``, and prints the table (``fleet.json`` is
+rewritten after every cell, so a stopped run keeps what it measured). The full matrix (4 fleet
+sizes, 2 intakes, 2 judges, 2 loads, and the dispatcher sweep) is 38 cells.
 """
 
 from __future__ import annotations
@@ -232,6 +237,7 @@ async def inner(args: argparse.Namespace) -> int:
     }
     # The roles' own defaults (bench.pipeline.stack sets a larger concurrency and batch for its limits).
     concurrency, batch_size = str(WorkerSettings().concurrency), str(DispatcherSettings().batch_size)
+    args.out.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     for k, cell in enumerate(matrix, 1):
         progress(f"cell {k}/{len(matrix)}: {cell.label}, {cell.rate:g} jobs/s for {seconds:g}s")
@@ -248,6 +254,7 @@ async def inner(args: argparse.Namespace) -> int:
             progress(f"cell {cell.label} failed: {exc!r}")
             row = failed(cell, exc, peaks)
         results["cells"].append(row)
+        (args.out / "fleet.json").write_text(json.dumps(results, indent=1))  # what a stopped run has so far
         print(table([row]).splitlines()[-2], flush=True)
     results["duration_s"] = time.monotonic() - t0
     results["loadavg_end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
@@ -258,7 +265,6 @@ async def inner(args: argparse.Namespace) -> int:
         f" concurrency {results['concurrency']}; Postgres max_connections {args.max_connections};"
         f" load average {results['loadavg_start']} -> {results['loadavg_end']}"
     )
-    args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "fleet.json").write_text(json.dumps(results, indent=1))
     png = plot(results["cells"], args.plots / "fleet.png")
     print(f"results: {args.out / 'fleet.json'}" + (f"; plot: {png}" if png else ""))
