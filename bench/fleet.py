@@ -207,9 +207,11 @@ def plot(rows: list[dict[str, Any]], path: Path) -> str | None:
                 xs, [r["cpu_ms_per_job"]["queue"] for r in line], style, marker="o", label=f"{intake}/{judge}"
             )
             axes[i][1].plot(xs, [r["start_p99_ms"] for r in line], style, marker="o", label=f"{intake}/{judge}")
+        sizes = sorted({r["workers"] for r in ok})
         for ax, what in zip(axes[i], ("queue-side CPU ms per job", "p99 commit-to-start, ms"), strict=True):
             ax.set_xscale("log", base=2)
-            ax.set_yscale("log")
+            ax.set_xticks(sizes, [str(n) for n in sizes])  # the fleet sizes measured, not powers of two
+            ax.set_ylim(bottom=0)
             ax.set_xlabel("worker processes")
             ax.set_title(f"{what} ({load})")
             ax.legend(fontsize=8)
