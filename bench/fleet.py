@@ -33,7 +33,9 @@ with e.g. ``--workers 64 --max-connections 400``.
 Writes ``fleet.json`` to ``--out`` and ``fleet.png`` (CPU per job and p99 commit-to-start against
 workers, one line per intake/judge) to ``--plots``, and prints the table (``fleet.json`` is
 rewritten after every cell, so a stopped run keeps what it measured). The full matrix (4 fleet
-sizes, 2 intakes, 2 judges, 2 loads, and the dispatcher sweep) is 38 cells.
+sizes, 2 intakes, 2 judges, 2 loads, and the dispatcher sweep) is 38 cells: roughly 40 minutes, 15
+with ``--quick`` (64-worker cells take a minute or two each: 64 processes start, and a cell out of
+connections waits out its warm-up).
 """
 
 from __future__ import annotations
