@@ -59,8 +59,10 @@ def add_run_options(
     return p
 
 
-def with_servers(module: str, argv: list[str], mode: str) -> int:
-    """Re-run ``python -m module argv --inner`` against private servers (or the system ones)."""
+def with_servers(module: str, argv: list[str], mode: str, *, max_connections: int | None = None) -> int:
+    """Re-run ``python -m module argv --inner`` against private servers (or the system ones).
+
+    ``max_connections``: the private cluster's (default: ``servers.private_servers``'s)."""
     env = dict(os.environ)
     if mode == "system":
         pm, rp = servers.system_pids(
@@ -70,7 +72,7 @@ def with_servers(module: str, argv: list[str], mode: str) -> int:
         env.setdefault("JUDGEQUEUE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
         env.update({"BENCH_POSTMASTER_PID": str(pm or ""), "BENCH_REDIS_PID": str(rp or "")})
         return subprocess.call([sys.executable, "-m", module, *argv, "--inner"], env=env)
-    with servers.private_servers() as srv:
+    with servers.private_servers(max_connections=max_connections or servers.MAX_CONNECTIONS) as srv:
         reporter(module.rpartition(".")[2])(f"private servers: {srv.admin_dsn}, {srv.redis_url}")
         env.update(
             {
@@ -89,7 +91,7 @@ def run_on_servers(
     """Entry point: without ``--inner`` start the servers and re-run ``module``; with it, run ``inner``."""
     args = parser.parse_args()
     if not args.inner:
-        return with_servers(module, sys.argv[1:], args.servers)
+        return with_servers(module, sys.argv[1:], args.servers, max_connections=getattr(args, "max_connections", None))
     os.environ[INTAKE_VARIABLE] = args.intake  # read by bench.pipeline.stack for every role it starts
     if args.offers is not None:
         os.environ[OFFERS_VARIABLE] = str(args.offers)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -31,6 +32,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -54,43 +56,57 @@ progress = reporter("cpu")
 # --------------------------------------------------------------------------- the application side
 
 
-async def _paced(kind: str, dsn: str, queue: str, rate: float, seconds: float, connections: int) -> list[int]:
-    ids: list[int] = []
-    total = int(rate * seconds)
-    interval = connections / rate
-    conns = [await asyncpg.connect(dsn) for _ in range(connections)]
-    start = time.monotonic() + 0.05
+def paced_submit(
+    kind: str,
+    dsn: str,
+    queue: str,
+    rate: float,
+    seconds: float,
+    connections: int,
+    payload: dict[str, Any] | None = None,
+    stagger: bool = False,
+) -> dict[str, Any]:
+    """Run in a process of its own: the application. Returns jobs, its CPU seconds, wall time (and peer ids).
 
-    async def lane(k: int) -> None:
-        conn = conns[k]
-        queries: Any = None
-        if kind == "pgqueuer":
-            from pgqueuer import AsyncpgDriver, Queries
+    ``payload``: what each judgequeue submit carries (``{}`` by default: the noop judge's);
+    ``stagger``: spread the connections' submits evenly instead of sending them in step."""
 
-            queries = Queries(AsyncpgDriver(conn))
-        for i in range(k, total, connections):
-            delay = start + (i // connections) * interval - time.monotonic()
-            if delay > 0:
-                await asyncio.sleep(delay)  # pacing of the offered load
-            if queries is None:
-                await outbox.submit(conn, queue, {})
-            else:
-                ids.extend(await queries.enqueue("noop", None))
+    async def paced() -> list[int]:
+        ids: list[int] = []
+        total = int(rate * seconds)
+        interval = connections / rate
+        conns = [await asyncpg.connect(dsn) for _ in range(connections)]
+        start = time.monotonic() + 0.05
 
-    try:
-        await asyncio.gather(*(lane(k) for k in range(connections)))
-    finally:
-        for c in conns:
-            await c.close()
-    return ids or list(range(total))
+        async def lane(k: int) -> None:
+            conn = conns[k]
+            queries: Any = None
+            if kind == "pgqueuer":
+                from pgqueuer import AsyncpgDriver, Queries
 
+                queries = Queries(AsyncpgDriver(conn))
+            for i in range(k, total, connections):
+                # Lanes in step send ``connections`` submits at once every ``interval``; staggered,
+                # one every ``interval / connections`` (what a latency against few slots needs).
+                delay = start + (i / connections if stagger else i // connections) * interval - time.monotonic()
+                if delay > 0:
+                    await asyncio.sleep(delay)  # pacing of the offered load
+                if queries is None:
+                    await outbox.submit(conn, queue, payload or {})
+                else:
+                    ids.extend(await queries.enqueue("noop", None))
 
-def paced_submit(kind: str, dsn: str, queue: str, rate: float, seconds: float, connections: int) -> dict[str, Any]:
-    """Run in a process of its own: the application. Returns jobs, its CPU seconds, wall time (and peer ids)."""
+        try:
+            await asyncio.gather(*(lane(k) for k in range(connections)))
+        finally:
+            for c in conns:
+                await c.close()
+        return ids or list(range(total))
+
     before = resource.getrusage(resource.RUSAGE_SELF)
     t0 = time.monotonic()
     with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
-        ids = runner.run(_paced(kind, dsn, queue, rate, seconds, connections))
+        ids = runner.run(paced())
     after = resource.getrusage(resource.RUSAGE_SELF)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     return {"jobs": len(ids), "cpu_s": cpu, "wall_s": time.monotonic() - t0, "ids": ids if kind == "pgqueuer" else []}
@@ -144,6 +160,56 @@ class Meter:
     def end(self) -> dict[str, float]:
         now = self.snapshot()
         return {k: now[k] - self.start.get(k, 0.0) for k in now}
+
+
+class ConnectionPeaks:
+    """The most Postgres client backends seen at once during a run: in all (cluster-wide, the
+    figure ``max_connections`` caps) and per role (backends matched to a role by the client's
+    port, as :class:`Meter` does; ``other``: the application and the harness).
+
+    Sampled every ``interval`` seconds while :meth:`watching`; the peaks stay readable after the
+    run failed, so a run that ran out of connections still reports how many it held.
+    """
+
+    def __init__(self) -> None:
+        self.total = 0
+        self.by_role: dict[str, int] = {}
+        self.max_connections = 0
+
+    async def sample(self, conn: asyncpg.Connection, procs: dict[str, list[int]]) -> None:
+        rows = await conn.fetch("SELECT client_port FROM pg_stat_activity WHERE backend_type = 'client backend'")
+        ports = {port: role for role, pids in procs.items() for port in servers.tcp_local_ports(pids)}
+        counts: dict[str, int] = {}
+        for r in rows:
+            role = ports.get(r["client_port"], "other")
+            counts[role] = counts.get(role, 0) + 1
+        self.total = max(self.total, len(rows))
+        for role, n in counts.items():
+            self.by_role[role] = max(self.by_role.get(role, 0), n)
+
+    @contextlib.asynccontextmanager
+    async def watching(
+        self, pool: asyncpg.Pool, procs: Callable[[], dict[str, list[int]]], interval: float = 0.5
+    ) -> AsyncIterator[None]:
+        async with pool.acquire() as conn:
+            self.max_connections = int(await conn.fetchval("SELECT current_setting('max_connections')"))
+
+        async def loop() -> None:
+            while True:
+                # A full cluster refuses the harness's connections too: a missed sample, not an error.
+                with contextlib.suppress(asyncpg.PostgresError, OSError):
+                    async with pool.acquire() as conn:
+                        await self.sample(conn, procs())
+                await asyncio.sleep(interval)  # the sampling period
+
+        task = asyncio.create_task(loop())
+        try:
+            yield
+        finally:
+            task.cancel()
+            # asyncio.wait, not ``await task`` under suppress(CancelledError): that would also
+            # swallow a cancellation of the run itself (Ctrl-C) and carry on to the next one.
+            await asyncio.wait([task])
 
 
 _LITERAL = re.compile(r"'(?:[^']|'')*'|\$\d+|\b\d+(?:\.\d+)?\b|--[^\n]*")
@@ -259,6 +325,17 @@ async def limits(seconds: int) -> dict[str, float]:
     }
 
 
+#: Commit to the judge's start, in ms, per job: the noop judge notes when it ran (host clock, as
+#: bench.pipeline); the sleep judge only how long it slept, so its start is the verdict's time less
+#: the sleep (both on the database clock; the verdict's own write is in it, a millisecond or so).
+COMMIT_TO_START_MS = (
+    "SELECT 1000 * coalesce("
+    " (verdict->'details'->>'started_at')::float8 - extract(epoch FROM created_at)::float8,"
+    " extract(epoch FROM finished_at - created_at)::float8 - (verdict->'details'->>'slept')::float8) AS ms"
+    " FROM judgequeue.submissions WHERE id > $1"
+)
+
+
 async def _wait_all_done(pool: asyncpg.Pool, after: int, within: float) -> None:
     deadline = time.monotonic() + within
     while True:
@@ -339,65 +416,107 @@ async def judgequeue_cpu(
     ref: str | None = None,
     ref_intake: str = "stream",
     profile: Path | None = None,
+    dispatchers: int = 1,
+    payload: dict[str, Any] | None = None,
+    warm_up_jobs: int = WARM_UP_JOBS,
+    connections: ConnectionPeaks | None = None,
+    stagger: bool = False,
     **settings: str,
 ) -> dict[str, Any]:
+    """One measured window (see the module's docstring); ``payload`` and ``stagger`` as
+    :func:`paced_submit`'s, ``connections`` (when given) samples the client backends from the roles'
+    start to the end."""
     tree = ref_tree(ref) if ref is not None else None
+    async with pipeline.stack(schema_from=tree, **_intake_of(tree, ref_intake, settings)) as s:
+        peaks = connections or ConnectionPeaks()
+
+        def pids() -> dict[str, list[int]]:  # read at each sample: roles start after the watch does
+            return {role: [p.pid for p in procs] for role, procs in s.procs.items()}
+
+        async with peaks.watching(s.pool, pids):
+            return await _measure(
+                s, rate, seconds, workers, tree=tree, ref=ref, profile=profile, dispatchers=dispatchers,
+                payload=payload or {}, warm_up_jobs=warm_up_jobs, peaks=peaks, stagger=stagger,
+            )  # fmt: skip
+
+
+def _intake_of(tree: str | None, ref_intake: str, settings: dict[str, str]) -> dict[str, str]:
     # The reference runs --ref-intake (trees older than direct intake ignore it); this tree runs
-    # the run's --intake (bench.pipeline.stack reads it).
+    # the run's --intake (bench.pipeline.stack reads it) unless ``settings`` name one.
     intake = ref_intake if tree is not None else os.environ.get(INTAKE_VARIABLE, DEFAULT_INTAKE)
-    settings["intake"] = intake
-    # The reference's roles run on the reference's own schema (its migrations, not this tree's).
-    async with pipeline.stack(schema_from=tree, **settings) as s:
-        label = "judgequeue"
-        if tree is not None:
-            s.env["PYTHONPATH"] = tree
-            label = f"judgequeue@{ref}" + (f"/{intake}" if intake != "stream" else "")
-        elif intake != DEFAULT_INTAKE:
-            label = f"judgequeue/{intake}"
-        s.start("dispatcher")
-        s.start("worker", workers)
-        s.start("reaper")
-        after = await pipeline.warm_up(s, WARM_UP_JOBS)
-        async with s.pool.acquire() as conn:
-            # Statistics of tables that hold a few thousand rows, as a queue in service does: the
-            # roles' cached plans are invalidated and rebuilt from them. Without this the plans
-            # built while the fresh tables were empty (sequential scans) served the whole window,
-            # growing with the table: 0.2-0.5 sequential scans per job, a few hundred µs each.
-            await conn.execute("ANALYZE judgequeue.outbox, judgequeue.submissions")
-        await asyncio.sleep(1.0)  # let the roles settle after warm-up before the window opens
-        async with s.pool.acquire() as conn:
-            have_statements = await statements_available(conn)
-            if have_statements:
-                await conn.execute("SELECT pg_stat_statements_reset()")
-            updates_before = await table_updates(conn)
-        meter = Meter({role: [p.pid for p in procs] for role, procs in s.procs.items()})
-        spies = start_profilers(meter.procs, seconds, profile) if profile is not None else []
-        meter.begin()
-        t0 = time.monotonic()
-        loop = asyncio.get_running_loop()
-        with ProcessPoolExecutor(1) as ex:
-            app = await loop.run_in_executor(ex, paced_submit, "judgequeue", s.dsn, s.queue, rate, seconds, CONNECTIONS)
-        await _wait_all_done(s.pool, after, 120)
-        wall = time.monotonic() - t0
-        cpu = meter.end()
-        for spy in spies:
-            spy.wait()
-        if profile is not None:
-            report_profiles(profile)
-        jobs = int(app["jobs"])
-        async with s.pool.acquire() as conn:
-            stmts = await read_statements(conn, jobs) if have_statements else []
-            updates = updates_per_job(updates_before, await table_updates(conn), jobs)
-            span = await conn.fetchval(
-                "SELECT extract(epoch FROM max(finished_at) - min(created_at))::float8"
-                " FROM judgequeue.submissions WHERE id > $1",
-                after,
-            )
-            lat = await conn.fetch(
-                "SELECT extract(epoch FROM finished_at - created_at)::float8 * 1000 AS ms"
-                " FROM judgequeue.submissions WHERE id > $1",
-                after,
-            )
+    return {"intake": intake, **settings}
+
+
+async def _measure(
+    s: pipeline.Stack,
+    rate: float,
+    seconds: float,
+    workers: int,
+    *,
+    tree: str | None,
+    ref: str | None,
+    profile: Path | None,
+    dispatchers: int,
+    payload: dict[str, Any],
+    warm_up_jobs: int,
+    peaks: ConnectionPeaks,
+    stagger: bool,
+) -> dict[str, Any]:
+    intake = s.env["JUDGEQUEUE_INTAKE"]
+    label = "judgequeue"
+    if tree is not None:
+        # The reference's roles run on the reference's own schema (its migrations, not this tree's).
+        s.env["PYTHONPATH"] = tree
+        label = f"judgequeue@{ref}" + (f"/{intake}" if intake != "stream" else "")
+    elif intake != DEFAULT_INTAKE:
+        label = f"judgequeue/{intake}"
+    s.start("dispatcher", dispatchers)
+    s.start("worker", workers)
+    s.start("reaper")
+    after = await pipeline.warm_up(s, warm_up_jobs)
+    async with s.pool.acquire() as conn:
+        # Statistics of tables that hold a few thousand rows, as a queue in service does: the
+        # roles' cached plans are invalidated and rebuilt from them. Without this the plans
+        # built while the fresh tables were empty (sequential scans) served the whole window,
+        # growing with the table: 0.2-0.5 sequential scans per job, a few hundred µs each.
+        await conn.execute("ANALYZE judgequeue.outbox, judgequeue.submissions")
+    await asyncio.sleep(1.0)  # let the roles settle after warm-up before the window opens
+    async with s.pool.acquire() as conn:
+        have_statements = await statements_available(conn)
+        if have_statements:
+            await conn.execute("SELECT pg_stat_statements_reset()")
+        updates_before = await table_updates(conn)
+    meter = Meter({role: [p.pid for p in procs] for role, procs in s.procs.items()})
+    spies = start_profilers(meter.procs, seconds, profile) if profile is not None else []
+    meter.begin()
+    t0 = time.monotonic()
+    loop = asyncio.get_running_loop()
+    with ProcessPoolExecutor(1) as ex:
+        app = await loop.run_in_executor(
+            ex, paced_submit, "judgequeue", s.dsn, s.queue, rate, seconds, CONNECTIONS, payload, stagger
+        )
+    await _wait_all_done(s.pool, after, 120)
+    wall = time.monotonic() - t0
+    cpu = meter.end()
+    for spy in spies:
+        spy.wait()
+    if profile is not None:
+        report_profiles(profile)
+    jobs = int(app["jobs"])
+    async with s.pool.acquire() as conn:
+        stmts = await read_statements(conn, jobs) if have_statements else []
+        updates = updates_per_job(updates_before, await table_updates(conn), jobs)
+        span = await conn.fetchval(
+            "SELECT extract(epoch FROM max(finished_at) - min(created_at))::float8"
+            " FROM judgequeue.submissions WHERE id > $1",
+            after,
+        )
+        lat = await conn.fetch(
+            "SELECT extract(epoch FROM finished_at - created_at)::float8 * 1000 AS ms"
+            " FROM judgequeue.submissions WHERE id > $1",
+            after,
+        )
+        starts = [r["ms"] for r in await conn.fetch(COMMIT_TO_START_MS, after) if r["ms"] is not None]
     per_job = {k: 1000 * v / jobs for k, v in cpu.items()}
     per_job["application"] = 1000 * app["cpu_s"] / jobs
     samples = [r["ms"] for r in lat]
@@ -407,6 +526,7 @@ async def judgequeue_cpu(
         "achieved_per_s": jobs / span,
         "jobs": jobs,
         "workers": workers,
+        "dispatchers": dispatchers,
         "wall_s": wall,
         "cpu_ms_per_job": per_job,
         "statements": stmts,
@@ -414,6 +534,9 @@ async def judgequeue_cpu(
         "statements_note": "" if have_statements else "pg_stat_statements not preloaded on this server",
         "commit_to_verdict_p50_ms": pipeline.percentile(samples, 0.5),
         "commit_to_verdict_p99_ms": pipeline.percentile(samples, 0.99),
+        "commit_to_start_p50_ms": pipeline.percentile(starts, 0.5),
+        "commit_to_start_p99_ms": pipeline.percentile(starts, 0.99),
+        "peak_connections": {"total": peaks.total, **peaks.by_role, "max_connections": peaks.max_connections},
     }
 
 

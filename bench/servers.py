@@ -167,9 +167,13 @@ class Servers:
     redis_pid: int
 
 
+#: The private cluster's ``max_connections`` unless a benchmark asks for another (Postgres's own default is 100).
+MAX_CONNECTIONS = 300
+
+
 @contextlib.contextmanager
 def private_servers(
-    *, shared_buffers: str = "128MB", max_connections: int = 300, settings: dict[str, str] | None = None
+    *, shared_buffers: str = "128MB", max_connections: int = MAX_CONNECTIONS, settings: dict[str, str] | None = None
 ) -> Iterator[Servers]:
     """Start a private Postgres cluster and Redis server; stop and delete them afterwards.
 
