@@ -19,7 +19,7 @@ from judgequeue.core.worker import Worker
 from tests.support.databases import REDIS_URL
 from tests.support.inprocess import GateJudge, running
 from tests.support.queries import submission
-from tests.support.settings import make_settings
+from tests.support.settings import make_settings, stream_settings
 from tests.support.waiting import eventually
 from tests.support.worker_harness import Harness
 
@@ -431,7 +431,7 @@ async def test_the_stream_intake_issues_no_direct_intake_statement(
     by_dispatcher: list[str] = []
     worker_pool = await _logged_pool(pg_dsn, by_worker)
     dispatcher_pool = await _logged_pool(pg_dsn, by_dispatcher)
-    settings = make_settings(pg_dsn, REDIS_URL, queue, schedule="50ms", concurrency="4")
+    settings = stream_settings(pg_dsn, REDIS_URL, queue, schedule="50ms", concurrency="4")
     try:
         async with worker_pool.acquire() as conn:
             ids = [await outbox.submit(conn, queue, {"i": i}) for i in range(20)]
