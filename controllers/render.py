@@ -305,6 +305,8 @@ def render_deployment(
             },
         },
     }
+    if role == "worker" and spec.worker.priority_class is not None:
+        spec_body["template"]["spec"]["priorityClassName"] = spec.worker.priority_class
     if sandboxed(spec, role):
         _grant_sandbox(container, spec_body["template"]["spec"])
     if replicas is not None:

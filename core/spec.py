@@ -265,6 +265,10 @@ FIELDS: tuple[Field, ...] = (
              description="With direct intake: how many of its free slots an idle worker offers; a submit that finds "
                          "an open offer writes its job already leased to that worker and notifies it (no statement "
                          "of the worker's before the judge). 0 = no offers."),
+    Field(("worker", "priorityClassName"), "string", pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", max_length=253,
+          hint="a PriorityClass name",
+          description="The PriorityClass of worker pods (live and shadow): judges that must not be preempted by "
+                      "batch work, or that may be. Absent: the cluster's default."),
     Field(("worker", "sandbox"), "choice", "isolated", choices=SANDBOX_MODES,
           description="isolated = worker pods get what the program judge's sandbox needs (docs/judges.md) and it "
                       "refuses to run without it; trusted = no isolation, for code you trust only."),
@@ -524,6 +528,7 @@ class WorkerSpec:
     grace_period: float
     resources: Mapping[str, Any]
     sandbox: Literal["isolated", "trusted"]
+    priority_class: str | None
     network_policy: NetworkPolicySpec
     shadow: ShadowWorkers
     endpoints: tuple[EndpointSpec, ...] = ()
@@ -867,6 +872,7 @@ def _build(
             grace_period=v[("worker", "gracePeriod")],
             resources=resources[("worker",)],
             sandbox=v[("worker", "sandbox")],
+            priority_class=v[("worker", "priorityClassName")],
             network_policy=NetworkPolicySpec(
                 enabled=v[("worker", "networkPolicy", "enabled")],
                 postgres=EgressPeer(v[("worker", "networkPolicy", "postgres", "port")],

@@ -63,3 +63,17 @@ def test_explicit_resources_win_and_bad_sandbox_is_named() -> None:
     assert pod(spec_with({"resources": resources}))["containers"][0]["resources"] == {"limits": {"memory": "1Gi"}}
     errors = parse_spec({**BASE, "worker": {"sandbox": "off"}}, name="judge")
     assert errors == ["spec.worker.sandbox: must be one of isolated, trusted, got 'off'"]
+
+
+def test_priority_class_reaches_live_and_shadow_worker_pods_only() -> None:
+    spec = spec_with({"priorityClassName": "contest-judges", "shadow": {"enabled": True}})
+    assert pod(spec)["priorityClassName"] == "contest-judges"
+    shadow = render.render_deployment(spec, OWNER, "worker", replicas=1, shadow=True).body
+    assert shadow["spec"]["template"]["spec"]["priorityClassName"] == "contest-judges"
+    assert "priorityClassName" not in pod(spec, "dispatcher") and "priorityClassName" not in pod(spec, "reaper")
+    assert "priorityClassName" not in pod(spec_with({}))  # absent: the cluster's default
+
+
+def test_a_bad_priority_class_is_one_error_naming_the_field() -> None:
+    errors = parse_spec({**BASE, "worker": {"priorityClassName": "Not_A_Name"}}, name="judge")
+    assert isinstance(errors, list) and len(errors) == 1 and "priorityClassName" in errors[0], errors
