@@ -110,7 +110,12 @@ async def stack(*, schema_from: str | None = None, **settings: str) -> AsyncIter
     assert pool is not None
     redis = aioredis.Redis.from_url(REDIS_URL)
     async with pool.acquire() as conn:
-        await create_queue(conn, queue)
+        if schema_from is None:
+            await create_queue(conn, queue)
+        else:
+            # A reference revision's schema may predate columns this tree's queue statements name
+            # (owner, 0011): only what every revision has.
+            await conn.execute("INSERT INTO judgequeue.queues (name) VALUES ($1)", queue)
     await streams.ensure_group(redis, queue)
     env = {k: v for k, v in os.environ.items() if not k.startswith("JUDGEQUEUE_")}
     env.update(

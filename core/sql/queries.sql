@@ -303,7 +303,11 @@ SELECT flags.live, flags.registered, flags.unregistered, t.outbox_state, t.submi
 -- stands (a notification lost with a connection is made up here) or NULLs where it does not; and
 -- every slot of the worker's in the table, as of before the statement plus those it added.
 -- Filling and re-opening only change unindexed columns: the table and its index stay the size of
--- the offers, however many jobs pass through them.
+-- the offers, however many jobs pass through them. Unless $8, the queue's offers_until (which
+-- judgequeue.submit() reads) is kept at or past the expiry this statement gives any offer: when it
+-- would end within $5 seconds it moves to 2 * $5 from now, so the workers of a queue write its row
+-- about once per $5 seconds between them, not once per refresh each; one that finds the row locked
+-- (another worker's write, a flip) leaves it, the next sync tries again.
 WITH seen AS (
     SELECT slot, attempt FROM unnest($7::int[], $9::uuid[]) AS s(slot, attempt)
 ), added AS (
@@ -339,6 +343,13 @@ WITH seen AS (
      USING open_now
      WHERE $8 AND o.queue = $1 AND o.worker = $2 AND o.slot = open_now.slot
     RETURNING o.slot
+), signal AS (
+    UPDATE judgequeue.queues q
+       SET offers_until = now() + make_interval(secs => 2 * $5::float8)
+     WHERE q.name = (SELECT name FROM judgequeue.queues
+                      WHERE NOT $8 AND ($10 OR cardinality($6::int[]) > 0) AND name = $1
+                        AND (offers_until IS NULL OR offers_until < now() + make_interval(secs => $5::float8))
+                        FOR NO KEY UPDATE SKIP LOCKED)
 )
 SELECT 'withdrawn' AS kind, slot, NULL::bigint AS submission, NULL::uuid AS attempt, NULL::text AS payload,
        NULL::timestamptz AS created_at

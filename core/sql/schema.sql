@@ -14,6 +14,12 @@
 -- owner: the one JudgeQueue whose flags these are (docs/gitops.md, "One owner per queue"); NULL for
 -- a queue no JudgeQueue owns yet (created by the CLI or `judgequeue local`). Not a flag: changing it
 -- leaves config_version alone.
+-- offers_until: until when a worker's offer (worker_offers, below) may be open in this queue; NULL
+-- for a queue no worker ever offered in (every stream-intake queue). submit() reads it with the
+-- queue check and looks for an offer to fill only before it: a submit in a queue without offers
+-- costs what it cost before offers existed. The workers' offers sync writes it
+-- (core/direct/offers.py); not a flag either: the trigger leaves config_version, updated_at and the
+-- flip lock alone.
 CREATE TABLE judgequeue.queues (
     name            text PRIMARY KEY
                     CHECK (length(name) <= 63 AND name ~ '^[a-z0-9]([-a-z0-9]*[a-z0-9])?$'),
@@ -23,7 +29,8 @@ CREATE TABLE judgequeue.queues (
     config_version  bigint NOT NULL DEFAULT 1,
     created_at      timestamptz NOT NULL DEFAULT now(),
     updated_at      timestamptz NOT NULL DEFAULT now(),
-    owner           text CHECK (owner IS NULL OR length(owner) BETWEEN 1 AND 512)
+    owner           text CHECK (owner IS NULL OR length(owner) BETWEEN 1 AND 512),
+    offers_until    timestamptz
 );
 
 -- A flag flip (mode, watermark, paused) and a submit filling an offer exclude each other: the
@@ -182,16 +189,18 @@ CREATE FUNCTION judgequeue.is_dns_label(p_name text) RETURNS boolean LANGUAGE sq
 -- and that worker alone is notified with the job. The lease runs from the submit statement, not
 -- from the commit: an application transaction that stays open longer than the lease TTL commits an
 -- expired lease, which the reaper rescues like any other (a second run, fenced).
+--
+-- A mode that is off costs nothing: in a queue where no offer can be open (queues.offers_until
+-- NULL or past, as in every queue of the stream intake) a submit runs the statements it ran before
+-- offers existed (the queue check, the two INSERTs, the waiters check), no more.
 CREATE FUNCTION judgequeue.submit(p_queue text, p_payload jsonb) RETURNS bigint
 LANGUAGE plpgsql AS $$
 DECLARE
     v_id bigint;
-    v_text text;
-    v_size integer;
-    v_known boolean;
+    v_offers boolean;
     v_live boolean;
     v_offer record;
-    v_filled boolean := false;
+    v_text text;
 BEGIN
     IF NOT judgequeue.is_dns_label(p_queue) THEN
         RAISE EXCEPTION USING ERRCODE = 'JQ001',
@@ -200,61 +209,71 @@ BEGIN
     IF p_payload IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = 'JQ004', MESSAGE = 'payload must be a JSON value, got NULL';
     END IF;
-    v_text := p_payload::text;
-    v_size := octet_length(v_text);
-    IF v_size > judgequeue.max_payload_bytes() THEN
+    IF octet_length(p_payload::text) > judgequeue.max_payload_bytes() THEN
         RAISE EXCEPTION USING ERRCODE = 'JQ003',
-            MESSAGE = format('payload is %s bytes, over the limit of %s bytes', v_size, judgequeue.max_payload_bytes());
+            MESSAGE = format('payload is %s bytes, over the limit of %s bytes',
+                             octet_length(p_payload::text), judgequeue.max_payload_bytes());
     END IF;
-
-    -- Fill an open offer at once (locked for this transaction; other submits skip it), with the
-    -- submission id taken ahead (it is this submission's id whichever way it goes). The lock below
-    -- is taken only then, so a flip waits only for submits that fill offers. Only at READ
-    -- COMMITTED: the flags must be read after that lock with a snapshot of their own, which a
-    -- REPEATABLE READ or SERIALIZABLE transaction does not take (its snapshot may predate a flip),
-    -- and such a transaction would also fail on offers changed since its snapshot (40001).
-    v_id := nextval('judgequeue.submissions_id_seq'::regclass);
-    IF current_setting('transaction_isolation') = 'read committed' THEN
-        UPDATE judgequeue.worker_offers o SET submission = v_id, attempt = gen_random_uuid()
-         WHERE o.ctid = (SELECT ctid FROM judgequeue.worker_offers
-                          WHERE queue = p_queue AND submission IS NULL AND expires_at > clock_timestamp()
-                          LIMIT 1
-                            FOR UPDATE SKIP LOCKED)
-        RETURNING o.ctid AS at_ctid, o.worker, o.slot, o.channel, o.lease_ttl, o.attempt INTO v_offer;
-        v_filled := FOUND;
-    END IF;
-    IF v_filled THEN
-        IF pg_try_advisory_xact_lock_shared(judgequeue.offers_lock_key(p_queue)) THEN
-            -- Read after the lock: a flip committed before it is seen, one after it waits for this commit.
-            SELECT true, mode = 'live' AND NOT paused AND (watermark IS NULL OR watermark <= now())
-              INTO v_known, v_live
-              FROM judgequeue.queues WHERE name = p_queue;
-        END IF;
-        IF v_live THEN
-            INSERT INTO judgequeue.submissions (id, queue, payload, status, attempt_id, lease_expires_at)
-                OVERRIDING SYSTEM VALUE
-                VALUES (v_id, p_queue, p_payload, 'JUDGING', v_offer.attempt,
-                        clock_timestamp() + make_interval(secs => v_offer.lease_ttl));
-            INSERT INTO judgequeue.outbox (queue, submission_id, generation, state, attempts, claimed_by, sent_at)
-                VALUES (p_queue, v_id, 1, 'SENT', 1, v_offer.worker, now());
-            -- "<submission> <attempt> <slot> <created, epoch seconds>[ <payload>]"
-            PERFORM pg_notify(v_offer.channel, concat_ws(' ', v_id, v_offer.attempt, v_offer.slot,
-                extract(epoch FROM now()),
-                CASE WHEN v_size <= judgequeue.offer_payload_bytes() THEN v_text END));
-            RETURN v_id;
-        END IF;
-        -- Not handed over (a flip is under way; paused, shadow, before the watermark): open again.
-        UPDATE judgequeue.worker_offers SET submission = NULL, attempt = NULL WHERE ctid = v_offer.at_ctid;
-    END IF;
-    IF v_known IS NULL THEN
-        SELECT true INTO v_known FROM judgequeue.queues WHERE name = p_queue;
-    END IF;
-    IF v_known IS NOT TRUE THEN
+    -- The queue check reads whether an offer may be open: the sync that opens or refreshes a
+    -- worker's offers moves offers_until at or past their expiry in the same statement (offers_sync
+    -- in core/sql/queries.sql), so once it is past no offer of this queue is fillable. An offer the
+    -- signal missed (that write skips a queue row locked by someone else) is harmless, only not
+    -- filled: this submit writes a PENDING row and wakes the registered waiters as below, the
+    -- offering worker among them (a worker offers while it waits, registered), which then takes
+    -- its offers back and the row in (as for a rejudge or a rescue); a worker not woken looks
+    -- within its schedule, and the dispatcher streams what no worker took.
+    SELECT offers_until > clock_timestamp() INTO v_offers FROM judgequeue.queues WHERE name = p_queue;
+    IF NOT FOUND THEN
         RAISE EXCEPTION USING ERRCODE = 'JQ002',
             MESSAGE = format('unknown queue %L (create it with: judgequeue queue create %s)', p_queue, p_queue);
     END IF;
 
-    INSERT INTO judgequeue.submissions (id, queue, payload) OVERRIDING SYSTEM VALUE VALUES (v_id, p_queue, p_payload);
+    -- Fill an open offer at once (locked for this transaction; other submits skip it); the
+    -- submission id is drawn only for an offer filled. The lock below is taken only then, so a
+    -- flip waits only for submits that fill offers. Only at READ COMMITTED: the flags must be read
+    -- after that lock with a snapshot of their own, which a REPEATABLE READ or SERIALIZABLE
+    -- transaction does not take (its snapshot may predate a flip), and such a transaction would
+    -- also fail on offers changed since its snapshot (40001).
+    IF v_offers THEN
+        IF current_setting('transaction_isolation') = 'read committed' THEN
+            UPDATE judgequeue.worker_offers o
+               SET submission = nextval('judgequeue.submissions_id_seq'::regclass), attempt = gen_random_uuid()
+             WHERE o.ctid = (SELECT ctid FROM judgequeue.worker_offers
+                              WHERE queue = p_queue AND submission IS NULL AND expires_at > clock_timestamp()
+                              LIMIT 1
+                                FOR UPDATE SKIP LOCKED)
+            RETURNING o.ctid AS at_ctid, o.submission, o.worker, o.slot, o.channel, o.lease_ttl, o.attempt
+                 INTO v_offer;
+            IF FOUND THEN
+                v_id := v_offer.submission;
+                IF pg_try_advisory_xact_lock_shared(judgequeue.offers_lock_key(p_queue)) THEN
+                    -- Read after the lock: a flip committed before it is seen, one after it waits for this commit.
+                    SELECT mode = 'live' AND NOT paused AND (watermark IS NULL OR watermark <= now())
+                      INTO v_live
+                      FROM judgequeue.queues WHERE name = p_queue;
+                END IF;
+                IF v_live THEN
+                    INSERT INTO judgequeue.submissions (id, queue, payload, status, attempt_id, lease_expires_at)
+                        OVERRIDING SYSTEM VALUE
+                        VALUES (v_id, p_queue, p_payload, 'JUDGING', v_offer.attempt,
+                                clock_timestamp() + make_interval(secs => v_offer.lease_ttl));
+                    INSERT INTO judgequeue.outbox (queue, submission_id, generation, state, attempts, claimed_by, sent_at)
+                        VALUES (p_queue, v_id, 1, 'SENT', 1, v_offer.worker, now());
+                    -- "<submission> <attempt> <slot> <created, epoch seconds>[ <payload>]"
+                    v_text := p_payload::text;
+                    PERFORM pg_notify(v_offer.channel, concat_ws(' ', v_id, v_offer.attempt, v_offer.slot,
+                        extract(epoch FROM now()),
+                        CASE WHEN octet_length(v_text) <= judgequeue.offer_payload_bytes() THEN v_text END));
+                    RETURN v_id;
+                END IF;
+                -- Not handed over (a flip is under way; paused, shadow, before the watermark): open again.
+                UPDATE judgequeue.worker_offers SET submission = NULL, attempt = NULL WHERE ctid = v_offer.at_ctid;
+            END IF;
+        END IF;
+    END IF;
+
+    -- (An id drawn for an offer given back above stays unused: a gap, as a rollback leaves.)
+    INSERT INTO judgequeue.submissions (queue, payload) VALUES (p_queue, p_payload) RETURNING id INTO v_id;
     INSERT INTO judgequeue.outbox (queue, submission_id, generation) VALUES (p_queue, v_id, 1);
 
     PERFORM 1 FROM judgequeue.dispatch_waiters WHERE queue = p_queue LIMIT 1;

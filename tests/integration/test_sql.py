@@ -95,13 +95,15 @@ def test_every_query_is_used_and_every_used_name_exists() -> None:
 #: ends a DEAD delivery's submission, in the same statement, so ``outbox`` shares ``submissions``
 #: with the lease fence; direct intake's take claims, marks and leases in one statement, with the
 #: worker's waiter registration riding along, so ``direct.takes`` writes the outbox, submissions and
-#: waiters too; the SQL functions (submit, rejudge, bump, dead letters) write from inside Postgres.
+#: waiters too; the offers sync keeps ``queues.offers_until`` (not a flag: whether the submits look
+#: for offers) in the statement that moves the offers' expiry; the SQL functions (submit, rejudge,
+#: bump, dead letters) write from inside Postgres.
 OWNERS = {
     "outbox": {"outbox", "direct.takes"},
     "dispatch_waiters": {"wakeup", "direct.takes"},
     "worker_offers": {"direct.offers"},
     "submissions": {"leases", "outbox", "direct.takes"},
-    "queues": {"queues"},
+    "queues": {"queues", "direct.offers"},
     "problems": {"problems"},
     "problem_files": {"problems"},
     "problem_chunks": {"problems"},
