@@ -83,7 +83,7 @@ SPEC_INTAKES = (AUTO_INTAKE, *INTAKES)
 #: takes about half the CPU per job of ``stream`` at a few workers, but its idle workers' offers and
 #: wake-ups cost more than the stream saves once many workers share a queue: docs/performance.md,
 #: "Intakes at fleet size", has the figures this bound is set from.
-DIRECT_INTAKE_MAX_WORKERS = 16
+DIRECT_INTAKE_MAX_WORKERS = 8
 
 
 @dataclass(frozen=True)

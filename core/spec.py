@@ -237,7 +237,7 @@ FIELDS: tuple[Field, ...] = (
                          "answers). Honoured when autoscaling is external (an HPA or KEDA scales the JudgeQueue); "
                          "the internal autoscaler ignores it."),
     _integer(("worker", "minReplicas"), 0, 1000, 1),
-    _integer(("worker", "maxReplicas"), 1, 1000, 10),
+    _integer(("worker", "maxReplicas"), 1, 1000, 8),
     _integer(("worker", "targetBacklogPerReplica"), 1, 1_000_000, 10),
     # The default resources reserve memory per slot (controllers/render.py), so the bound keeps a
     # worker's default request schedulable. Beyond it, run more workers.

@@ -51,7 +51,7 @@ def test_minimal_object_gets_every_default(crd_installed: Cluster, namespace: st
     # The CRD writes each default as its shortest duration (controllers/crd.py): 60 s is "1m".
     assert spec["reaper"]["interval"] == "5s" and spec["reaper"]["visibilityTimeout"] == "1m"
     assert spec["dispatcher"]["backoff"] == {"base": "1s", "max": "5m"}
-    assert spec["worker"]["minReplicas"] == 1 and spec["worker"]["maxReplicas"] == 10
+    assert spec["worker"]["minReplicas"] == 1 and spec["worker"]["maxReplicas"] == 8
     assert spec["worker"]["replicas"] == 1
     assert spec["cutover"] == {"mode": "live", "driftPolicy": "restore"}
     assert spec["progressDeadline"] == "10m"

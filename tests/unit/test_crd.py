@@ -56,7 +56,7 @@ def test_defaults_applied_and_minimal_object_valid() -> None:
     assert spec["dispatcher"] == {
         "replicas": 1, "batchSize": 100, "schedule": "1s", "maxAttempts": 10, "backoff": {"base": "1s", "max": "5m"},
     }
-    assert spec["worker"]["minReplicas"] == 1 and spec["worker"]["maxReplicas"] == 10
+    assert spec["worker"]["minReplicas"] == 1 and spec["worker"]["maxReplicas"] == 8
     assert spec["worker"]["autoscaling"] == "internal" and spec["worker"]["judge"] == "program"
     assert spec["worker"]["intake"] == "auto" and spec["worker"]["offers"] == 32
     assert spec["reaper"]["retention"] == "7d" and spec["reaper"]["leaseTtl"] == "30s"
