@@ -37,13 +37,19 @@ Result = Literal["sent", "shadow_sent", "retry", "dead", "release"]
 
 def encode_payload(payload: Any) -> str:
     """Serialise a payload to JSON text, or raise one clear error; nothing is written on error."""
+    return json_text(payload, subject="payload is", limit=MAX_PAYLOAD_BYTES)
+
+
+def json_text(value: Any, *, subject: str, limit: int) -> str:
+    """``value`` as compact JSON text of at most ``limit`` bytes, or one clear error that starts with
+    ``subject`` (what it is and its verb: "payload is"); checked before anything is written."""
     try:
-        text = json.dumps(payload, separators=(",", ":"), allow_nan=False, ensure_ascii=False)
+        text = json.dumps(value, separators=(",", ":"), allow_nan=False, ensure_ascii=False)
     except (TypeError, ValueError) as exc:
-        raise InvalidPayload(f"payload is not JSON-serialisable: {exc}") from None
+        raise InvalidPayload(f"{subject} not JSON-serialisable: {exc}") from None
     size = len(text.encode())
-    if size > MAX_PAYLOAD_BYTES:
-        raise PayloadTooLarge(f"payload is {size} bytes, over the limit of {MAX_PAYLOAD_BYTES} bytes")
+    if size > limit:
+        raise PayloadTooLarge(f"{subject} {size} bytes, over the limit of {limit} bytes")
     return text
 
 

@@ -33,8 +33,9 @@ import asyncpg
 
 from . import sql
 from .agreement import Agreement, summarize
-from .errors import InvalidPayload, InvalidVerdict, PayloadTooLarge, translate_pg_error
+from .errors import InvalidVerdict, translate_pg_error
 from .leases import Lease, VerdictWrite, fence_arrays
+from .outbox import json_text
 from .states import VERDICTS
 
 #: Largest legacy verdict details, as JSON text (the SQL function enforces the same limit).
@@ -173,14 +174,7 @@ def validate_legacy_verdict(verdict: object, details: object) -> str | None:
         return None
     if not isinstance(details, dict):
         raise InvalidVerdict(f"legacy verdict details must be a JSON object or None, got {type(details).__name__}")
-    try:
-        text = json.dumps(details, separators=(",", ":"), allow_nan=False, ensure_ascii=False)
-    except (TypeError, ValueError) as exc:
-        raise InvalidPayload(f"legacy verdict details are not JSON-serialisable: {exc}") from None
-    size = len(text.encode())
-    if size > MAX_DETAILS_BYTES:
-        raise PayloadTooLarge(f"legacy verdict details are {size} bytes, over the limit of {MAX_DETAILS_BYTES} bytes")
-    return text
+    return json_text(details, subject="legacy verdict details are", limit=MAX_DETAILS_BYTES)
 
 
 async def report_legacy_verdict(
