@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -205,3 +206,15 @@ async def rescue_expired_leases(
     if sweep.requeued or sweep.failed:
         metrics.LEASE_EXPIRIES.labels(queue).inc(sweep.requeued + sweep.failed)
     return sweep
+
+
+def unleased(asked: Sequence[tuple[int, int]], leased: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The envelopes of a batch that got no lease, duplicates included (pure)."""
+    remaining = Counter(leased)
+    out = []
+    for pair in asked:
+        if remaining[pair] > 0:
+            remaining[pair] -= 1
+        else:
+            out.append(pair)
+    return out

@@ -118,6 +118,32 @@ async def cancel_within(task: asyncio.Future[Any], within: float) -> None:
     await asyncio.wait({task}, timeout=within)
 
 
+async def ends_within(work: Awaitable[None], stop: asyncio.Event, within: float) -> bool:
+    """Run ``work`` (which ends by itself once ``stop`` is set); once ``stop`` is set, give it
+    ``within`` seconds, then cancel it. Returns whether it ended by itself.
+
+    The intake loop's steps wait on ``stop`` and end at once when it is set, unless a step is stuck
+    on a stalled server (a connect, a take, a LISTEN, an offers sync): SIGTERM must not wait that
+    out. What a cut step leaves half-done is a crash's leftover (a lease the reaper rescues, an
+    entry still pending, a waiter row pruned)."""
+    task = asyncio.ensure_future(work)
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait((task, stopped), return_when=asyncio.FIRST_COMPLETED)
+        if not task.done():
+            await asyncio.wait((task,), timeout=within)
+    except BaseException:
+        task.cancel()  # the worker itself is cancelled: so is its loop
+        raise
+    finally:
+        stopped.cancel()
+    if task.done():
+        task.result()  # its failure is the worker's
+        return True
+    await cancel_within(task, within)
+    return False
+
+
 @dataclass
 class Connections:
     pool: asyncpg.Pool

@@ -14,9 +14,10 @@ recovery:
   cancels the rest and releases their leases (new generation + outbox row) so another worker takes
   them at once.
 
-Where jobs come from is the worker's *intake*, chosen once (:meth:`Worker._open_intake`): the stream
-(:class:`StreamIntake`, the default), or with ``JUDGEQUEUE_INTAKE=direct`` the outbox itself
-(:class:`judgequeue.core.direct.DirectIntake`). A *shadow worker* (``JUDGEQUEUE_SHADOW=judge``) runs
+Where jobs come from is the worker's *intake* (:mod:`judgequeue.core.intake`), chosen once
+(:meth:`Worker._open_intake`): the outbox itself (:class:`judgequeue.core.direct.DirectIntake`,
+``JUDGEQUEUE_INTAKE=direct``, the default) or the stream
+(:class:`~judgequeue.core.intake.StreamIntake`). A *shadow worker* (``JUDGEQUEUE_SHADOW=judge``) runs
 the same loop in the shadow lane (:mod:`judgequeue.core.lanes`), always from the stream.
 
 A stale envelope (generation moved on, already judging or terminal) is acked and counted, never
@@ -33,10 +34,9 @@ import asyncio
 import logging
 import time
 import uuid
-from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import asyncpg
 import redis.asyncio as aioredis
@@ -46,7 +46,8 @@ from .config import Settings
 from .connect import STATEMENT_TIMEOUT
 from .direct import DirectIntake
 from .envelope import Envelope
-from .errors import SERVER_ERRORS, RoleUnfit, TransportError, describe, is_permanent
+from .errors import SERVER_ERRORS, RoleUnfit, describe, is_permanent
+from .intake import Intake, StreamIntake
 from .judges import CallLater, Judge, Verdict, judge_failure, judge_fault, judge_job, load_judge
 from .lanes import LIVE_LANE, SHADOW_LANE, AckWhenDurable, Lane
 from .lifecycle import (
@@ -56,6 +57,7 @@ from .lifecycle import (
     HeldSession,
     backoff,
     cancel_within,
+    ends_within,
     instance_id,
     serve,
     unless_stopped,
@@ -91,65 +93,6 @@ class _Job:
     releasing: bool = False
 
 
-def unleased(asked: Sequence[tuple[int, int]], leased: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
-    """The envelopes of a batch that got no lease, duplicates included (pure)."""
-    remaining = Counter(leased)
-    out = []
-    for pair in asked:
-        if remaining[pair] > 0:
-            remaining[pair] -= 1
-        else:
-            out.append(pair)
-    return out
-
-
-class Intake(Protocol):
-    """Where a worker's jobs come from; the worker's loop calls nothing else of it."""
-
-    def start(self) -> None:
-        """In the running loop, before the first step."""
-
-    async def step(self, free: int, stop: asyncio.Event) -> None:
-        """Bring up to ``free`` jobs and start them, or wait a while for some (until ``stop``)."""
-
-    async def full(self) -> None:
-        """Every slot is busy: nothing is brought until one frees."""
-
-    def freed(self) -> None:
-        """A job ended: its slot is free."""
-
-    async def close(self) -> None:
-        """Stopping: bring nothing more (bounded, best effort)."""
-
-
-class StreamIntake:
-    """The stream intake: read up to ``free`` entries of the lane's stream (``read``), then lease,
-    start and ack them (``start``). Nothing to do when full, when a job ends or at close."""
-
-    def __init__(
-        self,
-        read: Callable[[int, asyncio.Event], Awaitable[Sequence[streams.Delivery]]],
-        start: Callable[[Sequence[streams.Delivery], asyncio.Event], Awaitable[None]],
-    ) -> None:
-        self._read, self._start = read, start
-
-    def start(self) -> None:
-        pass
-
-    async def step(self, free: int, stop: asyncio.Event) -> None:
-        if deliveries := await self._read(free, stop):
-            await self._start(deliveries, stop)  # lease, judge, ack once the leases are durable
-
-    async def full(self) -> None:
-        pass
-
-    def freed(self) -> None:
-        pass
-
-    async def close(self) -> None:
-        pass
-
-
 class Worker:
     """One worker instance: ``concurrency`` jobs at once from one queue's consumer group."""
 
@@ -179,7 +122,6 @@ class Worker:
         self._writer = VerdictWriter(pool, linger=VERDICT_LINGER, lane=self.lane)
         self._session = HeldSession(pool)  # the read loop's leases: one session, not one per batch
         self._acks = AckWhenDurable(pool, redis, self.queue, shadow=self.lane.shadow)
-        self._read_failures = 0
         #: Where this worker's jobs come from.
         self.intake: Intake = self._open_intake()
         #: Set when the judge reports this worker unfit (:func:`~judgequeue.core.judges.judge_fault`): why it stops.
@@ -201,7 +143,7 @@ class Worker:
                 self.pool, self.redis, self.settings, self.name, session=self._session, jobs=lambda: len(self._jobs),
                 start_jobs=self._start_jobs, start_deliveries=self._start, count_stale=self._count_stale,
             )  # fmt: skip
-        return StreamIntake(self._read, self._start)
+        return StreamIntake(self.redis, self.queue, self.name, self.block_ms, self.lane.shadow, start=self._start)
 
     # --- public -----------------------------------------------------------------------------------
 
@@ -225,7 +167,7 @@ class Worker:
         self.intake.start()
         ended = False
         try:
-            ended = await _ends_within(self._intake_loop(stopping), stopping, SHUTDOWN_STEP)
+            ended = await ends_within(self._intake_loop(stopping), stopping, SHUTDOWN_STEP)
         finally:
             await self.intake.close()
             # A loop cut short may leave the held session mid-statement: close it, don't reuse it.
@@ -249,21 +191,6 @@ class Worker:
                 await self.intake.step(free, stopping)
 
     # --- intake -----------------------------------------------------------------------------------
-
-    async def _read(self, free: int, stop: asyncio.Event) -> Sequence[streams.Delivery]:
-        """Up to ``free`` entries from the lane's stream; none after a failed read (backed off)."""
-        try:
-            deliveries = await streams.read(
-                self.redis, self.queue, self.name, count=free, block_ms=self.block_ms, shadow=self.lane.shadow
-            )
-        except TransportError as exc:
-            self._read_failures += 1
-            delay = backoff(self._read_failures)
-            log.warning("stream read failed", extra={"error": str(exc), "retry_in": delay})
-            await wait_any(stop, None, delay)
-            return []
-        self._read_failures = 0
-        return deliveries
 
     async def _start(self, deliveries: Sequence[streams.Delivery], stop: asyncio.Event) -> None:
         """Lease, ack and launch a batch of deliveries; set aside what can never be judged."""
@@ -349,7 +276,7 @@ class Worker:
         kept = [(entry_id, env) for entry_id, env in batch if entry_id not in set_aside]
         pairs = [(env.submission, env.generation) for _, env in kept]
         self._acks.add([entry_id for entry_id, _ in kept], pairs)
-        return unleased(pairs, [(x.submission, x.generation) for x in held])
+        return leases.unleased(pairs, [(x.submission, x.generation) for x in held])
 
     def _start_jobs(self, held: list[leases.Lease]) -> None:
         loop = self._loop or asyncio.get_running_loop()
@@ -555,32 +482,6 @@ class Worker:
 async def _follow(source: asyncio.Event, target: asyncio.Event) -> None:
     await source.wait()
     target.set()
-
-
-async def _ends_within(work: Awaitable[None], stop: asyncio.Event, within: float) -> bool:
-    """Run ``work`` (which ends by itself once ``stop`` is set); once ``stop`` is set, give it
-    ``within`` seconds, then cancel it. Returns whether it ended by itself.
-
-    The intake loop's steps wait on ``stop`` and end at once when it is set, unless a step is stuck
-    on a stalled server (a connect, a take, a LISTEN, an offers sync): SIGTERM must not wait that
-    out. What a cut step leaves half-done is a crash's leftover (a lease the reaper rescues, an
-    entry still pending, a waiter row pruned)."""
-    task = asyncio.ensure_future(work)
-    stopped = asyncio.ensure_future(stop.wait())
-    try:
-        await asyncio.wait((task, stopped), return_when=asyncio.FIRST_COMPLETED)
-        if not task.done():
-            await asyncio.wait((task,), timeout=within)
-    except BaseException:
-        task.cancel()  # the worker itself is cancelled: so is its loop
-        raise
-    finally:
-        stopped.cancel()
-    if task.done():
-        task.result()  # its failure is the worker's
-        return True
-    await cancel_within(task, within)
-    return False
 
 
 async def run(settings: Settings, stop: asyncio.Event) -> None:

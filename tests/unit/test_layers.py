@@ -23,7 +23,7 @@ CORE_LAYERS: dict[str, int] = {
     "problems": 2, "archives": 2, "shadow": 2,
     # what every role runs on, and read-only views over the queue
     "lifecycle": 3, "api": 3, "backlog": 3, "status": 3, "runtime": 3, "manifest": 3, "wakeup": 3,
-    "lanes": 3, "verdicts": 3, "deferral": 3,
+    "lanes": 3, "verdicts": 3, "deferral": 3, "intake": 3,
     # direct intake, all of it (the worker's turn, the take, offers); it stands on the shared wake-up
     "direct": 3,
     # the roles

@@ -1,4 +1,4 @@
-"""The worker's pure pieces, by name: ``worker.unleased``, ``judges.judge_failure``, and verdict
+"""The worker's pure pieces, by name: ``leases.unleased``, ``judges.judge_failure``, and verdict
 storage's ``verdicts.stored_verdict`` and ``verdicts.unstorable_replacement`` (docs/design.md §2)."""
 
 from __future__ import annotations
@@ -7,16 +7,16 @@ import json
 import uuid
 from datetime import UTC, datetime
 
-from judgequeue.core import leases, lifecycle, verdicts, worker
+from judgequeue.core import leases, lifecycle, verdicts
 from judgequeue.core.judges import Verdict, judge_failure
 
 LEASE = leases.Lease(7, 2, uuid.uuid4(), {}, datetime.now(UTC))
 
 
 def test_unleased_keeps_duplicates_and_order() -> None:
-    assert worker.unleased([(1, 1), (1, 1), (2, 1), (3, 1)], [(1, 1), (3, 1)]) == [(1, 1), (2, 1)]
-    assert worker.unleased([], [(1, 1)]) == []
-    assert worker.unleased([(5, 2)], []) == [(5, 2)]
+    assert leases.unleased([(1, 1), (1, 1), (2, 1), (3, 1)], [(1, 1), (3, 1)]) == [(1, 1), (2, 1)]
+    assert leases.unleased([], [(1, 1)]) == []
+    assert leases.unleased([(5, 2)], []) == [(5, 2)]
 
 
 def test_judge_failure_explains_itself() -> None:
