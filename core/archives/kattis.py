@@ -31,16 +31,7 @@ from typing import Any
 import yaml
 
 from ..judges.checkers import InvalidChecker, kattis_flags
-from .common import (
-    MAX_TESTS,
-    InvalidPackage,
-    PackageDir,
-    PackageFile,
-    add,
-    check_id,
-    program,
-    total_bytes,
-)
+from .common import MAX_TESTS, InvalidPackage, PackageDir, PackageFile, add, check_id, program, total_bytes
 
 #: problemtools' languages (its config/languages.yaml) as rows of the judge's table: the row, the
 #: file suffixes that are the language's sources, the priority that settles a directory whose files
