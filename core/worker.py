@@ -349,8 +349,9 @@ class Worker:
                 self.stats.judge_errors += 1
                 log.exception("judge failed", extra={"submission": lease.submission})
                 verdict = judge_failure(exc)
-            if verdict.status == "SYSTEM_ERROR" and (fault := judge_fault(self.judge)) is not None:
-                # The worker failed, not the submission: give the job back for another worker.
+            if (fault := judge_fault(self.judge)) is not None:
+                # The worker failed, not the submission, whatever the verdict says (a box emptied
+                # under a running program reads as its runtime error): give the job back.
                 job.phase = "releasing"
                 await self._give_back_unfit(lease, fault)
                 return

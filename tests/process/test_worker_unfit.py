@@ -8,6 +8,7 @@ SYSTEM_ERROR verdicts ("judge raised FileNotFoundError ... /tmp/judgequeue-sandb
 
 from __future__ import annotations
 
+import os
 import shutil
 import uuid
 from collections.abc import Iterator
@@ -36,9 +37,13 @@ def own_sandbox() -> Iterator[str]:
     shutil.rmtree(path, ignore_errors=True)
 
 
+@pytest.mark.parametrize("removed", ["", "locks"], ids=["the sandbox", "its uid range's lock"])
 async def test_a_worker_whose_sandbox_vanishes_gives_its_jobs_back_and_exits(
-    pg_dsn: str, queue: str, own_sandbox: str, tmp_path: Path
+    pg_dsn: str, queue: str, own_sandbox: str, tmp_path: Path, removed: str
 ) -> None:
+    """Whatever verdict the judge then reports: with only the lock gone the programs still run and
+    pass, and on a real node an emptied box read as a RUNTIME_ERROR ("can't open file
+    '/box/main.py'"); neither may be stored."""
     roles = Roles.on(pg_dsn, queue, tmp_path, JUDGEQUEUE_JUDGE="program", JUDGEQUEUE_SANDBOX_DIR=own_sandbox)
     try:
         roles.start("dispatcher")
@@ -47,7 +52,7 @@ async def test_a_worker_whose_sandbox_vanishes_gives_its_jobs_back_and_exits(
         first = await submit_retrying(pg_dsn, queue, SUM)
         assert await wait_all_terminal(pg_dsn, [first], within=60, roles=roles) == {first: "ACCEPTED"}
 
-        shutil.rmtree(own_sandbox)  # what the kubelet did to the pod's /tmp
+        shutil.rmtree(os.path.join(own_sandbox, removed))  # what the kubelet did to the pod's /tmp
         ids = [await submit_retrying(pg_dsn, queue, SUM) for _ in range(3)]
 
         async def exited() -> bool:
