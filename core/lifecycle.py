@@ -70,12 +70,15 @@ async def wait_any(stop: asyncio.Event, other: asyncio.Event | None, within: flo
             w.cancel()
 
 
-async def unless_stopped(stop: asyncio.Event, work: Awaitable[T]) -> T | None:
-    """``await work``, unless ``stop`` is set first: then ``work`` is cancelled and None returned.
+async def unless_stopped(stop: asyncio.Event, work: Awaitable[T], *, grace: float = 0.0) -> T | None:
+    """``await work``, unless ``stop`` is set first: then ``work`` gets ``grace`` seconds to end by
+    itself (work that waits on ``stop`` ends at once), is cancelled, and None is returned.
 
     A role's step may be stuck on a server that stopped answering (bounded only by
     :data:`STATEMENT_TIMEOUT`); SIGTERM must not wait that out. Every step wrapped in this is safe
-    to abandon half-way: its effects are redone or rescued like a crash's.
+    to abandon half-way: its effects are redone or rescued like a crash's (a lease the reaper
+    rescues, an entry still pending, a waiter row pruned). If the caller itself is cancelled, so is
+    ``work``.
     """
     task = asyncio.ensure_future(work)
     if task.done():
@@ -83,6 +86,11 @@ async def unless_stopped(stop: asyncio.Event, work: Awaitable[T]) -> T | None:
     stopping = asyncio.ensure_future(stop.wait())
     try:
         await asyncio.wait((task, stopping), return_when=asyncio.FIRST_COMPLETED)
+        if not task.done() and grace > 0:
+            await asyncio.wait((task,), timeout=grace)
+    except BaseException:
+        task.cancel()
+        raise
     finally:
         stopping.cancel()
     if task.done():
@@ -116,32 +124,6 @@ async def cancel_within(task: asyncio.Future[Any], within: float) -> None:
     """
     task.cancel()
     await asyncio.wait({task}, timeout=within)
-
-
-async def ends_within(work: Awaitable[None], stop: asyncio.Event, within: float) -> bool:
-    """Run ``work`` (which ends by itself once ``stop`` is set); once ``stop`` is set, give it
-    ``within`` seconds, then cancel it. Returns whether it ended by itself.
-
-    The intake loop's steps wait on ``stop`` and end at once when it is set, unless a step is stuck
-    on a stalled server (a connect, a take, a LISTEN, an offers sync): SIGTERM must not wait that
-    out. What a cut step leaves half-done is a crash's leftover (a lease the reaper rescues, an
-    entry still pending, a waiter row pruned)."""
-    task = asyncio.ensure_future(work)
-    stopped = asyncio.ensure_future(stop.wait())
-    try:
-        await asyncio.wait((task, stopped), return_when=asyncio.FIRST_COMPLETED)
-        if not task.done():
-            await asyncio.wait((task,), timeout=within)
-    except BaseException:
-        task.cancel()  # the worker itself is cancelled: so is its loop
-        raise
-    finally:
-        stopped.cancel()
-    if task.done():
-        task.result()  # its failure is the worker's
-        return True
-    await cancel_within(task, within)
-    return False
 
 
 @dataclass

@@ -57,7 +57,6 @@ from .lifecycle import (
     HeldSession,
     backoff,
     cancel_within,
-    ends_within,
     instance_id,
     serve,
     unless_stopped,
@@ -167,7 +166,9 @@ class Worker:
         self.intake.start()
         ended = False
         try:
-            ended = await ends_within(self._intake_loop(stopping), stopping, SHUTDOWN_STEP)
+            # Once stopping, the loop ends by itself unless a step is stuck on a stalled server
+            # (a connect, a take, a LISTEN, an offers sync): it gets a second, then is cut.
+            ended = await unless_stopped(stopping, self._intake_loop(stopping), grace=SHUTDOWN_STEP) is True
         finally:
             await self.intake.close()
             # A loop cut short may leave the held session mid-statement: close it, don't reuse it.
@@ -178,8 +179,8 @@ class Worker:
         if self.unfit is not None:
             raise RoleUnfit(f"the worker cannot judge any more, its jobs were given back: {self.unfit}")
 
-    async def _intake_loop(self, stopping: asyncio.Event) -> None:
-        """Bring jobs in while there are free slots, until ``stopping`` is set."""
+    async def _intake_loop(self, stopping: asyncio.Event) -> bool:
+        """Bring jobs in while there are free slots, until ``stopping`` is set; True once it has ended."""
         while not stopping.is_set():
             self._slot_freed.clear()
             free = self.cfg.concurrency - len(self._jobs)
@@ -189,6 +190,7 @@ class Worker:
                 await wait_any(stopping, self._slot_freed, 1.0)
             else:
                 await self.intake.step(free, stopping)
+        return True
 
     # --- intake -----------------------------------------------------------------------------------
 
