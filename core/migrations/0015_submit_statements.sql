@@ -1,0 +1,108 @@
+-- judgequeue 0015: a submit in a queue without offers runs three statements, one fewer than before
+-- offers existed (0014 ran 0009's four). Each statement of a PL/pgSQL function costs a snapshot,
+-- an executor start and end of its own on top of its work: the queue check now also asks whether a
+-- waiter is registered (0001 to 0014 asked after the INSERTs), and a queue's name is checked as a
+-- DNS label only when no queue has it (the table's CHECK holds it for every queue that exists).
+-- The race a waiter cannot close (it registers after the check and looks before the commit) is
+-- the one it had, bounded by its poll (the schedule).
+
+-- As in 0014, with the waiters check in the queue check and the name's check only on a miss.
+CREATE OR REPLACE FUNCTION judgequeue.submit(p_queue text, p_payload jsonb) RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_id bigint;
+    v_known boolean;
+    v_offers boolean;
+    v_waiters boolean;
+    v_live boolean;
+    v_offer record;
+    v_text text;
+BEGIN
+    -- The queue check reads whether an offer may be open: the sync that opens or refreshes a
+    -- worker's offers moves offers_until at or past their expiry in the same statement (offers_sync
+    -- in core/sql/queries.sql), so once it is past no offer of this queue is fillable. An offer the
+    -- signal missed (that write skips a queue row locked by someone else) is harmless, only not
+    -- filled: this submit writes a PENDING row and wakes the registered waiters as below, the
+    -- offering worker among them (a worker offers while it waits, registered), which then takes
+    -- its offers back and the row in (as for a rejudge or a rescue); a worker not woken looks
+    -- within its schedule, and the dispatcher streams what no worker took.
+    --
+    -- The same statement asks whether a waiter is registered (the wake-up, core/wakeup.py). A
+    -- waiter registers, looks for work once more, then sleeps: one that registers after this
+    -- check and looks before this transaction commits misses this row and waits out its poll (the
+    -- schedule), the race a check after the INSERTs had too, there from the check to the commit.
+    SELECT offers_until > clock_timestamp(),
+           EXISTS (SELECT FROM judgequeue.dispatch_waiters w WHERE w.queue = p_queue)
+      INTO v_offers, v_waiters
+      FROM judgequeue.queues WHERE name = p_queue;
+    v_known := FOUND;
+    IF NOT v_known AND NOT judgequeue.is_dns_label(p_queue) THEN
+        RAISE EXCEPTION USING ERRCODE = 'JQ001',
+            MESSAGE = format('queue name %L is not a DNS label ([a-z0-9]([-a-z0-9]*[a-z0-9])?, at most 63 characters)', p_queue);
+    END IF;
+    IF p_payload IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'JQ004', MESSAGE = 'payload must be a JSON value, got NULL';
+    END IF;
+    IF octet_length(p_payload::text) > judgequeue.max_payload_bytes() THEN
+        RAISE EXCEPTION USING ERRCODE = 'JQ003',
+            MESSAGE = format('payload is %s bytes, over the limit of %s bytes',
+                             octet_length(p_payload::text), judgequeue.max_payload_bytes());
+    END IF;
+    IF NOT v_known THEN
+        RAISE EXCEPTION USING ERRCODE = 'JQ002',
+            MESSAGE = format('unknown queue %L (create it with: judgequeue queue create %s)', p_queue, p_queue);
+    END IF;
+
+    -- Fill an open offer at once (locked for this transaction; other submits skip it); the
+    -- submission id is drawn only for an offer filled. The lock below is taken only then, so a
+    -- flip waits only for submits that fill offers. Only at READ COMMITTED: the flags must be read
+    -- after that lock with a snapshot of their own, which a REPEATABLE READ or SERIALIZABLE
+    -- transaction does not take (its snapshot may predate a flip), and such a transaction would
+    -- also fail on offers changed since its snapshot (40001).
+    IF v_offers THEN
+        IF current_setting('transaction_isolation') = 'read committed' THEN
+            UPDATE judgequeue.worker_offers o
+               SET submission = nextval('judgequeue.submissions_id_seq'::regclass), attempt = gen_random_uuid()
+             WHERE o.ctid = (SELECT ctid FROM judgequeue.worker_offers
+                              WHERE queue = p_queue AND submission IS NULL AND expires_at > clock_timestamp()
+                              LIMIT 1
+                                FOR UPDATE SKIP LOCKED)
+            RETURNING o.ctid AS at_ctid, o.submission, o.worker, o.slot, o.channel, o.lease_ttl, o.attempt
+                 INTO v_offer;
+            IF FOUND THEN
+                v_id := v_offer.submission;
+                IF pg_try_advisory_xact_lock_shared(judgequeue.offers_lock_key(p_queue)) THEN
+                    -- Read after the lock: a flip committed before it is seen, one after it waits for this commit.
+                    SELECT mode = 'live' AND NOT paused AND (watermark IS NULL OR watermark <= now())
+                      INTO v_live
+                      FROM judgequeue.queues WHERE name = p_queue;
+                END IF;
+                IF v_live THEN
+                    INSERT INTO judgequeue.submissions (id, queue, payload, status, attempt_id, lease_expires_at)
+                        OVERRIDING SYSTEM VALUE
+                        VALUES (v_id, p_queue, p_payload, 'JUDGING', v_offer.attempt,
+                                clock_timestamp() + make_interval(secs => v_offer.lease_ttl));
+                    INSERT INTO judgequeue.outbox (queue, submission_id, generation, state, attempts, claimed_by, sent_at)
+                        VALUES (p_queue, v_id, 1, 'SENT', 1, v_offer.worker, now());
+                    -- "<submission> <attempt> <slot> <created, epoch seconds>[ <payload>]"
+                    v_text := p_payload::text;
+                    PERFORM pg_notify(v_offer.channel, concat_ws(' ', v_id, v_offer.attempt, v_offer.slot,
+                        extract(epoch FROM now()),
+                        CASE WHEN octet_length(v_text) <= judgequeue.offer_payload_bytes() THEN v_text END));
+                    RETURN v_id;
+                END IF;
+                -- Not handed over (a flip is under way; paused, shadow, before the watermark): open again.
+                UPDATE judgequeue.worker_offers SET submission = NULL, attempt = NULL WHERE ctid = v_offer.at_ctid;
+            END IF;
+        END IF;
+    END IF;
+
+    -- (An id drawn for an offer given back above stays unused: a gap, as a rollback leaves.)
+    INSERT INTO judgequeue.submissions (queue, payload) VALUES (p_queue, p_payload) RETURNING id INTO v_id;
+    INSERT INTO judgequeue.outbox (queue, submission_id, generation) VALUES (p_queue, v_id, 1);
+
+    IF v_waiters THEN
+        PERFORM pg_notify('judgequeue_wakeup', p_queue);
+    END IF;
+    RETURN v_id;
+END $$;
