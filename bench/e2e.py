@@ -50,6 +50,9 @@ def report(e2e: dict[str, Any], limit: float) -> str:
             f" = {ours['rate'] / limit:.0%} of pgbench two-insert {limit:,.0f} tx/s (target >= 65%)"
             + (f"; PgQueuer {peer_rate:,.0f} jobs/s" if peer_rate is not None else "")
         )
+        if "paths" in ours:
+            paths = ", ".join(f"{name} {count:,}" for name, count in ours["paths"].items())
+            lines.append(f"  submitted in {ours['submit_s']:.2f} s; reached the worker by {paths}")
     return "\n".join(lines)
 
 

@@ -222,6 +222,18 @@ async def submit_many(s: Stack, n: int, connections: int, per_transaction: int =
         )
 
 
+#: How the jobs after ``$1`` reached a worker, and how long their submits took: a filled offer
+#: writes its outbox row already sent in the submit's transaction (same now()); a worker's take
+#: claims it under the worker's name; the dispatcher's hand-off under its own.
+DELIVERY_PATHS = """
+SELECT count(*) FILTER (WHERE o.sent_at = o.created_at) AS offers,
+       count(*) FILTER (WHERE o.sent_at <> o.created_at AND o.claimed_by LIKE 'worker-%') AS takes,
+       count(*) FILTER (WHERE o.sent_at <> o.created_at AND o.claimed_by NOT LIKE 'worker-%') AS stream,
+       extract(epoch FROM max(o.created_at) - min(o.created_at))::float8 AS submit_s
+  FROM judgequeue.outbox o WHERE o.submission_id > $1
+"""
+
+
 async def end_to_end_throughput(
     workers: int, *, jobs: int, submitters: int = 8, per_transaction: int = 1
 ) -> dict[str, Any]:
@@ -235,12 +247,15 @@ async def end_to_end_throughput(
         await wait_done(s.pool, after, jobs, 300)
         async with s.pool.acquire() as conn:
             span = await span_seconds(conn, after)
+            paths = await conn.fetchrow(DELIVERY_PATHS, after)
         memory = s.peak_memory()
     return {
         "workers": workers,
         "jobs": jobs,
         "per_transaction": per_transaction,
         "rate": jobs / span,
+        "submit_s": paths["submit_s"],
+        "paths": {k: paths[k] for k in ("offers", "takes", "stream")},
         "peak_rss_mb": memory,
     }
 
