@@ -102,9 +102,7 @@ async def _claim_loop(dsn: str, clients: int, batch: int, tag: str) -> int:
                 conn,
                 [outbox.Mark(r.outbox_id, "sent") for r in rows],
                 owner=owner,
-                max_attempts=10,
-                backoff_base=1,
-                backoff_max=60,
+                retry=outbox.Retry(max_attempts=10, backoff_base=1, backoff_max=60),
             )
             total[i] += len(rows)
 

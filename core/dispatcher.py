@@ -112,6 +112,8 @@ class Dispatcher:
         self._redis_ok = True
         # Direct intake: a live row is the workers' for one schedule before it goes to the stream.
         self._hand_off = settings.dispatcher.schedule if settings.worker.intake == "direct" else 0.0
+        cfg = settings.dispatcher
+        self._retry = outbox.Retry(cfg.max_attempts, cfg.backoff_base, cfg.backoff_max)
 
     async def cycle(self, conn: asyncpg.Connection | None = None) -> CycleResult:
         """Claim, enqueue and mark one batch; returns what happened.
@@ -191,8 +193,7 @@ class Dispatcher:
         """Apply ``marks`` (counted into ``result``) and claim up to ``claim`` rows, in one statement."""
         cfg = self.settings.dispatcher
         applied, rows = await outbox.mark_and_claim(
-            conn, marks, owner=self.name, max_attempts=cfg.max_attempts, backoff_base=cfg.backoff_base,
-            backoff_max=cfg.backoff_max, queue=self.queue, limit=claim, claim_ttl=cfg.claim_ttl,
+            conn, marks, owner=self.name, retry=self._retry, queue=self.queue, limit=claim, claim_ttl=cfg.claim_ttl,
             hand_off=self._hand_off,
         )  # fmt: skip
         if marks:

@@ -109,8 +109,7 @@ async def claim(conn: asyncpg.Connection, queue: str, *, limit: int, owner: str,
     back as SKIPPED and are already final: the legacy path owned them.
     """
     _, claimed = await mark_and_claim(
-        conn, [], owner=owner, max_attempts=1, backoff_base=0.0, backoff_max=0.0, queue=queue, limit=limit,
-        claim_ttl=claim_ttl,
+        conn, [], owner=owner, retry=_NO_MARKS, queue=queue, limit=limit, claim_ttl=claim_ttl
     )  # fmt: skip
     return claimed
 
@@ -128,28 +127,30 @@ class Mark:
     error: str | None = None
 
 
-async def mark(
-    conn: asyncpg.Connection,
-    marks: Sequence[Mark],
-    *,
-    owner: str,
-    max_attempts: int,
-    backoff_base: float,
-    backoff_max: float,
-) -> dict[int, OutboxState]:
+@dataclass(frozen=True)
+class Retry:
+    """What a ``retry`` mark does to its row: back to PENDING after an exponential backoff with
+    jitter (``backoff_base`` seconds, doubling per attempt up to ``backoff_max``), or DEAD once
+    ``attempts >= max_attempts``. A ``release`` waits half to one ``backoff_base`` and costs no attempt."""
+
+    max_attempts: int
+    backoff_base: float
+    backoff_max: float
+
+
+_NO_MARKS = Retry(max_attempts=1, backoff_base=0.0, backoff_max=0.0)  # a claim alone marks nothing
+
+
+async def mark(conn: asyncpg.Connection, marks: Sequence[Mark], *, owner: str, retry: Retry) -> dict[int, OutboxState]:
     """Record the outcome of a dispatched batch in one statement; return the new state per row.
 
     Only rows still CLAIMED by ``owner`` change: a dispatcher whose claim expired and was taken over
-    marks nothing (the row is absent from the result). ``retry`` puts a row back to PENDING with
-    exponential backoff and jitter, or DEAD once ``attempts >= max_attempts``; DEAD rows end their
-    submission in SYSTEM_ERROR with the last error as the reason.
+    marks nothing (the row is absent from the result). ``retry`` rows follow the :class:`Retry`
+    policy; DEAD rows end their submission in SYSTEM_ERROR with the last error as the reason.
     """
     if not marks:
         return {}
-    applied, _ = await mark_and_claim(
-        conn, marks, owner=owner, max_attempts=max_attempts, backoff_base=backoff_base, backoff_max=backoff_max,
-        queue="", limit=0, claim_ttl=0.0,
-    )  # fmt: skip
+    applied, _ = await mark_and_claim(conn, marks, owner=owner, retry=retry, queue="", limit=0, claim_ttl=0.0)
     return applied
 
 
@@ -158,9 +159,7 @@ async def mark_and_claim(
     marks: Sequence[Mark],
     *,
     owner: str,
-    max_attempts: int,
-    backoff_base: float,
-    backoff_max: float,
+    retry: Retry,
     queue: str,
     limit: int,
     claim_ttl: float,
@@ -182,9 +181,9 @@ async def mark_and_claim(
         [m.outbox_id for m in marks],
         [m.result for m in marks],
         [m.error for m in marks],
-        max_attempts,
-        float(backoff_base),
-        float(backoff_max),
+        retry.max_attempts,
+        float(retry.backoff_base),
+        float(retry.backoff_max),
         owner,
         queue,
         limit,

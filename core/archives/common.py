@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from ..errors import JudgeQueueError
 from ..judges.languages import LANGUAGES as LANGUAGE_TABLE
 from ..judges.languages import UNAVAILABLE, parse_standard
@@ -42,6 +44,23 @@ class PackageDir:
     manifest: dict[str, Any]  # without id/version/digest
     files: dict[str, PackageFile]  # sha256 -> file
     notes: list[str] = field(default_factory=list)  # what the reader assumed, for the person uploading
+
+
+def read_yaml(path: Path, *, empty_ok: bool = False) -> dict[str, Any]:
+    """``path`` read as a YAML mapping, or one InvalidPackage naming the file when it cannot be read,
+    is not YAML or is no mapping. An empty file is ``{}`` where the format allows it (``empty_ok``:
+    a Kattis package's optional files), else no mapping."""
+    try:
+        loaded = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise InvalidPackage(f"cannot read {path}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise InvalidPackage(f"{path} is not YAML: {exc}") from None
+    if loaded is None and empty_ok:
+        return {}
+    if not isinstance(loaded, dict):
+        raise InvalidPackage(f"{path} must be a mapping")
+    return loaded
 
 
 def digest(path: Path) -> PackageFile:

@@ -28,10 +28,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from ..judges.checkers import InvalidChecker, kattis_flags
-from .common import MAX_TESTS, InvalidPackage, PackageDir, PackageFile, add, check_id, program, total_bytes
+from .common import MAX_TESTS, InvalidPackage, PackageDir, PackageFile, add, check_id, program, read_yaml, total_bytes
 
 #: problemtools' languages (its config/languages.yaml) as rows of the judge's table: the row, the
 #: file suffixes that are the language's sources, the priority that settles a directory whose files
@@ -82,20 +80,6 @@ _DEFAULTS: dict[str, Any] = {
 def is_kattis(root: Path) -> bool:
     """An ICPC/Kattis package: ``problem.yaml`` and a ``data`` directory."""
     return (root / "problem.yaml").is_file() and (root / "data").is_dir()
-
-
-def _yaml(path: Path) -> dict[str, Any]:
-    try:
-        loaded = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise InvalidPackage(f"cannot read {path}: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise InvalidPackage(f"{path} is not YAML: {exc}") from None
-    if loaded is None:
-        return {}
-    if not isinstance(loaded, dict):
-        raise InvalidPackage(f"{path} must be a mapping")
-    return loaded
 
 
 def _number(value: Any, where: str) -> float:
@@ -174,7 +158,7 @@ def _group(
 ) -> dict[str, Any]:
     """One test data group and everything under it, as problemtools' ``_load_group`` walks it."""
     config = (
-        {k: v for k, v in _yaml(folder / "testdata.yaml").items() if k in _GROUP_KEYS}
+        {k: v for k, v in read_yaml(folder / "testdata.yaml", empty_ok=True).items() if k in _GROUP_KEYS}
         if (folder / "testdata.yaml").is_file()
         else {}
     )
@@ -232,7 +216,7 @@ def _submissions(root: Path, files: dict[str, PackageFile]) -> list[dict[str, An
 
 def read(root: Path, *, problem_id: str | None = None, time_limit: float | None = None) -> PackageDir:
     """Validate an ICPC/Kattis package directory (reads and hashes its files)."""
-    spec = _yaml(root / "problem.yaml")
+    spec = read_yaml(root / "problem.yaml", empty_ok=True)
     version = str(spec.get("problem_format_version", LEGACY))
     if version != LEGACY and version not in V2023:
         raise InvalidPackage(f"problem.yaml: problem_format_version {version!r} is not legacy or 2023-07-draft")

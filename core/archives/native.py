@@ -20,6 +20,7 @@ from .common import (
     inside,
     natural,
     program,
+    read_yaml,
     siblings,
     total_bytes,
 )
@@ -76,15 +77,7 @@ def _tests(root: Path, files: dict[str, PackageFile]) -> list[dict[str, Any]]:
 
 def read(root: Path) -> PackageDir:
     """Validate a judgequeue package directory (reads and hashes its files)."""
-    spec_path = root / MANIFEST_FILE
-    try:
-        spec = yaml.safe_load(spec_path.read_text())
-    except OSError as exc:
-        raise InvalidPackage(f"cannot read {spec_path}: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise InvalidPackage(f"{spec_path} is not YAML: {exc}") from None
-    if not isinstance(spec, dict):
-        raise InvalidPackage(f"{spec_path} must be a mapping")
+    spec = read_yaml(root / MANIFEST_FILE)
     problem_id = check_id(spec.get("id"), "id")
     version = spec.get("version")
     if version is not None and (isinstance(version, bool) or not isinstance(version, int) or version < 1):

@@ -10,6 +10,9 @@ whose facts are that test's alone.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import ClassVar
@@ -33,6 +36,43 @@ def read(path: str) -> str:
 def write(path: str, value: str) -> None:
     with open(path, "w") as f:
         f.write(value)
+
+
+def below(path: str) -> list[str]:
+    """``path`` and every group below it, deepest first (removal order)."""
+    return [top for top, _, _ in os.walk(path)][::-1]
+
+
+def procs(path: str) -> set[int]:
+    """The processes in the group ``path`` itself (``cgroup.procs``); none once it is gone."""
+    with contextlib.suppress(FileNotFoundError):
+        return {int(p) for p in read(os.path.join(path, "cgroup.procs")).split()}
+    return set()
+
+
+def procs_below(path: str) -> set[int]:
+    """The processes in ``path`` and every group below it."""
+    found: set[int] = set()
+    for group in below(path):
+        found |= procs(group)
+    return found
+
+
+def remove_tree(path: str, deadline: float | None) -> bool:
+    """rmdir ``path`` and the groups below it, deepest first; without a deadline, one try. Both
+    hierarchy versions remove a box's groups this way (v1 once per controller)."""
+    for d in below(path):
+        while True:
+            try:
+                os.rmdir(d)
+                break
+            except FileNotFoundError:
+                break
+            except OSError:
+                if deadline is None or time.monotonic() > deadline:
+                    return False
+                time.sleep(0.001)  # a killed process leaves its group a moment after it is reaped
+    return not os.path.isdir(path)
 
 
 def keyed(text: str) -> dict[str, int]:

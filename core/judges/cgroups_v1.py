@@ -22,9 +22,10 @@ import contextlib
 import os
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from .cgroups_base import BoxGroup, PerTest, Roots, Usage, keyed, read, write
+from .cgroups_base import BoxGroup, PerTest, Roots, Usage, keyed, procs, procs_below, read, remove_tree, write
 
 CONTROLLERS = ("memory", "pids", "cpuacct")
 PARENT = "judgequeue-sandbox"
@@ -113,31 +114,18 @@ def _limit_memory(memory_dir: str, limit: int) -> None:
         write(memsw, str(limit))
 
 
-def _below(path: str) -> list[str]:
-    """``path`` and every group below it, deepest first (removal order)."""
-    return [top for top, _, _ in os.walk(path)][::-1]
-
-
-def _procs(path: str) -> set[int]:
-    with contextlib.suppress(FileNotFoundError):
-        return {int(p) for p in read(os.path.join(path, "cgroup.procs")).split()}
-    return set()
-
-
-def _rmdir_all(path: str, deadline: float | None) -> bool:
-    """rmdir ``path`` and the groups below it, deepest first; without a deadline, one try."""
-    for d in _below(path):
-        while True:
-            try:
-                os.rmdir(d)
-                break
-            except FileNotFoundError:
-                break
-            except OSError:
-                if deadline is None or time.monotonic() > deadline:
-                    return False
-                time.sleep(0.001)  # exiting tasks leave the group a moment after SIGKILL
-    return not os.path.isdir(path)
+def _kill_until_empty(find: Callable[[], set[int]], deadline: float) -> bool:
+    """SIGKILL what ``find`` names until it names none (True) or ``deadline`` passes (False). It
+    repeats because a process may fork between the read and the kill (v1 has no ``cgroup.kill``);
+    ``pids.max`` bounds how many it can make."""
+    while pids := find():
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.001)  # let the kernel finish the exits before the next read
+    return True
 
 
 class V1Group(BoxGroup):
@@ -164,7 +152,7 @@ class V1Group(BoxGroup):
     def try_remove(self) -> bool:
         if self.pids_in():
             return False
-        return all(_rmdir_all(d, None) for d in self.dirs())
+        return all(remove_tree(d, None) for d in self.dirs())
 
     def create(self, *, memory: int, processes: int, split_tests: bool = False) -> None:
         for d in self.dirs():
@@ -191,32 +179,17 @@ class V1Group(BoxGroup):
         """By the pids hierarchy (every run joins it), or in every group of the box ``everywhere``
         (a test's memory group included)."""
         if not everywhere:
-            return _procs(self.pids)
-        found: set[int] = set()
-        for d in self.dirs():
-            for group in _below(d):
-                found |= _procs(group)
-        return found
+            return procs(self.pids)
+        return set().union(*(procs_below(d) for d in self.dirs()))
 
     def kill_all(self, deadline: float) -> bool:
-        """Repeats because a process may fork between the read and the kill; ``pids.max`` bounds
-        how many it can make."""
-        while True:
-            pids = self.pids_in(everywhere=True)
-            if not pids:
-                return True
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.001)  # let the kernel finish the exits before the next read
+        return _kill_until_empty(lambda: self.pids_in(everywhere=True), deadline)
 
     def destroy(self, deadline: float) -> bool:
         if not any(os.path.isdir(d) for d in self.dirs()):
             return True
         self.kill_all(deadline)
-        return all([_rmdir_all(d, deadline) for d in self.dirs()])  # a list: every one is tried
+        return all([remove_tree(d, deadline) for d in self.dirs()])  # a list: every one is tried
 
     def per_test(self, *, memory: int, processes: int) -> PerTest:
         """A fresh memory group in the box's for the test (``processes`` is the box's own limit,
@@ -246,7 +219,7 @@ class V1PerTest(PerTest):
             # measured here) whenever no move came just before.
             self.join_fd = os.open(os.path.join(path, "tasks"), os.O_WRONLY | os.O_CLOEXEC)
         except BaseException:
-            _rmdir_all(path, None)
+            remove_tree(path, None)
             raise
 
     def cpu_ns(self) -> int:
@@ -264,11 +237,7 @@ class V1PerTest(PerTest):
         if self.join_fd >= 0:
             os.close(self.join_fd)
             self.join_fd = -1
-        while pids := _procs(self.path):  # the runner reaped the test's processes: normally none
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.001)  # let the kernel finish the exits before the next read
-        return _rmdir_all(self.path, deadline)
+        # The runner reaped the test's processes: normally there are none to kill.
+        if not _kill_until_empty(lambda: procs(self.path), deadline):
+            return False
+        return remove_tree(self.path, deadline)

@@ -36,7 +36,7 @@ import signal
 import time
 from dataclasses import dataclass
 
-from .cgroups_base import BoxGroup, PerTest, Roots, Usage, keyed, read, write
+from .cgroups_base import BoxGroup, PerTest, Roots, Usage, keyed, procs_below, read, remove_tree, write
 
 LEAF = "judgequeue-worker"  # where the worker's own processes live, beside its boxes
 RUNNER = "runner"  # a split box's leaf for its runner (and bubblewrap's monitor)
@@ -251,14 +251,6 @@ def _move_all(subtree: str, leaf: str) -> str | None:
     return f"processes keep appearing in {procs}: it cannot be emptied into {leaf}"
 
 
-def _walk_up(path: str) -> list[str]:
-    """``path`` and every cgroup below it, deepest first (removal order)."""
-    found: list[str] = []
-    for top, _, _ in os.walk(path):
-        found.append(top)
-    return found[::-1]
-
-
 def _empty(path: str, deadline: float) -> bool:
     """SIGKILL everything in the cgroup ``path`` (and below) and wait until it holds no process."""
     events = os.path.join(path, "cgroup.events")
@@ -275,36 +267,12 @@ def _empty(path: str, deadline: float) -> bool:
                 write(os.path.join(path, "cgroup.kill"), "1")
                 killed = True
             except FileNotFoundError:  # a kernel without cgroup.kill: one by one
-                for pid in _pids_below(path):
+                for pid in procs_below(path):
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, signal.SIGKILL)
         if time.monotonic() > deadline:
             return False
         time.sleep(0.001)  # the kernel finishes the exits (and their reaping) on its own
-
-
-def _pids_below(path: str) -> set[int]:
-    found: set[int] = set()
-    for d in _walk_up(path):
-        with contextlib.suppress(FileNotFoundError):
-            found.update(int(p) for p in read(os.path.join(d, "cgroup.procs")).split())
-    return found
-
-
-def _remove(path: str, deadline: float | None) -> bool:
-    """rmdir ``path`` and its child cgroups, deepest first; without a deadline, one try."""
-    for d in _walk_up(path):
-        while True:
-            try:
-                os.rmdir(d)
-                break
-            except FileNotFoundError:
-                break
-            except OSError:
-                if deadline is None or time.monotonic() > deadline:
-                    return False
-                time.sleep(0.001)  # a killed process leaves its cgroup a moment after it is reaped
-    return not os.path.isdir(path)
 
 
 def _usage(path: str) -> Usage:
@@ -350,7 +318,7 @@ class V2Group(BoxGroup):
     def try_remove(self) -> bool:
         if self.pids_in():
             return False
-        return _remove(self.path, None)
+        return remove_tree(self.path, None)
 
     def create(self, *, memory: int, processes: int, split_tests: bool = False) -> None:
         os.mkdir(self.path)
@@ -369,7 +337,7 @@ class V2Group(BoxGroup):
 
     def pids_in(self, *, everywhere: bool = False) -> set[int]:
         """Every process in the box's tree (one hierarchy: ``everywhere`` is the same)."""
-        return _pids_below(self.path)
+        return procs_below(self.path)
 
     def kill_all(self, deadline: float) -> bool:
         return _empty(self.path, deadline)
@@ -378,7 +346,7 @@ class V2Group(BoxGroup):
         if not os.path.isdir(self.path):
             return True
         _empty(self.path, deadline)
-        return _remove(self.path, deadline)
+        return remove_tree(self.path, deadline)
 
     def per_test(self, *, memory: int, processes: int) -> PerTest:
         if not self.split:
@@ -398,7 +366,7 @@ class V2PerTest(PerTest):
             _limit(path, memory, processes)
             self.join_fd = os.open(os.path.join(path, "cgroup.procs"), os.O_WRONLY | os.O_CLOEXEC)
         except BaseException:
-            _remove(path, None)
+            remove_tree(path, None)
             raise
 
     def cpu_ns(self) -> int:
@@ -412,4 +380,4 @@ class V2PerTest(PerTest):
             os.close(self.join_fd)
             self.join_fd = -1
         _empty(self.path, deadline)
-        return _remove(self.path, deadline)
+        return remove_tree(self.path, deadline)

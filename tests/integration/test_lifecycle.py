@@ -46,10 +46,7 @@ async def test_durable_commits_by_default_and_lazy_claims_per_transaction(pg_dsn
                 [row] = await outbox.claim(conn, queue_name, limit=10, owner="me", claim_ttl=30)
                 assert await conn.fetchval("SHOW synchronous_commit") == "off"
             async with conn.transaction():
-                await outbox.mark(
-                    conn, [outbox.Mark(row.outbox_id, "sent")], owner="me", max_attempts=3, backoff_base=1,
-                    backoff_max=2,
-                )
+                await outbox.mark(conn, [outbox.Mark(row.outbox_id, "sent")], owner="me", retry=outbox.Retry(3, 1, 2))
                 assert await conn.fetchval("SHOW synchronous_commit") == "off"
             assert await conn.fetchval("SHOW synchronous_commit") == "on"
     finally:

@@ -13,7 +13,7 @@ from judgequeue.core.queues import create_queue
 from tests.support.queries import generic_plan
 
 OWNER = "dispatcher-a"
-KW = {"owner": OWNER, "max_attempts": 1, "backoff_base": 1.0, "backoff_max": 10.0, "queue": "judge", "claim_ttl": 30.0}
+KW = {"owner": OWNER, "retry": outbox.Retry(1, 1.0, 10.0), "queue": "judge", "claim_ttl": 30.0}
 
 
 async def test_marks_previous_batch_and_claims_the_next(pg: asyncpg.Connection) -> None:

@@ -42,7 +42,7 @@ async def claim(
 async def mark(
     conn: asyncpg.Connection, marks: list[outbox.Mark], owner: str = OWNER, max_attempts: int = 3
 ) -> dict[int, outbox.OutboxState]:
-    return await outbox.mark(conn, marks, owner=owner, max_attempts=max_attempts, backoff_base=1, backoff_max=60)
+    return await outbox.mark(conn, marks, owner=owner, retry=outbox.Retry(max_attempts, backoff_base=1, backoff_max=60))
 
 
 async def test_rolled_back_submit_leaves_nothing_committed_leaves_one_pending(pg: asyncpg.Connection) -> None:

@@ -74,13 +74,11 @@ class OutboxFenceMachine(RuleBasedStateMachine):
     def dispatch(self, owner: str, result: outbox.Result) -> None:
         rows = self.run(outbox.claim(self.conn, QUEUE, limit=3, owner=owner, claim_ttl=30))
         marks = [outbox.Mark(r.outbox_id, result, None if result == "sent" else "boom") for r in rows]
-        states = self.run(
-            outbox.mark(self.conn, marks, owner=owner, max_attempts=100, backoff_base=0.001, backoff_max=0.001)
-        )
+        states = self.run(outbox.mark(self.conn, marks, owner=owner, retry=outbox.Retry(100, 0.001, 0.001)))
         assert set(states) == {r.outbox_id for r in rows}, "the claimer's own marks always land"
         other = "d2" if owner == "d1" else "d1"
         assert (
-            self.run(outbox.mark(self.conn, marks, owner=other, max_attempts=100, backoff_base=1, backoff_max=1)) == {}
+            self.run(outbox.mark(self.conn, marks, owner=other, retry=outbox.Retry(100, 1, 1))) == {}
         ), "another claimer's marks are fenced out"
 
     @precondition(lambda self: self.model.subs)

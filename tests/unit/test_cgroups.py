@@ -3,9 +3,15 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
+import pytest
+
 from judgequeue.core.judges.cgroups import V1Roots, V2Roots, find_roots, parse_oom_kills
-from judgequeue.core.judges.cgroups_base import keyed
-from judgequeue.core.judges.cgroups_v2 import LEAF, mount_root, own_path, parse_controllers, v2_mount
+from judgequeue.core.judges.cgroups_base import BoxGroup, below, keyed, procs, procs_below, remove_tree
+from judgequeue.core.judges.cgroups_v1 import V1Group
+from judgequeue.core.judges.cgroups_v2 import LEAF, V2Group, mount_root, own_path, parse_controllers, v2_mount
 
 V1_MOUNTS = (
     "sysfs /sys sysfs rw,nosuid,nodev,noexec,relatime 0 0\n"
@@ -124,3 +130,31 @@ def test_v2_a_mount_of_a_subtree_is_joined_where_it_starts() -> None:
     assert isinstance(roots, V2Roots) and roots.subtree == "/sys/fs/cgroup/c" and roots.above == 0
     outside = find_roots(V2_MOUNTS, "0::/elsewhere\n", MOUNTINFO.format(root="/ns"))
     assert isinstance(outside, str) and "does not hold" in outside
+
+
+@pytest.mark.parametrize("backend", [V1Group, V2Group])
+def test_each_backend_group_implements_every_operation(backend: type[BoxGroup]) -> None:
+    """BoxGroup's operations only raise NotImplementedError: a backend that misnames one (a rename
+    gone wrong) would fall back to it and fail only on a real cgroup tree."""
+    operations = [n for n, v in vars(BoxGroup).items() if callable(v) and not n.startswith("_")]
+    assert operations
+    missing = [n for n in operations if getattr(backend, n) is getattr(BoxGroup, n)]
+    assert missing == [], f"{backend.__name__} leaves {missing} to BoxGroup"
+
+
+def test_a_group_tree_is_read_and_removed_deepest_first(tmp_path: Path) -> None:
+    """The tree walk both backends share, on plain directories (a cgroup tree's shape)."""
+    box = tmp_path / "box"
+    (box / "test-1" / "inner").mkdir(parents=True)
+    (box / "runner").mkdir()
+    (box / "cgroup.procs").write_text("7\n")
+    (box / "runner" / "cgroup.procs").write_text("8\n9\n")
+    order = below(str(box))
+    assert order[-1] == str(box) and order.index(str(box / "test-1" / "inner")) < order.index(str(box / "test-1"))
+    assert procs(str(box)) == {7} and procs(str(box / "test-1")) == set()
+    assert procs_below(str(box)) == {7, 8, 9}
+    assert not remove_tree(str(box), None)  # a directory with files is not an empty group: one try, then False
+    for f in (box / "cgroup.procs", box / "runner" / "cgroup.procs"):
+        f.unlink()
+    assert remove_tree(str(box), None) and not os.path.exists(box)
+    assert remove_tree(str(box), None)  # already gone
