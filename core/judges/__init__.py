@@ -7,11 +7,12 @@ worker start-up so a typo fails at once, listing what is installed.
 
 from __future__ import annotations
 
+import functools
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, cast, runtime_checkable
 
 from ..errors import ConfigError
 from ..states import VERDICTS
@@ -46,7 +47,7 @@ class Judge(Protocol):
 @runtime_checkable
 class SelfChecking(Protocol):
     """A judge that can tell when the worker it runs in can no longer judge (its sandbox directory
-    removed under it, say): the worker asks after a SYSTEM_ERROR, and on a fault gives the job back
+    removed under it, say): the worker asks after every verdict, and on a fault gives the job back
     instead of storing a verdict the submission did not earn, and stops with that fault."""
 
     def fault(self) -> str | None:
@@ -97,10 +98,18 @@ class CallLater(Exception):
         self.failed = failed
 
 
+@functools.cache
+def _implements(cls: type, protocol: type) -> bool:
+    """Whether a judge's class has ``protocol``'s methods. An ``isinstance`` against a
+    runtime-checkable protocol walks the protocol's members on every call: asked twice per job, it
+    was a tenth of a busy worker's time with the noop judge. A judge's class answers once."""
+    return issubclass(cls, protocol)
+
+
 async def judge_job(judge: Judge, job: Job, payload: Any) -> Verdict:
     """Run ``judge`` on one job: with its identity when it asks for it (:class:`KnowsJob`)."""
-    if isinstance(judge, KnowsJob):
-        return await judge.judge_job(job, payload)
+    if _implements(type(judge), KnowsJob):
+        return await cast(KnowsJob, judge).judge_job(job, payload)
     return await judge.judge(payload)
 
 
@@ -164,10 +173,10 @@ def judge_failure(exc: BaseException) -> Verdict:
 
 def judge_fault(judge: Judge) -> str | None:
     """Why ``judge`` says this worker cannot judge any more (see :class:`SelfChecking`), or None."""
-    if not isinstance(judge, SelfChecking):
+    if not _implements(type(judge), SelfChecking):
         return None
     try:
-        return judge.fault()
+        return cast(SelfChecking, judge).fault()
     except Exception as exc:  # a check that cannot run says as much about the worker
         return f"the judge's self-check raised {type(exc).__name__}: {exc}"
 
