@@ -75,6 +75,10 @@ CREATE TRIGGER queues_guard BEFORE UPDATE ON judgequeue.queues
 -- No foreign key to queues on purpose: every submit would take a KEY SHARE lock on the same queue
 -- row, and many concurrent lockers of one row turn into MultiXacts that cap commit throughput.
 -- judgequeue.submit() checks the queue instead. The statuses are core/states.py's (a test compares).
+-- fillfactor 70: a row is updated once or twice within moments of its insert (leased, then its
+-- verdict), and the free third of its page keeps the new versions there instead of on the page
+-- the submits are filling. End to end at saturation (bench.e2e, 1 worker): 68-70% of pgbench
+-- against 62-66% with full pages, at the same CPU per job.
 CREATE TABLE judgequeue.submissions (
     id                bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     queue             text NOT NULL,
@@ -97,7 +101,7 @@ CREATE TABLE judgequeue.submissions (
     -- failed tries of this request (timeouts, connection errors, 5xx, 429): the remote-call judge's
     -- retry bound and backoff; waiting for a free endpoint slot does not count
     call_failures     integer NOT NULL DEFAULT 0
-);
+) WITH (fillfactor = 70);
 
 -- Serves the lease reaper: only JUDGING rows carry a lease.
 CREATE INDEX submissions_lease ON judgequeue.submissions (lease_expires_at) WHERE status = 'JUDGING';
@@ -116,6 +120,7 @@ CREATE INDEX submissions_finished ON judgequeue.submissions (queue, finished_at)
 
 -- === outbox: each generation's delivery intent ====================================================
 
+-- fillfactor 70, as for submissions: a row is claimed or sent within moments of its insert.
 CREATE TABLE judgequeue.outbox (
     id                bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     queue             text NOT NULL,
@@ -133,7 +138,7 @@ CREATE TABLE judgequeue.outbox (
     created_at        timestamptz NOT NULL DEFAULT now(),
     sent_at           timestamptz,
     UNIQUE (submission_id, generation)
-);
+) WITH (fillfactor = 70);
 
 CREATE INDEX outbox_claim ON judgequeue.outbox (queue, next_attempt_at, id)
     WHERE state IN ('PENDING', 'CLAIMED');

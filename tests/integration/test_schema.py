@@ -19,7 +19,7 @@ from tests.support.databases import connection, create_database, drop_database
 #: What the catalog says of every object in the judgequeue schema, one query per kind of object.
 CATALOG: dict[str, str] = {
     "relations": """
-        SELECT c.relname, c.relkind::text, c.relpersistence::text
+        SELECT c.relname, c.relkind::text, c.relpersistence::text, c.reloptions::text
           FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
          WHERE n.nspname = 'judgequeue' ORDER BY 1""",
     "columns": """
