@@ -113,9 +113,18 @@ class OfferKeeper:
         self._handle(filled, from_sync=False)
 
     def taken(self, rows: int) -> None:
-        """A take of the worker's found ``rows`` (see :data:`~tuning.OFFER_BURST_ROWS`)."""
-        if self._wanted and rows >= tuning.OFFER_BURST_ROWS:
+        """A take of the worker's found ``rows`` (see :data:`~tuning.OFFER_BURST_ROWS`).
+
+        Only a take while the offers are open says the submits outran them: during a cool-down
+        every row comes through takes, and a take there that found a group of submits (8
+        connections submitting in step at 1,000 a second) used to extend the cool-down, and the
+        next one again, so offers never came back at a rate they serve."""
+        if self._offering(time.monotonic()) and rows >= tuning.OFFER_BURST_ROWS:
             self._cool_down()
+
+    def _offering(self, now: float) -> bool:
+        """Whether the worker offers its slots now: wanted, not closing, not cooling down."""
+        return self._wanted and not self._closing and now >= self._cooldown_until
 
     async def withdraw_now(self) -> None:
         """Take the open offers back before returning (the worker wants their slots for a take)."""
@@ -161,7 +170,7 @@ class OfferKeeper:
         async with self._sync_lock:
             self._forget_old()
             now = time.monotonic()
-            offering = self._wanted and not self._closing and now >= self._cooldown_until
+            offering = self._offering(now)
             # Every open offer is kept alive about once a second; a top-up between refreshes (every
             # few fills at a steady trickle) writes only the slots it opens.
             refresh = offering and now >= self._refreshed_at + tuning.OFFER_REFRESH

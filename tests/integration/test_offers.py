@@ -542,6 +542,29 @@ async def test_the_offers_loop_sleeps_while_it_offers_nothing(
         await off.close(5)
 
 
+async def test_a_take_during_the_cooldown_does_not_extend_it(pg_pool: asyncpg.Pool, queue: str) -> None:
+    """While cooling down every row comes through takes, so a take that finds a group of rows
+    says nothing about offers: the cooldown ends when it was due and the offers come back (a take
+    found a burst each time here once, and the offers never came back at 1,000 submits a second)."""
+    off = offer_keeper.OfferKeeper(
+        pg_pool, queue, WORKER, limit=4, concurrency=8, lease_ttl=30, busy=lambda: 0, start=lambda _: None
+    )
+    off.start()
+    try:
+        off.want(True)
+        await eventually(lambda: _open_offers(pg_pool, 4), what="four offers open")
+        off.taken(tuning.OFFER_BURST_ROWS)  # a burst while offering: cool down
+        await eventually(lambda: _open_offers(pg_pool, 0), what="offers withdrawn")
+        due = off._cooldown_until
+        off.taken(tuning.OFFER_BURST_ROWS * 4)  # a take during the cooldown
+        assert off._cooldown_until == due
+        await eventually(
+            lambda: _open_offers(pg_pool, 4), what="offers back after the cooldown", within=tuning.OFFER_COOLDOWN + 5
+        )
+    finally:
+        await off.close(5)
+
+
 async def test_a_lost_notification_is_made_up_by_the_sync(
     pg_pool: asyncpg.Pool, pg_dsn: str, redis_client: aioredis.Redis, queue: str
 ) -> None:
