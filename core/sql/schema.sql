@@ -196,18 +196,16 @@ CREATE FUNCTION judgequeue.is_dns_label(p_name text) RETURNS boolean LANGUAGE sq
 -- expired lease, which the reaper rescues like any other (a second run, fenced).
 --
 -- A mode that is off costs nothing: in a queue where no offer can be open (queues.offers_until
--- NULL or past, as in every queue of the stream intake) a submit runs three statements, one fewer
--- than before offers existed: the queue check, which also asks whether a waiter is registered, and
--- the two INSERTs. Each statement of a PL/pgSQL function costs its own snapshot, executor start
--- and end, on top of its work; the name's check runs only for a queue not found (a queue's name
--- is a DNS label by the table's CHECK).
+-- NULL or past, as in every queue of the stream intake) a submit runs the statements it ran before
+-- offers existed (the queue check, the two INSERTs, the waiters check), no more; the name's check
+-- (a regular expression) runs only for a queue not found, since a queue's name is a DNS label by
+-- the table's CHECK.
 CREATE FUNCTION judgequeue.submit(p_queue text, p_payload jsonb) RETURNS bigint
 LANGUAGE plpgsql AS $$
 DECLARE
     v_id bigint;
     v_known boolean;
     v_offers boolean;
-    v_waiters boolean;
     v_live boolean;
     v_offer record;
     v_text text;
@@ -220,15 +218,7 @@ BEGIN
     -- offering worker among them (a worker offers while it waits, registered), which then takes
     -- its offers back and the row in (as for a rejudge or a rescue); a worker not woken looks
     -- within its schedule, and the dispatcher streams what no worker took.
-    --
-    -- The same statement asks whether a waiter is registered (the wake-up, core/wakeup.py). A
-    -- waiter registers, looks for work once more, then sleeps: one that registers after this
-    -- check and looks before this transaction commits misses this row and waits out its poll (the
-    -- schedule), the race a check after the INSERTs had too, there from the check to the commit.
-    SELECT offers_until > clock_timestamp(),
-           EXISTS (SELECT FROM judgequeue.dispatch_waiters w WHERE w.queue = p_queue)
-      INTO v_offers, v_waiters
-      FROM judgequeue.queues WHERE name = p_queue;
+    SELECT offers_until > clock_timestamp() INTO v_offers FROM judgequeue.queues WHERE name = p_queue;
     v_known := FOUND;
     IF NOT v_known AND NOT judgequeue.is_dns_label(p_queue) THEN
         RAISE EXCEPTION USING ERRCODE = 'JQ001',
@@ -295,7 +285,8 @@ BEGIN
     INSERT INTO judgequeue.submissions (queue, payload) VALUES (p_queue, p_payload) RETURNING id INTO v_id;
     INSERT INTO judgequeue.outbox (queue, submission_id, generation) VALUES (p_queue, v_id, 1);
 
-    IF v_waiters THEN
+    PERFORM 1 FROM judgequeue.dispatch_waiters WHERE queue = p_queue LIMIT 1;
+    IF FOUND THEN
         PERFORM pg_notify('judgequeue_wakeup', p_queue);
     END IF;
     RETURN v_id;

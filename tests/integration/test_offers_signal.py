@@ -3,7 +3,7 @@
 The queue row says until when a worker's offer may be open there (``queues.offers_until``, kept by
 the offers sync, core/sql/queries.sql ``offers_sync``); a submit reads it with its queue check and
 looks for an offer only before it. Pinned here against real Postgres: what a submit in such a queue
-runs and touches (fewer statements than a submit from before offers), that offers still fill while the
+runs and touches (the statements of a submit from before offers), that offers still fill while the
 signal stands, how the sync keeps it (at most one write per ``tuning.OFFER_VALIDITY``, never
 waiting for the queue row, never a flag change), and that an offer the signal missed is harmless.
 """
@@ -98,14 +98,13 @@ async def explained(pg_dsn: str) -> AsyncIterator[Explained]:
         await conn.close()
 
 
-#: The statements of a submit in a queue without offers: one fewer than the release before offers
-#: existed ran (its waiters check rides on the queue check; the PL/pgSQL conditions between them are
-#: expressions, not statements).
+#: The statements of a submit in a queue without offers: those of the release before offers
+#: existed, no more (the PL/pgSQL conditions between them are expressions, not statements).
 STREAM_SUBMIT = [
-    "SELECT offers_until > clock_timestamp(), EXISTS (SELECT FROM judgequeue.dispatch_waiters w"
-    " WHERE w.queue = p_queue) FROM judgequeue.queues WHERE name = p_queue",
+    "SELECT offers_until > clock_timestamp() FROM judgequeue.queues WHERE name = p_queue",
     "INSERT INTO judgequeue.submissions (queue, payload) VALUES (p_queue, p_payload) RETURNING id",
     "INSERT INTO judgequeue.outbox (queue, submission_id, generation) VALUES (p_queue, v_id, 1)",
+    "SELECT 1 FROM judgequeue.dispatch_waiters WHERE queue = p_queue LIMIT 1",
 ]
 
 #: Per table, what one such submit does to it: (reads, inserts, updates, deletes).
@@ -131,11 +130,11 @@ def _touched(before: list[asyncpg.Record], after: list[asyncpg.Record]) -> dict[
     return {name: counts for name, counts in moved.items() if any(counts)}
 
 
-async def test_a_submit_in_a_queue_without_offers_runs_fewer_statements_than_before_offers(
+async def test_a_submit_in_a_queue_without_offers_runs_the_statements_of_before_offers(
     explained: Explained, queue: str
 ) -> None:
-    """No worker offers in the queue (the stream intake): the queue check (with the waiters
-    check), the two INSERTs; worker_offers untouched, no flip interlock, no other function called."""
+    """No worker offers in the queue (the stream intake): the queue check, the two INSERTs, the
+    waiters check; worker_offers untouched, no flip interlock, no other function called."""
     conn = explained.conn
     await outbox.submit(conn, queue, {})  # plans the function's statements (see Explained)
     async with conn.transaction():

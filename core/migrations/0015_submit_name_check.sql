@@ -1,19 +1,14 @@
--- judgequeue 0015: a submit in a queue without offers runs three statements, one fewer than before
--- offers existed (0014 ran 0009's four). Each statement of a PL/pgSQL function costs a snapshot,
--- an executor start and end of its own on top of its work: the queue check now also asks whether a
--- waiter is registered (0001 to 0014 asked after the INSERTs), and a queue's name is checked as a
--- DNS label only when no queue has it (the table's CHECK holds it for every queue that exists).
--- The race a waiter cannot close (it registers after the check and looks before the commit) is
--- the one it had, bounded by its poll (the schedule).
+-- judgequeue 0015: a submit checks its queue's name against the DNS-label pattern (a regular
+-- expression) only when no queue has that name: the queues table's CHECK holds it for every queue
+-- that exists, so a submit to a known queue skips it. The errors stay the same, in the same order.
 
--- As in 0014, with the waiters check in the queue check and the name's check only on a miss.
+-- As in 0014, with the name's check only on a miss.
 CREATE OR REPLACE FUNCTION judgequeue.submit(p_queue text, p_payload jsonb) RETURNS bigint
 LANGUAGE plpgsql AS $$
 DECLARE
     v_id bigint;
     v_known boolean;
     v_offers boolean;
-    v_waiters boolean;
     v_live boolean;
     v_offer record;
     v_text text;
@@ -26,15 +21,7 @@ BEGIN
     -- offering worker among them (a worker offers while it waits, registered), which then takes
     -- its offers back and the row in (as for a rejudge or a rescue); a worker not woken looks
     -- within its schedule, and the dispatcher streams what no worker took.
-    --
-    -- The same statement asks whether a waiter is registered (the wake-up, core/wakeup.py). A
-    -- waiter registers, looks for work once more, then sleeps: one that registers after this
-    -- check and looks before this transaction commits misses this row and waits out its poll (the
-    -- schedule), the race a check after the INSERTs had too, there from the check to the commit.
-    SELECT offers_until > clock_timestamp(),
-           EXISTS (SELECT FROM judgequeue.dispatch_waiters w WHERE w.queue = p_queue)
-      INTO v_offers, v_waiters
-      FROM judgequeue.queues WHERE name = p_queue;
+    SELECT offers_until > clock_timestamp() INTO v_offers FROM judgequeue.queues WHERE name = p_queue;
     v_known := FOUND;
     IF NOT v_known AND NOT judgequeue.is_dns_label(p_queue) THEN
         RAISE EXCEPTION USING ERRCODE = 'JQ001',
@@ -101,7 +88,8 @@ BEGIN
     INSERT INTO judgequeue.submissions (queue, payload) VALUES (p_queue, p_payload) RETURNING id INTO v_id;
     INSERT INTO judgequeue.outbox (queue, submission_id, generation) VALUES (p_queue, v_id, 1);
 
-    IF v_waiters THEN
+    PERFORM 1 FROM judgequeue.dispatch_waiters WHERE queue = p_queue LIMIT 1;
+    IF FOUND THEN
         PERFORM pg_notify('judgequeue_wakeup', p_queue);
     END IF;
     RETURN v_id;
