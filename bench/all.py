@@ -14,7 +14,7 @@ In order, each beside the machine's limits and the peer measured in the same run
 5. optionally a soak (``bench.soak``) of ``--soak-minutes``.
 
 Writes ``all.json`` and the plots (``burst.png``, ``soak.png``) and prints every table.
-Durations: about 12 minutes by default, 5 with ``--quick``, plus the soak.
+Durations: about 8-12 minutes by default, 5 with ``--quick``, plus the soak.
 """
 
 from __future__ import annotations
