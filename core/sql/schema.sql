@@ -197,30 +197,17 @@ CREATE FUNCTION judgequeue.is_dns_label(p_name text) RETURNS boolean LANGUAGE sq
 --
 -- A mode that is off costs nothing: in a queue where no offer can be open (queues.offers_until
 -- NULL or past, as in every queue of the stream intake) a submit runs the statements it ran before
--- offers existed (the queue check, the two INSERTs, the waiters check), no more; the name's check
--- (a regular expression) runs only for a queue not found, since a queue's name is a DNS label by
--- the table's CHECK.
+-- offers existed (the queue check, the two INSERTs, the waiters check), no more.
 CREATE FUNCTION judgequeue.submit(p_queue text, p_payload jsonb) RETURNS bigint
 LANGUAGE plpgsql AS $$
 DECLARE
     v_id bigint;
-    v_known boolean;
     v_offers boolean;
     v_live boolean;
     v_offer record;
     v_text text;
 BEGIN
-    -- The queue check reads whether an offer may be open: the sync that opens or refreshes a
-    -- worker's offers moves offers_until at or past their expiry in the same statement (offers_sync
-    -- in core/sql/queries.sql), so once it is past no offer of this queue is fillable. An offer the
-    -- signal missed (that write skips a queue row locked by someone else) is harmless, only not
-    -- filled: this submit writes a PENDING row and wakes the registered waiters as below, the
-    -- offering worker among them (a worker offers while it waits, registered), which then takes
-    -- its offers back and the row in (as for a rejudge or a rescue); a worker not woken looks
-    -- within its schedule, and the dispatcher streams what no worker took.
-    SELECT offers_until > clock_timestamp() INTO v_offers FROM judgequeue.queues WHERE name = p_queue;
-    v_known := FOUND;
-    IF NOT v_known AND NOT judgequeue.is_dns_label(p_queue) THEN
+    IF NOT judgequeue.is_dns_label(p_queue) THEN
         RAISE EXCEPTION USING ERRCODE = 'JQ001',
             MESSAGE = format('queue name %L is not a DNS label ([a-z0-9]([-a-z0-9]*[a-z0-9])?, at most 63 characters)', p_queue);
     END IF;
@@ -232,7 +219,16 @@ BEGIN
             MESSAGE = format('payload is %s bytes, over the limit of %s bytes',
                              octet_length(p_payload::text), judgequeue.max_payload_bytes());
     END IF;
-    IF NOT v_known THEN
+    -- The queue check reads whether an offer may be open: the sync that opens or refreshes a
+    -- worker's offers moves offers_until at or past their expiry in the same statement (offers_sync
+    -- in core/sql/queries.sql), so once it is past no offer of this queue is fillable. An offer the
+    -- signal missed (that write skips a queue row locked by someone else) is harmless, only not
+    -- filled: this submit writes a PENDING row and wakes the registered waiters as below, the
+    -- offering worker among them (a worker offers while it waits, registered), which then takes
+    -- its offers back and the row in (as for a rejudge or a rescue); a worker not woken looks
+    -- within its schedule, and the dispatcher streams what no worker took.
+    SELECT offers_until > clock_timestamp() INTO v_offers FROM judgequeue.queues WHERE name = p_queue;
+    IF NOT FOUND THEN
         RAISE EXCEPTION USING ERRCODE = 'JQ002',
             MESSAGE = format('unknown queue %L (create it with: judgequeue queue create %s)', p_queue, p_queue);
     END IF;

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
 
@@ -340,6 +341,26 @@ def _worker(pool: asyncpg.Pool, redis: aioredis.Redis, dsn: str, queue: str, jud
     return Worker(pool, redis, make_settings(dsn, REDIS_URL, queue, intake="direct", **env), judge=judge)
 
 
+def _keeper(pg_pool: asyncpg.Pool, queue: str) -> offer_keeper.OfferKeeper:
+    """An offers loop of four offers for a worker of eight slots, none busy, starting nothing."""
+    return offer_keeper.OfferKeeper(
+        pg_pool, queue, WORKER, limit=4, concurrency=8, lease_ttl=30, busy=lambda: 0, start=lambda _: None
+    )
+
+
+@contextlib.asynccontextmanager
+async def _four_offers(pg_pool: asyncpg.Pool, queue: str) -> AsyncIterator[offer_keeper.OfferKeeper]:
+    """:func:`_keeper` running, its four offers open."""
+    off = _keeper(pg_pool, queue)
+    off.start()
+    try:
+        off.want(True)
+        await eventually(lambda: _open_offers(pg_pool, 4), what="four offers open")
+        yield off
+    finally:
+        await off.close(5)
+
+
 async def _open_offers(pool: asyncpg.Pool | asyncpg.Connection, n: int) -> bool:
     return bool(await pool.fetchval("SELECT count(*) FROM judgequeue.worker_offers WHERE submission IS NULL") == n)
 
@@ -489,13 +510,7 @@ async def test_offers_stay_alive_while_top_ups_keep_the_loop_busy(pg_pool: async
     """Top-ups between refreshes write only the slots they open; the once-a-second refresh still
     comes when the loop never waits out its timer (a fill every few milliseconds wakes it), so an
     offer nobody fills does not expire (tuning.OFFER_VALIDITY) while its worker lives."""
-    off = offer_keeper.OfferKeeper(
-        pg_pool, queue, WORKER, limit=4, concurrency=8, lease_ttl=30, busy=lambda: 0, start=lambda _: None
-    )
-    off.start()
-    try:
-        off.want(True)
-        await eventually(lambda: _open_offers(pg_pool, 4), what="four offers open")
+    async with _four_offers(pg_pool, queue) as off:
         deadline = asyncio.get_running_loop().time() + tuning.OFFER_VALIDITY + 1.5
         while asyncio.get_running_loop().time() < deadline:
             off.freed()  # what each fill does: wake the loop for a top-up
@@ -505,8 +520,6 @@ async def test_offers_stay_alive_while_top_ups_keep_the_loop_busy(pg_pool: async
             "SELECT count(*) FROM judgequeue.worker_offers WHERE submission IS NULL AND expires_at > now()"
         )
         assert alive == 4
-    finally:
-        await off.close(5)
 
 
 async def test_the_offers_loop_sleeps_while_it_offers_nothing(
@@ -515,9 +528,7 @@ async def test_the_offers_loop_sleeps_while_it_offers_nothing(
     """Not wanted (a busy worker), or cooling down after a burst: nothing to write or keep alive,
     so the loop wakes about once a REFRESH, not in a spin (which once cost a third of a busy
     worker's CPU and a quarter of its throughput)."""
-    off = offer_keeper.OfferKeeper(
-        pg_pool, queue, WORKER, limit=4, concurrency=8, lease_ttl=30, busy=lambda: 0, start=lambda _: None
-    )
+    off = _keeper(pg_pool, queue)
     syncs = 0
     real = off._sync
 
@@ -546,13 +557,7 @@ async def test_a_take_during_the_cooldown_does_not_extend_it(pg_pool: asyncpg.Po
     """While cooling down every row comes through takes, so a take that finds a group of rows
     says nothing about offers: the cooldown ends when it was due and the offers come back (a take
     found a burst each time here once, and the offers never came back at 1,000 submits a second)."""
-    off = offer_keeper.OfferKeeper(
-        pg_pool, queue, WORKER, limit=4, concurrency=8, lease_ttl=30, busy=lambda: 0, start=lambda _: None
-    )
-    off.start()
-    try:
-        off.want(True)
-        await eventually(lambda: _open_offers(pg_pool, 4), what="four offers open")
+    async with _four_offers(pg_pool, queue) as off:
         off.taken(tuning.OFFER_BURST_ROWS)  # a burst while offering: cool down
         await eventually(lambda: _open_offers(pg_pool, 0), what="offers withdrawn")
         due = off._cooldown_until
@@ -561,8 +566,6 @@ async def test_a_take_during_the_cooldown_does_not_extend_it(pg_pool: asyncpg.Po
         await eventually(
             lambda: _open_offers(pg_pool, 4), what="offers back after the cooldown", within=tuning.OFFER_COOLDOWN + 5
         )
-    finally:
-        await off.close(5)
 
 
 async def test_a_lost_notification_is_made_up_by_the_sync(
