@@ -1,4 +1,4 @@
--- judgequeue 0016: leave a third of each new page of submissions and outbox free. Their rows are
+-- judgequeue 0015: leave a third of each new page of submissions and outbox free. Their rows are
 -- updated once or twice within moments of their insert (leased, sent, given a verdict); with full
 -- pages each new version went to another page, most often the one the submits were filling at
 -- that moment. End to end at saturation (bench.e2e, 1 worker) went from 62-66% of pgbench's
