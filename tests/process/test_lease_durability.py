@@ -25,7 +25,16 @@ from tests.support.waiting import eventually
 
 
 def roles_for(server: PostgresServer, queue: str, log_dir: Path) -> Roles:
-    env = {"JUDGEQUEUE_POSTGRES_DSN": server.dsn, "JUDGEQUEUE_REDIS_URL": REDIS_URL, "JUDGEQUEUE_QUEUE": queue}
+    """Roles on the stream intake, whose entries and acks these tests are about (the direct take's
+    test sets its own): with the default, direct intake, a job reaches the stream only when no
+    worker took it within a schedule, which made an acked entry a matter of the worker's start-up
+    time."""
+    env = {
+        "JUDGEQUEUE_POSTGRES_DSN": server.dsn,
+        "JUDGEQUEUE_REDIS_URL": REDIS_URL,
+        "JUDGEQUEUE_QUEUE": queue,
+        "JUDGEQUEUE_INTAKE": "stream",
+    }
     return Roles(env, log_dir)
 
 
