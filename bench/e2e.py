@@ -1,6 +1,6 @@
 """End to end against the machine's limit: jobs/s from the first submit to the last verdict.
 
-    .venv/bin/python -m bench.e2e [--jobs 10000] [--workers 1,2] [--skip-peer] [--intake stream|direct]
+    .venv/bin/python -m bench.e2e [--jobs 10000] [--workers 1,2] [--skip-peer] [--submit-alone] [--intake stream|direct]
 
 In one run: pgbench's raw two-insert transaction (8 clients: the limit judgequeue is measured against), then for each
 worker count judgequeue (dispatcher, workers and a reaper as processes, noop judge, ``--jobs``
@@ -62,6 +62,10 @@ async def inner(args: argparse.Namespace) -> int:
     e2e = await end_to_end(args.jobs, [int(w) for w in args.workers.split(",")], with_peer=not args.skip_peer)
     print(f"judgequeue intake: {args.intake}")
     print(report(e2e, limit))
+    if args.submit_alone:
+        progress("the submits alone, no role running")
+        alone = await pipeline.submit_throughput(args.jobs)
+        print(f"submits alone (no role running): {alone:,.0f}/s = {alone / limit:.0%} of pgbench two-insert")
     return 0
 
 
@@ -71,6 +75,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", default="1,2")
     p.add_argument("--limit-seconds", type=int, default=8, help="pgbench run length")
     p.add_argument("--skip-peer", action="store_true")
+    p.add_argument("--submit-alone", action="store_true", help="also the submit side's rate with no role running")
     return add_run_options(p)
 
 

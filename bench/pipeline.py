@@ -222,6 +222,22 @@ async def submit_many(s: Stack, n: int, connections: int, per_transaction: int =
         )
 
 
+async def submit_throughput(jobs: int, submitters: int = 8) -> float:
+    """Submits/s of :func:`submit_many` with no role running: the submit side alone, the ceiling
+    of end to end on a machine whose cores the roles share."""
+    async with stack() as s:
+        async with s.pool.acquire() as conn:
+            first = await conn.fetchval("SELECT coalesce(max(id), 0) FROM judgequeue.submissions")
+        await submit_many(s, jobs, submitters)
+        async with s.pool.acquire() as conn:
+            seconds: float = await conn.fetchval(
+                "SELECT extract(epoch FROM max(created_at) - min(created_at))::float8"
+                " FROM judgequeue.submissions WHERE id > $1",
+                first,
+            )
+    return jobs / seconds
+
+
 #: How the jobs after ``$1`` reached a worker, and how long their submits took: a filled offer
 #: writes its outbox row already sent in the submit's transaction (same now()); a worker's take
 #: claims it under the worker's name; the dispatcher's hand-off under its own.
