@@ -307,7 +307,12 @@ SELECT flags.live, flags.registered, flags.unregistered, t.outbox_state, t.submi
 -- judgequeue.submit() reads) is kept at or past the expiry this statement gives any offer: when it
 -- would end within $5 seconds it moves to 2 * $5 from now, so the workers of a queue write its row
 -- about once per $5 seconds between them, not once per refresh each; one that finds the row locked
--- (another worker's write, a flip) leaves it, the next sync tries again.
+-- (another worker's write, a flip) leaves it, the next sync tries again. With $8, when no other
+-- worker of the queue has an unexpired open offer, offers_until is brought back to now(): a worker
+-- stops offering when the submits outrun its offers, and from then on they stop looking for one
+-- (instead of for up to 2 * $5 more seconds); an offer opened meanwhile by another worker, whose
+-- insert this statement cannot see yet, waits for that worker's next refresh to be fillable, and
+-- its worker (registered while it offers) is woken by the submits' PENDING rows in the meantime.
 WITH seen AS (
     SELECT slot, attempt FROM unnest($7::int[], $9::uuid[]) AS s(slot, attempt)
 ), added AS (
@@ -349,6 +354,15 @@ WITH seen AS (
      WHERE q.name = (SELECT name FROM judgequeue.queues
                       WHERE NOT $8 AND ($10 OR cardinality($6::int[]) > 0) AND name = $1
                         AND (offers_until IS NULL OR offers_until < now() + make_interval(secs => $5::float8))
+                        FOR NO KEY UPDATE SKIP LOCKED)
+), closed AS (
+    UPDATE judgequeue.queues q
+       SET offers_until = now()
+     WHERE q.name = (SELECT name FROM judgequeue.queues
+                      WHERE $8 AND name = $1 AND offers_until > now()
+                        AND NOT EXISTS (SELECT 1 FROM judgequeue.worker_offers o
+                                         WHERE o.queue = $1 AND o.worker <> $2 AND o.submission IS NULL
+                                           AND o.expires_at > now())
                         FOR NO KEY UPDATE SKIP LOCKED)
 )
 SELECT 'withdrawn' AS kind, slot, NULL::bigint AS submission, NULL::uuid AS attempt, NULL::text AS payload,

@@ -205,8 +205,10 @@ async def test_offers_fill_while_the_signal_stands(pg_pool: asyncpg.Pool, queue:
 
 async def test_the_sync_keeps_the_signal_with_few_writes_and_never_as_a_flag(pg_pool: asyncpg.Pool, queue: str) -> None:
     """Refreshes while the signal ends more than OFFER_VALIDITY from now leave the queue row alone
-    (N workers refreshing every second do not write it N times a second); one due moves it again; a
-    withdrawal never writes it. None of these is a flag change: config_version and updated_at stay."""
+    (N workers refreshing every second do not write it N times a second); one due moves it again. A
+    withdrawal leaves it while another worker still has an open offer, and ends it (now) once none
+    is left, so the submits stop looking for offers as soon as no worker makes them. None of these is
+    a flag change: config_version and updated_at stay."""
     async with pg_pool.acquire() as conn:
         flags = await get_queue(conn, queue)
         await _offer(conn, queue, [0, 1])
@@ -215,14 +217,30 @@ async def test_the_sync_keeps_the_signal_with_few_writes_and_never_as_a_flag(pg_
         for slots in ([0, 1], [2]):  # a refresh, a top-up: the signal still covers them
             await _offer(conn, queue, slots, refresh=slots == [0, 1])
         assert await conn.fetchval("SELECT xmin::text FROM judgequeue.queues WHERE name = $1", queue) == version
+
+        other = functools.partial(
+            offers.sync, conn, queue, "w-signal-other", channel="jq_offers_other", lease_ttl=30, seen=[]
+        )
+        await other(open_slots=[0], withdraw=False, refresh=False)
         await _offer(conn, queue, [], withdraw=True)
-        assert await _until(conn, queue) == first
-        # Due: it would end within OFFER_VALIDITY of now.
+        assert await _until(conn, queue) == first, "another worker's open offer keeps the signal"
+        await other(open_slots=[], withdraw=True)
+        ended = await _until(conn, queue)
+        assert ended <= await conn.fetchval("SELECT now()")
+        sid = await outbox.submit(conn, queue, {})
+        assert await conn.fetchval("SELECT status FROM judgequeue.submissions WHERE id = $1", sid) == "PENDING"
+        await _offer(conn, queue, [], withdraw=True)  # nothing left to end: the row is not written again
+        assert await _until(conn, queue) == ended
+
+        await _offer(conn, queue, [0])  # offers again: the signal is due, and moves
+        assert await _until(conn, queue) > first
+        # Due again: it would end within OFFER_VALIDITY of now.
         await conn.execute(
             "UPDATE judgequeue.queues SET offers_until = now() + interval '1 second' WHERE name = $1", queue
         )
-        await _offer(conn, queue, [0])
-        assert await _until(conn, queue) > first
+        due = await _until(conn, queue)
+        await _offer(conn, queue, [0], refresh=True)
+        assert await _until(conn, queue) > due
         assert await get_queue(conn, queue) == flags
 
 
