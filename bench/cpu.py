@@ -350,21 +350,6 @@ async def _wait_all_done(pool: asyncpg.Pool, after: int, within: float) -> None:
         await asyncio.sleep(0.2)
 
 
-def ref_tree(rev: str) -> str:
-    """A copy of ``rev``'s core and controllers importable as ``judgequeue`` (put it first on PYTHONPATH).
-
-    ``git archive`` into /tmp: the repository and its worktrees are left untouched. The roles of the
-    reference then run their own code while the harness, the database and the servers are shared.
-    """
-    commit = subprocess.run(["git", "rev-parse", "--short", rev], capture_output=True, text=True, check=True)
-    root = Path(f"/tmp/jq-bench-ref-{commit.stdout.strip()}")
-    if not (root / "judgequeue" / "core").exists():
-        (root / "judgequeue").mkdir(parents=True, exist_ok=True)
-        archive = subprocess.run(["git", "archive", rev, "core", "controllers"], capture_output=True, check=True)
-        subprocess.run(["tar", "-x", "-C", str(root / "judgequeue")], input=archive.stdout, check=True)
-    return str(root)
-
-
 def start_profilers(procs: dict[str, list[int]], seconds: float, out: Path) -> list[subprocess.Popen[bytes]]:
     """py-spy (collapsed stacks) on the first process of each role for ``seconds``, when installed.
 
@@ -426,7 +411,7 @@ async def judgequeue_cpu(
     """One measured window (see the module's docstring); ``payload`` and ``stagger`` as
     :func:`paced_submit`'s, ``connections`` (when given) samples the client backends from the roles'
     start to the end."""
-    tree = ref_tree(ref) if ref is not None else None
+    tree = pipeline.ref_tree(ref) if ref is not None else None
     async with pipeline.stack(schema_from=tree, **_intake_of(tree, ref_intake, settings)) as s:
         peaks = connections or ConnectionPeaks()
 

@@ -1,23 +1,28 @@
 """Outbox benchmark: submit() and claim+mark against the machine's own pgbench limits, in one run.
 
-    .venv/bin/python -m bench.outbox_bench [--seconds 8] [--clients 8]
+    .venv/bin/python -m bench.outbox_bench [--seconds 8] [--clients 8] [--ref REV [--rounds 5]]
 
 Prints submit transactions/s through ``submit()`` (wake-up mechanism active, i.e. the waiter check
 runs in every submit; measured with no dispatcher asleep, as under load, and with one asleep, the
 worst case where every commit notifies) next to a raw two-insert pgbench transaction on tables of the
 same shape, and claim+mark rows/s next to pgbench's SKIP LOCKED claim-and-update of 50-row batches.
+With ``--ref``, ``submit()`` through pgbench on this tree's schema against ``REV``'s (its own
+migrations and function), in a queue nobody offers in, alternating round by round: what a submit
+costs the database against that release.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import statistics
 import time
 from concurrent.futures import ProcessPoolExecutor
 
 import asyncpg
 
 from bench.common import create_database, drop_database, pgbench, ratio
+from bench.pipeline import migrate_as, ref_tree
 from judgequeue.core import outbox, wakeup
 from judgequeue.core.queues import create_queue
 
@@ -126,12 +131,53 @@ def claim_mark_rate(dsn: str, clients: int, batch: int, processes: int = 2) -> f
     return total / (time.monotonic() - started)
 
 
+async def submit_against_ref(rev: str, clients: int, seconds: int, rounds: int) -> dict[str, list[float]]:
+    """pgbench's ``SQL_SUBMIT`` tx/s on this tree's schema and on ``rev``'s, ``rounds`` times each,
+    the order swapped every round; both tables emptied before each run so neither grows ahead."""
+    dsns = {"this tree": await create_database(), rev: await create_database(migrated=False)}
+    rates: dict[str, list[float]] = {name: [] for name in dsns}
+    try:
+        migrate_as(dsns[rev], ref_tree(rev))
+        for dsn in dsns.values():
+            conn = await asyncpg.connect(dsn)
+            # Only what every revision's queues table has (later ones add columns).
+            await conn.execute("INSERT INTO judgequeue.queues (name) VALUES ('bench')")
+            await conn.close()
+        for k in range(rounds):
+            for name in list(dsns)[:: 1 if k % 2 == 0 else -1]:
+                conn = await asyncpg.connect(dsns[name])
+                await conn.execute("TRUNCATE judgequeue.submissions, judgequeue.outbox")
+                await conn.execute("CHECKPOINT")
+                await conn.close()
+                rates[name].append(pgbench(dsns[name], SQL_SUBMIT, clients=clients, seconds=seconds))
+    finally:
+        for dsn in dsns.values():
+            await drop_database(dsn)
+    return rates
+
+
+def report_against_ref(rates: dict[str, list[float]]) -> str:
+    """Medians, and this tree's time per submit over the reference's round by round (pure)."""
+    (ours_name, ours), (ref_name, theirs) = rates.items()
+    ratios = [ref / mine for mine, ref in zip(ours, theirs, strict=True)]
+    return (
+        f"submit() via pgbench, {len(ours)} alternating rounds, median tx/s: {ours_name}"
+        f" {statistics.median(ours):,.0f}, {ref_name} {statistics.median(theirs):,.0f}; cost per submit against"
+        f" {ref_name}'s, round by round: {', '.join(f'{r:.2f}' for r in ratios)}"
+        f" (median {statistics.median(ratios):.2f}x)"
+    )
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=int, default=8)
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--rows", type=int, default=200_000, help="rows preloaded for the claim benchmarks")
+    parser.add_argument("--ref", help="also compare submit() with this git revision's (e.g. a release)")
+    parser.add_argument("--rounds", type=int, default=5, help="alternating rounds against --ref")
     args = parser.parse_args()
+    if args.ref:
+        print(report_against_ref(await submit_against_ref(args.ref, args.clients, args.seconds, args.rounds)))
 
     dsn = await create_database()
     try:

@@ -98,6 +98,21 @@ def migrate_as(dsn: str, pythonpath: str) -> None:
     subprocess.run([JUDGEQUEUE, "migrate"], env=env, check=True, stdout=subprocess.DEVNULL)
 
 
+def ref_tree(rev: str) -> str:
+    """A copy of ``rev``'s core and controllers importable as ``judgequeue`` (put it first on PYTHONPATH).
+
+    ``git archive`` into /tmp: the repository and its worktrees are left untouched. The roles of the
+    reference then run their own code while the harness, the database and the servers are shared.
+    """
+    commit = subprocess.run(["git", "rev-parse", "--short", rev], capture_output=True, text=True, check=True)
+    root = Path(f"/tmp/jq-bench-ref-{commit.stdout.strip()}")
+    if not (root / "judgequeue" / "core").exists():
+        (root / "judgequeue").mkdir(parents=True, exist_ok=True)
+        archive = subprocess.run(["git", "archive", rev, "core", "controllers"], capture_output=True, check=True)
+        subprocess.run(["tar", "-x", "-C", str(root / "judgequeue")], input=archive.stdout, check=True)
+    return str(root)
+
+
 @asynccontextmanager
 async def stack(*, schema_from: str | None = None, **settings: str) -> AsyncIterator[Stack]:
     """Roles' database, queue and servers; ``schema_from``: a tree (PYTHONPATH) whose migrations to apply

@@ -18,13 +18,15 @@ would serialise the commits).
 
 Only a queue where offers may be open pays for them: the statement that opens or refreshes a
 worker's offers keeps the queue's ``offers_until`` at or past their expiry (a write of the queue
-row about once per :data:`~tuning.OFFER_VALIDITY` between all its workers), and
+row about once per :data:`~tuning.OFFER_VALIDITY` between all its workers; the withdrawal of the
+queue's last open offer ends it at once, so a busy queue's submits stop looking), and
 ``judgequeue.submit()`` reads it with its queue check and looks for an offer only before it, so a
 queue no worker offers in (every queue of the stream intake) runs the submit of before offers. The
-signal comes from the offers themselves, not from a setting that could disagree with them; the one
-way it can miss an offer (the sync found the queue row locked and left it) leaves that offer
-unfilled, which is harmless: the submit's PENDING row wakes the worker, which takes its offers back
-and the row in.
+signal comes from the offers themselves, not from a setting that could disagree with them; the two
+ways it can miss an offer (the sync found the queue row locked and left it; another worker's
+withdrawal ended it while this one's new offers were not committed yet) leave that offer unfilled
+until the worker's next refresh, which is harmless: the submit's PENDING row wakes the worker,
+which takes its offers back and the row in.
 
 Payloads travel in notifications, which any role of the database can LISTEN for if it knows the
 channel's name; the name is random (:func:`channel_name`) and known only from the table.
@@ -130,7 +132,8 @@ async def sync(
     in ``seen`` (slot and the attempt that filled it) not opened again are forgotten. By attempt,
     not slot: a slot opened again by a statement whose answer was lost can be filled again before
     the next sync, and that fill must be reported, not wiped. Unless withdrawing, the statement
-    also keeps the queue's ``offers_until`` at or past the expiry it gives the offers."""
+    also keeps the queue's ``offers_until`` at or past the expiry it gives the offers; a withdrawal
+    that leaves the queue no open offer (none of another worker's unexpired) ends it now."""
     rows = await conn.fetch(
         sql.query("offers_sync"),
         queue,

@@ -1,10 +1,11 @@
-"""Pure figures of the CPU benchmark (bench/cpu.py): what a round-by-round comparison divides."""
+"""Pure figures of the benchmarks (bench/cpu.py, bench/outbox_bench.py): what a round-by-round comparison divides."""
 
 from __future__ import annotations
 
 import pytest
 
 from bench.cpu import pair_ratios, total
+from bench.outbox_bench import report_against_ref
 
 
 def _round(worker: float, postgres: float, app: float) -> dict[str, dict[str, float]]:
@@ -28,3 +29,13 @@ def test_rounds_are_compared_with_their_own_neighbour_not_the_best_of_the_other_
 def test_rounds_of_unequal_count_are_refused() -> None:
     with pytest.raises(ValueError):
         pair_ratios([_round(0.2, 0.4, 0.1)], [])
+
+
+def test_a_submit_comparison_reads_as_cost_this_tree_over_the_reference_round_by_round() -> None:
+    # Throughputs: this tree did 4,000 then 5,000 submits/s beside the reference's 5,000 and 5,000, so
+    # a submit cost 1.25x then 1.00x the reference's (time per submit, not rate, over the reference).
+    line = report_against_ref({"this tree": [4000.0, 5000.0], "r1": [5000.0, 5000.0]})
+    assert "round by round: 1.25, 1.00 (median 1.12x)" in line
+    assert "median tx/s: this tree 4,500, r1 5,000" in line
+    with pytest.raises(ValueError):
+        report_against_ref({"this tree": [4000.0], "r1": []})
