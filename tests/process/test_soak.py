@@ -83,5 +83,18 @@ async def test_soak_two_minutes_stays_bounded(monkeypatch: pytest.MonkeyPatch, i
         size_ratio=2.0,
     )
     failed = [c for c in checks if not c.ok]
-    assert not failed, failed
+    assert not failed, (failed, _series_of(result["_samples"]))
     assert len(result["latencies"]) >= 0.9 * result["submitted"], "verdicts missing from the samples"
+
+
+BUSY_TABLES = ("outbox", "submissions")
+
+
+def _series_of(samples: list[Sample]) -> list[str]:
+    """Every tenth sample of the busy tables (bytes, live rows, dead tuples) and the backlog: a failed
+    bound says whether a table grew steadily, or jumped once while something lagged."""
+    return [
+        f"t={s.t:.0f}s backlog={s.backlog} "
+        + " ".join(f"{t}={s.bytes.get(t, 0)}B/{s.rows.get(t, 0)}r/{s.dead.get(t, 0)}d" for t in BUSY_TABLES)
+        for s in samples[::10]
+    ]
