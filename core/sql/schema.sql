@@ -78,7 +78,7 @@ CREATE TRIGGER queues_guard BEFORE UPDATE ON judgequeue.queues
 -- fillfactor 70: a row is updated once or twice within moments of its insert (leased, then its
 -- verdict), and the free third of its page keeps the new versions there instead of on the page
 -- the submits are filling. End to end at saturation (bench.e2e, 1 worker): 68-70% of pgbench
--- against 62-66% with full pages, at the same CPU per job.
+-- against 62-66% with full pages (both tables then), at the same CPU per job.
 CREATE TABLE judgequeue.submissions (
     id                bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     queue             text NOT NULL,
@@ -120,7 +120,9 @@ CREATE INDEX submissions_finished ON judgequeue.submissions (queue, finished_at)
 
 -- === outbox: each generation's delivery intent ====================================================
 
--- fillfactor 70, as for submissions: a row is claimed or sent within moments of its insert.
+-- Full pages, unlike submissions: most rows are written already sent by a filled offer, and the one
+-- update of the others (claimed or taken) leaves the claim index anyway; the free room cost each
+-- submit more page extensions for no gain at saturation (migration 0016).
 CREATE TABLE judgequeue.outbox (
     id                bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     queue             text NOT NULL,
@@ -138,7 +140,7 @@ CREATE TABLE judgequeue.outbox (
     created_at        timestamptz NOT NULL DEFAULT now(),
     sent_at           timestamptz,
     UNIQUE (submission_id, generation)
-) WITH (fillfactor = 70);
+);
 
 CREATE INDEX outbox_claim ON judgequeue.outbox (queue, next_attempt_at, id)
     WHERE state IN ('PENDING', 'CLAIMED');
