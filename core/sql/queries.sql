@@ -349,20 +349,20 @@ WITH seen AS (
      WHERE $8 AND o.queue = $1 AND o.worker = $2 AND o.slot = open_now.slot
     RETURNING o.slot
 ), signal AS (
+    -- Opening or refreshing: forward once due. Withdrawing the queue's last open offer: back to now.
     UPDATE judgequeue.queues q
-       SET offers_until = now() + make_interval(secs => 2 * $5::float8)
+       SET offers_until = CASE WHEN $8 THEN now() ELSE now() + make_interval(secs => 2 * $5::float8) END
      WHERE q.name = (SELECT name FROM judgequeue.queues
-                      WHERE NOT $8 AND ($10 OR cardinality($6::int[]) > 0) AND name = $1
-                        AND (offers_until IS NULL OR offers_until < now() + make_interval(secs => $5::float8))
-                        FOR NO KEY UPDATE SKIP LOCKED)
-), closed AS (
-    UPDATE judgequeue.queues q
-       SET offers_until = now()
-     WHERE q.name = (SELECT name FROM judgequeue.queues
-                      WHERE $8 AND name = $1 AND offers_until > now()
-                        AND NOT EXISTS (SELECT 1 FROM judgequeue.worker_offers o
-                                         WHERE o.queue = $1 AND o.worker <> $2 AND o.submission IS NULL
-                                           AND o.expires_at > now())
+                      WHERE name = $1
+                        AND CASE WHEN $8
+                                 THEN offers_until > now()
+                                      AND NOT EXISTS (SELECT 1 FROM judgequeue.worker_offers o
+                                                       WHERE o.queue = $1 AND o.worker <> $2
+                                                         AND o.submission IS NULL AND o.expires_at > now())
+                                 ELSE ($10 OR cardinality($6::int[]) > 0)
+                                      AND (offers_until IS NULL
+                                           OR offers_until < now() + make_interval(secs => $5::float8))
+                            END
                         FOR NO KEY UPDATE SKIP LOCKED)
 )
 SELECT 'withdrawn' AS kind, slot, NULL::bigint AS submission, NULL::uuid AS attempt, NULL::text AS payload,
