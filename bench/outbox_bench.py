@@ -176,6 +176,8 @@ async def main() -> None:
     parser.add_argument("--ref", help="also compare submit() with this git revision's (e.g. a release)")
     parser.add_argument("--rounds", type=int, default=5, help="alternating rounds against --ref")
     args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error(f"--rounds must be at least 1, got {args.rounds}")
     if args.ref:
         print(report_against_ref(await submit_against_ref(args.ref, args.clients, args.seconds, args.rounds)))
 
