@@ -722,6 +722,10 @@ def cmd_shadow(args: argparse.Namespace, env: Mapping[str, str]) -> int:
 # --- parser ---------------------------------------------------------------------------------------
 
 
+#: What a subcommand runs: the parsed arguments and the environment in, the exit code out.
+Handler = Callable[[argparse.Namespace, Mapping[str, str]], int]
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse with the project's one-line errors and exit code 2."""
 
@@ -754,6 +758,18 @@ def build_parser() -> argparse.ArgumentParser:
             name, help=help_text, description=help_text, epilog=EPILOG, formatter_class=formatter, parents=parents
         )
         return p
+
+    def actions(parent: argparse.ArgumentParser, dest: str, handler: Handler) -> Callable[[str, str], _Parser]:
+        """The ACTION subcommands of ``parent`` (``dest`` names the one chosen), all run by ``handler``:
+        what it returns adds one, with its help as its description and ``--json``."""
+        subparsers = parent.add_subparsers(dest=dest, metavar="ACTION", parser_class=_Parser, required=True)
+
+        def action(name: str, help_text: str) -> _Parser:
+            q: _Parser = subparsers.add_parser(name, help=help_text, description=help_text, parents=[json_flag])
+            q.set_defaults(handler=handler)
+            return q
+
+        return action
 
     p = add("migrate", "apply the database migrations (needs only the Postgres DSN)", parents=[json_flag])
     _add_variable_flags(p, [DSN], "connection")
@@ -800,23 +816,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(handler=cmd_local)
 
     p = add("queue", "create, list and show queues (Postgres only)")
-    qsub = p.add_subparsers(dest="queue_command", metavar="ACTION", parser_class=_Parser, required=True)
+    queue_action = actions(p, "queue_command", cmd_queue)
     for action, text in (("create", "create a queue (idempotent)"), ("show", "show a queue's flags and outbox")):
-        q = qsub.add_parser(action, help=text, description=text, parents=[json_flag])
+        q = queue_action(action, text)
         q.add_argument("name", nargs="?", help="queue name (default: $JUDGEQUEUE_QUEUE)")
         _add_variable_flags(q, [DSN, QUEUE], "connection")
         if action == "create":
             q.add_argument("--mode", choices=("live", "shadow"), default="live", help="initial mode (default live)")
-        q.set_defaults(handler=cmd_queue)
-    q = qsub.add_parser("list", help="list every queue", description="list every queue", parents=[json_flag])
-    _add_variable_flags(q, [DSN], "connection")
-    q.set_defaults(handler=cmd_queue)
+    _add_variable_flags(queue_action("list", "list every queue"), [DSN], "connection")
 
     p = add("problem", "upload and list problem packages (tests, checker, interactor, limits, subtasks)")
-    psub = p.add_subparsers(dest="problem_command", metavar="ACTION", parser_class=_Parser, required=True)
+    problem_action = actions(p, "problem_command", cmd_problem)
     text = ("store the package in DIR as a new version: judgequeue (problem.yaml with an id, tests/NAME.in + "
             "NAME.ans), ICPC/Kattis (problem.yaml, data/, output_validators/) or Polygon (problem.xml)")
-    q = psub.add_parser("upload", help=text, description=text, parents=[json_flag])
+    q = problem_action("upload", text)
     q.add_argument("dir", help="the package directory")
     q.add_argument("--version", type=int,
                    help="version number (default: the package's own (problem.yaml's, Polygon's revision), else the "
@@ -828,10 +841,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--format", choices=("judgequeue", "kattis", "polygon"),
                    help="the package format (default: detected)")  # fmt: skip
     _add_variable_flags(q, [DSN], "connection")
-    q.set_defaults(handler=cmd_problem)
-    q = psub.add_parser("list", help="list stored packages", description="list stored packages", parents=[json_flag])
-    _add_variable_flags(q, [DSN], "connection")
-    q.set_defaults(handler=cmd_problem)
+    _add_variable_flags(problem_action("list", "list stored packages"), [DSN], "connection")
 
     p = add("submit", "submit one JSON payload to a queue; prints the submission id", parents=[json_flag])
     src = p.add_mutually_exclusive_group(required=True)
@@ -868,14 +878,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(handler=cmd_status)
 
     p = add("dlq", "inspect and handle dead-lettered jobs")
-    dsub = p.add_subparsers(dest="dlq_command", metavar="ACTION", parser_class=_Parser, required=True)
+    dlq_action = actions(p, "dlq_command", cmd_dlq)
     for action, text in (
         ("list", "list dead-lettered entries"),
         ("show", "show one dead-lettered entry with its reason"),
         ("replay", "re-dispatch dead-lettered jobs under a new generation (idempotent; needs Postgres)"),
         ("purge", "delete dead-lettered entries"),
     ):
-        d = dsub.add_parser(action, help=text, description=text, parents=[json_flag])
+        d = dlq_action(action, text)
         if action in ("show", "replay", "purge"):
             d.add_argument("entries", nargs="*" if action != "show" else 1, metavar="ENTRY", help="DLQ entry id")
         if action in ("replay", "purge"):
@@ -884,7 +894,6 @@ def build_parser() -> argparse.ArgumentParser:
             d.add_argument("--count", type=int, default=100, help="at most this many entries (default 100)")
             d.add_argument("--after", default="-", help="start after this entry id (paging)")
         _add_variable_flags(d, conn_vars if action == "replay" else [REDIS, QUEUE], "connection")
-        d.set_defaults(handler=cmd_dlq)
 
     p = add("rejudge", "judge submissions again under a new generation", parents=[json_flag])
     p.add_argument("ids", nargs="+", type=int, metavar="ID", help="submission id")
@@ -892,28 +901,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(handler=cmd_rejudge)
 
     p = add("shadow", "shadow judging: compare the legacy judge's verdicts with the shadow workers' (Postgres only)")
-    ssub = p.add_subparsers(dest="shadow_command", metavar="ACTION", parser_class=_Parser, required=True)
+    shadow_action = actions(p, "shadow_command", cmd_shadow)
     text = ("list the submissions the legacy and the shadow judge disagree on (their statuses differ), newest "
             "first, with both verdicts and their per-test details; every queue unless --queue or $JUDGEQUEUE_QUEUE")
-    d = ssub.add_parser("diff", help=text, description=text, parents=[json_flag])
+    d = shadow_action("diff", text)
     d.add_argument("--limit", type=int, default=20, help="at most this many mismatches (default 20)")
     _add_variable_flags(d, [DSN, QUEUE], "connection")
-    d.set_defaults(handler=cmd_shadow)
 
     p = add("cutover", "show or change a queue's cutover flags (mode, watermark, paused)")
-    csub = p.add_subparsers(dest="cutover_command", metavar="ACTION", parser_class=_Parser, required=True)
-    c = csub.add_parser("show", help="show the flags", description="show the flags", parents=[json_flag])
-    _add_variable_flags(c, [DSN, QUEUE], "connection")
-    c.set_defaults(handler=cmd_cutover)
+    cutover_action = actions(p, "cutover_command", cmd_cutover)
+    _add_variable_flags(cutover_action("show", "show the flags"), [DSN, QUEUE], "connection")
     text = "change flags in one statement; the watermark may only move forward (rollback is --mode shadow)"
-    c = csub.add_parser("set", help=text, description=text, parents=[json_flag])
+    c = cutover_action("set", text)
     c.add_argument("--mode", choices=("live", "shadow"))
     c.add_argument("--watermark", help="RFC 3339 time with zone, or 'now' (database clock)")
     pause = c.add_mutually_exclusive_group()
     pause.add_argument("--pause", dest="paused", action="store_const", const=True, help="dispatchers claim nothing")
     pause.add_argument("--resume", dest="paused", action="store_const", const=False, help="dispatch again")
     _add_variable_flags(c, [DSN, QUEUE], "connection")
-    c.set_defaults(handler=cmd_cutover)
     return parser
 
 
