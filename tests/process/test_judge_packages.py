@@ -19,7 +19,8 @@ from judgequeue.core.judges import Verdict
 from judgequeue.core.judges.isolation import JudgeSettings
 from judgequeue.core.judges.languages import LANGUAGES, missing_toolchain
 from judgequeue.core.judges.program import ProgramJudge
-from judgequeue.core.problems import ProblemCache, attach_package_cache, upload
+from judgequeue.core.problems import ProblemCache, attach_package_cache
+from tests.support.archives import put
 from tests.support.packages import write_package
 from tests.support.sandbox_host import assert_host_clean
 
@@ -57,11 +58,6 @@ async def judge(sandbox_dir: str, pg_pool: asyncpg.Pool) -> AsyncIterator[Progra
     yield j
     await assert_host_clean(j)
     j.close()
-
-
-async def put(pool: asyncpg.Pool, root: Path) -> int:
-    async with pool.acquire() as conn:
-        return (await upload(conn, root)).version
 
 
 def sub(problem: str, version: int, source: str, language: str = "python") -> dict[str, Any]:
