@@ -1,4 +1,4 @@
-"""Problem packages on disk for the tests: one writer, and the float-checker problem several files use."""
+"""Problem packages on disk for the tests: the one writer of a judgequeue-format package directory."""
 
 from __future__ import annotations
 
