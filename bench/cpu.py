@@ -44,6 +44,7 @@ from bench.cli import DEFAULT_INTAKE, INTAKE_VARIABLE, add_run_options, new_pars
 from bench.common import create_database, drop_database, pgbench, redis_benchmark_xadd
 from judgequeue.core import outbox, sql
 from judgequeue.core.runtime import event_loop_factory
+from tests.support.revisions import ref_tree
 
 CONNECTIONS = 8
 #: Jobs pushed through before the window opens (then the tables are analyzed).
@@ -411,7 +412,7 @@ async def judgequeue_cpu(
     """One measured window (see the module's docstring); ``payload`` and ``stagger`` as
     :func:`paced_submit`'s, ``connections`` (when given) samples the client backends from the roles'
     start to the end."""
-    tree = pipeline.ref_tree(ref) if ref is not None else None
+    tree = ref_tree(ref) if ref is not None else None
     async with pipeline.stack(schema_from=tree, **_intake_of(tree, ref_intake, settings)) as s:
         peaks = connections or ConnectionPeaks()
 

@@ -22,9 +22,9 @@ from concurrent.futures import ProcessPoolExecutor
 import asyncpg
 
 from bench.common import create_database, drop_database, pgbench, ratio
-from bench.pipeline import migrate_as, ref_tree
 from judgequeue.core import outbox, wakeup
 from judgequeue.core.queues import create_queue
+from tests.support.revisions import migrate_as, ref_tree
 
 RAW_SETUP = """
 CREATE SCHEMA raw;

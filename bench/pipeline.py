@@ -33,6 +33,7 @@ from bench.common import REDIS_URL, create_database, drop_database, span_seconds
 from judgequeue.core import outbox, streams
 from judgequeue.core.queues import create_queue
 from judgequeue.core.runtime import event_loop_factory
+from tests.support.revisions import migrate_as
 
 JUDGEQUEUE = str(Path(sys.executable).parent / "judgequeue")
 
@@ -89,28 +90,6 @@ class Stack:
                 except subprocess.TimeoutExpired:
                     p.kill()
                     p.wait()
-
-
-def migrate_as(dsn: str, pythonpath: str) -> None:
-    """Migrate ``dsn`` with the migrations of the tree at ``pythonpath`` (``judgequeue migrate``)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("JUDGEQUEUE_")}
-    env.update({"PYTHONPATH": pythonpath, "JUDGEQUEUE_POSTGRES_DSN": dsn})
-    subprocess.run([JUDGEQUEUE, "migrate"], env=env, check=True, stdout=subprocess.DEVNULL)
-
-
-def ref_tree(rev: str) -> str:
-    """A copy of ``rev``'s core and controllers importable as ``judgequeue`` (put it first on PYTHONPATH).
-
-    ``git archive`` into /tmp: the repository and its worktrees are left untouched. The roles of the
-    reference then run their own code while the harness, the database and the servers are shared.
-    """
-    commit = subprocess.run(["git", "rev-parse", "--short", rev], capture_output=True, text=True, check=True)
-    root = Path(f"/tmp/jq-bench-ref-{commit.stdout.strip()}")
-    if not (root / "judgequeue" / "core").exists():
-        (root / "judgequeue").mkdir(parents=True, exist_ok=True)
-        archive = subprocess.run(["git", "archive", rev, "core", "controllers"], capture_output=True, check=True)
-        subprocess.run(["tar", "-x", "-C", str(root / "judgequeue")], input=archive.stdout, check=True)
-    return str(root)
 
 
 @asynccontextmanager
