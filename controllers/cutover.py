@@ -8,7 +8,7 @@ restored, or only reported with ``cutover.driftPolicy: report``. Which one it is
 ``status.cutover.applied``, the flags the operator last wrote or confirmed. ``CutoverApplied`` is True
 only while the row holds the spec's flags, and ``status.cutover`` always says what the row holds.
 
-A queue belongs to one JudgeQueue (migration 0011): the first to reconcile it claims it; any other
+A queue belongs to one JudgeQueue: the first to reconcile it claims it; any other
 is refused and writes nothing. :func:`decide` is pure; :func:`sync_queue` does the I/O through
 :mod:`judgequeue.core.queues` and :mod:`judgequeue.core.shadow` (the operator never talks SQL itself).
 

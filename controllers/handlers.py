@@ -140,7 +140,7 @@ def _owner(body: Mapping[str, Any]) -> Owner:
 
 
 def queue_owner(owner: Owner) -> str:
-    """How a JudgeQueue is recorded as its queue's owner in Postgres (migration 0011)."""
+    """How a JudgeQueue is recorded as its queue's owner in Postgres."""
     return f"JudgeQueue {owner.namespace}/{owner.name}"
 
 

@@ -3,7 +3,7 @@
 A judge raises :class:`~judgequeue.core.judges.CallLater` (the http-call judge does, for a 429, a
 503, a timeout, or an endpoint at its concurrency bound). The worker hands the job's lease here:
 :func:`leases.defer` moves it, fenced like a verdict, to a new generation of the same request whose
-outbox row waits until the not-before time (migration 0013), so the slot frees at once and the job
+outbox row waits until the not-before time, so the slot frees at once and the job
 comes back through the dispatcher (or direct intake) when it is due.
 """
 

@@ -40,7 +40,7 @@ class CutoverBlocked(JudgeQueueError):
 
 
 class QueueOwned(JudgeQueueError):
-    """The queue belongs to another owner (a JudgeQueue, migration 0011); nothing was changed."""
+    """The queue belongs to another owner (a JudgeQueue); nothing was changed."""
 
     def __init__(self, message: str, owner: str) -> None:
         super().__init__(message)
@@ -53,7 +53,7 @@ class UnknownSubmission(JudgeQueueError, LookupError):
 
 class NotShadowed(JudgeQueueError, LookupError):
     """A legacy verdict for a submission that has no shadow verdict to be compared with: its queue is
-    not in shadow mode and never sent it to shadow judging (migration 0012); nothing was written."""
+    not in shadow mode and never sent it to shadow judging; nothing was written."""
 
 
 class InvalidVerdict(JudgeQueueError, ValueError):

@@ -36,7 +36,7 @@ class Lease:
     payload: Any
     created_at: datetime
     #: The generation the submit or rejudge that this lease serves created: rescues, releases and
-    #: deferrals bump :attr:`generation` but keep it (migration 0013). None where not tracked (shadow).
+    #: deferrals bump :attr:`generation` but keep it. None where not tracked (shadow).
     request_generation: int | None = None
     #: Failed tries of this request so far (:func:`defer` with ``failed``).
     call_failures: int = 0

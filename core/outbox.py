@@ -211,7 +211,7 @@ async def prune_submissions(
     """Delete ``queue``'s terminal submissions finished more than ``retention`` seconds ago.
 
     Oldest first, ``batch`` rows per statement (short transactions, served by the partial index
-    ``submissions_finished`` of migration 0009); ``max_batches`` bounds one call's work. A
+    ``submissions_finished``); ``max_batches`` bounds one call's work. A
     submission still waiting (PENDING, JUDGING) is never touched, and one a rejudge reopens
     meanwhile is skipped (it is locked, or no longer finished when re-checked). A stream entry or
     DLQ replay that names a pruned submission later is stale (``unknown_submission``).

@@ -5,7 +5,7 @@ Dispatchers read it inside each claim transaction, so a change made here takes e
 replica at one instant. The watermark only moves forward; a database trigger enforces it for every
 writer, and this module turns its error into :class:`WatermarkMovedBack`.
 
-A queue may have one owner (migration 0011): the JudgeQueue whose spec holds its flags. Git is the
+A queue may have one owner: the JudgeQueue whose spec holds its flags. Git is the
 truth only if one spec is: :func:`claim_queue` records the owner on first use and refuses any
 other, and :func:`set_cutover` with ``owner`` writes only while that owner holds the queue.
 """
@@ -24,7 +24,7 @@ from .states import MODES as MODES  # re-exported: the operator knows them as qu
 from .states import Mode as Mode
 
 #: Seconds a flag flip waits for submit transactions that filled workers' offers and are still open
-#: (the interlock of migration 0010) before it gives up with :class:`CutoverBlocked`.
+#: (the interlock in submit()) before it gives up with :class:`CutoverBlocked`.
 FLIP_WAIT = 10.0
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -133,7 +133,7 @@ async def set_cutover(
     ``owner``, only while ``owner`` holds the queue (:func:`claim_queue`): else :class:`QueueOwned`.
 
     A submit that filled a worker's offer decided on the flags it read and hands its job over when
-    its transaction commits, so the flip first waits for such transactions (migration 0010), at most
+    its transaction commits, so the flip first waits for such transactions, at most
     ``wait`` seconds; a submit that comes meanwhile writes a PENDING row and does not wait.
 
     Raises :class:`WatermarkMovedBack` if the watermark would move back (or be cleared),

@@ -1,4 +1,4 @@
-"""Shadow verdicts and legacy verdicts: the two tables of shadow judging (migration 0012).
+"""Shadow verdicts and legacy verdicts: the two tables of shadow judging.
 
 In shadow mode the legacy judge is authoritative and a submission's own status stays PENDING. A
 shadow worker (``JUDGEQUEUE_SHADOW=judge``) judges the shadow stream's entries with the same judge

@@ -291,7 +291,7 @@ SELECT flags.live, flags.registered, flags.unregistered, t.outbox_state, t.submi
  ORDER BY t.id
 
 -- name: offers_sync
--- A worker's offers (migration 0010) in one statement. Its filled offers whose job it has (the
+-- A worker's offers in one statement. Its filled offers whose job it has (the
 -- pairs of slots $7 and attempts $9, seen) are opened again if their slot is among the slots it
 -- opens now ($6), else deleted; a slot filled again since (another attempt) is left alone, so a
 -- pair sent again after a lost answer touches nothing new. Unless $8 (withdraw): the other slots
@@ -424,7 +424,7 @@ SELECT pg_logical_emit_message(true, 'judgequeue', 'leases'),
 SELECT judgequeue.release_leases($1::bigint[], $2::bigint[], $3::uuid[]) AS id
 
 -- name: lease_defer
--- Give a lease back to be tried again after $4 seconds (migration 0013); NULL when it was not held.
+-- Give a lease back to be tried again after $4 seconds; NULL when it was not held.
 SELECT judgequeue.defer_lease($1::bigint, $2::bigint, $3::uuid, $4::float8, $5::boolean, $6::text) AS generation
 
 -- name: lease_rescue_expired
@@ -486,7 +486,7 @@ RETURNING name, mode, watermark, paused, config_version, updated_at, owner
 UPDATE judgequeue.queues SET owner = NULL WHERE name = $1 AND owner = $2 RETURNING true
 
 -- name: queue_flip_wait
--- How long a flag flip waits for submit transactions that filled workers' offers (migration 0010)
+-- How long a flag flip waits for submit transactions that filled workers' offers
 -- before it gives up, until the end of the transaction (set_cutover puts the old value back);
 -- returns the old value.
 SELECT current_setting('lock_timeout') AS old, set_config('lock_timeout', $1, true) AS new

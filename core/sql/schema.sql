@@ -1,10 +1,12 @@
 -- judgequeue's schema as it is now: every table, index, trigger and SQL function, in one file.
 --
--- The migrations (core/migrations/) are the history that brings an existing database here; this
--- file is where each thing is read and changed. A new database is given this file in one go (see
--- core/migrate.py), an existing one the migrations it lacks; tests/integration/test_schema.py checks
--- that both give the same catalog. A change is written twice on purpose: here as the thing itself,
--- and as a new migration (never an edit of an applied one) that takes an existing database there.
+-- This file is where each thing is read and changed. A new database is given it in one go (see
+-- core/migrate.py); an existing one takes the migrations it lacks (core/migrations/: the changes
+-- since the baseline, 0016, the history before which is folded into this file).
+-- tests/integration/test_schema.py checks that a database that lived through that history ends in
+-- the same catalog as one given this file. A later change is written twice on purpose: here as the
+-- thing itself, and as a new migration (never an edit of an applied one) that takes an existing
+-- database there.
 --
 -- All decisions use the database clock; nothing here trusts a client's time. Errors use SQLSTATEs
 -- JQ001..JQ008 (core/errors.py).
@@ -122,7 +124,7 @@ CREATE INDEX submissions_finished ON judgequeue.submissions (queue, finished_at)
 
 -- Full pages, unlike submissions: most rows are written already sent by a filled offer, and the one
 -- update of the others (claimed or taken) leaves the claim index anyway; the free room cost each
--- submit more page extensions for no gain at saturation (migration 0016).
+-- submit more page extensions for no gain at saturation.
 CREATE TABLE judgequeue.outbox (
     id                bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     queue             text NOT NULL,

@@ -1,12 +1,20 @@
-"""Migrations: fresh database, idempotent re-run, and two concurrent runs."""
+"""Migrations: fresh database, idempotent re-run, two concurrent runs, and the migrations after the baseline."""
 
 from __future__ import annotations
 
 import asyncio
 
 import asyncpg
+import pytest
 
-from judgequeue.core.migrate import applied_versions, available_migrations, migrate
+from judgequeue.core.migrate import (
+    BASELINE,
+    Migration,
+    MigrationChecksumMismatch,
+    applied_versions,
+    current_versions,
+    migrate,
+)
 from tests.support.databases import connection
 
 
@@ -14,7 +22,7 @@ async def test_fresh_then_rerun_is_a_noop(fresh_db: str) -> None:
     async with connection(fresh_db) as conn:
         assert await applied_versions(conn) == []
         first = await migrate(conn)
-        assert first == [m.version for m in available_migrations()]
+        assert first == current_versions()
         assert await migrate(conn) == []
         assert await applied_versions(conn) == first
         assert await conn.fetchval("SELECT to_regproc('judgequeue.submit') IS NOT NULL")
@@ -25,20 +33,42 @@ async def test_two_concurrent_runs_apply_each_migration_once(fresh_db: str) -> N
     try:
         results = await asyncio.gather(*(migrate(c) for c in conns))
         applied = sorted(v for result in results for v in result)
-        assert applied == [m.version for m in available_migrations()]
+        assert applied == current_versions()
         assert [] in results
     finally:
         for c in conns:
             await c.close()
 
 
-async def test_edited_migration_is_detected(fresh_db: str) -> None:
+#: A migration after the baseline, as the next schema change will ship one.
+PROBE = Migration(BASELINE + 1, "probe", "CREATE TABLE judgequeue.probe (x integer)")
+
+
+async def probe_exists(conn: asyncpg.Connection) -> bool:
+    return bool(await conn.fetchval("SELECT to_regclass('judgequeue.probe') IS NOT NULL"))
+
+
+async def test_a_later_migration_runs_on_an_existing_database_and_is_only_recorded_on_a_new_one(
+    fresh_db: str,
+) -> None:
     async with connection(fresh_db) as conn:
-        await migrate(conn)
-        await conn.execute("UPDATE judgequeue.schema_migrations SET checksum = 'x' WHERE version = 1")
-        try:
-            await migrate(conn)
-        except Exception as exc:
-            assert "was changed after it was applied" in str(exc)
-        else:
-            raise AssertionError("an edited migration must be refused")
+        assert await migrate(conn) == [BASELINE]  # an existing database, at the baseline
+        assert await migrate(conn, [PROBE]) == [PROBE.version]
+        assert await probe_exists(conn)
+        assert await migrate(conn, [PROBE]) == []
+        await conn.execute("DROP SCHEMA judgequeue CASCADE")
+        # A new database: the schema file is the schema with every migration in it, so the
+        # migration is recorded, not run (the probe is not in the schema file, so it stays absent).
+        assert await migrate(conn, [PROBE]) == [BASELINE, PROBE.version] == current_versions([PROBE])
+        assert not await probe_exists(conn)
+
+
+async def test_an_edited_migration_is_refused_and_nothing_changes(fresh_db: str) -> None:
+    async with connection(fresh_db) as conn:
+        await migrate(conn, [PROBE])
+        edited = Migration(PROBE.version, PROBE.name, PROBE.sql + "; CREATE TABLE judgequeue.probe2 (x integer)")
+        later = Migration(PROBE.version + 1, "later", "CREATE TABLE judgequeue.later (x integer)")
+        with pytest.raises(MigrationChecksumMismatch, match="migration 0017_probe was changed after it was applied"):
+            await migrate(conn, [edited, later])
+        assert await applied_versions(conn) == [BASELINE, PROBE.version]
+        assert not await conn.fetchval("SELECT to_regclass('judgequeue.later') IS NOT NULL")

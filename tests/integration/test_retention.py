@@ -1,4 +1,4 @@
-"""Retention of terminal submissions (migration 0009): pruned by the reaper, batched, index-supported.
+"""Retention of terminal submissions: pruned by the reaper, batched, index-supported.
 
 Invariant 5 (docs/design.md §6): nothing in Postgres grows without bound under steady load. Only
 terminal submissions finished before the retention go; waiting ones (PENDING, JUDGING), recent

@@ -187,7 +187,7 @@ async def test_state_lists_match_the_check_constraints(pg: asyncpg.Connection) -
 
 def test_the_verdict_list_is_the_one_documented_and_counted() -> None:
     """docs/judges.md has one verdict table; it, the metrics' zero series and states.VERDICTS agree
-    (the CHECK is compared above), PRESENTATION_ERROR included (migration 0008)."""
+    (the CHECK is compared above), PRESENTATION_ERROR included."""
     from judgequeue.core.metrics import shadow_series, verdict_series
 
     section = (ROOT / "docs" / "judges.md").read_text().split("## Verdicts", 1)[1].split("\n## ", 1)[0]

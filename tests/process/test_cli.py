@@ -11,7 +11,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from judgequeue.core.cli import build_parser
-from judgequeue.core.migrate import available_migrations
+from judgequeue.core.migrate import current_versions
 from tests.support.databases import REDIS_URL, connection
 from tests.support.queries import submission
 from tests.support.roles import JUDGEQUEUE, clean_env, run_cli
@@ -79,7 +79,7 @@ def test_bad_usage_exits_2() -> None:
 
 def test_migrate_needs_only_the_dsn(fresh_db: str) -> None:
     first = jq("migrate", "--json", dsn=fresh_db)
-    assert ok_json(first)["applied"] == [m.version for m in available_migrations()]
+    assert ok_json(first)["applied"] == current_versions()
     again = jq("migrate", "--postgres-dsn", fresh_db)  # the flag works as well as the variable
     assert again.returncode == 0 and "up to date" in again.stdout
     missing = jq("migrate")
