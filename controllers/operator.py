@@ -47,61 +47,60 @@ def liveness_endpoint(address: str, port: int | None) -> str | None:
     return f"http://{host}:{port}/healthz"
 
 
+@dataclasses.dataclass(frozen=True)
+class OperatorOptions:
+    """How one operator process runs: what it serves and how it reaches the cluster.
+
+    ``namespaces``: serve only these (None or empty: cluster-wide). ``liveness_port``: serve Kopf's
+    ``/healthz`` there, bound to ``liveness_address``. ``peering``: a Kopf peering name for several
+    replicas; without it the operator runs standalone (one replica). ``kubeconfig``: a kubeconfig
+    path (default: in-cluster, else ``$KUBECONFIG``/``~/.kube/config``). ``config``: the timer's
+    interval and the connection timeouts.
+    """
+
+    namespaces: Sequence[str] | None = None
+    liveness_port: int | None = None
+    liveness_address: str = "0.0.0.0"
+    peering: str | None = None
+    standalone: bool = False
+    kubeconfig: str | None = None
+    config: OperatorConfig = dataclasses.field(default_factory=OperatorConfig)
+
+
 async def operate(
-    namespaces: Sequence[str] | None,
+    options: OperatorOptions,
     *,
-    liveness_port: int | None = None,
-    liveness_address: str = "0.0.0.0",
-    peering: str | None = None,
-    standalone: bool = False,
-    kubeconfig: str | None = None,
-    config: OperatorConfig | None = None,
     stop_flag: threading.Event | asyncio.Event | None = None,
     ready_flag: threading.Event | asyncio.Event | None = None,
     state: OperatorState | None = None,
 ) -> None:
     """The operator as a coroutine (see :func:`run_operator`); ``state`` lets tests observe handlers."""
-    configuration = load_configuration(kubeconfig)
-    state = state or OperatorState(config=config or OperatorConfig())
+    configuration = load_configuration(options.kubeconfig)
+    state = state or OperatorState(config=options.config)
 
     async def login(**_: Any) -> kopf.ConnectionInfo:
         return connection_info(configuration)
 
     registry = build_registry(state, login=login, kube_factory=lambda: KubeApi(configuration))
+    namespaces = options.namespaces
     await kopf.operator(
         registry=registry,
         settings=operator_settings(namespaces),
         clusterwide=not namespaces,
         namespaces=list(namespaces or ()),
-        standalone=standalone or peering is None,
-        peering_name=peering,
-        liveness_endpoint=liveness_endpoint(liveness_address, liveness_port),
+        standalone=options.standalone or options.peering is None,
+        peering_name=options.peering,
+        liveness_endpoint=liveness_endpoint(options.liveness_address, options.liveness_port),
         stop_flag=stop_flag,
         ready_flag=ready_flag,
     )
 
 
-def run_operator(
-    namespaces: list[str] | None,
-    *,
-    liveness_port: int | None = None,
-    liveness_address: str = "0.0.0.0",
-    peering: str | None = None,
-    standalone: bool = False,
-    kubeconfig: str | None = None,
-    config: OperatorConfig | None = None,
-    interval: float | None = None,
-    log_level: str = "INFO",
-) -> int:
+def run_operator(options: OperatorOptions, *, log_level: str = "INFO") -> int:
     """Run until SIGINT/SIGTERM; returns the process exit code.
 
-    ``namespaces``: serve only these (None or empty: cluster-wide). ``liveness_port``: serve Kopf's
-    ``/healthz`` there, bound to ``liveness_address``. ``peering``: a Kopf peering name for several
-    replicas; without it the operator runs standalone (one replica). ``kubeconfig``: a kubeconfig
-    path (default: in-cluster, else ``$KUBECONFIG``/``~/.kube/config``). ``config``: timer interval
-    and connection timeouts; ``interval`` overrides just the timer's. Logs are JSON lines on stderr,
-    like the roles', so one log pipeline reads both; every action the operator takes is one INFO
-    line (:mod:`.actions`).
+    Logs are JSON lines on stderr, like the roles', so one log pipeline reads both; every action the
+    operator takes is one INFO line (:mod:`.actions`).
     """
     level = log_level.upper()
     known = level in ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -110,13 +109,5 @@ def run_operator(
         handler.addFilter(_drop_kopf_settings)
     if not known:
         logging.getLogger(__name__).warning(f"unknown log level {log_level!r}; using INFO")
-    if interval is not None:
-        config = dataclasses.replace(config or OperatorConfig(), interval=interval)
-    asyncio.run(
-        operate(
-            namespaces, liveness_port=liveness_port, liveness_address=liveness_address, peering=peering,
-            standalone=standalone,
-            kubeconfig=kubeconfig, config=config,
-        )
-    )
+    asyncio.run(operate(options))
     return 0

@@ -304,13 +304,17 @@ def cmd_operator(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     run_operator = getattr(module, "run_operator", None)
     if run_operator is None:
         raise Failure("judgequeue operator is not available in this build yet (no run_operator)")
-    namespaces = None if args.all_namespaces else args.namespace
+    options = module.OperatorOptions(
+        namespaces=None if args.all_namespaces else args.namespace,
+        liveness_port=args.liveness_port,
+        liveness_address=args.liveness_address,
+        peering=args.peering,
+        kubeconfig=args.kubeconfig,
+    )
+    if args.interval is not None:
+        options = dataclasses.replace(options, config=dataclasses.replace(options.config, interval=args.interval))
     try:
-        result = run_operator(
-            namespaces, liveness_port=args.liveness_port, liveness_address=args.liveness_address,
-            peering=args.peering, kubeconfig=args.kubeconfig,
-            interval=args.interval, log_level=env.get("JUDGEQUEUE_LOG_LEVEL", "INFO"),
-        )
+        result = run_operator(options, log_level=env.get("JUDGEQUEUE_LOG_LEVEL", "INFO"))
     except Exception as exc:
         if type(exc).__module__.startswith("kubernetes.config"):
             raise Failure(f"cannot load the Kubernetes configuration: {exc}") from None

@@ -29,7 +29,7 @@ import yaml
 from kmock._internal import apps, enums, references, rendering
 
 from judgequeue.controllers.handlers import OperatorConfig, OperatorState
-from judgequeue.controllers.operator import operate
+from judgequeue.controllers.operator import OperatorOptions, operate
 from tests.support.waiting import eventually as eventually  # re-exported: bench/reconcile_bench.py uses it
 
 JQ = kmock.resource("judgequeue.dev/v1alpha1/judgequeues")
@@ -422,8 +422,8 @@ class OperatorThread:
 
     def _run(self) -> None:
         try:
-            asyncio.run(operate(self._namespaces, kubeconfig=str(self._kubeconfig), standalone=True,
-                                stop_flag=self.stop_flag, ready_flag=self.ready_flag, state=self.state))
+            options = OperatorOptions(self._namespaces, kubeconfig=str(self._kubeconfig), standalone=True)
+            asyncio.run(operate(options, stop_flag=self.stop_flag, ready_flag=self.ready_flag, state=self.state))
         except BaseException as exc:  # reported by the test
             self.error = exc
 
