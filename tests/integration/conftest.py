@@ -12,8 +12,14 @@ from tests.support.worker_harness import Harness
 
 
 @pytest.fixture
+def harness_class() -> type[Harness]:
+    """The harness ``h`` builds; a module whose tests need more (test_shadow.py) overrides this."""
+    return Harness
+
+
+@pytest.fixture
 async def h(
-    pg_pool: asyncpg.Pool, redis_client: aioredis.Redis, pg_dsn: str, queue_name: str
+    harness_class: type[Harness], pg_pool: asyncpg.Pool, redis_client: aioredis.Redis, pg_dsn: str, queue_name: str
 ) -> AsyncIterator[Harness]:
-    async with Harness(pg_pool, redis_client, pg_dsn, queue_name) as harness:
+    async with harness_class(pg_pool, redis_client, pg_dsn, queue_name) as harness:
         yield harness
