@@ -14,18 +14,17 @@ recovery:
   cancels the rest and releases their leases (new generation + outbox row) so another worker takes
   them at once.
 
-Where jobs come from is the worker's *intake* (:mod:`judgequeue.core.intake`), chosen once
-(:meth:`Worker._open_intake`): the outbox itself (:class:`judgequeue.core.direct.DirectIntake`,
-``JUDGEQUEUE_INTAKE=direct``, the default) or the stream
-(:class:`~judgequeue.core.intake.StreamIntake`). A *shadow worker* (``JUDGEQUEUE_SHADOW=judge``) runs
-the same loop in the shadow lane (:mod:`judgequeue.core.lanes`), always from the stream.
+Jobs come from the worker's *intake* (:mod:`judgequeue.core.intake`), chosen once: the outbox
+itself (:class:`judgequeue.core.direct.DirectIntake`, ``JUDGEQUEUE_INTAKE=direct``, the default) or
+the stream (:class:`~judgequeue.core.intake.StreamIntake`). A *shadow worker*
+(``JUDGEQUEUE_SHADOW=judge``) runs the same loop in the shadow lane (:mod:`judgequeue.core.lanes`),
+always from the stream.
 
 A stale envelope (generation moved on, already judging or terminal) is acked and counted, never
 judged. An entry that can never be judged (it does not parse, or the database refuses its lease for
 its values) is dead-lettered at once with the reason, so a poison entry holds no slot beyond one
-attempt. Postgres and Redis errors are logged and retried with backoff; nothing is lost because
-entries stay pending until a lease is held, and a held lease is rescued by the reaper if this worker
-disappears.
+attempt. Postgres and Redis errors are logged and retried with backoff; nothing is lost: an entry
+stays pending until its lease is held, and the reaper rescues a lease whose worker disappeared.
 """
 
 from __future__ import annotations
@@ -121,8 +120,7 @@ class Worker:
         self._writer = VerdictWriter(pool, linger=VERDICT_LINGER, lane=self.lane)
         self._session = HeldSession(pool)  # the read loop's leases: one session, not one per batch
         self._acks = AckWhenDurable(pool, redis, self.queue, shadow=self.lane.shadow)
-        #: Where this worker's jobs come from.
-        self.intake: Intake = self._open_intake()
+        self.intake: Intake = self._open_intake()  # where this worker's jobs come from
         #: Set when the judge reports this worker unfit (:func:`~judgequeue.core.judges.judge_fault`): why it stops.
         self.unfit: str | None = None
         self._halt = asyncio.Event()  # set by stop, or by the worker itself when unfit
