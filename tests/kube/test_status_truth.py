@@ -1,13 +1,15 @@
 """Status never lies: a property over a catalogue of injected failures, on the real control plane.
 
-For every failure in :data:`CATALOGUE` (a child the API server refuses, pods admission refuses, a
-rollout past its deadline, a bad connection string, a missing Secret, a role refusing its
-configuration, the database out of reach), with the operator running as the chart's ServiceAccount:
+For every failure in :data:`CATALOGUE` (a child the API server refuses, pods admission refuses (a
+PodSecurity level, a LimitRange, a PriorityClass nobody created), a rollout past its deadline, a bad
+connection string, a missing Secret, a role refusing its configuration, the database out of reach),
+with the operator running as the chart's ServiceAccount:
 
 - ``kubectl wait --for=condition=Degraded`` returns within 15 s of the failure, and the condition's
   reason is the case's and its message quotes the cause's own words (the API server's, the
   Deployment controller's, the role's);
-- once the failure is fixed, ``kubectl wait --for=condition=Ready`` returns, and Degraded is False.
+- once the failure is fixed, ``kubectl wait --for=condition=Ready`` returns, and Degraded is False
+  (and what the fix brought holds: the worker pods' priority from the class named).
 
 The pods run on the node agent (tests/kube/node.py), so Ready means the roles really run.
 """
@@ -73,6 +75,7 @@ class Case:
     prepare: Callable[[Ctx], None] = lambda ctx: None
     spec: dict[str, Any] = field(default_factory=dict)
     ready_reason: str | None = None  # what Ready says meanwhile, when the case pins it
+    check: Callable[[Ctx], None] = lambda ctx: None  # once Ready: what the fix must have brought
 
 
 def _quota(ctx: Ctx) -> None:
@@ -135,6 +138,27 @@ def _limit_range(ctx: Ctx) -> None:
         "spec": {"limits": [{"type": "Container", "default": {"memory": "256Mi"}}]}})
 
 
+def _priority_class(ctx: Ctx) -> str:
+    return f"{ctx.namespace}-judges"
+
+
+def _create_priority_class(ctx: Ctx) -> None:
+    """A PriorityClass (cluster-wide) for this case's worker pods; the case names another at first."""
+    name = _priority_class(ctx)
+    ctx.create("/apis/scheduling.k8s.io/v1/priorityclasses", {
+        "apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": name},
+        "value": 100000, "description": "judgequeue test: contest judges first"})
+    ctx.cleanup.append(lambda: ctx.delete(f"/apis/scheduling.k8s.io/v1/priorityclasses/{name}"))
+
+
+def _workers_have_the_priority(ctx: Ctx) -> None:
+    """The API server's Priority admission gave the worker pods the class's value, not just its name."""
+    pods = tools.ready_pods(ctx.kube, ctx.namespace, "worker")
+    assert pods, "a Ready JudgeQueue has a ready worker pod"
+    assert {(p["spec"].get("priorityClassName"), p["spec"].get("priority")) for p in pods} == {
+        (_priority_class(ctx), 100000)}, [p["spec"].get("priority") for p in pods]
+
+
 CATALOGUE: list[Case] = [
     Case("a child refused by a quota", "ChildRefused", "exceeded quota", prepare=_quota,
          fix=lambda ctx: ctx.delete(f"/api/v1/namespaces/{ctx.namespace}/resourcequotas/two-deployments")),
@@ -147,6 +171,11 @@ CATALOGUE: list[Case] = [
          "must be less than or equal to memory limit of 256Mi", prepare=_limit_range,
          spec={"worker": {"resources": {"requests": {"memory": "512Mi"}}}}, ready_reason="PodsRefused",
          fix=lambda ctx: ctx.patch_jq({"worker": {"resources": {"limits": {"memory": "1Gi"}}}})),
+    Case("worker pods naming a PriorityClass that does not exist", "PodsRefused",
+         "no PriorityClass with name contest-judges was found", prepare=_create_priority_class,
+         spec={"worker": {"priorityClassName": "contest-judges"}}, ready_reason="PodsRefused",
+         fix=lambda ctx: ctx.patch_jq({"worker": {"priorityClassName": _priority_class(ctx)}}),
+         check=_workers_have_the_priority),
     Case("a rollout past its progress deadline", "RolloutStuck", "has timed out progressing",
          spec={"progressDeadline": "3s", "worker": {"resources": {"requests": {"memory": "300Gi"}}}},
          fix=lambda ctx: ctx.patch_jq({"progressDeadline": "2m",
@@ -197,6 +226,7 @@ def test_every_failure_is_degraded_with_its_cause_then_ready_once_fixed(
         obj = kube.request("GET", tools.jq_path(namespace, "judge"))
         assert met, (case.name, out, obj.get("status"), operator.text()[-3000:])
         assert tools.condition(obj, "Degraded")["status"] == "False", obj["status"]
+        case.check(ctx)
         tools.record_figure(f"ready_after_fix_seconds[{case.name}]", round(took, 2))
     finally:
         operator.stop()
