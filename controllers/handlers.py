@@ -525,6 +525,10 @@ def build_registry(
             prefix=GROUP, key="last-handled-configuration"
         )
         settings.posting.level = logging.WARNING
+        # A JudgeQueue deleted while its timer is mid-tick keeps Kopf's finalizer until the tick is
+        # seen finished, and Kopf looks again only after this long (60 s by default): the delete
+        # would hang for a minute. A tick is bounded by the API and database timeouts; look each second.
+        settings.background.cancellation_polling = 1.0
         if kube_factory is not None and state.kube is None:
             state.kube = kube_factory()
 

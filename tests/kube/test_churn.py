@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -33,6 +35,7 @@ from tests.kube.tools import (
     judgequeue,
     operator_identity,
     ready_pods,
+    record_figure,
     run_sql,
     start_operator,
     wait_for,
@@ -178,6 +181,42 @@ def test_churn_without_loss_then_garbage_collection(
             submitter.join(60)
         operator.stop()
         clear_queue_keys(KUBE_REDIS_URL, queue_name)
+
+
+def test_a_judgequeue_deleted_while_its_timer_waits_on_the_database_is_gone_in_seconds(
+    crd_installed: Cluster, node: NodeAgent, namespace: str, tmp_path: Path
+) -> None:
+    """A Postgres that accepts connections and never answers keeps every tick in its connect for the
+    database timeout (5 s of each 6): the JudgeQueue is deleted mid-tick. Kopf keeps its finalizer
+    until the tick ends and, by default, looks again only a minute later."""
+    kube, ns = crd_installed, namespace
+    held: list[socket.socket] = []
+    with socket.create_server(("127.0.0.1", 0)) as silent:  # accepts connections, never answers one
+        dsn = f"postgresql://postgres@127.0.0.1:{silent.getsockname()[1]}/silent"
+        connection_secrets(kube, ns, dsn=dsn, redis_url=KUBE_REDIS_URL)
+        kube.apply(judgequeue("mid-tick", "mid-tick", image="judgequeue:1.0", worker={"judge": "noop"}), namespace=ns)
+        operator = start_operator(operator_identity(kube, ns), ns, tmp_path / "operator.log", interval=1.0)
+        try:
+            wait_for("Degraded: the database does not answer",
+                     lambda: condition(kube.get(jq_path(ns, "mid-tick")), "Degraded").get("reason")
+                     == "DatabaseUnavailable", timeout=60, check=operator.check)
+            silent.setblocking(False)
+            while True:  # the change handler's connections, and any tick's before now
+                try:
+                    held.append(silent.accept()[0])
+                except BlockingIOError:
+                    break
+            silent.settimeout(30)
+            held.append(silent.accept()[0])  # a tick connecting now: it waits 5 s for an answer
+            start = time.monotonic()
+            kube.kubectl("delete", "jq", "mid-tick", "--wait=true", "--timeout=30s", namespace=ns)
+            took = time.monotonic() - start
+        finally:
+            operator.stop()
+            for conn in held:
+                conn.close()
+    record_figure("delete_mid_tick_seconds", round(took, 2))
+    assert took < 30, took
 
 
 def test_uninstall_order_operator_gone_first(crd_installed: Cluster, node: NodeAgent, namespace: str, pg_dsn: str,
