@@ -190,12 +190,14 @@ def _drifted(want: Wanted, row: QueueFlags) -> str:
 
 async def sync_queue(
     dsn: str, spec: JudgeQueueSpec, *, owner: str, previous: Mapping[str, Any], generation: int,
-    connect_timeout: float, pooler: str = "none",
+    connect_timeout: float, pooler: str = "none", previous_message: str = "",
 ) -> QueueSync:
     """Claim the queue for ``owner``, compare its row with the spec and write, restore or report.
 
-    ``previous`` is the JudgeQueue's ``status.cutover``. Never raises for what the database says:
-    every outcome is a :class:`QueueSync` (connection failures too: ``DatabaseUnavailable``)."""
+    ``previous`` is the JudgeQueue's ``status.cutover``; ``previous_message`` its ``CutoverApplied``
+    message, kept while the row stays at the flags it describes (see :func:`applied_message`). Never
+    raises for what the database says: every outcome is a :class:`QueueSync` (connection failures
+    too: ``DatabaseUnavailable``)."""
     want = wanted(spec)
     try:
         conn = await connect_postgres(dsn, pooler=pooler, timeout=connect_timeout)
@@ -231,7 +233,7 @@ async def sync_queue(
                 kwargs["watermark"] = target.watermark
             row = await set_cutover(conn, want.queue, **kwargs)
             sync.wrote = decision
-        return _outcome(sync, want, row, decision, previous, generation)
+        return _outcome(sync, want, row, decision, previous, generation, previous_message)
     except WatermarkMovedBack as exc:
         message = str(exc)
         return QueueSync(Condition("CutoverApplied", "False", "WatermarkMovedBack", message),
@@ -267,8 +269,18 @@ def _unavailable(want: Wanted, exc: BaseException) -> QueueSync:
                      problem=Problem("DatabaseUnavailable", message))
 
 
+def applied_message(current: str, previous: str, *, wrote: bool) -> str:
+    """``CutoverApplied``'s message when the row holds what the spec asks: ``current`` (the row's flags
+    and config version, and how this pass got there), unless this pass wrote nothing and ``previous``
+    is about these very flags: then ``previous``, which says how they came to be (a gate met, a flip
+    forced past it, a restore) until the next write. A later pass must not erase that account."""
+    if not wrote and previous.startswith(current + "; "):
+        return previous
+    return current
+
+
 def _outcome(sync: QueueSync, want: Wanted, row: QueueFlags, decision: Decision, previous: Mapping[str, Any],
-             generation: int) -> QueueSync:
+             generation: int, previous_message: str = "") -> QueueSync:
     if decision == "gated":
         assert sync.gate is not None
         message = (f"flip to live held back by cutover.gate: {sync.gate.message}; queue {want.queue!r} stays in"
@@ -285,6 +297,7 @@ def _outcome(sync: QueueSync, want: Wanted, row: QueueFlags, decision: Decision,
         if sync.gate is not None and sync.before is not None:
             text += ("; the gate was met: " if sync.gate.met else "; forced past the gate (cutover.force): ")
             text += sync.gate.message
+        text = applied_message(text, previous_message, wrote=sync.before is not None)
         sync.condition = Condition("CutoverApplied", "True", "Applied", text)
         sync.status = _status(row, generation=generation, applied=want.canonical())
         return sync

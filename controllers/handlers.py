@@ -308,9 +308,11 @@ async def reconcile(
         warn_event(state, body, "InvalidConnection", message)
         return _refused(status, generation, Problem("InvalidConnection", message))
 
+    applied = conditions.find(status.get("conditions"), "CutoverApplied") or {}
     sync = await cutover.sync_queue(
         conns.postgres_dsn, parsed, owner=queue_owner(owner), previous=status.get("cutover") or {},
-        generation=generation, connect_timeout=state.config.db_timeout, pooler=conns.pooler)
+        generation=generation, connect_timeout=state.config.db_timeout, pooler=conns.pooler,
+        previous_message=str(applied.get("message", "")))
     _log_sync(sync, parsed, owner, body, state)
     if sync.owned_by is not None or (sync.problem is not None and sync.problem.reason == "DatabaseUnavailable"
                                      and not _claimed_before(status, parsed, owner)):

@@ -49,6 +49,18 @@ def test_a_flag_gate_has_one_place_to_go() -> None:
     assert set(cutover.Decision.__args__) == {"applied", "write", "restore", "report", "gated"}  # type: ignore[attr-defined]
 
 
+def test_how_the_flags_came_to_be_stays_until_the_next_write() -> None:
+    """A forced flip's account outlives the next passes (which write nothing), never a later write."""
+    now = "queue 'q': mode=live paused=false watermark=none (config version 4)"
+    forced = now + "; forced past the gate (cutover.force): agreement 95.00% over 40 compared"
+    assert cutover.applied_message(now, forced, wrote=False) == forced
+    assert cutover.applied_message(now, "", wrote=False) == now
+    later = now.replace("version 4", "version 5")
+    assert cutover.applied_message(later, forced, wrote=False) == later  # other flags: not this account
+    assert cutover.applied_message(now + "; the gate was met: ...", forced, wrote=True).endswith("met: ...")
+    assert cutover.applied_message(now, now + "4; x", wrote=False) == now  # "version 44" is not "version 4"
+
+
 def test_cutover_messages_name_the_rows_values() -> None:
     row = _row("live", paused=True, version=7)
     assert cutover.describe(row) == "mode=live paused=true watermark=none (config version 7)"
