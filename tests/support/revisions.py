@@ -8,8 +8,10 @@ repository and its worktrees are left untouched. Nothing here imports pytest.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 REPOSITORY = Path(__file__).resolve().parents[2]
@@ -39,12 +41,19 @@ def ref_tree(rev: str) -> str:
         ["git", "rev-parse", "--short", rev], capture_output=True, text=True, check=True, cwd=REPOSITORY
     )
     root = Path(f"/tmp/jq-bench-ref-{commit.stdout.strip()}")
-    if not (root / "judgequeue" / "core").exists():
-        (root / "judgequeue").mkdir(parents=True, exist_ok=True)
+    if not root.exists():
+        # Extracted beside it and renamed into place: a run killed mid-extract leaves no half tree
+        # that a later run would take for the revision.
+        partial = Path(tempfile.mkdtemp(prefix=f"{root.name}-", dir=root.parent))
+        (partial / "judgequeue").mkdir()
         archive = subprocess.run(
             ["git", "archive", rev, "core", "controllers"], capture_output=True, check=True, cwd=REPOSITORY
         )
-        subprocess.run(["tar", "-x", "-C", str(root / "judgequeue")], input=archive.stdout, check=True)
+        subprocess.run(["tar", "-x", "-C", str(partial / "judgequeue")], input=archive.stdout, check=True)
+        try:
+            partial.rename(root)
+        except OSError:  # another run put it in place first
+            shutil.rmtree(partial)
     return str(root)
 
 
