@@ -184,7 +184,7 @@ def test_churn_without_loss_then_garbage_collection(
 
 
 def test_a_judgequeue_deleted_while_its_timer_waits_on_the_database_is_gone_in_seconds(
-    crd_installed: Cluster, node: NodeAgent, namespace: str, tmp_path: Path
+    crd_installed: Cluster, node: NodeAgent, namespace: str, queue_name: str, tmp_path: Path
 ) -> None:
     """A Postgres that accepts connections and never answers keeps every tick in its connect for the
     database timeout (5 s of each 6): the JudgeQueue is deleted mid-tick. Kopf keeps its finalizer
@@ -194,7 +194,7 @@ def test_a_judgequeue_deleted_while_its_timer_waits_on_the_database_is_gone_in_s
     with socket.create_server(("127.0.0.1", 0)) as silent:  # accepts connections, never answers one
         dsn = f"postgresql://postgres@127.0.0.1:{silent.getsockname()[1]}/silent"
         connection_secrets(kube, ns, dsn=dsn, redis_url=KUBE_REDIS_URL)
-        kube.apply(judgequeue("mid-tick", "mid-tick", image="judgequeue:1.0", worker={"judge": "noop"}), namespace=ns)
+        kube.apply(judgequeue("mid-tick", queue_name, image="judgequeue:1.0", worker={"judge": "noop"}), namespace=ns)
         operator = start_operator(operator_identity(kube, ns), ns, tmp_path / "operator.log", interval=1.0)
         try:
             wait_for("Degraded: the database does not answer",
@@ -215,6 +215,7 @@ def test_a_judgequeue_deleted_while_its_timer_waits_on_the_database_is_gone_in_s
             operator.stop()
             for conn in held:
                 conn.close()
+            clear_queue_keys(KUBE_REDIS_URL, queue_name)
     record_figure("delete_mid_tick_seconds", round(took, 2))
     assert took < 30, took
 
