@@ -77,6 +77,10 @@ def boot_script(shares: Sequence[Share], env: Mapping[str, str], deadline: float
         "#!/bin/sh",
         "exec >/jqvm/boot.log 2>&1",
         "set -x",
+        # The unit that runs this script is not ordered after the boot-time clean-up of /tmp (it
+        # starts as soon as the disk is mounted), which would remove a mount point made under /tmp
+        # for a checkout there: wait for that clean-up before making any.
+        "systemctl start systemd-tmpfiles-setup.service",
     ]
     for n, share in enumerate(shares):
         options = "trans=virtio,version=9p2000.L,msize=512000," + ("cache=none" if share.writable else "cache=loose,ro")

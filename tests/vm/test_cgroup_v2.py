@@ -12,8 +12,10 @@ killed at its deadline), which the real-node tier builds on.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
@@ -178,14 +180,18 @@ exit 3
 """
 
 
-def test_the_runner_runs_a_script_and_brings_back_its_exit_code_output_and_files(tmp_path: Path) -> None:
-    shared = tmp_path / "shared"
-    shared.mkdir()
+def test_the_runner_runs_a_script_and_brings_back_its_exit_code_output_and_files(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    # Shared at its own path under /tmp, as a checkout under /tmp is: the guest's boot-time clean-up
+    # of /tmp must not remove the mount point.
+    shared = Path(tempfile.mkdtemp(dir="/tmp", prefix="jq-vm-share-"))
+    request.addfinalizer(lambda: shutil.rmtree(shared))
     (shared / "in.txt").write_text("from-the-host\n")
     port = REDIS_URL.rsplit(":", 1)[1].split("/")[0]
     outcome = machine.run(
-        PROBE, job_dir=tmp_path / "job", shares=[Share(str(shared), "/mnt/shared")],
-        env={"SHARED": "/mnt/shared", "PORT": port}, deadline=300,
+        PROBE, job_dir=tmp_path / "job", shares=[Share(str(shared), str(shared))],
+        env={"SHARED": str(shared), "PORT": port}, deadline=300,
     )  # fmt: skip
     FIGURES["probe_boot_to_poweroff_seconds"] = round(outcome.seconds, 1)
     assert outcome.returncode == 3, outcome.output + outcome.console[-3000:]
