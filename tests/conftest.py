@@ -36,6 +36,25 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                 item.add_marker(getattr(pytest.mark, tier))
 
 
+#: Seconds spent per folder of tests/ (setup, call and teardown), for the summary below.
+_SECONDS_BY_FOLDER: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    parts = Path(report.location[0]).parts
+    folder = parts[1] if len(parts) > 2 and parts[0] == "tests" else "other"
+    _SECONDS_BY_FOLDER[folder] = _SECONDS_BY_FOLDER.get(folder, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Where a run's time went, folder by folder (what a cold CI run's budget is planned from)."""
+    if not _SECONDS_BY_FOLDER:
+        return
+    terminalreporter.section("time per folder")
+    for folder, seconds in sorted(_SECONDS_BY_FOLDER.items(), key=lambda item: -item[1]):
+        terminalreporter.write_line(f"tests/{folder}: {seconds / 60:.1f} min")
+
+
 @pytest.fixture(scope="session")
 def template_db() -> Iterator[str]:
     """A migrated database every test database is cloned from (one per session and xdist worker)."""
