@@ -6,27 +6,32 @@ migration since the first version) replayed from empty must give the same catalo
 by object (tables and their kind and storage options, columns with types, defaults and identity,
 constraints, indexes, sequences, functions' whole definitions, triggers) and the same record. Each
 database an earlier version left (built here by that commit's own ``judgequeue migrate``, from git)
-takes this version's in one run and ends there too. A record no version left is refused and
-nothing changes.
+takes this version's in one run and ends there too. What those versions shipped is read from git:
+a migration file or a recorded baseline this version does not know fails here, before a user's
+database meets it. A record no version left is refused and nothing changes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+from pathlib import Path
 
 import asyncpg
 import pytest
 
 from judgequeue.core.migrate import (
+    SUPERSEDED,
     MigrationChecksumMismatch,
     MigrationHistoryGap,
     MigrationRefused,
     MigrationUnknownVersion,
+    available_migrations,
     current_versions,
     migrate,
 )
 from tests.support.databases import connection, dsn_for
-from tests.support.revisions import migrate_as, ref_tree
+from tests.support.revisions import migrate_as, ref_tree, shipped, shipped_where_absent
 
 #: What the catalog says of every object in the judgequeue schema, one query per kind of object.
 CATALOG: dict[str, str] = {
@@ -94,6 +99,26 @@ async def test_the_history_and_the_schema_file_give_the_same_database(fresh_db: 
         assert await migrate(conn, replay=True) == current_versions()  # 0001, 0002, ... each in turn
         assert await migrate(conn) == []
         assert_same_catalog(from_file, await catalog(conn))
+
+
+def checksum(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def test_every_migration_an_earlier_version_shipped_is_known_here() -> None:
+    known = {(m.version, m.checksum) for m in available_migrations()} | {(s.version, s.checksum) for s in SUPERSEDED}
+    ever = {
+        (int(Path(path).name[:4]), checksum(text))
+        for path, texts in shipped("core/migrations").items()
+        if path.endswith(".sql")
+        for text in texts
+    }
+    assert ever - known == set(), "a migration file main shipped that migrate would refuse: add it to SUPERSEDED"
+    # While the history was folded into the schema file, a new database recorded that file as one
+    # version (the commits with a schema file and no 0001).
+    files = shipped_where_absent("core/sql/schema.sql", "core/migrations/0001_outbox.sql")
+    baselines = {checksum(text) for text in files}
+    assert baselines - {s.checksum for s in SUPERSEDED if s.name == "baseline"} == set()
 
 
 #: Databases as earlier versions left them: ``judgequeue migrate`` of each commit in turn, from empty.
