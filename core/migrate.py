@@ -21,10 +21,13 @@ One run is one transaction holding a transaction-level advisory lock, so concurr
 pods starting at once) are safe: the second waits, then finds nothing left to do. Nothing outlives
 the transaction (no session lock, no session setting), so ``migrate`` works the same directly and
 through a transaction pooler such as PgBouncer, and a run that fails leaves the schema as it was.
+It runs beside the roles: a lock it waits for longer than :data:`LOCK_TIMEOUT`, or a deadlock with
+their transactions, rolls the run back and starts it again (:data:`ATTEMPTS` in all).
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import re
 from collections.abc import Mapping, Sequence
@@ -39,6 +42,12 @@ from .errors import JudgeQueueError
 _MIGRATE_LOCK_KEY = 0x6A7175657565_01
 
 _NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
+
+#: How long one run waits for a table lock the roles hold before it rolls back and starts again:
+#: while it waits, their statements on that table queue behind it.
+LOCK_TIMEOUT = "2s"
+#: Runs tried before a lock timeout or a deadlock is reported.
+ATTEMPTS = 5
 
 
 @dataclass(frozen=True)
@@ -119,6 +128,10 @@ class MigrationUnknownVersion(MigrationRefused):
 
 class MigrationHistoryGap(MigrationRefused):
     """The record has a hole no version of judgequeue left."""
+
+
+class MigrationLocked(JudgeQueueError):
+    """Every run timed out on a lock or deadlocked with the roles' transactions; nothing was changed."""
 
 
 @dataclass(frozen=True)
@@ -244,13 +257,29 @@ async def migrate(
     A new database gets the current schema file in one statement, recorded as every migration (all
     returned), unless ``replay``: then each migration runs in turn, as on a database that lived
     through every version. Raises :class:`MigrationRefused` (nothing changed) for a record no
-    version left.
+    version left, :class:`MigrationLocked` when every run gave way to the roles' locks.
     """
     files = available_migrations() if migrations is None else list(migrations)
+    for attempt in range(1, ATTEMPTS + 1):
+        try:
+            return await _migrate_once(conn, files, replay=replay)
+        except (asyncpg.DeadlockDetectedError, asyncpg.LockNotAvailableError) as exc:
+            if attempt == ATTEMPTS:
+                raise MigrationLocked(
+                    f"migrate gave way {ATTEMPTS} times to other transactions' locks ({exc.sqlstate}: {exc}); "
+                    "nothing was changed: run it again, or end the long transactions on judgequeue's tables"
+                ) from exc
+            await asyncio.sleep(0.2 * attempt)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+async def _migrate_once(conn: asyncpg.Connection, files: Sequence[Migration], *, replay: bool) -> list[int]:
     async with conn.transaction():
         # Transaction-scoped: a session lock would stay on a pooled server session (or be released
-        # on another one) behind a transaction pooler.
+        # on another one) behind a transaction pooler. Taken before the lock timeout: a second run
+        # waits for the first however long it takes.
         await conn.execute("SELECT pg_advisory_xact_lock($1)", _MIGRATE_LOCK_KEY)
+        await conn.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
         await conn.execute(
             """
             CREATE SCHEMA IF NOT EXISTS judgequeue;

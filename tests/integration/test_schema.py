@@ -8,7 +8,8 @@ constraints, indexes, sequences, functions' whole definitions, triggers) and the
 database an earlier version left (built here by that commit's own ``judgequeue migrate``, from git)
 takes this version's in one run and ends there too. What those versions shipped is read from git:
 a migration file or a recorded baseline this version does not know fails here, before a user's
-database meets it. A record no version left is refused and nothing changes.
+database meets it. A record no version left is refused and nothing changes; a run that waits on
+a lock the roles hold gives way and runs again.
 """
 
 from __future__ import annotations
@@ -20,18 +21,22 @@ from pathlib import Path
 import asyncpg
 import pytest
 
+from judgequeue.core import migrate as migrate_module
 from judgequeue.core.migrate import (
     SUPERSEDED,
     MigrationChecksumMismatch,
     MigrationHistoryGap,
+    MigrationLocked,
     MigrationRefused,
     MigrationUnknownVersion,
+    applied_versions,
     available_migrations,
     current_versions,
     migrate,
 )
 from tests.support.databases import connection, dsn_for
 from tests.support.revisions import migrate_as, ref_tree, shipped, shipped_where_absent
+from tests.support.waiting import eventually
 
 #: What the catalog says of every object in the judgequeue schema, one query per kind of object.
 CATALOG: dict[str, str] = {
@@ -173,3 +178,37 @@ async def test_a_record_no_version_left_is_refused_and_nothing_changes(fresh_db:
                 assert await catalog(conn) == before
             finally:
                 await tampered.rollback()
+
+
+async def test_a_run_gives_way_to_a_lock_the_roles_hold_and_runs_again(
+    fresh_db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(migrate_module, "LOCK_TIMEOUT", "200ms")
+    files = available_migrations()
+    async with connection(fresh_db) as conn, connection(fresh_db) as holder, connection(fresh_db) as observer:
+        await migrate(conn, files[:-1], replay=True)  # at 0015: the last migration alters the outbox
+        await holder.execute("BEGIN; LOCK TABLE judgequeue.outbox IN SHARE MODE")  # as a CREATE INDEX would
+
+        async def waiting_since() -> object:
+            return await observer.fetchval(
+                "SELECT xact_start FROM pg_stat_activity WHERE pid = $1 AND wait_event_type = 'Lock'",
+                conn.get_server_pid(),
+            )
+
+        monkeypatch.setattr(migrate_module, "ATTEMPTS", 2)
+        with pytest.raises(MigrationLocked, match="gave way 2 times"):
+            await migrate(conn)
+        assert await applied_versions(conn) == current_versions()[:-1]
+
+        monkeypatch.undo()
+        monkeypatch.setattr(migrate_module, "LOCK_TIMEOUT", "200ms")
+        run = asyncio.create_task(migrate(conn))
+        first = await eventually(waiting_since, within=10, what="migrate waiting for the outbox's lock")
+
+        async def waiting_again() -> bool:
+            since = await waiting_since()
+            return since is not None and since != first
+
+        await eventually(waiting_again, within=10, what="migrate rolled back and waiting again")
+        await holder.execute("COMMIT")
+        assert await run == [files[-1].version]
