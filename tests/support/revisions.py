@@ -1,8 +1,8 @@
 """Another revision's code, importable as ``judgequeue`` beside this tree's: its core and controllers.
 
 The benchmarks run a reference revision's roles on the schema that revision made; the schema and
-upgrade tests build databases the way an earlier version of judgequeue left them and read what
-every earlier revision shipped (:func:`shipped`). ``git archive`` into /tmp: the
+upgrade tests build databases the way an earlier version of judgequeue left them, run its roles,
+and read what every earlier revision shipped (:func:`shipped`). ``git archive`` into /tmp: the
 repository and its worktrees are left untouched. Nothing here imports pytest.
 """
 
