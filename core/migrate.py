@@ -66,30 +66,23 @@ class Migration:
 
 
 @dataclass(frozen=True)
-class Restore:
-    """Run again the end of migration ``version``'s file, from its line starting ``head``."""
-
-    version: int
-    head: str
-
-
-@dataclass(frozen=True)
 class Superseded:
     """A record an earlier version of judgequeue wrote that is no file of this one.
 
-    ``holds``: the migrations whose effects a database with this record holds; ``restore``: what
-    takes back the effect it holds beyond them, run before anything else.
+    ``holds``: the migrations whose effects a database with this record holds; ``restore``, as
+    ``(version, head)``: the end of that migration's file from its line starting ``head``, run again
+    before anything else to take back the effect the record holds beyond them.
     """
 
     version: int
     name: str
     checksum: str
     holds: tuple[int, ...] = ()
-    restore: Restore | None = None
+    restore: tuple[int, str] | None = None
 
 
 #: 0014's submit(), the function the unreleased 0015s replaced and every later version kept.
-_SUBMIT_OF_0014 = Restore(14, "CREATE OR REPLACE FUNCTION judgequeue.submit(")
+_SUBMIT_OF_0014 = (14, "CREATE OR REPLACE FUNCTION judgequeue.submit(")
 
 #: Every record earlier versions wrote that is not a file here (``git log -- core/migrations``).
 SUPERSEDED: tuple[Superseded, ...] = (
@@ -175,7 +168,7 @@ def plan(recorded: Mapping[int, str], migrations: Sequence[Migration]) -> Plan:
     superseded = {(s.version, s.checksum): s for s in SUPERSEDED}
     latest = max(files, default=0)
     holds: set[int] = set()
-    restores: list[Restore] = []
+    restores: list[tuple[int, str]] = []
     for version, checksum in sorted(recorded.items()):
         file = files.get(version)
         earlier = superseded.get((version, checksum))
@@ -209,7 +202,7 @@ def plan(recorded: Mapping[int, str], migrations: Sequence[Migration]) -> Plan:
         )
     top = max(holds, default=0)
     missing = sorted(set(range(1, top + 1)) - holds)
-    unheld = [r.version for r in restores if r.version not in holds]
+    unheld = [version for version, _ in restores if version not in holds]
     if (missing and frozenset(holds) not in OUT_OF_ORDER) or unheld or (recorded and not holds):
         lacking = sorted({*missing, *unheld}) or [1]
         raise MigrationHistoryGap(
@@ -219,7 +212,7 @@ def plan(recorded: Mapping[int, str], migrations: Sequence[Migration]) -> Plan:
             "nothing was changed"
         )
     return Plan(
-        restore=tuple(statement_from(files[r.version], r.head) for r in restores),
+        restore=tuple(statement_from(files[version], head) for version, head in restores),
         apply=tuple(m for m in migrations if m.version not in holds),
         relabel=tuple(m for m in migrations if m.version in holds and recorded.get(m.version) != m.checksum),
     )

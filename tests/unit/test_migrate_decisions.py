@@ -135,5 +135,5 @@ def test_superseded_records_are_no_file_and_hold_only_what_came_before_them() ->
     for s in SUPERSEDED:
         assert s.checksum not in checksums, s
         assert set(s.holds) <= set(range(1, s.version + 1)), s
-        assert s.restore is None or s.restore.version < s.version, s
+        assert s.restore is None or s.restore[0] < s.version, s
     assert all(max(gap) <= LATEST for gap in OUT_OF_ORDER)
