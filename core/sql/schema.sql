@@ -1,12 +1,11 @@
 -- judgequeue's schema as it is now: every table, index, trigger and SQL function, in one file.
 --
 -- This file is where each thing is read and changed. A new database is given it in one go (see
--- core/migrate.py); an existing one takes the migrations it lacks (core/migrations/: the changes
--- since the baseline, 0016, the history before which is folded into this file).
--- tests/integration/test_schema.py checks that a database that lived through that history ends in
--- the same catalog as one given this file. A later change is written twice on purpose: here as the
--- thing itself, and as a new migration (never an edit of an applied one) that takes an existing
--- database there.
+-- core/migrate.py); an existing one takes the migrations it lacks (core/migrations/: every change
+-- since the first version, frozen). tests/integration/test_schema.py checks that the history
+-- replayed from empty, and every database an earlier version left, end in the same catalog as one
+-- given this file. A change is written twice on purpose: here as the thing itself, and as a new
+-- migration (never an edit of an applied one) that takes an existing database there.
 --
 -- All decisions use the database clock; nothing here trusts a client's time. Errors use SQLSTATEs
 -- JQ001..JQ008 (core/errors.py).

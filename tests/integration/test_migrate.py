@@ -1,4 +1,4 @@
-"""Migrations: fresh database, idempotent re-run, two concurrent runs, and the migrations after the baseline."""
+"""Migrations: fresh database, idempotent re-run, two concurrent runs, and the next migration a version ships."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import asyncpg
 import pytest
 
 from judgequeue.core.migrate import (
-    BASELINE,
     Migration,
     MigrationChecksumMismatch,
     applied_versions,
+    available_migrations,
     current_versions,
     migrate,
 )
@@ -40,8 +40,10 @@ async def test_two_concurrent_runs_apply_each_migration_once(fresh_db: str) -> N
             await c.close()
 
 
-#: A migration after the baseline, as the next schema change will ship one.
-PROBE = Migration(BASELINE + 1, "probe", "CREATE TABLE judgequeue.probe (x integer)")
+#: The migrations of a version that ships one more, as the next schema change will.
+FILES = available_migrations()
+PROBE = Migration(FILES[-1].version + 1, "probe", "CREATE TABLE judgequeue.probe (x integer)")
+WITH_PROBE = [*FILES, PROBE]
 
 
 async def probe_exists(conn: asyncpg.Connection) -> bool:
@@ -52,23 +54,24 @@ async def test_a_later_migration_runs_on_an_existing_database_and_is_only_record
     fresh_db: str,
 ) -> None:
     async with connection(fresh_db) as conn:
-        assert await migrate(conn) == [BASELINE]  # an existing database, at the baseline
-        assert await migrate(conn, [PROBE]) == [PROBE.version]
+        assert await migrate(conn) == current_versions()  # an existing database, at this version
+        assert await migrate(conn, WITH_PROBE) == [PROBE.version]
         assert await probe_exists(conn)
-        assert await migrate(conn, [PROBE]) == []
+        assert await migrate(conn, WITH_PROBE) == []
         await conn.execute("DROP SCHEMA judgequeue CASCADE")
         # A new database: the schema file is the schema with every migration in it, so the
         # migration is recorded, not run (the probe is not in the schema file, so it stays absent).
-        assert await migrate(conn, [PROBE]) == [BASELINE, PROBE.version] == current_versions([PROBE])
+        assert await migrate(conn, WITH_PROBE) == current_versions(WITH_PROBE)
         assert not await probe_exists(conn)
 
 
 async def test_an_edited_migration_is_refused_and_nothing_changes(fresh_db: str) -> None:
     async with connection(fresh_db) as conn:
-        await migrate(conn, [PROBE])
+        await migrate(conn, WITH_PROBE)
         edited = Migration(PROBE.version, PROBE.name, PROBE.sql + "; CREATE TABLE judgequeue.probe2 (x integer)")
         later = Migration(PROBE.version + 1, "later", "CREATE TABLE judgequeue.later (x integer)")
-        with pytest.raises(MigrationChecksumMismatch, match="migration 0017_probe was changed after it was applied"):
-            await migrate(conn, [edited, later])
-        assert await applied_versions(conn) == [BASELINE, PROBE.version]
+        recorded = f"migration {PROBE.label} with checksum {PROBE.checksum[:12]}"
+        with pytest.raises(MigrationChecksumMismatch, match=recorded):
+            await migrate(conn, [*FILES, edited, later])
+        assert await applied_versions(conn) == current_versions(WITH_PROBE)
         assert not await conn.fetchval("SELECT to_regclass('judgequeue.later') IS NOT NULL")

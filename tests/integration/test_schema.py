@@ -1,32 +1,42 @@
-"""A new database and one that lived through the history folded into core/sql/schema.sql end alike.
+"""Every road to the current schema ends in the same database: the schema file, the history, and each
+database an earlier version of judgequeue left.
 
-A new database is given ``core/sql/schema.sql`` in one go; one made before the fold went through the
-migrations 0001 to 0016 one by one, as the commit that last carried them runs them (its own runner,
-from git). Both must end in the same catalog, compared object by object (tables and their kind,
-columns with types, defaults and identity, constraints, indexes, sequences, functions' whole
-definitions, triggers). A database that stopped partway through that history is refused with
-what to run, and that advice is followed here to the end.
+A new database is given ``core/sql/schema.sql`` in one go; the history (``core/migrations/``, every
+migration since the first version) replayed from empty must give the same catalog, compared object
+by object (tables and their kind and storage options, columns with types, defaults and identity,
+constraints, indexes, sequences, functions' whole definitions, triggers) and the same record. Each
+database an earlier version left (built here by that commit's own ``judgequeue migrate``, from git)
+takes this version's in one run and ends there too. What those versions shipped is read from git:
+a migration file or a recorded baseline this version does not know fails here, before a user's
+database meets it. A record no version left is refused and nothing changes; a run that waits on
+a lock the roles hold gives way and runs again.
 """
 
 from __future__ import annotations
 
-import shutil
-from collections.abc import AsyncIterator
+import asyncio
+import hashlib
 from pathlib import Path
 
 import asyncpg
 import pytest
 
+from judgequeue.core import migrate as migrate_module
 from judgequeue.core.migrate import (
-    BASELINE,
-    HISTORY_COMMIT,
+    SUPERSEDED,
+    MigrationChecksumMismatch,
     MigrationHistoryGap,
+    MigrationLocked,
+    MigrationRefused,
+    MigrationUnknownVersion,
     applied_versions,
+    available_migrations,
     current_versions,
     migrate,
 )
-from tests.support.databases import connection, create_database, drop_database
-from tests.support.revisions import migrate_as, ref_tree
+from tests.support.databases import connection, dsn_for
+from tests.support.revisions import migrate_as, ref_tree, shipped, shipped_where_absent
+from tests.support.waiting import eventually
 
 #: What the catalog says of every object in the judgequeue schema, one query per kind of object.
 CATALOG: dict[str, str] = {
@@ -61,22 +71,24 @@ CATALOG: dict[str, str] = {
           FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
           JOIN pg_namespace n ON n.oid = c.relnamespace
          WHERE n.nspname = 'judgequeue' AND NOT t.tgisinternal ORDER BY 1, 2""",
+    "record": "SELECT version, name, checksum FROM judgequeue.schema_migrations ORDER BY 1",
 }
 
+Catalog = dict[str, list[tuple[object, ...]]]
 
-async def catalog(conn: asyncpg.Connection) -> dict[str, list[tuple[object, ...]]]:
+
+async def catalog(conn: asyncpg.Connection) -> Catalog:
     return {kind: [tuple(r) for r in await conn.fetch(query)] for kind, query in CATALOG.items()}
 
 
 @pytest.fixture
-async def two_new_databases() -> AsyncIterator[tuple[str, str]]:
-    dsns = (await create_database("jq_t", migrated=False), await create_database("jq_t", migrated=False))
-    yield dsns
-    for dsn in dsns:
-        await drop_database(dsn)
+async def from_file(template_db: str) -> Catalog:
+    """The catalog of a new database given the schema file: the session's template database."""
+    async with connection(dsn_for(template_db)) as conn:
+        return await catalog(conn)
 
 
-def assert_same_catalog(ours: dict[str, list[tuple[object, ...]]], theirs: dict[str, list[tuple[object, ...]]]) -> None:
+def assert_same_catalog(ours: Catalog, theirs: Catalog) -> None:
     assert ours["functions"] and ours["columns"] and ours["triggers"], "the catalog queries must find the schema"
     for kind in CATALOG:
         only_file = sorted(set(ours[kind]) - set(theirs[kind]), key=repr)
@@ -87,36 +99,116 @@ def assert_same_catalog(ours: dict[str, list[tuple[object, ...]]], theirs: dict[
         )
 
 
-async def test_the_folded_history_and_the_schema_file_give_the_same_database(
-    two_new_databases: tuple[str, str],
-) -> None:
-    from_file, lived = two_new_databases
-    migrate_as(lived, ref_tree(HISTORY_COMMIT), replay=True)  # 0001, 0002, ... 0016, each in turn
-    async with connection(from_file) as a, connection(lived) as b:
-        assert await applied_versions(b) == list(range(1, BASELINE + 1))
-        assert await migrate(a) == current_versions()
-        assert await migrate(b) == current_versions()[1:]  # the baseline is reached: only what came after
-        assert await applied_versions(a) == current_versions()
-        assert_same_catalog(await catalog(a), await catalog(b))
+async def test_the_history_and_the_schema_file_give_the_same_database(fresh_db: str, from_file: Catalog) -> None:
+    async with connection(fresh_db) as conn:
+        assert await migrate(conn, replay=True) == current_versions()  # 0001, 0002, ... each in turn
+        assert await migrate(conn) == []
+        assert_same_catalog(from_file, await catalog(conn))
 
 
-async def test_a_database_partway_through_the_history_is_refused_then_takes_the_advice(
-    two_new_databases: tuple[str, str], tmp_path: Path
+def checksum(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def test_every_migration_an_earlier_version_shipped_is_known_here() -> None:
+    known = {(m.version, m.checksum) for m in available_migrations()} | {(s.version, s.checksum) for s in SUPERSEDED}
+    ever = {
+        (int(Path(path).name[:4]), checksum(text))
+        for path, texts in shipped("core/migrations").items()
+        if path.endswith(".sql")
+        for text in texts
+    }
+    assert ever - known == set(), "a migration file main shipped that migrate would refuse: add it to SUPERSEDED"
+    # While the history was folded into the schema file, a new database recorded that file as one
+    # version (the commits with a schema file and no 0001).
+    files = shipped_where_absent("core/sql/schema.sql", "core/migrations/0001_outbox.sql")
+    baselines = {checksum(text) for text in files}
+    assert baselines - {s.checksum for s in SUPERSEDED if s.name == "baseline"} == set()
+
+
+#: Databases as earlier versions left them: ``judgequeue migrate`` of each commit in turn, from empty.
+ROADS = {
+    "0001 and 0003 (0003 merged first)": ["1129ecb"],
+    "0001-0005 and 0007 (0007 merged first)": ["cc312d7"],
+    "0001-0007 and 0009 (0009 merged first)": ["8746c18"],
+    "0010, through every earlier runner": ["2d16aca", "c59573f", "cc312d7", "94f4a53"],
+    "0014, the schema file of its day": ["a34d6c5"],
+    "unreleased 0015 (submit statements)": ["7ad9275"],
+    "unreleased 0015, fillfactor as 0016": ["94f4a53", "7ad9275", "5ae1305"],
+    "unreleased 0015 (name check), fillfactor as 0016": ["51ca82b"],
+    "fillfactor as 0016 alone": ["ad49259"],
+    "fillfactor as 0016, then as 0015": ["a34d6c5", "ad49259", "f750735"],
+    "fillfactor as 0015": ["f750735"],
+    "0016, the history's last": ["919463e"],
+    "0016 as the schema file's baseline": ["3d16a5f"],
+}
+
+
+@pytest.mark.parametrize("commits", ROADS.values(), ids=ROADS.keys())
+async def test_a_database_an_earlier_version_left_takes_this_one_in_one_run(
+    fresh_db: str, from_file: Catalog, commits: list[str]
 ) -> None:
-    from_file, partway = two_new_databases
-    history = tmp_path / "history"
-    shutil.copytree(ref_tree(HISTORY_COMMIT), history)
-    for later in (history / "judgequeue" / "core" / "migrations").glob("001[0-6]_*.sql"):
-        later.unlink()
-    migrate_as(partway, str(history), replay=True)  # a database made before migration 0010 existed
-    async with connection(partway) as conn:
-        before = await catalog(conn)
-        with pytest.raises(MigrationHistoryGap) as refused:
+    for commit in commits:
+        await asyncio.to_thread(migrate_as, fresh_db, ref_tree(commit))
+    async with connection(fresh_db) as conn:
+        await migrate(conn)
+        assert await migrate(conn) == []
+        assert_same_catalog(from_file, await catalog(conn))
+
+
+async def test_a_record_no_version_left_is_refused_and_nothing_changes(fresh_db: str) -> None:
+    async with connection(fresh_db) as conn:
+        await migrate(conn)
+        tamperings = {
+            "UPDATE judgequeue.schema_migrations SET checksum = repeat('0', 64) WHERE version = 12": (
+                MigrationChecksumMismatch, "migration 0012_shadow_verdicts with checksum 000000000000"),
+            "INSERT INTO judgequeue.schema_migrations (version, name, checksum) VALUES (99, 'later', 'x')": (
+                MigrationUnknownVersion, "migration 0099"),
+            "DELETE FROM judgequeue.schema_migrations WHERE version = 10": (MigrationHistoryGap, "but not 0010"),
+        }  # fmt: skip
+        for tamper, (error, naming) in tamperings.items():
+            tampered = conn.transaction()  # rolled back after each: the next starts from the true record
+            await tampered.start()
+            try:
+                await conn.execute(tamper)
+                before = await catalog(conn)
+                with pytest.raises(error, match=naming) as refused:
+                    await migrate(conn)
+                assert isinstance(refused.value, MigrationRefused)
+                assert await catalog(conn) == before
+            finally:
+                await tampered.rollback()
+
+
+async def test_a_run_gives_way_to_a_lock_the_roles_hold_and_runs_again(
+    fresh_db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(migrate_module, "LOCK_TIMEOUT", "200ms")
+    files = available_migrations()
+    async with connection(fresh_db) as conn, connection(fresh_db) as holder, connection(fresh_db) as observer:
+        await migrate(conn, files[:-1], replay=True)  # at 0015: the last migration alters the outbox
+        await holder.execute("BEGIN; LOCK TABLE judgequeue.outbox IN SHARE MODE")  # as a CREATE INDEX would
+
+        async def waiting_since() -> object:
+            return await observer.fetchval(
+                "SELECT xact_start FROM pg_stat_activity WHERE pid = $1 AND wait_event_type = 'Lock'",
+                conn.get_server_pid(),
+            )
+
+        monkeypatch.setattr(migrate_module, "ATTEMPTS", 2)
+        with pytest.raises(MigrationLocked, match="gave way 2 times"):
             await migrate(conn)
-        assert await catalog(conn) == before and await applied_versions(conn) == list(range(1, 10))
-    assert "migration 0009" in str(refused.value) and HISTORY_COMMIT[:12] in str(refused.value)
-    migrate_as(partway, ref_tree(HISTORY_COMMIT))  # `judgequeue migrate` of that commit, as the error says
-    async with connection(from_file) as a, connection(partway) as b:
-        await migrate(a)
-        assert await migrate(b) == current_versions()[1:]
-        assert_same_catalog(await catalog(a), await catalog(b))
+        assert await applied_versions(conn) == current_versions()[:-1]
+
+        monkeypatch.undo()
+        monkeypatch.setattr(migrate_module, "LOCK_TIMEOUT", "200ms")
+        run = asyncio.create_task(migrate(conn))
+        first = await eventually(waiting_since, within=10, what="migrate waiting for the outbox's lock")
+
+        async def waiting_again() -> bool:
+            since = await waiting_since()
+            return since is not None and since != first
+
+        await eventually(waiting_again, within=10, what="migrate rolled back and waiting again")
+        await holder.execute("COMMIT")
+        assert await run == [files[-1].version]

@@ -241,6 +241,8 @@ def test_wheel_holds_packages_data_and_entry_points(clean_install: CleanInstall)
         entry_points = next(wheel.read(n).decode() for n in names if n.endswith(".dist-info/entry_points.txt"))
     assert "judgequeue/core/cli.py" in names and "judgequeue/controllers/operator.py" in names
     assert {"judgequeue/core/sql/schema.sql", "judgequeue/core/migrations/__init__.py"} <= names
+    # The history too: an existing database upgrades through it.
+    assert {f"judgequeue/core/migrations/{p.name}" for p in (ROOT / "core" / "migrations").glob("*.sql")} <= names
     assert {"judgequeue/core/py.typed", "judgequeue/controllers/py.typed"} <= names
     assert not any(n.startswith(("core/", "controllers/", "tests/")) for n in names)  # no bare top-level modules
     assert "judgequeue = judgequeue.core.cli:main" in entry_points

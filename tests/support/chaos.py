@@ -84,7 +84,8 @@ SERVER_FAULTS = (
     "proxy_stall",
 )
 
-AUDIT_SQL = """
+#: Every status/generation transition of a submission, recorded (the audit :func:`check_invariants` reads).
+VERDICT_AUDIT_SQL = """
 CREATE TABLE public.chaos_audit (
     seq          bigserial PRIMARY KEY,
     submission   bigint NOT NULL,
@@ -105,6 +106,9 @@ END $$;
 CREATE TRIGGER chaos_audit AFTER UPDATE ON judgequeue.submissions FOR EACH ROW
     WHEN (OLD.status IS DISTINCT FROM NEW.status OR OLD.generation IS DISTINCT FROM NEW.generation)
     EXECUTE FUNCTION public.chaos_audit_fn();
+"""
+#: The same of the shadow verdicts (a schema from before shadow judging has no table to watch).
+SHADOW_AUDIT_SQL = """
 CREATE TABLE public.chaos_shadow_audit (
     seq          bigserial PRIMARY KEY,
     submission   bigint NOT NULL,
@@ -131,6 +135,7 @@ END $$;
 CREATE TRIGGER chaos_shadow_audit AFTER INSERT OR UPDATE ON judgequeue.shadow_verdicts FOR EACH ROW
     EXECUTE FUNCTION public.chaos_shadow_audit_fn();
 """
+AUDIT_SQL = VERDICT_AUDIT_SQL + SHADOW_AUDIT_SQL
 
 
 @dataclass

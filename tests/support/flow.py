@@ -19,17 +19,18 @@ import asyncpg
 import redis.asyncio as aioredis
 
 from judgequeue.core.connect import redis_client
-from tests.support.chaos import AUDIT_SQL, JUDGE_STATUSES, ChaosReport, check_invariants
+from tests.support.chaos import AUDIT_SQL, JUDGE_STATUSES, VERDICT_AUDIT_SQL, ChaosReport, check_invariants
 from tests.support.databases import connection
 from tests.support.queries import count_submissions
 from tests.support.roles import Roles, submit_retrying, wait_all_terminal
 from tests.support.waiting import eventually
 
 
-async def install_audit(dsn: str) -> None:
-    """The chaos audit trigger: every status/generation transition recorded (install before any job)."""
+async def install_audit(dsn: str, *, shadow: bool = True) -> None:
+    """The chaos audit trigger: every status/generation transition recorded (install before any job);
+    ``shadow=False`` for a schema from before shadow judging (the submissions' audit only)."""
     async with connection(dsn) as conn:
-        await conn.execute(AUDIT_SQL)
+        await conn.execute(AUDIT_SQL if shadow else VERDICT_AUDIT_SQL)
 
 
 class Flow:

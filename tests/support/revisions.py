@@ -1,7 +1,8 @@
 """Another revision's code, importable as ``judgequeue`` beside this tree's: its core and controllers.
 
-The benchmarks run a reference revision's roles on the schema that revision made; the schema test
-builds databases the way an earlier version of judgequeue left them. ``git archive`` into /tmp: the
+The benchmarks run a reference revision's roles on the schema that revision made; the schema and
+upgrade tests build databases the way an earlier version of judgequeue left them, run its roles,
+and read what every earlier revision shipped (:func:`shipped`). ``git archive`` into /tmp: the
 repository and its worktrees are left untouched. Nothing here imports pytest.
 """
 
@@ -55,6 +56,50 @@ def ref_tree(rev: str) -> str:
         except OSError:  # another run put it in place first
             shutil.rmtree(partial)
     return str(root)
+
+
+def _git(*args: str, stdin: bytes | None = None) -> bytes:
+    return subprocess.run(["git", *args], input=stdin, capture_output=True, check=True, cwd=REPOSITORY).stdout
+
+
+def shipped(path: str, rev: str = "HEAD") -> dict[str, set[str]]:
+    """Every text a file under ``path`` had in any commit ``rev`` descends from (or is), by file path."""
+    log = _git("log", rev, "--format=", "--raw", "--no-abbrev", "--no-renames", "--root", "-m", "--", path)
+    blobs: dict[str, set[str]] = {}
+    for line in log.decode().splitlines():
+        meta, _, name = line.partition("\t")
+        blob = meta.split()[3]
+        if blob.strip("0"):  # not a deletion
+            blobs.setdefault(blob, set()).add(name)
+    texts = _blobs(sorted(blobs))
+    found: dict[str, set[str]] = {}
+    for blob, names in blobs.items():
+        for name in names:
+            found.setdefault(name, set()).add(texts[blob])
+    return found
+
+
+def shipped_where_absent(path: str, absent: str, rev: str = "HEAD") -> set[str]:
+    """Every text ``path`` had in a commit (``rev`` or before it) that had no file ``absent``."""
+    commits = _git("rev-list", rev).decode().split()
+    asked = "".join(f"{c}:{p}\n" for c in commits for p in (path, absent)).encode()
+    answers = _git("cat-file", "--batch-check=%(objectname)", stdin=asked).decode().splitlines()
+    pairs = zip(answers[0::2], answers[1::2], strict=True)
+    blobs = {have for have, lacks in pairs if not have.endswith(" missing") and lacks.endswith(" missing")}
+    return set(_blobs(sorted(blobs)).values())
+
+
+def _blobs(ids: list[str]) -> dict[str, str]:
+    """The texts of these blobs, in one ``git cat-file --batch``."""
+    out = _git("cat-file", "--batch", stdin="".join(f"{i}\n" for i in ids).encode())
+    texts: dict[str, str] = {}
+    at = 0
+    for blob in ids:
+        header_end = out.index(b"\n", at)
+        size = int(out[at:header_end].split()[2])
+        texts[blob] = out[header_end + 1 : header_end + 1 + size].decode()
+        at = header_end + 1 + size + 1
+    return texts
 
 
 def migrate_as(dsn: str, pythonpath: str, *, replay: bool = False) -> None:
