@@ -24,6 +24,7 @@ from datetime import datetime
 from typing import Any, NoReturn, TypeVar
 
 from .config import (
+    FILE_VARIABLES,
     PREFIX,
     judge_refused_mode,
     load_settings,
@@ -97,10 +98,16 @@ def overrides_from(args: argparse.Namespace) -> dict[str, str]:
 
 
 def resolve(args: argparse.Namespace, env: Mapping[str, str], variable: str) -> Any:
-    """Validate one variable from its flag or the environment; ConfigError names it."""
+    """Validate one variable from its flag, the environment or, for a connection, the file its
+    ``*_FILE`` variable names (a mounted Secret, as the roles read it); ConfigError names it."""
     flags = overrides_from(args)
     if variable in flags:
         return parse_variable(variable, flags[variable], shown_as=flag_for(variable))
+    if variable.removeprefix(PREFIX) in FILE_VARIABLES:
+        others = [PREFIX + suffix for suffix in FILE_VARIABLES if PREFIX + suffix != variable]
+        from_file = read_credential_files(env, ignore=others)
+        if variable in from_file:
+            return parse_variable(variable, from_file[variable])
     return parse_variable(variable, env.get(variable))
 
 
