@@ -35,6 +35,7 @@ from .config import (
     variable_names,
 )
 from .errors import ConfigError, Failure, JudgeQueueError
+from .version import VERSION
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -755,7 +756,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=formatter,
     )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {VERSION}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser, required=True)
 
     json_flag = _Parser(add_help=False)
@@ -931,15 +932,6 @@ def build_parser() -> argparse.ArgumentParser:
     pause.add_argument("--resume", dest="paused", action="store_const", const=False, help="dispatch again")
     _add_variable_flags(c, [DSN, QUEUE], "connection")
     return parser
-
-
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("judgequeue")
-    except PackageNotFoundError:
-        return "unknown"
 
 
 def main(argv: list[str] | None = None, env: Mapping[str, str] | None = None) -> int:
