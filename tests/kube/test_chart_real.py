@@ -8,6 +8,7 @@ from tests.kube.cluster import Cluster
 from tests.kube.conftest import CHART
 
 PEERING_CRDS = ("kopfpeerings.kopf.dev", "clusterkopfpeerings.kopf.dev")
+CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 
 
 def test_peering_install_ships_its_crds(kube: Cluster) -> None:
@@ -30,6 +31,39 @@ def test_peering_install_ships_its_crds(kube: Cluster) -> None:
         kube.helm_cmd("uninstall", release, "-n", namespaces[0], "--wait", check=False)
         for ns in namespaces:
             kube.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+
+
+def test_install_without_peering_brings_no_peering_crds(kube: Cluster) -> None:
+    """Kopf's peering CRDs come with operator.peering.enabled only (the kopf-peering subchart it
+    enables); a default install leaves a cluster without them as it was."""
+    for crd in PEERING_CRDS:
+        kube.kubectl("delete", "crd", crd, "--ignore-not-found", "--wait=true")
+    suffix = uuid.uuid4().hex[:6]
+    release = namespace = f"nopeer-{suffix}"
+    result = kube.helm_cmd("install", release, str(CHART), "-n", namespace, "--create-namespace",
+                           "--set", "operator.replicas=0", "--set", f"operator.watchNamespaces={{{namespace}}}",
+                           check=False)
+    try:
+        assert result.returncode == 0, result.stderr
+        for crd in PEERING_CRDS:
+            assert kube.get(f"{CRDS}/{crd}") is None, f"{crd} installed with peering off"
+    finally:
+        kube.helm_cmd("uninstall", release, "-n", namespace, "--wait", check=False)
+        kube.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+
+
+def test_peering_crds_render_only_with_peering(kube: Cluster) -> None:
+    """``helm template --include-crds`` (what Argo CD and a GitOps pipeline apply): the peering CRDs
+    are in it with peering on, and not otherwise."""
+    version = kube.version.lstrip("v")
+    plain = kube.helm_cmd("template", "x", str(CHART), "--include-crds", "--kube-version", version).stdout
+    peering = kube.helm_cmd("template", "x", str(CHART), "--include-crds", "--kube-version", version,
+                            "-f", str(CHART / "ci" / "peering-values.yaml")).stdout
+    for crd in PEERING_CRDS:
+        assert f"name: {crd}" not in plain
+        assert f"name: {crd}" in peering
+    for rendered in (plain, peering):  # the JudgeQueue CRD is a template: there either way
+        assert "name: judgequeues.judgequeue.dev" in rendered
 
 
 def test_chart_claims_the_kube_version_it_is_checked_on(kube: Cluster) -> None:

@@ -4,7 +4,8 @@
   succeeds and says what it left out; with the CRDs the monitors are installed;
 - the README's manifests apply as written (they create the namespace they use);
 - switching ``worker.autoscaling`` from internal to external keeps the workers' count;
-- the README's uninstall removes the CRDs Helm leaves behind (Kopf's peering kinds);
+- the README's uninstall removes the CRDs Helm leaves behind (Kopf's peering kinds, with peering on;
+  the JudgeQueue CRD, which the chart keeps);
 - ``--liveness-address`` binds Kopf's ``/healthz`` where it says;
 - docs/gitops.md's Argo CD health check calls a JudgeQueue whose reconcile failed Degraded.
 """
@@ -165,13 +166,18 @@ def test_switching_to_external_autoscaling_keeps_the_workers(
 
 def test_readme_uninstall_removes_the_crds_helm_leaves(kube: Cluster, release: tuple[str, str]) -> None:
     name, namespace = release
-    result = kube.helm_cmd("install", name, str(CHART), "-n", namespace, "--create-namespace",
-                           "--set", "operator.replicas=0", "--set", f"operator.watchNamespaces={{{namespace}}}")
-    assert result.returncode == 0
-    kube.helm_cmd("uninstall", name, "-n", namespace, "--wait")
     peering = ("kopfpeerings.kopf.dev", "clusterkopfpeerings.kopf.dev")
-    for crd in peering:  # Helm's rule: crds/ are never deleted
+    for crd in peering:  # this release's install brings them (peering on), whatever ran before
+        kube.kubectl("delete", "crd", crd, "--ignore-not-found", "--wait=true")
+    result = kube.helm_cmd("install", name, str(CHART), "-n", namespace, "--create-namespace",
+                           "--set", "operator.replicas=0", "--set", f"operator.watchNamespaces={{{namespace}}}",
+                           "--set", "operator.peering.enabled=true")
+    assert result.returncode == 0, result.stderr
+    kube.helm_cmd("uninstall", name, "-n", namespace, "--wait")
+    for crd in peering:  # Helm's rule: crds/ (here the kopf-peering subchart's) are never deleted
         assert kube.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd}") is not None
+    # Kept too, by helm.sh/resource-policy: keep (or never this release's: then not Helm's to delete).
+    assert kube.get("/apis/apiextensions.k8s.io/v1/customresourcedefinitions/judgequeues.judgequeue.dev")
     argv = _readme_command("kubectl delete crd")
     named = argv[3:]
     assert set(peering) <= set(named) and "judgequeues.judgequeue.dev" in named, argv

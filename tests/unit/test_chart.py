@@ -229,7 +229,7 @@ def iter_alerts(docs: tuple[dict[str, Any], ...]) -> Iterator[dict[str, Any]]:
 def test_value_files_cover_every_option() -> None:
     assert {
         "namespaced-values.yaml", "peering-values.yaml", "podmonitor-values.yaml", "servicemonitor-values.yaml",
-        "prometheusrule-values.yaml", "dashboard-values.yaml", "custom-values.yaml",
+        "prometheusrule-values.yaml", "dashboard-values.yaml", "custom-values.yaml", "unmanaged-values.yaml",
     } <= set(VALUE_FILES)
 
 
@@ -243,7 +243,7 @@ def test_renders_with_standard_labels(case: str) -> None:
         missing = [k for k in STANDARD_LABELS if k not in labels]
         assert not missing, f"{doc['kind']}/{doc['metadata']['name']} lacks labels {missing}"
         assert labels["app.kubernetes.io/managed-by"] == "Helm"
-        assert labels["helm.sh/chart"] == "judgequeue-0.1.0"
+        assert labels["helm.sh/chart"] == f"judgequeue-{chart().version}"
 
 
 @pytest.mark.parametrize("case", VALUE_CASES)
@@ -274,7 +274,7 @@ def test_manifests_validate_against_kubernetes_schemas(case: str) -> None:
 
 
 def test_crd_validates_against_kubernetes_schema() -> None:
-    crd = yaml.safe_load((CHART_DIR / "crds" / "judgequeue.yaml").read_text())
+    crd = yaml.safe_load((ROOT / "crds" / "judgequeue.yaml").read_text())
     kubernetes_validate.validate(crd, kubernetes_validate.latest_version(), strict=True)
 
 
@@ -326,9 +326,36 @@ def test_inconsistent_values_fail_with_a_clear_message(values: dict[str, Any], m
 # --- CRD, RBAC -------------------------------------------------------------------------------------
 
 
-def test_chart_crd_is_byte_identical_to_crds_dir() -> None:
-    assert (CHART_DIR / "crds" / "judgequeue.yaml").read_bytes() == (ROOT / "crds" / "judgequeue.yaml").read_bytes()
-    assert sorted(c["name"] for c in chart().crds) == ["crds/judgequeue.yaml", "crds/kopf-peering.yaml"]
+def test_chart_crd_is_crds_dir_crd_kept_on_uninstall() -> None:
+    """The JudgeQueue CRD is a template (so ``helm upgrade`` upgrades it) whose spec is
+    crds/judgequeue.yaml's, under the release's labels and ``helm.sh/resource-policy: keep``."""
+    source = yaml.safe_load((ROOT / "crds" / "judgequeue.yaml").read_text())
+    rendered = one(rendered_case("defaults"), "CustomResourceDefinition")
+    assert rendered["spec"] == source["spec"]
+    assert rendered["metadata"]["name"] == source["metadata"]["name"]
+    assert source["metadata"]["labels"].items() <= rendered["metadata"]["labels"].items()
+    assert rendered["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+    assert "helm.sh/hook" not in rendered["metadata"]["annotations"]
+    assert not of_kind(rendered_case("unmanaged-values.yaml"), "CustomResourceDefinition")
+
+
+def test_peering_crds_come_only_with_peering() -> None:
+    """Kopf's peering CRDs live in the kopf-peering subchart's crds/, and the subchart is enabled by
+    operator.peering.enabled: Helm installs a subchart's crds/ only when it is enabled. The chart's
+    own crds/ is gone (the JudgeQueue CRD is a template)."""
+    assert not (CHART_DIR / "crds").exists()
+    loaded = helm_python.Chart.load(str(CHART_DIR))  # not chart(): a render drops the disabled subchart from it
+    assert sorted(c["name"] for c in loaded.crds) == ["crds/kopf-peering.yaml"]
+    (dependency,) = loaded.metadata["dependencies"]
+    assert dependency["name"] == "kopf-peering"
+    assert dependency["condition"] == "operator.peering.enabled"
+    assert dependency.get("repository", "") == ""  # embedded in charts/, nothing to fetch
+    subchart = helm_python.Chart.load(str(CHART_DIR / "charts" / "kopf-peering"))
+    assert [d["name"] for d in loaded.dependencies] == ["kopf-peering"]
+    assert subchart.version == dependency["version"]
+    kinds = {d["spec"]["names"]["kind"] for c in subchart.crds for d in yaml.safe_load_all(c["data"]) if d}
+    assert kinds == {"KopfPeering", "ClusterKopfPeering"}
+    assert chart().values["operator"]["peering"]["enabled"] is False
 
 
 def test_generated_chart_files_are_current() -> None:
@@ -469,7 +496,8 @@ def test_custom_image_resources_and_service_account() -> None:
     assert one(docs, "ClusterRoleBinding")["subjects"][0]["name"] == "judge-operator"
     assert one(docs, "Deployment")["metadata"]["name"] == "jq-operator"
     assert all(d["metadata"]["labels"]["team"] == "judge" for d in docs)
-    assert container_of(rendered_case("defaults"))["image"] == "ghcr.io/judgequeue/judgequeue:0.1.0"
+    app_version = chart().metadata["appVersion"]
+    assert container_of(rendered_case("defaults"))["image"] == f"ghcr.io/judgequeue/judgequeue:{app_version}"
 
 
 def test_peering_objects() -> None:
@@ -580,14 +608,15 @@ def test_design_metrics_exist_in_core_metrics() -> None:
 
 def test_optional_objects_are_off_by_default() -> None:
     kinds = {d["kind"] for d in rendered_case("defaults")}
-    assert kinds == {"Deployment", "ServiceAccount", "ClusterRole", "ClusterRoleBinding"}
+    assert kinds == {"Deployment", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition"}
 
 
-def test_notes_mention_crd_upgrade_and_readiness() -> None:
+def test_notes_say_what_happened_to_the_crd() -> None:
     notes = render_files({})["judgequeue/templates/NOTES.txt"]
-    assert "kubectl apply --server-side -f" in notes
-    assert "NEVER upgrades" in notes
     assert "--for=condition=Ready" in notes
+    assert "`helm upgrade` upgrades it, `helm uninstall` keeps it" in notes
+    unmanaged = render_files(load_values("unmanaged-values.yaml"))["judgequeue/templates/NOTES.txt"]
+    assert "kubectl apply --server-side -f" in unmanaged and "crds.enabled=false" in unmanaged
 
 
 # --- README "Install on Kubernetes" -----------------------------------------------------------------
@@ -622,5 +651,6 @@ def test_readme_example_secrets_and_judgequeue_are_valid() -> None:
 
 def test_readme_documents_the_crd_upgrade() -> None:
     section = readme_install_section()
-    assert "kubectl apply --server-side -f crds/judgequeue.yaml" in section
-    assert "never upgrades" in section
+    assert "kubectl apply --server-side -f crds/judgequeue.yaml" in section  # with crds.enabled=false
+    assert "helm.sh/resource-policy: keep" in section
+    assert "kubectl annotate crd judgequeues.judgequeue.dev meta.helm.sh/release-name=" in section  # 0.1.0's CRD
