@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
+import subprocess
+import threading
+import time
 import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import yaml
 
 from tests.kube.cluster import Cluster
 from tests.kube.conftest import CHART
+from tests.kube.node import NodeAgent
+from tests.kube.tools import run_sql
+from tests.support.databases import ADMIN_DSN
 
 PEERING_CRDS = ("kopfpeerings.kopf.dev", "clusterkopfpeerings.kopf.dev")
 CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
@@ -22,7 +33,7 @@ def test_peering_install_ships_its_crds(kube: Cluster) -> None:
     result = kube.helm_cmd(
         "install", release, str(CHART), "-n", namespaces[0], "-f", str(CHART / "ci" / "peering-values.yaml"),
         "--set", f"operator.watchNamespaces={{{','.join(namespaces)}}}", "--set", "operator.replicas=1",
-        check=False)
+        "--set", "migrations.enabled=false", check=False)
     try:
         assert result.returncode == 0, result.stderr
         for ns in namespaces:
@@ -42,7 +53,7 @@ def test_install_without_peering_brings_no_peering_crds(kube: Cluster) -> None:
     release = namespace = f"nopeer-{suffix}"
     result = kube.helm_cmd("install", release, str(CHART), "-n", namespace, "--create-namespace",
                            "--set", "operator.replicas=0", "--set", f"operator.watchNamespaces={{{namespace}}}",
-                           check=False)
+                           "--set", "migrations.enabled=false", check=False)
     try:
         assert result.returncode == 0, result.stderr
         for crd in PEERING_CRDS:
@@ -80,3 +91,118 @@ def test_helm_lint_strict_with_every_ci_values_file(kube: Cluster) -> None:
         result = kube.helm_cmd("lint", "--strict", str(CHART), "-f", str(values), "--kube-version",
                                kube.version.lstrip("v"), check=False)
         assert result.returncode == 0, (values.name, result.stdout, result.stderr)
+
+
+# --- the migration hook Job ---------------------------------------------------------------------------
+
+
+class Watched:
+    """A helm command run in a thread while the test watches the API server for the migration Job
+    (a hook-succeeded Job is gone by the time helm returns)."""
+
+    def __init__(self, kube: Cluster, job_path: str, *args: str) -> None:
+        self.kube, self.job_path = kube, job_path
+        self.result: subprocess.CompletedProcess[str] | None = None
+        self.jobs: list[dict[str, Any]] = []
+        thread = threading.Thread(target=self._run, args=args, daemon=True)
+        thread.start()
+        while thread.is_alive():
+            job = kube.get(job_path)
+            if job is not None:
+                self.jobs.append(job)
+            time.sleep(0.2)
+        thread.join()
+
+    def _run(self, *args: str) -> None:
+        self.result = self.kube.helm_cmd(*args, check=False, timeout=240)
+
+
+@pytest.fixture
+def migration_release(kube: Cluster, node: NodeAgent) -> Iterator[tuple[str, str, str]]:
+    """A release name, its namespace (with the migrations Secret) and a new database the Secret names."""
+    suffix = uuid.uuid4().hex[:6]
+    release = namespace = f"mig-{suffix}"
+    database = f"jq_kube_mig_{suffix}"
+    dsn = ADMIN_DSN.rsplit("/", 1)[0] + f"/{database}"
+    run_sql(ADMIN_DSN, f'CREATE DATABASE "{database}"')
+    kube.apply(yaml.safe_dump_all([
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}},
+        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "db-owner", "namespace": namespace},
+         "type": "Opaque", "stringData": {"owner-dsn": dsn}},
+    ]))
+    try:
+        yield release, namespace, dsn
+    finally:
+        kube.helm_cmd("uninstall", release, "-n", namespace, "--wait", check=False)
+        kube.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+        run_sql(ADMIN_DSN, f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+
+
+def _migrated(dsn: str) -> list[int]:
+    rows = run_sql(dsn, "SELECT to_regclass('judgequeue.schema_migrations') IS NOT NULL AS migrated")
+    if not rows[0]["migrated"]:
+        return []
+    return [r["version"] for r in run_sql(dsn, "SELECT version FROM judgequeue.schema_migrations ORDER BY version")]
+
+
+def test_install_and_upgrade_run_the_migration_hook_job(
+    kube: Cluster, migration_release: tuple[str, str, str]
+) -> None:
+    """``helm install`` creates the migration Job with its hook annotations before anything of the
+    release, waits for it (the node agent runs ``judgequeue migrate`` with the DSN read from the
+    mounted Secret) and deletes it once it succeeded; ``helm upgrade`` runs it again."""
+    release, namespace, dsn = migration_release
+    job_path = f"/apis/batch/v1/namespaces/{namespace}/jobs/{release}-judgequeue-migrations"
+    settings = ("--set", "operator.replicas=0", "--set", f"operator.watchNamespaces={{{namespace}}}",
+                "--set", "migrations.postgres.secretKeyRef.name=db-owner",
+                "--set", "migrations.postgres.secretKeyRef.key=owner-dsn")
+    assert _migrated(dsn) == []
+    installed = Watched(kube, job_path, "install", release, str(CHART), "-n", namespace, *settings,
+                        "--wait", "--timeout", "3m")
+    assert installed.result is not None and installed.result.returncode == 0, installed.result
+    assert installed.jobs, "the migration Job was never seen"
+    job = installed.jobs[0]
+    assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-install,pre-upgrade"
+    assert job["metadata"]["annotations"]["helm.sh/hook-delete-policy"] == "before-hook-creation,hook-succeeded"
+    assert job["spec"]["backoffLimit"] == 2
+    pod = job["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert pod["containers"][0]["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert pod["containers"][0]["securityContext"]["readOnlyRootFilesystem"] is True
+    assert {v["name"]: v for v in pod["volumes"]}["postgres"]["secret"]["secretName"] == "db-owner"
+    assert any((j.get("status") or {}).get("succeeded") for j in installed.jobs), "never seen succeeded"
+    assert _migrated(dsn), "the hook ran but the database has no schema"
+    assert kube.get(job_path) is None, "hook-succeeded: the finished Job is deleted"
+    assert "Database: migrated" in installed.result.stdout
+
+    run_sql(dsn, "DROP SCHEMA judgequeue CASCADE")  # what an upgrade's migrations would find to do
+    upgraded = Watched(kube, job_path, "upgrade", release, str(CHART), "-n", namespace, *settings,
+                       "--wait", "--timeout", "3m")
+    assert upgraded.result is not None and upgraded.result.returncode == 0, upgraded.result
+    assert upgraded.jobs, "pre-upgrade: the migration Job runs on upgrade too"
+    assert _migrated(dsn), "the upgrade's hook did not migrate"
+    assert kube.get(job_path) is None
+
+
+def test_a_failed_migration_stops_the_install_and_keeps_its_job(
+    kube: Cluster, migration_release: tuple[str, str, str]
+) -> None:
+    """A migration that fails (here: a database nobody listens for) fails ``helm install`` before
+    the operator is created, and leaves the Job for ``kubectl logs`` (no hook-succeeded)."""
+    release, namespace, _ = migration_release
+    kube.apply(yaml.safe_dump({"apiVersion": "v1", "kind": "Secret",
+                               "metadata": {"name": "db-owner", "namespace": namespace}, "type": "Opaque",
+                               "stringData": {"owner-dsn": "postgresql://nobody@127.0.0.1:9/none"}}))
+    job_path = f"/apis/batch/v1/namespaces/{namespace}/jobs/{release}-judgequeue-migrations"
+    result = kube.helm_cmd("install", release, str(CHART), "-n", namespace, "--set", "operator.replicas=0",
+                           "--set", f"operator.watchNamespaces={{{namespace}}}",
+                           "--set", "migrations.postgres.secretKeyRef.name=db-owner",
+                           "--set", "migrations.postgres.secretKeyRef.key=owner-dsn",
+                           "--set", "migrations.backoffLimit=0", "--timeout", "2m", check=False, timeout=180)
+    assert result.returncode != 0
+    assert "pre-install" in result.stderr and "migrations" in result.stderr, result.stderr
+    job = kube.get(job_path)
+    assert job is not None and (job.get("status") or {}).get("failed"), job
+    deployments = kube.request("GET", f"/apis/apps/v1/namespaces/{namespace}/deployments")["items"]
+    assert deployments == [], "the operator was created although the schema could not be migrated"

@@ -61,14 +61,16 @@ def release(kube: Cluster) -> Iterator[tuple[str, str]]:
 
 def _readme_install(kube: Cluster, name: str, namespace: str) -> subprocess.CompletedProcess[str]:
     """README's ``helm install``, flags and all, for a release of its own that runs no operator pod
-    (``operator.replicas=0``: the tests run their own operators)."""
+    (``operator.replicas=0``: the tests run their own operators) and no migration Job (these are about
+    the monitors; test_user_path.py and test_chart_real.py run the Job)."""
     argv = _readme_command("helm install")
     assert argv[:4] == ["helm", "install", "judgequeue", "charts/judgequeue"], argv
     flags = argv[4:]
     assert "--set" in flags and "podMonitor.enabled=true" in flags and "prometheusRule.enabled=true" in flags
     flags = [namespace if f == "judgequeue-system" else f for f in flags]
     return kube.helm_cmd("install", name, str(CHART), *flags, "--set", "operator.replicas=0",
-                         "--set", f"operator.watchNamespaces={{{namespace}}}", check=False)
+                         "--set", f"operator.watchNamespaces={{{namespace}}}", "--set", "migrations.enabled=false",
+                         check=False)
 
 
 def test_readme_helm_install_without_the_prometheus_operator(kube: Cluster, release: tuple[str, str]) -> None:
@@ -171,7 +173,7 @@ def test_readme_uninstall_removes_the_crds_helm_leaves(kube: Cluster, release: t
         kube.kubectl("delete", "crd", crd, "--ignore-not-found", "--wait=true")
     result = kube.helm_cmd("install", name, str(CHART), "-n", namespace, "--create-namespace",
                            "--set", "operator.replicas=0", "--set", f"operator.watchNamespaces={{{namespace}}}",
-                           "--set", "operator.peering.enabled=true")
+                           "--set", "operator.peering.enabled=true", "--set", "migrations.enabled=false")
     assert result.returncode == 0, result.stderr
     kube.helm_cmd("uninstall", name, "-n", namespace, "--wait")
     for crd in peering:  # Helm's rule: crds/ (here the kopf-peering subchart's) are never deleted

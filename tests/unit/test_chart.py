@@ -229,7 +229,8 @@ def iter_alerts(docs: tuple[dict[str, Any], ...]) -> Iterator[dict[str, Any]]:
 def test_value_files_cover_every_option() -> None:
     assert {
         "namespaced-values.yaml", "peering-values.yaml", "podmonitor-values.yaml", "servicemonitor-values.yaml",
-        "prometheusrule-values.yaml", "dashboard-values.yaml", "custom-values.yaml", "unmanaged-values.yaml",
+        "prometheusrule-values.yaml", "dashboard-values.yaml", "custom-values.yaml", "migrations-values.yaml",
+        "unmanaged-values.yaml",
     } <= set(VALUE_FILES)
 
 
@@ -508,6 +509,89 @@ def test_peering_objects() -> None:
     assert not of_kind(rendered_case("defaults"), "KopfPeering")
 
 
+# --- migration hook Job -----------------------------------------------------------------------------
+
+
+def migration_job(case: str) -> dict[str, Any]:
+    return one(rendered_case(case), "Job")
+
+
+def test_migration_job_is_a_pre_install_and_pre_upgrade_hook() -> None:
+    job = migration_job("defaults")
+    assert job["metadata"]["name"] == f"{RELEASE}-judgequeue-migrations"
+    assert job["metadata"]["namespace"] == NAMESPACE
+    annotations = job["metadata"]["annotations"]
+    assert annotations["helm.sh/hook"] == "pre-install,pre-upgrade"
+    assert annotations["helm.sh/hook-delete-policy"] == "before-hook-creation,hook-succeeded"
+    assert job["spec"]["backoffLimit"] == 2
+    assert 0 < job["spec"]["activeDeadlineSeconds"] < 300  # fails before helm's default --timeout (5m)
+    pod = job["spec"]["template"]["spec"]
+    assert pod["restartPolicy"] == "Never"
+    (container,) = pod["containers"]
+    assert container["args"] == ["migrate"]
+    assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
+
+
+@pytest.mark.parametrize("case", ["defaults", "migrations-values.yaml", "custom-values.yaml"])
+def test_migration_job_runs_the_operators_image_and_reads_the_secret_as_a_file(case: str) -> None:
+    """The same image as the operator (a digest too), the Postgres Secret mounted read-only as a file
+    that ``JUDGEQUEUE_POSTGRES_DSN_FILE`` names, never the DSN in an environment variable."""
+    docs = rendered_case(case)
+    values = chart().merge_values(load_values(case))
+    pod = migration_job(case)["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["image"] == container_of(docs)["image"]
+    assert container["imagePullPolicy"] == values["image"]["pullPolicy"]
+    assert pod.get("imagePullSecrets", []) == [{"name": n} for n in values["imagePullSecrets"]]
+    dsn_file = "/var/run/secrets/judgequeue/postgres-dsn"
+    assert container["env"] == [{"name": "JUDGEQUEUE_POSTGRES_DSN_FILE", "value": dsn_file}]
+    ref = values["migrations"]["postgres"]["secretKeyRef"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["postgres"]["secret"] == {"secretName": ref["name"], "defaultMode": 0o440,
+                                             "items": [{"key": ref["key"], "path": "postgres-dsn"}]}
+    mount = {"name": "postgres", "mountPath": "/var/run/secrets/judgequeue", "readOnly": True}
+    assert mount in container["volumeMounts"]
+    assert container["resources"] == values["migrations"]["resources"]
+
+
+def test_migration_job_is_hardened_like_the_operator() -> None:
+    """Non-root, read-only root filesystem, no capability, RuntimeDefault seccomp, no API token (it
+    needs no cluster access, and at pre-install the operator's ServiceAccount does not exist yet)."""
+    for case in VALUE_CASES:
+        if not load_values(case).get("migrations", {}).get("enabled", True):
+            continue
+        pod = migration_job(case)["spec"]["template"]["spec"]
+        operator_pod = one(rendered_case(case), "Deployment")["spec"]["template"]["spec"]
+        assert pod["securityContext"] == operator_pod["securityContext"]
+        assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] == 10001
+        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        (container,) = pod["containers"]
+        assert container["securityContext"] == container_of(rendered_case(case))["securityContext"]
+        assert container["securityContext"]["readOnlyRootFilesystem"] is True
+        assert container["securityContext"]["allowPrivilegeEscalation"] is False
+        assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+        assert pod["automountServiceAccountToken"] is False
+        assert "serviceAccountName" not in pod
+
+
+def test_migration_pod_is_never_selected_as_the_operator() -> None:
+    docs = rendered_case("defaults")
+    selector = one(docs, "Deployment")["spec"]["selector"]
+    labels = migration_job("defaults")["spec"]["template"]["metadata"]["labels"]
+    assert not _matches(selector, labels)
+    assert labels["app.kubernetes.io/component"] == "migrations"
+
+
+def test_migration_job_follows_its_values() -> None:
+    job = migration_job("migrations-values.yaml")
+    assert job["spec"]["backoffLimit"] == 0 and job["spec"]["activeDeadlineSeconds"] == 120
+    pod = job["spec"]["template"]
+    assert pod["metadata"]["annotations"] == {"example.com/owner": "judge"}
+    assert pod["spec"]["nodeSelector"] == {"kubernetes.io/os": "linux"}
+    assert pod["spec"]["containers"][0]["image"] == "registry.example.com/judge/judgequeue:0.2.0-rc.1"
+    assert not of_kind(rendered_case("unmanaged-values.yaml"), "Job")
+
+
 # --- monitoring -------------------------------------------------------------------------------------
 
 
@@ -608,14 +692,17 @@ def test_design_metrics_exist_in_core_metrics() -> None:
 
 def test_optional_objects_are_off_by_default() -> None:
     kinds = {d["kind"] for d in rendered_case("defaults")}
-    assert kinds == {"Deployment", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition"}
+    assert kinds == {"Deployment", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition",
+                     "Job"}
 
 
-def test_notes_say_what_happened_to_the_crd() -> None:
+def test_notes_say_what_happened_to_the_schema_and_the_crd() -> None:
     notes = render_files({})["judgequeue/templates/NOTES.txt"]
     assert "--for=condition=Ready" in notes
+    assert "Database: migrated" in notes and "Secret judgequeue-migrations, key dsn" in notes
     assert "`helm upgrade` upgrades it, `helm uninstall` keeps it" in notes
     unmanaged = render_files(load_values("unmanaged-values.yaml"))["judgequeue/templates/NOTES.txt"]
+    assert "Database: NOT migrated by this release" in unmanaged and "judgequeue migrate" in unmanaged
     assert "kubectl apply --server-side -f" in unmanaged and "crds.enabled=false" in unmanaged
 
 

@@ -126,3 +126,17 @@ Helm would refuse to take it over; NOTES.txt says how to adopt it. `helm templat
 {{- end }}
 {{- end }}
 
+{{/* Labels of the migration Job and its pod: not the operator's selector (a Deployment must never
+select a migration pod), a component of their own. */}}
+{{- define "judgequeue.migrationLabels" -}}
+helm.sh/chart: {{ include "judgequeue.chart" . }}
+app.kubernetes.io/name: {{ include "judgequeue.name" . }}-migrations
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Values.image.tag | default .Chart.AppVersion | quote }}
+app.kubernetes.io/component: migrations
+app.kubernetes.io/part-of: judgequeue
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
