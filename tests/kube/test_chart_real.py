@@ -85,6 +85,16 @@ def test_chart_claims_the_kube_version_it_is_checked_on(kube: Cluster) -> None:
     assert "kind: Deployment" in rendered.stdout
 
 
+def test_helm_template_renders_offline_without_a_kube_version(kube: Cluster) -> None:
+    """``helm template`` with no cluster and no --kube-version assumes helm's default Kubernetes
+    version: the one of the client-go helm was built with (build-kube links it as helm's release
+    builds do), which the chart's kubeVersion accepts. A plain ``go build`` of helm assumes v1.20.0
+    and refused the chart ("incompatible with Kubernetes v1.20.0")."""
+    rendered = kube.helm_cmd("template", "x", str(CHART), check=False)
+    assert rendered.returncode == 0, rendered.stderr
+    assert "kind: Deployment" in rendered.stdout and "kind: Job" in rendered.stdout
+
+
 def test_helm_lint_strict_with_every_ci_values_file(kube: Cluster) -> None:
     """The real helm binary lints the chart with each values file the chart's ci/ folder ships."""
     for values in sorted((CHART / "ci").glob("*.yaml")):
