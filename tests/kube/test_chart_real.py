@@ -7,12 +7,13 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from tests.kube.cluster import Cluster
+from tests.kube.cluster import ROOT, Cluster
 from tests.kube.conftest import CHART
 from tests.kube.node import NodeAgent
 from tests.kube.tools import run_sql
@@ -181,7 +182,6 @@ def test_install_and_upgrade_run_the_migration_hook_job(
     assert pod["containers"][0]["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     assert pod["containers"][0]["securityContext"]["readOnlyRootFilesystem"] is True
     assert {v["name"]: v for v in pod["volumes"]}["postgres"]["secret"]["secretName"] == "db-owner"
-    assert any((j.get("status") or {}).get("succeeded") for j in installed.jobs), "never seen succeeded"
     assert _migrated(dsn), "the hook ran but the database has no schema"
     assert kube.get(job_path) is None, "hook-succeeded: the finished Job is deleted"
     assert "Database: migrated" in installed.result.stdout
@@ -216,3 +216,48 @@ def test_a_failed_migration_stops_the_install_and_keeps_its_job(
     assert job is not None and (job.get("status") or {}).get("failed"), job
     deployments = kube.request("GET", f"/apis/apps/v1/namespaces/{namespace}/deployments")["items"]
     assert deployments == [], "the operator was created although the schema could not be migrated"
+
+
+# --- CHANGELOG.md's upgrade notes, from chart 0.1.0 -----------------------------------------------
+
+#: The commit chart 0.1.0 is recorded at (CHANGELOG.md).
+CHART_0_1_0_COMMIT = "3d16a5f"
+
+
+def test_upgrade_from_chart_0_1_0_as_the_changelog_says(
+    kube: Cluster, migration_release: tuple[str, str, str], tmp_path: Path
+) -> None:
+    """A release of chart 0.1.0 (its CRD from crds/, no migration Job) moves to this chart by the
+    upgrade notes' steps: ``--reuse-values`` is refused (0.1.0's values lack the new defaults); with
+    the Secret created and the CRD adopted, ``helm upgrade`` migrates the database in its
+    pre-upgrade hook and the CRD becomes the release's, kept on uninstall."""
+    release, namespace, dsn = migration_release
+    subprocess.run(f"git -C {ROOT} archive {CHART_0_1_0_COMMIT} charts/judgequeue | tar -x -C {tmp_path}",
+                   shell=True, check=True)
+    old_chart = tmp_path / "charts" / "judgequeue"
+    assert yaml.safe_load((old_chart / "Chart.yaml").read_text())["version"] == "0.1.0"
+    settings = ("--set", "operator.replicas=0", "--set", f"operator.watchNamespaces={{{namespace}}}")
+    installed = kube.helm_cmd("install", release, str(old_chart), "-n", namespace, *settings, check=False)
+    assert installed.returncode == 0, installed.stderr
+
+    reused = kube.helm_cmd("upgrade", release, str(CHART), "-n", namespace, "--reuse-values", check=False)
+    assert reused.returncode != 0 and "crds" in reused.stderr and "migrations" in reused.stderr, reused.stderr
+
+    crd = "judgequeues.judgequeue.dev"
+    kube.apply(yaml.safe_dump({"apiVersion": "v1", "kind": "Secret",
+                               "metadata": {"name": "judgequeue-migrations", "namespace": namespace},
+                               "type": "Opaque", "stringData": {"dsn": dsn}}))
+    kube.kubectl("label", "crd", crd, "app.kubernetes.io/managed-by=Helm", "--overwrite")
+    kube.kubectl("annotate", "crd", crd, f"meta.helm.sh/release-name={release}",
+                 f"meta.helm.sh/release-namespace={namespace}", "--overwrite")
+    upgraded = kube.helm_cmd("upgrade", release, str(CHART), "-n", namespace, *settings, "--wait",
+                             "--timeout", "3m", check=False, timeout=240)
+    assert upgraded.returncode == 0, upgraded.stderr
+    assert "Database: migrated" in upgraded.stdout and "is this release's" in upgraded.stdout, upgraded.stdout
+    assert _migrated(dsn), "the pre-upgrade hook did not migrate the database"
+    owned = kube.request("GET", f"{CRDS}/{crd}")
+    version = yaml.safe_load((CHART / "Chart.yaml").read_text())["version"]
+    assert owned["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    assert owned["metadata"]["labels"]["helm.sh/chart"] == f"judgequeue-{version}"
+    kube.helm_cmd("uninstall", release, "-n", namespace, "--wait")
+    assert kube.get(f"{CRDS}/{crd}") is not None, "the CRD went with the release"
