@@ -9,6 +9,7 @@ shares the ``jq:{<queue>}`` prefix, and the fixture deletes them afterwards.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -27,13 +28,50 @@ from tests.support.databases import REDIS_URL, create_database, delete_queue_key
 TIERS = ("kube", "node", "vm")
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def _tier(item: pytest.Item) -> str | None:
     here = Path(__file__).parent
+    folders = Path(str(item.fspath)).parents
+    return next((tier for tier in TIERS if here / tier in folders), None)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark each test with its tier, and run the tiers that need no build first (in their order
+    otherwise), so that on a new machine they run while scripts/test builds the heavy ones."""
     for item in items:
-        folders = Path(str(item.fspath)).parents
-        for tier in TIERS:
-            if here / tier in folders:
-                item.add_marker(getattr(pytest.mark, tier))
+        tier = _tier(item)
+        if tier is not None:
+            item.add_marker(getattr(pytest.mark, tier))
+    items.sort(key=lambda item: -1 if _tier(item) is None else TIERS.index(_tier(item) or ""))
+
+
+#: Set by scripts/test when the heavy tiers build beside the tests: the folder of that build's lock,
+#: exit code and log.
+HEAVY_BUILD = os.environ.get("JUDGEQUEUE_PREPARE_HEAVY")
+#: None until the first heavy test has waited for that build; then "" (built) or why it failed.
+_heavy_failure: list[str] = []
+
+
+def _wait_for_heavy_build(folder: Path) -> str:
+    """Wait until the build has ended (it holds the lock until then); "" or its failure with its log."""
+    with open(folder / "lock") as lock:
+        fcntl.flock(lock, fcntl.LOCK_SH)
+    code = (folder / "rc").read_text().strip() if (folder / "rc").exists() else "none"
+    if code == "0":
+        return ""
+    log = (folder / "log").read_text(errors="replace") if (folder / "log").exists() else ""
+    return f"preparing the kube, node and vm tiers failed (exit {code}):\n{log[-6000:]}"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A test of a heavy tier waits for the build scripts/test started beside the suite, and fails
+    with the build's log when it failed."""
+    if HEAVY_BUILD is None or _tier(item) is None:
+        return
+    if not _heavy_failure:
+        _heavy_failure.append(_wait_for_heavy_build(Path(HEAVY_BUILD)))
+    if _heavy_failure[0]:
+        pytest.fail(_heavy_failure[0], pytrace=False)
 
 
 #: Seconds spent per folder of tests/ (setup, call and teardown), for the summary below.
