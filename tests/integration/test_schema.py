@@ -127,11 +127,14 @@ def test_every_migration_an_earlier_version_shipped_is_known_here() -> None:
 
 
 #: Databases as earlier versions left them: ``judgequeue migrate`` of each commit in turn, from empty.
+#: 78b3575 is the first whose ``judgequeue`` ran anything (2d16aca's did nothing and exited 0).
 ROADS = {
+    "0001, the first": ["78b3575"],
     "0001 and 0003 (0003 merged first)": ["1129ecb"],
+    "0001-0003, the first with every role": ["c59573f"],
     "0001-0005 and 0007 (0007 merged first)": ["cc312d7"],
     "0001-0007 and 0009 (0009 merged first)": ["8746c18"],
-    "0010, through every earlier runner": ["2d16aca", "c59573f", "cc312d7", "94f4a53"],
+    "0010, through every earlier runner": ["78b3575", "c59573f", "cc312d7", "94f4a53"],
     "0014, the schema file of its day": ["a34d6c5"],
     "unreleased 0015 (submit statements)": ["7ad9275"],
     "unreleased 0015, fillfactor as 0016": ["94f4a53", "7ad9275", "5ae1305"],
@@ -150,6 +153,8 @@ async def test_a_database_an_earlier_version_left_takes_this_one_in_one_run(
 ) -> None:
     for commit in commits:
         await asyncio.to_thread(migrate_as, fresh_db, ref_tree(commit))
+        async with connection(fresh_db) as conn:
+            assert await applied_versions(conn), f"{commit}'s judgequeue migrate left no record"
     async with connection(fresh_db) as conn:
         await migrate(conn)
         assert await migrate(conn) == []
