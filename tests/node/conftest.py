@@ -91,10 +91,43 @@ def node_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeClust
 def helm_installed(node_cluster: NodeCluster) -> None:
     """The chart installed with README.md's command (the user's image in place of its example):
     the operator runs as a pod of the node, watching every namespace."""
-    repository, tag = node_cluster.image.rsplit(":", 1)
-    helm = readme.command("helm", "install")
-    helm = readme.set_value(readme.set_value(helm, "image.repository", repository), "image.tag", tag)
-    node_cluster.kube.helm_cmd(*helm[1:], "--wait", "--timeout", "5m")
+    node_cluster.kube.helm_cmd(*readme.helm_install(node_cluster.image)[1:], "--wait", "--timeout", "5m")
+
+
+def release_installed(cluster: NodeCluster, release: str = "judgequeue",
+                      namespace: str = "judgequeue-system") -> bool:
+    return cluster.kube.helm_cmd("status", release, "-n", namespace, check=False).returncode == 0
+
+
+def readme_uninstall(cluster: NodeCluster) -> None:
+    """README's uninstall, as written: the JudgeQueues (each released by the operator), the chart, the CRDs."""
+    for words in readme.uninstall():
+        if words[0] == "helm":
+            cluster.kube.helm_cmd(*words[1:], "--wait", "--timeout", "3m")
+        else:
+            cluster.kube.kubectl(*words[1:], "--timeout=180s", timeout=210)
+
+
+def recreated_database(cluster: NodeCluster, name: str) -> None:
+    """An empty database ``name`` on the pods' Postgres (dropped first if a run left one)."""
+
+    async def make() -> None:
+        admin = await asyncpg.connect(cluster.local_dsn("postgres"))
+        try:
+            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            await admin.execute(f'CREATE DATABASE "{name}"')
+        finally:
+            await admin.close()
+
+    asyncio.run(make())
+
+
+def readme_migrate(cluster: NodeCluster, image: str, database: str, *, readme_path: Path = readme.README) -> str:
+    """README's one-off ``kubectl run ... migrate`` pod with ``image`` on ``database``; its output."""
+    words = readme.migrate_run(image, cluster.pod_dsn(database), readme=readme_path)
+    done = cluster.kube.kubectl("run", "--image-pull-policy=Never", *words[2:], namespace="default", timeout=180)
+    assert "migrat" in (done.stdout + done.stderr).lower(), done
+    return done.stdout + done.stderr
 
 
 def migrated_database(cluster: NodeCluster) -> str:
