@@ -18,9 +18,14 @@ COPY controllers ./controllers
 RUN pip wheel --wheel-dir /wheels .
 
 FROM ${PYTHON_IMAGE} AS runtime
+# The release this image is: pyproject.toml's version (scripts/release bumps both, and
+# tests/unit/test_release.py checks they agree). The install below refuses a VERSION that is not
+# the package's, so the label cannot say one release while the image runs another.
+ARG VERSION=0.2.0
 LABEL org.opencontainers.image.title="judgequeue" \
       org.opencontainers.image.description="Recoverable online-judge job delivery: outbox, Redis Streams, fenced verdicts, operator" \
-      org.opencontainers.image.licenses="Apache-2.0"
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.version="${VERSION}"
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
@@ -45,7 +50,11 @@ RUN groupadd --system --gid 10001 judgequeue \
 RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
     pip install --no-index --find-links=/wheels judgequeue \
  && pip uninstall --yes setuptools wheel \
- && judgequeue --help > /dev/null
+ && judgequeue --help > /dev/null \
+ && installed="$(judgequeue --version)" \
+ && if [ "$installed" != "judgequeue ${VERSION}" ]; then \
+      echo "build argument VERSION=${VERSION} is not the package's version ($installed)" >&2; exit 1; \
+    fi
 WORKDIR /tmp
 USER 10001:10001
 EXPOSE 9090

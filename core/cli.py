@@ -24,6 +24,7 @@ from datetime import datetime
 from typing import Any, NoReturn, TypeVar
 
 from .config import (
+    FILE_VARIABLES,
     PREFIX,
     judge_refused_mode,
     load_settings,
@@ -34,6 +35,7 @@ from .config import (
     variable_names,
 )
 from .errors import ConfigError, Failure, JudgeQueueError
+from .version import VERSION
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -97,10 +99,16 @@ def overrides_from(args: argparse.Namespace) -> dict[str, str]:
 
 
 def resolve(args: argparse.Namespace, env: Mapping[str, str], variable: str) -> Any:
-    """Validate one variable from its flag or the environment; ConfigError names it."""
+    """Validate one variable from its flag, the environment or, for a connection, the file its
+    ``*_FILE`` variable names (a mounted Secret, as the roles read it); ConfigError names it."""
     flags = overrides_from(args)
     if variable in flags:
         return parse_variable(variable, flags[variable], shown_as=flag_for(variable))
+    if variable.removeprefix(PREFIX) in FILE_VARIABLES:
+        others = [PREFIX + suffix for suffix in FILE_VARIABLES if PREFIX + suffix != variable]
+        from_file = read_credential_files(env, ignore=others)
+        if variable in from_file:
+            return parse_variable(variable, from_file[variable])
     return parse_variable(variable, env.get(variable))
 
 
@@ -748,7 +756,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=formatter,
     )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {VERSION}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser, required=True)
 
     json_flag = _Parser(add_help=False)
@@ -924,15 +932,6 @@ def build_parser() -> argparse.ArgumentParser:
     pause.add_argument("--resume", dest="paused", action="store_const", const=False, help="dispatch again")
     _add_variable_flags(c, [DSN, QUEUE], "connection")
     return parser
-
-
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("judgequeue")
-    except PackageNotFoundError:
-        return "unknown"
 
 
 def main(argv: list[str] | None = None, env: Mapping[str, str] | None = None) -> int:

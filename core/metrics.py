@@ -8,13 +8,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import Counter, Gauge, Histogram, Info
 
 from .agreement import OUTCOMES
 from .states import VERDICTS as VERDICT_STATUSES
+from .version import VERSION
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 _JUDGE_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300)
+
+# --- build ----------------------------------------------------------------------------------------
+#: ``judgequeue_build_info{version="..."} 1`` in every process that serves /metrics (every role):
+#: which release is running, to join on in queries (``* on (pod) group_left(version)``) and to see a
+#: rollout's progress. Always 1; the version is the label.
+BUILD_INFO = Info("judgequeue_build", "The judgequeue release this process runs (the value is always 1).")
+BUILD_INFO.info({"version": VERSION})
 
 # --- outbox / dispatcher -------------------------------------------------------------------------
 OUTBOX_ROWS = Gauge("judgequeue_outbox_rows", "Outbox rows by state.", ["queue", "state"])

@@ -20,6 +20,7 @@ from typing import Any
 import asyncpg
 import redis.asyncio as aioredis
 
+from . import metrics as _metrics  # noqa: F401  (registers judgequeue_build_info, which every role's /metrics shows)
 from . import sql
 from .config import Settings, redact_url
 from .connect import connect_postgres, redis_client

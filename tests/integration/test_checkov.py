@@ -56,6 +56,13 @@ ALLOWED: dict[tuple[str, str], str] = {
                                        "liveness probe is set",
     ("chart/judgequeue", "CKV2_K8S_6"): "the operator must reach the API server, Postgres and Redis, whose "
                                         "addresses the chart cannot know; set a NetworkPolicy of your own",
+    ("chart/judgequeue-migrations", "CKV_K8S_15"): CHART_IMAGE + " (the migration Job runs the operator's image)",
+    ("chart/judgequeue-migrations", "CKV_K8S_43"): CHART_IMAGE + " (the migration Job runs the operator's image)",
+    ("chart/judgequeue-migrations", "CKV_K8S_11"): "no CPU limit on the migration Job on purpose: a throttled "
+                                                   "migration holds its transaction's locks longer (CPU and "
+                                                   "memory requested, memory limited)",
+    ("chart/judgequeue-migrations", "CKV2_K8S_6"): "the migration Job must reach Postgres, whose address the chart "
+                                                   "cannot know; set a NetworkPolicy of your own",
 }
 
 #: What the canary must be caught for: CPU/memory requests/limits missing, a secret in env, privileged.

@@ -12,8 +12,10 @@ There is no kubelet or container runtime on the test machines, so this agent sta
   in a private mount namespace and sets ``KUBERNETES_SERVICE_HOST/PORT``, so an in-cluster client
   (the operator) runs as the pod's ServiceAccount;
 - reports phase, container state and readiness from the container's ``readinessProbe`` (httpGet,
-  tcpSocket or exec), restarts exited containers (``restartPolicy: Always``) and reports the last
-  exit as ``lastState.terminated`` with its termination message: under
+  tcpSocket or exec), restarts exited containers (``restartPolicy: Always``; ``OnFailure`` after a
+  failed run) and reports the last exit as ``lastState.terminated`` with its termination message; a
+  pod that runs to completion (``Never``, or ``OnFailure`` after a clean exit) ends ``Succeeded`` or
+  ``Failed`` with its container ``terminated``, so a Job's controller sees it finish; under
   ``terminationMessagePolicy: FallbackToLogsOnError`` a failed run's log tail (its last 80 lines, at
   most 2048 bytes), as the kubelet does when the container wrote no termination-message file (a
   process here has no private /dev, so ``terminationMessagePath`` itself is not mounted);
@@ -82,6 +84,7 @@ class PodRun:
     exit_codes: list[int] = field(default_factory=list)
     log_offset: int = 0  # where the current run's output starts in container.log
     last_terminated: dict[str, Any] | None = None  # the last exit, as containerStatuses[].lastState.terminated
+    finished: bool = False  # ran to completion under its restartPolicy: never started again
 
 
 class NodeAgent:
@@ -320,15 +323,18 @@ class NodeAgent:
         return binds
 
     def _keep_running(self, run: PodRun) -> None:
-        if run.process is not None and run.process.poll() is None:
+        if run.finished or (run.process is not None and run.process.poll() is None):
             return
         if run.process is not None:
-            run.exit_codes.append(int(run.process.returncode))
-            run.last_terminated = self._terminated(run, int(run.process.returncode))
-            run.restarts += 1
+            code = int(run.process.returncode)
+            run.exit_codes.append(code)
+            run.last_terminated = self._terminated(run, code)
             run.ready = False
-            if run.pod["spec"].get("restartPolicy", "Always") == "Never":
+            policy = run.pod["spec"].get("restartPolicy", "Always")
+            if policy == "Never" or (policy == "OnFailure" and code == 0):
+                run.finished = True  # the pod's phase is now Succeeded or Failed, as a kubelet reports it
                 return
+            run.restarts += 1
             run.process = None
         argv, env = self._command(run)
         log = (run.workdir / "container.log").open("ab")
@@ -413,8 +419,12 @@ class NodeAgent:
                      if run.config_error else {"waiting": {"reason": "CrashLoopBackOff"}})
         # A container that never started (its config could not be resolved) has no start time yet.
         since = run.started_at or run.pod["metadata"]["creationTimestamp"]
+        phase = "Running" if running or run.restarts else "Pending"
+        if run.finished and run.last_terminated is not None:
+            phase = "Succeeded" if run.last_terminated["exitCode"] == 0 else "Failed"
+            state = {"terminated": run.last_terminated}
         status = {
-            "phase": "Running" if running or run.restarts else "Pending",
+            "phase": phase,
             "hostIP": "127.0.0.1", "podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}],
             "startTime": since,
             "conditions": [{"type": t, "status": s, "lastTransitionTime": since} for t, s in (
@@ -424,7 +434,7 @@ class NodeAgent:
                                    "ready": ready == "True", "started": running, "restartCount": run.restarts,
                                    "state": state,
                                    **({"lastState": {"terminated": run.last_terminated}}
-                                      if run.last_terminated else {})}],
+                                      if run.last_terminated and not run.finished else {})}],
         }
         digest = json.dumps(status, sort_keys=True)
         if digest == run.reported:

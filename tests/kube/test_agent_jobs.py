@@ -9,7 +9,6 @@ idempotency key, and the tool's answer is the stored verdict.
 from __future__ import annotations
 
 import json
-import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +20,7 @@ import yaml
 from tests.kube.cluster import Cluster
 from tests.kube.node import NodeAgent
 from tests.kube.test_user_path import RELEASE_NS, helm_install, secrets_manifest
-from tests.kube.tools import JUDGEQUEUE_BIN, KUBE_REDIS_URL, clear_queue_keys, condition, jq_path, run_sql, wait_for
+from tests.kube.tools import KUBE_REDIS_URL, clear_queue_keys, condition, jq_path, run_sql, wait_for
 from tests.support.databases import ADMIN_DSN
 from tests.support.tool_server import ToolServer
 
@@ -40,9 +39,8 @@ def agents(kube: Cluster, node: NodeAgent) -> Iterator[tuple[Cluster, str, str, 
     tool = ToolServer("--delay", "0.2", "--fail-first", "1")
     namespace = f"agents-{uuid.uuid4().hex[:6]}"
     try:
-        result = helm_install(kube)
+        result = helm_install(kube, dsn)  # its pre-install hook migrates the database
         assert "STATUS: deployed" in result.stdout, result.stdout + result.stderr
-        subprocess.run([str(JUDGEQUEUE_BIN), "migrate", "--postgres-dsn", dsn], check=True, capture_output=True)
         kube.kubectl("create", "namespace", namespace)
         kube.apply(secrets_manifest(namespace, dsn, KUBE_REDIS_URL))
         kube.apply(yaml.safe_dump({

@@ -4,7 +4,8 @@
   succeeds and says what it left out; with the CRDs the monitors are installed;
 - the README's manifests apply as written (they create the namespace they use);
 - switching ``worker.autoscaling`` from internal to external keeps the workers' count;
-- the README's uninstall removes the CRDs Helm leaves behind (Kopf's peering kinds);
+- the README's uninstall removes the CRDs Helm leaves behind (Kopf's peering kinds, with peering on;
+  the JudgeQueue CRD, which the chart keeps);
 - ``--liveness-address`` binds Kopf's ``/healthz`` where it says;
 - docs/gitops.md's Argo CD health check calls a JudgeQueue whose reconcile failed Degraded.
 """
@@ -60,14 +61,16 @@ def release(kube: Cluster) -> Iterator[tuple[str, str]]:
 
 def _readme_install(kube: Cluster, name: str, namespace: str) -> subprocess.CompletedProcess[str]:
     """README's ``helm install``, flags and all, for a release of its own that runs no operator pod
-    (``operator.replicas=0``: the tests run their own operators)."""
+    (``operator.replicas=0``: the tests run their own operators) and no migration Job (these are about
+    the monitors; test_user_path.py and test_chart_real.py run the Job)."""
     argv = _readme_command("helm install")
     assert argv[:4] == ["helm", "install", "judgequeue", "charts/judgequeue"], argv
     flags = argv[4:]
     assert "--set" in flags and "podMonitor.enabled=true" in flags and "prometheusRule.enabled=true" in flags
     flags = [namespace if f == "judgequeue-system" else f for f in flags]
     return kube.helm_cmd("install", name, str(CHART), *flags, "--set", "operator.replicas=0",
-                         "--set", f"operator.watchNamespaces={{{namespace}}}", check=False)
+                         "--set", f"operator.watchNamespaces={{{namespace}}}", "--set", "migrations.enabled=false",
+                         check=False)
 
 
 def test_readme_helm_install_without_the_prometheus_operator(kube: Cluster, release: tuple[str, str]) -> None:
@@ -165,13 +168,18 @@ def test_switching_to_external_autoscaling_keeps_the_workers(
 
 def test_readme_uninstall_removes_the_crds_helm_leaves(kube: Cluster, release: tuple[str, str]) -> None:
     name, namespace = release
-    result = kube.helm_cmd("install", name, str(CHART), "-n", namespace, "--create-namespace",
-                           "--set", "operator.replicas=0", "--set", f"operator.watchNamespaces={{{namespace}}}")
-    assert result.returncode == 0
-    kube.helm_cmd("uninstall", name, "-n", namespace, "--wait")
     peering = ("kopfpeerings.kopf.dev", "clusterkopfpeerings.kopf.dev")
-    for crd in peering:  # Helm's rule: crds/ are never deleted
+    for crd in peering:  # this release's install brings them (peering on), whatever ran before
+        kube.kubectl("delete", "crd", crd, "--ignore-not-found", "--wait=true")
+    result = kube.helm_cmd("install", name, str(CHART), "-n", namespace, "--create-namespace",
+                           "--set", "operator.replicas=0", "--set", f"operator.watchNamespaces={{{namespace}}}",
+                           "--set", "operator.peering.enabled=true", "--set", "migrations.enabled=false")
+    assert result.returncode == 0, result.stderr
+    kube.helm_cmd("uninstall", name, "-n", namespace, "--wait")
+    for crd in peering:  # Helm's rule: crds/ (here the kopf-peering subchart's) are never deleted
         assert kube.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd}") is not None
+    # Kept too, by helm.sh/resource-policy: keep (or never this release's: then not Helm's to delete).
+    assert kube.get("/apis/apiextensions.k8s.io/v1/customresourcedefinitions/judgequeues.judgequeue.dev")
     argv = _readme_command("kubectl delete crd")
     named = argv[3:]
     assert set(peering) <= set(named) and "judgequeues.judgequeue.dev" in named, argv

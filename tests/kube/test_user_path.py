@@ -1,9 +1,10 @@
 """The user's path, as README.md's "Install on Kubernetes" tells it, on the real control plane.
 
 ``helm install`` of the chart (operator, RBAC, CRDs) with RBAC authorization and
-OwnerReferencesPermissionEnforcement on; the operator runs in a pod as the chart's ServiceAccount
-(in-cluster credentials, through the node agent); the database is migrated with ``judgequeue
-migrate``; the connection Secrets are applied; ``kubectl apply -f examples/judgequeue.yaml`` is the
+OwnerReferencesPermissionEnforcement on; the database is migrated by the chart's pre-install hook
+Job (``judgequeue migrate`` run by the node agent, its DSN from the Secret the README creates first);
+the operator runs in a pod as the chart's ServiceAccount (in-cluster credentials, through the node
+agent); the connection Secrets are applied; ``kubectl apply -f examples/judgequeue.yaml`` is the
 example unchanged. Then pods run, ``judgequeue submit --wait`` and SQL ``submit()`` get verdicts,
 ``kubectl get jq`` fills its columns and the status is kstatus-compatible. The GitOps flip and its
 rollback follow on the same installation (tests/kube/test_gitops_churn.py has the churn).
@@ -56,10 +57,21 @@ class Installed:
         return dict(self.kube.request("GET", jq_path(self.namespace, "demo")))
 
 
-def helm_install(kube: Cluster) -> subprocess.CompletedProcess[str]:
-    """README's command and flags (monitors, alerts, dashboard: this cluster has no Prometheus
+def migrations_secret(namespace: str, dsn: str) -> str:
+    """The README's Secret for the chart's migration Job, in the release namespace (with the namespace)."""
+    return yaml.safe_dump_all([
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}},
+        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "judgequeue-migrations", "namespace": namespace},
+         "type": "Opaque", "stringData": {"dsn": dsn}},
+    ])
+
+
+def helm_install(kube: Cluster, dsn: str) -> subprocess.CompletedProcess[str]:
+    """README's steps and flags (monitors, alerts, dashboard: this cluster has no Prometheus
     Operator, so the chart leaves the first two out and says so), with the image the node agent maps
-    to the installed judgequeue command."""
+    to the installed judgequeue command: the migrations Secret first, then ``helm install``, whose
+    pre-install hook migrates ``dsn``'s database."""
+    kube.apply(migrations_secret(RELEASE_NS, dsn))
     return kube.helm_cmd("install", "judgequeue", str(CHART), "-n", RELEASE_NS, "--create-namespace",
                          "--set", "image.repository=registry.example.com/judgequeue",
                          "--set", "podMonitor.enabled=true", "--set", "prometheusRule.enabled=true",
@@ -84,10 +96,11 @@ def installed(kube: Cluster, node: NodeAgent, tmp_path_factory: pytest.TempPathF
     dsn = admin.rsplit("/", 1)[0] + f"/{database}"
     run_sql(admin, f'CREATE DATABASE "{database}"')
     clear_queue_keys(KUBE_REDIS_URL, "demo")
-    result = helm_install(kube)
+    result = helm_install(kube, dsn)
     assert "STATUS: deployed" in result.stdout, result.stdout + result.stderr
     assert "NOT INSTALLED: PodMonitor, PrometheusRule." in result.stdout
-    subprocess.run([str(JUDGEQUEUE_BIN), "migrate", "--postgres-dsn", dsn], check=True, capture_output=True)
+    assert "Database: migrated" in result.stdout
+    assert run_sql(dsn, "SELECT count(*) AS n FROM judgequeue.schema_migrations")[0]["n"] > 0  # the hook's work
     namespace = f"judge-{uuid.uuid4().hex[:6]}"
     kube.kubectl("create", "namespace", namespace)
     kube.apply(secrets_manifest(namespace, dsn, KUBE_REDIS_URL))

@@ -257,6 +257,23 @@ def test_clean_install_imports_from_itself(clean_install: CleanInstall) -> None:
     assert out.stdout.strip().startswith(str(clean_install.bin.parent)), out.stdout
 
 
+def test_the_label_says_the_version_the_image_installs(
+    clean_install: CleanInstall, dockerfile: tuple[dict[str, str], list[Stage]]
+) -> None:
+    """The runtime stage labels the image with its VERSION argument, whose default is the version
+    of the wheel it installs; the build's own check (``judgequeue --version`` against VERSION) passes
+    on the wheel built from exactly what the Dockerfile copies, and would fail on another VERSION."""
+    _, stages = dockerfile
+    final = stages[-1]
+    version_args = [a.partition("=")[2] for a in final.all("ARG") if a.startswith("VERSION=")]
+    assert len(version_args) == 1
+    labels = " ".join(final.all("LABEL"))
+    assert 'org.opencontainers.image.version="${VERSION}"' in labels
+    assert re.fullmatch(rf"judgequeue-{re.escape(version_args[0])}-py3-none-any\.whl", clean_install.wheel.name)
+    result = run(clean_install, "--version")
+    assert result.returncode == 0 and result.stdout.strip() == f"judgequeue {version_args[0]}", result
+
+
 def test_default_command_prints_help(clean_install: CleanInstall) -> None:
     result = run(clean_install, "--help")  # ENTRYPOINT + CMD
     assert result.returncode == 0, result.stderr

@@ -19,6 +19,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from judgequeue.core import streams
+from judgequeue.core.version import VERSION
 from tests.support.queries import create_queue_at
 from tests.support.redis_servers import free_port
 from tests.support.roles import RoleProcess, clean_env, http_get, role_env, run_cli
@@ -76,6 +77,7 @@ async def test_role_serves_probes_and_metrics_and_stops_on_sigterm(
     status, metrics = http_get(port, "/metrics")
     assert status == 200
     assert "# TYPE judgequeue_" in metrics and "process_resident_memory_bytes" in metrics
+    assert f'judgequeue_build_info{{version="{VERSION}"}} 1.0' in metrics.splitlines()
     assert http_get(port, "/nope")[0] == 404
 
     started = time.monotonic()

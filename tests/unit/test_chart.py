@@ -229,7 +229,8 @@ def iter_alerts(docs: tuple[dict[str, Any], ...]) -> Iterator[dict[str, Any]]:
 def test_value_files_cover_every_option() -> None:
     assert {
         "namespaced-values.yaml", "peering-values.yaml", "podmonitor-values.yaml", "servicemonitor-values.yaml",
-        "prometheusrule-values.yaml", "dashboard-values.yaml", "custom-values.yaml",
+        "prometheusrule-values.yaml", "dashboard-values.yaml", "custom-values.yaml", "migrations-values.yaml",
+        "unmanaged-values.yaml",
     } <= set(VALUE_FILES)
 
 
@@ -243,7 +244,7 @@ def test_renders_with_standard_labels(case: str) -> None:
         missing = [k for k in STANDARD_LABELS if k not in labels]
         assert not missing, f"{doc['kind']}/{doc['metadata']['name']} lacks labels {missing}"
         assert labels["app.kubernetes.io/managed-by"] == "Helm"
-        assert labels["helm.sh/chart"] == "judgequeue-0.1.0"
+        assert labels["helm.sh/chart"] == f"judgequeue-{chart().version}"
 
 
 @pytest.mark.parametrize("case", VALUE_CASES)
@@ -274,7 +275,7 @@ def test_manifests_validate_against_kubernetes_schemas(case: str) -> None:
 
 
 def test_crd_validates_against_kubernetes_schema() -> None:
-    crd = yaml.safe_load((CHART_DIR / "crds" / "judgequeue.yaml").read_text())
+    crd = yaml.safe_load((ROOT / "crds" / "judgequeue.yaml").read_text())
     kubernetes_validate.validate(crd, kubernetes_validate.latest_version(), strict=True)
 
 
@@ -326,9 +327,36 @@ def test_inconsistent_values_fail_with_a_clear_message(values: dict[str, Any], m
 # --- CRD, RBAC -------------------------------------------------------------------------------------
 
 
-def test_chart_crd_is_byte_identical_to_crds_dir() -> None:
-    assert (CHART_DIR / "crds" / "judgequeue.yaml").read_bytes() == (ROOT / "crds" / "judgequeue.yaml").read_bytes()
-    assert sorted(c["name"] for c in chart().crds) == ["crds/judgequeue.yaml", "crds/kopf-peering.yaml"]
+def test_chart_crd_is_crds_dir_crd_kept_on_uninstall() -> None:
+    """The JudgeQueue CRD is a template (so ``helm upgrade`` upgrades it) whose spec is
+    crds/judgequeue.yaml's, under the release's labels and ``helm.sh/resource-policy: keep``."""
+    source = yaml.safe_load((ROOT / "crds" / "judgequeue.yaml").read_text())
+    rendered = one(rendered_case("defaults"), "CustomResourceDefinition")
+    assert rendered["spec"] == source["spec"]
+    assert rendered["metadata"]["name"] == source["metadata"]["name"]
+    assert source["metadata"]["labels"].items() <= rendered["metadata"]["labels"].items()
+    assert rendered["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+    assert "helm.sh/hook" not in rendered["metadata"]["annotations"]
+    assert not of_kind(rendered_case("unmanaged-values.yaml"), "CustomResourceDefinition")
+
+
+def test_peering_crds_come_only_with_peering() -> None:
+    """Kopf's peering CRDs live in the kopf-peering subchart's crds/, and the subchart is enabled by
+    operator.peering.enabled: Helm installs a subchart's crds/ only when it is enabled. The chart's
+    own crds/ is gone (the JudgeQueue CRD is a template)."""
+    assert not (CHART_DIR / "crds").exists()
+    loaded = helm_python.Chart.load(str(CHART_DIR))  # not chart(): a render drops the disabled subchart from it
+    assert sorted(c["name"] for c in loaded.crds) == ["crds/kopf-peering.yaml"]
+    (dependency,) = loaded.metadata["dependencies"]
+    assert dependency["name"] == "kopf-peering"
+    assert dependency["condition"] == "operator.peering.enabled"
+    assert dependency.get("repository", "") == ""  # embedded in charts/, nothing to fetch
+    subchart = helm_python.Chart.load(str(CHART_DIR / "charts" / "kopf-peering"))
+    assert [d["name"] for d in loaded.dependencies] == ["kopf-peering"]
+    assert subchart.version == dependency["version"]
+    kinds = {d["spec"]["names"]["kind"] for c in subchart.crds for d in yaml.safe_load_all(c["data"]) if d}
+    assert kinds == {"KopfPeering", "ClusterKopfPeering"}
+    assert chart().values["operator"]["peering"]["enabled"] is False
 
 
 def test_generated_chart_files_are_current() -> None:
@@ -469,7 +497,8 @@ def test_custom_image_resources_and_service_account() -> None:
     assert one(docs, "ClusterRoleBinding")["subjects"][0]["name"] == "judge-operator"
     assert one(docs, "Deployment")["metadata"]["name"] == "jq-operator"
     assert all(d["metadata"]["labels"]["team"] == "judge" for d in docs)
-    assert container_of(rendered_case("defaults"))["image"] == "ghcr.io/judgequeue/judgequeue:0.1.0"
+    app_version = chart().metadata["appVersion"]
+    assert container_of(rendered_case("defaults"))["image"] == f"ghcr.io/judgequeue/judgequeue:{app_version}"
 
 
 def test_peering_objects() -> None:
@@ -478,6 +507,89 @@ def test_peering_objects() -> None:
         ("judge-a", "judgequeue-peering"), ("judge-b", "judgequeue-peering")]
     assert one(rendered_case("everything-values.yaml"), "ClusterKopfPeering")["metadata"]["name"] == "judgequeue"
     assert not of_kind(rendered_case("defaults"), "KopfPeering")
+
+
+# --- migration hook Job -----------------------------------------------------------------------------
+
+
+def migration_job(case: str) -> dict[str, Any]:
+    return one(rendered_case(case), "Job")
+
+
+def test_migration_job_is_a_pre_install_and_pre_upgrade_hook() -> None:
+    job = migration_job("defaults")
+    assert job["metadata"]["name"] == f"{RELEASE}-judgequeue-migrations"
+    assert job["metadata"]["namespace"] == NAMESPACE
+    annotations = job["metadata"]["annotations"]
+    assert annotations["helm.sh/hook"] == "pre-install,pre-upgrade"
+    assert annotations["helm.sh/hook-delete-policy"] == "before-hook-creation,hook-succeeded"
+    assert job["spec"]["backoffLimit"] == 2
+    assert 0 < job["spec"]["activeDeadlineSeconds"] < 300  # fails before helm's default --timeout (5m)
+    pod = job["spec"]["template"]["spec"]
+    assert pod["restartPolicy"] == "Never"
+    (container,) = pod["containers"]
+    assert container["args"] == ["migrate"]
+    assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
+
+
+@pytest.mark.parametrize("case", ["defaults", "migrations-values.yaml", "custom-values.yaml"])
+def test_migration_job_runs_the_operators_image_and_reads_the_secret_as_a_file(case: str) -> None:
+    """The same image as the operator (a digest too), the Postgres Secret mounted read-only as a file
+    that ``JUDGEQUEUE_POSTGRES_DSN_FILE`` names, never the DSN in an environment variable."""
+    docs = rendered_case(case)
+    values = chart().merge_values(load_values(case))
+    pod = migration_job(case)["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["image"] == container_of(docs)["image"]
+    assert container["imagePullPolicy"] == values["image"]["pullPolicy"]
+    assert pod.get("imagePullSecrets", []) == [{"name": n} for n in values["imagePullSecrets"]]
+    dsn_file = "/var/run/secrets/judgequeue/postgres-dsn"
+    assert container["env"] == [{"name": "JUDGEQUEUE_POSTGRES_DSN_FILE", "value": dsn_file}]
+    ref = values["migrations"]["postgres"]["secretKeyRef"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["postgres"]["secret"] == {"secretName": ref["name"], "defaultMode": 0o440,
+                                             "items": [{"key": ref["key"], "path": "postgres-dsn"}]}
+    mount = {"name": "postgres", "mountPath": "/var/run/secrets/judgequeue", "readOnly": True}
+    assert mount in container["volumeMounts"]
+    assert container["resources"] == values["migrations"]["resources"]
+
+
+def test_migration_job_is_hardened_like_the_operator() -> None:
+    """Non-root, read-only root filesystem, no capability, RuntimeDefault seccomp, no API token (it
+    needs no cluster access, and at pre-install the operator's ServiceAccount does not exist yet)."""
+    for case in VALUE_CASES:
+        if not load_values(case).get("migrations", {}).get("enabled", True):
+            continue
+        pod = migration_job(case)["spec"]["template"]["spec"]
+        operator_pod = one(rendered_case(case), "Deployment")["spec"]["template"]["spec"]
+        assert pod["securityContext"] == operator_pod["securityContext"]
+        assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] == 10001
+        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        (container,) = pod["containers"]
+        assert container["securityContext"] == container_of(rendered_case(case))["securityContext"]
+        assert container["securityContext"]["readOnlyRootFilesystem"] is True
+        assert container["securityContext"]["allowPrivilegeEscalation"] is False
+        assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+        assert pod["automountServiceAccountToken"] is False
+        assert "serviceAccountName" not in pod
+
+
+def test_migration_pod_is_never_selected_as_the_operator() -> None:
+    docs = rendered_case("defaults")
+    selector = one(docs, "Deployment")["spec"]["selector"]
+    labels = migration_job("defaults")["spec"]["template"]["metadata"]["labels"]
+    assert not _matches(selector, labels)
+    assert labels["app.kubernetes.io/component"] == "migrations"
+
+
+def test_migration_job_follows_its_values() -> None:
+    job = migration_job("migrations-values.yaml")
+    assert job["spec"]["backoffLimit"] == 0 and job["spec"]["activeDeadlineSeconds"] == 120
+    pod = job["spec"]["template"]
+    assert pod["metadata"]["annotations"] == {"example.com/owner": "judge"}
+    assert pod["spec"]["nodeSelector"] == {"kubernetes.io/os": "linux"}
+    assert pod["spec"]["containers"][0]["image"] == "registry.example.com/judge/judgequeue:0.2.0-rc.1"
+    assert not of_kind(rendered_case("unmanaged-values.yaml"), "Job")
 
 
 # --- monitoring -------------------------------------------------------------------------------------
@@ -580,14 +692,18 @@ def test_design_metrics_exist_in_core_metrics() -> None:
 
 def test_optional_objects_are_off_by_default() -> None:
     kinds = {d["kind"] for d in rendered_case("defaults")}
-    assert kinds == {"Deployment", "ServiceAccount", "ClusterRole", "ClusterRoleBinding"}
+    assert kinds == {"Deployment", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition",
+                     "Job"}
 
 
-def test_notes_mention_crd_upgrade_and_readiness() -> None:
+def test_notes_say_what_happened_to_the_schema_and_the_crd() -> None:
     notes = render_files({})["judgequeue/templates/NOTES.txt"]
-    assert "kubectl apply --server-side -f" in notes
-    assert "NEVER upgrades" in notes
     assert "--for=condition=Ready" in notes
+    assert "Database: migrated" in notes and "Secret judgequeue-migrations, key dsn" in notes
+    assert "`helm upgrade` upgrades it, `helm uninstall` keeps it" in notes
+    unmanaged = render_files(load_values("unmanaged-values.yaml"))["judgequeue/templates/NOTES.txt"]
+    assert "Database: NOT migrated by this release" in unmanaged and "judgequeue migrate" in unmanaged
+    assert "kubectl apply --server-side -f" in unmanaged and "crds.enabled=false" in unmanaged
 
 
 # --- README "Install on Kubernetes" -----------------------------------------------------------------
@@ -622,5 +738,6 @@ def test_readme_example_secrets_and_judgequeue_are_valid() -> None:
 
 def test_readme_documents_the_crd_upgrade() -> None:
     section = readme_install_section()
-    assert "kubectl apply --server-side -f crds/judgequeue.yaml" in section
-    assert "never upgrades" in section
+    assert "kubectl apply --server-side -f crds/judgequeue.yaml" in section  # with crds.enabled=false
+    assert "helm.sh/resource-policy: keep" in section
+    assert "kubectl annotate crd judgequeues.judgequeue.dev meta.helm.sh/release-name=" in section  # 0.1.0's CRD

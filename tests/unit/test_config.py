@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from judgequeue.core.config import (
@@ -88,3 +90,22 @@ def test_a_bare_role_keeps_direct_and_never_reads_auto() -> None:
     assert load_settings(env).worker.intake == "direct"
     with pytest.raises(ConfigError, match="JUDGEQUEUE_INTAKE"):
         load_settings({**env, "JUDGEQUEUE_INTAKE": "auto"})
+
+
+def test_tools_read_a_connection_from_its_file_as_the_roles_do(tmp_path: Path) -> None:
+    """``judgequeue migrate`` (the chart's migration Job mounts its Secret as a file) and every other
+    tool take ``JUDGEQUEUE_POSTGRES_DSN_FILE`` like the roles; a flag still wins, and both forms at
+    once is refused as the roles refuse it."""
+    from judgequeue.core.cli import build_parser, resolve
+
+    dsn_file = tmp_path / "postgres-dsn"
+    dsn_file.write_text("postgresql://u:secret@db/x\n")
+    env = {"JUDGEQUEUE_POSTGRES_DSN_FILE": str(dsn_file)}
+    args = build_parser().parse_args(["migrate"])
+    assert resolve(args, env, "JUDGEQUEUE_POSTGRES_DSN") == "postgresql://u:secret@db/x"
+    flagged = build_parser().parse_args(["migrate", "--postgres-dsn", "postgresql://flag@db/y"])
+    assert resolve(flagged, env, "JUDGEQUEUE_POSTGRES_DSN") == "postgresql://flag@db/y"
+    with pytest.raises(ConfigError, match="are both set"):
+        resolve(args, {**env, "JUDGEQUEUE_POSTGRES_DSN": "postgresql://u@db/x"}, "JUDGEQUEUE_POSTGRES_DSN")
+    with pytest.raises(ConfigError, match="JUDGEQUEUE_POSTGRES_DSN_FILE='/nonexistent': cannot read"):
+        resolve(args, {"JUDGEQUEUE_POSTGRES_DSN_FILE": "/nonexistent"}, "JUDGEQUEUE_POSTGRES_DSN")

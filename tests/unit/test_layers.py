@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CORE_LAYERS: dict[str, int] = {
     # foundations: no judgequeue imports but each other
     "errors": 0, "logs": 0, "failpoints": 0, "metrics": 0, "http": 0, "migrations": 0, "envelope": 0,
-    "redis_url": 0, "sql": 0, "states": 0, "agreement": 0,
+    "redis_url": 0, "sql": 0, "states": 0, "agreement": 0, "version": 0,
     # one server or one concern each: the Redis door, the tables, the judges
     "streams": 1, "queues": 1, "leases": 1, "submissions": 1, "migrate": 1, "judges": 1, "connect": 1,
     "config": 2, "spec": 2, "outbox": 2, "dlq": 2, "giving_up": 2, "stream_stats": 2,

@@ -94,3 +94,49 @@ any: true
 {{- define "judgequeue.runbook" -}}
 {{- printf "%s#%s" (index . 0).Values.prometheusRule.runbookBaseUrl (lower (index . 1)) }}
 {{- end }}
+
+{{/* Standard labels of the JudgeQueue CRD (no operator selector labels: it is no pod's). */}}
+{{- define "judgequeue.crdLabels" -}}
+helm.sh/chart: {{ include "judgequeue.chart" . }}
+app.kubernetes.io/name: {{ include "judgequeue.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/part-of: judgequeue
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/*
+"true" when this release renders the JudgeQueue CRD: crds.enabled, and the CRD is either absent or
+already this release's (Helm's ownership annotations name it). A CRD that exists and is not this
+release's (applied with kubectl, installed by 0.1.0's crds/, another release's) is left alone, as
+Helm would refuse to take it over; NOTES.txt says how to adopt it. `helm template` cannot look
+(lookup is empty offline) and always renders it.
+*/}}
+{{- define "judgequeue.crdManaged" -}}
+{{- if .Values.crds.enabled }}
+{{- $crd := lookup "apiextensions.k8s.io/v1" "CustomResourceDefinition" "" "judgequeues.judgequeue.dev" }}
+{{- if not $crd }}true
+{{- else }}
+{{- $annotations := $crd.metadata.annotations | default dict }}
+{{- if and (eq (get $annotations "meta.helm.sh/release-name") .Release.Name) (eq (get $annotations "meta.helm.sh/release-namespace") .Release.Namespace) }}true{{ end }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* Labels of the migration Job and its pod: not the operator's selector (a Deployment must never
+select a migration pod), a component of their own. */}}
+{{- define "judgequeue.migrationLabels" -}}
+helm.sh/chart: {{ include "judgequeue.chart" . }}
+app.kubernetes.io/name: {{ include "judgequeue.name" . }}-migrations
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Values.image.tag | default .Chart.AppVersion | quote }}
+app.kubernetes.io/component: migrations
+app.kubernetes.io/part-of: judgequeue
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
