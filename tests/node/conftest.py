@@ -94,8 +94,13 @@ def helm_installed(node_cluster: NodeCluster) -> None:
     Job: the tier's databases are made after the chart (one per test), and test_user_path_real.py
     migrates its own with the README's `kubectl run ... migrate` (the chart's Job is run by
     tests/kube/test_chart_real.py and test_user_path.py)."""
-    helm = readme.set_value(readme.helm_install(node_cluster.image), "migrations.enabled", "false")
-    node_cluster.kube.helm_cmd(*helm[1:], "--wait", "--timeout", "5m")
+    readme_helm_install(node_cluster)
+
+
+def readme_helm_install(cluster: NodeCluster) -> None:
+    """What :func:`helm_installed` installs (a test that uninstalls it puts it back with this)."""
+    helm = readme.set_value(readme.helm_install(cluster.image), "migrations.enabled", "false")
+    cluster.kube.helm_cmd(*helm[1:], "--wait", "--timeout", "5m")
 
 
 def release_installed(cluster: NodeCluster, release: str = "judgequeue",
@@ -104,12 +109,14 @@ def release_installed(cluster: NodeCluster, release: str = "judgequeue",
 
 
 def readme_uninstall(cluster: NodeCluster) -> None:
-    """README's uninstall, as written: the JudgeQueues (each released by the operator), the chart, the CRDs."""
+    """README's uninstall: the JudgeQueues (each released by the operator), the chart, the CRDs. Its
+    CRD command names Kopf's peering CRDs too, which only an install with peering (or chart 0.1.0)
+    brought: one that is not there is no error here."""
     for words in readme.uninstall():
         if words[0] == "helm":
             cluster.kube.helm_cmd(*words[1:], "--wait", "--timeout", "3m")
         else:
-            cluster.kube.kubectl(*words[1:], "--timeout=180s", timeout=210)
+            cluster.kube.kubectl(*words[1:], "--timeout=180s", "--ignore-not-found", timeout=210)
 
 
 def recreated_database(cluster: NodeCluster, name: str) -> None:

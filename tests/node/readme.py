@@ -58,6 +58,16 @@ def command(program: str, verb: str, *, readme: Path = README) -> list[str]:
     raise LookupError(f"{readme}'s Kubernetes section has no `{program} {verb}` command")
 
 
+def find(*words: str, readme: Path = README) -> list[str]:
+    """The first command of the section holding ``words`` in that order (not necessarily adjacent):
+    ``find("kubectl", "create", "secret")`` for ``kubectl -n ns create secret ...``."""
+    for command_words in commands(readme=readme):
+        rest = iter(command_words)
+        if all(word in rest for word in words):
+            return command_words
+    raise LookupError(f"{readme}'s Kubernetes section has no command with {' '.join(words)!r}")
+
+
 def manifests(*, readme: Path = README) -> list[dict[str, Any]]:
     """The YAML documents of the section (the Secrets and the JudgeQueue)."""
     docs: list[dict[str, Any]] = []
@@ -100,8 +110,8 @@ def helm_upgrade(image: str, *, readme: Path = README) -> list[str]:
 
 
 def uninstall(*, readme: Path = README) -> list[list[str]]:
-    """The section's uninstall commands, in order: ``kubectl delete`` (the JudgeQueues, then the
-    CRDs) and ``helm uninstall``."""
+    """The section's uninstall commands, in order: ``kubectl delete`` of the JudgeQueues, ``helm
+    uninstall``, ``kubectl delete`` of the CRDs."""
     return [w for w in commands(readme=readme) if w[:2] in (["kubectl", "delete"], ["helm", "uninstall"])]
 
 
