@@ -178,6 +178,27 @@ def ready_pods(kube: Cluster, namespace: str, component: str) -> list[dict[str, 
             and any(c["type"] == "Ready" and c["status"] == "True" for c in p.get("status", {}).get("conditions", []))]
 
 
+def wait_rollout(kube: Cluster, namespace: str, name: str, image: str, *, timeout: float = 300.0) -> dict[str, Any]:
+    """Until Deployment ``name`` runs ``image`` and nothing else: its pod template names it (whoever
+    renders it, an operator or Helm), ``kubectl rollout status`` returns (every replica updated and
+    available, none of an older ReplicaSet left) and its Progressing condition says so. The
+    Deployment as it then is."""
+    path = f"/apis/apps/v1/namespaces/{namespace}/deployments/{name}"
+
+    def rendered() -> bool:
+        found = kube.get(path)
+        containers = (found or {}).get("spec", {}).get("template", {}).get("spec", {}).get("containers", [])
+        return bool(containers) and all(c["image"] == image for c in containers)
+
+    wait_for(f"deployment {namespace}/{name} rendered with {image}", rendered, timeout=timeout)
+    kube.kubectl("rollout", "status", f"deployment/{name}", "-n", namespace, f"--timeout={timeout:g}s",
+                 timeout=timeout + 30)
+    deployment: dict[str, Any] = kube.request("GET", path)
+    progressing = condition(deployment, "Progressing")
+    assert progressing.get("reason") == "NewReplicaSetAvailable", (name, progressing)
+    return deployment
+
+
 def run_sql(dsn: str, sql: str, *args: Any) -> Any:
     """One statement on a connection of its own (these tests are synchronous: they drive processes)."""
 

@@ -94,11 +94,51 @@ def helm_installed(node_cluster: NodeCluster) -> None:
     Job: the tier's databases are made after the chart (one per test), and test_user_path_real.py
     migrates its own with the README's `kubectl run ... migrate` (the chart's Job is run by
     tests/kube/test_chart_real.py and test_user_path.py)."""
-    repository, tag = node_cluster.image.rsplit(":", 1)
-    helm = readme.command("helm", "install")
-    helm = readme.set_value(readme.set_value(helm, "image.repository", repository), "image.tag", tag)
-    helm = readme.set_value(helm, "migrations.enabled", "false")
-    node_cluster.kube.helm_cmd(*helm[1:], "--wait", "--timeout", "5m")
+    readme_helm_install(node_cluster)
+
+
+def readme_helm_install(cluster: NodeCluster) -> None:
+    """What :func:`helm_installed` installs (a test that uninstalls it puts it back with this)."""
+    helm = readme.set_value(readme.helm_install(cluster.image), "migrations.enabled", "false")
+    cluster.kube.helm_cmd(*helm[1:], "--wait", "--timeout", "5m")
+
+
+def release_installed(cluster: NodeCluster, release: str = "judgequeue",
+                      namespace: str = "judgequeue-system") -> bool:
+    return cluster.kube.helm_cmd("status", release, "-n", namespace, check=False).returncode == 0
+
+
+def readme_uninstall(cluster: NodeCluster) -> None:
+    """README's uninstall: the JudgeQueues (each released by the operator), the chart, the CRDs. Its
+    CRD command names Kopf's peering CRDs too, which only an install with peering (or chart 0.1.0)
+    brought: one that is not there is no error here."""
+    for words in readme.uninstall():
+        if words[0] == "helm":
+            cluster.kube.helm_cmd(*words[1:], "--wait", "--timeout", "3m")
+        else:
+            cluster.kube.kubectl(*words[1:], "--timeout=180s", "--ignore-not-found", timeout=210)
+
+
+def recreated_database(cluster: NodeCluster, name: str) -> None:
+    """An empty database ``name`` on the pods' Postgres (dropped first if a run left one)."""
+
+    async def make() -> None:
+        admin = await asyncpg.connect(cluster.local_dsn("postgres"))
+        try:
+            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            await admin.execute(f'CREATE DATABASE "{name}"')
+        finally:
+            await admin.close()
+
+    asyncio.run(make())
+
+
+def readme_migrate(cluster: NodeCluster, image: str, database: str, *, readme_path: Path = readme.README) -> str:
+    """README's one-off ``kubectl run ... migrate`` pod with ``image`` on ``database``; its output."""
+    words = readme.migrate_run(image, cluster.pod_dsn(database), readme=readme_path)
+    done = cluster.kube.kubectl("run", "--image-pull-policy=Never", *words[2:], namespace="default", timeout=180)
+    assert "migrat" in (done.stdout + done.stderr).lower(), done
+    return done.stdout + done.stderr
 
 
 def migrated_database(cluster: NodeCluster) -> str:

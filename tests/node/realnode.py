@@ -58,11 +58,12 @@ def run(*argv: str, check: bool = True, timeout: float = 60.0) -> subprocess.Com
     return result
 
 
-def script_output(script: str, *args: str) -> dict[str, str]:
-    """Run one of scripts/build-* (building on demand) and parse its ``KEY=value`` lines."""
-    done = subprocess.run([str(ROOT / "scripts" / script), *args], capture_output=True, text=True)
+def script_output(script: str, *args: str, tree: Path = ROOT) -> dict[str, str]:
+    """Run one of scripts/build-* of ``tree`` (this checkout, or an earlier revision's tree: see
+    tests/support/revisions.py), building on demand, and parse its ``KEY=value`` lines."""
+    done = subprocess.run([str(tree / "scripts" / script), *args], capture_output=True, text=True)
     if done.returncode != 0:
-        raise NodeError(f"scripts/{script} failed:\n{done.stderr[-3000:]}")
+        raise NodeError(f"{tree}/scripts/{script} failed:\n{done.stderr[-3000:]}")
     return dict(line.split("=", 1) for line in done.stdout.split() if "=" in line)
 
 
@@ -295,10 +296,15 @@ state = "{w}/containerd/state"
         self._make_cgroup_root()
         self._start_holder()
         self.start_runtime()
-        for archive in [pause[1], *images]:
-            self.ctr("images", "import", str(archive))
+        self.import_images(pause[1], *images)
         self.start_kubelet()
         self.wait_ready(timeout)
+
+    def import_images(self, *archives: Path) -> None:
+        """Load docker-archives into the node's containerd, where pods with ``imagePullPolicy: Never``
+        (or ``IfNotPresent``) find them: the node has no registry."""
+        for archive in archives:
+            self.ctr("images", "import", str(archive))
 
     def wait_ready(self, timeout: float = 120.0) -> None:
         def ready() -> bool:

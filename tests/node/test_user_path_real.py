@@ -10,7 +10,6 @@ by those pods, and the node is checked afterwards as the attack catalogue checks
 from __future__ import annotations
 
 import asyncio
-import copy
 import json
 import time
 from collections.abc import Iterator
@@ -20,12 +19,11 @@ from typing import Any
 
 import asyncpg
 import pytest
-import yaml
 
 from judgequeue.core import api
 from tests.kube.tools import actions, condition, jq_path, ready_pods, wait_for
 from tests.node import readme
-from tests.node.conftest import NodeCluster
+from tests.node.conftest import NodeCluster, readme_migrate, recreated_database
 
 NAMESPACE = "judge"  # the README's
 RELEASE_NS = "judgequeue-system"
@@ -50,34 +48,15 @@ class Installed:
         )["items"])  # fmt: skip
 
 
-def user_manifests(cluster: NodeCluster, database: str) -> list[dict[str, Any]]:
-    """The README's Secrets and JudgeQueue, with the user's image and connection strings."""
-    docs = copy.deepcopy(readme.manifests())
-    kinds = [d["kind"] for d in docs]
-    assert kinds == ["Namespace", "Secret", "Secret", "JudgeQueue"], kinds
-    for doc in docs:
-        if doc["kind"] == "Secret" and "dsn" in doc["stringData"]:
-            doc["stringData"]["dsn"] = cluster.pod_dsn(database)
-        elif doc["kind"] == "Secret":
-            doc["stringData"]["url"] = cluster.pod_redis_url
-        elif doc["kind"] == "JudgeQueue":
-            doc["spec"]["image"] = cluster.image
-    return docs
-
-
 @pytest.fixture(scope="module")
 def installed(node_cluster: NodeCluster, helm_installed: None) -> Iterator[Installed]:
     """helm install (the session's), migrate, the namespace, the Secrets and the JudgeQueue: the
     README's steps."""
     kube = node_cluster.kube
     database = "judge"
-    asyncio.run(_create_database(node_cluster.local_dsn("postgres"), database))
-    migrate = readme.command("kubectl", "run")
-    migrate = [f"--image={node_cluster.image}" if w.startswith("--image=") else w for w in migrate]
-    migrate = [node_cluster.pod_dsn(database) if w.startswith("postgresql://") else w for w in migrate]
-    done = kube.kubectl("run", "--image-pull-policy=Never", *migrate[2:], namespace="default", timeout=180)
-    assert "migrat" in (done.stdout + done.stderr).lower(), done
-    kube.apply(yaml.safe_dump_all(user_manifests(node_cluster, database)))
+    recreated_database(node_cluster, database)
+    readme_migrate(node_cluster, node_cluster.image, database)
+    kube.apply(readme.user_manifests(node_cluster.image, node_cluster.pod_dsn(database), node_cluster.pod_redis_url))
     waited = kube.kubectl("wait", "-n", NAMESPACE, "jq/judge", "--for=condition=Ready", "--timeout=5m",
                           check=False, timeout=330)
     installed = Installed(node_cluster, database)
@@ -87,15 +66,6 @@ def installed(node_cluster: NodeCluster, helm_installed: None) -> Iterator[Insta
     yield installed
     kube.kubectl("delete", "jq", "judge", "-n", NAMESPACE, "--wait=true", "--timeout=120s", check=False,
                  timeout=150)
-
-
-async def _create_database(admin_dsn: str, name: str) -> None:
-    conn = await asyncpg.connect(admin_dsn)
-    try:
-        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        await conn.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await conn.close()
 
 
 async def submit_all(dsn: str, payloads: list[dict[str, Any]]) -> list[int]:

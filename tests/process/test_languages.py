@@ -8,7 +8,6 @@ chooses, the build cache, and the languages that are refused with their reason. 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
@@ -16,7 +15,7 @@ from judgequeue.core.judges import Verdict
 from judgequeue.core.judges.isolation import JudgeSettings
 from judgequeue.core.judges.languages import LANGUAGES, missing_toolchain
 from judgequeue.core.judges.program import ProgramJudge
-from tests.support.language_programs import DEFAULT_INPUT, OK_INPUT, OK_OUTPUT, PROGRAMS
+from tests.support.language_programs import PROGRAMS, VERDICTS, payload
 from tests.support.sandbox_host import assert_host_clean
 
 pytestmark = pytest.mark.usefixtures("as_root")
@@ -30,14 +29,6 @@ def judge(sandbox_dir: str) -> Iterator[ProgramJudge]:
     assert j.isolation.mode == "full"
     yield j
     j.close()
-
-
-def payload(language: str, source: str, **extra: Any) -> dict[str, Any]:
-    given = OK_INPUT.get(language, DEFAULT_INPUT)
-    return {
-        "language": language, "source": source, "tests": [{"input": given, "output": OK_OUTPUT}],
-        "limits": {"time": 1, "memory_mb": 256}, **extra,
-    }  # fmt: skip
 
 
 def require(judge: ProgramJudge, language: str) -> None:
@@ -66,8 +57,7 @@ async def test_language(judge: ProgramJudge, language: str, case: str) -> None:
         verdict = await judge.judge(payload(language, getattr(programs, case)))
     assert isinstance(verdict, Verdict)
     details = verdict.details
-    expected = {"ok": "ACCEPTED", "compile_error": "COMPILE_ERROR", "runtime_error": "RUNTIME_ERROR",
-                "time_limit": "TIME_LIMIT"}[case]  # fmt: skip
+    expected = VERDICTS[case]
     assert verdict.status == expected, details
     assert details["language"] == language
     if case == "compile_error":

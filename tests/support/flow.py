@@ -2,7 +2,8 @@
 
 :class:`Flow` is the offered load: a few concurrent "applications" submitting (each commit retried
 through an outage, like :func:`tests.support.roles.submit_retrying`) until told to stop, remembering what
-each committed submission asks the ``sleep`` judge to answer. :func:`check_flow` waits for every
+each committed submission asks the ``sleep`` judge to answer (or, given ``job``, any judge's payloads
+with the verdict each must get). :func:`check_flow` waits for every
 committed submission to finish and checks DESIGN section 9 with the chaos harness's audit
 (:func:`tests.support.chaos.check_invariants`): exactly one terminal verdict each, the expected one, no stale
 write, nothing left in the outbox, the stream or the PEL.
@@ -13,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from collections.abc import Callable
 from typing import Any
 
 import asyncpg
@@ -33,8 +35,13 @@ async def install_audit(dsn: str, *, shadow: bool = True) -> None:
         await conn.execute(AUDIT_SQL if shadow else VERDICT_AUDIT_SQL)
 
 
+#: One submission of a flow: its payload and the verdict it must get.
+Job = Callable[[random.Random], tuple[object, str]]
+
+
 class Flow:
-    """``submitters`` concurrent applications submitting through ``dsn`` until :meth:`stop`."""
+    """``submitters`` concurrent applications submitting through ``dsn`` until :meth:`stop`; each
+    payload is the ``sleep`` judge's answering a random status, or what ``job`` makes."""
 
     def __init__(
         self,
@@ -46,9 +53,11 @@ class Flow:
         connect_options: dict[str, Any] | None = None,
         job_seconds: tuple[float, float] = (0.0, 0.05),
         seed: int = 13,
+        job: Job | None = None,
     ) -> None:
         self.dsn = dsn
         self.job_seconds = job_seconds
+        self.job = job or self._sleep_job
         self.queue = queue
         self.pace = pace
         self.connect_options = connect_options
@@ -58,10 +67,13 @@ class Flow:
         self._stop = asyncio.Event()
         self._tasks = [asyncio.create_task(self._submit_loop()) for _ in range(submitters)]
 
+    def _sleep_job(self, rng: random.Random) -> tuple[object, str]:
+        status = rng.choice(JUDGE_STATUSES)
+        return {"seconds": rng.uniform(*self.job_seconds), "status": status}, status
+
     async def _submit_loop(self) -> None:
         while not self._stop.is_set():
-            status = self.rng.choice(JUDGE_STATUSES)
-            payload = {"seconds": self.rng.uniform(*self.job_seconds), "status": status}
+            payload, status = self.job(self.rng)
             sid = await submit_retrying(
                 self.dsn, self.queue, payload, within=60, connect_options=self.connect_options
             )
@@ -110,9 +122,10 @@ async def judging_count(dsn: str, ids: list[int]) -> int:
 
 
 async def check_flow(
-    dsn: str, redis_url: str, queue: str, expected: dict[int, str], roles: Roles, *, within: float = 90
+    dsn: str, redis_url: str, queue: str, expected: dict[int, str], roles: Roles | None, *, within: float = 90
 ) -> ChaosReport:
-    """Wait until every committed submission is terminal, then check the invariants; the report."""
+    """Wait until every committed submission is terminal, then check the invariants; the report.
+    ``roles``: the processes whose logs a timeout shows (None when they are pods)."""
     await wait_all_terminal(dsn, list(expected), within=within, roles=roles)
     report = ChaosReport(submissions=len(expected))
     pool = await asyncpg.create_pool(dsn, min_size=1, max_size=2)

@@ -2,12 +2,14 @@
 
 ``ok`` reads two integers and prints their sum; ``compile_error`` does not build (or does not pass
 the syntax check), and ``message`` is a piece of what its compiler says; ``runtime_error`` builds
-and fails as it runs; ``time_limit`` builds and spins forever.
+and fails as it runs; ``time_limit`` builds and spins forever. :func:`case` makes a submission of
+one of them with the verdict it must get.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -162,3 +164,25 @@ PROGRAMS: dict[str, Programs] = {
 OK_INPUT = {"prolog": "2.\n3.\n"}
 DEFAULT_INPUT = "2 3\n"
 OK_OUTPUT = "5\n"
+
+#: The verdict each case of :class:`Programs` gets in a :func:`payload`; ``wrong_answer`` is the
+#: ``ok`` program told to expect another sum.
+VERDICTS = {"ok": "ACCEPTED", "wrong_answer": "WRONG_ANSWER", "compile_error": "COMPILE_ERROR",
+            "runtime_error": "RUNTIME_ERROR", "time_limit": "TIME_LIMIT"}  # fmt: skip
+
+
+def payload(language: str, source: str, *, output: str = OK_OUTPUT, **extra: Any) -> dict[str, Any]:
+    """A program-judge submission of ``source`` with one test: the two numbers in, ``output`` expected."""
+    given = OK_INPUT.get(language, DEFAULT_INPUT)
+    return {
+        "language": language, "source": source, "tests": [{"input": given, "output": output}],
+        "limits": {"time": 1, "memory_mb": 256}, **extra,
+    }  # fmt: skip
+
+
+def case(language: str, name: str) -> tuple[dict[str, Any], str]:
+    """The submission of case ``name`` (a key of :data:`VERDICTS`) in ``language``, and its verdict."""
+    programs = PROGRAMS[language]
+    if name == "wrong_answer":
+        return payload(language, programs.ok, output="6\n"), VERDICTS[name]
+    return payload(language, getattr(programs, name)), VERDICTS[name]

@@ -1,4 +1,5 @@
-"""Another revision's code, importable as ``judgequeue`` beside this tree's: its core and controllers.
+"""Another revision's code, importable as ``judgequeue`` beside this tree's: its core and controllers
+(or its whole tree, to build and install it as a release).
 
 The benchmarks run a reference revision's roles on the schema that revision made; the schema and
 upgrade tests build databases the way an earlier version of judgequeue left them, run its roles,
@@ -38,24 +39,33 @@ asyncio.run(main())
 
 def ref_tree(rev: str) -> str:
     """A copy of ``rev``'s core and controllers importable as ``judgequeue`` (put it first on PYTHONPATH)."""
+    return str(_extracted(rev, "jq-bench-ref", ("core", "controllers"), into="judgequeue"))
+
+
+def source_tree(rev: str) -> Path:
+    """``rev``'s whole tree as ``git archive`` gives it (its README, chart, Dockerfile and scripts): a
+    release as its users had it, to build its image and install its chart from."""
+    return _extracted(rev, "jq-tree", ())
+
+
+def _extracted(rev: str, prefix: str, paths: tuple[str, ...], *, into: str = "") -> Path:
+    """``paths`` of ``rev`` (all of it when empty) extracted once into /tmp/<prefix>-<commit>/<into>."""
     commit = subprocess.run(
         ["git", "rev-parse", "--short", rev], capture_output=True, text=True, check=True, cwd=REPOSITORY
     )
-    root = Path(f"/tmp/jq-bench-ref-{commit.stdout.strip()}")
+    root = Path(f"/tmp/{prefix}-{commit.stdout.strip()}")
     if not root.exists():
         # Extracted beside it and renamed into place: a run killed mid-extract leaves no half tree
         # that a later run would take for the revision.
         partial = Path(tempfile.mkdtemp(prefix=f"{root.name}-", dir=root.parent))
-        (partial / "judgequeue").mkdir()
-        archive = subprocess.run(
-            ["git", "archive", rev, "core", "controllers"], capture_output=True, check=True, cwd=REPOSITORY
-        )
-        subprocess.run(["tar", "-x", "-C", str(partial / "judgequeue")], input=archive.stdout, check=True)
+        (partial / into).mkdir(exist_ok=True)
+        archive = subprocess.run(["git", "archive", rev, *paths], capture_output=True, check=True, cwd=REPOSITORY)
+        subprocess.run(["tar", "-x", "-C", str(partial / into)], input=archive.stdout, check=True)
         try:
             partial.rename(root)
         except OSError:  # another run put it in place first
             shutil.rmtree(partial)
-    return str(root)
+    return root
 
 
 def _git(*args: str, stdin: bytes | None = None) -> bytes:
