@@ -25,7 +25,9 @@ from typing import Any, NoReturn, TypeVar
 
 from .config import (
     PREFIX,
+    archive_variable_names,
     judge_refused_mode,
+    load_archive_settings,
     load_settings,
     parse_duration,
     parse_variable,
@@ -392,8 +394,10 @@ def cmd_problem(args: argparse.Namespace, env: Mapping[str, str]) -> int:
 
         _print_listing(_run(_with_pg(dsn, list_problems)), args.json, dict, line, "no problems")
         return EXIT_OK
+    bounds = load_archive_settings(env, overrides_from(args), override_name=flag_for)
     done = _run(_with_pg(dsn, lambda conn: upload(
         conn, Path(args.dir), version=args.version, problem_id=args.id, time_limit=args.time_limit, fmt=args.format,
+        bounds=bounds,
     )))  # fmt: skip
     if args.json:
         _print_json({**vars(done), "notes": list(done.notes)})
@@ -845,6 +849,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--format", choices=("judgequeue", "kattis", "polygon"),
                    help="the package format (default: detected)")  # fmt: skip
     _add_variable_flags(q, [DSN], "connection")
+    _add_variable_flags(q, archive_variable_names(), "what a package may hold (docs/judges.md)")
     _add_variable_flags(problem_action("list", "list stored packages"), [DSN], "connection")
 
     p = add("submit", "submit one JSON payload to a queue; prints the submission id", parents=[json_flag])

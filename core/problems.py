@@ -29,6 +29,7 @@ import asyncpg
 
 from . import metrics, sql
 from .archives import CHUNK, InvalidPackage, PackageDir, PackageFile, read_package
+from .config import ArchiveSettings
 from .connect import STATEMENT_TIMEOUT
 from .errors import JudgeQueueError
 from .judges import Judge, UsesPackages
@@ -45,10 +46,15 @@ class VersionConflict(JudgeQueueError):
 
 
 def read_package_dir(
-    root: Path, *, problem_id: str | None = None, time_limit: float | None = None, fmt: str | None = None
+    root: Path,
+    *,
+    problem_id: str | None = None,
+    time_limit: float | None = None,
+    fmt: str | None = None,
+    bounds: ArchiveSettings | None = None,
 ) -> PackageDir:
     """Validate a package directory in any format judgequeue reads (see :mod:`.archives`)."""
-    return read_package(root, problem_id=problem_id, time_limit=time_limit, fmt=fmt)
+    return read_package(root, problem_id=problem_id, time_limit=time_limit, fmt=fmt, bounds=bounds)
 
 
 def manifest_digest(manifest: dict[str, Any]) -> str:
@@ -88,9 +94,11 @@ async def upload(
     problem_id: str | None = None,
     time_limit: float | None = None,
     fmt: str | None = None,
+    bounds: ArchiveSettings | None = None,
 ) -> Uploaded:
-    """Store the package in ``root`` (idempotent for an identical version); returns what was stored."""
-    package = read_package_dir(root, problem_id=problem_id, time_limit=time_limit, fmt=fmt)
+    """Store the package in ``root`` (idempotent for an identical version); returns what was stored.
+    ``bounds``: what the archive may hold (config.ArchiveSettings; its defaults when None)."""
+    package = read_package_dir(root, problem_id=problem_id, time_limit=time_limit, fmt=fmt, bounds=bounds)
     new_files = 0
     for f in package.files.values():
         new_files += await _store_file(conn, f)

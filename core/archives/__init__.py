@@ -8,15 +8,20 @@ Formats, recognised by what the directory holds:
 - **ICPC/Kattis** (``problem.yaml`` and ``data/``): :mod:`.kattis`.
 
 Every reader returns a :class:`PackageDir`: the manifest (``format`` names the format, whose
-verdict rules the judge then applies) and the files it names by sha256.
+verdict rules the judge then applies) and the files it names by sha256. Before any reader looks at
+a package, :func:`.rules.survey` holds it to what a package may be (no link out of it, no special
+files, no file over the bound: docs/judges.md, "What a package may hold"), and a reader takes every
+file it stores through :class:`.common.Files`, which holds each file and the package to their bounds.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from ..config import ArchiveSettings
 from . import kattis, native, polygon
-from .common import CHUNK, InvalidPackage, PackageDir, PackageFile, digest
+from .common import CHUNK, Files, InvalidPackage, PackageDir, PackageFile
+from .rules import survey
 
 FORMATS = ("judgequeue", "kattis", "polygon")
 
@@ -38,18 +43,28 @@ def detect(root: Path) -> str:
 
 
 def read_package(
-    root: Path, *, problem_id: str | None = None, time_limit: float | None = None, fmt: str | None = None
+    root: Path,
+    *,
+    problem_id: str | None = None,
+    time_limit: float | None = None,
+    fmt: str | None = None,
+    bounds: ArchiveSettings | None = None,
 ) -> PackageDir:
-    """Validate the package in ``root`` in its format (or ``fmt``). ``problem_id`` and ``time_limit``
-    fill in what a Kattis package may leave out (its id is its directory's name)."""
-    found = fmt or detect(root)
+    """Validate the package in ``root`` in its format (or ``fmt``), within ``bounds`` (the
+    default ones when None). ``problem_id`` and ``time_limit`` fill in what a Kattis package may leave out
+    (its id is its directory's name)."""
+    bounds = bounds or ArchiveSettings()
+    real = survey(root, bounds)
+    found = fmt or detect(real)
     if found == "polygon":
-        return polygon.read(root, problem_id=problem_id)
+        return polygon.read(real, problem_id=problem_id, bounds=bounds)
     if found == "kattis":
-        return kattis.read(root, problem_id=problem_id, time_limit=time_limit)
+        return kattis.read(real, problem_id=problem_id, time_limit=time_limit, bounds=bounds)
     if found == "judgequeue":
-        return native.read(root)
+        return native.read(real, bounds=bounds)
     raise InvalidPackage(f"format must be one of {', '.join(FORMATS)}, got {found!r}")
 
 
-__all__ = ["CHUNK", "FORMATS", "InvalidPackage", "PackageDir", "PackageFile", "detect", "digest", "read_package"]
+__all__ = [
+    "CHUNK", "FORMATS", "Files", "InvalidPackage", "PackageDir", "PackageFile", "detect", "read_package",
+]

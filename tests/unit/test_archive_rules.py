@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from judgequeue.core.archives import kattis, polygon
-from judgequeue.core.archives.common import InvalidPackage, program
+from judgequeue.core.archives.common import Files, InvalidPackage, program
 from judgequeue.core.judges.checkers import (
     CheckerSpec,
     CheckResult,
@@ -246,12 +246,12 @@ def test_polygon_source_types_are_rows_of_the_table_with_the_standard_they_name(
 def test_a_package_program_names_a_row_and_a_standard_it_has(tmp_path: Path) -> None:
     main = tmp_path / "check.cpp"
     main.write_text("int main() {}\n")
-    entry = program(main, "cpp", {}, std="c++20", where="checker")
+    entry = program(main, "cpp", Files(tmp_path), std="c++20", where="checker")
     assert (entry["language"], entry["std"]) == ("cpp", "c++20")
-    assert "std" not in program(main, "cpp", {}, where="checker")  # the row's default
+    assert "std" not in program(main, "cpp", Files(tmp_path), where="checker")  # the row's default
     with pytest.raises(InvalidPackage, match="checker: std must be one of c\\+\\+11"):
-        program(main, "cpp", {}, std="c++98", where="checker")
+        program(main, "cpp", Files(tmp_path), std="c++98", where="checker")
     with pytest.raises(InvalidPackage, match="checker: std: python has no standard to choose"):
-        program(main, "python", {}, std="c++17", where="checker")
+        program(main, "python", Files(tmp_path), std="c++17", where="checker")
     with pytest.raises(InvalidPackage, match="checker: language 'csharp' is not offered here: "):
-        program(main, "csharp", {}, where="checker")
+        program(main, "csharp", Files(tmp_path), where="checker")

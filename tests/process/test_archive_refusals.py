@@ -1,0 +1,240 @@
+"""Hostile archives: an archive is untrusted input, and an upload must never read outside it, store
+more than its bounds, or leave anything behind when it is refused.
+
+Every archive here is written by the test (nothing large is committed). Each one is uploaded after a
+well-formed package is already stored, and must be refused with one clear line naming the file and
+the rule, with the problem tables (rows and bytes) exactly as they were. Needs root (the sandbox
+builds checkers at upload)."""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import pytest
+
+from judgequeue.core.archives import Files
+from judgequeue.core.config import ArchiveSettings
+from judgequeue.core.problems import InvalidPackage, upload
+from tests.support.archives import write_tree
+from tests.support.queries import problem_tables
+from tests.support.roles import clean_env, run_cli
+
+pytestmark = pytest.mark.usefixtures("as_root")
+
+KATTIS: dict[str, str | bytes] = {
+    "problem.yaml": "name: Hello\nlicense: cc0\n",
+    "data/sample/1.in": "", "data/sample/1.ans": "hello\n",
+    "data/secret/1.in": "1\n", "data/secret/1.ans": "hello\n",
+    "submissions/accepted/hello.py": "print('hello')\n",
+}  # fmt: skip
+CHECK_PY = ("import sys\ninp, out, ans = (open(p).read().split() for p in sys.argv[1:4])\n"
+            "sys.exit(0 if out == ans else 1)\n")
+
+
+MANUAL = '<test method="manual"/>'
+
+
+def polygon_xml(input_pattern: str = "tests/%02d", answer_pattern: str = "tests/%02d.a", tests: int = 2) -> str:
+    return (
+        '<problem short-name="echo" revision="3"><judging><testset name="tests">'
+        "<time-limit>500</time-limit><memory-limit>67108864</memory-limit>"
+        f"<test-count>{tests}</test-count><input-path-pattern>{input_pattern}</input-path-pattern>"
+        f"<answer-path-pattern>{answer_pattern}</answer-path-pattern>"
+        f"<tests>{MANUAL * tests}</tests></testset></judging>"
+        '<assets><checker type="testlib"><source path="files/check.py" type="python.3"/></checker>'
+        '<solutions><solution tag="main"><source path="solutions/echo.py" type="python.3"/></solution></solutions>'
+        "</assets></problem>"
+    )
+
+
+POLYGON: dict[str, str | bytes] = {
+    "problem.xml": polygon_xml(),
+    "tests/01": "x\n", "tests/01.a": "x\n", "tests/02": "y\n", "tests/02.a": "y\n",
+    "files/check.py": CHECK_PY,
+    "solutions/echo.py": "print(input())\n", "solutions/echo.py.desc": "File name: echo.py\nTag: MAIN\n",
+}  # fmt: skip
+
+
+async def stored(pool: asyncpg.Pool, root: Path, **options: Any) -> Any:
+    async with pool.acquire() as conn:
+        return await upload(conn, root, **options)
+
+
+async def refused(pool: asyncpg.Pool, root: Path, match: str, **options: Any) -> str:
+    """Upload ``root``: it must be refused with one line matching ``match``, storing nothing. The message."""
+    before = await problem_tables(pool)
+    with pytest.raises(InvalidPackage, match=match) as caught:
+        await stored(pool, root, **options)
+    message = str(caught.value)
+    assert "\n" not in message and "Traceback" not in message, message
+    assert await problem_tables(pool) == before, "a refused upload stored something"
+    return message
+
+
+@pytest.fixture
+async def baseline(pg_pool: asyncpg.Pool, tmp_path: Path) -> None:
+    """A well-formed package already stored, so 'unchanged' is about tables that hold something."""
+    await stored(pg_pool, write_tree(tmp_path / "good" / "hello", KATTIS))
+    assert (await problem_tables(pg_pool))["problems"][0] == 1
+
+
+def kattis(tmp_path: Path, change: Callable[[Path], object]) -> Path:
+    root = write_tree(tmp_path / "hostile" / "hello", KATTIS)
+    change(root)
+    return root
+
+
+def link(path: Path, target: str | Path) -> Path:
+    """``path`` made (or replaced by) a symbolic link to ``target``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.unlink(missing_ok=True)
+    path.symlink_to(target)
+    return path
+
+
+def device(path: Path) -> Path:
+    """``path`` made a character device (the kernel's /dev/null)."""
+    os.mknod(path, stat.S_IFCHR | 0o600, os.makedev(1, 3))
+    return path
+
+
+@pytest.mark.usefixtures("baseline")
+@pytest.mark.parametrize(
+    ("change", "error"),
+    [
+        # The uploader's environment (the database password among it) as a test input.
+        (lambda r: (link(r / "data/secret/env.in", "/proc/self/environ"), (r / "data/secret/env.ans").write_text("")),
+         r"^data/secret/env\.in is a symbolic link to '/proc/self/environ', outside the package"),
+        (lambda r: link(r / "data/secret/etc", "/etc"), r"^data/secret/etc is a symbolic link to '/etc', outside"),
+        (lambda r: link(r / "output_validators/v/validate.h", "/etc/passwd"),
+         r"^output_validators/v/validate\.h is a symbolic link to '/etc/passwd', outside the package"),
+        (lambda r: link(r / "submissions/accepted/env.py", "../" * 40 + "proc/self/environ"),
+         r"^submissions/accepted/env\.py is a symbolic link to '(\.\./)+proc/self/environ', outside the package"),
+        # A link back up the tree: 41 copies of the same tests, or a walk without end.
+        (lambda r: link(r / "data/secret/loop", ".."),
+         r"^data/secret/loop is a symbolic link to the directory '\.\.': links to directories are refused"),
+        (lambda r: link(r / "data/sample/again", "../secret"),
+         r"^data/sample/again is a symbolic link to the directory"),
+        (lambda r: link(r / "data/secret/2.in", "2.in"),
+         r"^data/secret/2\.in is a symbolic link to '2\.in', which loops"),
+        (lambda r: link(r / "data/secret/3.in", "nowhere.in"),
+         r"^data/secret/3\.in is a symbolic link to 'nowhere\.in', which names nothing"),
+        (lambda r: os.mkfifo(r / "data/secret/4.in"), r"^data/secret/4\.in is a FIFO: a package holds only regular"),
+        (lambda r: device(r / "data/secret/5.in"),
+         r"^data/secret/5\.in is a device: a package holds only regular files"),
+        (lambda r: (link(r / "data/secret/6.in", "5.in"), device(r / "data/secret/5.in")),
+         r"^data/secret/5\.in is a device"),
+    ],
+)
+async def test_a_kattis_package_reaching_outside_itself_is_refused(
+    pg_pool: asyncpg.Pool, tmp_path: Path, change: Callable[[Path], object], error: str
+) -> None:
+    await refused(pg_pool, kattis(tmp_path, change), error)
+
+
+@pytest.mark.usefixtures("baseline")
+@pytest.mark.parametrize(
+    ("change", "error"),
+    [
+        (lambda r: link(r / "tests/02", "/proc/self/environ"),
+         r"^tests/02 is a symbolic link to '/proc/self/environ', outside the package"),
+        (lambda r: link(r / "files/testlib.h", "/etc/hostname"),
+         r"^files/testlib\.h is a symbolic link to '/etc/hostname', outside the package"),
+        # 63 tests read from a directory beside the package.
+        (lambda r: (r / "problem.xml").write_text(polygon_xml("../../outside/%02d")),
+         r"^problem\.xml: input-path-pattern '\.\./\.\./outside/%02d' leaves the package"),
+        (lambda r: (r / "problem.xml").write_text(polygon_xml(answer_pattern="/etc/%02d.a")),
+         r"^problem\.xml: answer-path-pattern '/etc/%02d\.a' leaves the package"),
+        (lambda r: (r / "problem.xml").write_text(polygon_xml("tests/01")),
+         r"^problem\.xml: input-path-pattern 'tests/01' must number the tests with one %d"),
+        (lambda r: (r / "problem.xml").write_text(polygon_xml("tests/%02d-%s")), "must number the tests with one %d"),
+        (lambda r: (r / "problem.xml").write_text(polygon_xml("tests/%d/%d")), "must number the tests with one %d"),
+    ],
+)
+async def test_a_polygon_package_reaching_outside_itself_is_refused(
+    pg_pool: asyncpg.Pool, tmp_path: Path, change: Callable[[Path], object], error: str
+) -> None:
+    outside = write_tree(tmp_path / "outside", {f"{i:02d}": "secret\n" for i in range(1, 64)})
+    root = write_tree(tmp_path / "p" / "q", POLYGON)
+    assert (root / "../../outside").resolve() == outside.resolve()
+    change(root)
+    await refused(pg_pool, root, error)
+
+
+@pytest.mark.usefixtures("baseline")
+async def test_a_package_under_proc_is_refused(pg_pool: asyncpg.Pool) -> None:
+    await refused(pg_pool, Path("/proc/self"), r"^/proc/self: a package is never read from /proc, /sys, /dev$")
+
+
+async def test_a_link_to_a_file_inside_the_package_is_read_as_that_file(pg_pool: asyncpg.Pool, tmp_path: Path) -> None:
+    root = write_tree(tmp_path / "hello", KATTIS)
+    link(root / "data/secret/2.in", "../sample/1.in")
+    link(root / "data/secret/2.ans", "1.ans")
+    done = await stored(pg_pool, root)
+    assert done.tests == 3
+    assert (await problem_tables(pg_pool))["problem_files"][0] == 4  # "", "1\n", "hello\n", hello.py
+
+
+@pytest.mark.usefixtures("baseline")
+async def test_a_file_over_the_bound_is_refused_before_anything_is_read(pg_pool: asyncpg.Pool, tmp_path: Path) -> None:
+    root = write_tree(tmp_path / "hello", KATTIS)
+    with (root / "data/secret/2.in").open("wb") as big:
+        big.truncate(2 << 30)  # 2 GiB, sparse: refused by its size, never read
+    (root / "data/secret/2.ans").write_text("hello\n")
+    started = time.monotonic()
+    await refused(pg_pool, root, r"^data/secret/2\.in is 2048\.0 MiB, more than the 256 MiB a file of a package may be "
+                                 r"\(JUDGEQUEUE_ARCHIVE_MAX_FILE_MB\)$")
+    assert time.monotonic() - started < 5
+    # Anywhere in the package, stored or not: a statement is read by nobody, but still bounded.
+    (root / "data/secret/2.in").unlink()
+    (root / "problem_statement").mkdir()
+    with (root / "problem_statement/big.pdf").open("wb") as pdf:
+        pdf.truncate(300 << 20)
+    await refused(pg_pool, root, r"^problem_statement/big\.pdf is 300\.0 MiB, more than the 256 MiB")
+
+
+@pytest.mark.usefixtures("baseline")
+async def test_a_package_over_its_bound_is_refused_before_anything_is_stored(
+    pg_pool: asyncpg.Pool, pg_dsn: str, tmp_path: Path
+) -> None:
+    tests = {f"data/secret/{i}.in": os.urandom(1 << 20) for i in range(5)}
+    root = write_tree(tmp_path / "hello", {**KATTIS, **tests, **{f"data/secret/{i}.ans": "hello\n" for i in range(5)}})
+    small = ArchiveSettings(max_file_mb=2, max_package_mb=4)
+    over = r"^the package's files come to more than the 4 MiB a package may store \(at data/secret/\d\.in; " \
+           r"JUDGEQUEUE_ARCHIVE_MAX_PACKAGE_MB\)$"
+    await refused(pg_pool, root, over, bounds=small)
+    assert (await stored(pg_pool, root, bounds=ArchiveSettings(max_file_mb=2, max_package_mb=6))).tests == 6
+    # From the command line, the bound is a flag (or the variable), and the refusal one line.
+    before = await problem_tables(pg_pool)
+    env = clean_env(JUDGEQUEUE_POSTGRES_DSN=pg_dsn)
+    done = run_cli("problem", "upload", str(root), "--id", "other", "--archive-max-package-mb", "4", env=env)
+    assert done.returncode == 2 and done.stderr.startswith("judgequeue: error: the package's files come to more than")
+    assert len(done.stderr.splitlines()) == 1
+    env["JUDGEQUEUE_ARCHIVE_MAX_FILE_MB"] = "0"
+    bad = run_cli("problem", "upload", str(root), env=env)
+    assert bad.returncode == 2 and bad.stderr == (
+        "judgequeue: error: JUDGEQUEUE_ARCHIVE_MAX_FILE_MB='0' is invalid: must be a positive whole number "
+        "(1, 2, 3, ...)\n"
+    )
+    assert await problem_tables(pg_pool) == before
+
+
+def test_a_file_is_counted_while_it_is_read_whatever_its_size_said(tmp_path: Path) -> None:
+    """The survey judges a file by its size; the read counts its bytes (a file that grew since, or
+    one whose size says nothing), so the bound holds either way."""
+    grown = tmp_path / "grown.in"
+    grown.write_bytes(b"x" * ((1 << 20) + 1))
+    with pytest.raises(InvalidPackage, match=r"^grown\.in is more than the 1 MiB a file of a package may be"):
+        Files(tmp_path, ArchiveSettings(max_file_mb=1, max_package_mb=1)).take(grown)
+    os.mkfifo(tmp_path / "fifo")
+    with pytest.raises(InvalidPackage, match=r"^fifo is a FIFO"):
+        Files(tmp_path).take(tmp_path / "fifo")
+    (tmp_path / "link").symlink_to("/etc/hostname")
+    with pytest.raises(InvalidPackage, match=r"^link is not a file inside the package"):
+        Files(tmp_path).take(tmp_path / "link")
