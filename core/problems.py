@@ -3,11 +3,13 @@
 A package is a directory in one of the formats :mod:`.archives` reads (judgequeue's own, an
 ICPC/Kattis package, a Polygon package); what is stored is its manifest and its files.
 
-:func:`upload` stores every file content-addressed (sha256) in 1 MiB chunks, one transaction per
-file, then the package row naming them, so a reader never sees half a package and 500 MiB of
-tests go in bounded statements. A version is immutable: uploading it again must give the same
-manifest digest. Workers keep a local copy of each package they judge in a :class:`ProblemCache`
-bounded in bytes, evicting the least recently used package no running judge holds.
+:func:`upload` reads and checks the whole package first (:mod:`.archives`: nothing outside it,
+nothing over its bounds), then stores it in one transaction: every file the manifest names,
+content-addressed (sha256) in 1 MiB chunks so 500 MiB of tests go in bounded statements, then the
+package row. A reader never sees half a package, and a refused upload stores nothing. A version
+is immutable: uploading it again must give the same manifest digest. Workers keep a local copy of
+each package they judge in a :class:`ProblemCache` bounded in bytes, evicting the least recently
+used package no running judge holds.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from typing import Any
 import asyncpg
 
 from . import metrics, sql
-from .archives import CHUNK, InvalidPackage, PackageDir, PackageFile, read_package
+from .archives import CHUNK, InvalidPackage, PackageDir, PackageFile, named_files, read_package
 from .config import ArchiveSettings
 from .connect import STATEMENT_TIMEOUT
 from .errors import JudgeQueueError
@@ -75,14 +77,23 @@ class Uploaded:
 
 
 async def _store_file(conn: asyncpg.Connection, f: PackageFile) -> bool:
+    """Store one file (in the caller's transaction) unless it is stored already; whether it was new.
+    What is stored is checked again as it is read: the bytes hashed when the package was read, no
+    more (a file changed since is refused, and the transaction with it)."""
     if await conn.fetchval(sql.query("problem_file_exists"), f.sha256):
         return False
     chunks = max(1, -(-f.size // CHUNK))
-    async with conn.transaction():
-        await conn.execute(sql.query("problem_file_insert"), f.sha256, f.size, chunks)
-        with f.path.open("rb") as data:
-            for seq in range(chunks):
-                await conn.execute(sql.query("problem_chunk_insert"), f.sha256, seq, data.read(CHUNK))
+    if await conn.fetchval(sql.query("problem_file_insert"), f.sha256, f.size, chunks) is None:
+        return False  # another upload stored it first (it committed while this one waited on the row)
+    h = hashlib.sha256()
+    fd = os.open(f.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as data:
+        for seq in range(chunks):
+            block = data.read(CHUNK)
+            h.update(block)
+            await conn.execute(sql.query("problem_chunk_insert"), f.sha256, seq, block)
+        if data.read(1) or h.hexdigest() != f.sha256:
+            raise InvalidPackage(f"{f.path.name} changed while the package was uploaded: upload it again")
     return True
 
 
@@ -97,24 +108,31 @@ async def upload(
     bounds: ArchiveSettings | None = None,
 ) -> Uploaded:
     """Store the package in ``root`` (idempotent for an identical version); returns what was stored.
-    ``bounds``: what the archive may hold (config.ArchiveSettings; its defaults when None)."""
+    ``bounds``: what the archive may hold (config.ArchiveSettings; its defaults when None).
+
+    The package is read and checked whole before anything is written, then stored in one
+    transaction: its version decided and checked against a stored one (a conflict stores nothing),
+    its new files, then its row. A refused upload leaves nothing behind, and only what the
+    manifest names is stored."""
     package = read_package_dir(root, problem_id=problem_id, time_limit=time_limit, fmt=fmt, bounds=bounds)
     new_files = 0
-    for f in package.files.values():
-        new_files += await _store_file(conn, f)
     async with conn.transaction():
         await conn.execute(sql.query("problem_lock"), package.id)
         number = version or package.version or int(await conn.fetchval(sql.query("problem_next_version"), package.id))
         manifest = {**package.manifest, "id": package.id, "version": number}
         digest = manifest_digest(manifest)
-        inserted = await conn.fetchval(sql.query("problem_insert"), package.id, number, json.dumps(manifest), digest)
-        if inserted is None:
-            existing = await conn.fetchrow(sql.query("problem_get"), package.id, number)
-            if existing["sha256"] != digest:
-                raise VersionConflict(
-                    f"{package.id} version {number} exists with other content; versions never change: "
-                    "upload a new version"
-                )
+        existing = await conn.fetchrow(sql.query("problem_get"), package.id, number)
+        if existing is not None and existing["sha256"] != digest:
+            raise VersionConflict(
+                f"{package.id} version {number} exists with other content; versions never change: upload a new version"
+            )
+        if existing is None:
+            # In digest order: two uploads sharing files take their rows in the same order, never a deadlock.
+            for sha in sorted(package.files):
+                new_files += await _store_file(conn, package.files[sha])
+            row = json.dumps(manifest)
+            if await conn.fetchval(sql.query("problem_insert"), package.id, number, row, digest) is None:
+                raise VersionConflict(f"{package.id} version {number} was stored by another upload meanwhile")
     tests, total = len(package.manifest["tests"]), package.manifest["total_bytes"]
     fmt_of = str(package.manifest.get("format", "judgequeue"))
     return Uploaded(package.id, number, digest, tests, total, new_files, fmt_of, tuple(package.notes))
@@ -248,7 +266,7 @@ class ProblemCache:
             staging = self.root / f".incoming-{uuid.uuid4().hex}"
             staging.mkdir(mode=0o700)
             try:
-                for sha in sorted(_files_of(manifest)):
+                for sha in sorted(named_files(manifest)):
                     await copy_file(conn, sha, staging / sha)
                 final = self.root / f"{problem}@{version}-{digest[:16]}"
                 staging.rename(final)
@@ -256,17 +274,6 @@ class ProblemCache:
                 shutil.rmtree(staging, ignore_errors=True)
                 raise
         return LocalPackage(problem, version, digest, manifest, final, size)
-
-
-def _files_of(manifest: dict[str, Any]) -> set[str]:
-    """Every file a manifest names: tests, and each program's source and the files beside it."""
-    found = {t[k] for t in manifest.get("tests", []) for k in ("input", "answer")}
-    programs = [manifest.get("checker"), manifest.get("interactor"), *manifest.get("solutions", [])]
-    for program in programs:
-        if isinstance(program, dict) and "file" in program:
-            found.add(program["file"])
-            found.update((program.get("files") or {}).values())
-    return found
 
 
 __all__ = [

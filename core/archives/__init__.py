@@ -20,7 +20,7 @@ from pathlib import Path
 
 from ..config import ArchiveSettings
 from . import kattis, native, polygon
-from .common import CHUNK, Files, InvalidPackage, PackageDir, PackageFile
+from .common import CHUNK, Files, InvalidPackage, PackageDir, PackageFile, named_files
 from .rules import survey
 
 FORMATS = ("judgequeue", "kattis", "polygon")
@@ -66,5 +66,5 @@ def read_package(
 
 
 __all__ = [
-    "CHUNK", "FORMATS", "Files", "InvalidPackage", "PackageDir", "PackageFile", "detect", "read_package",
+    "CHUNK", "FORMATS", "Files", "InvalidPackage", "PackageDir", "PackageFile", "detect", "named_files", "read_package",
 ]

@@ -212,6 +212,21 @@ def check_id(problem_id: Any, where: str) -> str:
     return problem_id
 
 
+def named_files(manifest: dict[str, Any]) -> set[str]:
+    """Every file a manifest names: tests, and each program's source and the files beside it."""
+    found = {t[k] for t in manifest.get("tests", []) for k in ("input", "answer")}
+    programs = [manifest.get("checker"), manifest.get("interactor"), *manifest.get("solutions", [])]
+    for entry in programs:
+        if isinstance(entry, dict) and "file" in entry:
+            found.add(entry["file"])
+            found.update((entry.get("files") or {}).values())
+    return found
+
+
 def total_bytes(manifest: dict[str, Any], files: Files) -> dict[str, Any]:
+    """The finished manifest: ``files`` keeps only what it names (a file read but then left out is
+    never stored), and ``total_bytes`` is what they come to."""
+    for sha in set(files) - named_files(manifest):
+        files.total -= files.pop(sha).size
     manifest["total_bytes"] = sum(f.size for f in files.values())
     return manifest

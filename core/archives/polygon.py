@@ -95,7 +95,12 @@ def language_of(kind: str | None) -> tuple[str, str | None] | None:
     return (language, None) if language is not None else None
 
 
-def _source(root: Path, element: ET.Element | None, where: str, files: Files) -> dict[str, Any]:
+def _source(
+    root: Path, element: ET.Element | None, where: str, files: Files, *, helper: bool = True
+) -> dict[str, Any]:
+    """A program of the package: a checker or interactor (``helper``: built with every file of its
+    directory, speaking testlib) or a solution (its source alone: the ``.desc`` files and the other
+    solutions beside it are no part of it)."""
     source = element.find("source") if element is not None else None
     if source is None or not source.get("path"):
         raise InvalidPackage(f"problem.xml: {where} has no <source path=...>")
@@ -104,6 +109,8 @@ def _source(root: Path, element: ET.Element | None, where: str, files: Files) ->
     if found is None:
         raise InvalidPackage(f"problem.xml: {where} is {source.get('type')!r}, a language this judge does not run")
     language, std = found
+    if not helper:
+        return program(main, language, files, std=std, where=where)
     return program(main, language, files, beside=siblings(main), protocol="testlib", std=std, where=where)
 
 
@@ -249,11 +256,9 @@ def read(
     solutions = []
     for n, s in enumerate(assets.findall("solutions/solution") if assets is not None else []):
         try:
-            entry = _source(root, s, f"solution {n + 1}", files)
+            entry = _source(root, s, f"solution {n + 1}", files, helper=False)
         except InvalidPackage:
             continue  # a language this judge does not run: not recorded
-        entry.pop("protocol", None)
-        entry.pop("files", None)
         entry["name"] = str(s.find("source").get("path"))  # type: ignore[union-attr]
         tag = s.get("tag", "")
         if tag in TAGS:

@@ -8,6 +8,7 @@ builds checkers at upload)."""
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import time
@@ -18,9 +19,10 @@ from typing import Any
 import asyncpg
 import pytest
 
-from judgequeue.core.archives import Files
+from judgequeue.core import problems
+from judgequeue.core.archives import Files, named_files
 from judgequeue.core.config import ArchiveSettings
-from judgequeue.core.problems import InvalidPackage, upload
+from judgequeue.core.problems import InvalidPackage, VersionConflict, upload
 from tests.support.archives import write_tree
 from tests.support.queries import problem_tables
 from tests.support.roles import clean_env, run_cli
@@ -238,3 +240,60 @@ def test_a_file_is_counted_while_it_is_read_whatever_its_size_said(tmp_path: Pat
     (tmp_path / "link").symlink_to("/etc/hostname")
     with pytest.raises(InvalidPackage, match=r"^link is not a file inside the package"):
         Files(tmp_path).take(tmp_path / "link")
+
+
+async def stored_files(pool: asyncpg.Pool) -> tuple[set[str], set[str]]:
+    """(every stored file, every file a stored manifest names)."""
+    files = {r["sha256"] for r in await pool.fetch("SELECT sha256 FROM judgequeue.problem_files")}
+    manifests = [json.loads(r["manifest"]) for r in await pool.fetch("SELECT manifest::text FROM judgequeue.problems")]
+    return files, set().union(*(named_files(m) for m in manifests))
+
+
+async def test_a_refused_reupload_stores_none_of_its_files(pg_pool: asyncpg.Pool, tmp_path: Path) -> None:
+    root = write_tree(tmp_path / "p", POLYGON)
+    first = await stored(pg_pool, root)
+    assert (first.id, first.version) == ("echo", 3)
+    # The same revision with two answers changed: refused, and its two new answers are not left behind.
+    (root / "tests/01.a").write_text("changed\n")
+    (root / "tests/02.a").write_text("changed too\n")
+    before = await problem_tables(pg_pool)
+    with pytest.raises(VersionConflict, match=r"^echo version 3 exists with other content; versions never change"):
+        await stored(pg_pool, root)
+    assert await problem_tables(pg_pool) == before
+    files, named = await stored_files(pg_pool)
+    assert files == named
+    # As a new version it is stored, with just the two new files.
+    again = await stored(pg_pool, root, version=4)
+    assert (again.version, again.new_files) == (4, 2)
+
+
+async def test_only_what_the_manifest_names_is_stored(pg_pool: asyncpg.Pool, tmp_path: Path) -> None:
+    """Polygon's solutions/*.desc, a solution's neighbours, a statement: read or not, never stored."""
+    root = write_tree(tmp_path / "p", {**POLYGON, "solutions/wrong.py": "print(0)\n",
+                                       "solutions/wrong.py.desc": "Tag: WRONG_ANSWER\n",
+                                       "statements/english/problem.tex": "Echo.\n"})  # fmt: skip
+    done = await stored(pg_pool, root)
+    files, named = await stored_files(pg_pool)
+    assert files == named and len(files) == done.new_files
+    manifest = json.loads(await pg_pool.fetchval("SELECT manifest::text FROM judgequeue.problems"))
+    assert manifest["solutions"][0].keys() == {"language", "file", "name", "expected"}  # nothing beside it
+    assert done.total_bytes == sum(r["size"] for r in await pg_pool.fetch("SELECT size FROM judgequeue.problem_files"))
+
+
+@pytest.mark.usefixtures("baseline")
+async def test_an_upload_that_fails_while_storing_stores_nothing(
+    pg_pool: asyncpg.Pool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One transaction: a file that changed after it was read (hashed) fails the store midway, and
+    what was written before it goes too."""
+    root = write_tree(tmp_path / "hello", {**KATTIS, **{f"data/secret/{i}.in": f"{i}\n" for i in range(2, 9)},
+                                           **{f"data/secret/{i}.ans": "hello\n" for i in range(2, 9)}})  # fmt: skip
+    read = problems.read_package_dir
+
+    def read_then_change(*args: Any, **kwargs: Any) -> Any:
+        package = read(*args, **kwargs)
+        (root / "data/secret/8.in").write_text("not what was read\n")
+        return package
+
+    monkeypatch.setattr(problems, "read_package_dir", read_then_change)
+    await refused(pg_pool, root, r"^8\.in changed while the package was uploaded: upload it again$")
