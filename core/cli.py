@@ -397,7 +397,7 @@ def cmd_problem(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     bounds = load_archive_settings(env, overrides_from(args), override_name=flag_for)
     done = _run(_with_pg(dsn, lambda conn: upload(
         conn, Path(args.dir), version=args.version, problem_id=args.id, time_limit=args.time_limit, fmt=args.format,
-        bounds=bounds,
+        bounds=bounds, judge_env=env,
     )))  # fmt: skip
     if args.json:
         _print_json({**vars(done), "notes": list(done.notes)})

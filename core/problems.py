@@ -22,7 +22,7 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,8 +33,8 @@ from . import metrics, sql
 from .archives import CHUNK, InvalidPackage, PackageDir, PackageFile, named_files, read_package
 from .config import ArchiveSettings
 from .connect import STATEMENT_TIMEOUT
-from .errors import JudgeQueueError
-from .judges import Judge, UsesPackages
+from .errors import ConfigError, JudgeQueueError
+from .judges import BuildsHelpers, Judge, UsesPackages
 
 MANIFEST_FILE = "problem.yaml"
 
@@ -97,6 +97,43 @@ async def _store_file(conn: asyncpg.Connection, f: PackageFile) -> bool:
     return True
 
 
+def has_helpers(manifest: dict[str, Any]) -> bool:
+    """Whether a manifest names a program the judge builds: a custom checker or an interactor."""
+    checker = manifest.get("checker")
+    custom = isinstance(checker, dict) and checker.get("type") == "custom"
+    return custom or isinstance(manifest.get("interactor"), dict)
+
+
+async def build_helpers(
+    package: PackageDir, judge: BuildsHelpers | None = None, env: Mapping[str, str] | None = None
+) -> None:
+    """Build the package's checker and interactor, or refuse it with the compiler's words: a package
+    whose checker does not build would make every submission SYSTEM_ERROR. Without ``judge``, a
+    program judge with the settings in ``env`` (its sandbox: a host that cannot isolate refuses,
+    unless JUDGEQUEUE_SANDBOX=trusted says the package is trusted)."""
+    if not has_helpers(package.manifest):
+        return
+    own = None
+    if judge is None:
+        from .judges.isolation import load_judge_settings
+        from .judges.program import ProgramJudge
+
+        try:
+            judge = own = ProgramJudge(settings=load_judge_settings(os.environ if env is None else env))
+        except ConfigError as exc:
+            raise ConfigError(f"a package's checker and interactor are built before it is stored: {exc}") from None
+    try:
+        failed = await judge.build_helpers(package.manifest, lambda sha: package.files[sha].path)
+    finally:
+        if own is not None:
+            own.close()
+    for kind, output in failed.items():
+        entry = package.manifest["checker" if kind == "checker" else "interactor"]
+        what = f"{entry.get('language')}" + (f", {entry['std']}" if entry.get("std") else "")
+        raise InvalidPackage(f"the {kind} {entry.get('name')} does not build ({what}), so the package is refused:\n"
+                             f"{output.rstrip()}")  # fmt: skip
+
+
 async def upload(
     conn: asyncpg.Connection,
     root: Path,
@@ -106,15 +143,24 @@ async def upload(
     time_limit: float | None = None,
     fmt: str | None = None,
     bounds: ArchiveSettings | None = None,
+    judge: BuildsHelpers | None = None,
+    judge_env: Mapping[str, str] | None = None,
 ) -> Uploaded:
     """Store the package in ``root`` (idempotent for an identical version); returns what was stored.
     ``bounds``: what the archive may hold (config.ArchiveSettings; its defaults when None).
 
-    The package is read and checked whole before anything is written, then stored in one
-    transaction: its version decided and checked against a stored one (a conflict stores nothing),
-    its new files, then its row. A refused upload leaves nothing behind, and only what the
-    manifest names is stored."""
+    The package is read and checked whole before anything is written, its checker and interactor
+    built by ``judge`` (by default a program judge set up from ``judge_env``, this process's
+    environment when None, made only when there is one to build) in the sandbox judging builds
+    them in, then stored in one transaction: its version decided and checked against a stored one
+    (a conflict stores nothing), its new files, then its row. A refused upload leaves nothing
+    behind, and only what the manifest names is stored."""
     package = read_package_dir(root, problem_id=problem_id, time_limit=time_limit, fmt=fmt, bounds=bounds)
+    await build_helpers(package, judge, judge_env)
+    return await _store(conn, package, version)
+
+
+async def _store(conn: asyncpg.Connection, package: PackageDir, version: int | None) -> Uploaded:
     new_files = 0
     async with conn.transaction():
         await conn.execute(sql.query("problem_lock"), package.id)

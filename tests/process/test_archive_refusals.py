@@ -8,11 +8,14 @@ builds checkers at upload)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import shutil
 import stat
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +25,13 @@ import pytest
 from judgequeue.core import problems
 from judgequeue.core.archives import Files, named_files
 from judgequeue.core.config import ArchiveSettings
+from judgequeue.core.judges.isolation import JudgeSettings
+from judgequeue.core.judges.program import ProgramJudge
 from judgequeue.core.problems import InvalidPackage, VersionConflict, upload
 from tests.support.archives import write_tree
 from tests.support.queries import problem_tables
 from tests.support.roles import clean_env, run_cli
+from tests.support.sandbox_host import box_leftovers
 
 pytestmark = pytest.mark.usefixtures("as_root")
 
@@ -63,27 +69,46 @@ POLYGON: dict[str, str | bytes] = {
 }  # fmt: skip
 
 
-async def stored(pool: asyncpg.Pool, root: Path, **options: Any) -> Any:
-    async with pool.acquire() as conn:
-        return await upload(conn, root, **options)
+@dataclass(frozen=True)
+class Site:
+    """Where a test uploads: its database, and the judge that builds checkers at upload."""
+
+    pool: asyncpg.Pool
+    judge: ProgramJudge
 
 
-async def refused(pool: asyncpg.Pool, root: Path, match: str, **options: Any) -> str:
+@pytest.fixture
+def site(pg_pool: asyncpg.Pool, sandbox_dir: str) -> Iterator[Site]:
+    """A program judge builds at upload as it builds to judge. Nothing of its boxes may be left; its
+    uids are not scanned for processes (they are shared with any judge on this host that holds the
+    same range of another sandbox directory)."""
+    judge = ProgramJudge(settings=JudgeSettings(sandbox_dir=sandbox_dir), slots=2)
+    yield Site(pg_pool, judge)
+    assert box_leftovers(judge) == []
+    judge.close()
+
+
+async def stored(site: Site, root: Path, **options: Any) -> Any:
+    async with site.pool.acquire() as conn:
+        return await upload(conn, root, judge=site.judge, **options)
+
+
+async def refused(site: Site, root: Path, match: str, **options: Any) -> str:
     """Upload ``root``: it must be refused with one line matching ``match``, storing nothing. The message."""
-    before = await problem_tables(pool)
+    before = await problem_tables(site.pool)
     with pytest.raises(InvalidPackage, match=match) as caught:
-        await stored(pool, root, **options)
+        await stored(site, root, **options)
     message = str(caught.value)
     assert "\n" not in message and "Traceback" not in message, message
-    assert await problem_tables(pool) == before, "a refused upload stored something"
+    assert await problem_tables(site.pool) == before, "a refused upload stored something"
     return message
 
 
 @pytest.fixture
-async def baseline(pg_pool: asyncpg.Pool, tmp_path: Path) -> None:
+async def baseline(site: Site, tmp_path: Path) -> None:
     """A well-formed package already stored, so 'unchanged' is about tables that hold something."""
-    await stored(pg_pool, write_tree(tmp_path / "good" / "hello", KATTIS))
-    assert (await problem_tables(pg_pool))["problems"][0] == 1
+    await stored(site, write_tree(tmp_path / "good" / "hello", KATTIS))
+    assert (await problem_tables(site.pool))["problems"][0] == 1
 
 
 def kattis(tmp_path: Path, change: Callable[[Path], object]) -> Path:
@@ -135,9 +160,9 @@ def device(path: Path) -> Path:
     ],
 )
 async def test_a_kattis_package_reaching_outside_itself_is_refused(
-    pg_pool: asyncpg.Pool, tmp_path: Path, change: Callable[[Path], object], error: str
+    site: Site, tmp_path: Path, change: Callable[[Path], object], error: str
 ) -> None:
-    await refused(pg_pool, kattis(tmp_path, change), error)
+    await refused(site, kattis(tmp_path, change), error)
 
 
 @pytest.mark.usefixtures("baseline")
@@ -160,37 +185,37 @@ async def test_a_kattis_package_reaching_outside_itself_is_refused(
     ],
 )
 async def test_a_polygon_package_reaching_outside_itself_is_refused(
-    pg_pool: asyncpg.Pool, tmp_path: Path, change: Callable[[Path], object], error: str
+    site: Site, tmp_path: Path, change: Callable[[Path], object], error: str
 ) -> None:
     outside = write_tree(tmp_path / "outside", {f"{i:02d}": "secret\n" for i in range(1, 64)})
     root = write_tree(tmp_path / "p" / "q", POLYGON)
     assert (root / "../../outside").resolve() == outside.resolve()
     change(root)
-    await refused(pg_pool, root, error)
+    await refused(site, root, error)
 
 
 @pytest.mark.usefixtures("baseline")
-async def test_a_package_under_proc_is_refused(pg_pool: asyncpg.Pool) -> None:
-    await refused(pg_pool, Path("/proc/self"), r"^/proc/self: a package is never read from /proc, /sys, /dev$")
+async def test_a_package_under_proc_is_refused(site: Site) -> None:
+    await refused(site, Path("/proc/self"), r"^/proc/self: a package is never read from /proc, /sys, /dev$")
 
 
-async def test_a_link_to_a_file_inside_the_package_is_read_as_that_file(pg_pool: asyncpg.Pool, tmp_path: Path) -> None:
+async def test_a_link_to_a_file_inside_the_package_is_read_as_that_file(site: Site, tmp_path: Path) -> None:
     root = write_tree(tmp_path / "hello", KATTIS)
     link(root / "data/secret/2.in", "../sample/1.in")
     link(root / "data/secret/2.ans", "1.ans")
-    done = await stored(pg_pool, root)
+    done = await stored(site, root)
     assert done.tests == 3
-    assert (await problem_tables(pg_pool))["problem_files"][0] == 4  # "", "1\n", "hello\n", hello.py
+    assert (await problem_tables(site.pool))["problem_files"][0] == 4  # "", "1\n", "hello\n", hello.py
 
 
 @pytest.mark.usefixtures("baseline")
-async def test_a_file_over_the_bound_is_refused_before_anything_is_read(pg_pool: asyncpg.Pool, tmp_path: Path) -> None:
+async def test_a_file_over_the_bound_is_refused_before_anything_is_read(site: Site, tmp_path: Path) -> None:
     root = write_tree(tmp_path / "hello", KATTIS)
     with (root / "data/secret/2.in").open("wb") as big:
         big.truncate(2 << 30)  # 2 GiB, sparse: refused by its size, never read
     (root / "data/secret/2.ans").write_text("hello\n")
     started = time.monotonic()
-    await refused(pg_pool, root, r"^data/secret/2\.in is 2048\.0 MiB, more than the 256 MiB a file of a package may be "
+    await refused(site, root, r"^data/secret/2\.in is 2048\.0 MiB, more than the 256 MiB a file of a package may be "
                                  r"\(JUDGEQUEUE_ARCHIVE_MAX_FILE_MB\)$")
     assert time.monotonic() - started < 5
     # Anywhere in the package, stored or not: a statement is read by nobody, but still bounded.
@@ -198,22 +223,22 @@ async def test_a_file_over_the_bound_is_refused_before_anything_is_read(pg_pool:
     (root / "problem_statement").mkdir()
     with (root / "problem_statement/big.pdf").open("wb") as pdf:
         pdf.truncate(300 << 20)
-    await refused(pg_pool, root, r"^problem_statement/big\.pdf is 300\.0 MiB, more than the 256 MiB")
+    await refused(site, root, r"^problem_statement/big\.pdf is 300\.0 MiB, more than the 256 MiB")
 
 
 @pytest.mark.usefixtures("baseline")
 async def test_a_package_over_its_bound_is_refused_before_anything_is_stored(
-    pg_pool: asyncpg.Pool, pg_dsn: str, tmp_path: Path
+    site: Site, pg_dsn: str, tmp_path: Path
 ) -> None:
     tests = {f"data/secret/{i}.in": os.urandom(1 << 20) for i in range(5)}
     root = write_tree(tmp_path / "hello", {**KATTIS, **tests, **{f"data/secret/{i}.ans": "hello\n" for i in range(5)}})
     small = ArchiveSettings(max_file_mb=2, max_package_mb=4)
     over = r"^the package's files come to more than the 4 MiB a package may store \(at data/secret/\d\.in; " \
            r"JUDGEQUEUE_ARCHIVE_MAX_PACKAGE_MB\)$"
-    await refused(pg_pool, root, over, bounds=small)
-    assert (await stored(pg_pool, root, bounds=ArchiveSettings(max_file_mb=2, max_package_mb=6))).tests == 6
+    await refused(site, root, over, bounds=small)
+    assert (await stored(site, root, bounds=ArchiveSettings(max_file_mb=2, max_package_mb=6))).tests == 6
     # From the command line, the bound is a flag (or the variable), and the refusal one line.
-    before = await problem_tables(pg_pool)
+    before = await problem_tables(site.pool)
     env = clean_env(JUDGEQUEUE_POSTGRES_DSN=pg_dsn)
     done = run_cli("problem", "upload", str(root), "--id", "other", "--archive-max-package-mb", "4", env=env)
     assert done.returncode == 2 and done.stderr.startswith("judgequeue: error: the package's files come to more than")
@@ -224,7 +249,7 @@ async def test_a_package_over_its_bound_is_refused_before_anything_is_stored(
         "judgequeue: error: JUDGEQUEUE_ARCHIVE_MAX_FILE_MB='0' is invalid: must be a positive whole number "
         "(1, 2, 3, ...)\n"
     )
-    assert await problem_tables(pg_pool) == before
+    assert await problem_tables(site.pool) == before
 
 
 def test_a_file_is_counted_while_it_is_read_whatever_its_size_said(tmp_path: Path) -> None:
@@ -249,51 +274,117 @@ async def stored_files(pool: asyncpg.Pool) -> tuple[set[str], set[str]]:
     return files, set().union(*(named_files(m) for m in manifests))
 
 
-async def test_a_refused_reupload_stores_none_of_its_files(pg_pool: asyncpg.Pool, tmp_path: Path) -> None:
+async def test_a_refused_reupload_stores_none_of_its_files(site: Site, tmp_path: Path) -> None:
     root = write_tree(tmp_path / "p", POLYGON)
-    first = await stored(pg_pool, root)
+    first = await stored(site, root)
     assert (first.id, first.version) == ("echo", 3)
     # The same revision with two answers changed: refused, and its two new answers are not left behind.
     (root / "tests/01.a").write_text("changed\n")
     (root / "tests/02.a").write_text("changed too\n")
-    before = await problem_tables(pg_pool)
+    before = await problem_tables(site.pool)
     with pytest.raises(VersionConflict, match=r"^echo version 3 exists with other content; versions never change"):
-        await stored(pg_pool, root)
-    assert await problem_tables(pg_pool) == before
-    files, named = await stored_files(pg_pool)
+        await stored(site, root)
+    assert await problem_tables(site.pool) == before
+    files, named = await stored_files(site.pool)
     assert files == named
     # As a new version it is stored, with just the two new files.
-    again = await stored(pg_pool, root, version=4)
+    again = await stored(site, root, version=4)
     assert (again.version, again.new_files) == (4, 2)
 
 
-async def test_only_what_the_manifest_names_is_stored(pg_pool: asyncpg.Pool, tmp_path: Path) -> None:
+async def test_only_what_the_manifest_names_is_stored(site: Site, tmp_path: Path) -> None:
     """Polygon's solutions/*.desc, a solution's neighbours, a statement: read or not, never stored."""
     root = write_tree(tmp_path / "p", {**POLYGON, "solutions/wrong.py": "print(0)\n",
                                        "solutions/wrong.py.desc": "Tag: WRONG_ANSWER\n",
                                        "statements/english/problem.tex": "Echo.\n"})  # fmt: skip
-    done = await stored(pg_pool, root)
-    files, named = await stored_files(pg_pool)
+    done = await stored(site, root)
+    files, named = await stored_files(site.pool)
     assert files == named and len(files) == done.new_files
-    manifest = json.loads(await pg_pool.fetchval("SELECT manifest::text FROM judgequeue.problems"))
+    manifest = json.loads(await site.pool.fetchval("SELECT manifest::text FROM judgequeue.problems"))
     assert manifest["solutions"][0].keys() == {"language", "file", "name", "expected"}  # nothing beside it
-    assert done.total_bytes == sum(r["size"] for r in await pg_pool.fetch("SELECT size FROM judgequeue.problem_files"))
+    sizes = await site.pool.fetch("SELECT size FROM judgequeue.problem_files")
+    assert done.total_bytes == sum(r["size"] for r in sizes)
 
 
 @pytest.mark.usefixtures("baseline")
 async def test_an_upload_that_fails_while_storing_stores_nothing(
-    pg_pool: asyncpg.Pool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    site: Site, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """One transaction: a file that changed after it was read (hashed) fails the store midway, and
     what was written before it goes too."""
     root = write_tree(tmp_path / "hello", {**KATTIS, **{f"data/secret/{i}.in": f"{i}\n" for i in range(2, 9)},
                                            **{f"data/secret/{i}.ans": "hello\n" for i in range(2, 9)}})  # fmt: skip
-    read = problems.read_package_dir
+    build = problems.build_helpers
 
-    def read_then_change(*args: Any, **kwargs: Any) -> Any:
-        package = read(*args, **kwargs)
+    async def change_after_reading(*args: Any, **kwargs: Any) -> None:
+        await build(*args, **kwargs)
         (root / "data/secret/8.in").write_text("not what was read\n")
-        return package
 
-    monkeypatch.setattr(problems, "read_package_dir", read_then_change)
-    await refused(pg_pool, root, r"^8\.in changed while the package was uploaded: upload it again$")
+    monkeypatch.setattr(problems, "build_helpers", change_after_reading)
+    await refused(site, root, r"^8\.in changed while the package was uploaded: upload it again$")
+
+
+TESTLIB = Path(__file__).resolve().parents[1] / "fixtures" / "third_party" / "testlib"
+BROKEN_CPP = "#include \"testlib.h\"\nint main(int argc, char* argv[]) {\n    registerTestlibCmd(argc, argv)\n}\n"
+
+
+@pytest.mark.usefixtures("baseline")
+@pytest.mark.parametrize(
+    ("files", "error"),
+    [
+        # Polygon: a testlib checker missing a semicolon (testlib.h beside it, as Polygon ships it).
+        ({**POLYGON, "problem.xml": polygon_xml().replace('path="files/check.py" type="python.3"',
+                                                          'path="files/check.cpp" type="cpp.g++17"'),
+          "files/check.cpp": BROKEN_CPP, "files/testlib.h": (TESTLIB / "testlib.h").read_text()},
+         r"^the checker check\.cpp does not build \(cpp, gnu\+\+17\), so the package is refused:\n(.|\n)*expected ';'"),
+        # Polygon: a Python checker that is no Python.
+        ({**POLYGON, "files/check.py": "def check(:\n"},
+         r"^the checker check\.py does not build \(python\), so the package is refused:\n(.|\n)*SyntaxError"),
+        # Kattis: an output validator (a directory of C++) and an interactor.
+        ({**KATTIS, "problem.yaml": "name: Hello\nvalidation: custom\n",
+          "output_validators/v/validate.cpp": "int main() { return 42 }\n"},
+         r"^the checker validate\.cpp does not build \(cpp, gnu\+\+23\)"),
+        ({**KATTIS, "problem.yaml": "name: Hello\nvalidation: custom interactive\n",
+          "output_validators/v/interact.py": "while True print(1)\n"},
+         r"^the interactor interact\.py does not build \(python\)"),
+    ],
+)
+async def test_a_checker_that_does_not_build_refuses_the_upload_with_the_compilers_words(
+    site: Site, tmp_path: Path, files: dict[str, str | bytes], error: str
+) -> None:
+    """Stored, it would make every submission SYSTEM_ERROR; at upload, the author reads why."""
+    root = write_tree(tmp_path / "hostile" / "hello", files)
+    before = await problem_tables(site.pool)
+    with pytest.raises(InvalidPackage, match=error):
+        await stored(site, root)
+    assert await problem_tables(site.pool) == before
+
+
+async def test_the_command_line_builds_the_checker_in_the_judges_sandbox(
+    site: Site, pg_dsn: str, tmp_path: Path
+) -> None:
+    """Without a judge given, the upload makes one from its environment: JUDGEQUEUE_SANDBOX_DIR and
+    the rest of the program judge's settings, the sandbox judging builds in."""
+    sandbox = f"/tmp/jq-upload-{os.getpid()}"
+    env = clean_env(JUDGEQUEUE_POSTGRES_DSN=pg_dsn, JUDGEQUEUE_SANDBOX_DIR=sandbox)
+    try:
+        good = run_cli("problem", "upload", str(write_tree(tmp_path / "good", POLYGON)), env=env)
+        assert good.returncode == 0, good.stderr
+        built = await asyncio.to_thread(os.path.isdir, os.path.join(sandbox, "helpers"))
+        assert built, "the checker was built in the sandbox directory given"
+        before = await problem_tables(site.pool)
+        broken = write_tree(tmp_path / "broken", {**POLYGON, "files/check.py": "def check(:\n"})
+        done = run_cli("problem", "upload", str(broken), "--version", "9", env=env)
+        assert done.returncode == 2, done.stderr
+        first, *compiler = done.stderr.splitlines()
+        assert first == "judgequeue: error: the checker check.py does not build (python), so the package is refused:"
+        assert any("SyntaxError" in line for line in compiler), done.stderr
+        assert await problem_tables(site.pool) == before
+        wrong = run_cli("problem", "upload", str(broken), env={**env, "JUDGEQUEUE_SANDBOX_DIR": "relative/dir"})
+        assert wrong.returncode == 2 and wrong.stderr == (
+            "judgequeue: error: a package's checker and interactor are built before it is stored: "
+            "JUDGEQUEUE_SANDBOX_DIR must be an absolute path, got 'relative/dir'\n"
+        )
+    finally:
+        shutil.rmtree(sandbox, ignore_errors=True)
+
