@@ -835,10 +835,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("problem", "upload and list problem packages (tests, checker, interactor, limits, subtasks)")
     problem_action = actions(p, "problem_command", cmd_problem)
-    text = ("store the package in DIR as a new version: judgequeue (problem.yaml with an id, tests/NAME.in + "
-            "NAME.ans), ICPC/Kattis (problem.yaml, data/, output_validators/) or Polygon (problem.xml)")
+    text = ("store the package in DIR (a directory, or a zip archive of one) as a new version: judgequeue "
+            "(problem.yaml with an id, tests/NAME.in + NAME.ans), ICPC/Kattis (problem.yaml, data/, "
+            "output_validators/) or Polygon (problem.xml); its checker and interactor are built first")
     q = problem_action("upload", text)
-    q.add_argument("dir", help="the package directory")
+    q.add_argument("dir", help="the package: a directory, or a zip archive of one (as Polygon exports it)")
     q.add_argument("--version", type=int,
                    help="version number (default: the package's own (problem.yaml's, Polygon's revision), else the "
                         "next free one)")  # fmt: skip

@@ -30,7 +30,7 @@ from typing import Any
 import asyncpg
 
 from . import metrics, sql
-from .archives import CHUNK, InvalidPackage, PackageDir, PackageFile, named_files, read_package
+from .archives import CHUNK, InvalidPackage, PackageDir, PackageFile, named_files, open_package, read_package
 from .config import ArchiveSettings
 from .connect import STATEMENT_TIMEOUT
 from .errors import ConfigError, JudgeQueueError
@@ -146,8 +146,9 @@ async def upload(
     judge: BuildsHelpers | None = None,
     judge_env: Mapping[str, str] | None = None,
 ) -> Uploaded:
-    """Store the package in ``root`` (idempotent for an identical version); returns what was stored.
-    ``bounds``: what the archive may hold (config.ArchiveSettings; its defaults when None).
+    """Store the package in ``root``, a directory or a zip archive of one (idempotent for an identical
+    version); returns what was stored. ``bounds``: what the archive may hold (config.ArchiveSettings;
+    its defaults when None).
 
     The package is read and checked whole before anything is written, its checker and interactor
     built by ``judge`` (by default a program judge set up from ``judge_env``, this process's
@@ -155,9 +156,9 @@ async def upload(
     them in, then stored in one transaction: its version decided and checked against a stored one
     (a conflict stores nothing), its new files, then its row. A refused upload leaves nothing
     behind, and only what the manifest names is stored."""
-    package = read_package_dir(root, problem_id=problem_id, time_limit=time_limit, fmt=fmt, bounds=bounds)
-    await build_helpers(package, judge, judge_env)
-    return await _store(conn, package, version)
+    with open_package(root, problem_id=problem_id, time_limit=time_limit, fmt=fmt, bounds=bounds) as package:
+        await build_helpers(package, judge, judge_env)
+        return await _store(conn, package, version)
 
 
 async def _store(conn: asyncpg.Connection, package: PackageDir, version: int | None) -> Uploaded:

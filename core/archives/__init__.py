@@ -1,7 +1,8 @@
 """Problem archives as organisers have them: read a package directory in its own format into the
 manifest judgequeue stores (layer 2: a format, no I/O but reading the directory).
 
-Formats, recognised by what the directory holds:
+A package is a directory, or a zip archive of one (:mod:`.zipped`). Formats, recognised by what
+the directory holds:
 
 - **Polygon** (``problem.xml``): :mod:`.polygon`;
 - **judgequeue** (``problem.yaml`` with an ``id`` and ``tests/``): :mod:`.native`;
@@ -16,10 +17,13 @@ file it stores through :class:`.common.Files`, which holds each file and the pac
 
 from __future__ import annotations
 
+import contextlib
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from ..config import ArchiveSettings
-from . import kattis, native, polygon
+from . import kattis, native, polygon, zipped
 from .common import CHUNK, Files, InvalidPackage, PackageDir, PackageFile, named_files
 from .rules import survey
 
@@ -65,6 +69,34 @@ def read_package(
     raise InvalidPackage(f"format must be one of {', '.join(FORMATS)}, got {found!r}")
 
 
+@contextlib.contextmanager
+def open_package(
+    path: Path,
+    *,
+    problem_id: str | None = None,
+    time_limit: float | None = None,
+    fmt: str | None = None,
+    bounds: ArchiveSettings | None = None,
+) -> Iterator[PackageDir]:
+    """The package at ``path``, a directory or a zip archive (:mod:`.zipped`: extracted by the same
+    rules into a private temporary directory, removed when the block ends, so its files are only
+    readable inside it); options as :func:`read_package`'s. A refusal of a file inside a zip names
+    it as ``archive.zip/inside/the/archive``."""
+    bounds = bounds or ArchiveSettings()
+    if not zipped.is_zip(path):
+        yield read_package(path, problem_id=problem_id, time_limit=time_limit, fmt=fmt, bounds=bounds)
+        return
+    with tempfile.TemporaryDirectory(prefix="judgequeue-archive-") as staging:
+        root = zipped.extract(path, Path(staging), bounds)
+        try:
+            package = read_package(root, problem_id=problem_id, time_limit=time_limit, fmt=fmt, bounds=bounds)
+        except InvalidPackage as exc:
+            shown = str(exc).replace(f"{root}/", f"{path.name}/").replace(str(root), path.name)
+            raise InvalidPackage(shown.replace(f"{staging}/", "")) from None
+        yield package
+
+
 __all__ = [
-    "CHUNK", "FORMATS", "Files", "InvalidPackage", "PackageDir", "PackageFile", "detect", "named_files", "read_package",
+    "CHUNK", "FORMATS", "Files", "InvalidPackage", "PackageDir", "PackageFile", "detect", "named_files", "open_package",
+    "read_package",
 ]

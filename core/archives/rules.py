@@ -39,7 +39,7 @@ def package_root(root: Path) -> Path:
     if any(within(str(real), tree) for tree in SYSTEM_TREES):
         raise InvalidPackage(f"{root}: a package is never read from {', '.join(SYSTEM_TREES)}")
     if not real.is_dir():
-        raise InvalidPackage(f"cannot read {root}: not a directory")
+        raise InvalidPackage(f"cannot read {root}: not a directory or a zip archive")
     return real
 
 

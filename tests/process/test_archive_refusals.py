@@ -13,7 +13,10 @@ import json
 import os
 import shutil
 import stat
+import struct
 import time
+import warnings
+import zipfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -370,6 +373,8 @@ async def test_the_command_line_builds_the_checker_in_the_judges_sandbox(
     try:
         good = run_cli("problem", "upload", str(write_tree(tmp_path / "good", POLYGON)), env=env)
         assert good.returncode == 0, good.stderr
+        exported = run_cli("problem", "upload", str(zip_of(tmp_path / "echo-3$linux.zip", POLYGON)), env=env)
+        assert exported.returncode == 0 and exported.stdout.startswith("echo version 3 (polygon package): 2 tests")
         built = await asyncio.to_thread(os.path.isdir, os.path.join(sandbox, "helpers"))
         assert built, "the checker was built in the sandbox directory given"
         before = await problem_tables(site.pool)
@@ -388,3 +393,133 @@ async def test_the_command_line_builds_the_checker_in_the_judges_sandbox(
     finally:
         shutil.rmtree(sandbox, ignore_errors=True)
 
+
+# --- zip archives ----------------------------------------------------------------------------------
+
+
+def zip_of(path: Path, files: dict[str, str | bytes], *, top: str = "", method: int = zipfile.ZIP_DEFLATED) -> Path:
+    """``files`` (relative paths) as the zip ``path``, under the directory ``top`` when given."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(path, "w", compression=method) as zf:
+        for name, content in files.items():
+            zf.writestr(f"{top}/{name}" if top else name, content)
+    return path
+
+
+def entry(name: str, *, mode: int = stat.S_IFREG | 0o644) -> zipfile.ZipInfo:
+    info = zipfile.ZipInfo(name)
+    info.create_system = 3  # Unix: the mode is in the high bits of external_attr
+    info.external_attr = mode << 16
+    info.compress_type = zipfile.ZIP_DEFLATED
+    return info
+
+
+def hostile_zip(path: Path, base: dict[str, str | bytes], extra: list[tuple[zipfile.ZipInfo | str, bytes]]) -> Path:
+    zip_of(path, base)
+    with warnings.catch_warnings(), zipfile.ZipFile(path, "a", compression=zipfile.ZIP_DEFLATED) as zf:
+        warnings.simplefilter("ignore")  # a duplicate name is what the test writes
+        for info, data in extra:
+            zf.writestr(info, data)
+    return path
+
+
+def patch_headers(path: Path, name: str, field: str, value: int) -> Path:
+    """Rewrite a field both of ``path``'s headers give entry ``name``: ``size`` (uncompressed) or
+    ``flags`` (general purpose bits), in its local file header and its central directory entry."""
+    fmt, local_at, central_at = {"size": ("<I", 22, 24), "flags": ("<H", 6, 8)}[field]
+    data = bytearray(path.read_bytes())
+    with zipfile.ZipFile(path) as zf:
+        local = zf.getinfo(name).header_offset
+    struct.pack_into(fmt, data, local + local_at, value)
+    at = data.find(b"PK\x01\x02")
+    while data[at + 46 : at + 46 + len(name)] != name.encode():
+        at = data.find(b"PK\x01\x02", at + 4)
+    struct.pack_into(fmt, data, at + central_at, value)
+    path.write_bytes(bytes(data))
+    return path
+
+
+ZEROS = b"\0" * (64 << 20)
+
+
+@pytest.mark.usefixtures("baseline")
+@pytest.mark.parametrize(
+    ("extra", "error"),
+    [
+        ([("../evil.in", b"x")], r"^hello\.zip: entry '\.\./evil\.in' climbs out of the package \('\.\.'\), refused$"),
+        ([("data/../../evil.in", b"x")], r"^hello\.zip: entry 'data/\.\./\.\./evil\.in' climbs out"),
+        ([("/etc/cron.d/evil", b"x")], r"^hello\.zip: entry '/etc/cron\.d/evil' is an absolute name"),
+        ([("C:/evil", b"x")], r"^hello\.zip: entry 'C:/evil' is an absolute name"),
+        ([("..\\evil.in", b"x")], r"^hello\.zip: entry '\.\.\\\\evil\.in' holds a backslash or NUL"),
+        ([(entry("data/secret/env.in", mode=stat.S_IFLNK | 0o777), b"/proc/self/environ")],
+         r"^hello\.zip: entry 'data/secret/env\.in' is a symbolic link: a package holds only regular files"),
+        ([(entry("data/secret/pipe.in", mode=stat.S_IFIFO | 0o644), b"")],
+         r"^hello\.zip: entry 'data/secret/pipe\.in' is a FIFO"),
+        ([("data/secret/1.in", b"2\n")], r"^hello\.zip: entry 'data/secret/1\.in' appears twice$"),
+        ([("data/secret/1.in/x", b"2\n")], r"^hello\.zip: 'data/secret/1\.in' is both a file and a directory$"),
+    ],
+)
+async def test_a_zip_whose_entries_leave_the_package_or_are_links_is_refused(
+    site: Site, tmp_path: Path, extra: list[tuple[zipfile.ZipInfo | str, bytes]], error: str
+) -> None:
+    archive = hostile_zip(tmp_path / "in" / "hello.zip", KATTIS, extra)
+    await refused(site, archive, error)
+    assert not (tmp_path / "evil.in").exists() and not (tmp_path / "in" / "evil.in").exists()
+
+
+@pytest.mark.usefixtures("baseline")
+async def test_a_zip_bomb_is_refused_while_it_expands(site: Site, tmp_path: Path) -> None:
+    """The bounds are counted on the bytes decompressed, never taken from the headers."""
+    small = ArchiveSettings(max_file_mb=8, max_package_mb=16, max_ratio=1100)
+    # One entry larger than a file may be: refused at 8 MiB, not after 64.
+    one = zip_of(tmp_path / "one" / "hello.zip", {**KATTIS, "data/secret/2.in": ZEROS, "data/secret/2.ans": "x\n"})
+    await refused(site, one, r"^hello\.zip: data/secret/2\.in expands to more than the 8 MiB a file of a package may "
+                             r"be \(JUDGEQUEUE_ARCHIVE_MAX_FILE_MB\)$", bounds=small)  # fmt: skip
+    # Entries each within the file bound, together past the package's.
+    many = {f"data/secret/{i}.in": ZEROS[: 6 << 20] for i in range(2, 6)}
+    total = zip_of(tmp_path / "many" / "hello.zip", {**KATTIS, **many})
+    await refused(site, total, r"^hello\.zip expands to more than the 16 MiB a package may be \(at data/secret/\d\.in; "
+                               r"JUDGEQUEUE_ARCHIVE_MAX_PACKAGE_MB\)$", bounds=small)  # fmt: skip
+    # bzip2 reaches ratios deflate cannot: stopped by its ratio after its first MiB, whatever the bounds.
+    bz = zip_of(tmp_path / "bz" / "hello.zip", {**KATTIS, "data/secret/2.in": ZEROS}, method=zipfile.ZIP_BZIP2)
+    bomb = r"^hello\.zip: data/secret/2\.in expands more than 1100 times \(.* MiB from \d+ bytes read\), refused as " \
+           r"a zip bomb \(JUDGEQUEUE_ARCHIVE_MAX_RATIO\)$"
+    await refused(site, bz, bomb)
+    ratio = ArchiveSettings(max_ratio=100)
+    await refused(site, one, r"^hello\.zip: data/secret/2\.in expands more than 100 times", bounds=ratio)
+    # A header that says an entry is small does not make it small: its CRC fails where its size lied.
+    honest = zip_of(tmp_path / "liar" / "hello.zip", {**KATTIS, "data/secret/2.in": ZEROS[: 3 << 20]})
+    liar = patch_headers(honest, "data/secret/2.in", "size", 10)
+    await refused(site, liar, r"^hello\.zip is not a readable zip archive: Bad CRC-32 for file 'data/secret/2\.in'$")
+
+
+@pytest.mark.usefixtures("baseline")
+async def test_what_is_no_zip_is_refused(site: Site, tmp_path: Path) -> None:
+    junk = tmp_path / "hello.zip"
+    junk.write_bytes(b"PK\x03\x04 but nothing after")
+    await refused(site, junk, r"^hello\.zip is not a readable zip archive: File is not a zip file$")
+    encrypted = patch_headers(zip_of(tmp_path / "e" / "hello.zip", KATTIS), "data/secret/1.in", "flags", 0x1)
+    await refused(site, encrypted, r"^hello\.zip: entry 'data/secret/1\.in' is encrypted$")
+    # A reader's refusal names the file inside the archive, not where it was extracted.
+    await refused(site, zip_of(tmp_path / "y" / "hello.zip", {**KATTIS, "problem.yaml": "- a list\n"}),
+                  r"^hello\.zip/problem\.yaml must be a mapping$")  # fmt: skip
+
+
+async def test_a_polygon_zip_is_the_same_package_as_its_directory(site: Site, tmp_path: Path) -> None:
+    """As Polygon exports it (problem.xml at the top), or wrapped in a directory: the same manifest,
+    the same digest, no file stored twice."""
+    from_dir = await stored(site, write_tree(tmp_path / "dir", POLYGON))
+    exported = await stored(site, zip_of(tmp_path / "echo-3$linux.zip", POLYGON))
+    wrapped = await stored(site, zip_of(tmp_path / "wrapped.zip", POLYGON, top="echo-3"))
+    for done in (exported, wrapped):
+        assert (done.id, done.version, done.sha256, done.tests, done.total_bytes, done.new_files) == (
+            from_dir.id, from_dir.version, from_dir.sha256, from_dir.tests, from_dir.total_bytes, 0
+        )
+    # A Kattis package's id is its directory's name: the zip's, or its top directory's.
+    kattis_zip = await stored(site, zip_of(tmp_path / "hello.zip", KATTIS))
+    kattis_top = await stored(site, zip_of(tmp_path / "other.zip", KATTIS, top="hello"), version=kattis_zip.version)
+    assert (kattis_zip.id, kattis_top.id, kattis_top.sha256, kattis_top.new_files) == (
+        "hello", "hello", kattis_zip.sha256, 0
+    )
+    files, named = await stored_files(site.pool)
+    assert files == named
