@@ -49,14 +49,36 @@ class PackageDir:
     notes: list[str] = field(default_factory=list)  # what the reader assumed, for the person uploading
 
 
+class _AliasRefused(Exception):
+    def __init__(self, name: str, line: int) -> None:
+        super().__init__(name)
+        self.name, self.line = name, line
+
+
+class _NoAliases(yaml.SafeLoader):
+    """yaml.safe_load's loader without aliases: ``*name`` nine levels deep is a billion values once
+    anything walks the document (a manifest is stored as JSON), from a problem.yaml of a few lines."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()  # type: ignore[no-untyped-call]
+            raise _AliasRefused(str(event.anchor), event.start_mark.line + 1)
+        return super().compose_node(parent, index)
+
+
 def read_yaml(path: Path, *, empty_ok: bool = False) -> dict[str, Any]:
     """``path`` read as a YAML mapping, or one InvalidPackage naming the file when it cannot be read,
     is not YAML or is no mapping. An empty file is ``{}`` where the format allows it (``empty_ok``:
     a Kattis package's optional files), else no mapping."""
     try:
-        loaded = yaml.safe_load(path.read_text())
+        loaded = yaml.load(path.read_text(), Loader=_NoAliases)  # a SafeLoader, aliases refused
     except OSError as exc:
         raise InvalidPackage(f"cannot read {path}: {exc.strerror}") from None
+    except _AliasRefused as exc:
+        raise InvalidPackage(
+            f"{path}: YAML aliases are refused in a package (line {exc.line}: *{exc.name}; they can expand "
+            "without bound)"
+        ) from None
     except yaml.YAMLError as exc:
         raise InvalidPackage(f"{path} is not YAML: {exc}") from None
     if loaded is None and empty_ok:

@@ -197,6 +197,28 @@ async def test_a_polygon_package_reaching_outside_itself_is_refused(
     await refused(site, root, error)
 
 
+LAUGHS = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join(['*' + chr(97 + i)] * 10)}]\n" for i in range(8)
+)
+
+
+@pytest.mark.usefixtures("baseline")
+@pytest.mark.parametrize(
+    ("files", "error"),
+    [
+        # A billion values from a few lines, once the manifest is written out as JSON.
+        ({"problem.yaml": "id: mean\nscoring:\n  " + LAUGHS.replace("\n", "\n  "), "tests/1.in": "",
+          "tests/1.ans": ""}, r"^.*/problem\.yaml: YAML aliases are refused in a package \(line \d+: \*a;"),
+        ({**KATTIS, "data/secret/testdata.yaml": LAUGHS + "grader_flags: *i\n"},
+         r"^.*/data/secret/testdata\.yaml: YAML aliases are refused in a package"),
+    ],
+)
+async def test_yaml_that_expands_without_bound_is_refused(
+    site: Site, tmp_path: Path, files: dict[str, str | bytes], error: str
+) -> None:
+    await refused(site, write_tree(tmp_path / "hostile" / "hello", files), error)
+
+
 @pytest.mark.usefixtures("baseline")
 async def test_a_package_under_proc_is_refused(site: Site) -> None:
     await refused(site, Path("/proc/self"), r"^/proc/self: a package is never read from /proc, /sys, /dev$")
