@@ -124,10 +124,10 @@ class Files(dict[str, PackageFile]):
     """The files a package stores, by sha256, taken in through :meth:`take` only: the one door by
     which a reader reads a file into a package (see :mod:`.rules` for what comes before)."""
 
-    def __init__(self, root: Path, limits: ArchiveSettings | None = None) -> None:
+    def __init__(self, root: Path, bounds: ArchiveSettings | None = None) -> None:
         super().__init__()
         self.root = Path(os.path.realpath(root))
-        self.limits = limits or ArchiveSettings()
+        self.bounds = bounds or ArchiveSettings()
         self.total = 0
 
     def take(self, path: Path) -> PackageFile:
@@ -150,17 +150,17 @@ class Files(dict[str, PackageFile]):
             size = 0
             while block := f.read(CHUNK):
                 size += len(block)
-                if size > self.limits.max_file_bytes:
+                if size > self.bounds.max_file_bytes:
                     raise InvalidPackage(
-                        f"{name} is more than the {self.limits.max_file_mb} MiB a file of a package may be "
+                        f"{name} is more than the {self.bounds.max_file_mb} MiB a file of a package may be "
                         "(JUDGEQUEUE_ARCHIVE_MAX_FILE_MB)"
                     )
                 h.update(block)
         found = PackageFile(Path(real), h.hexdigest(), size)
         if found.sha256 not in self:
-            if self.total + size > self.limits.max_package_bytes:
+            if self.total + size > self.bounds.max_package_bytes:
                 raise InvalidPackage(
-                    f"the package's files come to more than the {self.limits.max_package_mb} MiB a package may "
+                    f"the package's files come to more than the {self.bounds.max_package_mb} MiB a package may "
                     f"store (at {name}; JUDGEQUEUE_ARCHIVE_MAX_PACKAGE_MB)"
                 )
             self.total += size

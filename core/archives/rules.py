@@ -43,7 +43,7 @@ def package_root(root: Path) -> Path:
     return real
 
 
-def survey(root: Path, limits: ArchiveSettings) -> Path:
+def survey(root: Path, bounds: ArchiveSettings) -> Path:
     """Check every entry of the package in ``root`` against the rules above, reading no file; the
     package's real root. Raises InvalidPackage naming the first entry (by name) that breaks one."""
     real = package_root(root)
@@ -70,9 +70,9 @@ def survey(root: Path, limits: ArchiveSettings) -> Path:
             kind = kind_of(info.st_mode)
             if kind is not None:
                 raise InvalidPackage(f"{name} is {kind}: a package holds only regular files and directories")
-            if info.st_size > limits.max_file_bytes:
+            if info.st_size > bounds.max_file_bytes:
                 raise InvalidPackage(
-                    f"{name} is {mib(info.st_size)}, more than the {limits.max_file_mb} MiB a file of a package may "
+                    f"{name} is {mib(info.st_size)}, more than the {bounds.max_file_mb} MiB a file of a package may "
                     "be (JUDGEQUEUE_ARCHIVE_MAX_FILE_MB)"
                 )
     return real

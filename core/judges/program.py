@@ -800,15 +800,19 @@ class ProgramJudge:
         boxes, limits and compilers), before the package is stored: what does not build, by name
         (``checker``, ``interactor``), with the compiler's words. A build that works is kept as
         judging keeps one, so this worker's first submission of the package does not build it again."""
-        where = "the package"
         checker = manifest.get("checker")
-        helpers = [
-            (kind, found)
-            for kind in ("interactor", "checker")
-            if (kind != "checker" or (isinstance(checker, dict) and checker.get("type") == "custom"))
-            and (found := package_helper(manifest, kind, path_of, where)) is not None
-        ]
+        helpers = []
         failed: dict[str, str] = {}
+        for kind in ("interactor", "checker"):
+            if kind == "checker" and not (isinstance(checker, dict) and checker.get("type") == "custom"):
+                continue  # a built-in checker: nothing to build
+            try:
+                found = package_helper(manifest, kind, path_of, "the package")
+            except InvalidProgramPayload as exc:
+                failed[kind] = str(exc)
+                continue
+            if found is not None:
+                helpers.append((kind, found))
         if not helpers:
             return failed
         async with self._slot() as box:
