@@ -26,7 +26,9 @@ from typing import Any, NoReturn, TypeVar
 from .config import (
     FILE_VARIABLES,
     PREFIX,
+    archive_variable_names,
     judge_refused_mode,
+    load_archive_settings,
     load_settings,
     parse_duration,
     parse_variable,
@@ -400,8 +402,10 @@ def cmd_problem(args: argparse.Namespace, env: Mapping[str, str]) -> int:
 
         _print_listing(_run(_with_pg(dsn, list_problems)), args.json, dict, line, "no problems")
         return EXIT_OK
+    bounds = load_archive_settings(env, overrides_from(args), override_name=flag_for)
     done = _run(_with_pg(dsn, lambda conn: upload(
         conn, Path(args.dir), version=args.version, problem_id=args.id, time_limit=args.time_limit, fmt=args.format,
+        bounds=bounds, judge_env=env,
     )))  # fmt: skip
     if args.json:
         _print_json({**vars(done), "notes": list(done.notes)})
@@ -839,10 +843,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("problem", "upload and list problem packages (tests, checker, interactor, limits, subtasks)")
     problem_action = actions(p, "problem_command", cmd_problem)
-    text = ("store the package in DIR as a new version: judgequeue (problem.yaml with an id, tests/NAME.in + "
-            "NAME.ans), ICPC/Kattis (problem.yaml, data/, output_validators/) or Polygon (problem.xml)")
+    text = ("store the package in DIR (a directory, or a zip archive of one) as a new version: judgequeue "
+            "(problem.yaml with an id, tests/NAME.in + NAME.ans), ICPC/Kattis (problem.yaml, data/, "
+            "output_validators/) or Polygon (problem.xml); its checker and interactor are built first")
     q = problem_action("upload", text)
-    q.add_argument("dir", help="the package directory")
+    q.add_argument("dir", help="the package: a directory, or a zip archive of one (as Polygon exports it)")
     q.add_argument("--version", type=int,
                    help="version number (default: the package's own (problem.yaml's, Polygon's revision), else the "
                         "next free one)")  # fmt: skip
@@ -853,6 +858,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--format", choices=("judgequeue", "kattis", "polygon"),
                    help="the package format (default: detected)")  # fmt: skip
     _add_variable_flags(q, [DSN], "connection")
+    _add_variable_flags(q, archive_variable_names(), "what a package may hold (docs/judges.md)")
     _add_variable_flags(problem_action("list", "list stored packages"), [DSN], "connection")
 
     p = add("submit", "submit one JSON payload to a queue; prints the submission id", parents=[json_flag])

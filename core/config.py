@@ -468,3 +468,100 @@ def _parse(variable: str, raw: str, shown_as: str) -> Any:
     except (ValueError, TypeError) as exc:
         shown = redact_url(raw) if suffix in _URL_VARIABLES else raw
         raise ConfigError(f"{shown_as}={shown!r} is invalid: {exc}") from None
+
+
+# --- archives: what ``judgequeue problem upload`` takes ------------------------------------------
+
+#: The program judge's bound on its package cache (core/judges/isolation.py reads it for workers);
+#: a package larger than that cache could never be judged, so an upload's bound defaults to it.
+PROBLEM_CACHE_MB_VARIABLE = PREFIX + "PROBLEM_CACHE_MB"
+PROBLEM_CACHE_MB_DEFAULT = 1024
+
+
+@dataclass(frozen=True)
+class ArchiveSettings:
+    """Bounds on a problem archive an upload reads (docs/judges.md, "What a package may hold").
+
+    ``max_file_mb``: any one file of the package (read or stored, statements and sources too);
+    ``max_package_mb``: the files stored (what a worker's cache must hold), and everything a zip
+    expands to; ``max_ratio``: how much larger than its compressed bytes a zip entry may grow
+    (checked while it is read, past its first MiB: deflate cannot pass about 1032, so the default
+    stops only the methods that can, bzip2 and LZMA, long before the size bounds would)."""
+
+    max_file_mb: int = 256
+    max_package_mb: int = PROBLEM_CACHE_MB_DEFAULT
+    max_ratio: int = 1100
+
+    @property
+    def max_file_bytes(self) -> int:
+        return self.max_file_mb * 1024 * 1024
+
+    @property
+    def max_package_bytes(self) -> int:
+        return self.max_package_mb * 1024 * 1024
+
+
+#: variable suffix -> (ArchiveSettings field, parser)
+_ARCHIVE_VARIABLES: dict[str, tuple[str, Callable[[str], Any]]] = {
+    "ARCHIVE_MAX_FILE_MB": ("max_file_mb", _positive_int),
+    "ARCHIVE_MAX_PACKAGE_MB": ("max_package_mb", _positive_int),
+    "ARCHIVE_MAX_RATIO": ("max_ratio", _positive_int),
+}
+
+
+def archive_variable_names() -> list[str]:
+    """The variables :func:`load_archive_settings` reads (``judgequeue problem upload`` has a flag for each)."""
+    return [PREFIX + suffix for suffix in _ARCHIVE_VARIABLES]
+
+
+def load_archive_settings(
+    env: Mapping[str, str],
+    overrides: Mapping[str, str] | None = None,
+    *,
+    override_name: Callable[[str], str] | None = None,
+) -> ArchiveSettings:
+    """The archive bounds from ``env`` (and ``overrides``, keyed by variable, e.g. from flags), or a
+    ConfigError naming the first bad variable (or its flag, by ``override_name``).
+
+    The package bound defaults to the judge's cache bound (``JUDGEQUEUE_PROBLEM_CACHE_MB``) when
+    that is set, and may not exceed it; a file may not be larger than the package bound."""
+    merged = {**{k: v for k, v in env.items() if k.startswith(PREFIX)}, **(overrides or {})}
+
+    def shown(variable: str) -> str:
+        from_override = overrides is not None and variable in overrides and override_name is not None
+        return override_name(variable) if from_override and override_name else variable
+
+    values: dict[str, Any] = {}
+    for suffix, (name, parser) in _ARCHIVE_VARIABLES.items():
+        variable = PREFIX + suffix
+        raw = merged.get(variable)
+        if raw is None or raw == "":
+            continue
+        try:
+            values[name] = parser(raw)
+        except ValueError as exc:
+            raise ConfigError(f"{shown(variable)}={raw!r} is invalid: {exc}") from None
+    cache_raw = merged.get(PROBLEM_CACHE_MB_VARIABLE)
+    cache_mb = PROBLEM_CACHE_MB_DEFAULT
+    if cache_raw:
+        try:
+            cache_mb = _positive_int(cache_raw)
+        except ValueError as exc:
+            raise ConfigError(f"{PROBLEM_CACHE_MB_VARIABLE}={cache_raw!r} is invalid: {exc}") from None
+        values.setdefault("max_package_mb", cache_mb)
+    if "max_file_mb" not in values:  # the default file bound, but never above a package bound set lower
+        values["max_file_mb"] = min(ArchiveSettings.max_file_mb, values.get("max_package_mb", cache_mb))
+    settings = ArchiveSettings(**values)
+    package_variable, file_variable = PREFIX + "ARCHIVE_MAX_PACKAGE_MB", PREFIX + "ARCHIVE_MAX_FILE_MB"
+    if settings.max_package_mb > cache_mb:
+        cache = f"{cache_mb} MiB" if cache_raw else f"{cache_mb} MiB, its default"
+        raise ConfigError(
+            f"{shown(package_variable)} ({settings.max_package_mb} MiB) is more than {PROBLEM_CACHE_MB_VARIABLE} "
+            f"({cache}): a worker's cache could never hold such a package (raise both together)"
+        )
+    if settings.max_file_mb > settings.max_package_mb:
+        raise ConfigError(
+            f"{shown(file_variable)} ({settings.max_file_mb} MiB) is more than {shown(package_variable)} "
+            f"({settings.max_package_mb} MiB)"
+        )
+    return settings

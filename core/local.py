@@ -28,7 +28,7 @@ import asyncpg
 import redis.asyncio as aioredis
 
 from . import submissions
-from .config import PREFIX, IntakeChoice, Settings, load_settings, redact_url, variable_for
+from .config import PREFIX, IntakeChoice, Settings, load_archive_settings, load_settings, redact_url, variable_for
 from .connect import connect_postgres, redis_client
 from .errors import ConfigError, Failure
 from .judges.http_call import load_call_settings
@@ -374,6 +374,7 @@ async def _local(options: LocalOptions, base_env: Mapping[str, str]) -> int:
     for role in ("dispatcher", "reaper"):
         load_settings(role_env(base_env, manifest, role, options, 0))
     check_endpoints(role_env(base_env, manifest, "worker", options, 0))
+    bounds = load_archive_settings(base_env)
     intake = local_intake(base_env, manifest, local_workers(manifest, options))
     programs, package, log_dir = _files(options, manifest)
     display = Display(sys.stderr, enabled=not options.json_output)
@@ -396,7 +397,9 @@ async def _local(options: LocalOptions, base_env: Mapping[str, str]) -> int:
             raise Failure(f"cannot reach Redis at {redact_url(options.redis_url)}: {type(exc).__name__}") from None
         await _prepare(conn, manifest)
         if package is not None:
-            uploaded = await upload(conn, package)
+            # A checker is built with the workers' judge settings (their sandbox directory, trusted or not).
+            worker_env = role_env(base_env, manifest, "worker", options, 0)
+            uploaded = await upload(conn, package, bounds=bounds, judge_env=worker_env)
             display.say(f"problem {uploaded.id} version {uploaded.version}: {uploaded.tests} tests uploaded")
         display.say(
             f"queue {manifest.queue}: mode={manifest.cutover.mode} paused={manifest.cutover.paused}; "

@@ -3,11 +3,13 @@
 A package is a directory in one of the formats :mod:`.archives` reads (judgequeue's own, an
 ICPC/Kattis package, a Polygon package); what is stored is its manifest and its files.
 
-:func:`upload` stores every file content-addressed (sha256) in 1 MiB chunks, one transaction per
-file, then the package row naming them, so a reader never sees half a package and 500 MiB of
-tests go in bounded statements. A version is immutable: uploading it again must give the same
-manifest digest. Workers keep a local copy of each package they judge in a :class:`ProblemCache`
-bounded in bytes, evicting the least recently used package no running judge holds.
+:func:`upload` reads and checks the whole package first (:mod:`.archives`: nothing outside it,
+nothing over its bounds), then stores it in one transaction: every file the manifest names,
+content-addressed (sha256) in 1 MiB chunks so 500 MiB of tests go in bounded statements, then the
+package row. A reader never sees half a package, and a refused upload stores nothing. A version
+is immutable: uploading it again must give the same manifest digest. Workers keep a local copy of
+each package they judge in a :class:`ProblemCache` bounded in bytes, evicting the least recently
+used package no running judge holds.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,10 +30,11 @@ from typing import Any
 import asyncpg
 
 from . import metrics, sql
-from .archives import CHUNK, InvalidPackage, PackageDir, PackageFile, read_package
+from .archives import CHUNK, InvalidPackage, PackageDir, PackageFile, named_files, open_package, read_package
+from .config import ArchiveSettings
 from .connect import STATEMENT_TIMEOUT
-from .errors import JudgeQueueError
-from .judges import Judge, UsesPackages
+from .errors import ConfigError, JudgeQueueError
+from .judges import BuildsHelpers, Judge, UsesPackages
 
 MANIFEST_FILE = "problem.yaml"
 
@@ -45,10 +48,15 @@ class VersionConflict(JudgeQueueError):
 
 
 def read_package_dir(
-    root: Path, *, problem_id: str | None = None, time_limit: float | None = None, fmt: str | None = None
+    root: Path,
+    *,
+    problem_id: str | None = None,
+    time_limit: float | None = None,
+    fmt: str | None = None,
+    bounds: ArchiveSettings | None = None,
 ) -> PackageDir:
     """Validate a package directory in any format judgequeue reads (see :mod:`.archives`)."""
-    return read_package(root, problem_id=problem_id, time_limit=time_limit, fmt=fmt)
+    return read_package(root, problem_id=problem_id, time_limit=time_limit, fmt=fmt, bounds=bounds)
 
 
 def manifest_digest(manifest: dict[str, Any]) -> str:
@@ -69,15 +77,61 @@ class Uploaded:
 
 
 async def _store_file(conn: asyncpg.Connection, f: PackageFile) -> bool:
+    """Store one file (in the caller's transaction) unless it is stored already; whether it was new.
+    What is stored is checked again as it is read: the bytes hashed when the package was read, no
+    more (a file changed since is refused, and the transaction with it)."""
     if await conn.fetchval(sql.query("problem_file_exists"), f.sha256):
         return False
     chunks = max(1, -(-f.size // CHUNK))
-    async with conn.transaction():
-        await conn.execute(sql.query("problem_file_insert"), f.sha256, f.size, chunks)
-        with f.path.open("rb") as data:
-            for seq in range(chunks):
-                await conn.execute(sql.query("problem_chunk_insert"), f.sha256, seq, data.read(CHUNK))
+    if await conn.fetchval(sql.query("problem_file_insert"), f.sha256, f.size, chunks) is None:
+        return False  # another upload stored it first (it committed while this one waited on the row)
+    h = hashlib.sha256()
+    fd = os.open(f.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as data:
+        for seq in range(chunks):
+            block = data.read(CHUNK)
+            h.update(block)
+            await conn.execute(sql.query("problem_chunk_insert"), f.sha256, seq, block)
+        if data.read(1) or h.hexdigest() != f.sha256:
+            raise InvalidPackage(f"{f.path.name} changed while the package was uploaded: upload it again")
     return True
+
+
+def has_helpers(manifest: dict[str, Any]) -> bool:
+    """Whether a manifest names a program the judge builds: a custom checker or an interactor."""
+    checker = manifest.get("checker")
+    custom = isinstance(checker, dict) and checker.get("type") == "custom"
+    return custom or isinstance(manifest.get("interactor"), dict)
+
+
+async def build_helpers(
+    package: PackageDir, judge: BuildsHelpers | None = None, env: Mapping[str, str] | None = None
+) -> None:
+    """Build the package's checker and interactor, or refuse it with the compiler's words: a package
+    whose checker does not build would make every submission SYSTEM_ERROR. Without ``judge``, a
+    program judge with the settings in ``env`` (its sandbox: a host that cannot isolate refuses,
+    unless JUDGEQUEUE_SANDBOX=trusted says the package is trusted)."""
+    if not has_helpers(package.manifest):
+        return
+    own = None
+    if judge is None:
+        from .judges.isolation import load_judge_settings
+        from .judges.program import ProgramJudge
+
+        try:
+            judge = own = ProgramJudge(settings=load_judge_settings(os.environ if env is None else env))
+        except ConfigError as exc:
+            raise ConfigError(f"a package's checker and interactor are built before it is stored: {exc}") from None
+    try:
+        failed = await judge.build_helpers(package.manifest, lambda sha: package.files[sha].path)
+    finally:
+        if own is not None:
+            own.close()
+    for kind, output in failed.items():
+        entry = package.manifest["checker" if kind == "checker" else "interactor"]
+        what = f"{entry.get('language')}" + (f", {entry['std']}" if entry.get("std") else "")
+        raise InvalidPackage(f"the {kind} {entry.get('name')} does not build ({what}), so the package is refused:\n"
+                             f"{output.rstrip()}")  # fmt: skip
 
 
 async def upload(
@@ -88,25 +142,44 @@ async def upload(
     problem_id: str | None = None,
     time_limit: float | None = None,
     fmt: str | None = None,
+    bounds: ArchiveSettings | None = None,
+    judge: BuildsHelpers | None = None,
+    judge_env: Mapping[str, str] | None = None,
 ) -> Uploaded:
-    """Store the package in ``root`` (idempotent for an identical version); returns what was stored."""
-    package = read_package_dir(root, problem_id=problem_id, time_limit=time_limit, fmt=fmt)
+    """Store the package in ``root``, a directory or a zip archive of one (idempotent for an identical
+    version); returns what was stored. ``bounds``: what the archive may hold (config.ArchiveSettings;
+    its defaults when None).
+
+    The package is read and checked whole before anything is written, its checker and interactor
+    built by ``judge`` (by default a program judge set up from ``judge_env``, this process's
+    environment when None, made only when there is one to build) in the sandbox judging builds
+    them in, then stored in one transaction: its version decided and checked against a stored one
+    (a conflict stores nothing), its new files, then its row. A refused upload leaves nothing
+    behind, and only what the manifest names is stored."""
+    with open_package(root, problem_id=problem_id, time_limit=time_limit, fmt=fmt, bounds=bounds) as package:
+        await build_helpers(package, judge, judge_env)
+        return await _store(conn, package, version)
+
+
+async def _store(conn: asyncpg.Connection, package: PackageDir, version: int | None) -> Uploaded:
     new_files = 0
-    for f in package.files.values():
-        new_files += await _store_file(conn, f)
     async with conn.transaction():
         await conn.execute(sql.query("problem_lock"), package.id)
         number = version or package.version or int(await conn.fetchval(sql.query("problem_next_version"), package.id))
         manifest = {**package.manifest, "id": package.id, "version": number}
         digest = manifest_digest(manifest)
-        inserted = await conn.fetchval(sql.query("problem_insert"), package.id, number, json.dumps(manifest), digest)
-        if inserted is None:
-            existing = await conn.fetchrow(sql.query("problem_get"), package.id, number)
-            if existing["sha256"] != digest:
-                raise VersionConflict(
-                    f"{package.id} version {number} exists with other content; versions never change: "
-                    "upload a new version"
-                )
+        existing = await conn.fetchrow(sql.query("problem_get"), package.id, number)
+        if existing is not None and existing["sha256"] != digest:
+            raise VersionConflict(
+                f"{package.id} version {number} exists with other content; versions never change: upload a new version"
+            )
+        if existing is None:
+            # In digest order: two uploads sharing files take their rows in the same order, never a deadlock.
+            for sha in sorted(package.files):
+                new_files += await _store_file(conn, package.files[sha])
+            row = json.dumps(manifest)
+            if await conn.fetchval(sql.query("problem_insert"), package.id, number, row, digest) is None:
+                raise VersionConflict(f"{package.id} version {number} was stored by another upload meanwhile")
     tests, total = len(package.manifest["tests"]), package.manifest["total_bytes"]
     fmt_of = str(package.manifest.get("format", "judgequeue"))
     return Uploaded(package.id, number, digest, tests, total, new_files, fmt_of, tuple(package.notes))
@@ -240,7 +313,7 @@ class ProblemCache:
             staging = self.root / f".incoming-{uuid.uuid4().hex}"
             staging.mkdir(mode=0o700)
             try:
-                for sha in sorted(_files_of(manifest)):
+                for sha in sorted(named_files(manifest)):
                     await copy_file(conn, sha, staging / sha)
                 final = self.root / f"{problem}@{version}-{digest[:16]}"
                 staging.rename(final)
@@ -248,17 +321,6 @@ class ProblemCache:
                 shutil.rmtree(staging, ignore_errors=True)
                 raise
         return LocalPackage(problem, version, digest, manifest, final, size)
-
-
-def _files_of(manifest: dict[str, Any]) -> set[str]:
-    """Every file a manifest names: tests, and each program's source and the files beside it."""
-    found = {t[k] for t in manifest.get("tests", []) for k in ("input", "answer")}
-    programs = [manifest.get("checker"), manifest.get("interactor"), *manifest.get("solutions", [])]
-    for program in programs:
-        if isinstance(program, dict) and "file" in program:
-            found.add(program["file"])
-            found.update((program.get("files") or {}).values())
-    return found
 
 
 __all__ = [

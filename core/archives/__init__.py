@@ -1,22 +1,31 @@
 """Problem archives as organisers have them: read a package directory in its own format into the
 manifest judgequeue stores (layer 2: a format, no I/O but reading the directory).
 
-Formats, recognised by what the directory holds:
+A package is a directory, or a zip archive of one (:mod:`.zipped`). Formats, recognised by what
+the directory holds:
 
 - **Polygon** (``problem.xml``): :mod:`.polygon`;
 - **judgequeue** (``problem.yaml`` with an ``id`` and ``tests/``): :mod:`.native`;
 - **ICPC/Kattis** (``problem.yaml`` and ``data/``): :mod:`.kattis`.
 
 Every reader returns a :class:`PackageDir`: the manifest (``format`` names the format, whose
-verdict rules the judge then applies) and the files it names by sha256.
+verdict rules the judge then applies) and the files it names by sha256. Before any reader looks at
+a package, :func:`.rules.survey` holds it to what a package may be (no link out of it, no special
+files, no file over the bound: docs/judges.md, "What a package may hold"), and a reader takes every
+file it stores through :class:`.common.Files`, which holds each file and the package to their bounds.
 """
 
 from __future__ import annotations
 
+import contextlib
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
-from . import kattis, native, polygon
-from .common import CHUNK, InvalidPackage, PackageDir, PackageFile, digest
+from ..config import ArchiveSettings
+from . import kattis, native, polygon, zipped
+from .common import CHUNK, Files, InvalidPackage, PackageDir, PackageFile, named_files
+from .rules import survey
 
 FORMATS = ("judgequeue", "kattis", "polygon")
 
@@ -38,18 +47,56 @@ def detect(root: Path) -> str:
 
 
 def read_package(
-    root: Path, *, problem_id: str | None = None, time_limit: float | None = None, fmt: str | None = None
+    root: Path,
+    *,
+    problem_id: str | None = None,
+    time_limit: float | None = None,
+    fmt: str | None = None,
+    bounds: ArchiveSettings | None = None,
 ) -> PackageDir:
-    """Validate the package in ``root`` in its format (or ``fmt``). ``problem_id`` and ``time_limit``
-    fill in what a Kattis package may leave out (its id is its directory's name)."""
-    found = fmt or detect(root)
+    """Validate the package in ``root`` in its format (or ``fmt``), within ``bounds`` (the
+    default ones when None). ``problem_id`` and ``time_limit`` fill in what a Kattis package may leave out
+    (its id is its directory's name)."""
+    bounds = bounds or ArchiveSettings()
+    real = survey(root, bounds)
+    found = fmt or detect(real)
     if found == "polygon":
-        return polygon.read(root, problem_id=problem_id)
+        return polygon.read(real, problem_id=problem_id, bounds=bounds)
     if found == "kattis":
-        return kattis.read(root, problem_id=problem_id, time_limit=time_limit)
+        return kattis.read(real, problem_id=problem_id, time_limit=time_limit, bounds=bounds)
     if found == "judgequeue":
-        return native.read(root)
+        return native.read(real, bounds=bounds)
     raise InvalidPackage(f"format must be one of {', '.join(FORMATS)}, got {found!r}")
 
 
-__all__ = ["CHUNK", "FORMATS", "InvalidPackage", "PackageDir", "PackageFile", "detect", "digest", "read_package"]
+@contextlib.contextmanager
+def open_package(
+    path: Path,
+    *,
+    problem_id: str | None = None,
+    time_limit: float | None = None,
+    fmt: str | None = None,
+    bounds: ArchiveSettings | None = None,
+) -> Iterator[PackageDir]:
+    """The package at ``path``, a directory or a zip archive (:mod:`.zipped`: extracted by the same
+    rules into a private temporary directory, removed when the block ends, so its files are only
+    readable inside it); options as :func:`read_package`'s. A refusal of a file inside a zip names
+    it as ``archive.zip/inside/the/archive``."""
+    bounds = bounds or ArchiveSettings()
+    if not zipped.is_zip(path):
+        yield read_package(path, problem_id=problem_id, time_limit=time_limit, fmt=fmt, bounds=bounds)
+        return
+    with tempfile.TemporaryDirectory(prefix="judgequeue-archive-") as staging:
+        root = zipped.extract(path, Path(staging), bounds)
+        try:
+            package = read_package(root, problem_id=problem_id, time_limit=time_limit, fmt=fmt, bounds=bounds)
+        except InvalidPackage as exc:
+            shown = str(exc).replace(f"{root}/", f"{path.name}/").replace(str(root), path.name)
+            raise InvalidPackage(shown.replace(f"{staging}/", "")) from None
+        yield package
+
+
+__all__ = [
+    "CHUNK", "FORMATS", "Files", "InvalidPackage", "PackageDir", "PackageFile", "detect", "named_files", "open_package",
+    "read_package",
+]

@@ -4,13 +4,16 @@ how a program of a package (checker, interactor, validator, solution) is describ
 from __future__ import annotations
 
 import hashlib
+import os
 import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from ..config import ArchiveSettings
 from ..errors import JudgeQueueError
 from ..judges.languages import LANGUAGES as LANGUAGE_TABLE
 from ..judges.languages import UNAVAILABLE, parse_standard
@@ -46,14 +49,36 @@ class PackageDir:
     notes: list[str] = field(default_factory=list)  # what the reader assumed, for the person uploading
 
 
+class _AliasRefused(Exception):
+    def __init__(self, name: str, line: int) -> None:
+        super().__init__(name)
+        self.name, self.line = name, line
+
+
+class _NoAliases(yaml.SafeLoader):
+    """yaml.safe_load's loader without aliases: ``*name`` nine levels deep is a billion values once
+    anything walks the document (a manifest is stored as JSON), from a problem.yaml of a few lines."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()  # type: ignore[no-untyped-call]
+            raise _AliasRefused(str(event.anchor), event.start_mark.line + 1)
+        return super().compose_node(parent, index)
+
+
 def read_yaml(path: Path, *, empty_ok: bool = False) -> dict[str, Any]:
     """``path`` read as a YAML mapping, or one InvalidPackage naming the file when it cannot be read,
     is not YAML or is no mapping. An empty file is ``{}`` where the format allows it (``empty_ok``:
     a Kattis package's optional files), else no mapping."""
     try:
-        loaded = yaml.safe_load(path.read_text())
+        loaded = yaml.load(path.read_text(), Loader=_NoAliases)  # a SafeLoader, aliases refused
     except OSError as exc:
         raise InvalidPackage(f"cannot read {path}: {exc.strerror}") from None
+    except _AliasRefused as exc:
+        raise InvalidPackage(
+            f"{path}: YAML aliases are refused in a package (line {exc.line}: *{exc.name}; they can expand "
+            "without bound)"
+        ) from None
     except yaml.YAMLError as exc:
         raise InvalidPackage(f"{path} is not YAML: {exc}") from None
     if loaded is None and empty_ok:
@@ -63,21 +88,89 @@ def read_yaml(path: Path, *, empty_ok: bool = False) -> dict[str, Any]:
     return loaded
 
 
-def digest(path: Path) -> PackageFile:
-    h = hashlib.sha256()
-    size = 0
-    with path.open("rb") as f:
-        while block := f.read(CHUNK):
-            h.update(block)
-            size += len(block)
-    return PackageFile(path, h.hexdigest(), size)
+def mib(size: int) -> str:
+    return f"{size / (1024 * 1024):.1f} MiB"
 
 
-def add(path: Path, files: dict[str, PackageFile]) -> str:
-    """Hash ``path`` into ``files``; its sha256."""
-    found = digest(path)
-    files[found.sha256] = found
-    return found.sha256
+def kind_of(mode: int) -> str | None:
+    """What an entry that is neither a regular file nor a directory is, for a refusal (None: it is one)."""
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return None
+    if stat.S_ISLNK(mode):
+        return "a symbolic link"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    return "not a regular file"
+
+
+def within(path: str, root: str) -> bool:
+    """Whether the absolute ``path`` is ``root`` or under it (both resolved, pure)."""
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def name_in(path: Path | str, root: Path) -> str:
+    """``path`` as the package names it: relative to its root."""
+    try:
+        return str(Path(os.path.abspath(path)).relative_to(root)) or "."
+    except ValueError:
+        return str(path)
+
+
+class Files(dict[str, PackageFile]):
+    """The files a package stores, by sha256, taken in through :meth:`take` only: the one door by
+    which a reader reads a file into a package (see :mod:`.rules` for what comes before)."""
+
+    def __init__(self, root: Path, bounds: ArchiveSettings | None = None) -> None:
+        super().__init__()
+        self.root = Path(os.path.realpath(root))
+        self.bounds = bounds or ArchiveSettings()
+        self.total = 0
+
+    def take(self, path: Path) -> PackageFile:
+        """Hash ``path`` into the package, refused unless it resolves to a regular file inside the
+        package (opened without following a link) no larger than the per-file bound, counted while it
+        is read whatever its size said, and the package's files together stay within their bound."""
+        name = name_in(path, self.root)
+        real = os.path.realpath(path)
+        if not within(real, str(self.root)):
+            raise InvalidPackage(f"{name} is not a file inside the package")
+        try:
+            fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError as exc:
+            raise InvalidPackage(f"cannot read {name}: {exc.strerror}") from None
+        with os.fdopen(fd, "rb") as f:
+            kind = kind_of(os.fstat(fd).st_mode)
+            if kind is not None:
+                raise InvalidPackage(f"{name} is {kind}: a package holds only regular files and directories")
+            h = hashlib.sha256()
+            size = 0
+            while block := f.read(CHUNK):
+                size += len(block)
+                if size > self.bounds.max_file_bytes:
+                    raise InvalidPackage(
+                        f"{name} is more than the {self.bounds.max_file_mb} MiB a file of a package may be "
+                        "(JUDGEQUEUE_ARCHIVE_MAX_FILE_MB)"
+                    )
+                h.update(block)
+        found = PackageFile(Path(real), h.hexdigest(), size)
+        if found.sha256 not in self:
+            if self.total + size > self.bounds.max_package_bytes:
+                raise InvalidPackage(
+                    f"the package's files come to more than the {self.bounds.max_package_mb} MiB a package may "
+                    f"store (at {name}; JUDGEQUEUE_ARCHIVE_MAX_PACKAGE_MB)"
+                )
+            self.total += size
+            self[found.sha256] = found
+        return found
+
+
+def add(path: Path, files: Files) -> str:
+    """Take ``path`` into the package's ``files``; its sha256."""
+    return files.take(path).sha256
 
 
 def inside(root: Path, relative: str, where: str) -> Path:
@@ -91,7 +184,7 @@ def inside(root: Path, relative: str, where: str) -> Path:
 def program(
     main: Path,
     language: str,
-    files: dict[str, PackageFile],
+    files: Files,
     *,
     beside: list[Path] | None = None,
     protocol: str | None = None,
@@ -141,6 +234,21 @@ def check_id(problem_id: Any, where: str) -> str:
     return problem_id
 
 
-def total_bytes(manifest: dict[str, Any], files: dict[str, PackageFile]) -> dict[str, Any]:
+def named_files(manifest: dict[str, Any]) -> set[str]:
+    """Every file a manifest names: tests, and each program's source and the files beside it."""
+    found = {t[k] for t in manifest.get("tests", []) for k in ("input", "answer")}
+    programs = [manifest.get("checker"), manifest.get("interactor"), *manifest.get("solutions", [])]
+    for entry in programs:
+        if isinstance(entry, dict) and "file" in entry:
+            found.add(entry["file"])
+            found.update((entry.get("files") or {}).values())
+    return found
+
+
+def total_bytes(manifest: dict[str, Any], files: Files) -> dict[str, Any]:
+    """The finished manifest: ``files`` keeps only what it names (a file read but then left out is
+    never stored), and ``total_bytes`` is what they come to."""
+    for sha in set(files) - named_files(manifest):
+        files.total -= files.pop(sha).size
     manifest["total_bytes"] = sum(f.size for f in files.values())
     return manifest

@@ -28,8 +28,9 @@ import re
 from pathlib import Path
 from typing import Any
 
+from ..config import ArchiveSettings
 from ..judges.checkers import InvalidChecker, kattis_flags
-from .common import MAX_TESTS, InvalidPackage, PackageDir, PackageFile, add, check_id, program, read_yaml, total_bytes
+from .common import MAX_TESTS, Files, InvalidPackage, PackageDir, add, check_id, program, read_yaml, total_bytes
 
 #: problemtools' languages (its config/languages.yaml) as rows of the judge's table: the row, the
 #: file suffixes that are the language's sources, the priority that settles a directory whose files
@@ -119,7 +120,7 @@ def language_of(paths: list[Path]) -> tuple[str, str | None, list[Path]] | None:
     return found
 
 
-def _program_at(path: Path, where: str, files: dict[str, PackageFile], protocol: str | None) -> dict[str, Any]:
+def _program_at(path: Path, where: str, files: Files, protocol: str | None) -> dict[str, Any]:
     """A program as problemtools finds one: a single source file, or a directory built as a whole
     (its main file one named ``main.*``, else the first source by name)."""
     if path.is_file():
@@ -141,7 +142,7 @@ def _program_at(path: Path, where: str, files: dict[str, PackageFile], protocol:
     return entry
 
 
-def _validator(root: Path, version: str, files: dict[str, PackageFile]) -> dict[str, Any] | None:
+def _validator(root: Path, version: str, files: Files) -> dict[str, Any] | None:
     folder = root / ("output_validators" if version == LEGACY else "output_validator")
     if not folder.is_dir():
         return None
@@ -154,7 +155,7 @@ def _validator(root: Path, version: str, files: dict[str, PackageFile]) -> dict[
 
 
 def _group(
-    data: Path, folder: Path, inherited: dict[str, Any], tests: list[dict[str, Any]], files: dict[str, PackageFile]
+    data: Path, folder: Path, inherited: dict[str, Any], tests: list[dict[str, Any]], files: Files
 ) -> dict[str, Any]:
     """One test data group and everything under it, as problemtools' ``_load_group`` walks it."""
     config = (
@@ -194,7 +195,7 @@ def _group(
     }
 
 
-def _submissions(root: Path, files: dict[str, PackageFile]) -> list[dict[str, Any]]:
+def _submissions(root: Path, files: Files) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     folder = root / "submissions"
     if not folder.is_dir():
@@ -214,7 +215,13 @@ def _submissions(root: Path, files: dict[str, PackageFile]) -> list[dict[str, An
     return out
 
 
-def read(root: Path, *, problem_id: str | None = None, time_limit: float | None = None) -> PackageDir:
+def read(
+    root: Path,
+    *,
+    problem_id: str | None = None,
+    time_limit: float | None = None,
+    bounds: ArchiveSettings | None = None,
+) -> PackageDir:
     """Validate an ICPC/Kattis package directory (reads and hashes its files)."""
     spec = read_yaml(root / "problem.yaml", empty_ok=True)
     version = str(spec.get("problem_format_version", LEGACY))
@@ -247,7 +254,7 @@ def read(root: Path, *, problem_id: str | None = None, time_limit: float | None 
         notes.append(f"no time limit in the package: {DEFAULT_TIME:g} s (give --time-limit, or .timelimit)")
     memory = int(_number(limits.get("memory", DEFAULT_MEMORY_MB), "problem.yaml: limits.memory"))
     output = int(_number(limits.get("output", DEFAULT_OUTPUT_MB), "problem.yaml: limits.output"))
-    files: dict[str, PackageFile] = {}
+    files = Files(root, bounds)
     grading = spec.get("grading") or {}
     inherited = dict(_DEFAULTS)
     if isinstance(grading, dict):

@@ -8,13 +8,14 @@ from typing import Any
 
 import yaml
 
+from ..config import ArchiveSettings
 from ..judges.checkers import InvalidChecker, parse_spec
 from ..judges.scoring import InvalidScoring, parse_scoring
 from .common import (
     MAX_TESTS,
+    Files,
     InvalidPackage,
     PackageDir,
-    PackageFile,
     add,
     check_id,
     inside,
@@ -41,7 +42,7 @@ def is_native(root: Path) -> bool:
     return isinstance(spec, dict) and "id" in spec
 
 
-def _program(spec: Any, where: str, root: Path, files: dict[str, PackageFile]) -> dict[str, Any]:
+def _program(spec: Any, where: str, root: Path, files: Files) -> dict[str, Any]:
     if not isinstance(spec, dict) or not isinstance(spec.get("source"), str):
         raise InvalidPackage(f"{where} must be an object with a 'source' file (and a 'language')")
     main = inside(root, spec["source"], f"{where}.source")
@@ -59,7 +60,7 @@ def _program(spec: Any, where: str, root: Path, files: dict[str, PackageFile]) -
     return program(main, language, files, beside=beside, protocol=protocol, std=spec.get("std"), where=where)
 
 
-def _tests(root: Path, files: dict[str, PackageFile]) -> list[dict[str, Any]]:
+def _tests(root: Path, files: Files) -> list[dict[str, Any]]:
     folder = root / "tests"
     inputs = sorted(folder.glob("*.in"), key=lambda p: natural(p.stem))
     if not inputs:
@@ -75,7 +76,7 @@ def _tests(root: Path, files: dict[str, PackageFile]) -> list[dict[str, Any]]:
     return out
 
 
-def read(root: Path) -> PackageDir:
+def read(root: Path, *, bounds: ArchiveSettings | None = None) -> PackageDir:
     """Validate a judgequeue package directory (reads and hashes its files)."""
     spec = read_yaml(root / MANIFEST_FILE)
     problem_id = check_id(spec.get("id"), "id")
@@ -85,7 +86,7 @@ def read(root: Path) -> PackageDir:
     limits = spec.get("limits", {})
     if not isinstance(limits, dict):
         raise InvalidPackage("limits must be a mapping (time, memory_mb, output_kb)")
-    files: dict[str, PackageFile] = {}
+    files = Files(root, bounds)
     tests = _tests(root, files)
     manifest: dict[str, Any] = {"format": "judgequeue", "limits": limits, "tests": tests}
     try:

@@ -28,12 +28,13 @@ import xml.etree.ElementTree as ET  # the uploader's own file; expat refuses ext
 from pathlib import Path
 from typing import Any
 
+from ..config import ArchiveSettings
 from ..judges.languages import LANGUAGES
 from .common import (
     MAX_TESTS,
+    Files,
     InvalidPackage,
     PackageDir,
-    PackageFile,
     add,
     check_id,
     inside,
@@ -94,7 +95,12 @@ def language_of(kind: str | None) -> tuple[str, str | None] | None:
     return (language, None) if language is not None else None
 
 
-def _source(root: Path, element: ET.Element | None, where: str, files: dict[str, PackageFile]) -> dict[str, Any]:
+def _source(
+    root: Path, element: ET.Element | None, where: str, files: Files, *, helper: bool = True
+) -> dict[str, Any]:
+    """A program of the package: a checker or interactor (``helper``: built with every file of its
+    directory, speaking testlib) or a solution (its source alone: the ``.desc`` files and the other
+    solutions beside it are no part of it)."""
     source = element.find("source") if element is not None else None
     if source is None or not source.get("path"):
         raise InvalidPackage(f"problem.xml: {where} has no <source path=...>")
@@ -103,7 +109,30 @@ def _source(root: Path, element: ET.Element | None, where: str, files: dict[str,
     if found is None:
         raise InvalidPackage(f"problem.xml: {where} is {source.get('type')!r}, a language this judge does not run")
     language, std = found
+    if not helper:
+        return program(main, language, files, std=std, where=where)
     return program(main, language, files, beside=siblings(main), protocol="testlib", std=std, where=where)
+
+
+#: A test path pattern as Polygon writes them: one ``%d`` conversion (``%02d``), ``%%`` for a percent sign.
+_PATTERN = re.compile(r"(?:[^%]|%%)*%[-0]?[0-9]{0,2}d(?:[^%]|%%)*")
+
+
+def path_pattern(text: str, which: str) -> str:
+    """A testset's ``input-path-pattern`` or ``answer-path-pattern``, refused unless it numbers
+    files inside the package (pure): one ``%d``, a relative path, no ``..``."""
+    if _PATTERN.fullmatch(text) is None:
+        raise InvalidPackage(
+            f"problem.xml: {which} {text!r} must number the tests with one %d (as tests/%02d does), and hold no "
+            "other % but %%"
+        )
+    parts = (text % 1).replace("\\", "/").split("/")
+    if text.startswith(("/", "\\")) or ".." in parts or re.match(r"[A-Za-z]:", text):
+        raise InvalidPackage(
+            f"problem.xml: {which} {text!r} leaves the package: a path pattern names files inside it (no '..', "
+            "not absolute)"
+        )
+    return text
 
 
 def _int(text: str | None, where: str) -> int:
@@ -164,7 +193,9 @@ def _scoring(testset: ET.Element, tests: list[ET.Element]) -> dict[str, Any]:
     return {"groups": groups, "test_points": values}
 
 
-def read(root: Path, *, problem_id: str | None = None) -> PackageDir:
+def read(
+    root: Path, *, problem_id: str | None = None, bounds: ArchiveSettings | None = None
+) -> PackageDir:
     """Validate a Polygon package directory (reads and hashes its files)."""
     try:
         doc = ET.parse(root / "problem.xml").getroot()
@@ -189,9 +220,9 @@ def read(root: Path, *, problem_id: str | None = None) -> PackageDir:
         raise InvalidPackage(f"problem.xml: test-count is {count} but {len(tests_el)} <test> elements are listed")
     if count > MAX_TESTS:
         raise InvalidPackage(f"{count} tests is more than {MAX_TESTS}")
-    input_pattern = testset.findtext("input-path-pattern") or "tests/%02d"
-    answer_pattern = testset.findtext("answer-path-pattern") or "tests/%02d.a"
-    files: dict[str, PackageFile] = {}
+    input_pattern = path_pattern(testset.findtext("input-path-pattern") or "tests/%02d", "input-path-pattern")
+    answer_pattern = path_pattern(testset.findtext("answer-path-pattern") or "tests/%02d.a", "answer-path-pattern")
+    files = Files(root, bounds)
     tests = []
     for i, t in enumerate(tests_el, 1):
         given, answer = root / (input_pattern % i), root / (answer_pattern % i)
@@ -225,11 +256,9 @@ def read(root: Path, *, problem_id: str | None = None) -> PackageDir:
     solutions = []
     for n, s in enumerate(assets.findall("solutions/solution") if assets is not None else []):
         try:
-            entry = _source(root, s, f"solution {n + 1}", files)
+            entry = _source(root, s, f"solution {n + 1}", files, helper=False)
         except InvalidPackage:
             continue  # a language this judge does not run: not recorded
-        entry.pop("protocol", None)
-        entry.pop("files", None)
         entry["name"] = str(s.find("source").get("path"))  # type: ignore[union-attr]
         tag = s.get("tag", "")
         if tag in TAGS:

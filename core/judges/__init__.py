@@ -8,6 +8,7 @@ worker start-up so a typo fails at once, listing what is installed.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
@@ -142,6 +143,15 @@ class UsesPackages(Protocol):
     def package_cache(self) -> tuple[str, int]: ...
 
     def attach_packages(self, source: PackageSource) -> None: ...
+
+
+@runtime_checkable
+class BuildsHelpers(Protocol):
+    """A judge that can build a package's checker and interactor before the package is stored, the
+    way it builds them to judge (the program judge): an upload refuses a package whose helpers do
+    not build, instead of storing one every submission of would be SYSTEM_ERROR."""
+
+    async def build_helpers(self, manifest: dict[str, Any], path_of: Callable[[str], Path]) -> dict[str, str]: ...
 
 
 class UnknownJudge(ConfigError):

@@ -49,7 +49,7 @@ import shutil
 import socket
 import stat
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -338,29 +338,10 @@ def package_problem(
     except (InvalidChecker, InvalidScoring) as exc:
         raise InvalidProgramPayload(f"{where}: {exc}") from None
 
-    def helper(name: str) -> Helper | None:
-        spec = manifest.get(name)
-        if not isinstance(spec, dict) or "file" not in spec:
-            return None
-        if spec.get("language") not in LANGUAGES:
-            raise InvalidProgramPayload(f"{where}: {name}.language {spec.get('language')!r} is not known here")
-        try:
-            std = parse_standard(LANGUAGES[spec["language"]], spec.get("std"))
-        except ValueError as exc:
-            raise InvalidProgramPayload(f"{where}: {name}.{exc}") from None
-        beside = tuple(sorted((str(n), path_of(str(d))) for n, d in (spec.get("files") or {}).items()))
-        units = tuple(str(u) for u in spec.get("units") or ())
-        # The build's identity: the main source, every file built or included with it, the standard.
-        identity = json.dumps([spec["file"], sorted((spec.get("files") or {}).items()), units, std])
-        return Helper(
-            spec["language"], path_of(spec["file"]), hashlib.sha256(identity.encode()).hexdigest(),
-            str(spec.get("protocol", "testlib")), beside, units, std,
-        )  # fmt: skip
-
-    custom = helper("checker") if checker.kind == "custom" else None
+    custom = package_helper(manifest, "checker", path_of, where) if checker.kind == "custom" else None
     if checker.kind == "custom" and custom is None:
         raise InvalidProgramPayload(f"{where}: checker: a custom checker needs its program file")
-    interactor = helper("interactor")
+    interactor = package_helper(manifest, "interactor", path_of, where)
     kind = kind or ("interactive" if interactor is not None else "batch")
     if kind not in KINDS or (kind == "interactive") != (interactor is not None):
         raise InvalidProgramPayload(f"{where}: type {kind!r} does not fit its interactor")
@@ -368,6 +349,30 @@ def package_problem(
     return Problem(
         cases, time_limit, memory_mb, output_kb, checker, scoring, custom, interactor, ref, fmt, kind, custom_score
     )
+
+
+def package_helper(
+    manifest: dict[str, Any], name: str, path_of: Callable[[str], Path], where: str
+) -> Helper | None:
+    """The program a package manifest names as its ``name`` (``checker``, ``interactor``), or None
+    when it names none (pure but for ``path_of``); InvalidProgramPayload naming the field."""
+    spec = manifest.get(name)
+    if not isinstance(spec, dict) or "file" not in spec:
+        return None
+    if spec.get("language") not in LANGUAGES:
+        raise InvalidProgramPayload(f"{where}: {name}.language {spec.get('language')!r} is not known here")
+    try:
+        std = parse_standard(LANGUAGES[spec["language"]], spec.get("std"))
+    except ValueError as exc:
+        raise InvalidProgramPayload(f"{where}: {name}.{exc}") from None
+    beside = tuple(sorted((str(n), path_of(str(d))) for n, d in (spec.get("files") or {}).items()))
+    units = tuple(str(u) for u in spec.get("units") or ())
+    # The build's identity: the main source, every file built or included with it, the standard.
+    identity = json.dumps([spec["file"], sorted((spec.get("files") or {}).items()), units, std])
+    return Helper(
+        spec["language"], path_of(spec["file"]), hashlib.sha256(identity.encode()).hexdigest(),
+        str(spec.get("protocol", "testlib")), beside, units, std,
+    )  # fmt: skip
 
 
 def run_limits(spec: Program | Problem, processes: int = 16) -> Limits:
@@ -790,7 +795,44 @@ class ProgramJudge:
         except LookupError as exc:  # problems.UnknownProblem: nothing a retry changes
             return Verdict("SYSTEM_ERROR", {"reason": str(exc)})
 
+    async def build_helpers(self, manifest: dict[str, Any], path_of: Callable[[str], Path]) -> dict[str, str]:
+        """Build a package's checker and interactor as judging one of its submissions would (the same
+        boxes, limits and compilers), before the package is stored: what does not build, by name
+        (``checker``, ``interactor``), with the compiler's words. A build that works is kept as
+        judging keeps one, so this worker's first submission of the package does not build it again."""
+        checker = manifest.get("checker")
+        helpers = []
+        failed: dict[str, str] = {}
+        for kind in ("interactor", "checker"):
+            if kind == "checker" and not (isinstance(checker, dict) and checker.get("type") == "custom"):
+                continue  # a built-in checker: nothing to build
+            try:
+                found = package_helper(manifest, kind, path_of, "the package")
+            except InvalidProgramPayload as exc:
+                failed[kind] = str(exc)
+                continue
+            if found is not None:
+                helpers.append((kind, found))
+        if not helpers:
+            return failed
+        async with self._slot() as box:
+            deadline = time.monotonic() + self.settings.budget
+            for kind, helper in helpers:
+                directory = box.helper_dir if kind == "interactor" else box.check_dir
+                prepared = await self._prepare_helper(helper, box, deadline, directory, box.helper_group)
+                if isinstance(prepared, Verdict):
+                    details = prepared.details
+                    failed[kind] = str(details.get("output") or details.get("reason") or prepared.status)
+        return failed
+
     async def _judge_with(self, program: Program, problem: Problem) -> Verdict:
+        async with self._slot() as box:
+            await asyncio.to_thread(self._make_dir, box.dir, box.uid)
+            return await self._judge_in(program, problem, box)
+
+    @contextlib.asynccontextmanager
+    async def _slot(self) -> AsyncIterator[_Box]:
+        """A free slot's box (its uid, directories and groups), given back clean."""
         slot = await self._free.get()
         uid = self.uid_base + slot
         named = f"{self.group_prefix}{slot}"
@@ -808,8 +850,7 @@ class ProgramJudge:
             check_dir,
         )  # fmt: skip
         try:
-            await asyncio.to_thread(self._make_dir, box.dir, uid)
-            return await self._judge_in(program, problem, box)
+            yield box
         finally:
             await asyncio.shield(box.tests.close())
             await asyncio.shield(box.checks.close())

@@ -711,8 +711,9 @@ DELETE FROM judgequeue.legacy_verdicts l USING doomed WHERE l.submission_id = do
 SELECT true FROM judgequeue.problem_files WHERE sha256 = $1
 
 -- name: problem_file_insert
--- Store a package file's header.
+-- Store a package file's header; no row when it is stored already.
 INSERT INTO judgequeue.problem_files (sha256, size, chunks) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING
+RETURNING true
 
 -- name: problem_chunk_insert
 -- Store one chunk of a package file.

@@ -67,6 +67,21 @@ async def status_counts(db: Db) -> dict[str, int]:
     return {r["status"]: int(r["n"]) for r in rows}
 
 
+async def problem_tables(db: Db) -> dict[str, tuple[int, int]]:
+    """What the problem package tables hold: (rows, bytes) of files, chunks and packages. Two equal
+    snapshots around a refused upload mean it stored nothing."""
+    files = await db.fetchrow("SELECT count(*), coalesce(sum(size), 0) FROM judgequeue.problem_files")
+    chunks = await db.fetchrow("SELECT count(*), coalesce(sum(octet_length(data)), 0) FROM judgequeue.problem_chunks")
+    packages = await db.fetchrow(
+        "SELECT count(*), coalesce(sum(octet_length(manifest::text)), 0) FROM judgequeue.problems"
+    )
+    return {
+        name: (int(row[0]), int(row[1]))
+        for name, row in (("problem_files", files), ("problem_chunks", chunks), ("problems", packages))
+        if row is not None
+    }
+
+
 async def create_queue_at(dsn: str, queue: str, **options: Any) -> None:
     """Create ``queue`` in the database at ``dsn`` (one short connection)."""
     async with connection(dsn) as conn:

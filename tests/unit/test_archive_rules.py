@@ -12,8 +12,8 @@ import problemtools
 import pytest
 import yaml
 
-from judgequeue.core.archives import kattis, polygon
-from judgequeue.core.archives.common import InvalidPackage, program
+from judgequeue.core.archives import kattis, polygon, zipped
+from judgequeue.core.archives.common import Files, InvalidPackage, program
 from judgequeue.core.judges.checkers import (
     CheckerSpec,
     CheckResult,
@@ -246,12 +246,61 @@ def test_polygon_source_types_are_rows_of_the_table_with_the_standard_they_name(
 def test_a_package_program_names_a_row_and_a_standard_it_has(tmp_path: Path) -> None:
     main = tmp_path / "check.cpp"
     main.write_text("int main() {}\n")
-    entry = program(main, "cpp", {}, std="c++20", where="checker")
+    entry = program(main, "cpp", Files(tmp_path), std="c++20", where="checker")
     assert (entry["language"], entry["std"]) == ("cpp", "c++20")
-    assert "std" not in program(main, "cpp", {}, where="checker")  # the row's default
+    assert "std" not in program(main, "cpp", Files(tmp_path), where="checker")  # the row's default
     with pytest.raises(InvalidPackage, match="checker: std must be one of c\\+\\+11"):
-        program(main, "cpp", {}, std="c++98", where="checker")
+        program(main, "cpp", Files(tmp_path), std="c++98", where="checker")
     with pytest.raises(InvalidPackage, match="checker: std: python has no standard to choose"):
-        program(main, "python", {}, std="c++17", where="checker")
+        program(main, "python", Files(tmp_path), std="c++17", where="checker")
     with pytest.raises(InvalidPackage, match="checker: language 'csharp' is not offered here: "):
-        program(main, "csharp", {}, where="checker")
+        program(main, "csharp", Files(tmp_path), where="checker")
+
+
+@pytest.mark.parametrize("pattern", ["tests/%02d", "tests/%02d.a", "tests/%d", "t%%/%03d.in", "%d"])
+def test_a_polygon_path_pattern_numbers_files_inside_the_package(pattern: str) -> None:
+    assert polygon.path_pattern(pattern, "input-path-pattern") == pattern
+
+
+@pytest.mark.parametrize(
+    ("pattern", "error"),
+    [
+        ("tests/01", "must number the tests with one %d"),
+        ("tests/%s", "must number the tests with one %d"),
+        ("tests/%d/%d", "must number the tests with one %d"),
+        ("tests/%d%", "must number the tests with one %d"),
+        ("../../outside/%02d", "leaves the package"),
+        ("tests/../../%02d", "leaves the package"),
+        ("/etc/%02d", "leaves the package"),
+        ("C:/tests/%02d", "leaves the package"),
+        ("..\\tests\\%02d", "leaves the package"),
+    ],
+)
+def test_a_polygon_path_pattern_that_leaves_the_package_is_refused(pattern: str, error: str) -> None:
+    with pytest.raises(InvalidPackage, match=f"^problem.xml: input-path-pattern {re.escape(repr(pattern))} {error}"):
+        polygon.path_pattern(pattern, "input-path-pattern")
+
+
+@pytest.mark.parametrize(
+    ("name", "parts"),
+    [("problem.xml", ("problem.xml",)), ("./tests//01", ("tests", "01")), ("echo-3/tests/", ("echo-3", "tests"))],
+)
+def test_a_zip_entry_names_a_path_under_the_package(name: str, parts: tuple[str, ...]) -> None:
+    assert zipped.entry_parts(name, "p.zip") == parts
+
+
+@pytest.mark.parametrize(
+    ("name", "error"),
+    [
+        ("../x", "climbs out of the package"),
+        ("a/../../x", "climbs out of the package"),
+        ("/etc/passwd", "is an absolute name"),
+        ("C:/x", "is an absolute name"),
+        ("a\\..\\x", "holds a backslash or NUL"),
+        ("a\x00b", "holds a backslash or NUL"),
+        ("./", "has no name"),
+    ],
+)
+def test_a_zip_entry_that_leaves_the_package_is_refused(name: str, error: str) -> None:
+    with pytest.raises(InvalidPackage, match=f"^p.zip: .*{error}"):
+        zipped.entry_parts(name, "p.zip")

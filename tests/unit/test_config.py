@@ -9,13 +9,16 @@ import pytest
 from judgequeue.core.config import (
     DIRECT_INTAKE_MAX_WORKERS,
     INTAKES,
+    ArchiveSettings,
     IntakeChoice,
     WorkerSettings,
     intake_for_fleet,
+    load_archive_settings,
     load_settings,
     parse_variable,
 )
 from judgequeue.core.errors import ConfigError
+from judgequeue.core.judges.isolation import CACHE_MB_VAR, JudgeSettings, load_judge_settings
 
 BASE = {
     "JUDGEQUEUE_POSTGRES_DSN": "postgresql://u:secret@db/x",
@@ -109,3 +112,48 @@ def test_tools_read_a_connection_from_its_file_as_the_roles_do(tmp_path: Path) -
         resolve(args, {**env, "JUDGEQUEUE_POSTGRES_DSN": "postgresql://u@db/x"}, "JUDGEQUEUE_POSTGRES_DSN")
     with pytest.raises(ConfigError, match="JUDGEQUEUE_POSTGRES_DSN_FILE='/nonexistent': cannot read"):
         resolve(args, {"JUDGEQUEUE_POSTGRES_DSN_FILE": "/nonexistent"}, "JUDGEQUEUE_POSTGRES_DSN")
+
+
+def test_archive_bounds_default_to_what_a_worker_cache_holds() -> None:
+    assert load_archive_settings({}) == ArchiveSettings(256, 1024, 1100)
+    # The judge's cache bound and its default agree with the archive bound's.
+    assert CACHE_MB_VAR == "JUDGEQUEUE_PROBLEM_CACHE_MB"
+    judge = JudgeSettings().problem_cache_mb
+    assert judge == load_judge_settings({}).problem_cache_mb == ArchiveSettings().max_package_mb
+    smaller = load_archive_settings({"JUDGEQUEUE_PROBLEM_CACHE_MB": "512"})
+    assert (smaller.max_package_mb, smaller.max_package_bytes) == (512, 512 << 20)
+    mine = load_archive_settings({"JUDGEQUEUE_ARCHIVE_MAX_FILE_MB": " 8 ", "JUDGEQUEUE_ARCHIVE_MAX_PACKAGE_MB": "64",
+                                  "JUDGEQUEUE_ARCHIVE_MAX_RATIO": "50"})  # fmt: skip
+    assert mine == ArchiveSettings(8, 64, 50) and mine.max_file_bytes == 8 << 20
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"JUDGEQUEUE_ARCHIVE_MAX_FILE_MB": "0"}, r"^JUDGEQUEUE_ARCHIVE_MAX_FILE_MB='0' is invalid: must be"),
+        ({"JUDGEQUEUE_ARCHIVE_MAX_RATIO": "lots"}, r"^JUDGEQUEUE_ARCHIVE_MAX_RATIO='lots' is invalid"),
+        ({"JUDGEQUEUE_ARCHIVE_MAX_PACKAGE_MB": "1.5"}, r"^JUDGEQUEUE_ARCHIVE_MAX_PACKAGE_MB='1.5' is invalid"),
+        ({"JUDGEQUEUE_PROBLEM_CACHE_MB": "-1"}, r"^JUDGEQUEUE_PROBLEM_CACHE_MB='-1' is invalid"),
+        ({"JUDGEQUEUE_ARCHIVE_MAX_PACKAGE_MB": "2048"},
+         r"^JUDGEQUEUE_ARCHIVE_MAX_PACKAGE_MB \(2048 MiB\) is more than JUDGEQUEUE_PROBLEM_CACHE_MB \(1024 MiB, its "
+         r"default\): a worker's cache could never hold such a package"),
+        ({"JUDGEQUEUE_ARCHIVE_MAX_PACKAGE_MB": "600", "JUDGEQUEUE_PROBLEM_CACHE_MB": "512"},
+         r"\(600 MiB\) is more than JUDGEQUEUE_PROBLEM_CACHE_MB \(512 MiB\)"),
+        ({"JUDGEQUEUE_ARCHIVE_MAX_FILE_MB": "300", "JUDGEQUEUE_ARCHIVE_MAX_PACKAGE_MB": "200"},
+         r"^JUDGEQUEUE_ARCHIVE_MAX_FILE_MB \(300 MiB\) is more than JUDGEQUEUE_ARCHIVE_MAX_PACKAGE_MB \(200 MiB\)$"),
+    ],
+)
+def test_a_bad_archive_bound_is_one_line_naming_it(env: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message) as caught:
+        load_archive_settings(env)
+    assert "\n" not in str(caught.value)
+
+
+def test_a_bad_archive_bound_given_as_a_flag_is_named_as_the_flag() -> None:
+    def flag(variable: str) -> str:
+        return "--" + variable.removeprefix("JUDGEQUEUE_").lower().replace("_", "-")
+
+    with pytest.raises(ConfigError, match=r"^--archive-max-file-mb='none' is invalid"):
+        load_archive_settings({}, {"JUDGEQUEUE_ARCHIVE_MAX_FILE_MB": "none"}, override_name=flag)
+    with pytest.raises(ConfigError, match=r"^--archive-max-package-mb \(4096 MiB\) is more than"):
+        load_archive_settings({}, {"JUDGEQUEUE_ARCHIVE_MAX_PACKAGE_MB": "4096"}, override_name=flag)
