@@ -59,7 +59,7 @@ Status = dict[str, Any]
 Log = logging.Logger | logging.LoggerAdapter[Any]
 
 #: Degraded reasons that stop the autoscaler: scaling a fleet that cannot run, or is not ours, helps nobody.
-NO_AUTOSCALE = ("QueueOwned", "RoleMisconfigured", "ChildRefused", "PodsRefused")
+NO_AUTOSCALE = ("QueueOwned", "RoleMisconfigured", "ChildRefused", "PodsRefused", "ImagePullFailed")
 
 
 @dataclass(frozen=True)
@@ -159,13 +159,15 @@ async def _connections(api: KubeApi, namespace: str, spec: JudgeQueueSpec) -> Co
 async def _pod_states(
     api: KubeApi, owner: Owner, roles: list[conditions.RoleAvailability],
 ) -> tuple[list[conditions.PodFailure], list[conditions.PodWaiting]]:
-    """Why each role short of replicas is short, read from its pods: the last termination message (an
-    uninstalled judge plugin), or why a pod does not run yet (unschedulable, an image that cannot be
-    pulled). Best effort: an API error (say, RBAC without ``pods: list``) leaves status at the counts."""
+    """Why each role whose rollout is not done is not, read from the pods of its current template
+    (:func:`conditions.current_pods`: in a rollout, the new ones): the last termination message of
+    a crashing container (an uninstalled judge plugin), or why a pod does not run yet (unschedulable,
+    an image that cannot be pulled). Best effort: an API error (say, RBAC without ``pods: list``)
+    leaves status at the counts."""
     failures: list[conditions.PodFailure] = []
     waits: list[conditions.PodWaiting] = []
     for role in roles:
-        if not role.exists or role.available >= role.desired:
+        if not role.exists or role.complete:
             continue
         labels = {**selector_labels(owner.name), "app.kubernetes.io/component": role.role}
         selector = ",".join(f"{k}={v}" for k, v in labels.items())
@@ -174,12 +176,11 @@ async def _pod_states(
         except KubeError as exc:
             log_problem(_jq(owner), f"cannot read {role.role} pods for why they are unavailable: {exc}")
             continue
-        failure = conditions.last_failure(role.role, pods)
+        current = conditions.current_pods(role, pods)
+        failure = conditions.failing(role.role, current)
         if failure is not None:
             failures.append(failure)
-        wait = conditions.waiting(role.role, pods)
-        if wait is not None:
-            waits.append(wait)
+        waits += conditions.waiting_pods(role.role, current)
     return failures, waits
 
 
