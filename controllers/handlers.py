@@ -37,7 +37,7 @@ from judgequeue.core.queues import release_queue
 from judgequeue.core.redis_url import validate_redis_url
 from judgequeue.core.spec import JudgeQueueSpec, fleet_intake, parse_spec
 
-from . import autoscale, conditions, cutover
+from . import autoscale, conditions, cutover, redact
 from .actions import log_action, log_problem
 from .children import Verified, sync_child
 from .conditions import Problem
@@ -110,6 +110,7 @@ def warn_event(state: OperatorState, body: Mapping[str, Any], reason: str, messa
     admission, a missing Secret) would be visible only in the operator's logs. The same reason and
     message are posted at most once a minute per object, so a retry loop does not flood the API.
     """
+    message = redact.redact(message)
     key = (str(body["metadata"].get("uid", "")), reason)
     now = time.monotonic()
     last = state.warned.get(key)
@@ -117,6 +118,43 @@ def warn_event(state: OperatorState, body: Mapping[str, Any], reason: str, messa
         return
     state.warned[key] = (message, now)
     kopf.warn(cast(kopf.Body, body), reason=reason, message=message[:1000])
+
+
+def normal_event(body: Mapping[str, Any], reason: str, message: str) -> None:
+    """Post a Normal Event on the JudgeQueue (scrubbed like every Event)."""
+    kopf.event(cast(kopf.Body, body), type="Normal", reason=reason, message=redact.redact(message)[:1000])
+
+
+#: Conditions in their unwelcome state for these reasons are no failure: a rollout or a start in
+#: progress, a flip waiting for open submits.
+BENIGN_REASONS = ("RollingOut", "ReplicasUnavailable", "ChildrenMissing", "PodsPending", "WaitingForSubmits")
+
+
+def failing_condition(cond: Mapping[str, Any]) -> bool:
+    """True when ``cond`` reports a failure: Degraded True, Ready or CutoverApplied False, or
+    Progressing False other than for a finished rollout, for a reason that is not benign."""
+    kind, status, reason = cond.get("type"), cond.get("status"), cond.get("reason")
+    unwelcome = (status == "True") if kind == "Degraded" else (
+        status == "False" and (kind != "Progressing" or reason != "Reconciled"))
+    return unwelcome and reason not in BENIGN_REASONS
+
+
+def announce(state: OperatorState, body: Mapping[str, Any], previous: Any, current: Any) -> None:
+    """One Event per condition change (its status or reason moved), with the condition's reason and
+    message: a Warning when it now reports a failure (:func:`failing_condition`), else Normal, so
+    ``kubectl describe jq`` tells the story of a JudgeQueue, failures and recoveries alike. Warnings
+    go through :func:`warn_event` (the one a reconcile step posted for the same failure is not
+    posted twice)."""
+    before = {c.get("type"): c for c in previous or ()}
+    for cond in current or ():
+        old = before.get(cond.get("type")) or {}
+        if (old.get("status"), old.get("reason")) == (cond.get("status"), cond.get("reason")):
+            continue
+        reason, message = str(cond.get("reason") or cond.get("type")), str(cond.get("message") or "")
+        if failing_condition(cond):
+            warn_event(state, body, reason, message)
+        else:
+            normal_event(body, reason, message)
 
 
 @dataclass(frozen=True)
@@ -221,12 +259,13 @@ async def _apply_children(
         elif synced.action == "replace":
             paths = ", ".join(d.path for d in synced.diffs[:12])
             why = "changed outside the spec" if synced.drift else "the spec changed"
+            shown = [redact.difference(d) for d in synced.diffs]  # someone's env var may hold a password
             log_action("replace", what, f"{why}: {paths}", judgequeue=_jq(owner),
-                       diff=[d.describe(400) for d in synced.diffs])
+                       diff=[d.describe(400) for d in shown])
             if synced.drift:
                 warn_event(state, body, "DriftReverted",
                            f"{what}: reverted changes made outside the spec: "
-                           + "; ".join(d.describe() for d in synced.diffs[:12]))
+                           + "; ".join(d.describe() for d in shown[:12]))
     rendered = {(c.kind, c.name) for c in desired}
     for kind, name in optional_children(owner):
         if (kind, name) in rendered:
@@ -360,6 +399,8 @@ async def reconcile(
             message = f"cannot read the backlog of queue {parsed.queue!r}: {exc!r}"
             problems.append(Problem("BacklogUnavailable", message))
             log_problem(jq, message)
+    for problem in problems:  # each failure a Warning Event of its own (at most once a minute while it lasts)
+        warn_event(state, body, problem.reason, problem.message)
     new_status["conditions"] = conditions.merge_conditions(
         status.get("conditions"), [ready, progressing, conditions.degraded(problems), sync.condition],
         generation=generation, now=_now())
@@ -452,7 +493,7 @@ async def autoscale_workers(
         message = f"workers {current} -> {decision.replicas}: {decision.reason}"
         log_action("scale", f"Deployment {name}", message, judgequeue=_jq(owner),
                    fields={"replicas": decision.replicas, "from": current})
-        kopf.event(cast(kopf.Body, body), type="Normal", reason=reason, message=message)
+        normal_event(body, reason, message)
         result["workers"] = _workers_status(spec, owner, scaled)
     return result
 
@@ -470,8 +511,9 @@ async def safe_reconcile(body: Mapping[str, Any], state: OperatorState, *, tick:
     ``ReconcileFailed``, the error's own message) instead of a status left as it was. The Kubernetes
     API being out of reach (no status can be written then) is raised for Kopf to retry."""
     meta = body["metadata"]
+    previous = (body.get("status") or {}).get("conditions")
     try:
-        return await reconcile(body, state, tick=tick)
+        new_status = await reconcile(body, state, tick=tick)
     except KubeError as exc:
         if not exc.refused:
             raise
@@ -479,9 +521,16 @@ async def safe_reconcile(body: Mapping[str, Any], state: OperatorState, *, tick:
     except Exception as exc:  # a bug must show in status, not only in the logs
         logging.getLogger(__name__).exception("reconcile failed")
         message = f"{type(exc).__name__}: {exc}"
+    else:
+        new_status = redact.redact_tree(new_status)  # status quotes others' words: never a secret
+        announce(state, body, previous, new_status.get("conditions"))
+        return cast(Status, new_status)
     warn_event(state, body, "ReconcileFailed", message)
     log_problem(f"{meta['namespace']}/{meta['name']}", f"reconcile failed: {message}", level=logging.ERROR)
-    return _refused(body.get("status") or {}, int(meta.get("generation", 0)), Problem("ReconcileFailed", message))
+    new_status = redact.redact_tree(_refused(body.get("status") or {}, int(meta.get("generation", 0)),
+                                             Problem("ReconcileFailed", message)))
+    announce(state, body, previous, new_status.get("conditions"))
+    return cast(Status, new_status)
 
 
 async def release(body: Mapping[str, Any], state: OperatorState) -> None:
