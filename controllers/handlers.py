@@ -33,7 +33,7 @@ from redis.exceptions import RedisError
 from judgequeue.core.backlog import Backlog, read_backlog
 from judgequeue.core.connect import connect_postgres, redis_client
 from judgequeue.core.errors import JudgeQueueError
-from judgequeue.core.queues import release_queue
+from judgequeue.core.queues import listen_queues, release_queue
 from judgequeue.core.redis_url import validate_redis_url
 from judgequeue.core.spec import JudgeQueueSpec, fleet_intake, parse_spec
 
@@ -558,6 +558,99 @@ async def release(body: Mapping[str, Any], state: OperatorState) -> None:
         log_action("release", f"queue {queue}", "the JudgeQueue is deleted", judgequeue=_jq(owner))
 
 
+async def refresh(state: OperatorState, meta: Mapping[str, Any], *, tick: bool) -> None:
+    """One pass over the JudgeQueue as it is now, its status written: the timer's (``tick``: with the
+    backlog and autoscaling), or one for its queue row changed in Postgres. Skipped while a change
+    handler has not processed the current generation (it owns the next step)."""
+    jq = f"{meta['namespace']}/{meta['name']}"
+    what = "timer" if tick else "queue row changed"
+    async with state.lock(meta["uid"]):
+        try:
+            fresh = await state.api.get(KIND_REFS["JudgeQueue"], meta["namespace"], meta["name"])
+        except KubeError as exc:
+            log_problem(jq, f"{what}: pass skipped: {exc}")
+            return
+        if fresh is None or fresh["metadata"].get("deletionTimestamp"):
+            return
+        status = fresh.get("status") or {}
+        if int(fresh["metadata"].get("generation", 0)) != int(status.get("observedGeneration", -1)):
+            return
+        try:
+            new_status = await safe_reconcile(fresh, state, tick=tick)
+        except KubeError as exc:
+            log_problem(jq, f"{what}: Kubernetes API: {exc}")
+            return
+        # Written here, under the lock, so this pass's status never lands after a newer change's.
+        try:
+            await state.api.patch(KIND_REFS["JudgeQueue"], meta["namespace"], meta["name"],
+                                  {"status": new_status}, subresource="status")
+        except KubeError as exc:
+            log_problem(jq, f"{what}: status not written: {exc}")
+
+
+async def _row_source(state: OperatorState, body: Mapping[str, Any]) -> tuple[str, str] | None:
+    """Where to LISTEN for the JudgeQueue's queue row: (DSN, queue). The spec's direct listen DSN,
+    else its DSN when that reaches Postgres itself; None behind a transaction pooler without a listen
+    DSN (LISTEN cannot work there) or while the spec or its Secret is not usable."""
+    meta = body["metadata"]
+    parsed = parse_spec(body.get("spec"), name=meta["name"])
+    if isinstance(parsed, list):
+        return None
+    ref = parsed.postgres_listen
+    if ref is None and parsed.postgres_pooler == "transaction":
+        return None
+    ref = ref or parsed.postgres
+    try:
+        return await state.api.secret_value(meta["namespace"], ref.name, ref.key), parsed.queue
+    except (SecretNotFound, KubeError):
+        return None
+
+
+async def follow_queue_row(state: OperatorState, body: Mapping[str, Any], stopped: Any) -> None:
+    """Hold a LISTEN (:func:`judgequeue.core.queues.listen_queues`) for the JudgeQueue's queue row and
+    make a pass (:func:`refresh`) as soon as its flags or owner change, whoever changed them, so status
+    and the row never disagree for a timer's interval. Runs for as long as the JudgeQueue exists (a
+    Kopf daemon); listens again when the connection drops or the DSN or queue changes. Where it cannot
+    listen (behind a transaction pooler without ``spec.postgres.listen``), the timer alone keeps the row."""
+    interval = state.config.interval
+    meta = body["metadata"]
+    while not stopped:
+        source = await _row_source(state, body)
+        if source is None:
+            await asyncio.sleep(interval)
+            continue
+        dsn, queue = source
+        try:
+            conn = await connect_postgres(dsn, timeout=state.config.db_timeout)
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError, JudgeQueueError) as exc:
+            log_problem(_jq(_owner(body)), f"queue {queue}: cannot listen for its row ({redact.redact(repr(exc))});"
+                        f" the timer keeps it", level=logging.DEBUG)
+            await asyncio.sleep(interval)
+            continue
+        heard = asyncio.Event()
+
+        def on_change(name: str, queue: str = queue, heard: asyncio.Event = heard) -> None:
+            if name == queue:
+                heard.set()
+
+        try:
+            await listen_queues(conn, on_change)
+            while not stopped and not conn.is_closed():
+                try:
+                    await asyncio.wait_for(heard.wait(), timeout=interval)
+                except TimeoutError:
+                    if await _row_source(state, body) != source:
+                        break  # another DSN or queue: listen there
+                    continue
+                heard.clear()
+                await refresh(state, meta, tick=False)
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            log_problem(_jq(_owner(body)), f"queue {queue}: listening stopped ({redact.redact(repr(exc))})",
+                        level=logging.DEBUG)
+        finally:
+            conn.terminate()
+
+
 def build_registry(
     state: OperatorState,
     *,
@@ -611,28 +704,10 @@ def build_registry(
 
     @kopf.timer(GROUP, VERSION, PLURAL, interval=state.config.interval, registry=registry)
     async def tick(body: kopf.Body, **_: Any) -> None:
-        meta = body["metadata"]
-        async with state.lock(meta["uid"]):
-            try:
-                fresh = await state.api.get(KIND_REFS["JudgeQueue"], meta["namespace"], meta["name"])
-            except KubeError as exc:
-                log_problem(f"{meta['namespace']}/{meta['name']}", f"timer skipped: {exc}")
-                return
-            if fresh is None or fresh["metadata"].get("deletionTimestamp"):
-                return
-            status = fresh.get("status") or {}
-            if int(fresh["metadata"].get("generation", 0)) != int(status.get("observedGeneration", -1)):
-                return  # a change handler has not processed this generation yet: it owns the next step
-            try:
-                new_status = await safe_reconcile(fresh, state, tick=True)
-            except KubeError as exc:
-                log_problem(f"{meta['namespace']}/{meta['name']}", f"timer: Kubernetes API: {exc}")
-                return
-            # Written here, under the lock, so a tick's status never lands after a newer change's.
-            try:
-                await state.api.patch(KIND_REFS["JudgeQueue"], meta["namespace"], meta["name"],
-                                      {"status": new_status}, subresource="status")
-            except KubeError as exc:
-                log_problem(f"{meta['namespace']}/{meta['name']}", f"timer: status not written: {exc}")
+        await refresh(state, body["metadata"], tick=True)
+
+    @kopf.daemon(GROUP, VERSION, PLURAL, registry=registry, cancellation_timeout=1.0)
+    async def follow_row(body: kopf.Body, stopped: kopf.DaemonStopped, **_: Any) -> None:
+        await follow_queue_row(state, body, stopped)
 
     return registry
