@@ -121,6 +121,18 @@ async def release_queue(conn: asyncpg.Connection, name: str, owner: str) -> bool
     return bool(await conn.fetchval(sql.query("queue_release"), name, owner))
 
 
+async def owned_queues(conn: asyncpg.Connection, owner: str) -> list[str]:
+    """The names of the queues ``owner`` holds."""
+    return [str(r["name"]) for r in await conn.fetch(sql.query("queue_owned_by"), owner)]
+
+
+async def take_back_queue(conn: asyncpg.Connection, name: str, owner: str, usurper: str) -> bool:
+    """Make ``owner`` the owner again of a queue whose owner was set to ``usurper`` by hand (only
+    while ``usurper`` holds it); False if someone else holds it by now. Ownership changes hands
+    through :func:`release_queue` and :func:`claim_queue`, never directly from one owner to another."""
+    return bool(await conn.fetchval(sql.query("queue_take_back"), name, owner, usurper))
+
+
 _UNSET: object = object()
 
 
