@@ -33,7 +33,7 @@ from redis.exceptions import RedisError
 from judgequeue.core.backlog import Backlog, read_backlog
 from judgequeue.core.connect import connect_postgres, redis_client
 from judgequeue.core.errors import JudgeQueueError
-from judgequeue.core.queues import listen_queues, release_queue
+from judgequeue.core.queues import listen_queues, owned_queues, release_queue
 from judgequeue.core.redis_url import validate_redis_url
 from judgequeue.core.spec import JudgeQueueSpec, fleet_intake, parse_spec
 
@@ -59,7 +59,7 @@ Status = dict[str, Any]
 Log = logging.Logger | logging.LoggerAdapter[Any]
 
 #: Degraded reasons that stop the autoscaler: scaling a fleet that cannot run, or is not ours, helps nobody.
-NO_AUTOSCALE = ("QueueOwned", "RoleMisconfigured", "ChildRefused", "PodsRefused", "ImagePullFailed")
+NO_AUTOSCALE = ("QueueOwned", "QueueHandedOver", "RoleMisconfigured", "ChildRefused", "PodsRefused", "ImagePullFailed")
 
 
 @dataclass(frozen=True)
@@ -279,6 +279,64 @@ async def _apply_children(
     return result, problems
 
 
+FLEET = ("dispatcher", "worker", "reaper", SHADOW_WORKER)
+
+
+async def _stop_fleet(state: OperatorState, owner: Owner, why: str) -> None:
+    """Scale every Deployment of this JudgeQueue to zero (a JudgeQueue that does not own its queue
+    runs nothing on it); creates nothing."""
+    verified = state.verified.get(owner.uid, {})
+    for role in FLEET:
+        name = f"{owner.name}-{role}"
+        live = await state.api.get(KIND_REFS["Deployment"], owner.namespace, name)
+        if live is None or not _owned_by(live, owner) or int((live.get("spec") or {}).get("replicas", 1)) == 0:
+            continue
+        current = int(live["spec"].get("replicas", 1))
+        await state.api.patch(KIND_REFS["Deployment"], owner.namespace, name, {"spec": {"replicas": 0}})
+        verified.pop(name, None)
+        log_action("scale", f"Deployment {name}", f"{role}s {current} -> 0: {why}", judgequeue=_jq(owner),
+                   fields={"replicas": 0, "from": current})
+
+
+async def _queues_in_use(state: OperatorState, owner: Owner) -> set[str] | None:
+    """The queues this JudgeQueue's pods run on (``JUDGEQUEUE_QUEUE`` of each, terminating ones
+    included); None when its pods cannot be read."""
+    selector = ",".join(f"{k}={v}" for k, v in selector_labels(owner.name).items())
+    try:
+        pods = await state.api.list_objects(PODS, owner.namespace, label_selector=selector)
+    except KubeError as exc:
+        log_problem(_jq(owner), f"cannot read the pods to see which queues they run on: {exc}")
+        return None
+    return {str(env.get("value")) for pod in pods for container in (pod.get("spec") or {}).get("containers") or ()
+            for env in container.get("env") or () if env.get("name") == "JUDGEQUEUE_QUEUE"}
+
+
+async def _release_abandoned(state: OperatorState, owner: Owner, conns: Connections, queues: list[str]) -> None:
+    """Release the queues this JudgeQueue still holds but its spec no longer names (``spec.queue``
+    renamed), each once none of its pods runs on it any more: until then the old pods still serve it,
+    and a JudgeQueue waiting for it must not start a second fleet there. The handoff of a renamed
+    queue is thus: claim the new one, roll the pods over (or, when the new one is taken, scale to
+    zero), release the old one when its last pod is gone."""
+    if not queues:
+        return
+    in_use = await _queues_in_use(state, owner)
+    free = [q for q in queues if in_use is not None and q not in in_use]
+    if not free:
+        return
+    try:
+        conn = await connect_postgres(conns.postgres_dsn, pooler=conns.pooler, timeout=state.config.db_timeout)
+    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError, JudgeQueueError) as exc:
+        log_problem(_jq(owner), f"cannot release {', '.join(free)} yet: {exc!r}")
+        return
+    try:
+        for queue in free:
+            if await release_queue(conn, queue, queue_owner(owner)):
+                log_action("release", f"queue {queue}", "spec.queue names another queue now and no pod of this"
+                           " JudgeQueue runs on it any more", judgequeue=_jq(owner))
+    finally:
+        await conn.close()
+
+
 def _owned_by(obj: Mapping[str, Any], owner: Owner) -> bool:
     refs = obj.get("metadata", {}).get("ownerReferences") or []
     return any(r.get("uid") == owner.uid and r.get("controller") for r in refs)
@@ -352,12 +410,17 @@ async def reconcile(
     sync = await cutover.sync_queue(
         conns.postgres_dsn, parsed, owner=queue_owner(owner), previous=status.get("cutover") or {},
         generation=generation, connect_timeout=state.config.db_timeout, pooler=conns.pooler,
-        previous_message=str(applied.get("message", "")))
+        previous_message=str(applied.get("message", "")), previous_reason=str(applied.get("reason", "")))
     _log_sync(sync, parsed, owner, body, state)
     if sync.owned_by is not None or (sync.problem is not None and sync.problem.reason == "DatabaseUnavailable"
                                      and not _claimed_before(status, parsed, owner)):
-        # Another JudgeQueue owns the queue, or ownership cannot be checked yet: write nothing.
+        # Another JudgeQueue owns the queue, or ownership cannot be checked yet: write nothing. A fleet
+        # this one ran (on a queue taken from it, or before its spec.queue named the other's) stops.
         assert sync.problem is not None
+        if sync.owned_by is not None:
+            await _stop_fleet(state, owner, f"queue {parsed.queue} belongs to {sync.owned_by}" if sync.owned_by
+                              else sync.problem.message)
+            await _release_abandoned(state, owner, conns, sync.also_owned)
         refused = _refused(status, generation, sync.problem)
         refused["conditions"] = conditions.merge_conditions(
             refused["conditions"], [sync.condition, conditions.Condition(
@@ -373,6 +436,7 @@ async def reconcile(
     row_mode = (sync.status or status.get("cutover") or {}).get("mode") or parsed.cutover.mode
     children, problems = await _apply_children(state, body, parsed, owner, keep_live_workers=handoff.keep_live,
                                                shadow_mode=row_mode == "shadow")
+    await _release_abandoned(state, owner, conns, sync.also_owned)
     components = ["dispatcher", "worker", "reaper"] + ([SHADOW_WORKER] if parsed.worker.shadow.enabled else [])
     roles = [conditions.availability(r, children.get(f"{owner.name}-{r}")) for r in components]
     failures, waits = await _pod_states(api, owner, roles)
@@ -413,8 +477,11 @@ def _log_sync(sync: cutover.QueueSync, spec: JudgeQueueSpec, owner: Owner, body:
     obj = f"queue {spec.queue}"
     if sync.claimed and sync.owned_by is None and sync.problem is None:
         log_action("claim", obj, f"recorded {queue_owner(owner)} as its owner", judgequeue=jq)
-    if sync.released is not None:
-        log_action("release", f"queue {sync.released}", "spec.queue names another queue now", judgequeue=jq)
+    if sync.took_back is not None:
+        message = (f"took queue {spec.queue} back from {sync.took_back}: its owner was set outside the operator"
+                   " (ownership changes hands only when its owner releases it)")
+        log_action("claim", obj, message, judgequeue=jq)
+        warn_event(state, body, "QueueOwnerRestored", message)
     if sync.wrote is not None and sync.before is not None:
         wanted = cutover.wanted(spec).canonical()
         if sync.wrote == "gated":
@@ -434,7 +501,7 @@ def _log_sync(sync: cutover.QueueSync, spec: JudgeQueueSpec, owner: Owner, body:
         warn_event(state, body, "GateNotMet", sync.condition.message)
     if sync.problem is not None:
         log_problem(jq, f"{obj}: {sync.problem.message}", reason=sync.problem.reason)
-        if sync.problem.reason in ("QueueOwned", "Drifted", "WatermarkMovedBack"):
+        if sync.problem.reason in ("QueueOwned", "QueueHandedOver", "Drifted", "WatermarkMovedBack"):
             warn_event(state, body, sync.problem.reason, sync.problem.message)
 
 
@@ -533,20 +600,49 @@ async def safe_reconcile(body: Mapping[str, Any], state: OperatorState, *, tick:
     return cast(Status, new_status)
 
 
-async def release(body: Mapping[str, Any], state: OperatorState) -> None:
-    """On deletion: give up the queue's ownership (best effort: an unreachable database must not keep
-    the JudgeQueue from going; ``docs/runbook.md`` says how to release it by hand)."""
+#: How long a deleted JudgeQueue keeps its queue while its pods still run on it (then it lets go
+#: anyway: a node that is gone leaves pods Terminating for as long as nobody deletes them by force).
+RELEASE_WAIT = 120.0
+
+
+def _deleting_for(body: Mapping[str, Any]) -> float:
+    stamp = (body.get("metadata") or {}).get("deletionTimestamp")
+    if not stamp:
+        return 0.0
+    return max(0.0, (_now() - datetime.fromisoformat(str(stamp).replace("Z", "+00:00"))).total_seconds())
+
+
+async def release(body: Mapping[str, Any], state: OperatorState, *, drain: bool = False) -> None:
+    """On deletion: give up every queue the JudgeQueue holds (its ``spec.queue``, and one it was
+    renamed away from). With ``drain`` (the delete handler), its fleet is scaled to zero first and
+    the queues are released once none of its pods runs any more (at most :data:`RELEASE_WAIT` after
+    the deletion), so a JudgeQueue waiting for the queue never starts a second
+    fleet beside the last pods of the first. Best effort: an unreachable database must not keep the
+    JudgeQueue from going (``docs/runbook.md`` says how to release it by hand). Runs again, finding
+    nothing left, when the deletion is seen done, so a JudgeQueue whose finalizer was released by hand
+    while the operator runs releases its queue too."""
     owner = _owner(body)
     queue = ((body.get("status") or {}).get("cutover") or {}).get("queue")
-    state.forget(owner.uid)
     parsed = parse_spec(body.get("spec"), name=owner.name)
     if not queue or isinstance(parsed, list):
+        state.forget(owner.uid)
         return
+    if drain:
+        try:
+            await _stop_fleet(state, owner, "the JudgeQueue is deleted")
+            while _deleting_for(body) < RELEASE_WAIT:
+                if not await _queues_in_use(state, owner):
+                    break
+                await asyncio.sleep(1.0)
+        except KubeError as exc:
+            log_problem(_jq(owner), f"cannot stop the fleet before releasing the queue: {exc}")
+    state.forget(owner.uid)
     try:
         conns = await _connections(state.api, owner.namespace, parsed)
         conn = await connect_postgres(conns.postgres_dsn, pooler=conns.pooler, timeout=state.config.db_timeout)
         try:
-            released = await release_queue(conn, str(queue), queue_owner(owner))
+            held = await owned_queues(conn, queue_owner(owner))
+            released = [q for q in held if await release_queue(conn, q, queue_owner(owner))]
         finally:
             await conn.close()
     except (SecretNotFound, KubeError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError,
@@ -554,8 +650,8 @@ async def release(body: Mapping[str, Any], state: OperatorState) -> None:
         log_problem(_jq(owner), f"queue {queue}: ownership not released ({exc!r}); release it by hand"
                     " (docs/runbook.md, \"A queue owned by another JudgeQueue\")")
         return
-    if released:
-        log_action("release", f"queue {queue}", "the JudgeQueue is deleted", judgequeue=_jq(owner))
+    for name in released:
+        log_action("release", f"queue {name}", "the JudgeQueue is deleted", judgequeue=_jq(owner))
 
 
 async def refresh(state: OperatorState, meta: Mapping[str, Any], *, tick: bool) -> None:
@@ -700,6 +796,11 @@ def build_registry(
     @kopf.on.delete(GROUP, VERSION, PLURAL, registry=registry)
     async def on_delete(body: kopf.Body, **_: Any) -> None:
         async with state.lock(body["metadata"]["uid"]):
+            await release(body, state, drain=True)
+
+    @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
+    async def on_gone(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
+        if event.get("type") == "DELETED":  # gone, with or without on_delete (a finalizer released by hand)
             await release(body, state)
 
     @kopf.timer(GROUP, VERSION, PLURAL, interval=state.config.interval, registry=registry)
