@@ -702,49 +702,69 @@ async def _row_source(state: OperatorState, body: Mapping[str, Any]) -> tuple[st
         return None
 
 
+#: Seconds between passes while a rollout is in flight (``Progressing=True``, not yet Degraded): its new
+#: pods failing (an image that cannot be pulled, a crash, a refusal) is Degraded within seconds, not a
+#: timer's interval, and a finished one Ready.
+FOLLOW_ROLLOUT = 2.0
+
+
+def _rolling(body: Mapping[str, Any]) -> bool:
+    """A rollout in flight that has not failed yet (once Degraded, the timer's passes are enough)."""
+    found = (body.get("status") or {}).get("conditions")
+    progressing, degraded = conditions.find(found, "Progressing") or {}, conditions.find(found, "Degraded") or {}
+    return progressing.get("status") == "True" and degraded.get("status") != "True"
+
+
 async def follow_queue_row(state: OperatorState, body: Mapping[str, Any], stopped: Any) -> None:
-    """Hold a LISTEN (:func:`judgequeue.core.queues.listen_queues`) for the JudgeQueue's queue row and
-    make a pass (:func:`refresh`) as soon as its flags or owner change, whoever changed them, so status
-    and the row never disagree for a timer's interval. Runs for as long as the JudgeQueue exists (a
-    Kopf daemon); listens again when the connection drops or the DSN or queue changes. Where it cannot
-    listen (behind a transaction pooler without ``spec.postgres.listen``), the timer alone keeps the row."""
+    """Follow the JudgeQueue between the timer's passes (a Kopf daemon, for as long as it exists).
+
+    It holds a LISTEN (:func:`judgequeue.core.queues.listen_queues`) for the queue row and makes a
+    pass (:func:`refresh`) as soon as its flags or owner change, whoever changed them, so status and
+    the row never disagree for a timer's interval; it listens again when the connection drops or the
+    DSN or queue changes (behind a transaction pooler without ``spec.postgres.listen`` it cannot: the
+    timer keeps the row). While a rollout is in flight it also makes a pass every
+    :data:`FOLLOW_ROLLOUT` seconds, so new pods that fail are reported at once."""
     interval = state.config.interval
     meta = body["metadata"]
     while not stopped:
         source = await _row_source(state, body)
-        if source is None:
-            await asyncio.sleep(interval)
-            continue
-        dsn, queue = source
-        try:
-            conn = await connect_postgres(dsn, timeout=state.config.db_timeout)
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError, JudgeQueueError) as exc:
-            log_problem(_jq(_owner(body)), f"queue {queue}: cannot listen for its row ({redact.redact(repr(exc))});"
-                        f" the timer keeps it", level=logging.DEBUG)
-            await asyncio.sleep(interval)
-            continue
+        conn: asyncpg.Connection | None = None
         heard = asyncio.Event()
-
-        def on_change(name: str, queue: str = queue, heard: asyncio.Event = heard) -> None:
-            if name == queue:
-                heard.set()
-
         try:
-            await listen_queues(conn, on_change)
-            while not stopped and not conn.is_closed():
+            if source is not None:
                 try:
-                    await asyncio.wait_for(heard.wait(), timeout=interval)
+                    conn = await connect_postgres(source[0], timeout=state.config.db_timeout)
+                except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError,
+                        JudgeQueueError) as exc:
+                    log_problem(_jq(_owner(body)), f"queue {source[1]}: cannot listen for its row"
+                                f" ({redact.redact(repr(exc))}); the timer keeps it", level=logging.DEBUG)
+
+                def on_change(name: str, queue: str = source[1], heard: asyncio.Event = heard) -> None:
+                    if name == queue:
+                        heard.set()
+
+                if conn is not None:
+                    await listen_queues(conn, on_change)
+            loop = asyncio.get_running_loop()
+            look_again = loop.time() + interval
+            while not stopped and (conn is None or not conn.is_closed()):
+                try:
+                    await asyncio.wait_for(heard.wait(), timeout=FOLLOW_ROLLOUT)
                 except TimeoutError:
-                    if await _row_source(state, body) != source:
-                        break  # another DSN or queue: listen there
+                    if _rolling(body):  # the live body: Kopf keeps it current
+                        await refresh(state, meta, tick=False)
+                    if loop.time() >= look_again:
+                        look_again = loop.time() + interval
+                        if await _row_source(state, body) != source or (source is not None and conn is None):
+                            break  # another DSN or queue, or a connection to try again: listen there
                     continue
                 heard.clear()
                 await refresh(state, meta, tick=False)
         except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-            log_problem(_jq(_owner(body)), f"queue {queue}: listening stopped ({redact.redact(repr(exc))})",
-                        level=logging.DEBUG)
+            log_problem(_jq(_owner(body)), f"listening stopped ({redact.redact(repr(exc))})", level=logging.DEBUG)
         finally:
-            conn.terminate()
+            if conn is not None:
+                conn.terminate()
 
 
 def build_registry(

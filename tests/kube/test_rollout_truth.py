@@ -81,7 +81,11 @@ def test_a_rollout_that_cannot_finish_is_degraded_not_ready(
         assert (ready["status"], ready["reason"]) == ("False", case.ready_reason), ready
         assert case.words in ready["message"], ready
         assert (progressing["status"], progressing["reason"]) == ("True", "RollingOut"), progressing
-        assert "worker: 1 of 1 updated, 1 old still running, 1 of 1 available" in progressing["message"], progressing
+        # Once the Deployment controller has seen the change (the first pass may precede it): the counts.
+        counts_shown = "worker: 1 of 1 updated, 1 old still running, 1 of 1 available"
+        tools.wait_for("Progressing with the old and new counts", lambda: counts_shown in tools.condition(
+            kube.request("GET", tools.jq_path(namespace, "judge")), "Progressing").get("message", ""),
+            timeout=15, check=check)
         # The world it describes: the old worker still serves, alone; the new one does not run.
         deployment = kube.request("GET", f"/apis/apps/v1/namespaces/{namespace}/deployments/judge-worker")
         counts = {k: deployment["status"].get(k) for k in ("replicas", "updatedReplicas", "availableReplicas")}
