@@ -33,7 +33,7 @@ from typing import Any, Literal
 import asyncpg
 
 from judgequeue.core import shadow
-from judgequeue.core.agreement import Agreement, Gate, GateCheck, check_gate
+from judgequeue.core.agreement import Agreement, Gate, GateCheck, check_gate, gate_on_flip
 from judgequeue.core.connect import connect_postgres
 from judgequeue.core.errors import CutoverBlocked, JudgeQueueError, QueueOwned, WatermarkMovedBack
 from judgequeue.core.queues import QueueFlags, claim_queue, owned_queues, set_cutover, take_back_queue
@@ -95,14 +95,8 @@ def restorable(want: Wanted, row: QueueFlags) -> list[str]:
 
 
 def gate_check(want: Wanted, row: QueueFlags, figures: Agreement | None) -> GateCheck | None:
-    """The gate's verdict on a flip to live (pure): None when there is no flip to live to judge (the
-    row is live already, the spec asks for shadow) or no gate; else whether the figures meet it
-    (figures None: they could not be read, which never meets it)."""
-    if want.gate is None or want.mode != "live" or row.mode != "shadow":
-        return None
-    if figures is None:
-        return GateCheck(False, "shadow judging's figures could not be read (is the schema migrated?)")
-    return check_gate(want.gate, figures)
+    """The gate's verdict on a flip to live (pure; :func:`judgequeue.core.agreement.gate_on_flip`)."""
+    return gate_on_flip(want.gate, want.mode, row.mode, figures)
 
 
 def decide(
