@@ -5,15 +5,19 @@ renders the desired children and makes the live ones equal to them (:mod:`.child
 missing, replaced when anything differs, including fields someone added), holds the queue row's
 flags to the spec (:mod:`.cutover`: restored or reported when changed outside it), and reads the
 children's state into status. The timer also scales workers on the backlog unless
-``worker.autoscaling: external``. Handlers of one object are serialised with a lock, and a tick never
-renders from a generation the change handlers have not processed yet.
+``worker.autoscaling: external``. A daemon per JudgeQueue makes a pass as soon as its queue row
+changes in Postgres (a LISTEN), and every 2 s while a rollout is in flight. Handlers of one object are
+serialised with a lock, and a pass never renders from a generation the change handlers have not
+processed yet.
 
 Status never lies: every step that fails (a child the API server refuses, pods admission refuses, a
-rollout past its deadline, a bad connection string, a missing Secret, a role refusing its
-configuration, the database out of reach, a queue another JudgeQueue owns) makes ``Degraded`` True
-with a reason and the cause's own message, written on the same pass, and the next pass that finds
-it fixed clears it. The operator writes status and children, never the spec.
-"""
+rollout past its deadline or whose new pods fail, a bad connection string, a missing Secret, a role
+refusing its configuration, the database out of reach, a queue another JudgeQueue owns) makes
+``Degraded`` True with a reason and the cause's own message, written on the same pass, and the next
+pass that finds it fixed clears it; each failure is a Warning Event and each condition change an
+Event, and nothing secret is quoted (:mod:`.redact`). One queue, one fleet: a JudgeQueue that does
+not own its queue runs nothing on it, and a queue changes hands only once the old fleet is off it.
+The operator writes status and children, never the spec."""
 
 from __future__ import annotations
 
