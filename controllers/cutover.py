@@ -12,8 +12,8 @@ A queue belongs to one JudgeQueue: the first to reconcile it claims it; any othe
 writes nothing (its handler scales its fleet to zero). Ownership changes hands only through a release
 (the owner deleted, or its ``spec.queue`` renamed away once none of its pods runs on the old queue)
 and a claim: an owner set to another by hand is taken back by the JudgeQueue that held the queue.
-:func:`decide` is pure; :func:`sync_queue` does the I/O through
-:mod:`judgequeue.core.queues` and :mod:`judgequeue.core.shadow` (the operator never talks SQL itself).
+:func:`decide` is pure; :func:`sync_queue` does the I/O through :mod:`judgequeue.core.queues` and
+:mod:`judgequeue.core.shadow` (the operator never talks SQL itself).
 
 While the row is in shadow mode every pass reads shadow judging's figures (legacy and shadow verdicts
 compared, :mod:`judgequeue.core.agreement`) into ``status.shadow``. ``spec.cutover.gate`` holds a
@@ -195,11 +195,11 @@ async def sync_queue(
 ) -> QueueSync:
     """Claim the queue for ``owner``, compare its row with the spec and write, restore or report.
 
-    ``previous`` is the JudgeQueue's ``status.cutover``; ``previous_reason`` and ``previous_message`` its
-    ``CutoverApplied`` reason and
-    message, kept while the row stays at the flags it describes (see :func:`applied_message`). Never
-    raises for what the database says: every outcome is a :class:`QueueSync` (connection failures
-    too: ``DatabaseUnavailable``)."""
+    ``previous`` is the JudgeQueue's ``status.cutover``; ``previous_message`` its ``CutoverApplied``
+    message, kept while the row stays at the flags it describes (see :func:`applied_message`), and
+    ``previous_reason`` its reason (a queue handed to a JudgeQueue refused on its last pass is not
+    taken at once). Never raises for what the database says: every outcome is a :class:`QueueSync`
+    (connection failures too: ``DatabaseUnavailable``)."""
     want = wanted(spec)
     try:
         conn = await connect_postgres(dsn, pooler=pooler, timeout=connect_timeout)
