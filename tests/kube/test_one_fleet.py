@@ -10,11 +10,13 @@ Two JudgeQueues (two namespaces, one operator, one database) and the queue row's
   starts its fleet there only then: never two fleets on one queue;
 - an ``UPDATE`` of the owner column by hand does not hand the queue over: the JudgeQueue that held it
   takes it back (a ``QueueOwnerRestored`` Warning), the one named stays at zero;
-- a deleted owner stops its fleet, then releases its queue, and the waiting one takes it over.
+- a deleted owner stops its fleet, then releases its queue, and the waiting one takes it over; one
+  whose finalizer was released by hand (its delete handler never ran) releases its queue too.
 """
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -214,3 +216,27 @@ def test_the_owner_column_changed_by_hand_is_taken_back_and_a_deleted_owner_rele
         watch.stop.set()
         watch.join()
     assert watch.overlaps == [], watch.overlaps[:3]  # the deleted owner's last pods went first
+
+
+def test_a_judgequeue_whose_finalizer_is_released_by_hand_releases_its_queue(
+    two: tuple[Cluster, str, str, tools.OperatorProcess], pg_dsn: str, queue_name: str,
+) -> None:
+    """Deleted and its finalizer dropped by hand while the operator was frozen: the operator sees only
+    the object gone (its delete handler never runs), and releases the queue all the same."""
+    kube, first, _, operator = two
+    kube.request("POST", tools.jq_path(first), tools.judgequeue("judge", queue_name, **_spec()))
+    tools.wait_for("the queue claimed", lambda: _owner(pg_dsn, queue_name) == f"JudgeQueue {first}/judge",
+                   timeout=30, check=operator.check)
+    tools.wait_for("status recording the claim", lambda: (kube.request("GET", tools.jq_path(first, "judge"))
+                                                          .get("status", {}).get("cutover") or {}).get("queue"),
+                   timeout=30, check=operator.check)
+    operator.send_signal(signal.SIGSTOP)
+    try:
+        kube.kubectl("delete", "jq", "judge", "--wait=false", namespace=first)
+        kube.kubectl("patch", "jq", "judge", "--type=merge", "-p", '{"metadata":{"finalizers":null}}',
+                     namespace=first)
+        tools.wait_for("the JudgeQueue gone", lambda: kube.get(tools.jq_path(first, "judge")) is None, timeout=30)
+    finally:
+        operator.send_signal(signal.SIGCONT)
+    tools.wait_for("the queue released", lambda: _owner(pg_dsn, queue_name) is None, timeout=30,
+                   check=operator.check)
