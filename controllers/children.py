@@ -11,8 +11,9 @@ change, in a Warning Event (``DriftReverted``). Metadata the API server or other
 (annotations such as the Deployment's revision, foreign labels) is carried over; the pod template is
 the operator's, except ``kubectl rollout restart``'s annotation.
 
-A verified child is remembered with its generation (resourceVersion for kinds without one) and the
-digest of what was rendered, so a tick that finds nothing changed costs one GET per child.
+A verified child is remembered by its uid and generation (resourceVersion for kinds without one) and
+the digest of what was rendered, so a tick that finds nothing changed costs one GET per child, and a
+child deleted and created again by someone else is compared whole on the next pass.
 """
 
 from __future__ import annotations
@@ -54,11 +55,15 @@ class Synced:
 
 
 def version_of(obj: Mapping[str, Any]) -> str:
+    """What identifies one state of a live child: its uid (an object deleted and created again under
+    the same name, ``kubectl replace --force``, is another object, whose generation starts again at
+    1) with its generation and the metadata the operator owns, or its resourceVersion."""
     meta = obj.get("metadata") or {}
     generation = meta.get("generation")
+    uid = meta.get("uid", "")
     if generation:
-        return f"g{generation}:{_digest({k: meta.get(k) for k in ('labels', 'ownerReferences')})}"
-    return f"r{meta.get('resourceVersion', '')}"
+        return f"{uid}:g{generation}:{_digest({k: meta.get(k) for k in ('labels', 'ownerReferences')})}"
+    return f"{uid}:r{meta.get('resourceVersion', '')}"
 
 
 def _digest(value: Any) -> str:

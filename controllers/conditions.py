@@ -7,6 +7,7 @@ moves when the status flips, so ``kubectl`` shows how long a state has lasted.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -67,7 +68,12 @@ class RoleAvailability:
     """Replica counts of one child Deployment as reported in its status, and what its own
     conditions say went wrong: ``refused`` is the message of ``ReplicaFailure`` (the ReplicaSet
     could not create pods: admission such as PodSecurity, a quota), ``stuck`` the message of
-    ``Progressing=False`` (``ProgressDeadlineExceeded``: no progress within progressDeadlineSeconds)."""
+    ``Progressing=False`` (``ProgressDeadlineExceeded``: no progress within progressDeadlineSeconds).
+
+    ``replicas`` counts every pod the Deployment runs, old template and new; ``updated`` those of the
+    current template. ``observed`` is False while the Deployment controller has not seen the current
+    generation (its counts are then of the previous one). ``new_hash`` is the ``pod-template-hash``
+    of the current template's pods (empty when unknown): which pods are the new ones in a rollout."""
 
     role: str
     desired: int
@@ -77,6 +83,50 @@ class RoleAvailability:
     exists: bool = True
     refused: str = ""
     stuck: str = ""
+    replicas: int = 0
+    observed: bool = True
+    new_hash: str = ""
+    generation: int = 0
+
+    @property
+    def old(self) -> int:
+        """Pods of an earlier template still running (or starting, or failing)."""
+        return max(0, self.replicas - self.updated)
+
+    @property
+    def short(self) -> bool:
+        return self.exists and self.available < self.desired
+
+    @property
+    def complete(self) -> bool:
+        """The rollout is done: the controller saw the current spec, and exactly the desired number
+        of pods run, all of the current template, all available. Anything else is still rolling."""
+        return (self.exists and self.observed and self.updated == self.desired and self.replicas == self.desired
+                and self.available >= self.desired and not self.stuck)
+
+    def progress(self) -> str:
+        """Where this role's rollout stands, e.g. ``worker: 1 of 1 updated, 1 old still running, 1 of
+        1 available``."""
+        if not self.observed:
+            return f"{self.role}: generation {self.generation} not yet seen by the Deployment controller"
+        text = f"{self.role}: {self.updated} of {self.desired} updated"
+        if self.old:
+            text += f", {self.old} old still running"
+        return text + f", {self.available} of {self.desired} available"
+
+
+#: The Deployment controller names the ReplicaSet of the current template in its Progressing
+#: condition ("Created new replica set ...", "ReplicaSet ... is progressing.", "... has successfully
+#: progressed.", "... has timed out progressing."): the pods of that ReplicaSet are the new ones.
+_NEW_REPLICA_SET = re.compile(r'(?:ReplicaSet|replica set) "([^"]+)"')
+
+
+def _new_hash(deployment: Mapping[str, Any], progressing: Mapping[str, Any]) -> str:
+    name = str((deployment.get("metadata") or {}).get("name") or "")
+    match = _NEW_REPLICA_SET.search(str(progressing.get("message") or ""))
+    if not name or match is None or not match.group(1).startswith(name + "-"):
+        return ""
+    return match.group(1)[len(name) + 1:]
 
 
 def availability(role: str, deployment: Mapping[str, Any] | None) -> RoleAvailability:
@@ -89,9 +139,8 @@ def availability(role: str, deployment: Mapping[str, Any] | None) -> RoleAvailab
     spec = deployment.get("spec") or {}
     status = deployment.get("status") or {}
     desired = int(spec.get("replicas", 1))
-    stale = status.get("observedGeneration") is not None and int(status["observedGeneration"]) < int(
-        (deployment.get("metadata") or {}).get("generation", 0)
-    )
+    generation = int((deployment.get("metadata") or {}).get("generation", 0) or 0)
+    stale = int(status.get("observedGeneration", 0) or 0) < generation
     conds = status.get("conditions") or []
     failure = find(conds, "ReplicaFailure") or {}
     progressing = find(conds, "Progressing") or {}
@@ -101,6 +150,8 @@ def availability(role: str, deployment: Mapping[str, Any] | None) -> RoleAvailab
         stuck = str(progressing.get("message") or "ProgressDeadlineExceeded")
     available = int(status.get("availableReplicas", 0) or 0)
     updated = 0 if stale else int(status.get("updatedReplicas", 0) or 0)
+    # status.replicas is omitted when it is 0, and then so is updatedReplicas.
+    replicas = int(status.get("replicas", 0) or 0) if "replicas" in status else updated
     # A rollout that has every pod it wants updated and available refuses none: a ReplicaFailure
     # still shown then is an old ReplicaSet's, cleared at its next sync (Ready must not meet Degraded).
     complete = updated >= desired and available >= desired
@@ -112,6 +163,10 @@ def availability(role: str, deployment: Mapping[str, Any] | None) -> RoleAvailab
         updated=updated,
         refused="" if stale or complete else refused,
         stuck="" if stale else stuck,
+        replicas=replicas,
+        observed=not stale,
+        new_hash="" if stale else _new_hash(deployment, progressing),
+        generation=generation,
     )
 
 
@@ -165,8 +220,9 @@ class PodFailure:
 
 
 #: Container waiting reasons that name a cause (the kubelet's), as opposed to ContainerCreating.
-WAITING_REASONS = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError",
-                   "CreateContainerError", "RunContainerError")
+IMAGE_PULL_REASONS = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull")
+START_FAILURE_REASONS = ("CreateContainerConfigError", "CreateContainerError", "RunContainerError")
+WAITING_REASONS = IMAGE_PULL_REASONS + START_FAILURE_REASONS
 
 
 @dataclass(frozen=True)
@@ -179,24 +235,52 @@ class PodWaiting:
     message: str
 
 
-def waiting(role: str, pods: Sequence[Mapping[str, Any]]) -> PodWaiting | None:
-    """The first of ``role``'s pods that is unschedulable (``PodScheduled=False``) or whose container
-    waits for a named cause (:data:`WAITING_REASONS`: an image that cannot be pulled, a missing
-    Secret key), with that message; None if none is."""
+def _deleting(pod: Mapping[str, Any]) -> bool:
+    return bool((pod.get("metadata") or {}).get("deletionTimestamp"))
+
+
+def _ready(pod: Mapping[str, Any]) -> bool:
+    return (find((pod.get("status") or {}).get("conditions"), "Ready") or {}).get("status") == "True"
+
+
+def current_pods(role: RoleAvailability, pods: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The pods of ``role``'s current template (``pod-template-hash`` is its ``new_hash``), none that
+    is being deleted; every pod not being deleted while the current template's hash is unknown. In a
+    rollout these are the new pods: what they do is the rollout's fate, not what the old ones do."""
+    live = [p for p in pods if not _deleting(p)]
+    if not role.new_hash:
+        return live
+    return [p for p in live if ((p.get("metadata") or {}).get("labels") or {}).get("pod-template-hash")
+            == role.new_hash]
+
+
+def waiting_pods(role: str, pods: Sequence[Mapping[str, Any]]) -> list[PodWaiting]:
+    """Each of ``role``'s pods that is unschedulable (``PodScheduled=False``) or whose container waits
+    for a named cause (:data:`WAITING_REASONS`: an image that cannot be pulled, a missing Secret
+    key), with that message."""
+    found: list[PodWaiting] = []
     for pod in pods:
-        name = str((pod.get("metadata") or {}).get("name", ""))
-        if (pod.get("metadata") or {}).get("deletionTimestamp"):
+        if _deleting(pod):
             continue
+        name = str((pod.get("metadata") or {}).get("name", ""))
         status = pod.get("status") or {}
         scheduled = find(status.get("conditions"), "PodScheduled") or {}
         if scheduled.get("status") == "False":
-            return PodWaiting(role, name, str(scheduled.get("reason") or "Unschedulable"),
-                              _clip(str(scheduled.get("message") or "")))
+            found.append(PodWaiting(role, name, str(scheduled.get("reason") or "Unschedulable"),
+                                    _clip(str(scheduled.get("message") or ""))))
+            continue
         for container in status.get("containerStatuses") or ():
             wait = (container.get("state") or {}).get("waiting") or {}
             if wait.get("reason") in WAITING_REASONS:
-                return PodWaiting(role, name, str(wait["reason"]), _clip(str(wait.get("message") or "")))
-    return None
+                found.append(PodWaiting(role, name, str(wait["reason"]), _clip(str(wait.get("message") or ""))))
+                break
+    return found
+
+
+def waiting(role: str, pods: Sequence[Mapping[str, Any]]) -> PodWaiting | None:
+    """The first of :func:`waiting_pods`, or None."""
+    found = waiting_pods(role, pods)
+    return found[0] if found else None
 
 
 def _clip(text: str) -> str:
@@ -219,32 +303,56 @@ def last_failure(role: str, pods: Sequence[Mapping[str, Any]]) -> PodFailure | N
                 code = int(terminated.get("exitCode", 0) or 0)
                 lines = [line.strip() for line in str(terminated.get("message") or "").splitlines() if line.strip()]
                 if code != 0 and lines:
-                    text = lines[-1]
-                    if len(text) > MESSAGE_LIMIT:
-                        text = text[: MESSAGE_LIMIT - 3] + "..."
-                    found.append((str(terminated.get("finishedAt") or ""), PodFailure(role, name, code, text)))
+                    found.append((str(terminated.get("finishedAt") or ""), PodFailure(role, name, code,
+                                                                                     _clip(lines[-1]))))
                     break  # the current state is more recent than lastState
     return max(found, key=lambda item: item[0])[1] if found else None
+
+
+def failing(role: str, pods: Sequence[Mapping[str, Any]]) -> PodFailure | None:
+    """Why ``role``'s pods crash: the newest non-zero exit of a pod that is not ready now (waiting in
+    CrashLoopBackOff, or restarted and not ready again), quoting its termination message
+    (:func:`last_failure`), else the kubelet's reason (``OOMKilled``, ``Error``). A pod that crashed
+    once and runs ready again is history, not a failure. None if no pod is failing."""
+    down = [p for p in pods if not _deleting(p) and not _ready(p)]
+    found = last_failure(role, down)
+    if found is not None:
+        return found
+    for pod in down:
+        for status in (pod.get("status") or {}).get("containerStatuses") or ():
+            state = status.get("state") or {}
+            terminated = state.get("terminated") or ((status.get("lastState") or {}).get("terminated") or {})
+            code = int(terminated.get("exitCode", 0) or 0)
+            if code != 0:
+                name = str((pod.get("metadata") or {}).get("name", ""))
+                return PodFailure(role, name, code, str(terminated.get("reason") or "no termination message"))
+    return None
 
 
 def rollout_problems(
     roles: Sequence[RoleAvailability], failures: Sequence[PodFailure] = (), waits: Sequence[PodWaiting] = ()
 ) -> tuple[Condition, Condition, list[Problem]]:
-    """Ready and Progressing from the children's availability, and what makes the JudgeQueue
-    Degraded: pods the API server refuses to create (``ReplicaFailure``: PodSecurity and other
-    admission, quotas), a rollout past its progress deadline, and a role that exited refusing its
-    configuration (exit 2: an uninstalled judge plugin, a bad variable), which restarts cannot fix.
+    """Ready and Progressing from the children's rollouts, and what makes the JudgeQueue Degraded.
 
-    ``failures`` are the last termination messages of roles short of replicas (:func:`last_failure`)
-    and ``waits`` why their pods do not run yet (:func:`waiting`): Ready quotes them, so ``kubectl get
-    jq`` says why, not just "worker 0/1".
+    A role is done (:attr:`RoleAvailability.complete`) only when its Deployment controller saw the
+    current spec and it runs exactly the desired pods, all of the current template and available:
+    a rollout whose new pods fail while the old ones still serve is not Ready, and Progressing says
+    how many are old and new. Degraded are pods the API server refuses to create (``ReplicaFailure``:
+    PodSecurity and other admission, quotas), a rollout past its progress deadline, and, whatever the
+    deadline, new pods that fail: a role that exited refusing its configuration (exit 2: an
+    uninstalled judge plugin, a bad variable; restarts cannot fix it), containers that crash, an image
+    that cannot be pulled, a container that cannot be created.
+
+    ``failures`` (:func:`failing`) and ``waits`` (:func:`waiting_pods`) are read from the current template's
+    pods of the roles not done (:func:`current_pods`); Ready quotes them, so ``kubectl get jq`` says
+    why, not just "worker 0/1".
     """
     missing = [r.role for r in roles if not r.exists]
-    short = [r for r in roles if r.exists and r.available < r.desired]
-    rolling = [r for r in roles if r.exists and r.updated < r.desired]
-    short_roles = {r.role for r in short}
-    failing = [f for f in failures if f.role in short_roles]
-    pending = [w for w in waits if w.role in short_roles]
+    incomplete = [r for r in roles if r.exists and not r.complete]
+    short = [r for r in incomplete if r.short]
+    open_roles = {r.role for r in incomplete}
+    crashing = [f for f in failures if f.role in open_roles]
+    pending = [w for w in waits if w.role in open_roles]
     refused = [r for r in roles if r.exists and r.refused]
     stuck = [r for r in roles if r.exists and r.stuck]
     problems: list[Problem] = []
@@ -253,31 +361,50 @@ def rollout_problems(
     for r in stuck:
         why = "".join(f"; pod {w.pod} {w.reason}: {w.message}" for w in pending if w.role == r.role)
         problems.append(Problem("RolloutStuck", f"{r.role} rollout stuck: {r.stuck}{why}"))
-    if not missing:
-        problems += [Problem("RoleMisconfigured", f"{f.role} refuses its configuration: {f.message}")
-                     for f in failing if f.exit_code == CONFIG_EXIT_CODE]
+    for f in crashing:
+        if f.exit_code == CONFIG_EXIT_CODE:
+            problems.append(Problem("RoleMisconfigured", f"{f.role} refuses its configuration: {f.message}"))
+        else:
+            problems.append(Problem("ContainersFailing", f"{f.role} pod {f.pod} exited {f.exit_code}: {f.message}"))
+    for w in pending:
+        if w.reason in IMAGE_PULL_REASONS:
+            problems.append(Problem("ImagePullFailed", f"{w.role} pod {w.pod} {w.reason}: {w.message}"))
+        elif w.reason in START_FAILURE_REASONS:
+            problems.append(Problem("ContainersFailing", f"{w.role} pod {w.pod} {w.reason}: {w.message}"))
     if missing:
         ready = Condition("Ready", "False", "ChildrenMissing", f"not created yet: {', '.join(missing)}")
-    elif short:
-        detail = ", ".join(f"{r.role} {r.available}/{r.desired}" for r in short)
-        message = f"available replicas: {detail}"
-        refused_short = [r for r in refused if r.role in short_roles]
-        if refused_short:
-            why = "; ".join(f"{r.role} pods refused: {r.refused}" for r in refused_short)
+    elif incomplete:
+        parts = []
+        if short:
+            parts.append("available replicas: " + ", ".join(f"{r.role} {r.available}/{r.desired}" for r in short))
+        rolling = [r for r in incomplete if r.old or not r.observed or r.updated < r.desired]
+        if rolling:
+            parts.append("rollout not finished: " + "; ".join(r.progress() for r in rolling))
+        message = "; ".join(parts)
+        refused_open = [r for r in refused if r.role in open_roles]
+        if refused_open:
+            why = "; ".join(f"{r.role} pods refused: {r.refused}" for r in refused_open)
             ready = Condition("Ready", "False", "PodsRefused", f"{message}; {why}")
-        elif failing:
-            why = "; ".join(f"{f.role} pod {f.pod} exited {f.exit_code}: {f.message}" for f in failing)
+        elif crashing:
+            why = "; ".join(f"{f.role} pod {f.pod} exited {f.exit_code}: {f.message}" for f in crashing)
             ready = Condition("Ready", "False", "ContainersFailing", f"{message}; {why}")
         elif pending:
             why = "; ".join(f"{w.role} pod {w.pod} {w.reason}: {w.message}" for w in pending)
             ready = Condition("Ready", "False", "PodsPending", f"{message}; {why}")
-        else:
+        elif short:
             ready = Condition("Ready", "False", "ReplicasUnavailable", message)
+        else:
+            ready = Condition("Ready", "False", "RollingOut", message)
     else:
         detail = ", ".join(f"{r.role} {r.available}/{r.desired}" for r in roles)
         ready = Condition("Ready", "True", "AllReplicasAvailable", detail)
-    if rolling or short or missing:
-        progressing = Condition("Progressing", "True", "RollingOut", "children are being updated")
+    if stuck:
+        progressing = Condition("Progressing", "False", "RolloutStuck",
+                                "; ".join(f"{r.role}: {r.stuck}" for r in stuck))
+    elif missing or incomplete:
+        lines = [f"creating {', '.join(missing)}"] if missing else []
+        progressing = Condition("Progressing", "True", "RollingOut",
+                                "; ".join(lines + [r.progress() for r in incomplete]))
     else:
         progressing = Condition("Progressing", "False", "Reconciled", "children match the spec")
     return ready, progressing, problems

@@ -1,16 +1,19 @@
 """The queue's cutover flags held to the spec: claim the queue, compare its row, write, restore or
 report (docs/gitops.md, "Git is the truth").
 
-Each reconcile reads the queue row (one statement while the JudgeQueue owns it) and compares it with
+Each reconcile reads the queue row (and which other queues the JudgeQueue still holds) and compares it with
 ``spec.cutover`` and ``spec.paused``. A difference is either a spec change the operator has not
 written yet (written now) or drift, a change made outside the spec (``judgequeue cutover set``, SQL):
 restored, or only reported with ``cutover.driftPolicy: report``. Which one it is comes from
 ``status.cutover.applied``, the flags the operator last wrote or confirmed. ``CutoverApplied`` is True
 only while the row holds the spec's flags, and ``status.cutover`` always says what the row holds.
 
-A queue belongs to one JudgeQueue: the first to reconcile it claims it; any other
-is refused and writes nothing. :func:`decide` is pure; :func:`sync_queue` does the I/O through
-:mod:`judgequeue.core.queues` and :mod:`judgequeue.core.shadow` (the operator never talks SQL itself).
+A queue belongs to one JudgeQueue: the first to reconcile it claims it; any other is refused and
+writes nothing (its handler scales its fleet to zero). Ownership changes hands only through a release
+(the owner deleted, or its ``spec.queue`` renamed away once none of its pods runs on the old queue)
+and a claim: an owner set to another by hand is taken back by the JudgeQueue that held the queue.
+:func:`decide` is pure; :func:`sync_queue` does the I/O through :mod:`judgequeue.core.queues` and
+:mod:`judgequeue.core.shadow` (the operator never talks SQL itself).
 
 While the row is in shadow mode every pass reads shadow judging's figures (legacy and shadow verdicts
 compared, :mod:`judgequeue.core.agreement`) into ``status.shadow``. ``spec.cutover.gate`` holds a
@@ -30,10 +33,10 @@ from typing import Any, Literal
 import asyncpg
 
 from judgequeue.core import shadow
-from judgequeue.core.agreement import Agreement, Gate, GateCheck, check_gate
+from judgequeue.core.agreement import Agreement, Gate, GateCheck, check_gate, gate_on_flip
 from judgequeue.core.connect import connect_postgres
 from judgequeue.core.errors import CutoverBlocked, JudgeQueueError, QueueOwned, WatermarkMovedBack
-from judgequeue.core.queues import QueueFlags, claim_queue, release_queue, set_cutover
+from judgequeue.core.queues import QueueFlags, claim_queue, owned_queues, set_cutover, take_back_queue
 from judgequeue.core.spec import JudgeQueueSpec
 
 from .conditions import Condition, Problem, rfc3339
@@ -92,14 +95,8 @@ def restorable(want: Wanted, row: QueueFlags) -> list[str]:
 
 
 def gate_check(want: Wanted, row: QueueFlags, figures: Agreement | None) -> GateCheck | None:
-    """The gate's verdict on a flip to live (pure): None when there is no flip to live to judge (the
-    row is live already, the spec asks for shadow) or no gate; else whether the figures meet it
-    (figures None: they could not be read, which never meets it)."""
-    if want.gate is None or want.mode != "live" or row.mode != "shadow":
-        return None
-    if figures is None:
-        return GateCheck(False, "shadow judging's figures could not be read (is the schema migrated?)")
-    return check_gate(want.gate, figures)
+    """The gate's verdict on a flip to live (pure; :func:`judgequeue.core.agreement.gate_on_flip`)."""
+    return gate_on_flip(want.gate, want.mode, row.mode, figures)
 
 
 def decide(
@@ -160,8 +157,12 @@ class QueueSync:
     owned_by: str | None = None
     wrote: Decision | None = None
     before: QueueFlags | None = None
-    released: str | None = None
     claimed: bool = False
+    #: Other queues this owner still holds (a ``spec.queue`` renamed away from them): released once
+    #: no pod of the JudgeQueue runs on them (the handler's part: it sees the pods).
+    also_owned: list[str] = field(default_factory=list)
+    #: Who held the queue after someone set its owner by hand, when this pass took it back.
+    took_back: str | None = None
     #: ``status.shadow`` (empty: not read on this pass; the previous stays).
     shadow: dict[str, Any] = field(default_factory=dict)
     #: The gate's verdict on a flip to live this pass wrote or held back (None: no gated flip).
@@ -190,33 +191,49 @@ def _drifted(want: Wanted, row: QueueFlags) -> str:
 
 async def sync_queue(
     dsn: str, spec: JudgeQueueSpec, *, owner: str, previous: Mapping[str, Any], generation: int,
-    connect_timeout: float, pooler: str = "none", previous_message: str = "",
+    connect_timeout: float, pooler: str = "none", previous_message: str = "", previous_reason: str = "",
 ) -> QueueSync:
     """Claim the queue for ``owner``, compare its row with the spec and write, restore or report.
 
     ``previous`` is the JudgeQueue's ``status.cutover``; ``previous_message`` its ``CutoverApplied``
-    message, kept while the row stays at the flags it describes (see :func:`applied_message`). Never
-    raises for what the database says: every outcome is a :class:`QueueSync` (connection failures
-    too: ``DatabaseUnavailable``)."""
+    message, kept while the row stays at the flags it describes (see :func:`applied_message`), and
+    ``previous_reason`` its reason (a queue handed to a JudgeQueue refused on its last pass is not
+    taken at once). Never raises for what the database says: every outcome is a :class:`QueueSync`
+    (connection failures too: ``DatabaseUnavailable``)."""
     want = wanted(spec)
     try:
         conn = await connect_postgres(dsn, pooler=pooler, timeout=connect_timeout)
     except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError, JudgeQueueError) as exc:
         return _unavailable(want, exc)
     try:
+        mine = await owned_queues(conn, owner)
+        also_owned = [q for q in mine if q != want.queue]
+        held = previous.get("owner") == owner and previous.get("queue") == want.queue
+        took_back = None
+        if not held and previous_reason == "QueueOwned" and want.queue in mine:
+            # Refused on the last pass, and the row names this JudgeQueue now though it claimed
+            # nothing: the owner column was set by hand. The JudgeQueue that held the queue hears it
+            # and takes it back; this one starts nothing until a later pass still finds it here.
+            message = (f"queue {want.queue!r} was handed to this JudgeQueue outside the operator (its owner"
+                       " column was set by hand): nothing runs until a later pass still finds it here, so the"
+                       " JudgeQueue that held it can take it back first")
+            return QueueSync(Condition("CutoverApplied", "False", "QueueHandedOver", message),
+                             problem=Problem("QueueHandedOver", message), owned_by="", also_owned=also_owned)
         try:
             row = await claim_queue(conn, want.queue, owner, mode=want.mode)  # type: ignore[arg-type]
         except QueueOwned as exc:
-            message = (f"queue {want.queue!r} belongs to {exc.owner}: this JudgeQueue runs and writes nothing"
-                       f" (delete one of the two, or give this one another spec.queue)")
-            return QueueSync(Condition("CutoverApplied", "False", "QueueOwned", message),
-                             problem=Problem("QueueOwned", message), owned_by=exc.owner)
-        sync = QueueSync(Condition("CutoverApplied", "Unknown", "", ""))
-        sync.claimed = previous.get("owner") != owner or previous.get("queue") != want.queue
-        old_queue = previous.get("queue")
-        renamed = old_queue and old_queue != want.queue and previous.get("owner") == owner
-        if renamed and await release_queue(conn, str(old_queue), owner):
-            sync.released = str(old_queue)
+            # Ownership changes hands only through a release (a JudgeQueue deleted, or renamed away)
+            # and a claim: an owner this JudgeQueue held set to another by hand is taken back.
+            if not (held and exc.owner and await take_back_queue(conn, want.queue, owner, exc.owner)):
+                message = (f"queue {want.queue!r} belongs to {exc.owner}: this JudgeQueue runs nothing (its"
+                           f" Deployments are scaled to zero) and writes nothing (delete one of the two, or give"
+                           f" this one another spec.queue)")
+                return QueueSync(Condition("CutoverApplied", "False", "QueueOwned", message),
+                                 problem=Problem("QueueOwned", message), owned_by=exc.owner, also_owned=also_owned)
+            took_back = exc.owner
+            row = await claim_queue(conn, want.queue, owner, mode=want.mode)  # type: ignore[arg-type]
+        sync = QueueSync(Condition("CutoverApplied", "Unknown", "", ""), also_owned=also_owned, took_back=took_back)
+        sync.claimed = not held
         figures = await _figures(conn, want, row)
         decision = decide(want, row, last_applied=previous.get("applied"), figures=figures)
         sync.gate = gate_check(want, row, figures)

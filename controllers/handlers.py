@@ -5,15 +5,19 @@ renders the desired children and makes the live ones equal to them (:mod:`.child
 missing, replaced when anything differs, including fields someone added), holds the queue row's
 flags to the spec (:mod:`.cutover`: restored or reported when changed outside it), and reads the
 children's state into status. The timer also scales workers on the backlog unless
-``worker.autoscaling: external``. Handlers of one object are serialised with a lock, and a tick never
-renders from a generation the change handlers have not processed yet.
+``worker.autoscaling: external``. A daemon per JudgeQueue makes a pass as soon as its queue row
+changes in Postgres (a LISTEN), and every 2 s while a rollout is in flight. Handlers of one object are
+serialised with a lock, and a pass never renders from a generation the change handlers have not
+processed yet.
 
 Status never lies: every step that fails (a child the API server refuses, pods admission refuses, a
-rollout past its deadline, a bad connection string, a missing Secret, a role refusing its
-configuration, the database out of reach, a queue another JudgeQueue owns) makes ``Degraded`` True
-with a reason and the cause's own message, written on the same pass, and the next pass that finds
-it fixed clears it. The operator writes status and children, never the spec.
-"""
+rollout past its deadline or whose new pods fail, a bad connection string, a missing Secret, a role
+refusing its configuration, the database out of reach, a queue another JudgeQueue owns) makes
+``Degraded`` True with a reason and the cause's own message, written on the same pass, and the next
+pass that finds it fixed clears it; each failure is a Warning Event and each condition change an
+Event, and nothing secret is quoted (:mod:`.redact`). One queue, one fleet: a JudgeQueue that does
+not own its queue runs nothing on it, and a queue changes hands only once the old fleet is off it.
+The operator writes status and children, never the spec."""
 
 from __future__ import annotations
 
@@ -33,11 +37,11 @@ from redis.exceptions import RedisError
 from judgequeue.core.backlog import Backlog, read_backlog
 from judgequeue.core.connect import connect_postgres, redis_client
 from judgequeue.core.errors import JudgeQueueError
-from judgequeue.core.queues import release_queue
+from judgequeue.core.queues import listen_queues, owned_queues, release_queue
 from judgequeue.core.redis_url import validate_redis_url
 from judgequeue.core.spec import JudgeQueueSpec, fleet_intake, parse_spec
 
-from . import autoscale, conditions, cutover
+from . import autoscale, conditions, cutover, redact
 from .actions import log_action, log_problem
 from .children import Verified, sync_child
 from .conditions import Problem
@@ -59,7 +63,7 @@ Status = dict[str, Any]
 Log = logging.Logger | logging.LoggerAdapter[Any]
 
 #: Degraded reasons that stop the autoscaler: scaling a fleet that cannot run, or is not ours, helps nobody.
-NO_AUTOSCALE = ("QueueOwned", "RoleMisconfigured", "ChildRefused", "PodsRefused")
+NO_AUTOSCALE = ("QueueOwned", "QueueHandedOver", "RoleMisconfigured", "ChildRefused", "PodsRefused", "ImagePullFailed")
 
 
 @dataclass(frozen=True)
@@ -110,6 +114,7 @@ def warn_event(state: OperatorState, body: Mapping[str, Any], reason: str, messa
     admission, a missing Secret) would be visible only in the operator's logs. The same reason and
     message are posted at most once a minute per object, so a retry loop does not flood the API.
     """
+    message = redact.redact(message)
     key = (str(body["metadata"].get("uid", "")), reason)
     now = time.monotonic()
     last = state.warned.get(key)
@@ -117,6 +122,43 @@ def warn_event(state: OperatorState, body: Mapping[str, Any], reason: str, messa
         return
     state.warned[key] = (message, now)
     kopf.warn(cast(kopf.Body, body), reason=reason, message=message[:1000])
+
+
+def normal_event(body: Mapping[str, Any], reason: str, message: str) -> None:
+    """Post a Normal Event on the JudgeQueue (scrubbed like every Event)."""
+    kopf.event(cast(kopf.Body, body), type="Normal", reason=reason, message=redact.redact(message)[:1000])
+
+
+#: Conditions in their unwelcome state for these reasons are no failure: a rollout or a start in
+#: progress, a flip waiting for open submits.
+BENIGN_REASONS = ("RollingOut", "ReplicasUnavailable", "ChildrenMissing", "PodsPending", "WaitingForSubmits")
+
+
+def failing_condition(cond: Mapping[str, Any]) -> bool:
+    """True when ``cond`` reports a failure: Degraded True, Ready or CutoverApplied False, or
+    Progressing False other than for a finished rollout, for a reason that is not benign."""
+    kind, status, reason = cond.get("type"), cond.get("status"), cond.get("reason")
+    unwelcome = (status == "True") if kind == "Degraded" else (
+        status == "False" and (kind != "Progressing" or reason != "Reconciled"))
+    return unwelcome and reason not in BENIGN_REASONS
+
+
+def announce(state: OperatorState, body: Mapping[str, Any], previous: Any, current: Any) -> None:
+    """One Event per condition change (its status or reason moved), with the condition's reason and
+    message: a Warning when it now reports a failure (:func:`failing_condition`), else Normal, so
+    ``kubectl describe jq`` tells the story of a JudgeQueue, failures and recoveries alike. Warnings
+    go through :func:`warn_event` (the one a reconcile step posted for the same failure is not
+    posted twice)."""
+    before = {c.get("type"): c for c in previous or ()}
+    for cond in current or ():
+        old = before.get(cond.get("type")) or {}
+        if (old.get("status"), old.get("reason")) == (cond.get("status"), cond.get("reason")):
+            continue
+        reason, message = str(cond.get("reason") or cond.get("type")), str(cond.get("message") or "")
+        if failing_condition(cond):
+            warn_event(state, body, reason, message)
+        else:
+            normal_event(body, reason, message)
 
 
 @dataclass(frozen=True)
@@ -159,13 +201,15 @@ async def _connections(api: KubeApi, namespace: str, spec: JudgeQueueSpec) -> Co
 async def _pod_states(
     api: KubeApi, owner: Owner, roles: list[conditions.RoleAvailability],
 ) -> tuple[list[conditions.PodFailure], list[conditions.PodWaiting]]:
-    """Why each role short of replicas is short, read from its pods: the last termination message (an
-    uninstalled judge plugin), or why a pod does not run yet (unschedulable, an image that cannot be
-    pulled). Best effort: an API error (say, RBAC without ``pods: list``) leaves status at the counts."""
+    """Why each role whose rollout is not done is not, read from the pods of its current template
+    (:func:`conditions.current_pods`: in a rollout, the new ones): the last termination message of
+    a crashing container (an uninstalled judge plugin), or why a pod does not run yet (unschedulable,
+    an image that cannot be pulled). Best effort: an API error (say, RBAC without ``pods: list``)
+    leaves status at the counts."""
     failures: list[conditions.PodFailure] = []
     waits: list[conditions.PodWaiting] = []
     for role in roles:
-        if not role.exists or role.available >= role.desired:
+        if not role.exists or role.complete:
             continue
         labels = {**selector_labels(owner.name), "app.kubernetes.io/component": role.role}
         selector = ",".join(f"{k}={v}" for k, v in labels.items())
@@ -174,12 +218,11 @@ async def _pod_states(
         except KubeError as exc:
             log_problem(_jq(owner), f"cannot read {role.role} pods for why they are unavailable: {exc}")
             continue
-        failure = conditions.last_failure(role.role, pods)
+        current = conditions.current_pods(role, pods)
+        failure = conditions.failing(role.role, current)
         if failure is not None:
             failures.append(failure)
-        wait = conditions.waiting(role.role, pods)
-        if wait is not None:
-            waits.append(wait)
+        waits += conditions.waiting_pods(role.role, current)
     return failures, waits
 
 
@@ -220,12 +263,13 @@ async def _apply_children(
         elif synced.action == "replace":
             paths = ", ".join(d.path for d in synced.diffs[:12])
             why = "changed outside the spec" if synced.drift else "the spec changed"
+            shown = [redact.difference(d) for d in synced.diffs]  # someone's env var may hold a password
             log_action("replace", what, f"{why}: {paths}", judgequeue=_jq(owner),
-                       diff=[d.describe(400) for d in synced.diffs])
+                       diff=[d.describe(400) for d in shown])
             if synced.drift:
                 warn_event(state, body, "DriftReverted",
                            f"{what}: reverted changes made outside the spec: "
-                           + "; ".join(d.describe() for d in synced.diffs[:12]))
+                           + "; ".join(d.describe() for d in shown[:12]))
     rendered = {(c.kind, c.name) for c in desired}
     for kind, name in optional_children(owner):
         if (kind, name) in rendered:
@@ -237,6 +281,64 @@ async def _apply_children(
         verified.pop(name, None)
         log_action("delete", f"{kind} {name}", "the spec no longer renders it", judgequeue=_jq(owner))
     return result, problems
+
+
+FLEET = ("dispatcher", "worker", "reaper", SHADOW_WORKER)
+
+
+async def _stop_fleet(state: OperatorState, owner: Owner, why: str) -> None:
+    """Scale every Deployment of this JudgeQueue to zero (a JudgeQueue that does not own its queue
+    runs nothing on it); creates nothing."""
+    verified = state.verified.get(owner.uid, {})
+    for role in FLEET:
+        name = f"{owner.name}-{role}"
+        live = await state.api.get(KIND_REFS["Deployment"], owner.namespace, name)
+        if live is None or not _owned_by(live, owner) or int((live.get("spec") or {}).get("replicas", 1)) == 0:
+            continue
+        current = int(live["spec"].get("replicas", 1))
+        await state.api.patch(KIND_REFS["Deployment"], owner.namespace, name, {"spec": {"replicas": 0}})
+        verified.pop(name, None)
+        log_action("scale", f"Deployment {name}", f"{role}s {current} -> 0: {why}", judgequeue=_jq(owner),
+                   fields={"replicas": 0, "from": current})
+
+
+async def _queues_in_use(state: OperatorState, owner: Owner) -> set[str] | None:
+    """The queues this JudgeQueue's pods run on (``JUDGEQUEUE_QUEUE`` of each, terminating ones
+    included); None when its pods cannot be read."""
+    selector = ",".join(f"{k}={v}" for k, v in selector_labels(owner.name).items())
+    try:
+        pods = await state.api.list_objects(PODS, owner.namespace, label_selector=selector)
+    except KubeError as exc:
+        log_problem(_jq(owner), f"cannot read the pods to see which queues they run on: {exc}")
+        return None
+    return {str(env.get("value")) for pod in pods for container in (pod.get("spec") or {}).get("containers") or ()
+            for env in container.get("env") or () if env.get("name") == "JUDGEQUEUE_QUEUE"}
+
+
+async def _release_abandoned(state: OperatorState, owner: Owner, conns: Connections, queues: list[str]) -> None:
+    """Release the queues this JudgeQueue still holds but its spec no longer names (``spec.queue``
+    renamed), each once none of its pods runs on it any more: until then the old pods still serve it,
+    and a JudgeQueue waiting for it must not start a second fleet there. The handoff of a renamed
+    queue is thus: claim the new one, roll the pods over (or, when the new one is taken, scale to
+    zero), release the old one when its last pod is gone."""
+    if not queues:
+        return
+    in_use = await _queues_in_use(state, owner)
+    free = [q for q in queues if in_use is not None and q not in in_use]
+    if not free:
+        return
+    try:
+        conn = await connect_postgres(conns.postgres_dsn, pooler=conns.pooler, timeout=state.config.db_timeout)
+    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError, JudgeQueueError) as exc:
+        log_problem(_jq(owner), f"cannot release {', '.join(free)} yet: {exc!r}")
+        return
+    try:
+        for queue in free:
+            if await release_queue(conn, queue, queue_owner(owner)):
+                log_action("release", f"queue {queue}", "spec.queue names another queue now and no pod of this"
+                           " JudgeQueue runs on it any more", judgequeue=_jq(owner))
+    finally:
+        await conn.close()
 
 
 def _owned_by(obj: Mapping[str, Any], owner: Owner) -> bool:
@@ -312,12 +414,17 @@ async def reconcile(
     sync = await cutover.sync_queue(
         conns.postgres_dsn, parsed, owner=queue_owner(owner), previous=status.get("cutover") or {},
         generation=generation, connect_timeout=state.config.db_timeout, pooler=conns.pooler,
-        previous_message=str(applied.get("message", "")))
+        previous_message=str(applied.get("message", "")), previous_reason=str(applied.get("reason", "")))
     _log_sync(sync, parsed, owner, body, state)
     if sync.owned_by is not None or (sync.problem is not None and sync.problem.reason == "DatabaseUnavailable"
                                      and not _claimed_before(status, parsed, owner)):
-        # Another JudgeQueue owns the queue, or ownership cannot be checked yet: write nothing.
+        # Another JudgeQueue owns the queue, or ownership cannot be checked yet: write nothing. A fleet
+        # this one ran (on a queue taken from it, or before its spec.queue named the other's) stops.
         assert sync.problem is not None
+        if sync.owned_by is not None:
+            await _stop_fleet(state, owner, f"queue {parsed.queue} belongs to {sync.owned_by}" if sync.owned_by
+                              else sync.problem.message)
+            await _release_abandoned(state, owner, conns, sync.also_owned)
         refused = _refused(status, generation, sync.problem)
         refused["conditions"] = conditions.merge_conditions(
             refused["conditions"], [sync.condition, conditions.Condition(
@@ -333,6 +440,7 @@ async def reconcile(
     row_mode = (sync.status or status.get("cutover") or {}).get("mode") or parsed.cutover.mode
     children, problems = await _apply_children(state, body, parsed, owner, keep_live_workers=handoff.keep_live,
                                                shadow_mode=row_mode == "shadow")
+    await _release_abandoned(state, owner, conns, sync.also_owned)
     components = ["dispatcher", "worker", "reaper"] + ([SHADOW_WORKER] if parsed.worker.shadow.enabled else [])
     roles = [conditions.availability(r, children.get(f"{owner.name}-{r}")) for r in components]
     failures, waits = await _pod_states(api, owner, roles)
@@ -359,6 +467,8 @@ async def reconcile(
             message = f"cannot read the backlog of queue {parsed.queue!r}: {exc!r}"
             problems.append(Problem("BacklogUnavailable", message))
             log_problem(jq, message)
+    for problem in problems:  # each failure a Warning Event of its own (at most once a minute while it lasts)
+        warn_event(state, body, problem.reason, problem.message)
     new_status["conditions"] = conditions.merge_conditions(
         status.get("conditions"), [ready, progressing, conditions.degraded(problems), sync.condition],
         generation=generation, now=_now())
@@ -371,8 +481,11 @@ def _log_sync(sync: cutover.QueueSync, spec: JudgeQueueSpec, owner: Owner, body:
     obj = f"queue {spec.queue}"
     if sync.claimed and sync.owned_by is None and sync.problem is None:
         log_action("claim", obj, f"recorded {queue_owner(owner)} as its owner", judgequeue=jq)
-    if sync.released is not None:
-        log_action("release", f"queue {sync.released}", "spec.queue names another queue now", judgequeue=jq)
+    if sync.took_back is not None:
+        message = (f"took queue {spec.queue} back from {sync.took_back}: its owner was set outside the operator"
+                   " (ownership changes hands only when its owner releases it)")
+        log_action("claim", obj, message, judgequeue=jq)
+        warn_event(state, body, "QueueOwnerRestored", message)
     if sync.wrote is not None and sync.before is not None:
         wanted = cutover.wanted(spec).canonical()
         if sync.wrote == "gated":
@@ -392,7 +505,7 @@ def _log_sync(sync: cutover.QueueSync, spec: JudgeQueueSpec, owner: Owner, body:
         warn_event(state, body, "GateNotMet", sync.condition.message)
     if sync.problem is not None:
         log_problem(jq, f"{obj}: {sync.problem.message}", reason=sync.problem.reason)
-        if sync.problem.reason in ("QueueOwned", "Drifted", "WatermarkMovedBack"):
+        if sync.problem.reason in ("QueueOwned", "QueueHandedOver", "Drifted", "WatermarkMovedBack"):
             warn_event(state, body, sync.problem.reason, sync.problem.message)
 
 
@@ -451,7 +564,7 @@ async def autoscale_workers(
         message = f"workers {current} -> {decision.replicas}: {decision.reason}"
         log_action("scale", f"Deployment {name}", message, judgequeue=_jq(owner),
                    fields={"replicas": decision.replicas, "from": current})
-        kopf.event(cast(kopf.Body, body), type="Normal", reason=reason, message=message)
+        normal_event(body, reason, message)
         result["workers"] = _workers_status(spec, owner, scaled)
     return result
 
@@ -469,8 +582,9 @@ async def safe_reconcile(body: Mapping[str, Any], state: OperatorState, *, tick:
     ``ReconcileFailed``, the error's own message) instead of a status left as it was. The Kubernetes
     API being out of reach (no status can be written then) is raised for Kopf to retry."""
     meta = body["metadata"]
+    previous = (body.get("status") or {}).get("conditions")
     try:
-        return await reconcile(body, state, tick=tick)
+        new_status = await reconcile(body, state, tick=tick)
     except KubeError as exc:
         if not exc.refused:
             raise
@@ -478,25 +592,61 @@ async def safe_reconcile(body: Mapping[str, Any], state: OperatorState, *, tick:
     except Exception as exc:  # a bug must show in status, not only in the logs
         logging.getLogger(__name__).exception("reconcile failed")
         message = f"{type(exc).__name__}: {exc}"
+    else:
+        new_status = redact.redact_tree(new_status)  # status quotes others' words: never a secret
+        announce(state, body, previous, new_status.get("conditions"))
+        return cast(Status, new_status)
     warn_event(state, body, "ReconcileFailed", message)
     log_problem(f"{meta['namespace']}/{meta['name']}", f"reconcile failed: {message}", level=logging.ERROR)
-    return _refused(body.get("status") or {}, int(meta.get("generation", 0)), Problem("ReconcileFailed", message))
+    new_status = redact.redact_tree(_refused(body.get("status") or {}, int(meta.get("generation", 0)),
+                                             Problem("ReconcileFailed", message)))
+    announce(state, body, previous, new_status.get("conditions"))
+    return cast(Status, new_status)
 
 
-async def release(body: Mapping[str, Any], state: OperatorState) -> None:
-    """On deletion: give up the queue's ownership (best effort: an unreachable database must not keep
-    the JudgeQueue from going; ``docs/runbook.md`` says how to release it by hand)."""
+#: How long a deleted JudgeQueue keeps its queue while its pods still run on it (then it lets go
+#: anyway: a node that is gone leaves pods Terminating for as long as nobody deletes them by force).
+RELEASE_WAIT = 120.0
+
+
+def _deleting_for(body: Mapping[str, Any]) -> float:
+    stamp = (body.get("metadata") or {}).get("deletionTimestamp")
+    if not stamp:
+        return 0.0
+    return max(0.0, (_now() - datetime.fromisoformat(str(stamp).replace("Z", "+00:00"))).total_seconds())
+
+
+async def release(body: Mapping[str, Any], state: OperatorState, *, drain: bool = False) -> None:
+    """On deletion: give up every queue the JudgeQueue holds (its ``spec.queue``, and one it was
+    renamed away from). With ``drain`` (the delete handler), its fleet is scaled to zero first and
+    the queues are released once none of its pods runs any more (at most :data:`RELEASE_WAIT` after
+    the deletion), so a JudgeQueue waiting for the queue never starts a second
+    fleet beside the last pods of the first. Best effort: an unreachable database must not keep the
+    JudgeQueue from going (``docs/runbook.md`` says how to release it by hand). Runs again, finding
+    nothing left, when the deletion is seen done, so a JudgeQueue whose finalizer was released by hand
+    while the operator runs releases its queue too."""
     owner = _owner(body)
     queue = ((body.get("status") or {}).get("cutover") or {}).get("queue")
-    state.forget(owner.uid)
     parsed = parse_spec(body.get("spec"), name=owner.name)
     if not queue or isinstance(parsed, list):
+        state.forget(owner.uid)
         return
+    if drain:
+        try:
+            await _stop_fleet(state, owner, "the JudgeQueue is deleted")
+            while _deleting_for(body) < RELEASE_WAIT:
+                if not await _queues_in_use(state, owner):
+                    break
+                await asyncio.sleep(1.0)
+        except KubeError as exc:
+            log_problem(_jq(owner), f"cannot stop the fleet before releasing the queue: {exc}")
+    state.forget(owner.uid)
     try:
         conns = await _connections(state.api, owner.namespace, parsed)
         conn = await connect_postgres(conns.postgres_dsn, pooler=conns.pooler, timeout=state.config.db_timeout)
         try:
-            released = await release_queue(conn, str(queue), queue_owner(owner))
+            held = await owned_queues(conn, queue_owner(owner))
+            released = [q for q in held if await release_queue(conn, q, queue_owner(owner))]
         finally:
             await conn.close()
     except (SecretNotFound, KubeError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError,
@@ -504,8 +654,121 @@ async def release(body: Mapping[str, Any], state: OperatorState) -> None:
         log_problem(_jq(owner), f"queue {queue}: ownership not released ({exc!r}); release it by hand"
                     " (docs/runbook.md, \"A queue owned by another JudgeQueue\")")
         return
-    if released:
-        log_action("release", f"queue {queue}", "the JudgeQueue is deleted", judgequeue=_jq(owner))
+    for name in released:
+        log_action("release", f"queue {name}", "the JudgeQueue is deleted", judgequeue=_jq(owner))
+
+
+async def refresh(state: OperatorState, meta: Mapping[str, Any], *, tick: bool) -> None:
+    """One pass over the JudgeQueue as it is now, its status written: the timer's (``tick``: with the
+    backlog and autoscaling), or one for its queue row changed in Postgres. Skipped while a change
+    handler has not processed the current generation (it owns the next step)."""
+    jq = f"{meta['namespace']}/{meta['name']}"
+    what = "timer" if tick else "queue row changed"
+    async with state.lock(meta["uid"]):
+        try:
+            fresh = await state.api.get(KIND_REFS["JudgeQueue"], meta["namespace"], meta["name"])
+        except KubeError as exc:
+            log_problem(jq, f"{what}: pass skipped: {exc}")
+            return
+        if fresh is None or fresh["metadata"].get("deletionTimestamp"):
+            return
+        status = fresh.get("status") or {}
+        if int(fresh["metadata"].get("generation", 0)) != int(status.get("observedGeneration", -1)):
+            return
+        try:
+            new_status = await safe_reconcile(fresh, state, tick=tick)
+        except KubeError as exc:
+            log_problem(jq, f"{what}: Kubernetes API: {exc}")
+            return
+        # Written here, under the lock, so this pass's status never lands after a newer change's.
+        try:
+            await state.api.patch(KIND_REFS["JudgeQueue"], meta["namespace"], meta["name"],
+                                  {"status": new_status}, subresource="status")
+        except KubeError as exc:
+            log_problem(jq, f"{what}: status not written: {exc}")
+
+
+async def _row_source(state: OperatorState, body: Mapping[str, Any]) -> tuple[str, str] | None:
+    """Where to LISTEN for the JudgeQueue's queue row: (DSN, queue). The spec's direct listen DSN,
+    else its DSN when that reaches Postgres itself; None behind a transaction pooler without a listen
+    DSN (LISTEN cannot work there) or while the spec or its Secret is not usable."""
+    meta = body["metadata"]
+    parsed = parse_spec(body.get("spec"), name=meta["name"])
+    if isinstance(parsed, list):
+        return None
+    ref = parsed.postgres_listen
+    if ref is None and parsed.postgres_pooler == "transaction":
+        return None
+    ref = ref or parsed.postgres
+    try:
+        return await state.api.secret_value(meta["namespace"], ref.name, ref.key), parsed.queue
+    except (SecretNotFound, KubeError):
+        return None
+
+
+#: Seconds between passes while a rollout is in flight (``Progressing=True``, not yet Degraded): its new
+#: pods failing (an image that cannot be pulled, a crash, a refusal) is Degraded within seconds, not a
+#: timer's interval, and a finished one Ready.
+FOLLOW_ROLLOUT = 2.0
+
+
+def _rolling(body: Mapping[str, Any]) -> bool:
+    """A rollout in flight that has not failed yet (once Degraded, the timer's passes are enough)."""
+    found = (body.get("status") or {}).get("conditions")
+    progressing, degraded = conditions.find(found, "Progressing") or {}, conditions.find(found, "Degraded") or {}
+    return progressing.get("status") == "True" and degraded.get("status") != "True"
+
+
+async def follow_queue_row(state: OperatorState, body: Mapping[str, Any], stopped: Any) -> None:
+    """Follow the JudgeQueue between the timer's passes (a Kopf daemon, for as long as it exists).
+
+    It holds a LISTEN (:func:`judgequeue.core.queues.listen_queues`) for the queue row and makes a
+    pass (:func:`refresh`) as soon as its flags or owner change, whoever changed them, so status and
+    the row never disagree for a timer's interval; it listens again when the connection drops or the
+    DSN or queue changes (behind a transaction pooler without ``spec.postgres.listen`` it cannot: the
+    timer keeps the row). While a rollout is in flight it also makes a pass every
+    :data:`FOLLOW_ROLLOUT` seconds, so new pods that fail are reported at once."""
+    interval = state.config.interval
+    meta = body["metadata"]
+    while not stopped:
+        source = await _row_source(state, body)
+        conn: asyncpg.Connection | None = None
+        heard = asyncio.Event()
+        try:
+            if source is not None:
+                try:
+                    conn = await connect_postgres(source[0], timeout=state.config.db_timeout)
+                except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError,
+                        JudgeQueueError) as exc:
+                    log_problem(_jq(_owner(body)), f"queue {source[1]}: cannot listen for its row"
+                                f" ({redact.redact(repr(exc))}); the timer keeps it", level=logging.DEBUG)
+
+                def on_change(name: str, queue: str = source[1], heard: asyncio.Event = heard) -> None:
+                    if name == queue:
+                        heard.set()
+
+                if conn is not None:
+                    await listen_queues(conn, on_change)
+            loop = asyncio.get_running_loop()
+            look_again = loop.time() + interval
+            while not stopped and (conn is None or not conn.is_closed()):
+                try:
+                    await asyncio.wait_for(heard.wait(), timeout=FOLLOW_ROLLOUT)
+                except TimeoutError:
+                    if _rolling(body):  # the live body: Kopf keeps it current
+                        await refresh(state, meta, tick=False)
+                    if loop.time() >= look_again:
+                        look_again = loop.time() + interval
+                        if await _row_source(state, body) != source or (source is not None and conn is None):
+                            break  # another DSN or queue, or a connection to try again: listen there
+                    continue
+                heard.clear()
+                await refresh(state, meta, tick=False)
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            log_problem(_jq(_owner(body)), f"listening stopped ({redact.redact(repr(exc))})", level=logging.DEBUG)
+        finally:
+            if conn is not None:
+                conn.terminate()
 
 
 def build_registry(
@@ -557,32 +820,19 @@ def build_registry(
     @kopf.on.delete(GROUP, VERSION, PLURAL, registry=registry)
     async def on_delete(body: kopf.Body, **_: Any) -> None:
         async with state.lock(body["metadata"]["uid"]):
+            await release(body, state, drain=True)
+
+    @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
+    async def on_gone(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
+        if event.get("type") == "DELETED":  # gone, with or without on_delete (a finalizer released by hand)
             await release(body, state)
 
     @kopf.timer(GROUP, VERSION, PLURAL, interval=state.config.interval, registry=registry)
     async def tick(body: kopf.Body, **_: Any) -> None:
-        meta = body["metadata"]
-        async with state.lock(meta["uid"]):
-            try:
-                fresh = await state.api.get(KIND_REFS["JudgeQueue"], meta["namespace"], meta["name"])
-            except KubeError as exc:
-                log_problem(f"{meta['namespace']}/{meta['name']}", f"timer skipped: {exc}")
-                return
-            if fresh is None or fresh["metadata"].get("deletionTimestamp"):
-                return
-            status = fresh.get("status") or {}
-            if int(fresh["metadata"].get("generation", 0)) != int(status.get("observedGeneration", -1)):
-                return  # a change handler has not processed this generation yet: it owns the next step
-            try:
-                new_status = await safe_reconcile(fresh, state, tick=True)
-            except KubeError as exc:
-                log_problem(f"{meta['namespace']}/{meta['name']}", f"timer: Kubernetes API: {exc}")
-                return
-            # Written here, under the lock, so a tick's status never lands after a newer change's.
-            try:
-                await state.api.patch(KIND_REFS["JudgeQueue"], meta["namespace"], meta["name"],
-                                      {"status": new_status}, subresource="status")
-            except KubeError as exc:
-                log_problem(f"{meta['namespace']}/{meta['name']}", f"timer: status not written: {exc}")
+        await refresh(state, body["metadata"], tick=True)
+
+    @kopf.daemon(GROUP, VERSION, PLURAL, registry=registry, cancellation_timeout=1.0)
+    async def follow_row(body: kopf.Body, stopped: kopf.DaemonStopped, **_: Any) -> None:
+        await follow_queue_row(state, body, stopped)
 
     return registry

@@ -20,6 +20,8 @@ import kopf
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 
+from . import redact
+
 MERGE_PATCH = "application/merge-patch+json"
 #: The operator's name in the children's ``managedFields`` (who wrote what).
 FIELD_MANAGER = "judgequeue-operator"
@@ -213,9 +215,12 @@ class KubeApi:
         if secret is None:
             raise SecretNotFound(f"Secret {namespace}/{name} not found")
         data = secret.get("data") or {}
-        if key in data:
-            return base64.b64decode(data[key]).decode()
         string_data = secret.get("stringData") or {}
-        if key in string_data:
-            return str(string_data[key])
-        raise SecretNotFound(f"Secret {namespace}/{name} has no key {key!r}")
+        if key in data:
+            value = base64.b64decode(data[key]).decode()
+        elif key in string_data:
+            value = str(string_data[key])
+        else:
+            raise SecretNotFound(f"Secret {namespace}/{name} has no key {key!r}")
+        redact.remember(value)  # never quoted in an Event, a log line or status from now on
+        return value

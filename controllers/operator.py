@@ -20,6 +20,7 @@ from judgequeue.core.logs import setup_logging
 
 from .handlers import OperatorConfig, OperatorState, build_registry
 from .kube import KubeApi, connection_info, load_configuration
+from .redact import RedactFilter
 
 _GLOB = set("*?[")
 
@@ -77,6 +78,10 @@ async def operate(
     """The operator as a coroutine (see :func:`run_operator`); ``state`` lets tests observe handlers."""
     configuration = load_configuration(options.kubeconfig)
     state = state or OperatorState(config=options.config)
+    # Kopf posts its per-object log lines at WARNING and above as Events: scrub them first.
+    objects = logging.getLogger("kopf.objects")
+    if not any(isinstance(f, RedactFilter) for f in objects.filters):
+        objects.addFilter(RedactFilter())
 
     async def login(**_: Any) -> kopf.ConnectionInfo:
         return connection_info(configuration)
@@ -107,6 +112,7 @@ def run_operator(options: OperatorOptions, *, log_level: str = "INFO") -> int:
     setup_logging(level if known else "INFO")
     for handler in logging.getLogger().handlers:
         handler.addFilter(_drop_kopf_settings)
+        handler.addFilter(RedactFilter())  # no secret in a log line, whoever wrote it
     if not known:
         logging.getLogger(__name__).warning(f"unknown log level {log_level!r}; using INFO")
     asyncio.run(operate(options))

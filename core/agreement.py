@@ -199,3 +199,15 @@ def check_gate(gate: Gate, figures: Agreement) -> GateCheck:
     if rate is not None and not high:
         short.append(f"{figures.percent} agree, {gate.min_agreement.normalize():f}% needed")
     return GateCheck(False, f"{figures.describe()} does not meet the gate ({gate.describe()}: {'; '.join(short)})")
+
+
+def gate_on_flip(gate: Gate | None, wanted_mode: str, row_mode: str, figures: Agreement | None) -> GateCheck | None:
+    """The gate's verdict on a flip to live, wherever the flags are written from (the operator, and
+    ``judgequeue local``): None when there is no flip to live to judge (the row is live already, the
+    spec asks for shadow) or no gate; else whether ``figures`` meet it (None: they could not be read,
+    which never meets it). ``cutover.force`` is the caller's to honour."""
+    if gate is None or wanted_mode != "live" or row_mode != "shadow":
+        return None
+    if figures is None:
+        return GateCheck(False, "shadow judging's figures could not be read (is the schema migrated?)")
+    return check_gate(gate, figures)

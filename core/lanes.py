@@ -26,6 +26,7 @@ from . import failpoints, giving_up, leases, metrics, shadow, streams
 from .connect import STATEMENT_TIMEOUT
 from .errors import DB_ERRORS, TransportError
 from .lifecycle import SHUTDOWN_STEP, cancel_within
+from .states import VERDICTS
 
 log = logging.getLogger("judgequeue.worker")
 
@@ -69,6 +70,10 @@ class Lane:
 
     def verdict_counter(self, queue: str, status: str) -> Any:
         return metrics.VERDICTS.labels(queue, status)
+
+    def verdict_counters(self, queue: str) -> dict[str, Any]:
+        """This lane's verdict counter of every verdict, each series created at zero."""
+        return {status: self.verdict_counter(queue, status) for status in VERDICTS}
 
 
 class ShadowLane(Lane):

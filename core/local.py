@@ -1,10 +1,12 @@
 """``judgequeue local``: run a JudgeQueue manifest on this machine, roles as child processes.
 
-Steps: read the manifest, migrate, create the queue, apply the cutover flags, start the dispatchers,
-workers and reapers (``judgequeue <role>`` with the environment rendered from the manifest), then
-show progress until Ctrl-C, or with ``--demo`` submit the demo programs and exit once each has a
-verdict. Children run in their own session so a terminal's Ctrl-C reaches only this process, which
-stops them in order with SIGTERM (SIGKILL after their grace period).
+Steps: read the manifest, migrate, create the queue, apply the cutover flags (a flip to live held
+back by ``spec.cutover.gate`` until shadow judging's figures meet it, exactly as the operator holds
+it: re-judged every ten seconds, written on the first check that meets it, ``cutover.force`` lets it
+through), start the dispatchers, workers and reapers (``judgequeue <role>`` with the environment
+rendered from the manifest), then show progress until Ctrl-C, or with ``--demo`` submit the demo
+programs and exit once each has a verdict. Children run in their own session so a terminal's Ctrl-C
+reaches only this process, which stops them in order with SIGTERM (SIGKILL after their grace period).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import asyncpg
 import redis.asyncio as aioredis
 
 from . import submissions
+from .agreement import GateCheck, gate_on_flip
 from .config import PREFIX, IntakeChoice, Settings, load_archive_settings, load_settings, redact_url, variable_for
 from .connect import connect_postgres, redis_client
 from .errors import ConfigError, Failure
@@ -37,7 +40,8 @@ from .manifest import Manifest, load_manifest
 from .migrate import migrate
 from .outbox import submit
 from .problems import InvalidPackage, read_package_dir, upload
-from .queues import create_queue, set_cutover
+from .queues import create_queue, get_queue, set_cutover
+from .shadow import agreement
 from .spec import ENDPOINTS_VARIABLE, FIELD_BY_PATH, INTAKE_PATH, ROLES, Role, fleet_intake
 from .states import VERDICTS
 from .status import Figures, gather
@@ -164,16 +168,20 @@ def check_endpoints(worker_env: Mapping[str, str]) -> None:
         raise Failure(f"{exc}{hint}") from None
 
 
-def plan_children(manifest: Manifest, workers: int | None) -> list[str]:
-    """Which role processes to start, in start order (shadow workers last, while the manifest's queue
-    is in shadow mode). Pure."""
+def plan_children(manifest: Manifest, workers: int | None, *, shadow_mode: bool | None = None) -> list[str]:
+    """Which role processes to start, in start order (shadow workers last, while the queue is in
+    shadow mode: the manifest's, or ``shadow_mode``, the row's, when a gate holds a flip to live
+    back). Pure."""
     counts = {
         "dispatcher": manifest.replicas.dispatcher,
         "worker": manifest.replicas.worker if workers is None else workers,
         "reaper": manifest.replicas.reaper,
     }
     plan: list[str] = [role for role in ROLES for _ in range(counts[role])]
-    return plan + [SHADOW_WORKER] * manifest.replicas.shadow_worker
+    shadow = manifest.spec.worker.shadow
+    shadow_workers = manifest.replicas.shadow_worker if shadow_mode is None else (
+        shadow.replicas if shadow.enabled and shadow_mode else 0)
+    return plan + [SHADOW_WORKER] * shadow_workers
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
@@ -339,13 +347,33 @@ def format_table(results: Sequence[Mapping[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-async def _prepare(conn: asyncpg.Connection, manifest: Manifest) -> None:
+#: Seconds between two looks at shadow judging's figures while a gate holds a flip to live back
+#: (the operator's default timer).
+GATE_RECHECK = 10.0
+
+
+async def held_back(conn: asyncpg.Connection, manifest: Manifest, row_mode: str) -> GateCheck | None:
+    """The gate's verdict when it holds the manifest's flip to live back (the queue row is in shadow
+    mode and shadow judging's figures do not meet ``spec.cutover.gate``), else None: no gate, no flip
+    to live to judge, the gate met, or ``cutover.force``."""
+    cutover = manifest.spec.cutover
+    if cutover.force or cutover.gate is None or manifest.cutover.mode != "live" or row_mode != "shadow":
+        return None
+    check = gate_on_flip(cutover.gate, "live", row_mode, await agreement(conn, manifest.queue))
+    return check if check is not None and not check.met else None
+
+
+async def _prepare(conn: asyncpg.Connection, manifest: Manifest) -> GateCheck | None:
+    """Migrate, create the queue and write the manifest's flags, the mode kept in shadow when the
+    gate holds the flip to live back (returned then)."""
     await migrate(conn)
-    await create_queue(conn, manifest.queue, mode=manifest.cutover.mode)  # type: ignore[arg-type]
-    changes: dict[str, Any] = {"mode": manifest.cutover.mode, "paused": manifest.cutover.paused}
+    row = await create_queue(conn, manifest.queue, mode=manifest.cutover.mode)  # type: ignore[arg-type]
+    held = await held_back(conn, manifest, row.mode)
+    changes: dict[str, Any] = {"mode": row.mode if held else manifest.cutover.mode, "paused": manifest.cutover.paused}
     if manifest.cutover.watermark is not None:
         changes["watermark"] = manifest.cutover.watermark
     await set_cutover(conn, manifest.queue, **changes)
+    return held
 
 
 def _files(options: LocalOptions, manifest: Manifest) -> tuple[list[DemoProgram], Path | None, Path]:
@@ -395,16 +423,22 @@ async def _local(options: LocalOptions, base_env: Mapping[str, str]) -> int:
             await asyncio.wait_for(client.ping(), 5)
         except Exception as exc:
             raise Failure(f"cannot reach Redis at {redact_url(options.redis_url)}: {type(exc).__name__}") from None
-        await _prepare(conn, manifest)
+        held = await _prepare(conn, manifest)
         if package is not None:
             # A checker is built with the workers' judge settings (their sandbox directory, trusted or not).
             worker_env = role_env(base_env, manifest, "worker", options, 0)
             uploaded = await upload(conn, package, bounds=bounds, judge_env=worker_env)
             display.say(f"problem {uploaded.id} version {uploaded.version}: {uploaded.tests} tests uploaded")
         display.say(
-            f"queue {manifest.queue}: mode={manifest.cutover.mode} paused={manifest.cutover.paused}; "
+            f"queue {manifest.queue}: mode={'shadow' if held else manifest.cutover.mode}"
+            f" paused={manifest.cutover.paused}; "
             f"postgres {redact_url(options.postgres_dsn)}, redis {redact_url(options.redis_url)}"
         )
+        if held is not None:
+            display.say(f"the flip to live is held back by spec.cutover.gate: {held.message}; the queue stays in"
+                        f" shadow mode and flips on the first look (every {GATE_RECHECK:g}s) whose figures meet it")
+            plan[:] = plan_children(manifest, options.workers, shadow_mode=True)
+        next_gate_look = loop.time() + GATE_RECHECK
         display.say(f"intake {intake.intake} ({intake.reason})")
         children = start_children(plan, env_for, log_dir)
         display.say(f"started {', '.join(c.label for c in children)} (logs in {log_dir}); Ctrl-C stops")
@@ -423,6 +457,13 @@ async def _local(options: LocalOptions, base_env: Mapping[str, str]) -> int:
                     display.say(f"{c.label} exited with code {c.process.returncode}; last log lines:\n{c.tail()}")
                 code = 1
                 break
+            if held is not None and loop.time() >= next_gate_look:
+                next_gate_look = loop.time() + GATE_RECHECK
+                held = await held_back(conn, manifest, (await get_queue(conn, manifest.queue)).mode)
+                if held is None:
+                    await set_cutover(conn, manifest.queue, mode="live")
+                    display.end()
+                    display.say(f"queue {manifest.queue}: the gate is met, flipped to live")
             progress = await read_progress(conn, client, manifest.queue)
             alive = sum(1 for c in children if c.process.poll() is None)
             display.show(progress_line(progress, alive, len(children)))

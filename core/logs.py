@@ -12,8 +12,9 @@ import sys
 from datetime import UTC, datetime
 from typing import IO, Any
 
-# Attributes every LogRecord has; anything else on a record came from ``extra=``.
-_STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime", "taskName"}
+#: Attributes every LogRecord has; anything else on a record came from ``extra=``.
+STANDARD_ATTRIBUTES = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {
+    "message", "asctime", "taskName"}
 
 
 def _jsonable(value: Any) -> Any:
@@ -35,7 +36,7 @@ def log_event(record: logging.LogRecord) -> dict[str, Any]:
         "msg": record.getMessage(),
     }
     for key, value in vars(record).items():
-        if key not in _STANDARD and not key.startswith("_") and key not in event:
+        if key not in STANDARD_ATTRIBUTES and not key.startswith("_") and key not in event:
             event[key] = _jsonable(value)
     if record.exc_info and record.exc_info[0] is not None:
         event["exc"] = logging.Formatter().formatException(record.exc_info)
@@ -62,7 +63,7 @@ def _tolerant_make_record(self: logging.Logger, *args: Any, **kwargs: Any) -> lo
         extra = kwargs.get("extra") if "extra" in kwargs else (args_list[8] if len(args_list) > 8 else None)
         if not extra:
             raise
-        renamed = {(f"{k}_" if k in _STANDARD else k): v for k, v in extra.items()}
+        renamed = {(f"{k}_" if k in STANDARD_ATTRIBUTES else k): v for k, v in extra.items()}
         if "extra" in kwargs:
             kwargs["extra"] = renamed
         else:

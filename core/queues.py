@@ -13,6 +13,7 @@ other, and :func:`set_cutover` with ``owner`` writes only while that owner holds
 from __future__ import annotations
 
 import re
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -26,6 +27,10 @@ from .states import Mode as Mode
 #: Seconds a flag flip waits for submit transactions that filled workers' offers and are still open
 #: (the interlock in submit()) before it gives up with :class:`CutoverBlocked`.
 FLIP_WAIT = 10.0
+
+#: The channel on which every change of a queue's flags or owner is announced at its commit, whoever
+#: made it (the ``queues_notify`` trigger): the payload is the queue's name.
+QUEUES_CHANNEL = "judgequeue_queues"
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
@@ -116,6 +121,18 @@ async def release_queue(conn: asyncpg.Connection, name: str, owner: str) -> bool
     return bool(await conn.fetchval(sql.query("queue_release"), name, owner))
 
 
+async def owned_queues(conn: asyncpg.Connection, owner: str) -> list[str]:
+    """The names of the queues ``owner`` holds."""
+    return [str(r["name"]) for r in await conn.fetch(sql.query("queue_owned_by"), owner)]
+
+
+async def take_back_queue(conn: asyncpg.Connection, name: str, owner: str, usurper: str) -> bool:
+    """Make ``owner`` the owner again of a queue whose owner was set to ``usurper`` by hand (only
+    while ``usurper`` holds it); False if someone else holds it by now. Ownership changes hands
+    through :func:`release_queue` and :func:`claim_queue`, never directly from one owner to another."""
+    return bool(await conn.fetchval(sql.query("queue_take_back"), name, owner, usurper))
+
+
 _UNSET: object = object()
 
 
@@ -186,3 +203,24 @@ async def database_now(conn: asyncpg.Connection) -> datetime:
     """The database clock, which every watermark and time decision uses (never the caller's clock)."""
     now: datetime = await conn.fetchval(sql.query("db_now"))
     return now
+
+
+async def listen_queues(conn: asyncpg.Connection, on_change: Callable[[str], object]) -> Callable[[], Awaitable[None]]:
+    """Call ``on_change(name)`` whenever a queue's flags (mode, watermark, paused) or owner change, or
+    a queue is created or deleted, at the commit of whatever changed them: judgequeue's own writes,
+    ``judgequeue cutover set`` and plain SQL alike. Returns a coroutine function that stops listening.
+
+    ``conn`` must reach Postgres directly (LISTEN does not work through a transaction pooler) and stay
+    open; a closed connection hears nothing more, so a caller checks ``conn.is_closed()`` and listens
+    again on a new one (it may have missed changes meanwhile: read the row again then)."""
+
+    def heard(_conn: object, _pid: int, _channel: str, payload: object) -> None:
+        on_change(str(payload))
+
+    await conn.add_listener(QUEUES_CHANNEL, heard)
+
+    async def stop() -> None:
+        if not conn.is_closed():
+            await conn.remove_listener(QUEUES_CHANNEL, heard)
+
+    return stop

@@ -13,6 +13,7 @@ from typing import Any
 
 import asyncpg
 import redis.asyncio as aioredis
+from redis.exceptions import ResponseError
 
 from . import shadow
 from .agreement import OUTCOMES, Agreement
@@ -21,7 +22,7 @@ from .outbox import OUTBOX_STATES
 from .outbox import stats as outbox_stats
 from .queues import QueueFlags, get_queue
 from .stream_stats import stream_figures
-from .streams import GROUP, stream_key
+from .streams import GROUP, shadow_key, stream_key
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,9 @@ class Figures:
     consumers: int | None = None
     live_consumers: int | None = None
     group_present: bool | None = None
+    #: Shadow workers: the consumers of the shadow stream's group (shadow judging), and how many are live.
+    shadow_consumers: int | None = None
+    live_shadow_consumers: int | None = None
     mode: str | None = None
     watermark: datetime | None = None
     paused: bool | None = None
@@ -124,6 +128,14 @@ async def gather_redis(client: aioredis.Redis, queue: str, *, live_window: float
     if f.group_present and f.consumers:
         consumers = await client.xinfo_consumers(stream_key(queue), GROUP)
         out["live_consumers"] = sum(1 for c in consumers if int(c["idle"]) / 1000 <= live_window)
+    try:  # shadow workers read the shadow stream in a group of the same name
+        shadow_consumers = list(await client.xinfo_consumers(shadow_key(queue), GROUP))
+    except ResponseError as exc:  # no shadow stream, or no group on it yet: no shadow worker ever read
+        if "no such key" not in str(exc).lower() and "nogroup" not in str(exc).lower():
+            raise
+        shadow_consumers = []
+    out["shadow_consumers"] = len(shadow_consumers)
+    out["live_shadow_consumers"] = sum(1 for c in shadow_consumers if int(c["idle"]) / 1000 <= live_window)
     return out
 
 
@@ -196,6 +208,8 @@ def render(figures: Figures, verdict: Verdict) -> str:
         f"  shadow stream  {_show(figures.shadow_length)}",
         f"  consumers      {_show(figures.live_consumers)} live of {_show(figures.consumers)}"
         + ("" if figures.group_present in (None, True) else f"  (group {GROUP!r} not created yet)"),
+        *([f"  shadow workers {_show(figures.live_shadow_consumers)} live of {_show(figures.shadow_consumers)}"]
+          if figures.mode == "shadow" or figures.shadow_consumers else []),
         f"  backlog        {figures.backlog}",
     ]
     lines += shadow_lines(figures)

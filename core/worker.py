@@ -130,7 +130,10 @@ class Worker:
         self._m_e2e = metrics.END_TO_END.labels(q)
         self._m_in_flight = metrics.JOBS_IN_FLIGHT.labels(q)
         self._m_renew_failures = metrics.LEASE_RENEW_FAILURES.labels(q)
-        self._m_verdicts: dict[str, Any] = {} if self.lane.shadow else metrics.verdict_series(q)
+        # Every worker exports judgequeue_verdicts_total at zero for each verdict, as documented (a shadow
+        # worker never counts one there); its own lane's counters, the shadow ones for a shadow worker.
+        metrics.verdict_series(q)
+        self._m_verdicts: dict[str, Any] = self.lane.verdict_counters(q)
 
     def _open_intake(self) -> Intake:
         """The one place the intake is chosen: direct intake (``JUDGEQUEUE_INTAKE=direct``, never in

@@ -485,6 +485,15 @@ RETURNING name, mode, watermark, paused, config_version, updated_at, owner
 -- Give up a queue's ownership, only if $2 holds it; returns whether it did.
 UPDATE judgequeue.queues SET owner = NULL WHERE name = $1 AND owner = $2 RETURNING true
 
+-- name: queue_owned_by
+-- The queues $1 owns, by name.
+SELECT name FROM judgequeue.queues WHERE owner = $1 ORDER BY name
+
+-- name: queue_take_back
+-- Make $2 the owner again of a queue whose owner column was set to $3 outside the operator (only
+-- while $3 holds it); returns whether it did.
+UPDATE judgequeue.queues SET owner = $2 WHERE name = $1 AND owner = $3 RETURNING true
+
 -- name: queue_flip_wait
 -- How long a flag flip waits for submit transactions that filled workers' offers
 -- before it gives up, until the end of the transaction (set_cutover puts the old value back);

@@ -71,6 +71,24 @@ END $$;
 CREATE TRIGGER queues_guard BEFORE UPDATE ON judgequeue.queues
     FOR EACH ROW EXECUTE FUNCTION judgequeue.queues_guard();
 
+-- Whoever changes a queue's flags or owner (judgequeue, `judgequeue cutover set`, plain SQL), its
+-- operator hears of it at the commit: a notification on judgequeue_queues carrying the queue's name
+-- (core/queues.py listen_queues), so status never holds stale flags for a timer's interval. Flags and
+-- owners change rarely; submits never write this table, and offers_until notifies nobody.
+CREATE FUNCTION judgequeue.queues_notify() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'DELETE' THEN
+        PERFORM pg_notify('judgequeue_queues', OLD.name);
+    ELSIF TG_OP = 'INSERT' OR (NEW.mode, NEW.watermark, NEW.paused, NEW.owner)
+                              IS DISTINCT FROM (OLD.mode, OLD.watermark, OLD.paused, OLD.owner) THEN
+        PERFORM pg_notify('judgequeue_queues', NEW.name);
+    END IF;
+    RETURN NULL;
+END $$;
+
+CREATE TRIGGER queues_notify AFTER INSERT OR UPDATE OR DELETE ON judgequeue.queues
+    FOR EACH ROW EXECUTE FUNCTION judgequeue.queues_notify();
+
 -- === submissions: the fence target ================================================================
 
 -- No foreign key to queues on purpose: every submit would take a KEY SHARE lock on the same queue

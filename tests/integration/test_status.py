@@ -116,3 +116,27 @@ async def test_gather_reports_unreachable_redis(pg: asyncpg.Connection, queue_na
         await client.aclose()
     assert f.redis_error is not None
     assert not evaluate(f, Thresholds()).healthy
+
+
+async def test_shadow_workers_are_shown_as_the_shadow_streams_consumers(
+    pg: asyncpg.Connection, redis_client: aioredis.Redis, queue_name: str
+) -> None:
+    """A queue in shadow mode judged by two shadow workers: they read the shadow stream in their
+    group, not the work stream, and ``status`` counts them there instead of '0 live of 0'."""
+    await create_queue(pg, queue_name, mode="shadow")
+    f = await gather(pg, redis_client, queue_name)
+    assert (f.shadow_consumers, f.live_shadow_consumers) == (0, 0)  # no shadow stream yet
+    assert "shadow workers 0 live of 0" in render(f, evaluate(f, Thresholds()))
+    await streams.ensure_group(redis_client, queue_name, shadow=True)
+    for consumer in ("shadow-a", "shadow-b"):
+        await redis_client.xadd(streams.shadow_key(queue_name), {"submission": consumer})
+        await redis_client.xreadgroup(streams.GROUP, consumer, {streams.shadow_key(queue_name): ">"}, count=1)
+    f = await gather(pg, redis_client, queue_name)
+    assert (f.consumers, f.shadow_consumers, f.live_shadow_consumers) == (0, 2, 2)
+    text = render(f, evaluate(f, Thresholds()))
+    assert "consumers      0 live of 0" in text and "shadow workers 2 live of 2" in text, text
+    assert as_json(f, evaluate(f, Thresholds()))["live_shadow_consumers"] == 2
+    # A live queue without shadow workers shows no such line.
+    await create_queue(pg, f"{queue_name}-live")
+    live = await gather(pg, redis_client, f"{queue_name}-live")
+    assert "shadow workers" not in render(live, evaluate(live, Thresholds()))

@@ -19,7 +19,11 @@ There is no kubelet or container runtime on the test machines, so this agent sta
   ``terminationMessagePolicy: FallbackToLogsOnError`` a failed run's log tail (its last 80 lines, at
   most 2048 bytes), as the kubelet does when the container wrote no termination-message file (a
   process here has no private /dev, so ``terminationMessagePath`` itself is not mounted);
-- on deletion sends SIGTERM, then SIGKILL after the pod's grace period, and removes the pod.
+- on deletion sends SIGTERM, then SIGKILL after the pod's grace period, and removes the pod;
+- cannot pull an image from a registry under the reserved ``.invalid`` top-level domain (RFC 2606),
+  as a kubelet could not resolve its host: the container waits in ``ErrImagePull``, then
+  ``ImagePullBackOff``, with the runtime's kind of message, and never starts (every other image is
+  taken as present: the container runs the installed command).
 
 Pods share the host's network (no network namespace), so every declared ``containerPort`` is mapped
 to a free host port: the environment values and ``--flag=PORT`` arguments that name the port are
@@ -85,6 +89,14 @@ class PodRun:
     log_offset: int = 0  # where the current run's output starts in container.log
     last_terminated: dict[str, Any] | None = None  # the last exit, as containerStatuses[].lastState.terminated
     finished: bool = False  # ran to completion under its restartPolicy: never started again
+    pull_error: str = ""  # why the image cannot be pulled (the container never starts)
+    pull_tries: int = 0
+
+
+def unpullable(image: str) -> bool:
+    """An image whose registry host is under ``.invalid``: no resolver knows it (RFC 2606)."""
+    host = image.split("/", 1)[0] if "/" in image else ""
+    return host.split(":", 1)[0].endswith(".invalid")
 
 
 class NodeAgent:
@@ -325,6 +337,13 @@ class NodeAgent:
     def _keep_running(self, run: PodRun) -> None:
         if run.finished or (run.process is not None and run.process.poll() is None):
             return
+        image = str(run.pod["spec"]["containers"][0].get("image", ""))
+        if unpullable(image):
+            host = image.split("/", 1)[0]
+            run.pull_tries += 1
+            run.pull_error = (f'failed to pull and unpack image "{image}": failed to resolve reference "{image}":'
+                              f" dial tcp: lookup {host.split(':', 1)[0]}: no such host")
+            return
         if run.process is not None:
             code = int(run.process.returncode)
             run.exit_codes.append(code)
@@ -417,6 +436,11 @@ class NodeAgent:
         if not running:
             state = ({"waiting": {"reason": "CreateContainerConfigError", "message": run.config_error}}
                      if run.config_error else {"waiting": {"reason": "CrashLoopBackOff"}})
+            if run.pull_error:  # as a kubelet: the pull's error, then its back-off, in turn
+                reason = "ErrImagePull" if run.pull_tries % 10 < 5 else "ImagePullBackOff"
+                message = run.pull_error if reason == "ErrImagePull" else (
+                    f'Back-off pulling image "{container["image"]}": ErrImagePull: {run.pull_error}')
+                state = {"waiting": {"reason": reason, "message": message}}
         # A container that never started (its config could not be resolved) has no start time yet.
         since = run.started_at or run.pod["metadata"]["creationTimestamp"]
         phase = "Running" if running or run.restarts else "Pending"

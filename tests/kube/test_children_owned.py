@@ -9,6 +9,7 @@ is one JSON line at INFO (with the diff at DEBUG, the level this operator runs a
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -90,5 +91,61 @@ def test_fields_added_to_children_are_removed_and_named(
         # The queue was created by the claim with the spec's flags: nothing else was written to it.
         assert [e["object"] for e in tools.actions(lines, "claim")] == [f"queue {queue_name}"]
         assert tools.actions(lines, "cutover") == []
+    finally:
+        operator.stop()
+
+
+def _replace_force(kube: Cluster, namespace: str, kind: str, name: str,
+                   change: Callable[[dict[str, Any]], None]) -> str:
+    """``kubectl get -o json``, changed, then ``kubectl replace --force``: the object is deleted and
+    created again under its name (a new uid, generation 1 again); returns the new uid."""
+    obj = json.loads(kube.kubectl("get", "-n", namespace, kind, name, "-o", "json").stdout)
+    old_uid = obj["metadata"]["uid"]
+    change(obj)
+    kube.kubectl("replace", "--force", "-f", "-", input=json.dumps(obj))
+    new = json.loads(kube.kubectl("get", "-n", namespace, kind, name, "-o", "json").stdout)
+    assert new["metadata"]["uid"] != old_uid, "kubectl replace --force makes a new object"
+    return str(new["metadata"]["uid"])
+
+
+def test_a_child_recreated_by_hand_is_compared_whole_at_once(
+    crd_installed: Cluster, namespace: str, pg_dsn: str, queue_name: str, tmp_path: Path
+) -> None:
+    """A child deleted and created again with ``kubectl replace --force`` (same name, labels and owner
+    reference, a new uid) starts at generation 1 again, as the original did: it is still compared in
+    full on the next pass, and what it added is removed."""
+    kube = crd_installed
+    operator = tools.operator_with_secrets(kube, namespace, tmp_path / "operator.log", dsn=pg_dsn)
+    deployments = f"/apis/apps/v1/namespaces/{namespace}/deployments"
+    policy = f"/apis/networking.k8s.io/v1/namespaces/{namespace}/networkpolicies/judge-worker-egress"
+    try:
+        kube.request("POST", tools.jq_path(namespace), tools.judgequeue(
+            "judge", queue_name, reaper={"replicas": 0},
+            worker={"judge": "program", "minReplicas": 1, "maxReplicas": 1}))
+        tools.wait_for("every child", lambda: all(kube.get(p) for p in (f"{deployments}/judge-dispatcher", policy)),
+                       timeout=60, check=operator.check)
+        tools.wait_ticks(kube, namespace, "judge", 2, check=operator.check)  # verified, and found equal again
+        rendered_policy = kube.request("GET", policy)["spec"]
+        assert kube.request("GET", f"{deployments}/judge-dispatcher")["metadata"]["generation"] == 1
+
+        _replace_force(kube, namespace, "deployment", "judge-dispatcher",
+                       lambda obj: obj["spec"]["template"]["spec"].update(hostNetwork=True))
+        _replace_force(kube, namespace, "networkpolicy", "judge-worker-egress",
+                       lambda obj: obj["spec"].update(egress=[{}]))
+
+        def host_network() -> Any:
+            return kube.request("GET", f"{deployments}/judge-dispatcher")["spec"]["template"]["spec"].get(
+                "hostNetwork")
+
+        tools.wait_for("hostNetwork removed", lambda: not host_network(), timeout=15, check=operator.check)
+        tools.wait_for("the egress policy as rendered", lambda: kube.request("GET", policy)["spec"] == rendered_policy,
+                       timeout=15, check=operator.check)
+
+        def named() -> str:
+            return " | ".join(e["message"] for e in tools.warning_events(kube, namespace, "judge", "DriftReverted"))
+
+        tools.wait_for("Warning Events naming both", lambda: all(f in named() for f in (
+            "spec.template.spec.hostNetwork=true (not in the spec)", "NetworkPolicy judge-worker-egress")),
+            timeout=15, check=operator.check)
     finally:
         operator.stop()

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import os
+import random
 import subprocess
 import time
 from collections.abc import Iterator
@@ -22,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from judgequeue.controllers.handlers import OperatorConfig
 from tests.kube import tools
 from tests.kube.cluster import Cluster
 from tests.support.databases import REDIS_URL
@@ -183,5 +185,64 @@ def test_a_second_judgequeue_on_the_same_queue_is_refused_and_writes_nothing(
         assert kube.get(f"/apis/apps/v1/namespaces/{second}/deployments/judge-worker") is not None
         assert [e["action"] for e in tools.actions(operator.lines()) if e["action"] in ("claim", "release")] == [
             "claim", "release", "claim"]
+    finally:
+        operator.stop()
+
+
+AGREES_WITHIN = 2.0  # seconds from a change of the row to status saying what it holds
+
+
+def _sql_flip(dsn: str, queue: str, mode: str, paused: bool) -> None:
+    tools.run_sql(dsn, "UPDATE judgequeue.queues SET mode = $2, paused = $3 WHERE name = $1", queue, mode, paused)
+
+
+def test_status_agrees_with_the_row_within_2s_of_any_change(
+    crd_installed: Cluster, namespace: str, pg_dsn: str, queue_name: str, tmp_path: Path
+) -> None:
+    """A property over a random schedule of flag changes made outside the spec (the CLI and plain
+    SQL, some in quick succession), with ``driftPolicy: report`` so the row keeps each one: within
+    2 s of every change, ``status.cutover`` names the row's config version and flags and
+    ``CutoverApplied`` is True exactly when the row holds the spec's flags. The operator runs with
+    its default timer (10 s): only hearing the change from Postgres can meet the bound."""
+    kube = crd_installed
+    seed = int(os.environ.get("JUDGEQUEUE_TEST_SEED", time.time_ns() % 1_000_000))
+    rng = random.Random(seed)
+    operator = tools.operator_with_secrets(kube, namespace, tmp_path / "operator.log", dsn=pg_dsn,
+                                           interval=OperatorConfig().interval)
+    try:
+        kube.request("POST", tools.jq_path(namespace), tools.judgequeue(
+            "judge", queue_name, cutover={"mode": "shadow", "driftPolicy": "report"}, **_spec()))
+        met, _, out = tools.kubectl_wait(kube, namespace, "judge", "CutoverApplied", timeout=60)
+        assert met, out
+        lags: list[float] = []
+        for step in range(10):
+            row = _row(pg_dsn, queue_name)
+            mode, paused = rng.choice([("live", False), ("live", True), ("shadow", True), ("shadow", False)])
+            if (mode, paused) == (row["mode"], row["paused"]):
+                mode = "live" if mode == "shadow" else "shadow"  # a change, not a no-op
+            if rng.random() < 0.5:
+                _cli_flip(pg_dsn, queue_name, "--mode", mode, "--pause" if paused else "--resume")
+            else:
+                _sql_flip(pg_dsn, queue_name, mode, paused)
+            changed = time.monotonic()
+            version = _row(pg_dsn, queue_name)["config_version"]
+            applied = (mode, paused) == ("shadow", False)
+
+            def agrees(version: int = version, mode: str = mode, paused: bool = paused,
+                       applied: bool = applied) -> bool:
+                obj = kube.request("GET", tools.jq_path(namespace, "judge"))
+                shown = obj["status"].get("cutover") or {}
+                cond = tools.condition(obj, "CutoverApplied")
+                return (shown.get("configVersion"), shown.get("mode"), shown.get("paused")) == (
+                    version, mode, paused) and cond.get("status") == ("True" if applied else "False") and (
+                    f"(config version {version})" in cond.get("message", ""))
+
+            tools.wait_for(f"step {step} (seed {seed}): status agreeing with {mode} paused={paused} v{version}",
+                           agrees, timeout=AGREES_WITHIN + 5, check=operator.check)
+            lags.append(time.monotonic() - changed)
+            time.sleep(rng.choice([0.0, 0.2, 1.0, 1.5]))
+        tools.record_figure("flags_status_lag_max_seconds", round(max(lags), 2))
+        assert max(lags) <= AGREES_WITHIN, (seed, [round(lag, 2) for lag in lags])
+        assert _row(pg_dsn, queue_name)["config_version"] == version  # reported, never restored
     finally:
         operator.stop()

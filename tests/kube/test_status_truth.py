@@ -8,8 +8,10 @@ with the operator running as the chart's ServiceAccount:
 - ``kubectl wait --for=condition=Degraded`` returns within 15 s of the failure, and the condition's
   reason is the case's and its message quotes the cause's own words (the API server's, the
   Deployment controller's, the role's);
+- the failure is a Warning Event on the JudgeQueue with the same reason (``kubectl describe jq``);
 - once the failure is fixed, ``kubectl wait --for=condition=Ready`` returns, and Degraded is False
-  (and what the fix brought holds: the worker pods' priority from the class named).
+  (and what the fix brought holds: the worker pods' priority from the class named), and the recovery
+  is a Normal Event of each condition that moved back (Ready, Degraded).
 
 The pods run on the node agent (tests/kube/node.py), so Ready means the roles really run.
 """
@@ -221,12 +223,26 @@ def test_every_failure_is_degraded_with_its_cause_then_ready_once_fixed(
             ready = tools.condition(obj, "Ready")
             assert (ready["status"], ready["reason"]) == ("False", case.ready_reason), ready
             assert case.message in ready["message"], ready
+        warnings = tools.wait_for(f"a Warning Event {case.reason}", lambda: tools.warning_events(
+            kube, namespace, "judge", case.reason), timeout=10, check=operator.check)
+        assert any(case.message in e["message"] for e in warnings), (case.name, warnings)
+
+        def normal(reason: str) -> int:
+            return sum(1 for e in tools.events(kube, namespace, "judge") if (e["type"], e["reason"]) == (
+                "Normal", reason))
+
+        before = {reason: normal(reason) for reason in ("AllReplicasAvailable", "Reconciled")}
         case.fix(ctx)
         met, took, out = tools.kubectl_wait(kube, namespace, "judge", "Ready", timeout=120)
         obj = kube.request("GET", tools.jq_path(namespace, "judge"))
         assert met, (case.name, out, obj.get("status"), operator.text()[-3000:])
         assert tools.condition(obj, "Degraded")["status"] == "False", obj["status"]
         case.check(ctx)
+        for recovered, reason in (("Ready", "AllReplicasAvailable"), ("Degraded", "Reconciled")):
+            assert tools.condition(obj, recovered)["reason"] == reason
+            tools.wait_for(f"a new Normal Event {reason} ({recovered})",
+                           lambda r=reason: normal(r) > before[r],  # type: ignore[misc]
+                           timeout=10, check=operator.check)
         tools.record_figure(f"ready_after_fix_seconds[{case.name}]", round(took, 2))
     finally:
         operator.stop()

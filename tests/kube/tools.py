@@ -138,11 +138,18 @@ def wait_ticks(kube: Cluster, namespace: str, name: str, ticks: int, *, check: C
                  timeout=timeout, check=check)
 
 
+def events(kube: Cluster, namespace: str, name: str) -> list[dict[str, Any]]:
+    """The Events on JudgeQueue ``name``, oldest first."""
+    items = kube.request("GET", f"/api/v1/namespaces/{namespace}/events")["items"]
+    return sorted((e for e in items if e["involvedObject"].get("name") == name
+                   and e["involvedObject"].get("kind") == "JudgeQueue"),
+                  key=lambda e: str(e.get("lastTimestamp") or e.get("eventTime") or ""))
+
+
 def warning_events(kube: Cluster, namespace: str, name: str, reason: str | None = None) -> list[dict[str, Any]]:
     """Warning Events on JudgeQueue ``name`` (of ``reason``, when given)."""
-    events = kube.request("GET", f"/api/v1/namespaces/{namespace}/events")["items"]
-    return [e for e in events if e["involvedObject"].get("name") == name and e["involvedObject"].get("kind")
-            == "JudgeQueue" and e.get("type") == "Warning" and (reason is None or e.get("reason") == reason)]
+    return [e for e in events(kube, namespace, name)
+            if e.get("type") == "Warning" and (reason is None or e.get("reason") == reason)]
 
 
 def condition(obj: Mapping[str, Any] | None, type_: str) -> dict[str, Any]:

@@ -9,6 +9,7 @@ quickstart's queue name is fixed, so a shared Redis would be shared with any oth
 
 from __future__ import annotations
 
+import asyncio
 import re
 import signal
 import subprocess
@@ -16,9 +17,14 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import asyncpg
 import pytest
+import yaml
 
 from judgequeue.core.config import intake_for_fleet
+from judgequeue.core.local import GATE_RECHECK
+from judgequeue.core.migrate import migrate
+from judgequeue.core.queues import create_queue
 from tests.support.redis_servers import redis_server
 from tests.support.roles import JUDGEQUEUE, RoleProcess, clean_env
 from tests.support.waiting import wait_for
@@ -161,3 +167,72 @@ def test_local_bad_manifest_is_one_line_exit_2(tmp_path: Path) -> None:
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "spec.dispatcher.batchSize: must be between 1 and 10000, got 0" in lines[0]
+
+
+def _compared(dsn: str, queue: str, first_id: int, matched: int, mismatched: int) -> None:
+    """Shadow judging's figures as a shadow worker and a legacy judge leave them: a shadow verdict and
+    a legacy verdict per submission, ``matched`` of them the same."""
+    async def write() -> None:
+        conn = await asyncpg.connect(dsn)
+        try:
+            for i in range(matched + mismatched):
+                legacy = "ACCEPTED" if i < matched else "WRONG_ANSWER"
+                await conn.execute("INSERT INTO judgequeue.shadow_verdicts (submission_id, queue, generation, status)"
+                                   " VALUES ($1, $2, 1, 'ACCEPTED')", first_id + i, queue)
+                await conn.execute("INSERT INTO judgequeue.legacy_verdicts (submission_id, queue, status)"
+                                   " VALUES ($1, $2, $3)", first_id + i, queue, legacy)
+        finally:
+            await conn.close()
+
+    asyncio.run(write())
+
+
+def _mode(dsn: str, queue: str) -> str:
+    async def read() -> str:
+        conn = await asyncpg.connect(dsn)
+        try:
+            return str(await conn.fetchval("SELECT mode FROM judgequeue.queues WHERE name = $1", queue))
+        finally:
+            await conn.close()
+
+    return asyncio.run(read())
+
+
+def test_local_holds_a_flip_to_live_back_until_the_gate_is_met(
+    pg_dsn: str, local_redis: str, tmp_path: Path, queue_name: str
+) -> None:
+    """As the operator does: a manifest asking live for a queue in shadow mode whose shadow judging
+    agrees 85.7% (6 of 7) with a 90% gate stays in shadow, saying why; once the figures meet the gate
+    (9 of 10) the flip is written on the next look, without a restart."""
+    async def shadow_queue() -> None:
+        conn = await asyncpg.connect(pg_dsn)
+        try:
+            await migrate(conn)
+            await create_queue(conn, queue_name, mode="shadow")
+        finally:
+            await conn.close()
+
+    asyncio.run(shadow_queue())
+    _compared(pg_dsn, queue_name, 1, matched=6, mismatched=1)
+    doc = yaml.safe_load(sleep_manifest(tmp_path, queue_name).read_text())
+    doc["spec"]["cutover"] = {"mode": "live", "gate": {"minAgreement": "90%", "minSamples": 5}}
+    manifest = tmp_path / "gated.yaml"
+    manifest.write_text(yaml.safe_dump(doc))
+    env = clean_env(JUDGEQUEUE_POSTGRES_DSN=pg_dsn, JUDGEQUEUE_REDIS_URL=local_redis)
+    out = tmp_path / "local.out"
+    local = RoleProcess("local", env, out, "-f", str(manifest), "--workers", "1")
+    try:
+        wait_for(lambda: "Ctrl-C stops" in out.read_text(), 30, "local to start its roles")
+        text = out.read_text()
+        assert "held back by spec.cutover.gate" in text and "85.71% agree, 90% needed" in text, text
+        assert f"queue {queue_name}: mode=shadow" in text, text
+        assert _mode(pg_dsn, queue_name) == "shadow"
+        time.sleep(GATE_RECHECK + 1)
+        assert _mode(pg_dsn, queue_name) == "shadow"  # looked again: still not met
+        _compared(pg_dsn, queue_name, 100, matched=3, mismatched=0)
+        wait_for(lambda: _mode(pg_dsn, queue_name) == "live", GATE_RECHECK + 10, "the flip to live")
+        wait_for(lambda: "the gate is met, flipped to live" in out.read_text(), 10, "local to say so")
+        local.send_signal(signal.SIGINT)
+        assert local.wait(timeout=60) == 0, out.read_text()
+    finally:
+        local.ensure_dead()

@@ -221,3 +221,27 @@ async def test_idle_dispatcher_says_when_redis_is_unreachable(
     assert event["level"] == "WARNING" and "error" in event
     assert proc.stop() == 0
     assert len(warned()) == 1, "logged once per outage, not once per idle cycle"
+
+
+@pytest.mark.parametrize("lane", ["live", "shadow"])
+async def test_every_worker_exports_a_zero_series_per_verdict(
+    lane: str, start_role: Callable[..., RoleProcess], pg_dsn: str, queue_name: str, redis_client: aioredis.Redis
+) -> None:
+    """docs/judges.md: ``judgequeue_verdicts_total`` has a zero series for each verdict, so a rate or an
+    alert sees one before the first such verdict; a shadow worker exports them too (it never counts
+    there) and its own ``judgequeue_shadow_verdicts_total`` at zero the same way."""
+    from judgequeue.core.states import VERDICTS
+
+    await create_queue_at(pg_dsn, queue_name)
+    shadow = {"JUDGEQUEUE_SHADOW": "judge"} if lane == "shadow" else {}
+    proc = start_role("worker", **role_env(pg_dsn, queue_name, JUDGEQUEUE_JUDGE="sleep", **shadow))
+    port = proc.port()
+    names = ["judgequeue_verdicts_total"] + (["judgequeue_shadow_verdicts_total"] if lane == "shadow" else [])
+    wanted = [f'{name}{{queue="{queue_name}",status="{verdict}"}} 0.0' for name in names for verdict in VERDICTS]
+
+    def complete() -> bool:  # the series appear once the worker has started, after its probes
+        text = http_get(port, "/metrics")[1]
+        return all(series in text for series in wanted)
+
+    wait_for(complete, 20, "a zero series per verdict")
+    proc.stop(timeout=30)

@@ -243,9 +243,10 @@ def test_rollout_names_why_a_role_is_unavailable() -> None:
     assert (ready.status, ready.reason) == ("False", "ContainersFailing")
     assert ready.message == f"available replicas: worker 0/1; worker pod judge-worker-a exited 2: {GPU_LINE}"
     assert (degraded.status, degraded.reason) == ("True", "RoleMisconfigured") and GPU_LINE in degraded.message
-    # A runtime failure (exit 1: say, Postgres unreachable) is quoted but is not a configuration error.
+    # A runtime failure (exit 1: say, Postgres unreachable) is quoted; it is a crash, not a configuration error.
     ready, _, degraded = conditions.rollout(roles, [conditions.PodFailure("worker", "p", 1, "connection refused")])
-    assert "connection refused" in ready.message and degraded.status == "False"
+    assert "connection refused" in ready.message
+    assert (degraded.status, degraded.reason) == ("True", "ContainersFailing") and "exited 1" in degraded.message
     # A failure of a role that is available again is history, not the reason for anything.
     ready, _, degraded = conditions.rollout([*roles[:1], conditions.availability("worker", up), roles[2]], [gpu])
     assert (ready.status, degraded.status) == ("True", "False") and GPU_LINE not in ready.message

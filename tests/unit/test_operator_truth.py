@@ -162,6 +162,81 @@ def test_deployment_conditions_make_status() -> None:
     assert conditions.degraded([]).status == "False"
 
 
+def _rolling(**status: Any) -> dict[str, Any]:
+    """A worker Deployment of one replica whose rollout to template ``new`` left template ``old``'s pod
+    running: what the Deployment controller reports with maxSurge 1 and maxUnavailable 0."""
+    body: dict[str, Any] = {"metadata": {"name": "judge-worker", "generation": 3}, "spec": {"replicas": 1},
+                            "status": {"observedGeneration": 3, "replicas": 2, "updatedReplicas": 1,
+                                       "readyReplicas": 1, "availableReplicas": 1, "conditions": [
+                                           {"type": "Available", "status": "True"},
+                                           {"type": "Progressing", "status": "True", "reason": "ReplicaSetUpdated",
+                                            "message": 'ReplicaSet "judge-worker-new" is progressing.'}]}}
+    body["status"].update(status)
+    return body
+
+
+def _worker_pod(name: str, template: str, *, ready: bool, container: dict[str, Any]) -> dict[str, Any]:
+    return {"metadata": {"name": name, "labels": {"pod-template-hash": template}},
+            "status": {"conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+                       "containerStatuses": [{"name": "worker", **container}]}}
+
+
+def test_a_rollout_whose_new_pods_fail_is_not_ready_and_is_degraded() -> None:
+    worker = conditions.availability("worker", _rolling())
+    assert (worker.desired, worker.replicas, worker.updated, worker.old, worker.new_hash) == (1, 2, 1, 1, "new")
+    assert not worker.complete and not worker.short
+    old = _worker_pod("judge-worker-old-a", "old", ready=True, container={"state": {"running": {}}})
+    refusing = _worker_pod("judge-worker-new-b", "new", ready=False, container={
+        "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+        "lastState": {"terminated": {"exitCode": 2, "message": "judgequeue: error: JUDGEQUEUE_JUDGE='gpu' is not"
+                                                             " an installed judge plugin", "finishedAt": "t"}}})
+    current = conditions.current_pods(worker, [old, refusing])
+    assert current == [refusing]  # the old pod serving says nothing about the new template
+    ready, progressing, problems = conditions.rollout_problems(
+        [worker], [f for f in [conditions.failing("worker", current)] if f], conditions.waiting_pods("worker", current))
+    assert (ready.status, ready.reason) == ("False", "ContainersFailing"), ready
+    assert "1 old still running" in ready.message and "exited 2" in ready.message
+    assert (progressing.status, progressing.reason) == ("True", "RollingOut")
+    assert progressing.message == "worker: 1 of 1 updated, 1 old still running, 1 of 1 available"
+    assert [p.reason for p in problems] == ["RoleMisconfigured"] and "'gpu'" in problems[0].message
+    # An image that cannot be pulled: Degraded at once, whatever the progress deadline.
+    pulling = _worker_pod("judge-worker-new-c", "new", ready=False, container={
+        "state": {"waiting": {"reason": "ErrImagePull", "message": 'failed to pull "registry.invalid/jq:x"'}}})
+    current = conditions.current_pods(worker, [old, pulling])
+    ready, _, problems = conditions.rollout_problems([worker], [], conditions.waiting_pods("worker", current))
+    assert (ready.status, ready.reason) == ("False", "PodsPending")
+    assert [p.reason for p in problems] == ["ImagePullFailed"] and "registry.invalid" in problems[0].message
+    # Rolling with nothing wrong (yet): not Ready, not Degraded, Progressing with the counts.
+    ready, progressing, problems = conditions.rollout_problems([worker])
+    assert (ready.status, ready.reason, problems) == ("False", "RollingOut", [])
+    assert ready.message == "rollout not finished: worker: 1 of 1 updated, 1 old still running, 1 of 1 available"
+    # A crash of the old template's pod is not the rollout's failure.
+    crashed_old = _worker_pod("judge-worker-old-d", "old", ready=False, container={
+        "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+        "lastState": {"terminated": {"exitCode": 1, "message": "boom", "finishedAt": "t"}}})
+    assert conditions.failing("worker", conditions.current_pods(worker, [crashed_old])) is None
+    # The controller has not seen the new generation: its counts are the previous one's, not Ready.
+    unseen = conditions.availability("worker", _rolling(observedGeneration=2, replicas=1, updatedReplicas=1))
+    ready, progressing, _ = conditions.rollout_problems([unseen])
+    assert ready.status == "False" and "generation 3 not yet seen" in progressing.message
+    assert unseen.new_hash == ""  # nor its Progressing condition's ReplicaSet
+    # Done: the old pod gone, every pod new and available.
+    done = conditions.availability("worker", _rolling(replicas=1, conditions=[
+        {"type": "Progressing", "status": "True", "reason": "NewReplicaSetAvailable",
+         "message": 'ReplicaSet "judge-worker-new" has successfully progressed.'}]))
+    ready, progressing, problems = conditions.rollout_problems([done])
+    assert (ready.status, progressing.status, problems) == ("True", "False", [])
+
+
+def test_a_crash_without_a_termination_message_is_still_a_failure() -> None:
+    oom = _worker_pod("p", "h", ready=False, container={
+        "state": {"running": {}}, "lastState": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}})
+    assert conditions.failing("worker", [oom]) == conditions.PodFailure("worker", "p", 137, "OOMKilled")
+    recovered = _worker_pod("p", "h", ready=True, container={
+        "state": {"running": {}}, "lastState": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}})
+    assert conditions.failing("worker", [recovered]) is None
+
+
 def test_pods_waiting_for_a_named_cause() -> None:
     pods = [{"metadata": {"name": "a"}, "status": {"conditions": [
                 {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/1 nodes"}]}},
