@@ -73,8 +73,11 @@ def _git(*args: str, stdin: bytes | None = None) -> bytes:
 
 
 def shipped(path: str, rev: str = "HEAD") -> dict[str, set[str]]:
-    """Every text a file under ``path`` had in any commit ``rev`` descends from (or is), by file path."""
-    log = _git("log", rev, "--format=", "--raw", "--no-abbrev", "--no-renames", "--root", "-m", "--", path)
+    """Every text a file under ``path`` had in ``rev`` or a commit of main before it, by file path."""
+    # --first-parent: main's own commits (a merged branch's commits were never main's state; its
+    # merge is, with what it brought).
+    log = _git("log", rev, "--first-parent", "--format=", "--raw", "--no-abbrev", "--no-renames", "--root", "-m",
+               "--", path)
     blobs: dict[str, set[str]] = {}
     for line in log.decode().splitlines():
         meta, _, name = line.partition("\t")
@@ -91,7 +94,7 @@ def shipped(path: str, rev: str = "HEAD") -> dict[str, set[str]]:
 
 def shipped_where_absent(path: str, absent: str, rev: str = "HEAD") -> set[str]:
     """Every text ``path`` had in a commit (``rev`` or before it) that had no file ``absent``."""
-    commits = _git("rev-list", rev).decode().split()
+    commits = _git("rev-list", "--first-parent", rev).decode().split()
     asked = "".join(f"{c}:{p}\n" for c in commits for p in (path, absent)).encode()
     answers = _git("cat-file", "--batch-check=%(objectname)", stdin=asked).decode().splitlines()
     pairs = zip(answers[0::2], answers[1::2], strict=True)

@@ -47,6 +47,8 @@ def versions(steps: Plan) -> tuple[int, list[int], list[int]]:
 
 
 LATER = list(range(1, LATEST + 1))
+#: The migrations after 0016, the last of the history the superseded records are about.
+AFTER_16 = LATER[16:]
 
 # (record, statements restored, migrations run, migrations held and recorded as their files)
 KNOWN = {
@@ -56,18 +58,19 @@ KNOWN = {
     "0007 merged before 0006": (upto(7, but=6), 0, [6, *LATER[7:]], []),
     "0009 merged before 0008": (upto(9, but=8), 0, [8, *LATER[9:]], []),
     "at 0010": (upto(10), 0, LATER[10:], []),
-    "at 0014": (upto(14), 0, [15, 16], []),
-    "unreleased 0015 (submit statements)": ({**upto(14), **superseded("submit_statements")}, 1, [15, 16], []),
-    "unreleased 0015 (name check)": ({**upto(14), **superseded("submit_name_check")}, 1, [15, 16], []),
+    "at 0014": (upto(14), 0, [15, 16, *AFTER_16], []),
+    "unreleased 0015 (submit statements)": (
+        {**upto(14), **superseded("submit_statements")}, 1, [15, 16, *AFTER_16], []),
+    "unreleased 0015 (name check)": ({**upto(14), **superseded("submit_name_check")}, 1, [15, 16, *AFTER_16], []),
     "unreleased 0015, fillfactor as 0016": (
-        {**upto(14), **superseded("submit_statements"), **superseded("update_room")}, 1, [16], [15]),
+        {**upto(14), **superseded("submit_statements"), **superseded("update_room")}, 1, [16, *AFTER_16], [15]),
     "unreleased 0015 (name check), fillfactor as 0016": (
-        {**upto(14), **superseded("submit_name_check"), **superseded("update_room")}, 1, [16], [15]),
-    "fillfactor as 0016 alone": ({**upto(14), **superseded("update_room")}, 0, [16], [15]),
-    "fillfactor as 0015": (upto(15), 0, [16], []),
-    "fillfactor as 0015 and as 0016": ({**upto(15), **superseded("update_room")}, 0, [16], []),
-    "at 0016": (upto(16), 0, [], []),
-    "the schema file as the baseline 0016": (superseded("baseline"), 0, [], LATER),
+        {**upto(14), **superseded("submit_name_check"), **superseded("update_room")}, 1, [16, *AFTER_16], [15]),
+    "fillfactor as 0016 alone": ({**upto(14), **superseded("update_room")}, 0, [16, *AFTER_16], [15]),
+    "fillfactor as 0015": (upto(15), 0, [16, *AFTER_16], []),
+    "fillfactor as 0015 and as 0016": ({**upto(15), **superseded("update_room")}, 0, [16, *AFTER_16], []),
+    "at 0016": (upto(16), 0, AFTER_16, []),
+    "the schema file as the baseline 0016": (superseded("baseline"), 0, AFTER_16, LATER[:16]),
 }  # fmt: skip
 
 
