@@ -41,7 +41,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         tier = _tier(item)
         if tier is not None:
             item.add_marker(getattr(pytest.mark, tier))
-    items.sort(key=lambda item: -1 if _tier(item) is None else TIERS.index(_tier(item) or ""))
+    items.sort(key=_build_order)
+
+
+def _build_order(item: pytest.Item) -> int:
+    """-1 for a test that needs nothing built; else the index of its tier (a test marked ``builds``,
+    outside the tiers, with the first of them)."""
+    tier = _tier(item)
+    if tier is not None:
+        return TIERS.index(tier)
+    return 0 if item.get_closest_marker("builds") is not None else -1
 
 
 #: Set by scripts/test when the heavy tiers build beside the tests: the folder of that build's lock,
@@ -66,7 +75,7 @@ def _wait_for_heavy_build(folder: Path) -> str:
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """A test of a heavy tier waits for the build scripts/test started beside the suite, and fails
     with the build's log when it failed."""
-    if HEAVY_BUILD is None or _tier(item) is None:
+    if HEAVY_BUILD is None or _build_order(item) < 0:
         return
     if not _heavy_failure:
         _heavy_failure.append(_wait_for_heavy_build(Path(HEAVY_BUILD)))

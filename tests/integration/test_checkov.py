@@ -23,6 +23,10 @@ from judgequeue.controllers import render
 from judgequeue.core.spec import JudgeQueueSpec, parse_spec
 
 ROOT = Path(__file__).resolve().parents[2]
+#: The chart is rendered with the helm scripts/build-kube builds: on a new machine these tests run
+#: after that build (tests/conftest.py).
+pytestmark = pytest.mark.builds
+
 CHECKOV = Path(os.environ.get("JUDGEQUEUE_CHECKOV", ROOT / ".venv-checkov" / "bin" / "checkov"))
 OWNER = render.Owner("judge", "judge-ns", "uid-1")
 
