@@ -806,16 +806,22 @@ def build_registry(
     @kopf.on.resume(GROUP, VERSION, PLURAL, registry=registry)
     @kopf.on.create(GROUP, VERSION, PLURAL, registry=registry)
     @kopf.on.update(GROUP, VERSION, PLURAL, registry=registry)
-    async def on_change(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
+    async def on_change(body: kopf.Body, **_: Any) -> None:
         meta = body["metadata"]
         state.handled[(f"{meta['namespace']}/{meta['name']}", int(meta.get("generation", 0)))] += 1
         async with state.lock(meta["uid"]):
             try:
                 new_status = await safe_reconcile(body, state)
+                # Written here, under the lock (not left to Kopf's patch after the handler): the pass
+                # the daemon makes next (it hears the flags or claim this one wrote, or a child it
+                # changed) must read this status, and must never be overwritten by it afterwards.
+                await state.api.patch(KIND_REFS["JudgeQueue"], meta["namespace"], meta["name"],
+                                      {"status": new_status}, subresource="status")
             except KubeError as exc:
+                if exc.status == 404 and exc.reason == "NotFound":
+                    return  # deleted meanwhile: nothing to write status on
                 warn_event(state, body, "ReconcileFailed", f"Kubernetes API: {exc}")
                 raise kopf.TemporaryError(f"Kubernetes API: {exc}", delay=5) from exc
-        patch.status.update(new_status)
 
     @kopf.on.delete(GROUP, VERSION, PLURAL, registry=registry)
     async def on_delete(body: kopf.Body, **_: Any) -> None:
