@@ -341,6 +341,34 @@ async def _release_abandoned(state: OperatorState, owner: Owner, conns: Connecti
         await conn.close()
 
 
+async def _owner_gone(state: OperatorState, recorded: str, queue: str) -> bool:
+    """Whether ``recorded`` (a queue row's owner, ``JudgeQueue NS/NAME``) names a JudgeQueue that no
+    longer exists and none of whose pods still runs on ``queue``: one deleted, its finalizer released
+    by hand, while no operator ran, so nothing released its queue. Its pods are garbage-collected
+    after it; until the last one on the queue is gone (or has been terminating for
+    :data:`RELEASE_WAIT`: a lost node) its queue stays held, so two fleets never run on one queue.
+    False whenever that cannot be known (another kind of owner, the API refusing the look)."""
+    kind, _, ref = recorded.partition(" ")
+    namespace, _, name = ref.partition("/")
+    if kind != "JudgeQueue" or not namespace or not name or "/" in name:
+        return False
+    selector = ",".join(f"{k}={v}" for k, v in selector_labels(name).items())
+    try:
+        if await state.api.get(KIND_REFS["JudgeQueue"], namespace, name) is not None:
+            return False
+        pods = await state.api.list_objects(PODS, namespace, label_selector=selector)
+    except KubeError as exc:
+        log_problem(recorded, f"cannot tell whether the owner of queue {queue} still exists: {exc}")
+        return False
+    for pod in pods:
+        if _deleting_for(pod) >= RELEASE_WAIT:
+            continue
+        env = [e for c in (pod.get("spec") or {}).get("containers") or () for e in c.get("env") or ()]
+        if any(e.get("name") == "JUDGEQUEUE_QUEUE" and e.get("value") == queue for e in env):
+            return False
+    return True
+
+
 def _owned_by(obj: Mapping[str, Any], owner: Owner) -> bool:
     refs = obj.get("metadata", {}).get("ownerReferences") or []
     return any(r.get("uid") == owner.uid and r.get("controller") for r in refs)
@@ -414,7 +442,8 @@ async def reconcile(
     sync = await cutover.sync_queue(
         conns.postgres_dsn, parsed, owner=queue_owner(owner), previous=status.get("cutover") or {},
         generation=generation, connect_timeout=state.config.db_timeout, pooler=conns.pooler,
-        previous_message=str(applied.get("message", "")), previous_reason=str(applied.get("reason", "")))
+        previous_message=str(applied.get("message", "")), previous_reason=str(applied.get("reason", "")),
+        owner_gone=lambda recorded, queue: _owner_gone(state, recorded, queue))
     _log_sync(sync, parsed, owner, body, state)
     if sync.owned_by is not None or (sync.problem is not None and sync.problem.reason == "DatabaseUnavailable"
                                      and not _claimed_before(status, parsed, owner)):
@@ -479,6 +508,11 @@ def _log_sync(sync: cutover.QueueSync, spec: JudgeQueueSpec, owner: Owner, body:
               state: OperatorState) -> None:
     jq = _jq(owner)
     obj = f"queue {spec.queue}"
+    if sync.released_from is not None:
+        message = (f"queue {spec.queue} was held by {sync.released_from}, which no longer exists (deleted while"
+                   " no operator ran) and runs nothing on it: released, and claimed by this JudgeQueue")
+        log_action("release", obj, f"its owner {sync.released_from} no longer exists", judgequeue=jq)
+        normal_event(body, "QueueOwnerGone", message)
     if sync.claimed and sync.owned_by is None and sync.problem is None:
         log_action("claim", obj, f"recorded {queue_owner(owner)} as its owner", judgequeue=jq)
     if sync.took_back is not None:
