@@ -445,6 +445,9 @@ async def reconcile(
         previous_message=str(applied.get("message", "")), previous_reason=str(applied.get("reason", "")),
         owner_gone=lambda recorded, queue: _owner_gone(state, recorded, queue))
     _log_sync(sync, parsed, owner, body, state)
+    if applied.get("status") == "True" and (sync.wrote is not None or sync.condition.status != "True"):
+        # The row changed under the claim: say what it holds now, not after the children's pass.
+        await _withdraw(state, body, [sync.condition], generation, {"cutover": sync.status} if sync.status else {})
     if sync.owned_by is not None or (sync.problem is not None and sync.problem.reason == "DatabaseUnavailable"
                                      and not _claimed_before(status, parsed, owner)):
         # Another JudgeQueue owns the queue, or ownership cannot be checked yet: write nothing. A fleet
@@ -472,6 +475,11 @@ async def reconcile(
     await _release_abandoned(state, owner, conns, sync.also_owned)
     components = ["dispatcher", "worker", "reaper"] + ([SHADOW_WORKER] if parsed.worker.shadow.enabled else [])
     roles = [conditions.availability(r, children.get(f"{owner.name}-{r}")) for r in components]
+    was_ready = (conditions.find(status.get("conditions"), "Ready") or {}).get("status") == "True"
+    if was_ready and not all(r.complete for r in roles):
+        # A child replaced, recreated or scaled: Ready no longer holds. Withdrawn now; why the new
+        # pods do not run (read from them next) follows with the pass's status.
+        await _withdraw(state, body, list(conditions.rollout_problems(roles)[:2]), generation)
     failures, waits = await _pod_states(api, owner, roles)
     ready, progressing, rollout_problems = conditions.rollout_problems(roles, failures, waits)
     problems += rollout_problems
@@ -502,6 +510,23 @@ async def reconcile(
         status.get("conditions"), [ready, progressing, conditions.degraded(problems), sync.condition],
         generation=generation, now=_now())
     return new_status
+
+
+async def _withdraw(state: OperatorState, body: Mapping[str, Any], updates: list[conditions.Condition],
+                    generation: int, fields: Mapping[str, Any] | None = None) -> None:
+    """Write ``updates`` (and status ``fields``) now, in the middle of a pass: a claim the pass has
+    just made untrue (Ready when a child is replaced, CutoverApplied when the row is written) must not
+    stand until the pass ends (the pods read, the other children compared). The pass's own status
+    follows; ``observedGeneration`` is left to it. Best effort: a refused write is only logged."""
+    meta = body["metadata"]
+    previous = (body.get("status") or {}).get("conditions")
+    patch = {**(fields or {}), "conditions": conditions.merge_conditions(previous, updates, generation=generation,
+                                                                        now=_now())}
+    try:
+        await state.api.patch(KIND_REFS["JudgeQueue"], meta["namespace"], meta["name"],
+                              {"status": redact.redact_tree(patch)}, subresource="status")
+    except KubeError as exc:
+        log_problem(f"{meta['namespace']}/{meta['name']}", f"status not written mid-pass: {exc}")
 
 
 def _log_sync(sync: cutover.QueueSync, spec: JudgeQueueSpec, owner: Owner, body: Mapping[str, Any],
