@@ -6,9 +6,9 @@ missing, replaced when anything differs, including fields someone added), holds 
 flags to the spec (:mod:`.cutover`: restored or reported when changed outside it), and reads the
 children's state into status. The timer also scales workers on the backlog unless
 ``worker.autoscaling: external``. A daemon per JudgeQueue makes a pass as soon as its queue row
-changes in Postgres (a LISTEN), and every 2 s while a rollout is in flight. Handlers of one object are
-serialised with a lock, and a pass never renders from a generation the change handlers have not
-processed yet.
+changes in Postgres (a LISTEN) or one of its Deployments changes (a watch), and every 2 s while a
+rollout is in flight. Handlers of one object are serialised with a lock, and a pass never renders
+from a generation the change handlers have not processed yet.
 
 Status never lies: every step that fails (a child the API server refuses, pods admission refuses, a
 rollout past its deadline or whose new pods fail, a bad connection string, a missing Secret, a role
@@ -48,6 +48,7 @@ from .conditions import Problem
 from .kube import KIND_REFS, PODS, KubeApi, KubeError, SecretNotFound
 from .render import (
     GROUP,
+    MANAGED_BY,
     PLURAL,
     SHADOW_WORKER,
     VERSION,
@@ -87,6 +88,14 @@ class OperatorState:
     warned: dict[tuple[str, str], tuple[str, float]] = field(default_factory=dict)
     # JudgeQueue uid -> child name -> what was last verified equal to the rendered child.
     verified: dict[str, dict[str, Verified]] = field(default_factory=dict)
+    # JudgeQueue uid -> what its daemon (follow_queue_row) waits on to make a pass at once.
+    pokes: dict[str, asyncio.Event] = field(default_factory=dict)
+
+    def poke(self, uid: str) -> None:
+        """Ask the daemon of JudgeQueue ``uid`` for a pass now (nothing if none runs)."""
+        event = self.pokes.get(uid)
+        if event is not None:
+            event.set()
 
     def lock(self, uid: str) -> asyncio.Lock:
         return self.locks.setdefault(uid, asyncio.Lock())
@@ -782,17 +791,20 @@ async def follow_queue_row(state: OperatorState, body: Mapping[str, Any], stoppe
     """Follow the JudgeQueue between the timer's passes (a Kopf daemon, for as long as it exists).
 
     It holds a LISTEN (:func:`judgequeue.core.queues.listen_queues`) for the queue row and makes a
-    pass (:func:`refresh`) as soon as its flags or owner change, whoever changed them, so status and
-    the row never disagree for a timer's interval; it listens again when the connection drops or the
-    DSN or queue changes (behind a transaction pooler without ``spec.postgres.listen`` it cannot: the
-    timer keeps the row). While a rollout is in flight it also makes a pass every
-    :data:`FOLLOW_ROLLOUT` seconds, so new pods that fail are reported at once."""
+    pass (:func:`refresh`) as soon as its flags or owner change, whoever changed them, or as soon as
+    one of its Deployments changes (:meth:`OperatorState.poke`: recreated, scaled, its rollout
+    moving), so status and the row or the children never disagree for a timer's interval; it
+    listens again when the connection drops or the DSN or queue changes (behind a transaction
+    pooler without ``spec.postgres.listen`` it cannot: the timer keeps the row). While a rollout is
+    in flight it also makes a pass every :data:`FOLLOW_ROLLOUT` seconds, so new pods that fail are
+    reported at once."""
     interval = state.config.interval
     meta = body["metadata"]
     while not stopped:
         source = await _row_source(state, body)
         conn: asyncpg.Connection | None = None
         heard = asyncio.Event()
+        state.pokes[meta["uid"]] = heard
         try:
             if source is not None:
                 try:
@@ -826,6 +838,8 @@ async def follow_queue_row(state: OperatorState, body: Mapping[str, Any], stoppe
         except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
             log_problem(_jq(_owner(body)), f"listening stopped ({redact.redact(repr(exc))})", level=logging.DEBUG)
         finally:
+            if state.pokes.get(meta["uid"]) is heard:
+                del state.pokes[meta["uid"]]
             if conn is not None:
                 conn.terminate()
 
@@ -899,5 +913,14 @@ def build_registry(
     @kopf.daemon(GROUP, VERSION, PLURAL, registry=registry, cancellation_timeout=1.0)
     async def follow_row(body: kopf.Body, stopped: kopf.DaemonStopped, **_: Any) -> None:
         await follow_queue_row(state, body, stopped)
+
+    @kopf.on.event("apps", "v1", "deployments", labels={"app.kubernetes.io/managed-by": MANAGED_BY},
+                   registry=registry)
+    async def child_changed(body: kopf.Body, **_: Any) -> None:
+        # A Deployment of ours changed (recreated by hand, scaled, its rollout moving): its
+        # JudgeQueue's status must follow now, not on the next tick. Its daemon makes the pass.
+        for ref in body.get("metadata", {}).get("ownerReferences") or ():
+            if ref.get("kind") == "JudgeQueue" and ref.get("controller") and ref.get("uid"):
+                state.poke(str(ref["uid"]))
 
     return registry
