@@ -11,7 +11,9 @@ only while the row holds the spec's flags, and ``status.cutover`` always says wh
 A queue belongs to one JudgeQueue: the first to reconcile it claims it; any other is refused and
 writes nothing (its handler scales its fleet to zero). Ownership changes hands only through a release
 (the owner deleted, or its ``spec.queue`` renamed away once none of its pods runs on the old queue)
-and a claim: an owner set to another by hand is taken back by the JudgeQueue that held the queue.
+and a claim: an owner set to another by hand is taken back by the JudgeQueue that held the queue, and
+one that no longer exists (deleted while no operator ran: nothing released its queue) is released by
+the next JudgeQueue that wants the queue, once none of its pods runs on it.
 :func:`decide` is pure; :func:`sync_queue` does the I/O through :mod:`judgequeue.core.queues` and
 :mod:`judgequeue.core.shadow` (the operator never talks SQL itself).
 
@@ -25,7 +27,7 @@ commit. ``cutover.force`` lets it through; a rollback to shadow is never gated.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -36,12 +38,23 @@ from judgequeue.core import shadow
 from judgequeue.core.agreement import Agreement, Gate, GateCheck, check_gate, gate_on_flip
 from judgequeue.core.connect import connect_postgres
 from judgequeue.core.errors import CutoverBlocked, JudgeQueueError, QueueOwned, WatermarkMovedBack
-from judgequeue.core.queues import QueueFlags, claim_queue, owned_queues, set_cutover, take_back_queue
+from judgequeue.core.queues import (
+    QueueFlags,
+    claim_queue,
+    owned_queues,
+    release_queue,
+    set_cutover,
+    take_back_queue,
+)
 from judgequeue.core.spec import JudgeQueueSpec
 
 from .conditions import Condition, Problem, rfc3339
 
 Decision = Literal["applied", "write", "restore", "report", "gated"]
+
+#: ``owner_gone(owner, queue)``: whether a queue's recorded owner (``JudgeQueue NS/NAME``) no longer
+#: exists and runs nothing on ``queue`` (the handler's part: it sees the API server).
+OwnerGone = Callable[[str, str], Awaitable[bool]]
 
 
 @dataclass(frozen=True)
@@ -163,6 +176,8 @@ class QueueSync:
     also_owned: list[str] = field(default_factory=list)
     #: Who held the queue after someone set its owner by hand, when this pass took it back.
     took_back: str | None = None
+    #: The recorded owner this pass released because it no longer exists (then claimed the queue).
+    released_from: str | None = None
     #: ``status.shadow`` (empty: not read on this pass; the previous stays).
     shadow: dict[str, Any] = field(default_factory=dict)
     #: The gate's verdict on a flip to live this pass wrote or held back (None: no gated flip).
@@ -192,13 +207,17 @@ def _drifted(want: Wanted, row: QueueFlags) -> str:
 async def sync_queue(
     dsn: str, spec: JudgeQueueSpec, *, owner: str, previous: Mapping[str, Any], generation: int,
     connect_timeout: float, pooler: str = "none", previous_message: str = "", previous_reason: str = "",
+    owner_gone: OwnerGone | None = None,
 ) -> QueueSync:
     """Claim the queue for ``owner``, compare its row with the spec and write, restore or report.
 
     ``previous`` is the JudgeQueue's ``status.cutover``; ``previous_message`` its ``CutoverApplied``
     message, kept while the row stays at the flags it describes (see :func:`applied_message`), and
     ``previous_reason`` its reason (a queue handed to a JudgeQueue refused on its last pass is not
-    taken at once). Never raises for what the database says: every outcome is a :class:`QueueSync`
+    taken at once). ``owner_gone(owner, queue)`` says whether another recorded owner no longer
+    exists and runs nothing on the queue: then its hold is released and the queue claimed (a
+    JudgeQueue deleted, its finalizer released by hand, while no operator ran). Never raises for what
+    the database says: every outcome is a :class:`QueueSync`
     (connection failures too: ``DatabaseUnavailable``)."""
     want = wanted(spec)
     try:
@@ -219,20 +238,27 @@ async def sync_queue(
                        " JudgeQueue that held it can take it back first")
             return QueueSync(Condition("CutoverApplied", "False", "QueueHandedOver", message),
                              problem=Problem("QueueHandedOver", message), owned_by="", also_owned=also_owned)
+        released_from = None
         try:
             row = await claim_queue(conn, want.queue, owner, mode=want.mode)  # type: ignore[arg-type]
         except QueueOwned as exc:
             # Ownership changes hands only through a release (a JudgeQueue deleted, or renamed away)
-            # and a claim: an owner this JudgeQueue held set to another by hand is taken back.
-            if not (held and exc.owner and await take_back_queue(conn, want.queue, owner, exc.owner)):
+            # and a claim: an owner this JudgeQueue held set to another by hand is taken back, and a
+            # recorded owner that no longer exists (deleted while no operator ran) is released here.
+            if held and exc.owner and await take_back_queue(conn, want.queue, owner, exc.owner):
+                took_back = exc.owner
+            elif (exc.owner and owner_gone is not None and await owner_gone(exc.owner, want.queue)
+                  and await release_queue(conn, want.queue, exc.owner)):
+                released_from = exc.owner
+            else:
                 message = (f"queue {want.queue!r} belongs to {exc.owner}: this JudgeQueue runs nothing (its"
                            f" Deployments are scaled to zero) and writes nothing (delete one of the two, or give"
                            f" this one another spec.queue)")
                 return QueueSync(Condition("CutoverApplied", "False", "QueueOwned", message),
                                  problem=Problem("QueueOwned", message), owned_by=exc.owner, also_owned=also_owned)
-            took_back = exc.owner
             row = await claim_queue(conn, want.queue, owner, mode=want.mode)  # type: ignore[arg-type]
-        sync = QueueSync(Condition("CutoverApplied", "Unknown", "", ""), also_owned=also_owned, took_back=took_back)
+        sync = QueueSync(Condition("CutoverApplied", "Unknown", "", ""), also_owned=also_owned, took_back=took_back,
+                         released_from=released_from)
         sync.claimed = not held
         figures = await _figures(conn, want, row)
         decision = decide(want, row, last_applied=previous.get("applied"), figures=figures)
@@ -311,6 +337,8 @@ def _outcome(sync: QueueSync, want: Wanted, row: QueueFlags, decision: Decision,
         text = f"queue {want.queue!r}: {describe(row)}"
         if decision == "restore" and sync.before is not None:
             text += f"; restored: the row held {describe(sync.before)}, changed outside the spec"
+        if sync.released_from is not None:
+            text += f"; taken over from {sync.released_from}, which no longer exists"
         if sync.gate is not None and sync.before is not None:
             text += ("; the gate was met: " if sync.gate.met else "; forced past the gate (cutover.force): ")
             text += sync.gate.message

@@ -6,9 +6,9 @@ missing, replaced when anything differs, including fields someone added), holds 
 flags to the spec (:mod:`.cutover`: restored or reported when changed outside it), and reads the
 children's state into status. The timer also scales workers on the backlog unless
 ``worker.autoscaling: external``. A daemon per JudgeQueue makes a pass as soon as its queue row
-changes in Postgres (a LISTEN), and every 2 s while a rollout is in flight. Handlers of one object are
-serialised with a lock, and a pass never renders from a generation the change handlers have not
-processed yet.
+changes in Postgres (a LISTEN) or one of its Deployments changes (a watch), and every 2 s while a
+rollout is in flight. Handlers of one object are serialised with a lock, and a pass never renders
+from a generation the change handlers have not processed yet.
 
 Status never lies: every step that fails (a child the API server refuses, pods admission refuses, a
 rollout past its deadline or whose new pods fail, a bad connection string, a missing Secret, a role
@@ -48,6 +48,7 @@ from .conditions import Problem
 from .kube import KIND_REFS, PODS, KubeApi, KubeError, SecretNotFound
 from .render import (
     GROUP,
+    MANAGED_BY,
     PLURAL,
     SHADOW_WORKER,
     VERSION,
@@ -87,6 +88,14 @@ class OperatorState:
     warned: dict[tuple[str, str], tuple[str, float]] = field(default_factory=dict)
     # JudgeQueue uid -> child name -> what was last verified equal to the rendered child.
     verified: dict[str, dict[str, Verified]] = field(default_factory=dict)
+    # JudgeQueue uid -> what its daemon (follow_queue_row) waits on to make a pass at once.
+    pokes: dict[str, asyncio.Event] = field(default_factory=dict)
+
+    def poke(self, uid: str) -> None:
+        """Ask the daemon of JudgeQueue ``uid`` for a pass now (nothing if none runs)."""
+        event = self.pokes.get(uid)
+        if event is not None:
+            event.set()
 
     def lock(self, uid: str) -> asyncio.Lock:
         return self.locks.setdefault(uid, asyncio.Lock())
@@ -341,6 +350,34 @@ async def _release_abandoned(state: OperatorState, owner: Owner, conns: Connecti
         await conn.close()
 
 
+async def _owner_gone(state: OperatorState, recorded: str, queue: str) -> bool:
+    """Whether ``recorded`` (a queue row's owner, ``JudgeQueue NS/NAME``) names a JudgeQueue that no
+    longer exists and none of whose pods still runs on ``queue``: one deleted, its finalizer released
+    by hand, while no operator ran, so nothing released its queue. Its pods are garbage-collected
+    after it; until the last one on the queue is gone (or has been terminating for
+    :data:`RELEASE_WAIT`: a lost node) its queue stays held, so two fleets never run on one queue.
+    False whenever that cannot be known (another kind of owner, the API refusing the look)."""
+    kind, _, ref = recorded.partition(" ")
+    namespace, _, name = ref.partition("/")
+    if kind != "JudgeQueue" or not namespace or not name or "/" in name:
+        return False
+    selector = ",".join(f"{k}={v}" for k, v in selector_labels(name).items())
+    try:
+        if await state.api.get(KIND_REFS["JudgeQueue"], namespace, name) is not None:
+            return False
+        pods = await state.api.list_objects(PODS, namespace, label_selector=selector)
+    except KubeError as exc:
+        log_problem(recorded, f"cannot tell whether the owner of queue {queue} still exists: {exc}")
+        return False
+    for pod in pods:
+        if _deleting_for(pod) >= RELEASE_WAIT:
+            continue
+        env = [e for c in (pod.get("spec") or {}).get("containers") or () for e in c.get("env") or ()]
+        if any(e.get("name") == "JUDGEQUEUE_QUEUE" and e.get("value") == queue for e in env):
+            return False
+    return True
+
+
 def _owned_by(obj: Mapping[str, Any], owner: Owner) -> bool:
     refs = obj.get("metadata", {}).get("ownerReferences") or []
     return any(r.get("uid") == owner.uid and r.get("controller") for r in refs)
@@ -414,8 +451,12 @@ async def reconcile(
     sync = await cutover.sync_queue(
         conns.postgres_dsn, parsed, owner=queue_owner(owner), previous=status.get("cutover") or {},
         generation=generation, connect_timeout=state.config.db_timeout, pooler=conns.pooler,
-        previous_message=str(applied.get("message", "")), previous_reason=str(applied.get("reason", "")))
+        previous_message=str(applied.get("message", "")), previous_reason=str(applied.get("reason", "")),
+        owner_gone=lambda recorded, queue: _owner_gone(state, recorded, queue))
     _log_sync(sync, parsed, owner, body, state)
+    if applied.get("status") == "True" and (sync.wrote is not None or sync.condition.status != "True"):
+        # The row changed under the claim: say what it holds now, not after the children's pass.
+        await _withdraw(state, body, [sync.condition], generation, {"cutover": sync.status} if sync.status else {})
     if sync.owned_by is not None or (sync.problem is not None and sync.problem.reason == "DatabaseUnavailable"
                                      and not _claimed_before(status, parsed, owner)):
         # Another JudgeQueue owns the queue, or ownership cannot be checked yet: write nothing. A fleet
@@ -443,6 +484,11 @@ async def reconcile(
     await _release_abandoned(state, owner, conns, sync.also_owned)
     components = ["dispatcher", "worker", "reaper"] + ([SHADOW_WORKER] if parsed.worker.shadow.enabled else [])
     roles = [conditions.availability(r, children.get(f"{owner.name}-{r}")) for r in components]
+    was_ready = (conditions.find(status.get("conditions"), "Ready") or {}).get("status") == "True"
+    if was_ready and not all(r.complete for r in roles):
+        # A child replaced, recreated or scaled: Ready no longer holds. Withdrawn now; why the new
+        # pods do not run (read from them next) follows with the pass's status.
+        await _withdraw(state, body, list(conditions.rollout_problems(roles)[:2]), generation)
     failures, waits = await _pod_states(api, owner, roles)
     ready, progressing, rollout_problems = conditions.rollout_problems(roles, failures, waits)
     problems += rollout_problems
@@ -475,10 +521,32 @@ async def reconcile(
     return new_status
 
 
+async def _withdraw(state: OperatorState, body: Mapping[str, Any], updates: list[conditions.Condition],
+                    generation: int, fields: Mapping[str, Any] | None = None) -> None:
+    """Write ``updates`` (and status ``fields``) now, in the middle of a pass: a claim the pass has
+    just made untrue (Ready when a child is replaced, CutoverApplied when the row is written) must not
+    stand until the pass ends (the pods read, the other children compared). The pass's own status
+    follows; ``observedGeneration`` is left to it. Best effort: a refused write is only logged."""
+    meta = body["metadata"]
+    previous = (body.get("status") or {}).get("conditions")
+    patch = {**(fields or {}), "conditions": conditions.merge_conditions(previous, updates, generation=generation,
+                                                                        now=_now())}
+    try:
+        await state.api.patch(KIND_REFS["JudgeQueue"], meta["namespace"], meta["name"],
+                              {"status": redact.redact_tree(patch)}, subresource="status")
+    except KubeError as exc:
+        log_problem(f"{meta['namespace']}/{meta['name']}", f"status not written mid-pass: {exc}")
+
+
 def _log_sync(sync: cutover.QueueSync, spec: JudgeQueueSpec, owner: Owner, body: Mapping[str, Any],
               state: OperatorState) -> None:
     jq = _jq(owner)
     obj = f"queue {spec.queue}"
+    if sync.released_from is not None:
+        message = (f"queue {spec.queue} was held by {sync.released_from}, which no longer exists (deleted while"
+                   " no operator ran) and runs nothing on it: released, and claimed by this JudgeQueue")
+        log_action("release", obj, f"its owner {sync.released_from} no longer exists", judgequeue=jq)
+        normal_event(body, "QueueOwnerGone", message)
     if sync.claimed and sync.owned_by is None and sync.problem is None:
         log_action("claim", obj, f"recorded {queue_owner(owner)} as its owner", judgequeue=jq)
     if sync.took_back is not None:
@@ -723,17 +791,20 @@ async def follow_queue_row(state: OperatorState, body: Mapping[str, Any], stoppe
     """Follow the JudgeQueue between the timer's passes (a Kopf daemon, for as long as it exists).
 
     It holds a LISTEN (:func:`judgequeue.core.queues.listen_queues`) for the queue row and makes a
-    pass (:func:`refresh`) as soon as its flags or owner change, whoever changed them, so status and
-    the row never disagree for a timer's interval; it listens again when the connection drops or the
-    DSN or queue changes (behind a transaction pooler without ``spec.postgres.listen`` it cannot: the
-    timer keeps the row). While a rollout is in flight it also makes a pass every
-    :data:`FOLLOW_ROLLOUT` seconds, so new pods that fail are reported at once."""
+    pass (:func:`refresh`) as soon as its flags or owner change, whoever changed them, or as soon as
+    one of its Deployments changes (:meth:`OperatorState.poke`: recreated, scaled, its rollout
+    moving), so status and the row or the children never disagree for a timer's interval; it
+    listens again when the connection drops or the DSN or queue changes (behind a transaction
+    pooler without ``spec.postgres.listen`` it cannot: the timer keeps the row). While a rollout is
+    in flight it also makes a pass every :data:`FOLLOW_ROLLOUT` seconds, so new pods that fail are
+    reported at once."""
     interval = state.config.interval
     meta = body["metadata"]
     while not stopped:
         source = await _row_source(state, body)
         conn: asyncpg.Connection | None = None
         heard = asyncio.Event()
+        state.pokes[meta["uid"]] = heard
         try:
             if source is not None:
                 try:
@@ -767,6 +838,8 @@ async def follow_queue_row(state: OperatorState, body: Mapping[str, Any], stoppe
         except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
             log_problem(_jq(_owner(body)), f"listening stopped ({redact.redact(repr(exc))})", level=logging.DEBUG)
         finally:
+            if state.pokes.get(meta["uid"]) is heard:
+                del state.pokes[meta["uid"]]
             if conn is not None:
                 conn.terminate()
 
@@ -806,16 +879,22 @@ def build_registry(
     @kopf.on.resume(GROUP, VERSION, PLURAL, registry=registry)
     @kopf.on.create(GROUP, VERSION, PLURAL, registry=registry)
     @kopf.on.update(GROUP, VERSION, PLURAL, registry=registry)
-    async def on_change(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
+    async def on_change(body: kopf.Body, **_: Any) -> None:
         meta = body["metadata"]
         state.handled[(f"{meta['namespace']}/{meta['name']}", int(meta.get("generation", 0)))] += 1
         async with state.lock(meta["uid"]):
             try:
                 new_status = await safe_reconcile(body, state)
+                # Written here, under the lock (not left to Kopf's patch after the handler): the pass
+                # the daemon makes next (it hears the flags or claim this one wrote, or a child it
+                # changed) must read this status, and must never be overwritten by it afterwards.
+                await state.api.patch(KIND_REFS["JudgeQueue"], meta["namespace"], meta["name"],
+                                      {"status": new_status}, subresource="status")
             except KubeError as exc:
+                if exc.status == 404 and exc.reason == "NotFound":
+                    return  # deleted meanwhile: nothing to write status on
                 warn_event(state, body, "ReconcileFailed", f"Kubernetes API: {exc}")
                 raise kopf.TemporaryError(f"Kubernetes API: {exc}", delay=5) from exc
-        patch.status.update(new_status)
 
     @kopf.on.delete(GROUP, VERSION, PLURAL, registry=registry)
     async def on_delete(body: kopf.Body, **_: Any) -> None:
@@ -834,5 +913,14 @@ def build_registry(
     @kopf.daemon(GROUP, VERSION, PLURAL, registry=registry, cancellation_timeout=1.0)
     async def follow_row(body: kopf.Body, stopped: kopf.DaemonStopped, **_: Any) -> None:
         await follow_queue_row(state, body, stopped)
+
+    @kopf.on.event("apps", "v1", "deployments", labels={"app.kubernetes.io/managed-by": MANAGED_BY},
+                   registry=registry)
+    async def child_changed(body: kopf.Body, **_: Any) -> None:
+        # A Deployment of ours changed (recreated by hand, scaled, its rollout moving): its
+        # JudgeQueue's status must follow now, not on the next tick. Its daemon makes the pass.
+        for ref in body.get("metadata", {}).get("ownerReferences") or ():
+            if ref.get("kind") == "JudgeQueue" and ref.get("controller") and ref.get("uid"):
+                state.poke(str(ref["uid"]))
 
     return registry

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.kube import tools
-from tests.kube.cluster import Cluster
+from tests.kube.cluster import ApiError, Cluster
 
 
 def _edit(kube: Cluster, path: str, change: Callable[[dict[str, Any]], None]) -> None:
@@ -98,11 +98,34 @@ def test_fields_added_to_children_are_removed_and_named(
 def _replace_force(kube: Cluster, namespace: str, kind: str, name: str,
                    change: Callable[[dict[str, Any]], None]) -> str:
     """``kubectl get -o json``, changed, then ``kubectl replace --force``: the object is deleted and
-    created again under its name (a new uid, generation 1 again); returns the new uid."""
+    created again under its name (a new uid, generation 1 again); returns the new uid.
+
+    The operator watches its Deployments and may recreate a deleted one (as rendered) before
+    kubectl's create (which then fails: AlreadyExists). Then the changed object is created the way
+    kubectl does it, a delete and a create, back to back through the API, until it lands."""
     obj = json.loads(kube.kubectl("get", "-n", namespace, kind, name, "-o", "json").stdout)
     old_uid = obj["metadata"]["uid"]
     change(obj)
-    kube.kubectl("replace", "--force", "-f", "-", input=json.dumps(obj))
+    result = kube.kubectl("replace", "--force", "-f", "-", input=json.dumps(obj), check=False)
+    if result.returncode != 0:
+        assert "AlreadyExists" in result.stderr, result.stderr
+        path = {"deployment": f"/apis/apps/v1/namespaces/{namespace}/deployments",
+                "networkpolicy": f"/apis/networking.k8s.io/v1/namespaces/{namespace}/networkpolicies"}[kind]
+        body = {k: v for k, v in obj.items() if k != "status"}
+        body["metadata"] = {k: v for k, v in obj["metadata"].items()
+                            if k not in ("uid", "resourceVersion", "creationTimestamp", "generation", "managedFields")}
+
+        def recreated() -> bool:
+            kube.request("DELETE", f"{path}/{name}")
+            try:
+                kube.request("POST", path, body)
+            except ApiError as exc:
+                if exc.status == 409:
+                    return False  # the operator was first again
+                raise
+            return True
+
+        tools.wait_for(f"{kind} {name} recreated with the change", recreated, timeout=30)
     new = json.loads(kube.kubectl("get", "-n", namespace, kind, name, "-o", "json").stdout)
     assert new["metadata"]["uid"] != old_uid, "kubectl replace --force makes a new object"
     return str(new["metadata"]["uid"])
