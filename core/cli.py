@@ -23,6 +23,8 @@ from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from datetime import datetime
 from typing import Any, NoReturn, TypeVar
 
+from .base.errors import ConfigError, Failure, JudgeQueueError
+from .base.version import VERSION
 from .config import (
     FILE_VARIABLES,
     PREFIX,
@@ -36,8 +38,6 @@ from .config import (
     redact_url,
     variable_names,
 )
-from .errors import ConfigError, Failure, JudgeQueueError
-from .version import VERSION
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -183,7 +183,7 @@ def _secret_urls(values: Mapping[str, str]) -> list[str]:
 async def _connect_pg(dsn: str) -> Any:
     import asyncpg
 
-    from .connect import connect_postgres
+    from .transport.connect import connect_postgres
 
     try:
         # One-shot commands gain nothing from caching prepared statements, and without the cache
@@ -204,7 +204,7 @@ async def _with_pg(dsn: str, fn: Callable[[Any], Awaitable[T]]) -> T:
 def _queue_arg(args: argparse.Namespace, env: Mapping[str, str]) -> str:
     name = getattr(args, "name", None)
     if name:
-        from .queues import validate_queue_name
+        from .base.names import validate_queue_name
 
         try:
             return validate_queue_name(name)
@@ -237,7 +237,7 @@ def _flags_line(flags: Any) -> str:
 
 
 def cmd_migrate(args: argparse.Namespace, env: Mapping[str, str]) -> int:
-    from .migrate import applied_versions, migrate
+    from .store.migrate import applied_versions, migrate
 
     dsn: str = resolve(args, env, DSN)
 
@@ -255,9 +255,9 @@ def cmd_migrate(args: argparse.Namespace, env: Mapping[str, str]) -> int:
 
 
 ROLE_MODULES = {
-    "dispatcher": "judgequeue.core.dispatcher",
-    "worker": "judgequeue.core.worker",
-    "reaper": "judgequeue.core.reaper",
+    "dispatcher": "judgequeue.core.roles.dispatcher",
+    "worker": "judgequeue.core.roles.worker.role",
+    "reaper": "judgequeue.core.roles.reaper",
 }
 
 
@@ -277,7 +277,7 @@ def load_role(role: str) -> Callable[[Any, asyncio.Event], Coroutine[Any, Any, N
 
 
 def cmd_role(args: argparse.Namespace, env: Mapping[str, str]) -> int:
-    from .runtime import catch_early_signals, run_role
+    from .runtime.process import catch_early_signals, run_role
 
     catch_early_signals()  # a SIGTERM while the role still imports must still stop it cleanly
     settings = load_settings(env, overrides_from(args), override_name=flag_for)
@@ -296,7 +296,7 @@ def cmd_role(args: argparse.Namespace, env: Mapping[str, str]) -> int:
                 raise
             # In a pod (the operator sets "unready"): stay up, unready, naming what is missing.
             _fatal(f"judgequeue: error: {exc}")
-            from .runtime import run_refused
+            from .runtime.process import run_refused
 
             return run_refused(args.command, settings, str(exc))
 
@@ -363,7 +363,7 @@ def _local_connection(
 
 
 def cmd_queue(args: argparse.Namespace, env: Mapping[str, str]) -> int:
-    from .queues import create_queue, get_queue, list_queues
+    from .store.queues import create_queue, get_queue, list_queues
 
     dsn: str = resolve(args, env, DSN)
     if args.queue_command == "list":
@@ -373,7 +373,7 @@ def cmd_queue(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     if args.queue_command == "create":
         flags = _run(_with_pg(dsn, lambda conn: create_queue(conn, name, mode=args.mode)))
     else:
-        from .outbox import stats
+        from .store.outbox import stats
 
         async def show(conn: Any) -> Any:
             return await get_queue(conn, name), await stats(conn, name)
@@ -392,7 +392,7 @@ def cmd_queue(args: argparse.Namespace, env: Mapping[str, str]) -> int:
 def cmd_problem(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     from pathlib import Path
 
-    from .problems import list_problems, upload
+    from .store.problems import list_problems, upload
 
     dsn: str = resolve(args, env, DSN)
     if args.problem_command == "list":
@@ -435,7 +435,7 @@ def _read_payload(args: argparse.Namespace) -> Any:
 
 async def wait_for_verdicts(conn: Any, ids: Sequence[int], within: float, poll: float = 0.2) -> dict[int, Any]:
     """Poll until every submission in ``ids`` is terminal or ``within`` seconds pass; return the rows seen."""
-    from . import submissions
+    from .store import submissions
 
     loop = asyncio.get_running_loop()
     deadline = loop.time() + within
@@ -461,7 +461,7 @@ def _verdict_lines(row: Any) -> list[str]:
 
 def cmd_submission_status(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     """``status --submission ID``: each submission's status and, once judged, its per-test results."""
-    from . import submissions
+    from .store import submissions
 
     dsn: str = resolve(args, env, DSN)
     rows = _run(_with_pg(dsn, lambda conn: submissions.read(conn, args.submission)))
@@ -480,8 +480,8 @@ def cmd_submission_status(args: argparse.Namespace, env: Mapping[str, str]) -> i
 
 
 def cmd_submit(args: argparse.Namespace, env: Mapping[str, str]) -> int:
-    from .outbox import submit
-    from .submissions import is_terminal
+    from .store.outbox import submit
+    from .store.submissions import is_terminal
 
     dsn: str = resolve(args, env, DSN)
     queue: str = resolve(args, env, QUEUE)
@@ -512,7 +512,7 @@ def cmd_submit(args: argparse.Namespace, env: Mapping[str, str]) -> int:
 
 
 def cmd_rejudge(args: argparse.Namespace, env: Mapping[str, str]) -> int:
-    from .outbox import rejudge
+    from .store.outbox import rejudge
 
     dsn: str = resolve(args, env, DSN)
 
@@ -550,8 +550,8 @@ def _threshold(kind: Callable[[str], T]) -> Callable[[str], T | None]:
 def cmd_status(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     if args.submission:
         return cmd_submission_status(args, env)
-    from .connect import redis_client
     from .status import Thresholds, as_json, evaluate, gather, render
+    from .transport.connect import redis_client
 
     dsn: str = resolve(args, env, DSN)
     redis_url: str = resolve(args, env, REDIS)
@@ -587,7 +587,7 @@ def parse_time(text: str) -> datetime:
 
 
 def cmd_cutover(args: argparse.Namespace, env: Mapping[str, str]) -> int:
-    from .queues import database_now, get_queue, set_cutover
+    from .store.queues import database_now, get_queue, set_cutover
 
     dsn: str = resolve(args, env, DSN)
     queue: str = resolve(args, env, QUEUE)
@@ -616,7 +616,7 @@ def cmd_cutover(args: argparse.Namespace, env: Mapping[str, str]) -> int:
 
 
 async def _with_redis(url: str, fn: Callable[[Any], Awaitable[T]]) -> T:
-    from .connect import redis_client
+    from .transport.connect import redis_client
 
     client = redis_client(url, socket_timeout=CONNECT_TIMEOUT, socket_connect_timeout=CONNECT_TIMEOUT)
     try:
@@ -647,7 +647,7 @@ def _chosen_entries(args: argparse.Namespace) -> list[str] | None:
 
 
 def cmd_dlq(args: argparse.Namespace, env: Mapping[str, str]) -> int:
-    from . import dlq
+    from .store import dlq
 
     redis_url: str = resolve(args, env, REDIS)
     queue: str = resolve(args, env, QUEUE)
@@ -719,7 +719,7 @@ def _mismatch_lines(m: Any) -> list[str]:
 
 def cmd_shadow(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     """``shadow diff``: the submissions the legacy and the shadow judge disagree on, newest first."""
-    from . import shadow
+    from .store import shadow
 
     dsn: str = resolve(args, env, DSN)
     queue: str | None = resolve(args, env, QUEUE) if overrides_from(args).get(QUEUE) or env.get(QUEUE) else None
@@ -977,7 +977,7 @@ def main(argv: list[str] | None = None, env: Mapping[str, str] | None = None) ->
 
 
 def _is_refusal(exc: Exception) -> bool:
-    from .errors import WatermarkMovedBack
+    from .base.errors import WatermarkMovedBack
 
     return isinstance(exc, WatermarkMovedBack)
 

@@ -29,22 +29,22 @@ from typing import IO, Any, cast
 import asyncpg
 import redis.asyncio as aioredis
 
-from . import submissions
-from .agreement import GateCheck, gate_on_flip
+from .base.agreement import GateCheck, gate_on_flip
+from .base.errors import ConfigError, Failure
+from .base.states import VERDICTS
 from .config import PREFIX, IntakeChoice, Settings, load_archive_settings, load_settings, redact_url, variable_for
-from .connect import connect_postgres, redis_client
-from .errors import ConfigError, Failure
 from .judges.http_call import load_call_settings
 from .judges.report import render_verdict
 from .manifest import Manifest, load_manifest
-from .migrate import migrate
-from .outbox import submit
-from .problems import InvalidPackage, read_package_dir, upload
-from .queues import create_queue, get_queue, set_cutover
-from .shadow import agreement
 from .spec import ENDPOINTS_VARIABLE, FIELD_BY_PATH, INTAKE_PATH, ROLES, Role, fleet_intake
-from .states import VERDICTS
 from .status import Figures, gather
+from .store import submissions
+from .store.migrate import migrate
+from .store.outbox import submit
+from .store.problems import InvalidPackage, read_package_dir, upload
+from .store.queues import create_queue, get_queue, set_cutover
+from .store.shadow import agreement
+from .transport.connect import connect_postgres, redis_client
 
 
 @dataclass(frozen=True)

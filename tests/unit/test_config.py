@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from judgequeue.core.base.errors import ConfigError
 from judgequeue.core.config import (
     DIRECT_INTAKE_MAX_WORKERS,
     INTAKES,
@@ -17,7 +18,6 @@ from judgequeue.core.config import (
     load_settings,
     parse_variable,
 )
-from judgequeue.core.errors import ConfigError
 from judgequeue.core.judges.isolation import CACHE_MB_VAR, JudgeSettings, load_judge_settings
 
 BASE = {
