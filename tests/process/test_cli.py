@@ -283,7 +283,8 @@ def test_operator_without_kubernetes_configuration_is_one_line() -> None:
 
 #: ``judgequeue <args>`` with the termination log at argv[1] (in a pod it is /dev/termination-log).
 WITH_TERMINATION_LOG = (
-    "import sys; import judgequeue.core.cli as cli; cli.TERMINATION_LOG = sys.argv[1]; "
+    "import sys; import judgequeue.core.cli as cli, judgequeue.core.cli.common as common; "
+    "common.TERMINATION_LOG = sys.argv[1]; "
     "sys.exit(cli.main(sys.argv[2:]))"
 )
 

@@ -169,7 +169,7 @@ def test_dockerignore_keeps_exactly_what_the_build_copies(dockerfile: tuple[dict
     assert set(sources) == {"pyproject.toml", "README.md", "core", "controllers"}
     for source in sources:
         assert not dockerignore_excludes(source, patterns), f".dockerignore leaves out {source}"
-    for inside in ("core/cli.py", "core/store/sql/schema.sql", "controllers/operator.py"):
+    for inside in ("core/cli/__init__.py", "core/store/sql/schema.sql", "controllers/operator.py"):
         assert not dockerignore_excludes(inside, patterns), f".dockerignore leaves out {inside}"
     for other in (".venv", ".git", "tests/test_image.py", "charts/judgequeue/Chart.yaml", "core/__pycache__/x.pyc"):
         assert dockerignore_excludes(other, patterns), f".dockerignore should leave out {other}"
@@ -239,7 +239,7 @@ def test_wheel_holds_packages_data_and_entry_points(clean_install: CleanInstall)
     with zipfile.ZipFile(clean_install.wheel) as wheel:
         names = set(wheel.namelist())
         entry_points = next(wheel.read(n).decode() for n in names if n.endswith(".dist-info/entry_points.txt"))
-    assert "judgequeue/core/cli.py" in names and "judgequeue/controllers/operator.py" in names
+    assert "judgequeue/core/cli/__init__.py" in names and "judgequeue/controllers/operator.py" in names
     assert "judgequeue/core/store/sql/schema.sql" in names
     # The history too: an existing database upgrades through it.
     history = (ROOT / "core" / "store" / "migrations").glob("*.sql")
