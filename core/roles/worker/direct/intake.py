@@ -151,54 +151,13 @@ class DirectIntake:
             # From here to the take's end these slots are the take's: the offers leave them alone.
             self._taking = free
             try:
-                if stream_due:
-                    self._stream_checked = now
-                    try:
-                        deliveries = await streams.read(self._redis, self._queue, self._name, count=free, block_ms=None)
-                    except TransportError as exc:
-                        # Direct intake needs no Redis: judge from the outbox; look again next schedule.
-                        log.warning("stream read failed; taking from the outbox only", extra={"error": str(exc)})
-                        deliveries = []
-                    self._stream_flowing = bool(deliveries)
-                    if deliveries:
-                        await self._start_deliveries(deliveries, stop)
-                        return
+                if stream_due and await self._read_stream(now, free, stop):
+                    return
                 take = await self._take(wakeup, free, stop)
             finally:
                 self._taking = 0
-            if take is None:
+            if take is None or await self._after_take(wakeup, take, free, stop):
                 return
-            self._failures = 0
-            taken = take.rows
-            wakeup.taken += taken
-            if not take.live:
-                # Paused, or shadow (the dispatcher's): nothing to take until a flip, which a poll
-                # finds within a schedule; registered, every submit would notify for nothing.
-                await self._disarm(wakeup)
-                await wait_any(stop, None, schedule)
-                return
-            if taken:
-                self._streak += 1
-                if self._streak == 1:
-                    self._take_rate.start(time.monotonic())
-                else:
-                    self._take_rate.add(taken, time.monotonic())
-                if not (wakeup.registered and keep_listening(taken, free, self._streak)):
-                    wakeup.disarm_when_busy()  # the next take leaves if it finds rows
-                    if takes.pace_takes(taken, free, self._streak, self._take_rate.per_second):
-                        await wait_any(stop, None, tuning.TAKE_PACE)
-                    return  # work is flowing: take again
-            elif wakeup.others_serve():
-                # Other workers take the rows this one is woken for (they loop, busy): staying
-                # registered would only make every submit pay a NOTIFY.
-                await self._disarm(wakeup)
-                await wait_any(stop, None, min(schedule, tuning.OTHERS_SERVE_STEP_BACK))
-                return
-            else:
-                self._streak = 0
-            if take.registered or await wakeup.arm():
-                self._want_offers(True)  # it waits for work now: its free slots are the submits' to fill
-                return  # rows committed before the registration sent no notification: look again
         except SERVER_ERRORS as exc:
             wakeup.forget()
             await self._session.drop()
@@ -211,6 +170,57 @@ class DirectIntake:
         if not wakeup.event.is_set():
             self._streak = 0
         await wakeup.wait(stop, schedule)
+
+    async def _read_stream(self, now: float, free: int, stop: asyncio.Event) -> bool:
+        """Read up to ``free`` of the stream's entries and start them; whether there were any."""
+        self._stream_checked = now
+        try:
+            deliveries = await streams.read(self._redis, self._queue, self._name, count=free, block_ms=None)
+        except TransportError as exc:
+            # Direct intake needs no Redis: judge from the outbox; look again next schedule.
+            log.warning("stream read failed; taking from the outbox only", extra={"error": str(exc)})
+            deliveries = []
+        self._stream_flowing = bool(deliveries)
+        if deliveries:
+            await self._start_deliveries(deliveries, stop)
+        return bool(deliveries)
+
+    async def _after_take(self, wakeup: Wakeup, take: takes.Take, free: int, stop: asyncio.Event) -> bool:
+        """What a take that found ``take.rows`` of ``free`` means for the wait: True when the turn is
+        over (take again, or a pause taken here), False when the worker should wait on the wake-up."""
+        schedule = self._settings.dispatcher.schedule
+        self._failures = 0
+        taken = take.rows
+        wakeup.taken += taken
+        if not take.live:
+            # Paused, or shadow (the dispatcher's): nothing to take until a flip, which a poll
+            # finds within a schedule; registered, every submit would notify for nothing.
+            await self._disarm(wakeup)
+            await wait_any(stop, None, schedule)
+            return True
+        if taken:
+            self._streak += 1
+            if self._streak == 1:
+                self._take_rate.start(time.monotonic())
+            else:
+                self._take_rate.add(taken, time.monotonic())
+            if not (wakeup.registered and keep_listening(taken, free, self._streak)):
+                wakeup.disarm_when_busy()  # the next take leaves if it finds rows
+                if takes.pace_takes(taken, free, self._streak, self._take_rate.per_second):
+                    await wait_any(stop, None, tuning.TAKE_PACE)
+                return True  # work is flowing: take again
+        elif wakeup.others_serve():
+            # Other workers take the rows this one is woken for (they loop, busy): staying
+            # registered would only make every submit pay a NOTIFY.
+            await self._disarm(wakeup)
+            await wait_any(stop, None, min(schedule, tuning.OTHERS_SERVE_STEP_BACK))
+            return True
+        else:
+            self._streak = 0
+        if take.registered or await wakeup.arm():
+            self._want_offers(True)  # it waits for work now: its free slots are the submits' to fill
+            return True  # rows committed before the registration sent no notification: look again
+        return False
 
     async def _take(self, wakeup: Wakeup, free: int, stop: asyncio.Event) -> takes.Take | None:
         """Lease up to ``free`` ready rows straight from the outbox and start their judges; returns
