@@ -37,8 +37,9 @@ import asyncpg
 import redis.asyncio as aioredis
 
 from bench.cli import new_parser, reporter
-from judgequeue.core import outbox, streams
-from judgequeue.core.queues import create_queue
+from judgequeue.core.store import outbox
+from judgequeue.core.store.queues import create_queue
+from judgequeue.core.transport import streams
 from tests.support.databases import REDIS_URL, create_database, delete_queue_keys, drop_database
 from tests.support.roles import Roles
 from tests.support.tool_server import ToolServer

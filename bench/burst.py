@@ -33,8 +33,8 @@ from typing import Any
 from bench import pipeline
 from bench.cli import add_counts, add_run_options, new_parser, reporter, run_on_servers
 from bench.plots import headless_pyplot, save
-from judgequeue.core import streams
-from judgequeue.core.states import VERDICTS
+from judgequeue.core.base.states import VERDICTS
+from judgequeue.core.transport import streams
 
 PROGRESS_SQL = (
     "SELECT (SELECT coalesce(max(id), $2) FROM judgequeue.submissions) - $2 AS committed,"

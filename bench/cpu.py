@@ -13,7 +13,7 @@ server (``bench.servers``), so their CPU is this benchmark's alone on a shared m
    connections, paced); CPU deltas (``/proc/<pid>/stat``) of every role, the whole Postgres cluster,
    Redis and the application from the first submit to the last verdict, divided by the jobs; and
    ``pg_stat_statements`` calls and execution time per job for each statement (named as in
-   ``core/sql/queries.sql``);
+   ``core/store/sql/queries.sql``);
 3. **peer**: PgQueuer with the same offered load and submit side, its workers' CPU per job.
 
 Prints the table and writes ``cpu.json`` to ``--out``.
@@ -42,8 +42,8 @@ import asyncpg
 from bench import outbox_bench, pipeline, servers
 from bench.cli import DEFAULT_INTAKE, INTAKE_VARIABLE, add_run_options, new_parser, reporter, run_on_servers
 from bench.common import create_database, drop_database, pgbench, redis_benchmark_xadd
-from judgequeue.core import outbox, sql
-from judgequeue.core.runtime import event_loop_factory
+from judgequeue.core.runtime.process import event_loop_factory
+from judgequeue.core.store import outbox, sql
 from tests.support.revisions import ref_tree
 
 CONNECTIONS = 8

@@ -22,8 +22,9 @@ from concurrent.futures import ProcessPoolExecutor
 import asyncpg
 
 from bench.common import create_database, drop_database, pgbench, ratio
-from judgequeue.core import outbox, wakeup
-from judgequeue.core.queues import create_queue
+from judgequeue.core.runtime import wakeup
+from judgequeue.core.store import outbox
+from judgequeue.core.store.queues import create_queue
 from tests.support.revisions import migrate_as, ref_tree
 
 RAW_SETUP = """

@@ -4,7 +4,7 @@ Uploads one package (``--tests`` tests of ``--input-kb`` KiB input each, a token
 test run) into a throwaway database, then judges the same accepted Python submission ``--rounds``
 times each way through the program judge in its sandbox:
 
-* cold: a new, empty :class:`~judgequeue.core.problems.ProblemCache` per submission, so the judge
+* cold: a new, empty :class:`~judgequeue.core.store.problems.ProblemCache` per submission, so the judge
   waits for every test file to be copied out of Postgres (chunked, digest-checked) first;
 * warm: one cache kept across submissions, so every judge after the first finds the package on disk.
 
@@ -30,7 +30,7 @@ import asyncpg
 from bench.common import create_database, drop_database, judge_accepted
 from judgequeue.core.judges.isolation import JudgeSettings
 from judgequeue.core.judges.program import ProgramJudge
-from judgequeue.core.problems import ProblemCache, upload
+from judgequeue.core.store.problems import ProblemCache, upload
 
 SOLUTION = "import sys\nprint(sum(map(int, sys.stdin.buffer.read().split())) % 1000003)\n"
 

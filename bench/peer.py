@@ -63,7 +63,7 @@ from typing import Any
 import asyncpg
 
 from bench.common import create_database, drop_database
-from judgequeue.core.runtime import event_loop_factory
+from judgequeue.core.runtime.process import event_loop_factory
 
 ENTRYPOINT = "noop"
 DEFAULT_BATCH_SIZE = 10

@@ -30,9 +30,10 @@ import redis.asyncio as aioredis
 
 from bench.cli import DEFAULT_INTAKE, INTAKE_VARIABLE, OFFERS_VARIABLE
 from bench.common import REDIS_URL, create_database, drop_database, span_seconds
-from judgequeue.core import outbox, streams
-from judgequeue.core.queues import create_queue
-from judgequeue.core.runtime import event_loop_factory
+from judgequeue.core.runtime.process import event_loop_factory
+from judgequeue.core.store import outbox
+from judgequeue.core.store.queues import create_queue
+from judgequeue.core.transport import streams
 from tests.support.revisions import migrate_as
 
 JUDGEQUEUE = str(Path(sys.executable).parent / "judgequeue")

@@ -28,7 +28,7 @@ import asyncpg
 
 from bench.common import REDIS_URL, create_database, drop_database
 from judgequeue.core.config import parse_duration
-from judgequeue.core.queues import create_queue
+from judgequeue.core.store.queues import create_queue
 
 ROLES = ("dispatcher", "worker", "reaper")
 JUDGEQUEUE = str(Path(sys.executable).with_name("judgequeue"))

@@ -37,8 +37,8 @@ import redis.asyncio as aioredis
 from bench import outbox_bench, pipeline, stream_bench
 from bench.cli import reporter
 from bench.common import REDIS_URL, create_database, drop_database, pgbench, redis_benchmark_xadd
-from judgequeue.core import streams
-from judgequeue.core.queues import create_queue
+from judgequeue.core.store.queues import create_queue
+from judgequeue.core.transport import streams
 
 T = TypeVar("T")
 

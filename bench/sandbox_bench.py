@@ -26,12 +26,12 @@ from typing import Any
 from bench.cli import add_counts, new_parser
 from bench.common import span_seconds
 from bench.pipeline import percentile, stack, wait_done
-from judgequeue.core import outbox
 from judgequeue.core.judges.cgroups import BoxGroup, V1Roots, find_roots
 from judgequeue.core.judges.isolation import JudgeSettings
 from judgequeue.core.judges.lane import Lane
 from judgequeue.core.judges.program import ProgramJudge, run_limits
 from judgequeue.core.judges.sandbox import BOX
+from judgequeue.core.store import outbox
 
 PYTHON = "/usr/bin/python3"
 TRIVIAL = "print(5)\n"

@@ -43,8 +43,9 @@ import asyncpg
 
 from bench import pipeline
 from bench.cli import add_counts, add_run_options, new_parser, reporter, run_on_servers
-from judgequeue.core import outbox, shadow, streams
-from judgequeue.core.queues import create_queue
+from judgequeue.core.store import outbox, shadow
+from judgequeue.core.store.queues import create_queue
+from judgequeue.core.transport import streams
 
 progress = reporter("shadow")
 

@@ -42,7 +42,7 @@ from bench import pipeline, servers
 from bench.cli import add_run_options, new_parser, reporter, run_on_servers
 from bench.cpu import paced_submit
 from bench.plots import headless_pyplot, save
-from judgequeue.core import streams
+from judgequeue.core.transport import streams
 
 TABLES_SQL = """
 SELECT c.relname AS name, pg_total_relation_size(c.oid) AS bytes,

@@ -26,10 +26,10 @@ import asyncpg
 import redis.asyncio as aioredis
 
 from bench.common import redis_benchmark_xadd
-from judgequeue.core import streams
 from judgequeue.core.config import ReaperSettings, Settings
-from judgequeue.core.envelope import Envelope
-from judgequeue.core.reaper import Reaper
+from judgequeue.core.roles.reaper import Reaper
+from judgequeue.core.transport import streams
+from judgequeue.core.transport.envelope import Envelope
 
 ENQUEUE_TARGET = 0.30
 DRAIN_TARGET = 10_000.0

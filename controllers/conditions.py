@@ -203,7 +203,7 @@ def degraded(problems: Sequence[Problem]) -> Condition:
     return Condition("Degraded", "True", problems[0].reason, message)
 
 
-#: The exit code of a role refusing its configuration (core/cli.py EXIT_USAGE): restarts cannot fix it.
+#: The exit code of a role refusing its configuration (core/cli/common.py EXIT_USAGE): restarts cannot fix it.
 CONFIG_EXIT_CODE = 2
 #: How much of a termination message a condition quotes (the kubelet keeps up to 4096 bytes).
 MESSAGE_LIMIT = 400

@@ -14,11 +14,11 @@ writes nothing (its handler scales its fleet to zero). Ownership changes hands o
 and a claim: an owner set to another by hand is taken back by the JudgeQueue that held the queue, and
 one that no longer exists (deleted while no operator ran: nothing released its queue) is released by
 the next JudgeQueue that wants the queue, once none of its pods runs on it.
-:func:`decide` is pure; :func:`sync_queue` does the I/O through :mod:`judgequeue.core.queues` and
-:mod:`judgequeue.core.shadow` (the operator never talks SQL itself).
+:func:`decide` is pure; :func:`sync_queue` does the I/O through :mod:`judgequeue.core.store.queues` and
+:mod:`judgequeue.core.store.shadow` (the operator never talks SQL itself).
 
 While the row is in shadow mode every pass reads shadow judging's figures (legacy and shadow verdicts
-compared, :mod:`judgequeue.core.agreement`) into ``status.shadow``. ``spec.cutover.gate`` holds a
+compared, :mod:`judgequeue.core.base.agreement`) into ``status.shadow``. ``spec.cutover.gate`` holds a
 flip to live back until they meet it: :func:`decide` says ``gated``, the other flags are written with
 the row's mode kept, and ``CutoverApplied`` is False with reason ``GateNotMet`` and the figures; each
 pass decides again, so the flip happens on the first pass whose figures meet the gate, with no new
@@ -34,11 +34,11 @@ from typing import Any, Literal
 
 import asyncpg
 
-from judgequeue.core import shadow
-from judgequeue.core.agreement import Agreement, Gate, GateCheck, check_gate, gate_on_flip
-from judgequeue.core.connect import connect_postgres
-from judgequeue.core.errors import CutoverBlocked, JudgeQueueError, QueueOwned, WatermarkMovedBack
-from judgequeue.core.queues import (
+from judgequeue.core.base.agreement import Agreement, Gate, GateCheck, check_gate, gate_on_flip
+from judgequeue.core.base.errors import CutoverBlocked, JudgeQueueError, QueueOwned, WatermarkMovedBack
+from judgequeue.core.spec import JudgeQueueSpec
+from judgequeue.core.store import shadow
+from judgequeue.core.store.queues import (
     QueueFlags,
     claim_queue,
     owned_queues,
@@ -46,7 +46,7 @@ from judgequeue.core.queues import (
     set_cutover,
     take_back_queue,
 )
-from judgequeue.core.spec import JudgeQueueSpec
+from judgequeue.core.transport.connect import connect_postgres
 
 from .conditions import Condition, Problem, rfc3339
 
@@ -108,7 +108,7 @@ def restorable(want: Wanted, row: QueueFlags) -> list[str]:
 
 
 def gate_check(want: Wanted, row: QueueFlags, figures: Agreement | None) -> GateCheck | None:
-    """The gate's verdict on a flip to live (pure; :func:`judgequeue.core.agreement.gate_on_flip`)."""
+    """The gate's verdict on a flip to live (pure; :func:`judgequeue.core.base.agreement.gate_on_flip`)."""
     return gate_on_flip(want.gate, want.mode, row.mode, figures)
 
 

@@ -34,12 +34,12 @@ import asyncpg
 import kopf
 from redis.exceptions import RedisError
 
-from judgequeue.core.backlog import Backlog, read_backlog
-from judgequeue.core.connect import connect_postgres, redis_client
-from judgequeue.core.errors import JudgeQueueError
-from judgequeue.core.queues import listen_queues, owned_queues, release_queue
-from judgequeue.core.redis_url import validate_redis_url
+from judgequeue.core.base.errors import JudgeQueueError
 from judgequeue.core.spec import JudgeQueueSpec, fleet_intake, parse_spec
+from judgequeue.core.store.backlog import Backlog, read_backlog
+from judgequeue.core.store.queues import listen_queues, owned_queues, release_queue
+from judgequeue.core.transport.connect import connect_postgres, redis_client
+from judgequeue.core.transport.redis_url import validate_redis_url
 
 from . import autoscale, conditions, cutover, redact
 from .actions import log_action, log_problem
@@ -173,7 +173,7 @@ def announce(state: OperatorState, body: Mapping[str, Any], previous: Any, curre
 @dataclass(frozen=True)
 class Connections:
     """Where the operator's own connections go, read from the JudgeQueue's Secrets; they are opened
-    through :mod:`judgequeue.core.connect` exactly as the roles open theirs, so the operator works
+    through :mod:`judgequeue.core.transport.connect` exactly as the roles open theirs, so the operator works
     behind the same PgBouncer (``pooler``) and with the same ``redis+sentinel://`` URL."""
 
     postgres_dsn: str
@@ -790,7 +790,7 @@ def _rolling(body: Mapping[str, Any]) -> bool:
 async def follow_queue_row(state: OperatorState, body: Mapping[str, Any], stopped: Any) -> None:
     """Follow the JudgeQueue between the timer's passes (a Kopf daemon, for as long as it exists).
 
-    It holds a LISTEN (:func:`judgequeue.core.queues.listen_queues`) for the queue row and makes a
+    It holds a LISTEN (:func:`judgequeue.core.store.queues.listen_queues`) for the queue row and makes a
     pass (:func:`refresh`) as soon as its flags or owner change, whoever changed them, or as soon as
     one of its Deployments changes (:meth:`OperatorState.poke`: recreated, scaled, its rollout
     moving), so status and the row or the children never disagree for a timer's interval; it

@@ -16,7 +16,7 @@ from typing import Any
 
 import kopf
 
-from judgequeue.core.logs import setup_logging
+from judgequeue.core.base.logs import setup_logging
 
 from .handlers import OperatorConfig, OperatorState, build_registry
 from .kube import KubeApi, connection_info, load_configuration

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from judgequeue.core.logs import STANDARD_ATTRIBUTES
+from judgequeue.core.base.logs import STANDARD_ATTRIBUTES
 
 from .diff import MISSING, Difference
 

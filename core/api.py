@@ -18,8 +18,7 @@ from typing import Any
 
 import asyncpg
 
-from . import shadow, submissions
-from .errors import (
+from .base.errors import (
     InvalidPayload,
     InvalidQueueName,
     InvalidVerdict,
@@ -29,9 +28,10 @@ from .errors import (
     UnknownQueue,
     UnknownSubmission,
 )
+from .base.states import VERDICTS
 from .judges import Judge, Verdict
-from .outbox import rejudge, submit
-from .states import VERDICTS
+from .store import shadow, submissions
+from .store.outbox import rejudge, submit
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,7 @@ async def report_legacy_verdict(
     that are not JSON (:class:`InvalidPayload`) or over 1 MiB (:class:`PayloadTooLarge`), an unknown
     id (:class:`UnknownSubmission`), and a submission of a queue not in shadow mode that was never
     shadowed (:class:`NotShadowed`). SQL callers use ``judgequeue.report_legacy_verdict(id, verdict,
-    details)``, which refuses the same with the SQLSTATEs of :mod:`judgequeue.core.errors`.
+    details)``, which refuses the same with the SQLSTATEs of :mod:`judgequeue.core.base.errors`.
     """
     await shadow.report_legacy_verdict(conn, submission_id, verdict, details)
 

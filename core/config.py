@@ -14,9 +14,9 @@ from dataclasses import dataclass, field, fields
 from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
-from .errors import ConfigError
-from .queues import validate_queue_name
-from .redis_url import validate_redis_url
+from .base.errors import ConfigError
+from .base.names import validate_queue_name
+from .transport.redis_url import validate_redis_url
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
@@ -125,7 +125,7 @@ class WorkerSettings:
     lease_ttl: float = 30.0
     grace_period: float = 25.0
     intake: str = "direct"  # INTAKES; the dispatcher reads it too
-    #: Direct intake: open slots an idle worker offers for submits to fill (core/direct/offers.py); 0: none.
+    #: Direct intake: open slots an idle worker offers for submits to fill (roles/worker/direct/offers.py); 0: none.
     offers: int = 32
     shadow: str = "off"  # SHADOW_MODES
 

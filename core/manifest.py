@@ -15,7 +15,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError
+from .base.errors import ConfigError
 from .spec import JudgeQueueSpec, Role, parse_spec, role_settings
 
 API_VERSION = "judgequeue.dev/v1alpha1"

@@ -39,7 +39,9 @@ from datetime import datetime
 from decimal import Decimal, InvalidOperation
 from typing import Any, Literal
 
-from .agreement import PERCENT_PATTERN, Gate, parse_percent
+from .base.agreement import PERCENT_PATTERN, Gate, parse_percent
+from .base.errors import InvalidQueueName
+from .base.names import validate_queue_name
 from .config import (
     AUTO_INTAKE,
     DIRECT_INTAKE_MAX_WORKERS,
@@ -55,8 +57,6 @@ from .config import (
     parse_duration,
     variable_for,
 )
-from .errors import InvalidQueueName
-from .queues import validate_queue_name
 
 #: ``spec.worker.sandbox``: whether the program judge must isolate (the default) or may trust the code.
 SANDBOX_MODES = ("isolated", "trusted")
@@ -300,7 +300,7 @@ FIELDS: tuple[Field, ...] = (
                       "CutoverApplied=False, reason Drifted, naming the row's values."),
     Field(("cutover", "watermark"), "timestamp", max_length=64,
           description="Rows created at or after this instant (DB clock) are dispatched live."),
-    # The gate on a flip to live (core/agreement.py); both are needed once the gate is given. Absent: no gate.
+    # The gate on a flip to live (core/base/agreement.py); both are needed once the gate is given. Absent: no gate.
     Field(("cutover", "gate", "minAgreement"), "string", pattern=PERCENT_PATTERN, max_length=8,
           required_in_object=True, hint="a percentage from 0% to 100% such as 99.5%",
           description="The least agreement, a percentage such as 99.5%."),
@@ -347,8 +347,8 @@ LISTEN_SECRET: tuple[str, ...] = ("postgres", "listen")
 SECRET_SETTINGS: tuple[tuple[tuple[str, ...], tuple[str | None, str], tuple[Role, ...]], ...] = (
     (("postgres",), (None, "postgres_dsn"), ROLES),
     (("redis",), (None, "redis_url"), ROLES),
-    # The dispatcher LISTENs (core/wakeup.py, Settings.listen_dsn), and so does a worker with
-    # direct intake (the same wake-up, run by core/direct/intake.py).
+    # The dispatcher LISTENs (core/runtime/wakeup.py, Settings.listen_dsn), and so does a worker with
+    # direct intake (the same wake-up, run by core/roles/worker/direct/intake.py).
     (LISTEN_SECRET, (None, "postgres_listen_dsn"), ("dispatcher", "worker")),
 )
 

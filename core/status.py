@@ -15,14 +15,14 @@ import asyncpg
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
-from . import shadow
-from .agreement import OUTCOMES, Agreement
+from .base.agreement import OUTCOMES, Agreement
 from .config import format_duration
-from .outbox import OUTBOX_STATES
-from .outbox import stats as outbox_stats
-from .queues import QueueFlags, get_queue
-from .stream_stats import stream_figures
-from .streams import GROUP, shadow_key, stream_key
+from .store import shadow
+from .store.outbox import OUTBOX_STATES
+from .store.outbox import stats as outbox_stats
+from .store.queues import QueueFlags, get_queue
+from .transport.stream_stats import stream_figures
+from .transport.streams import GROUP, shadow_key, stream_key
 
 
 @dataclass(frozen=True)

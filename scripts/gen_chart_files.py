@@ -9,7 +9,7 @@
   so ``helm upgrade`` upgrades the CRD and ``helm uninstall`` never deletes it (and with it every
   JudgeQueue);
 - ``charts/judgequeue/files/dashboards/judgequeue.json``, the Grafana dashboard, from :data:`PANELS`
-  (metric names as in ``judgequeue.core.metrics``).
+  (metric names as in ``judgequeue.core.base.metrics``).
 
 Run ``.venv/bin/python scripts/gen_chart_files.py`` after changing any source;
 ``--check`` exits 1 (naming the stale files) instead of writing. tests/unit/test_chart.py runs the check.

@@ -19,8 +19,8 @@ import asyncpg
 import pytest
 import redis.asyncio as aioredis
 
-from judgequeue.core import streams
-from judgequeue.core.queues import create_queue
+from judgequeue.core.store.queues import create_queue
+from judgequeue.core.transport import streams
 from tests.support.databases import REDIS_URL, create_database, delete_queue_keys, drop_database
 
 #: The tiers that need more than Postgres and Redis, one folder each: every test below tests/<tier>/

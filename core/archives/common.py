@@ -13,8 +13,8 @@ from typing import Any
 
 import yaml
 
+from ..base.errors import JudgeQueueError
 from ..config import ArchiveSettings
-from ..errors import JudgeQueueError
 from ..judges.languages import LANGUAGES as LANGUAGE_TABLE
 from ..judges.languages import UNAVAILABLE, parse_standard
 

@@ -15,13 +15,13 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, Protocol, cast, runtime_checkable
 
-from ..errors import ConfigError
-from ..states import VERDICTS
-from ..states import Verdict as StateVerdict
+from ..base.errors import ConfigError
+from ..base.states import VERDICTS
+from ..base.states import Verdict as StateVerdict
 
 ENTRY_POINT_GROUP = "judgequeue.judges"
 
-#: The verdict set is defined once, in judgequeue.core.states (the tables' CHECK is tested against it).
+#: The verdict set is defined once, in judgequeue.core.base.states (the tables' CHECK is tested against it).
 Status = StateVerdict
 STATUSES: tuple[Status, ...] = VERDICTS
 

@@ -38,7 +38,7 @@ from email.utils import parsedate_to_datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from ..errors import ConfigError
+from ..base.errors import ConfigError
 from . import CallLater, Job, Status, Verdict
 from .http_client import Answer, CallFailed, check_url, post
 

@@ -3,7 +3,7 @@
 Why not a library: the judge needs exactly one request shape (a JSON POST), a hard bound on the
 response's size, and prompt cancellation (a rejudge or a lost lease cancels the call: the socket is
 closed at once). The standard library's ``http.client`` blocks a thread, and the project serves its
-own HTTP the same way (:mod:`judgequeue.core.http`), so a new dependency would buy little. Redirects
+own HTTP the same way (:mod:`judgequeue.core.runtime.http`), so a new dependency would buy little. Redirects
 are not followed (an endpoint is a configured URL; a redirect could point anywhere). ``https`` uses
 the system's default TLS context.
 

@@ -18,7 +18,7 @@ import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ..errors import ConfigError
+from ..base.errors import ConfigError
 from . import cgroups
 from .sandbox import Isolation
 from .seccomp import SeccompUnsupported, build_filter

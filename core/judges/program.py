@@ -54,7 +54,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError
+from ..base.errors import ConfigError
 from . import STATUSES, PackageSource, Status, Verdict
 from .builds import BuildCache, build_key, keep_copy
 from .cgroups import BoxGroup, Roots, remove_stale

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import redis.asyncio as aioredis
 
-from judgequeue.core import streams
-from judgequeue.core.envelope import Envelope
+from judgequeue.core.transport import streams
+from judgequeue.core.transport.envelope import Envelope
 
 
 async def test_ack_deletes_the_markers_it_is_given(redis_client: aioredis.Redis, queue_name: str) -> None:

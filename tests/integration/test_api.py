@@ -6,9 +6,10 @@ from __future__ import annotations
 import asyncpg
 import pytest
 
-from judgequeue.core import api, leases
-from judgequeue.core.leases import VerdictWrite
-from judgequeue.core.queues import create_queue
+from judgequeue.core import api
+from judgequeue.core.store import leases
+from judgequeue.core.store.leases import VerdictWrite
+from judgequeue.core.store.queues import create_queue
 from tests.support.queries import count_submissions
 
 

@@ -10,11 +10,12 @@ import pytest
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 
-from judgequeue.core import dlq, outbox, stream_stats, streams
-from judgequeue.core.dispatcher import Dispatcher
-from judgequeue.core.envelope import Envelope
-from judgequeue.core.queues import create_queue
-from judgequeue.core.reaper import Reaper
+from judgequeue.core.roles.dispatcher import Dispatcher
+from judgequeue.core.roles.reaper import Reaper
+from judgequeue.core.store import dlq, outbox
+from judgequeue.core.store.queues import create_queue
+from judgequeue.core.transport import stream_stats, streams
+from judgequeue.core.transport.envelope import Envelope
 from tests.support.queries import count_submissions
 from tests.support.redis_servers import RedisServer, redis_cluster
 from tests.support.settings import stream_settings

@@ -8,10 +8,10 @@ from urllib.parse import urlsplit
 import asyncpg
 import pytest
 
+from judgequeue.core.base.errors import ConfigError
 from judgequeue.core.config import load_settings, redact_url
-from judgequeue.core.connect import connect_postgres, postgres_options, redis_client, split_hosts
-from judgequeue.core.errors import ConfigError
-from judgequeue.core.redis_url import SentinelTarget, parse_sentinel_url
+from judgequeue.core.transport.connect import connect_postgres, postgres_options, redis_client, split_hosts
+from judgequeue.core.transport.redis_url import SentinelTarget, parse_sentinel_url
 
 BASE = {"JUDGEQUEUE_POSTGRES_DSN": "postgresql://h/db", "JUDGEQUEUE_REDIS_URL": "redis://h/0", "JUDGEQUEUE_QUEUE": "q"}
 

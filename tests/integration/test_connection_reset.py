@@ -24,7 +24,7 @@ import pytest
 import redis.asyncio as aioredis
 import uvloop
 
-from judgequeue.core import streams
+from judgequeue.core.transport import streams
 from tests.support.redis_servers import redis_server
 from tests.support.tcp_proxy import TcpProxy
 from tests.support.waiting import eventually

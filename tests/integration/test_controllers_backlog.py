@@ -5,10 +5,10 @@ from __future__ import annotations
 import asyncpg
 import redis.asyncio as aioredis
 
-from judgequeue.core.backlog import read_backlog
-from judgequeue.core.outbox import submit
-from judgequeue.core.queues import create_queue
-from judgequeue.core.streams import stream_key
+from judgequeue.core.store.backlog import read_backlog
+from judgequeue.core.store.outbox import submit
+from judgequeue.core.store.queues import create_queue
+from judgequeue.core.transport.streams import stream_key
 
 
 async def test_missing_stream_and_group(pg: asyncpg.Connection, redis_client: aioredis.Redis, queue_name: str) -> None:

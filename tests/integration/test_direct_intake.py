@@ -20,13 +20,14 @@ import asyncpg
 import pytest
 import redis.asyncio as aioredis
 
-from judgequeue.core import leases, outbox, sql, streams
-from judgequeue.core.direct import DirectIntake, takes, tuning
-from judgequeue.core.dispatcher import Dispatcher
 from judgequeue.core.judges import Verdict
 from judgequeue.core.judges.builtin import SleepJudge
-from judgequeue.core.queues import database_now, set_cutover
-from judgequeue.core.worker import Worker
+from judgequeue.core.roles.dispatcher import Dispatcher
+from judgequeue.core.roles.worker.direct import DirectIntake, takes, tuning
+from judgequeue.core.roles.worker.role import Worker
+from judgequeue.core.store import leases, outbox, sql
+from judgequeue.core.store.queues import database_now, set_cutover
+from judgequeue.core.transport import streams
 from tests.support.databases import REDIS_URL
 from tests.support.inprocess import GateJudge, running
 from tests.support.queries import generic_plan
@@ -245,8 +246,8 @@ async def test_an_idle_direct_worker_is_woken_by_the_submit(
 
 
 def test_an_unknown_intake_is_one_clear_error() -> None:
+    from judgequeue.core.base.errors import ConfigError
     from judgequeue.core.config import load_settings
-    from judgequeue.core.errors import ConfigError
 
     env = {
         "JUDGEQUEUE_POSTGRES_DSN": "postgresql://u@h/db",

@@ -9,10 +9,11 @@ from contextlib import asynccontextmanager
 import asyncpg
 import redis.asyncio as aioredis
 
-from judgequeue.core import outbox, streams
 from judgequeue.core.config import Settings
-from judgequeue.core.dispatcher import Dispatcher
-from judgequeue.core.queues import create_queue, set_cutover
+from judgequeue.core.roles.dispatcher import Dispatcher
+from judgequeue.core.store import outbox
+from judgequeue.core.store.queues import create_queue, set_cutover
+from judgequeue.core.transport import streams
 from tests.support.databases import REDIS_URL
 from tests.support.settings import stream_settings
 from tests.support.waiting import eventually

@@ -7,10 +7,11 @@ import asyncio
 import asyncpg
 import redis.asyncio as aioredis
 
-from judgequeue.core import dlq, outbox, streams
-from judgequeue.core.dispatcher import Dispatcher
-from judgequeue.core.queues import create_queue
-from judgequeue.core.reaper import Reaper
+from judgequeue.core.roles.dispatcher import Dispatcher
+from judgequeue.core.roles.reaper import Reaper
+from judgequeue.core.store import dlq, outbox
+from judgequeue.core.store.queues import create_queue
+from judgequeue.core.transport import streams
 from tests.support.databases import REDIS_URL
 from tests.support.queries import submissions
 from tests.support.settings import stream_settings

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncpg
 import pytest
 
-from judgequeue.core.errors import DB_ERRORS, describe, is_permanent
+from judgequeue.core.base.errors import DB_ERRORS, describe, is_permanent
 from tests.support.databases import connection
 
 

@@ -13,8 +13,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from judgequeue.core import metrics, outbox
+from judgequeue.core.base import metrics
 from judgequeue.core.judges.http_call import CallSettings, Endpoint, HttpCallJudge
+from judgequeue.core.store import outbox
 from tests.support.tool_server import RawServer, ToolServer, http_answer, tool_server
 from tests.support.waiting import eventually
 from tests.support.worker_harness import Harness

@@ -7,9 +7,9 @@ import uuid
 
 import asyncpg
 
-from judgequeue.core import leases, outbox, sql
-from judgequeue.core.leases import Lease, VerdictWrite
-from judgequeue.core.queues import create_queue
+from judgequeue.core.store import leases, outbox, sql
+from judgequeue.core.store.leases import Lease, VerdictWrite
+from judgequeue.core.store.queues import create_queue
 from tests.support.queries import count_submissions, status_of, submission, submissions
 
 

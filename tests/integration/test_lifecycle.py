@@ -7,9 +7,10 @@ import asyncio
 import asyncpg
 import pytest
 
-from judgequeue.core import lifecycle, outbox
-from judgequeue.core.lifecycle import DB_ERRORS, HeldSession, open_connections
-from judgequeue.core.queues import create_queue
+from judgequeue.core.runtime import lifecycle
+from judgequeue.core.runtime.lifecycle import DB_ERRORS, HeldSession, open_connections
+from judgequeue.core.store import outbox
+from judgequeue.core.store.queues import create_queue
 from tests.support.databases import REDIS_URL, connection
 from tests.support.settings import make_settings
 from tests.support.waiting import eventually

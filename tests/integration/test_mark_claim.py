@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import asyncpg
 
-from judgequeue.core import outbox
-from judgequeue.core.queues import create_queue
+from judgequeue.core.store import outbox
+from judgequeue.core.store.queues import create_queue
 from tests.support.queries import generic_plan
 
 OWNER = "dispatcher-a"

@@ -7,7 +7,7 @@ import asyncio
 import asyncpg
 import pytest
 
-from judgequeue.core.migrate import (
+from judgequeue.core.store.migrate import (
     Migration,
     MigrationChecksumMismatch,
     applied_versions,

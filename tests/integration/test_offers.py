@@ -1,5 +1,5 @@
-"""Offers (core/sql/schema.sql, core/direct/offers.py, core/direct/offer_keeper.py) against real Postgres and
-Redis: an idle direct-intake worker's open slots, which the submits fill in their own transactions.
+"""Offers (core/store/sql/schema.sql, core/roles/worker/direct/offers.py and offer_keeper.py) against real
+Postgres and Redis: an idle direct-intake worker's open slots, which the submits fill in their own transactions.
 
 What must hold is what holds for any lease: one terminal verdict per submission, no verdict from a
 stale attempt, no live dispatch of a pre-watermark row (a flag flip and a filling submit exclude
@@ -21,12 +21,13 @@ import asyncpg
 import pytest
 import redis.asyncio as aioredis
 
-from judgequeue.core import outbox, wakeup
-from judgequeue.core.direct import DirectIntake, offer_keeper, offers, takes, tuning
-from judgequeue.core.errors import CutoverBlocked
+from judgequeue.core.base.errors import CutoverBlocked
 from judgequeue.core.judges import Verdict
-from judgequeue.core.queues import database_now, get_queue, set_cutover
-from judgequeue.core.worker import Worker
+from judgequeue.core.roles.worker.direct import DirectIntake, offer_keeper, offers, takes, tuning
+from judgequeue.core.roles.worker.role import Worker
+from judgequeue.core.runtime import wakeup
+from judgequeue.core.store import outbox
+from judgequeue.core.store.queues import database_now, get_queue, set_cutover
 from tests.support.databases import REDIS_URL
 from tests.support.inprocess import GateJudge, running
 from tests.support.settings import make_settings
@@ -325,7 +326,7 @@ async def test_the_reaper_prunes_offers_their_worker_stopped_refreshing(pg_pool:
     async with pg_pool.acquire() as conn:
         await _offer(conn, queue, [0, 1])
         await conn.execute("UPDATE judgequeue.worker_offers SET expires_at = now() - interval '10 minutes'")
-        assert await offers.prune(conn, older_than=300) == 2
+        assert await wakeup.prune_offers(conn, older_than=300) == 2
 
 
 # --- the worker's side ---------------------------------------------------------------------------
@@ -634,8 +635,8 @@ async def test_a_burst_makes_the_worker_take_its_offers_back(
 
 
 def test_a_bad_offers_count_is_one_clear_error() -> None:
+    from judgequeue.core.base.errors import ConfigError
     from judgequeue.core.config import load_settings
-    from judgequeue.core.errors import ConfigError
 
     env = {
         "JUDGEQUEUE_POSTGRES_DSN": "postgresql://u@h/db",

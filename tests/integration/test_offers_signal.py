@@ -1,7 +1,7 @@
 """A mode that is off costs nothing: ``judgequeue.submit()`` in a queue without offers.
 
 The queue row says until when a worker's offer may be open there (``queues.offers_until``, kept by
-the offers sync, core/sql/queries.sql ``offers_sync``); a submit reads it with its queue check and
+the offers sync, core/store/sql/queries.sql ``offers_sync``); a submit reads it with its queue check and
 looks for an offer only before it. Pinned here against real Postgres: what a submit in such a queue
 runs and touches (the statements of a submit from before offers), that offers still fill while the
 signal stands, how the sync keeps it (at most one write per ``tuning.OFFER_VALIDITY``, never
@@ -21,11 +21,11 @@ import asyncpg
 import pytest
 import redis.asyncio as aioredis
 
-from judgequeue.core import outbox
-from judgequeue.core.direct import offers, tuning
 from judgequeue.core.judges import Verdict
-from judgequeue.core.queues import get_queue
-from judgequeue.core.worker import Worker
+from judgequeue.core.roles.worker.direct import offers, tuning
+from judgequeue.core.roles.worker.role import Worker
+from judgequeue.core.store import outbox
+from judgequeue.core.store.queues import get_queue
 from tests.support.databases import REDIS_URL
 from tests.support.inprocess import running
 from tests.support.settings import make_settings

@@ -17,8 +17,8 @@ import redis.asyncio as aioredis
 from judgequeue.controllers.handlers import OperatorConfig
 from judgequeue.core.config import load_settings
 from judgequeue.core.judges import load_judge
-from judgequeue.core.outbox import submit
-from judgequeue.core.queues import get_queue
+from judgequeue.core.store.outbox import submit
+from judgequeue.core.store.queues import get_queue
 from tests.support.databases import REDIS_URL
 from tests.support.kmock_emulator import (
     DEPLOYMENTS,

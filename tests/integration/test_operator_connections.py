@@ -20,8 +20,8 @@ import pytest
 import redis.asyncio as aioredis
 
 from judgequeue.controllers.handlers import Connections, measure_backlog
-from judgequeue.core.outbox import submit
-from judgequeue.core.queues import create_queue, get_queue
+from judgequeue.core.store.outbox import submit
+from judgequeue.core.store.queues import create_queue, get_queue
 from tests.support.databases import ADMIN_DSN, REDIS_URL
 from tests.support.kmock_emulator import (
     JQ,

@@ -10,8 +10,7 @@ from datetime import timedelta
 import asyncpg
 import pytest
 
-from judgequeue.core import outbox
-from judgequeue.core.errors import (
+from judgequeue.core.base.errors import (
     InvalidPayload,
     InvalidQueueName,
     PayloadTooLarge,
@@ -19,7 +18,8 @@ from judgequeue.core.errors import (
     UnknownSubmission,
     WatermarkMovedBack,
 )
-from judgequeue.core.queues import create_queue, get_queue, set_cutover
+from judgequeue.core.store import outbox
+from judgequeue.core.store.queues import create_queue, get_queue, set_cutover
 from tests.support.queries import count_submissions, submission
 from tests.support.waiting import eventually
 

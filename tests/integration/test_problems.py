@@ -10,7 +10,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from judgequeue.core.problems import (
+from judgequeue.core.store.problems import (
     CHUNK,
     InvalidPackage,
     ProblemCache,

@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 
 import asyncpg
 
-from judgequeue.core.queues import claim_queue, create_queue, listen_queues, set_cutover
+from judgequeue.core.store.queues import claim_queue, create_queue, listen_queues, set_cutover
 
 
 async def _heard(received: list[str], count: int) -> list[str]:

@@ -14,11 +14,13 @@ from prometheus_client import REGISTRY
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from judgequeue.core import dlq, outbox, reaper, stream_stats, streams
-from judgequeue.core.dispatcher import Dispatcher
-from judgequeue.core.envelope import Envelope
-from judgequeue.core.queues import create_queue
-from judgequeue.core.reaper import ClaimedEntry, Decision, Reaper, decide
+from judgequeue.core.roles import reaper
+from judgequeue.core.roles.dispatcher import Dispatcher
+from judgequeue.core.roles.reaper import ClaimedEntry, Decision, Reaper, decide
+from judgequeue.core.store import dlq, outbox
+from judgequeue.core.store.queues import create_queue
+from judgequeue.core.transport import stream_stats, streams
+from judgequeue.core.transport.envelope import Envelope
 from tests.support.databases import REDIS_URL
 from tests.support.queries import status_of, submission
 from tests.support.redis_servers import free_port

@@ -10,12 +10,13 @@ import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from judgequeue.core import dlq, outbox, stream_stats, streams
-from judgequeue.core.dispatcher import Dispatcher
-from judgequeue.core.envelope import Envelope
-from judgequeue.core.errors import TransportError
-from judgequeue.core.queues import create_queue
-from judgequeue.core.reaper import Reaper
+from judgequeue.core.base.errors import TransportError
+from judgequeue.core.roles.dispatcher import Dispatcher
+from judgequeue.core.roles.reaper import Reaper
+from judgequeue.core.store import dlq, outbox
+from judgequeue.core.store.queues import create_queue
+from judgequeue.core.transport import stream_stats, streams
+from judgequeue.core.transport.envelope import Envelope
 from tests.support.databases import REDIS_URL
 from tests.support.redis_servers import RedisServer, free_port, redis_server
 from tests.support.settings import stream_settings

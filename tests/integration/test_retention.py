@@ -12,11 +12,11 @@ import json
 import asyncpg
 import redis.asyncio as aioredis
 
-from judgequeue.core import outbox
-from judgequeue.core.queues import create_queue
-from judgequeue.core.reaper import Reaper
-from judgequeue.core.sql import query
-from judgequeue.core.states import VERDICTS
+from judgequeue.core.base.states import VERDICTS
+from judgequeue.core.roles.reaper import Reaper
+from judgequeue.core.store import outbox
+from judgequeue.core.store.queues import create_queue
+from judgequeue.core.store.sql import query
 from tests.support.databases import REDIS_URL
 from tests.support.settings import make_settings
 

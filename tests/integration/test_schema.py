@@ -1,7 +1,7 @@
 """Every road to the current schema ends in the same database: the schema file, the history, and each
 database an earlier version of judgequeue left.
 
-A new database is given ``core/sql/schema.sql`` in one go; the history (``core/migrations/``, every
+A new database is given ``core/store/sql/schema.sql`` in one go; the history (``core/store/migrations/``, every
 migration since the first version) replayed from empty must give the same catalog, compared object
 by object (tables and their kind and storage options, columns with types, defaults and identity,
 constraints, indexes, sequences, functions' whole definitions, triggers) and the same record. Each
@@ -21,8 +21,8 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from judgequeue.core import migrate as migrate_module
-from judgequeue.core.migrate import (
+from judgequeue.core.store import migrate as migrate_module
+from judgequeue.core.store.migrate import (
     SUPERSEDED,
     MigrationChecksumMismatch,
     MigrationHistoryGap,
@@ -94,7 +94,7 @@ def assert_same_catalog(ours: Catalog, theirs: Catalog) -> None:
         only_file = sorted(set(ours[kind]) - set(theirs[kind]), key=repr)
         only_history = sorted(set(theirs[kind]) - set(ours[kind]), key=repr)
         assert (only_file, only_history) == ([], []), (
-            f"{kind} differ between core/sql/schema.sql (first) and the migrations (second): "
+            f"{kind} differ between core/store/sql/schema.sql (first) and the migrations (second): "
             "write a change in both, the schema file and a new migration"
         )
 
@@ -114,7 +114,7 @@ def test_every_migration_an_earlier_version_shipped_is_known_here() -> None:
     known = {(m.version, m.checksum) for m in available_migrations()} | {(s.version, s.checksum) for s in SUPERSEDED}
     ever = {
         (int(Path(path).name[:4]), checksum(text))
-        for path, texts in shipped("core/migrations").items()
+        for path, texts in {**shipped("core/migrations"), **shipped("core/store/migrations")}.items()
         if path.endswith(".sql")
         for text in texts
     }

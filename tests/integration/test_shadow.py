@@ -1,7 +1,7 @@
 """Shadow judging against real Postgres and Redis: shadow workers, the fence on shadow verdicts, the
 reaper's rescue of both, legacy verdicts (and their refusals), the agreement figures and retention.
 
-A shadow worker is the worker of core/worker.py in the shadow lane (JUDGEQUEUE_SHADOW=judge), so the
+A shadow worker is the worker of core/roles/worker/role.py in the shadow lane (JUDGEQUEUE_SHADOW=judge), so the
 machinery under test is the live worker's; what these tests check is what differs: where its work
 comes from, where its verdicts go (never the submission), and that every write is fenced.
 """
@@ -17,14 +17,17 @@ import asyncpg
 import pytest
 import redis.asyncio as aioredis
 
-from judgequeue.core import api, metrics, outbox, shadow, status, streams
-from judgequeue.core.agreement import classify
-from judgequeue.core.dispatcher import Dispatcher
-from judgequeue.core.errors import InvalidPayload, InvalidVerdict, NotShadowed, PayloadTooLarge, UnknownSubmission
+from judgequeue.core import api, status
+from judgequeue.core.base import metrics
+from judgequeue.core.base.agreement import classify
+from judgequeue.core.base.errors import InvalidPayload, InvalidVerdict, NotShadowed, PayloadTooLarge, UnknownSubmission
 from judgequeue.core.judges.builtin import SleepJudge
-from judgequeue.core.queues import create_queue, set_cutover
-from judgequeue.core.reaper import Reaper
-from judgequeue.core.worker import Worker
+from judgequeue.core.roles.dispatcher import Dispatcher
+from judgequeue.core.roles.reaper import Reaper
+from judgequeue.core.roles.worker.role import Worker
+from judgequeue.core.store import outbox, shadow
+from judgequeue.core.store.queues import create_queue, set_cutover
+from judgequeue.core.transport import streams
 from tests.support.inprocess import GateJudge
 from tests.support.queries import submission
 from tests.support.waiting import eventually
@@ -146,7 +149,7 @@ async def test_a_stale_shadow_attempt_is_dropped_and_counted(h: Shadow) -> None:
 
 
 def _write(lease: Any, status_: str) -> Any:
-    from judgequeue.core.leases import VerdictWrite
+    from judgequeue.core.store.leases import VerdictWrite
 
     return VerdictWrite(lease, status_, {"status": status_, "details": {"by": "test"}})
 
@@ -467,8 +470,8 @@ async def test_old_shadow_stream_entries_are_trimmed(h: Shadow) -> None:
 async def test_a_shadow_workers_readiness_is_its_own_streams_group(h: Shadow) -> None:
     """A shadow worker needs the group on the shadow stream (it creates it at start, and /readyz says
     whether it exists); the work stream's group is not what it reads."""
-    from judgequeue.core.lifecycle import open_connections
-    from judgequeue.core.runtime import ReadinessProbe
+    from judgequeue.core.runtime.lifecycle import open_connections
+    from judgequeue.core.runtime.process import ReadinessProbe
 
     settings = h.settings(shadow="judge")
     probe = ReadinessProbe(settings, need_group=True, timeout=5)

@@ -1,8 +1,8 @@
-"""Named SQL, one door (docs/design.md §2): every statement lives in ``core/sql/queries.sql``.
+"""Named SQL, one door (docs/design.md §2): every statement lives in ``core/store/sql/queries.sql``.
 
 Checks that the file parses, that every name in it is used and every name used exists, that no
 Python module of core or the operator writes SQL inline (the migration runner's bookkeeping
-excepted), and that the state lists of ``core/states.py`` match the CHECK constraints of a
+excepted), and that the state lists of ``core/base/states.py`` match the CHECK constraints of a
 migrated database, so a migration that adds a status cannot be silently ignored by prune, stats
 or the tools' "is it finished" checks.
 """
@@ -16,13 +16,14 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from judgequeue.core import sql, states
+from judgequeue.core.base import states
+from judgequeue.core.store import sql
 
 ROOT = Path(__file__).resolve().parents[2]
 
 #: Modules allowed to hold SQL text: the loader's package and the migration runner (its own
 #: bookkeeping table must exist before any named query could be trusted).
-SQL_ALLOWED = {ROOT / "core" / "migrate.py"}
+SQL_ALLOWED = {ROOT / "core" / "store" / "migrate.py"}
 
 #: How a statement starts (a string starting so is SQL, not prose).
 _SQL_START = re.compile(
@@ -33,7 +34,7 @@ _QUERY_CALL = re.compile(r"""sql\.query\(\s*["']([a-z0-9_]+)["']\s*\)""")
 
 def _python_files() -> list[Path]:
     files = sorted((ROOT / "core").rglob("*.py")) + sorted((ROOT / "controllers").rglob("*.py"))
-    return [f for f in files if not f.is_relative_to(ROOT / "core" / "sql")]
+    return [f for f in files if not f.is_relative_to(ROOT / "core" / "store" / "sql")]
 
 
 def inline_sql(path: Path) -> list[tuple[int, str]]:
@@ -91,30 +92,33 @@ def test_every_query_is_used_and_every_used_name_exists() -> None:
 
 
 #: The modules that own the writes to each table (statements that write it are run only there), by
-#: their names under core/ (``direct.takes`` is core/direct/takes.py). The dispatcher's mark also
-#: ends a DEAD delivery's submission, in the same statement, so ``outbox`` shares ``submissions``
-#: with the lease fence; direct intake's take claims, marks and leases in one statement, with the
-#: worker's waiter registration riding along, so ``direct.takes`` writes the outbox, submissions and
-#: waiters too; the offers sync keeps ``queues.offers_until`` (not a flag: whether the submits look
-#: for offers) in the statement that moves the offers' expiry; the SQL functions (submit, rejudge,
-#: bump, dead letters) write from inside Postgres.
+#: their names under core/ (``roles.worker.direct.takes`` is core/roles/worker/direct/takes.py). The
+#: dispatcher's mark also ends a DEAD delivery's submission, in the same statement, so the outbox
+#: shares ``submissions`` with the lease fence; direct intake's take claims, marks and leases in one
+#: statement, with the worker's waiter registration riding along, so the take writes the outbox,
+#: submissions and waiters too; the offers sync keeps ``queues.offers_until`` (not a flag: whether the
+#: submits look for offers) in the statement that moves the offers' expiry; the wake-up forgets the
+#: waiters and the offers of crashed processes (the reaper runs it); the SQL functions (submit,
+#: rejudge, bump, dead letters) write from inside Postgres.
+TAKES, OFFERS = "roles.worker.direct.takes", "roles.worker.direct.offers"
 OWNERS = {
-    "outbox": {"outbox", "direct.takes"},
-    "dispatch_waiters": {"wakeup", "direct.takes"},
-    "worker_offers": {"direct.offers"},
-    "submissions": {"leases", "outbox", "direct.takes"},
-    "queues": {"queues", "direct.offers"},
-    "problems": {"problems"},
-    "problem_files": {"problems"},
-    "problem_chunks": {"problems"},
-    "shadow_verdicts": {"shadow"},
-    "legacy_verdicts": {"shadow"},
+    "outbox": {"store.outbox", TAKES},
+    "dispatch_waiters": {"runtime.wakeup", TAKES},
+    "worker_offers": {OFFERS, "runtime.wakeup"},
+    "submissions": {"store.leases", "store.outbox", TAKES},
+    "queues": {"store.queues", OFFERS},
+    "problems": {"store.problems"},
+    "problem_files": {"store.problems"},
+    "problem_chunks": {"store.problems"},
+    "shadow_verdicts": {"store.shadow"},
+    "legacy_verdicts": {"store.shadow"},
 }
 _WRITE = re.compile(r"\b(?:INSERT\s+INTO|UPDATE|DELETE\s+FROM)\s+judgequeue\.(\w+)")
 
 
 def _module(path: Path) -> str:
-    """``path``'s module name under core/ or controllers/: ``direct.takes`` for core/direct/takes.py."""
+    """``path``'s module name under core/ or controllers/: ``roles.worker.direct.takes`` for
+    core/roles/worker/direct/takes.py."""
     base = ROOT / "core" if path.is_relative_to(ROOT / "core") else ROOT / "controllers"
     return ".".join(path.relative_to(base).with_suffix("").parts)
 
@@ -137,7 +141,7 @@ def test_no_sql_outside_the_queries_file() -> None:
         for path in _python_files()
         if path not in SQL_ALLOWED and (found := inline_sql(path))
     }
-    assert offenders == {}, "move these statements to core/sql/queries.sql under a name"
+    assert offenders == {}, "move these statements to core/store/sql/queries.sql under a name"
 
 
 def test_the_scanner_sees_inline_sql(tmp_path: Path) -> None:
@@ -188,7 +192,7 @@ async def test_state_lists_match_the_check_constraints(pg: asyncpg.Connection) -
 def test_the_verdict_list_is_the_one_documented_and_counted() -> None:
     """docs/judges.md has one verdict table; it, the metrics' zero series and states.VERDICTS agree
     (the CHECK is compared above), PRESENTATION_ERROR included."""
-    from judgequeue.core.metrics import shadow_series, verdict_series
+    from judgequeue.core.base.metrics import shadow_series, verdict_series
 
     section = (ROOT / "docs" / "judges.md").read_text().split("## Verdicts", 1)[1].split("\n## ", 1)[0]
     documented = re.findall(r"^\| `([A-Z_]+)` \|", section, re.M)

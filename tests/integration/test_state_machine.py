@@ -20,8 +20,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from judgequeue.core import leases, outbox
-from judgequeue.core.queues import create_queue
+from judgequeue.core.store import leases, outbox
+from judgequeue.core.store.queues import create_queue
 from tests.support.queries import submissions
 
 QUEUE = "judge"

@@ -5,10 +5,10 @@ from __future__ import annotations
 import asyncpg
 import redis.asyncio as aioredis
 
-from judgequeue.core import streams
-from judgequeue.core.outbox import OUTBOX_STATES, submit
-from judgequeue.core.queues import create_queue
 from judgequeue.core.status import Figures, Thresholds, as_json, evaluate, gather, render
+from judgequeue.core.store.outbox import OUTBOX_STATES, submit
+from judgequeue.core.store.queues import create_queue
+from judgequeue.core.transport import streams
 
 
 def figures(**changes: object) -> Figures:

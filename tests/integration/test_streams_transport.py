@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import redis.asyncio as aioredis
 
-from judgequeue.core import streams
-from judgequeue.core.envelope import Envelope
+from judgequeue.core.transport import streams
+from judgequeue.core.transport.envelope import Envelope
 
 
 def env(submission: int, generation: int = 1) -> Envelope:

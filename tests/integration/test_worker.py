@@ -11,11 +11,15 @@ import asyncpg
 import pytest
 import redis.asyncio as aioredis
 
-from judgequeue.core import lanes, leases, metrics, outbox, sql, streams, verdicts, worker
-from judgequeue.core.dispatcher import Dispatcher
+from judgequeue.core.base import metrics
 from judgequeue.core.judges import UnknownJudge, Verdict
 from judgequeue.core.judges.builtin import SleepJudge
-from judgequeue.core.worker import Worker
+from judgequeue.core.roles.dispatcher import Dispatcher
+from judgequeue.core.roles.worker import lanes, verdicts
+from judgequeue.core.roles.worker import role as worker
+from judgequeue.core.roles.worker.role import Worker
+from judgequeue.core.store import leases, outbox, sql
+from judgequeue.core.transport import streams
 from tests.support.databases import REDIS_URL
 from tests.support.inprocess import GateJudge, running
 from tests.support.queries import submission
@@ -404,7 +408,7 @@ async def test_a_stopping_worker_writes_a_lingering_verdict_at_once(
     assert (await h.row(sid))["status"] == "ACCEPTED" and w.verdict_statements == 1
 
 
-#: Direct intake's statements (core/direct): the take, the offers' sync, and the waiter registration
+#: Direct intake's statements (core/roles/worker/direct): the take, the offers' sync, and the waiter registration
 #: a direct-intake worker makes (a dispatcher's own wake-up registers too: that one is the stream's).
 DIRECT_INTAKE_STATEMENTS = {"lease_direct", "offers_sync"}
 WORKER_WAKEUP_STATEMENTS = {"waiter_register", "waiter_unregister"}

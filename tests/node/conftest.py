@@ -22,7 +22,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from judgequeue.core.migrate import migrate
+from judgequeue.core.store.migrate import migrate
 from tests.kube.cluster import Cluster, control_plane
 from tests.node import readme
 from tests.node.realnode import Addresses, RealNode, script_output

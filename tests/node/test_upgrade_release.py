@@ -37,7 +37,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from judgequeue.core.migrate import applied_versions, current_versions
+from judgequeue.core.store.migrate import applied_versions, current_versions
 from tests.kube.cluster import ROOT
 from tests.kube.tools import clear_queue_keys, condition, jq_path, ready_pods, run_sql, wait_for, wait_rollout
 from tests.node import readme

@@ -15,9 +15,9 @@ import pytest
 
 from judgequeue.core.judges.isolation import JudgeSettings
 from judgequeue.core.judges.program import ProgramJudge
-from judgequeue.core.migrate import migrate
-from judgequeue.core.problems import attach_package_cache
-from judgequeue.core.queues import create_queue
+from judgequeue.core.store.migrate import migrate
+from judgequeue.core.store.problems import attach_package_cache
+from judgequeue.core.store.queues import create_queue
 from tests.support.databases import connection
 from tests.support.pg_servers import PostgresServer, postgres_server
 from tests.support.sandbox_host import assert_host_clean

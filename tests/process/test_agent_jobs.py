@@ -19,7 +19,8 @@ from typing import Any
 
 import pytest
 
-from judgequeue.core import api, outbox
+from judgequeue.core import api
+from judgequeue.core.store import outbox
 from tests.support.databases import connection
 from tests.support.redis_servers import redis_server
 from tests.support.roles import Roles, clean_env, http_get

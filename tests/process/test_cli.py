@@ -11,7 +11,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from judgequeue.core.cli import build_parser
-from judgequeue.core.migrate import current_versions
+from judgequeue.core.store.migrate import current_versions
 from tests.support.databases import REDIS_URL, connection
 from tests.support.queries import submission
 from tests.support.roles import JUDGEQUEUE, clean_env, run_cli
@@ -217,9 +217,9 @@ def test_cutover_show_set_and_watermark_never_moves_back(pg_dsn: str, queue_name
 
 async def test_dlq_list_show_replay_purge(pg_dsn: str, queue_name: str, redis_client: aioredis.Redis) -> None:
 
-    from judgequeue.core.outbox import submit
-    from judgequeue.core.queues import create_queue
-    from judgequeue.core.streams import dlq_key
+    from judgequeue.core.store.outbox import submit
+    from judgequeue.core.store.queues import create_queue
+    from judgequeue.core.transport.streams import dlq_key
 
     async with connection(pg_dsn) as conn:
         await create_queue(conn, queue_name)
@@ -283,7 +283,8 @@ def test_operator_without_kubernetes_configuration_is_one_line() -> None:
 
 #: ``judgequeue <args>`` with the termination log at argv[1] (in a pod it is /dev/termination-log).
 WITH_TERMINATION_LOG = (
-    "import sys; import judgequeue.core.cli as cli; cli.TERMINATION_LOG = sys.argv[1]; "
+    "import sys; import judgequeue.core.cli as cli, judgequeue.core.cli.common as common; "
+    "common.TERMINATION_LOG = sys.argv[1]; "
     "sys.exit(cli.main(sys.argv[2:]))"
 )
 

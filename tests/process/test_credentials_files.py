@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from judgequeue.controllers import render
+from judgequeue.core.base.errors import ConfigError
 from judgequeue.core.config import load_settings
-from judgequeue.core.errors import ConfigError
 from judgequeue.core.spec import JudgeQueueSpec, parse_spec
 
 DSN = "postgresql://judge:s3cr3t@db.example:5432/judge"

@@ -18,12 +18,13 @@ import asyncpg
 import pytest
 import redis.asyncio as aioredis
 
-from judgequeue.core import leases, outbox, streams
-from judgequeue.core.dispatcher import Dispatcher
 from judgequeue.core.judges import Verdict
 from judgequeue.core.judges.builtin import SleepJudge
-from judgequeue.core.queues import create_queue
-from judgequeue.core.worker import Worker
+from judgequeue.core.roles.dispatcher import Dispatcher
+from judgequeue.core.roles.worker.role import Worker
+from judgequeue.core.store import leases, outbox
+from judgequeue.core.store.queues import create_queue
+from judgequeue.core.transport import streams
 from tests.support.databases import REDIS_URL
 from tests.support.queries import count_submissions, status_counts, submission, submissions
 from tests.support.roles import RoleProcess, clean_env, role_env

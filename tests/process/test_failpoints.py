@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from judgequeue.core import failpoints
+from judgequeue.core.base import failpoints
 
 
 def test_parse_forms_and_errors() -> None:
@@ -26,7 +26,7 @@ def test_unarmed_hit_is_free_and_harmless() -> None:
 
 def test_armed_failpoint_kills_the_process_at_the_nth_hit() -> None:
     code = (
-        "from judgequeue.core import failpoints\n"
+        "from judgequeue.core.base import failpoints\n"
         "for i in range(5):\n"
         "    print(i, flush=True)\n"
         "    failpoints.hit('here')\n"
@@ -45,7 +45,7 @@ def test_armed_failpoint_kills_the_process_at_the_nth_hit() -> None:
 
 def test_bad_spec_in_the_environment_is_one_line_and_exit_2() -> None:
     proc = subprocess.run(
-        [sys.executable, "-c", "import judgequeue.core.failpoints"],
+        [sys.executable, "-c", "import judgequeue.core.base.failpoints"],
         env={"JUDGEQUEUE_FAILPOINTS": "here@zero", "PATH": "/usr/bin:/bin"},
         capture_output=True,
         text=True,

@@ -14,8 +14,8 @@ from typing import Any
 import asyncpg
 import redis.asyncio as aioredis
 
-from judgequeue.core import streams
-from judgequeue.core.envelope import Envelope
+from judgequeue.core.transport import streams
+from judgequeue.core.transport.envelope import Envelope
 from tests.support.databases import connection
 from tests.support.queries import count_submissions, create_queue_at
 from tests.support.roles import Roles, submit_retrying, wait_all_terminal

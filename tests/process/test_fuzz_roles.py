@@ -24,9 +24,10 @@ import redis.asyncio as aioredis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from judgequeue.core import outbox, streams
-from judgequeue.core.envelope import Envelope
-from judgequeue.core.queues import create_queue
+from judgequeue.core.store import outbox
+from judgequeue.core.store.queues import create_queue
+from judgequeue.core.transport import streams
+from judgequeue.core.transport.envelope import Envelope
 from tests.support.databases import REDIS_URL
 from tests.support.queries import count_submissions, submissions
 from tests.support.roles import Roles

@@ -169,7 +169,7 @@ def test_dockerignore_keeps_exactly_what_the_build_copies(dockerfile: tuple[dict
     assert set(sources) == {"pyproject.toml", "README.md", "core", "controllers"}
     for source in sources:
         assert not dockerignore_excludes(source, patterns), f".dockerignore leaves out {source}"
-    for inside in ("core/cli.py", "core/sql/schema.sql", "controllers/operator.py"):
+    for inside in ("core/cli/__init__.py", "core/store/sql/schema.sql", "controllers/operator.py"):
         assert not dockerignore_excludes(inside, patterns), f".dockerignore leaves out {inside}"
     for other in (".venv", ".git", "tests/test_image.py", "charts/judgequeue/Chart.yaml", "core/__pycache__/x.pyc"):
         assert dockerignore_excludes(other, patterns), f".dockerignore should leave out {other}"
@@ -239,10 +239,11 @@ def test_wheel_holds_packages_data_and_entry_points(clean_install: CleanInstall)
     with zipfile.ZipFile(clean_install.wheel) as wheel:
         names = set(wheel.namelist())
         entry_points = next(wheel.read(n).decode() for n in names if n.endswith(".dist-info/entry_points.txt"))
-    assert "judgequeue/core/cli.py" in names and "judgequeue/controllers/operator.py" in names
-    assert {"judgequeue/core/sql/schema.sql", "judgequeue/core/migrations/__init__.py"} <= names
+    assert "judgequeue/core/cli/__init__.py" in names and "judgequeue/controllers/operator.py" in names
+    assert "judgequeue/core/store/sql/schema.sql" in names
     # The history too: an existing database upgrades through it.
-    assert {f"judgequeue/core/migrations/{p.name}" for p in (ROOT / "core" / "migrations").glob("*.sql")} <= names
+    history = (ROOT / "core" / "store" / "migrations").glob("*.sql")
+    assert {f"judgequeue/core/store/migrations/{p.name}" for p in history} <= names
     assert {"judgequeue/core/py.typed", "judgequeue/controllers/py.typed"} <= names
     assert not any(n.startswith(("core/", "controllers/", "tests/")) for n in names)  # no bare top-level modules
     assert "judgequeue = judgequeue.core.cli:main" in entry_points

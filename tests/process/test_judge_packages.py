@@ -19,7 +19,7 @@ from judgequeue.core.judges import Verdict
 from judgequeue.core.judges.isolation import JudgeSettings
 from judgequeue.core.judges.languages import LANGUAGES, missing_toolchain
 from judgequeue.core.judges.program import ProgramJudge
-from judgequeue.core.problems import ProblemCache, attach_package_cache
+from judgequeue.core.store.problems import ProblemCache, attach_package_cache
 from tests.support.archives import put
 from tests.support.packages import write_package
 from tests.support.sandbox_host import assert_host_clean

@@ -15,8 +15,8 @@ import asyncpg
 import pytest
 import redis.asyncio as aioredis
 
-from judgequeue.core import streams
-from judgequeue.core.errors import DB_ERRORS
+from judgequeue.core.base.errors import DB_ERRORS
+from judgequeue.core.transport import streams
 from tests.support import queries
 from tests.support.databases import REDIS_URL, connection
 from tests.support.pg_servers import PostgresServer

@@ -23,8 +23,8 @@ import yaml
 
 from judgequeue.core.config import intake_for_fleet
 from judgequeue.core.local import GATE_RECHECK
-from judgequeue.core.migrate import migrate
-from judgequeue.core.queues import create_queue
+from judgequeue.core.store.migrate import migrate
+from judgequeue.core.store.queues import create_queue
 from tests.support.redis_servers import redis_server
 from tests.support.roles import JUDGEQUEUE, RoleProcess, clean_env
 from tests.support.waiting import wait_for

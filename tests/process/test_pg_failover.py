@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import redis.asyncio as aioredis
 
-from judgequeue.core.migrate import migrate
-from judgequeue.core.queues import create_queue
+from judgequeue.core.store.migrate import migrate
+from judgequeue.core.store.queues import create_queue
 from tests.support.chaos import AUDIT_SQL
 from tests.support.databases import REDIS_URL, connection
 from tests.support.flow import Flow, check_flow, terminal_count

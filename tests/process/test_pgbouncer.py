@@ -16,9 +16,9 @@ import asyncpg
 import pytest
 import redis.asyncio as aioredis
 
-from judgequeue.core.connect import connect_postgres
-from judgequeue.core.queues import create_queue
-from judgequeue.core.runtime import ReadinessProbe
+from judgequeue.core.runtime.process import ReadinessProbe
+from judgequeue.core.store.queues import create_queue
+from judgequeue.core.transport.connect import connect_postgres
 from tests.support.databases import ADMIN_DSN, REDIS_URL, connection
 from tests.support.flow import Flow, check_flow, install_audit, terminal_count
 from tests.support.pgbouncer import PgBouncer, pgbouncer

@@ -13,8 +13,8 @@ from typing import Any
 import asyncpg
 import redis.asyncio as aioredis
 
-from judgequeue.core import streams
-from judgequeue.core.queues import create_queue
+from judgequeue.core.store.queues import create_queue
+from judgequeue.core.transport import streams
 from tests.support.queries import status_of, submission
 from tests.support.roles import Roles, submit_retrying, wait_all_terminal
 

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from judgequeue.core.connect import SentinelMaster, redis_client
-from judgequeue.core.queues import create_queue
+from judgequeue.core.store.queues import create_queue
+from judgequeue.core.transport.connect import SentinelMaster, redis_client
 from tests.support.databases import connection
 from tests.support.flow import Flow, check_flow, install_audit, terminal_count
 from tests.support.redis_servers import (

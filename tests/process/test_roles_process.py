@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
-from judgequeue.core import streams
-from judgequeue.core.version import VERSION
+from judgequeue.core.base.version import VERSION
+from judgequeue.core.transport import streams
 from tests.support.queries import create_queue_at
 from tests.support.redis_servers import free_port
 from tests.support.roles import RoleProcess, clean_env, http_get, role_env, run_cli
@@ -230,7 +230,7 @@ async def test_every_worker_exports_a_zero_series_per_verdict(
     """docs/judges.md: ``judgequeue_verdicts_total`` has a zero series for each verdict, so a rate or an
     alert sees one before the first such verdict; a shadow worker exports them too (it never counts
     there) and its own ``judgequeue_shadow_verdicts_total`` at zero the same way."""
-    from judgequeue.core.states import VERDICTS
+    from judgequeue.core.base.states import VERDICTS
 
     await create_queue_at(pg_dsn, queue_name)
     shadow = {"JUDGEQUEUE_SHADOW": "judge"} if lane == "shadow" else {}

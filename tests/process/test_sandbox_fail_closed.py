@@ -29,7 +29,8 @@ NOBODY = 65534
 #: everything the worker does, including deciding its isolation, happens as nobody.
 AS_NOBODY = f"""
 import os, sys
-import judgequeue.core.cli, judgequeue.core.worker, judgequeue.core.judges.program, judgequeue.core.runtime
+import judgequeue.core.cli, judgequeue.core.roles.worker.role, judgequeue.core.judges.program
+import judgequeue.core.runtime.process
 import asyncpg, redis.asyncio, uvloop, concurrent.futures.thread, json, logging.handlers, encodings.idna
 os.setgroups([])
 os.setgid({NOBODY})

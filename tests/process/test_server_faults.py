@@ -10,7 +10,7 @@ from pathlib import Path
 
 import asyncpg
 
-from judgequeue.core.queues import create_queue
+from judgequeue.core.store.queues import create_queue
 from tests.support.databases import REDIS_URL, connection
 from tests.support.pg_servers import PostgresServer
 from tests.support.redis_servers import RedisServer, redis_server

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from judgequeue.core.config import INTAKES
-from judgequeue.core.queues import create_queue
+from judgequeue.core.store.queues import create_queue
 from tests.support.chaos import FaultTargets, fault_targets
 from tests.support.databases import connection
 from tests.support.roles import Roles, submit_retrying, wait_all_terminal

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 import redis.asyncio as aioredis
 
-from judgequeue.core.migrate import applied_versions, current_versions
+from judgequeue.core.store.migrate import applied_versions, current_versions
 from tests.support.databases import REDIS_URL, connection
 from tests.support.flow import Flow, check_flow, install_audit, terminal_count
 from tests.support.revisions import migrate_as, ref_tree

@@ -8,8 +8,8 @@ import json
 import asyncpg
 
 from judgequeue.core.judges.report import render_verdict
-from judgequeue.core.outbox import submit
-from judgequeue.core.queues import create_queue
+from judgequeue.core.store.outbox import submit
+from judgequeue.core.store.queues import create_queue
 from tests.process.test_cli import jq
 
 DETAILS = {

@@ -17,7 +17,7 @@ import asyncpg
 
 from judgequeue.core.judges import Verdict
 from judgequeue.core.judges.program import ProgramJudge
-from judgequeue.core.problems import ProblemCache, upload
+from judgequeue.core.store.problems import ProblemCache, upload
 
 #: problemtools' verdicts as judgequeue names them.
 KATTIS_VERDICTS = {

@@ -49,10 +49,11 @@ from typing import Any
 import asyncpg
 import redis.asyncio as aioredis
 
-from judgequeue.core import outbox, streams
-from judgequeue.core.errors import DB_ERRORS
-from judgequeue.core.migrate import migrate
-from judgequeue.core.queues import create_queue, set_cutover
+from judgequeue.core.base.errors import DB_ERRORS
+from judgequeue.core.store import outbox
+from judgequeue.core.store.migrate import migrate
+from judgequeue.core.store.queues import create_queue, set_cutover
+from judgequeue.core.transport import streams
 from tests.support.databases import connection
 from tests.support.pg_servers import PostgresServer, postgres_server
 from tests.support.queries import count_submissions

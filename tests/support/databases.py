@@ -17,7 +17,7 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 import redis.asyncio as aioredis
 
-from judgequeue.core.migrate import migrate
+from judgequeue.core.store.migrate import migrate
 
 ADMIN_DSN = os.environ.get("JUDGEQUEUE_TEST_POSTGRES_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
 REDIS_URL = os.environ.get("JUDGEQUEUE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")

@@ -20,7 +20,7 @@ from typing import Any
 import asyncpg
 import redis.asyncio as aioredis
 
-from judgequeue.core.connect import redis_client
+from judgequeue.core.transport.connect import redis_client
 from tests.support.chaos import AUDIT_SQL, JUDGE_STATUSES, VERDICT_AUDIT_SQL, ChaosReport, check_invariants
 from tests.support.databases import connection
 from tests.support.queries import count_submissions
@@ -141,7 +141,7 @@ async def check_flow(
 
 async def _wait_drained(pool: asyncpg.Pool, redis: aioredis.Redis, queue: str, *, within: float) -> None:
     """Outbox settled and stream/PEL empty (entries acked after the last verdict may trail it a little)."""
-    from judgequeue.core import streams
+    from judgequeue.core.transport import streams
 
     deadline = time.monotonic() + within
     while True:

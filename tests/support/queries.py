@@ -11,7 +11,7 @@ from typing import Any, TypeAlias
 
 import asyncpg
 
-from judgequeue.core.queues import create_queue
+from judgequeue.core.store.queues import create_queue
 from tests.support.databases import connection
 
 Db: TypeAlias = "asyncpg.Connection | asyncpg.Pool"
@@ -95,7 +95,7 @@ async def generic_plan(conn: asyncpg.Connection, name: str, types: list[str], li
     Postgres 15 has no ``EXPLAIN (GENERIC_PLAN)``: the statement is prepared with its parameter
     ``types`` under ``plan_cache_mode = force_generic_plan`` (for this transaction only).
     """
-    from judgequeue.core import sql
+    from judgequeue.core.store import sql
 
     async with conn.transaction():
         await conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")

@@ -20,11 +20,15 @@ REPOSITORY = Path(__file__).resolve().parents[2]
 JUDGEQUEUE = str(Path(sys.executable).with_name("judgequeue"))
 
 # Runs the revision's own migration runner, every migration one by one (its `replay`), as on a
-# database that lived through each version.
+# database that lived through each version. The runner stood at core/migrate.py before the layers
+# had folders, at core/store/migrate.py since.
 _REPLAY = """
 import asyncio, sys
 import asyncpg
-from judgequeue.core.migrate import migrate
+try:
+    from judgequeue.core.store.migrate import migrate
+except ImportError:
+    from judgequeue.core.migrate import migrate
 
 async def main() -> None:
     conn = await asyncpg.connect(sys.argv[1])

@@ -24,7 +24,7 @@ from typing import Any
 
 import asyncpg
 
-from judgequeue.core.states import VERDICTS
+from judgequeue.core.base.states import VERDICTS
 from tests.support.databases import REDIS_URL, connection
 from tests.support.queries import submissions
 from tests.support.settings import FAST_ROLE_ENV
@@ -32,7 +32,7 @@ from tests.support.waiting import wait_for
 
 JUDGEQUEUE = str(Path(sys.executable).parent / "judgequeue")
 
-TERMINAL = VERDICTS  # one list of verdicts, core/states.py
+TERMINAL = VERDICTS  # one list of verdicts, core/base/states.py
 
 
 def clean_env(**variables: str) -> dict[str, str]:
@@ -251,7 +251,7 @@ async def submit_retrying(
     Only submissions whose id we got back count as committed. ``connect_options`` go to
     asyncpg.connect (``statement_cache_size=0`` behind a transaction pooler).
     """
-    from judgequeue.core import outbox
+    from judgequeue.core.store import outbox
 
     deadline = time.monotonic() + within
     while True:

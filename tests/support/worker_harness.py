@@ -11,11 +11,12 @@ from typing import Any, Self
 import asyncpg
 import redis.asyncio as aioredis
 
-from judgequeue.core import outbox, streams
 from judgequeue.core.config import Settings
-from judgequeue.core.dispatcher import Dispatcher
-from judgequeue.core.queues import create_queue
-from judgequeue.core.worker import Worker
+from judgequeue.core.roles.dispatcher import Dispatcher
+from judgequeue.core.roles.worker.role import Worker
+from judgequeue.core.store import outbox
+from judgequeue.core.store.queues import create_queue
+from judgequeue.core.transport import streams
 from tests.support.databases import REDIS_URL
 from tests.support.queries import submission
 from tests.support.settings import make_settings

@@ -27,7 +27,7 @@ import yaml
 from prometheus_client.metrics import MetricWrapperBase
 
 from judgequeue.controllers import rbac, render
-from judgequeue.core import metrics
+from judgequeue.core.base import metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART_DIR = ROOT / "charts" / "judgequeue"
@@ -179,7 +179,7 @@ def grants(rules: Sequence[Mapping[str, Any]]) -> set[tuple[str, str, str]]:
 
 
 def metric_sample_names() -> set[str]:
-    """Every sample name core/metrics.py exports (counters' _total, histograms' _bucket/_sum/_count)."""
+    """Every sample name core/base/metrics.py exports (counters' _total, histograms' _bucket/_sum/_count)."""
     names: set[str] = set()
     for obj in vars(metrics).values():
         if not isinstance(obj, MetricWrapperBase):

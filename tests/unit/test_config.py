@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from judgequeue.core.base.errors import ConfigError
 from judgequeue.core.config import (
     DIRECT_INTAKE_MAX_WORKERS,
     INTAKES,
@@ -17,7 +18,6 @@ from judgequeue.core.config import (
     load_settings,
     parse_variable,
 )
-from judgequeue.core.errors import ConfigError
 from judgequeue.core.judges.isolation import CACHE_MB_VAR, JudgeSettings, load_judge_settings
 
 BASE = {
@@ -99,7 +99,8 @@ def test_tools_read_a_connection_from_its_file_as_the_roles_do(tmp_path: Path) -
     """``judgequeue migrate`` (the chart's migration Job mounts its Secret as a file) and every other
     tool take ``JUDGEQUEUE_POSTGRES_DSN_FILE`` like the roles; a flag still wins, and both forms at
     once is refused as the roles refuse it."""
-    from judgequeue.core.cli import build_parser, resolve
+    from judgequeue.core.cli import build_parser
+    from judgequeue.core.cli.common import resolve
 
     dsn_file = tmp_path / "postgres-dsn"
     dsn_file.write_text("postgresql://u:secret@db/x\n")

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from judgequeue.core import outbox, streams
-from judgequeue.core.dispatcher import plan_marks
-from judgequeue.core.errors import TransportError
+from judgequeue.core.base.errors import TransportError
+from judgequeue.core.roles.dispatcher import plan_marks
+from judgequeue.core.store import outbox
+from judgequeue.core.transport import streams
 
 
 def _row(outbox_id: int, mode: str = "live") -> outbox.ClaimedRow:

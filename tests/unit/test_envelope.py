@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from judgequeue.core.envelope import BIGINT_MAX, Envelope, MalformedEnvelope
+from judgequeue.core.transport.envelope import BIGINT_MAX, Envelope, MalformedEnvelope
 
 NAMES = ["submission", "generation", "attempt", "outbox", "enqueued_at", "deliveries"]
 

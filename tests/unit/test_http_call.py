@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from judgequeue.core import deferral
-from judgequeue.core.errors import ConfigError
+from judgequeue.core.base.errors import ConfigError
 from judgequeue.core.judges import CallLater, Job, Verdict
 from judgequeue.core.judges.http_call import (
     BACKOFF_CAP,
@@ -29,7 +28,8 @@ from judgequeue.core.judges.http_call import (
     retry_delay,
 )
 from judgequeue.core.judges.http_client import Answer, CallFailed, check_url, request
-from judgequeue.core.leases import Lease
+from judgequeue.core.roles.worker import deferral
+from judgequeue.core.store.leases import Lease
 
 
 def answer(status: int, body: bytes = b"{}", **headers: str) -> Answer:

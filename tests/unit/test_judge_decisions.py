@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from judgequeue.core.errors import ConfigError
+from judgequeue.core.base.errors import ConfigError
 from judgequeue.core.judges.checkers import CheckResult
 from judgequeue.core.judges.isolation import load_judge_settings
 from judgequeue.core.judges.languages import (

@@ -8,17 +8,11 @@ from typing import Any
 
 import pytest
 
-from judgequeue.core.errors import ConfigError
+from judgequeue.core.base.errors import ConfigError
 from judgequeue.core.judges import UnknownJudge, Verdict, available_judges, load_judge
 from judgequeue.core.judges.builtin import JudgeCrashed, NoopJudge, SleepJudge
 from judgequeue.core.judges.isolation import BOX_CAPABILITIES, JudgeSettings, load_judge_settings, missing_capabilities
-from judgequeue.core.judges.program import (
-    InvalidProgramPayload,
-    classify_run,
-    outputs_match,
-    parse_payload,
-    run_limits,
-)
+from judgequeue.core.judges.program import InvalidProgramPayload, classify_run, outputs_match, parse_payload, run_limits
 from judgequeue.core.judges.sandbox import (
     Isolation,
     Limits,

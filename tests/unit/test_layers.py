@@ -1,6 +1,6 @@
-"""The import layers of docs/design.md, checked from the source: a lower layer never imports a
-higher one, a role never imports another role, ``core`` never imports Kubernetes, and nothing
-forms a cycle. Function-level imports count the same as top-level ones."""
+"""The import layers of docs/design.md, checked from the source: each folder of core is a layer, a
+lower layer never imports a higher one, a role never imports another role, ``core`` never imports
+Kubernetes, and nothing forms a cycle. Function-level imports count the same as top-level ones."""
 
 from __future__ import annotations
 
@@ -11,37 +11,28 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
-#: Rank of each module of judgequeue.core (a package counts as one module). A module may import
-#: modules of its own rank or lower, never higher.
-CORE_LAYERS: dict[str, int] = {
-    # foundations: no judgequeue imports but each other
-    "errors": 0, "logs": 0, "failpoints": 0, "metrics": 0, "http": 0, "migrations": 0, "envelope": 0,
-    "redis_url": 0, "sql": 0, "states": 0, "agreement": 0, "version": 0,
-    # one server or one concern each: the Redis door, the tables, the judges
-    "streams": 1, "queues": 1, "leases": 1, "submissions": 1, "migrate": 1, "judges": 1, "connect": 1,
-    "config": 2, "spec": 2, "outbox": 2, "dlq": 2, "giving_up": 2, "stream_stats": 2,
-    "problems": 2, "archives": 2, "shadow": 2,
-    # what every role runs on, and read-only views over the queue
-    "lifecycle": 3, "api": 3, "backlog": 3, "status": 3, "runtime": 3, "manifest": 3, "wakeup": 3,
-    "lanes": 3, "verdicts": 3, "deferral": 3, "intake": 3,
-    # direct intake, all of it (the worker's turn, the take, offers); it stands on the shared wake-up
-    "direct": 3,
-    # the roles
-    "dispatcher": 4, "worker": 4, "reaper": 4,
-    # tools over everything
-    "local": 5,
-    "cli": 6,
-}
-ROLES = {"dispatcher", "worker", "reaper"}
-#: What the operator may take from core: types, pure helpers, the queue/backlog API, the log format, and
-#: the JudgeQueue spec model (``judgequeue local`` runs the same manifests, so both must parse them alike),
-#: and the connection door (``connect``, with ``redis_url`` to check a Secret's URL before using it): the
-#: operator's own cutover writes and backlog reads must work behind the same PgBouncer and Sentinel
-#: setup as the roles, which only connections made the roles' way do. And shadow judging's figures
-#: (``shadow`` reads them, ``agreement`` decides the gate on a flip): the operator shows them in status
-#: and holds a flip to live back on them.
-CONTROLLERS_MAY_USE = {"errors", "config", "queues", "backlog", "logs", "spec", "connect", "redis_url", "shadow",
-                       "agreement"}
+#: The layers of judgequeue.core, bottom first. A module may import its own layer or lower ones,
+#: never a higher one. Each is a folder of core, except ``app``: the modules and packages at core's
+#: top (the public API, the command, ``judgequeue local``, status), which stand over all of them.
+LAYERS = [
+    "base",  # errors, statuses, logs, metrics, failpoints, names: no judgequeue import but each other
+    "transport",  # the doors to the two servers: connections, the Redis stream, its envelope and figures
+    "settings",  # the typed settings of every role, and the JudgeQueue spec model that produces them
+    "judges",  # judge plugins, and the archive readers of problem packages
+    "store",  # the tables and records: SQL, migrations, queues, outbox, leases, DLQ, shadow, problems
+    "runtime",  # what every role runs on: the process, the lifecycle, the health port, the wake-up
+    "roles",  # dispatcher, worker (with both intakes), reaper
+    "app",  # core's top: the public API, the CLI, ``judgequeue local``, status
+]
+#: Modules and folders at core's top that belong to a lower layer than ``app``.
+PLACED = {"config": "settings", "spec": "settings", "archives": "judges"}
+#: The roles, each a module or a folder of roles/: none imports another.
+ROLES_LAYER = "roles"
+#: The layers the operator may take from: everything below the runtime. It never runs a role or the
+#: runtime, and it does not call the application API or the CLI.
+CONTROLLERS_MAY_USE = {"base", "transport", "settings", "store"}
+
+RANK = {layer: rank for rank, layer in enumerate(LAYERS)}
 
 
 def _modules(package: str, folder: Path) -> dict[str, Path]:
@@ -75,62 +66,74 @@ def _imports(name: str, path: Path) -> set[str]:
 
 CORE = _modules("judgequeue.core", ROOT / "core")
 CONTROLLERS = _modules("judgequeue.controllers", ROOT / "controllers")
+TOP = {p.stem for p in (ROOT / "core").glob("*.py")} | {p.name for p in (ROOT / "core").iterdir() if p.is_dir()}
 
 
-def _core_unit(module: str) -> str | None:
-    """``judgequeue.core.judges.sandbox`` -> ``judges``; None for anything outside core's units."""
+def _layer(module: str) -> str | None:
+    """``judgequeue.core.store.outbox`` -> ``store``; ``judgequeue.core.cli`` -> ``app``; None outside
+    core or for core's package itself."""
     parts = module.split(".")
-    if parts[:2] != ["judgequeue", "core"] or len(parts) < 3:
+    if parts[:2] != ["judgequeue", "core"] or len(parts) < 3 or parts[2] not in TOP - {"__init__"}:
         return None
-    return parts[2] if parts[2] in CORE_LAYERS else None
+    head = parts[2]
+    if head in RANK:
+        return head
+    return PLACED.get(head, "app")
 
 
-def test_every_core_module_has_a_layer() -> None:
-    units = {_core_unit(m) for m in CORE} - {None}
-    missing = {m.split(".")[2] for m in CORE if m.count(".") >= 2 and _core_unit(m) is None}
-    assert not missing - {"__init__"}, f"give these modules a layer in CORE_LAYERS: {sorted(missing)}"
-    assert units <= set(CORE_LAYERS)
+def _role(module: str) -> str | None:
+    """``judgequeue.core.roles.worker.direct.takes`` -> ``worker``; None outside the roles."""
+    parts = module.split(".")
+    return parts[3] if parts[2:3] == [ROLES_LAYER] and len(parts) > 3 else None
+
+
+def test_every_layer_has_its_place() -> None:
+    """Each layer but the app is a folder of core, or holds modules placed in it; any other module or
+    folder at core's top is the app's, which nothing below may import."""
+    folders = {p.name for p in (ROOT / "core").iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    assert set(LAYERS) - {"app"} <= folders | set(PLACED.values()), "a layer with nothing in it"
+    assert set(PLACED) <= TOP, f"placed but not at core's top: {sorted(set(PLACED) - TOP)}"
 
 
 @pytest.mark.parametrize("module", sorted(CORE))
 def test_core_imports_only_downwards(module: str) -> None:
-    unit = _core_unit(module)
-    if unit is None:
+    layer = _layer(module)
+    if layer is None:
         return
     for target in _imports(module, CORE[module]):
         assert not target.startswith(("judgequeue.controllers", "kopf", "kubernetes")), (
             f"{module} imports {target}: core never imports Kubernetes or the operator"
         )
-        other = _core_unit(target)
-        if other is None or other == unit:
+        other = _layer(target)
+        if other is None:
             continue
-        assert CORE_LAYERS[other] <= CORE_LAYERS[unit], (
-            f"{module} (layer {CORE_LAYERS[unit]}) imports {target} (layer {CORE_LAYERS[other]}): "
-            "move the shared piece down instead"
+        assert RANK[other] <= RANK[layer], (
+            f"{module} ({layer}) imports {target} ({other}, a higher layer): move the shared piece down instead"
         )
-        assert not (unit in ROLES and other in ROLES), f"role {unit} imports role {other}"
+        mine, theirs = _role(module), _role(target)
+        assert not (mine and theirs and mine != theirs), f"role {mine} imports role {theirs}: {module} -> {target}"
 
 
 @pytest.mark.parametrize("module", sorted(CONTROLLERS))
-def test_controllers_use_only_cores_public_pieces(module: str) -> None:
+def test_controllers_use_only_the_lower_layers(module: str) -> None:
     for target in _imports(module, CONTROLLERS[module]):
-        other = _core_unit(target)
+        other = _layer(target)
         if other is not None:
             allowed = sorted(CONTROLLERS_MAY_USE)
-            assert other in CONTROLLERS_MAY_USE, f"{module} imports {target}; the operator may use {allowed}"
+            assert other in CONTROLLERS_MAY_USE, f"{module} imports {target} ({other}); the operator may use {allowed}"
 
 
 def test_no_cycles() -> None:
+    """No cycle between modules, across core and the operator (a cycle inside a layer is one too)."""
     graph: dict[str, set[str]] = {}
-    for module, path in {**CORE, **CONTROLLERS}.items():
-        here = _core_unit(module) or module
-        deps = graph.setdefault(here, set())
+    modules = {**CORE, **CONTROLLERS}
+    for module, path in modules.items():
+        deps = graph.setdefault(module, set())
         for target in _imports(module, path):
-            there = _core_unit(target)
-            if there is None and target in CONTROLLERS:
-                there = target
-            if there is not None and there != here:
-                deps.add(there)
+            while target and target not in modules:  # ``from .x import name`` names x
+                target = target.rpartition(".")[0]
+            if target and target != module and not module.startswith(target + "."):
+                deps.add(target)
     state: dict[str, int] = {}
 
     def visit(node: str, path: list[str]) -> None:

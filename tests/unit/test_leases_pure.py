@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from judgequeue.core.leases import classify_stale
+from judgequeue.core.store.leases import classify_stale
 
 
 def test_classify_stale_names_why_an_envelope_gets_no_lease() -> None:

@@ -8,24 +8,21 @@ from typing import Any
 
 import pytest
 
+from judgequeue.core.base.errors import Failure
 from judgequeue.core.config import DIRECT_INTAKE_MAX_WORKERS, IntakeChoice, load_settings
-from judgequeue.core.errors import Failure
 from judgequeue.core.local import (
-    DemoProgram,
     LocalOptions,
-    Progress,
     check_endpoints,
-    load_demo,
     local_intake,
     plan_children,
-    progress_line,
     role_env,
-    verdict_table,
 )
+from judgequeue.core.local.demo import DemoProgram, load_demo, verdict_table
+from judgequeue.core.local.display import Progress, progress_line
 from judgequeue.core.manifest import ManifestError, load_manifest, parse_manifest
-from judgequeue.core.outbox import OUTBOX_STATES
 from judgequeue.core.spec import ROLES
 from judgequeue.core.status import Figures
+from judgequeue.core.store.outbox import OUTBOX_STATES
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from judgequeue.core.errors import JudgeQueueError
-from judgequeue.core.migrate import (
+from judgequeue.core.base.errors import JudgeQueueError
+from judgequeue.core.store.migrate import (
     OUT_OF_ORDER,
     SUPERSEDED,
     MigrationChecksumMismatch,

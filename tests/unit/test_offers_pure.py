@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 
-from judgequeue.core.direct import offer_keeper, offers, tuning
+from judgequeue.core.roles.worker.direct import offer_keeper, offers, tuning
 
 
 def test_a_fill_notification_parses_with_and_without_its_payload() -> None:

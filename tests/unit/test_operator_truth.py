@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from judgequeue.controllers import actions, autoscale, children, conditions, cutover, diff, render
-from judgequeue.core.queues import QueueFlags
 from judgequeue.core.spec import parse_quantity, parse_spec
+from judgequeue.core.store.queues import QueueFlags
 
 MARK = datetime(2026, 1, 1, tzinfo=UTC)
 LATER = datetime(2026, 2, 1, tzinfo=UTC)
@@ -296,7 +296,7 @@ def test_action_lines(caplog: pytest.LogCaptureFixture) -> None:
 
 
 def test_kopf_objects_reach_the_log_at_debug() -> None:
-    from judgequeue.core.logs import setup_logging
+    from judgequeue.core.base.logs import setup_logging
 
     root = logging.getLogger()
     saved = (root.level, list(root.handlers))

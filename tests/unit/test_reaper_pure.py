@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from judgequeue.core.envelope import Envelope
-from judgequeue.core.reaper import ClaimedEntry, decide
+from judgequeue.core.roles.reaper import ClaimedEntry, decide
+from judgequeue.core.transport.envelope import Envelope
 
 
 def _entry(deliveries: int, consumer: str = "w1") -> ClaimedEntry:

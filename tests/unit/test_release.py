@@ -16,9 +16,9 @@ import pytest
 import yaml
 from prometheus_client import REGISTRY, generate_latest
 
-from judgequeue.core import metrics
+from judgequeue.core.base import metrics
+from judgequeue.core.base.version import VERSION
 from judgequeue.core.cli import build_parser
-from judgequeue.core.version import VERSION
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -12,13 +12,13 @@ from typing import Any
 import pytest
 
 from judgequeue.controllers import conditions, cutover, render
-from judgequeue.core import agreement
-from judgequeue.core.agreement import Agreement, Counts, Gate, check_gate, classify, format_percent, summarize
+from judgequeue.core.base import agreement
+from judgequeue.core.base.agreement import Agreement, Counts, Gate, check_gate, classify, format_percent, summarize
+from judgequeue.core.base.errors import ConfigError
+from judgequeue.core.base.states import VERDICTS
 from judgequeue.core.config import load_settings
-from judgequeue.core.errors import ConfigError
-from judgequeue.core.queues import QueueFlags
 from judgequeue.core.spec import JudgeQueueSpec, parse_spec
-from judgequeue.core.states import VERDICTS
+from judgequeue.core.store.queues import QueueFlags
 
 SPEC: dict[str, Any] = {"image": "img:1", "postgres": {"secretKeyRef": {"name": "db"}},
                         "redis": {"secretKeyRef": {"name": "rd"}}}

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from judgequeue.controllers import render
+from judgequeue.core.base.errors import ConfigError
 from judgequeue.core.config import load_settings
-from judgequeue.core.errors import ConfigError
 from judgequeue.core.manifest import ManifestError, parse_manifest
 from judgequeue.core.spec import ROLES, parse_spec
 

@@ -212,27 +212,23 @@ COMMON = {variable_for(None, "queue"), variable_for(None, "log_level"), variable
 
 def test_the_source_reading_finds_what_roles_read() -> None:
     """The analysis is not vacuous: it finds direct reads, reads through aliases, and another section."""
-    reaper = settings_read_by(ROOT / "core" / "reaper.py")
+    reaper = set().union(*(settings_read_by(path) for path in _sources("reaper")))
     assert ("reaper", "visibility_timeout") in reaper  # cfg = settings.reaper; cfg.visibility_timeout
     assert ("dispatcher", "schedule") in reaper  # self.settings.dispatcher.schedule
-    assert ("worker", "lease_ttl") in settings_read_by(ROOT / "core" / "worker.py")  # self.cfg.lease_ttl
+    worker = ROOT / "core" / "roles" / "worker" / "role.py"
+    assert ("worker", "lease_ttl") in settings_read_by(worker)  # self.cfg.lease_ttl
 
 
-#: The modules that read a role's settings for it: the role's own, and the pieces only it runs.
-ROLE_MODULES: dict[str, tuple[str, ...]] = {"worker": ("worker", "direct", "lanes", "verdicts")}
-
-
-def _sources(module: str) -> list[Path]:
-    """The files of one module of core, or of every module of a package of core."""
-    package = ROOT / "core" / module
-    return sorted(package.glob("*.py")) if package.is_dir() else [ROOT / "core" / f"{module}.py"]
+def _sources(role: str) -> list[Path]:
+    """The files of one role (core/roles/): its module, or every module of its folder (the pieces only it runs)."""
+    place = ROOT / "core" / "roles" / role
+    return sorted(place.rglob("*.py")) if place.is_dir() else [place.with_suffix(".py")]
 
 
 @pytest.mark.parametrize("role", ROLES)
 def test_each_role_gets_exactly_the_spec_settings_it_reads(role: Role) -> None:
     settable = {f.setting: f for f in FIELDS if f.setting is not None and f.setting[0] is not None}
-    modules = ROLE_MODULES.get(role, (role,))
-    found = set().union(*(settings_read_by(path) for m in modules for path in _sources(m)))
+    found = set().union(*(settings_read_by(path) for path in _sources(role)))
     read = {variable_for(*key) for key in found if key in settable}
     given = set(role_settings(full_spec(), role)) - COMMON
     assert given == read, f"{role}: sent but not read {sorted(given - read)}, read but not sent {sorted(read - given)}"

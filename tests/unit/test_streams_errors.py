@@ -12,8 +12,8 @@ import asyncio
 import pytest
 import redis.exceptions as rexc
 
-from judgequeue.core import streams
-from judgequeue.core.errors import TransportError
+from judgequeue.core.base.errors import TransportError
+from judgequeue.core.transport import streams
 
 UVLOOP_CLOSED = RuntimeError(
     "unable to perform operation on <TCPTransport closed=True reading=False 0x55f10972a910>; the handler is closed"

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from judgequeue.core.direct.takes import TakeRate, pace_takes
-from judgequeue.core.direct.tuning import PACE_TAKES_ABOVE, TAKE_RATE_WINDOW
-from judgequeue.core.wakeup import BUSY_STREAK, keep_listening
+from judgequeue.core.roles.worker.direct.takes import TakeRate, pace_takes
+from judgequeue.core.roles.worker.direct.tuning import PACE_TAKES_ABOVE, TAKE_RATE_WINDOW
+from judgequeue.core.runtime.wakeup import BUSY_STREAK, keep_listening
 
 
 def test_keep_listening_only_for_a_trickle() -> None:

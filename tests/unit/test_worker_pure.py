@@ -7,8 +7,10 @@ import json
 import uuid
 from datetime import UTC, datetime
 
-from judgequeue.core import leases, lifecycle, verdicts
 from judgequeue.core.judges import Verdict, judge_failure
+from judgequeue.core.roles.worker import verdicts
+from judgequeue.core.runtime import lifecycle
+from judgequeue.core.store import leases
 
 LEASE = leases.Lease(7, 2, uuid.uuid4(), {}, datetime.now(UTC))
 

@@ -28,8 +28,8 @@ import pytest
 import yaml
 
 from judgequeue.core import api
-from judgequeue.core.migrate import migrate
-from judgequeue.core.queues import create_queue
+from judgequeue.core.store.migrate import migrate
+from judgequeue.core.store.queues import create_queue
 from tests.kube.cluster import Cluster, control_plane, write_kubeconfig
 from tests.kube.conftest import CRD_FILE
 from tests.kube.tools import (

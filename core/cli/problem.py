@@ -1,0 +1,76 @@
+"""``judgequeue problem``: upload and list problem packages."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping
+from typing import Any
+
+from ..config import (
+    archive_variable_names,
+    load_archive_settings,
+)
+from .common import (
+    DSN,
+    EXIT_OK,
+    Commands,
+    add_variable_flags,
+    flag_for,
+    overrides_from,
+    print_json,
+    print_listing,
+    resolve,
+    run_async,
+    with_pg,
+)
+
+
+def cmd_problem(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    from pathlib import Path
+
+    from ..store.problems import list_problems, upload
+
+    dsn: str = resolve(args, env, DSN)
+    if args.problem_command == "list":
+        def line(r: dict[str, Any]) -> str:
+            return (f"{r['id']}  version={r['version']}  tests={r['tests']}  bytes={r['total_bytes']}  "
+                    f"sha256={r['sha256'][:16]}")  # fmt: skip
+
+        print_listing(run_async(with_pg(dsn, list_problems)), args.json, dict, line, "no problems")
+        return EXIT_OK
+    bounds = load_archive_settings(env, overrides_from(args), override_name=flag_for)
+    done = run_async(with_pg(dsn, lambda conn: upload(
+        conn, Path(args.dir), version=args.version, problem_id=args.id, time_limit=args.time_limit, fmt=args.format,
+        bounds=bounds, judge_env=env,
+    )))  # fmt: skip
+    if args.json:
+        print_json({**vars(done), "notes": list(done.notes)})
+    else:
+        print(f"{done.id} version {done.version} ({done.format} package): {done.tests} tests, {done.total_bytes} "
+              f"bytes ({done.new_files} new files), sha256 {done.sha256[:16]}")
+        for note in done.notes:
+            print(f"note: {note}")
+        print(f'submit with: {{"problem": "{done.id}", "version": {done.version}, "language": ..., "source": ...}}')
+    return EXIT_OK
+
+
+def add(commands: Commands) -> None:
+    p = commands.add("problem", "upload and list problem packages (tests, checker, interactor, limits, subtasks)")
+    problem_action = commands.actions(p, "problem_command", cmd_problem)
+    text = ("store the package in DIR (a directory, or a zip archive of one) as a new version: judgequeue "
+            "(problem.yaml with an id, tests/NAME.in + NAME.ans), ICPC/Kattis (problem.yaml, data/, "
+            "output_validators/) or Polygon (problem.xml); its checker and interactor are built first")
+    q = problem_action("upload", text)
+    q.add_argument("dir", help="the package: a directory, or a zip archive of one (as Polygon exports it)")
+    q.add_argument("--version", type=int,
+                   help="version number (default: the package's own (problem.yaml's, Polygon's revision), else the "
+                        "next free one)")  # fmt: skip
+    q.add_argument("--id", help="problem id (default: problem.yaml's id, Polygon's short-name, "
+                                "a Kattis package's directory name)")  # fmt: skip
+    q.add_argument("--time-limit", type=float, metavar="SECONDS",
+                   help="a Kattis package's time limit when it gives none (limits.time_limit, .timelimit)")
+    q.add_argument("--format", choices=("judgequeue", "kattis", "polygon"),
+                   help="the package format (default: detected)")  # fmt: skip
+    add_variable_flags(q, [DSN], "connection")
+    add_variable_flags(q, archive_variable_names(), "what a package may hold (docs/judges.md)")
+    add_variable_flags(problem_action("list", "list stored packages"), [DSN], "connection")

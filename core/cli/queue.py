@@ -1,0 +1,63 @@
+"""``judgequeue queue``: create, list and show queues."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from .common import (
+    DSN,
+    EXIT_OK,
+    QUEUE,
+    Commands,
+    add_variable_flags,
+    flags_json,
+    flags_line,
+    print_json,
+    print_listing,
+    queue_arg,
+    resolve,
+    run_async,
+    with_pg,
+)
+
+
+def cmd_queue(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    from ..store.queues import create_queue, get_queue, list_queues
+
+    dsn: str = resolve(args, env, DSN)
+    if args.queue_command == "list":
+        print_listing(run_async(with_pg(dsn, list_queues)), args.json, flags_json, flags_line, "no queues")
+        return EXIT_OK
+    name = queue_arg(args, env)
+    if args.queue_command == "create":
+        flags = run_async(with_pg(dsn, lambda conn: create_queue(conn, name, mode=args.mode)))
+    else:
+        from ..store.outbox import stats
+
+        async def show(conn: Any) -> Any:
+            return await get_queue(conn, name), await stats(conn, name)
+
+        flags, outbox = run_async(with_pg(dsn, show))
+        if args.json:
+            print_json({**flags_json(flags), "outbox": outbox.by_state})
+        else:
+            print(flags_line(flags))
+            print("outbox " + "  ".join(f"{k}={v}" for k, v in outbox.by_state.items()))
+        return EXIT_OK
+    print(json.dumps(flags_json(flags)) if args.json else flags_line(flags))
+    return EXIT_OK
+
+
+def add(commands: Commands) -> None:
+    p = commands.add("queue", "create, list and show queues (Postgres only)")
+    queue_action = commands.actions(p, "queue_command", cmd_queue)
+    for action, text in (("create", "create a queue (idempotent)"), ("show", "show a queue's flags and outbox")):
+        q = queue_action(action, text)
+        q.add_argument("name", nargs="?", help="queue name (default: $JUDGEQUEUE_QUEUE)")
+        add_variable_flags(q, [DSN, QUEUE], "connection")
+        if action == "create":
+            q.add_argument("--mode", choices=("live", "shadow"), default="live", help="initial mode (default live)")
+    add_variable_flags(queue_action("list", "list every queue"), [DSN], "connection")

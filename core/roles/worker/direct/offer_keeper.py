@@ -1,0 +1,264 @@
+"""The keeper of one worker's offers: which of its slots are open, the jobs that fill them, and the
+loop that keeps its rows of ``judgequeue.worker_offers`` in line (the table, its statement and the
+notification's format are :mod:`judgequeue.core.roles.worker.direct.offers`).
+
+The worker decides *whether* to offer (:meth:`OfferKeeper.want`: while it waits for work, registered
+as a waiter) and gives this class its free-slot count; this class decides *how many* (topping up
+once three quarters are gone, :func:`offers.to_add`), writes them, refreshes them every
+:data:`~tuning.OFFER_REFRESH` seconds while wanted, withdraws them when not, and turns each filled offer
+(by notification, or by :func:`offers.sync` when the notification was lost or could not carry the
+payload) into a lease handed to the worker, exactly once per slot.
+
+Slots held open are reserved: the worker takes from the outbox only into slots neither busy nor
+offered, so jobs never outnumber its concurrency.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+import asyncpg
+
+from ....base import metrics
+from ....runtime.lifecycle import DB_ERRORS, Doorbell, backoff, cancel_within
+from ....store import leases
+from ....transport.connect import STATEMENT_TIMEOUT
+from . import offers, tuning
+
+log = logging.getLogger("judgequeue.worker")
+
+
+def too_fast(fills_in_window: int) -> bool:
+    """Whether fills arrive faster than :data:`~tuning.OFFER_MAX_FILL_RATE` (pure)."""
+    return fills_in_window > tuning.OFFER_MAX_FILL_RATE * tuning.OFFER_RATE_WINDOW
+
+
+class OfferKeeper:
+    """One worker's offers."""
+
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        queue: str,
+        worker: str,
+        *,
+        limit: int,
+        concurrency: int,
+        lease_ttl: float,
+        busy: Callable[[], int],
+        start: Callable[[list[leases.Lease]], None],
+    ) -> None:
+        self.channel = offers.channel_name()
+        self._pool = pool
+        self._queue = queue
+        self._worker = worker
+        self._limit = limit
+        self._concurrency = concurrency
+        self._lease_ttl = lease_ttl
+        self._busy = busy
+        self._start = start
+        self._open: set[int] = set()  # offered and not known filled (in the table, or in doubt)
+        self._awaiting: set[int] = set()  # filled, notified without the payload: the sync brings it
+        # Filled and handled (slot -> the attempt that filled it): the next sync opens them again or
+        # forgets them. By attempt, since a reopened slot can be filled again before that sync's
+        # answer is read.
+        self._seen: dict[int, uuid.UUID] = {}
+        # Attempts whose job was started or given up (see tuning.OFFER_FILL_MEMORY), oldest first in the deque.
+        self._handled: set[uuid.UUID] = set()
+        self._handled_at: deque[tuple[float, uuid.UUID]] = deque()
+        self._wanted = False
+        self._closing = False
+        self._fills: deque[float] = deque()  # when the recent fills came (see tuning.OFFER_MAX_FILL_RATE)
+        self._cooldown_until = 0.0
+        self._refreshed_at = 0.0  # when the open offers were last kept alive (see tuning.OFFER_REFRESH)
+        self._bell = Doorbell()
+        self._sync_lock = asyncio.Lock()
+        self._task: asyncio.Task[None] | None = None
+        self._m_offer = metrics.DISPATCH_RESULTS.labels(queue, "offer")
+
+    @property
+    def reserved(self) -> int:
+        """Slots held for offers: open ones and filled ones whose job is on its way."""
+        return len(self._open) + len(self._awaiting)
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="offers")
+
+    def want(self, wanted: bool) -> None:
+        """Offer (the worker waits for work) or not (work flows through takes, it is full, the queue
+        is paused): a change is written by the loop at once."""
+        if wanted != self._wanted and not self._closing:
+            self._wanted = wanted
+            self._bell.ring()
+
+    def freed(self) -> None:
+        """A slot came free: top the offers up if they ran low."""
+        if self._wanted and offers.to_add(self._concurrency, self._busy(), self.reserved, self._limit):
+            self._bell.ring()
+
+    def receive(self, text: str) -> None:
+        """A fill notification from the worker's channel (called by the listener, not awaited)."""
+        try:
+            filled = offers.parse_notification(text)
+        except ValueError as exc:
+            log.error("unreadable offer notification", extra={"error": str(exc)})
+            self._bell.ring()  # the sync reports every filled offer, readable or not
+            return
+        self._handle(filled, from_sync=False)
+
+    def taken(self, rows: int) -> None:
+        """A take of the worker's found ``rows`` (see :data:`~tuning.OFFER_BURST_ROWS`).
+
+        Only a take while the offers are open says the submits outran them: during a cool-down
+        every row comes through takes, and a take there that found a group of submits (8
+        connections submitting in step at 1,000 a second) used to extend the cool-down, and the
+        next one again, so offers never came back at a rate they serve."""
+        if self._offering(time.monotonic()) and rows >= tuning.OFFER_BURST_ROWS:
+            self._cool_down()
+
+    def _offering(self, now: float) -> bool:
+        """Whether the worker offers its slots now: wanted, not closing, not cooling down."""
+        return self._wanted and not self._closing and now >= self._cooldown_until
+
+    async def withdraw_now(self) -> None:
+        """Take the open offers back before returning (the worker wants their slots for a take)."""
+        self._wanted = False
+        await self._sync()
+
+    async def close(self, within: float) -> None:
+        """Withdraw every open offer (bounded by ``within``); filled ones reach the worker meanwhile."""
+        self._closing, self._wanted = True, False
+        self._bell.ring()
+        if self._task is None:
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self._task), within)
+        await cancel_within(self._task, 1.0)
+
+    # --- the loop -------------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        failures = 0
+        while True:
+            await self._bell.wait(max(0.0, self._refreshed_at + tuning.OFFER_REFRESH - time.monotonic()))
+            self._bell.clear()
+            try:
+                await self._sync()
+                failures = 0
+            except Exception as exc:
+                # Open offers expire on their own (tuning.OFFER_VALIDITY); filled ones wait in the table
+                # and are reported by the next sync that succeeds. A bug must not end the loop
+                # either: the slots it reserves would never come back.
+                failures += 1
+                delay = backoff(failures)
+                if isinstance(exc, DB_ERRORS):
+                    log.warning("offers sync failed; retrying", extra={"error": str(exc), "retry_in": delay})
+                else:
+                    log.exception("offers sync failed; retrying", extra={"retry_in": delay})
+                await asyncio.sleep(delay)
+                continue
+            if self._closing and not self._open and not self._seen and not self._awaiting:
+                return
+
+    async def _sync(self) -> None:
+        async with self._sync_lock:
+            self._forget_old()
+            now = time.monotonic()
+            offering = self._offering(now)
+            # Every open offer is kept alive about once a second; a top-up between refreshes (every
+            # few fills at a steady trickle) writes only the slots it opens.
+            refresh = offering and now >= self._refreshed_at + tuning.OFFER_REFRESH
+            opened: list[int] = []
+            if offering:
+                n = offers.to_add(self._concurrency, self._busy(), self.reserved, self._limit)
+                # Slot numbers are reused (the filled ones first): the table holds at most ``limit``
+                # rows per worker, updated in place.
+                unused = set(range(self._limit)) - self._open - self._awaiting - set(self._seen)
+                spare = sorted(set(self._seen) - self._open - self._awaiting) + sorted(unused)
+                opened = spare[:n]
+                self._open.update(opened)  # before the statement: a fill may be heard before its answer
+            elif not (self._open or self._seen or self._awaiting):
+                self._refreshed_at = now  # nothing to keep alive: the loop sleeps a whole REFRESH
+                return
+            seen = dict(self._seen)
+            async with self._pool.acquire(timeout=STATEMENT_TIMEOUT) as conn:
+                result = await offers.sync(
+                    conn,
+                    self._queue,
+                    self._worker,
+                    channel=self.channel,
+                    lease_ttl=self._lease_ttl,
+                    open_slots=sorted(self._open if refresh else opened) if offering else [],
+                    seen=sorted(seen.items()),
+                    withdraw=not offering,
+                    refresh=refresh,
+                )
+            if refresh or not offering:
+                self._refreshed_at = now
+            for slot, attempt in seen.items():
+                if self._seen.get(slot) == attempt:
+                    del self._seen[slot]
+            self._open.difference_update(result.withdrawn)
+            # Open slots the table does not hold (a withdrawal raced a fill's rollback, or the
+            # unlogged table was lost in a crash of the database and this statement did not add
+            # them back) are no longer reserved.
+            self._open.intersection_update(result.present)
+            for filled in result.filled:
+                self._handle(filled, from_sync=True)
+
+    def _handle(self, filled: offers.Filled, *, from_sync: bool) -> None:
+        slot = filled.slot
+        if filled.attempt in self._handled:
+            if from_sync:
+                self._seen[slot] = filled.attempt  # reported again: the forget did not reach the table
+            return
+        self._open.discard(slot)
+        if not filled.has_payload:
+            if not from_sync:
+                # Too large for the notification: the next sync reads it with the job.
+                self._awaiting.add(slot)
+                self._bell.ring()
+                return
+            # From the table without a job: its lease no longer stands (rescued, rejudged).
+            self._awaiting.discard(slot)
+            self._mark_handled(slot, filled.attempt)
+            return
+        self._awaiting.discard(slot)
+        self._mark_handled(slot, filled.attempt)
+        self._count_fill()
+        self._m_offer.inc()
+        created = filled.created_at or datetime.now(UTC)  # always set with a payload
+        self._start([leases.Lease(filled.submission, 1, filled.attempt, filled.payload, created)])
+        self.freed()
+
+    def _count_fill(self) -> None:
+        now = time.monotonic()
+        self._fills.append(now)
+        while self._fills[0] < now - tuning.OFFER_RATE_WINDOW:
+            self._fills.popleft()
+        if too_fast(len(self._fills)):
+            self._cool_down()  # submits come faster than offers help (see tuning.OFFER_MAX_FILL_RATE)
+
+    def _cool_down(self) -> None:
+        """Take the offers back for :data:`~tuning.OFFER_COOLDOWN`: at this rate the takes batch, and the submits
+        commit without a NOTIFY each."""
+        self._fills.clear()
+        self._cooldown_until = time.monotonic() + tuning.OFFER_COOLDOWN
+        self._bell.ring()
+
+    def _mark_handled(self, slot: int, attempt: uuid.UUID) -> None:
+        self._handled.add(attempt)
+        self._handled_at.append((time.monotonic(), attempt))
+        self._seen[slot] = attempt
+
+    def _forget_old(self) -> None:
+        cutoff = time.monotonic() - tuning.OFFER_FILL_MEMORY
+        while self._handled_at and self._handled_at[0][0] < cutoff:
+            self._handled.discard(self._handled_at.popleft()[1])

@@ -1,0 +1,92 @@
+"""Where a worker's jobs come from: the :class:`Intake` its loop steps, and the stream's.
+
+A worker chooses its intake once (``JUDGEQUEUE_INTAKE``; a shadow worker always reads the stream):
+direct intake (:class:`judgequeue.core.roles.worker.direct.DirectIntake`: the worker takes ready outbox rows
+itself, and an idle one offers slots the submits fill) or :class:`StreamIntake` (every job through
+the dispatcher and the Redis stream). Its loop calls nothing else of it, so neither intake's work
+shows in the other's path (docs/design.md section 1).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Protocol
+
+import redis.asyncio as aioredis
+
+from ...base.errors import TransportError
+from ...runtime.lifecycle import backoff, wait_any
+from ...transport import streams
+
+log = logging.getLogger("judgequeue.worker")
+
+
+class Intake(Protocol):
+    """Where a worker's jobs come from; the worker's loop calls nothing else of it."""
+
+    def start(self) -> None:
+        """In the running loop, before the first step."""
+
+    async def step(self, free: int, stop: asyncio.Event) -> None:
+        """Bring up to ``free`` jobs and start them, or wait a while for some (until ``stop``)."""
+
+    async def full(self) -> None:
+        """Every slot is busy: nothing is brought until one frees."""
+
+    def freed(self) -> None:
+        """A job ended: its slot is free."""
+
+    async def close(self) -> None:
+        """Stopping: bring nothing more (bounded, best effort)."""
+
+
+class StreamIntake:
+    """The stream intake: read up to ``free`` entries of the lane's stream, then lease, start and ack
+    them (``start``). Nothing to do when full, when a job ends or at close."""
+
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        queue: str,
+        name: str,
+        block_ms: int,
+        shadow: bool,
+        *,
+        start: Callable[[Sequence[streams.Delivery], asyncio.Event], Awaitable[None]],
+    ) -> None:
+        self._redis, self._queue, self._name, self._block_ms, self._shadow = redis, queue, name, block_ms, shadow
+        self._start = start
+        self._failures = 0
+
+    def start(self) -> None:
+        pass
+
+    async def step(self, free: int, stop: asyncio.Event) -> None:
+        if deliveries := await self._read(free, stop):
+            await self._start(deliveries, stop)  # lease, judge, ack once the leases are durable
+
+    async def _read(self, free: int, stop: asyncio.Event) -> Sequence[streams.Delivery]:
+        """Up to ``free`` entries from the lane's stream; none after a failed read (backed off)."""
+        try:
+            deliveries = await streams.read(
+                self._redis, self._queue, self._name, count=free, block_ms=self._block_ms, shadow=self._shadow
+            )
+        except TransportError as exc:
+            self._failures += 1
+            delay = backoff(self._failures)
+            log.warning("stream read failed", extra={"error": str(exc), "retry_in": delay})
+            await wait_any(stop, None, delay)
+            return []
+        self._failures = 0
+        return deliveries
+
+    async def full(self) -> None:
+        pass
+
+    def freed(self) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
