@@ -115,8 +115,8 @@ async def build_helpers(
         return
     own = None
     if judge is None:
-        from .judges.isolation import load_judge_settings
         from .judges.program import ProgramJudge
+        from .judges.sandbox.isolation import load_judge_settings
 
         try:
             judge = own = ProgramJudge(settings=load_judge_settings(os.environ if env is None else env))

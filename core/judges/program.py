@@ -57,7 +57,6 @@ from typing import Any
 from ..errors import ConfigError
 from . import STATUSES, PackageSource, Status, Verdict
 from .builds import BuildCache, build_key, keep_copy
-from .cgroups import BoxGroup, Roots, remove_stale
 from .checkers import (
     MAX_MESSAGE,
     CheckerSpec,
@@ -68,8 +67,6 @@ from .checkers import (
     kattis_outcome,
     parse_spec,
 )
-from .isolation import SANDBOX_DIR_VAR, JudgeSettings, detect, load_judge_settings
-from .lane import Lane
 from .languages import (
     COMPILE_LIMITS,
     COMPILE_OUTPUT_MAX,
@@ -84,6 +81,9 @@ from .languages import (
     template_values,
 )
 from .sandbox import BOX, Isolation, Limits, RunFacts, read_ready, run
+from .sandbox.cgroups import BoxGroup, Roots, box_group, remove_stale
+from .sandbox.isolation import SANDBOX_DIR_VAR, JudgeSettings, detect, load_judge_settings
+from .sandbox.lane import Lane
 from .scoring import InvalidScoring, Scoring, TestResult, finished, parse_scoring, should_run, summarize
 
 MAX_TIME = 30.0
@@ -836,15 +836,15 @@ class ProgramJudge:
         slot = await self._free.get()
         uid = self.uid_base + slot
         named = f"{self.group_prefix}{slot}"
-        groups = (BoxGroup(self.roots, f"{named}-a"), BoxGroup(self.roots, f"{named}-b")) if self.roots else None
-        checks = (BoxGroup(self.roots, f"{named}-ca"), BoxGroup(self.roots, f"{named}-cb")) if self.roots else None
+        groups = (box_group(self.roots, f"{named}-a"), box_group(self.roots, f"{named}-b")) if self.roots else None
+        checks = (box_group(self.roots, f"{named}-ca"), box_group(self.roots, f"{named}-cb")) if self.roots else None
         helper_dir = os.path.join(self.boxes_dir, f"{slot}-helper")
         check_dir = os.path.join(self.boxes_dir, f"{slot}-check")
         directory = os.path.join(self.boxes_dir, str(slot))
         runner = self.tools.get("python3") if self.settings.box == "submission" else None
         box = _Box(
-            uid, directory, BoxGroup(self.roots, named) if self.roots else None,
-            helper_dir, BoxGroup(self.roots, f"{named}-h") if self.roots else None,
+            uid, directory, box_group(self.roots, named) if self.roots else None,
+            helper_dir, box_group(self.roots, f"{named}-h") if self.roots else None,
             Lane(box=directory, uid=uid, isolation=self.isolation, groups=groups, python=runner),
             Lane(box=check_dir, uid=uid, isolation=self.isolation, groups=checks, python=runner),
             check_dir,

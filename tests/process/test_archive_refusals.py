@@ -28,8 +28,8 @@ import pytest
 from judgequeue.core import problems
 from judgequeue.core.archives import Files, named_files
 from judgequeue.core.config import ArchiveSettings
-from judgequeue.core.judges.isolation import JudgeSettings
 from judgequeue.core.judges.program import ProgramJudge
+from judgequeue.core.judges.sandbox.isolation import JudgeSettings
 from judgequeue.core.problems import InvalidPackage, VersionConflict, upload
 from tests.support.archives import write_tree
 from tests.support.queries import problem_tables

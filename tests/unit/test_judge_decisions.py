@@ -11,7 +11,6 @@ import pytest
 
 from judgequeue.core.errors import ConfigError
 from judgequeue.core.judges.checkers import CheckResult
-from judgequeue.core.judges.isolation import load_judge_settings
 from judgequeue.core.judges.languages import (
     COMPILE_LIMITS,
     LANGUAGES,
@@ -32,6 +31,7 @@ from judgequeue.core.judges.program import (
     verdict_details,
 )
 from judgequeue.core.judges.sandbox import Limits, RunFacts
+from judgequeue.core.judges.sandbox.isolation import load_judge_settings
 from judgequeue.core.judges.scoring import TestResult, parse_scoring
 
 SRC = {"language": "python", "source": "print(1)"}

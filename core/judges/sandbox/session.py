@@ -32,23 +32,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .cgroups import BoxGroup, PerTest
-from .sandbox import (
-    REAP_GRACE,
-    Armed,
-    Isolation,
-    KilledFor,
-    Limits,
-    Pipe,
-    RunFacts,
-    WallGuard,
-    arm,
-    discard,
-    engine_child_pid,
-    fill_stdin,
-    let_go,
-    next_check,
-    run_fit,
-)
+from .command import REAP_GRACE, Isolation, KilledFor, Limits, RunFacts, engine_child_pid
+from .run import Armed, arm, discard, fill_stdin, let_go, run_fit
+from .watch import Pipe, WallGuard, next_check
 
 RUNNER_SOURCE = Path(__file__).with_name("box_runner.py").read_text()
 RUNNER_ROOM = 64 * 1024 * 1024  # the box's memory beside a test's own limit: the runner's
