@@ -12,7 +12,8 @@ import pytest
 from judgequeue.core import deferral
 from judgequeue.core.errors import ConfigError
 from judgequeue.core.judges import CallLater, Job, Verdict
-from judgequeue.core.judges.http_call import (
+from judgequeue.core.judges.http_call.client import Answer, CallFailed, check_url, request
+from judgequeue.core.judges.http_call.judge import (
     BACKOFF_CAP,
     BUSY_CAP,
     BUSY_DELAY,
@@ -28,7 +29,6 @@ from judgequeue.core.judges.http_call import (
     retry_after_seconds,
     retry_delay,
 )
-from judgequeue.core.judges.http_client import Answer, CallFailed, check_url, request
 from judgequeue.core.leases import Lease
 
 
