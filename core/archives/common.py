@@ -15,8 +15,8 @@ import yaml
 
 from ..config import ArchiveSettings
 from ..errors import JudgeQueueError
-from ..judges.languages import LANGUAGES as LANGUAGE_TABLE
-from ..judges.languages import UNAVAILABLE, parse_standard
+from ..judges.program.languages import LANGUAGES as LANGUAGE_TABLE
+from ..judges.program.languages import UNAVAILABLE, parse_standard
 
 CHUNK = 1024 * 1024
 MAX_TESTS = 10_000

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import ArchiveSettings
-from ..judges.checkers import InvalidChecker, kattis_flags
+from ..judges.program.checkers import InvalidChecker, kattis_flags
 from .common import MAX_TESTS, Files, InvalidPackage, PackageDir, add, check_id, program, read_yaml, total_bytes
 
 #: problemtools' languages (its config/languages.yaml) as rows of the judge's table: the row, the

@@ -9,8 +9,8 @@ from typing import Any
 import yaml
 
 from ..config import ArchiveSettings
-from ..judges.checkers import InvalidChecker, parse_spec
-from ..judges.scoring import InvalidScoring, parse_scoring
+from ..judges.program.checkers import InvalidChecker, parse_spec
+from ..judges.program.scoring import InvalidScoring, parse_scoring
 from .common import (
     MAX_TESTS,
     Files,

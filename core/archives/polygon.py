@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import ArchiveSettings
-from ..judges.languages import LANGUAGES
+from ..judges.program.languages import LANGUAGES
 from .common import (
     MAX_TESTS,
     Files,

@@ -14,7 +14,8 @@ import yaml
 
 from judgequeue.core.archives import kattis, polygon, zipped
 from judgequeue.core.archives.common import Files, InvalidPackage, program
-from judgequeue.core.judges.checkers import (
+from judgequeue.core.judges.program import Case, Problem, classify_interactive, verdict_details
+from judgequeue.core.judges.program.checkers import (
     CheckerSpec,
     CheckResult,
     InvalidChecker,
@@ -25,10 +26,8 @@ from judgequeue.core.judges.checkers import (
     kattis_outcome,
     parse_testlib_points,
 )
-from judgequeue.core.judges.languages import LANGUAGES, UNAVAILABLE
-from judgequeue.core.judges.program import Case, Problem, classify_interactive, verdict_details
-from judgequeue.core.judges.sandbox import Limits, RunFacts
-from judgequeue.core.judges.scoring import (
+from judgequeue.core.judges.program.languages import LANGUAGES, UNAVAILABLE
+from judgequeue.core.judges.program.scoring import (
     Graded,
     TestResult,
     kattis_grade,
@@ -37,6 +36,7 @@ from judgequeue.core.judges.scoring import (
     should_run,
     summarize,
 )
+from judgequeue.core.judges.sandbox import Limits, RunFacts
 
 
 def test_testlib_points_as_testlib_writes_them() -> None:

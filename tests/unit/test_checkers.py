@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from judgequeue.core.judges.checkers import (
+from judgequeue.core.judges.program.checkers import (
     CheckerSpec,
     InvalidChecker,
     check,
     custom_outcome,
     parse_spec,
 )
-from judgequeue.core.judges.scoring import (
+from judgequeue.core.judges.program.scoring import (
     InvalidScoring,
     Scoring,
     TestResult,

@@ -31,7 +31,7 @@ import shutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from .sandbox.command import Limits
+from ..sandbox.command import Limits
 
 #: Where tools are looked up: the system's directories, which every box binds read-only.
 SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin"
