@@ -30,11 +30,19 @@ from typing import Any
 import asyncpg
 
 from . import metrics, sql
-from .archives import CHUNK, InvalidPackage, PackageDir, PackageFile, named_files, open_package, read_package
 from .config import ArchiveSettings
 from .connect import STATEMENT_TIMEOUT
 from .errors import ConfigError, JudgeQueueError
 from .judges import BuildsHelpers, Judge, UsesPackages
+from .judges.program.archives import (
+    CHUNK,
+    InvalidPackage,
+    PackageDir,
+    PackageFile,
+    named_files,
+    open_package,
+    read_package,
+)
 
 MANIFEST_FILE = "problem.yaml"
 

@@ -12,9 +12,11 @@ import problemtools
 import pytest
 import yaml
 
-from judgequeue.core.archives import kattis, polygon, zipped
-from judgequeue.core.archives.common import Files, InvalidPackage, program
+from judgequeue.core.config import ArchiveSettings
 from judgequeue.core.judges.program import Case, Problem, classify_interactive, verdict_details
+from judgequeue.core.judges.program.archives import kattis, polygon, zipped
+from judgequeue.core.judges.program.archives.bounds import DEFAULT_BOUNDS
+from judgequeue.core.judges.program.archives.common import Files, InvalidPackage, program
 from judgequeue.core.judges.program.checkers import (
     CheckerSpec,
     CheckResult,
@@ -304,3 +306,11 @@ def test_a_zip_entry_names_a_path_under_the_package(name: str, parts: tuple[str,
 def test_a_zip_entry_that_leaves_the_package_is_refused(name: str, error: str) -> None:
     with pytest.raises(InvalidPackage, match=f"^p.zip: .*{error}"):
         zipped.entry_parts(name, "p.zip")
+
+
+def test_the_readers_default_bounds_are_the_upload_settings_defaults() -> None:
+    """The archive readers sit below the roles' settings and hold their own defaults for a caller
+    that gives no bounds: the same as ``ArchiveSettings()``, the upload's defaults."""
+    settings = ArchiveSettings()
+    names = ("max_file_mb", "max_file_bytes", "max_package_mb", "max_package_bytes", "max_ratio")
+    assert {n: getattr(DEFAULT_BOUNDS, n) for n in names} == {n: getattr(settings, n) for n in names}
