@@ -35,11 +35,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import resource
 import signal
 import subprocess
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .cgroups import BoxGroup
 from .command import (
@@ -259,19 +260,7 @@ async def _watch(
         if on_start is not None:
             on_start()
         guard = WallGuard(limits.wall, started, group.pids_in if group else lambda: {proc.pid})
-        while not exited.is_set():
-            now = time.monotonic()
-            cpu = group.cpu_ns() / 1e9 if group else 0.0
-            if full and cpu >= limits.cpu:
-                kill("cpu")
-                break
-            if guard.over(now):
-                kill("wall")
-                break
-            wall_left_now = guard.deadline - now
-            wait = next_check(limits.cpu - cpu, wall_left_now, parallelism) if full else wall_left_now
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(exited.wait(), wait)
+        await _until_exit(exited, group, guard, limits, full, parallelism, kill)
         # The main process ended (or was killed): nothing of the box may outlive it.
         if group is not None:
             await _empty(armed, group)
@@ -290,26 +279,57 @@ async def _watch(
             await asyncio.wait_for(asyncio.gather(*(p.eof.wait() for p in pipes)), REAP_GRACE)
         stdout = bytes(out.data[: limits.output]) if out else b""
         armed.report = bytes(status.data)
-        if group is not None:
-            usage = group.usage()  # four small reads
-            return RunFacts(
-                exit_code=engine_exit_code(armed.report), signal=None, stdout=stdout, stderr=bytes(err.data),
-                wall=wall, cpu=usage.cpu_ns / 1e9, memory_peak=usage.memory_peak, oom_killed=usage.oom_kills > 0,
-                killed_for=killed_for, processes_refused=usage.pids_refused, stuck=stuck, waited=guard.waited,
-                ended=ended,
-            )  # fmt: skip
-        sig = os.WTERMSIG(wait_status) if os.WIFSIGNALED(wait_status) else None
-        code = os.WEXITSTATUS(wait_status) if os.WIFEXITED(wait_status) else None
-        return RunFacts(
-            exit_code=code, signal=sig, stdout=stdout, stderr=bytes(err.data),
-            wall=wall, cpu=rusage.ru_utime + rusage.ru_stime, memory_peak=rusage.ru_maxrss * 1024,
+        facts = RunFacts(
+            exit_code=None, signal=None, stdout=stdout, stderr=bytes(err.data), wall=wall, cpu=0.0, memory_peak=0,
             oom_killed=False, killed_for=killed_for, stuck=stuck, waited=guard.waited, ended=ended,
         )  # fmt: skip
+        return _measured(facts, armed.report, group, wait_status, rusage)
     finally:
         loop.remove_reader(pidfd)
         os.close(pidfd)
         for p in pipes:
             p.close()
+
+
+async def _until_exit(
+    exited: asyncio.Event, group: BoxGroup | None, guard: WallGuard, limits: Limits, full: bool, parallelism: int,
+    kill: Callable[[KilledFor], None],
+) -> None:  # fmt: skip
+    """Wait for the run's main process to exit, killing the run at its CPU limit (the group's
+    counter, full isolation only) or when its wall guard says so."""
+    while not exited.is_set():
+        now = time.monotonic()
+        cpu = group.cpu_ns() / 1e9 if group else 0.0
+        if full and cpu >= limits.cpu:
+            kill("cpu")
+            return
+        if guard.over(now):
+            kill("wall")
+            return
+        wall_left_now = guard.deadline - now
+        wait = next_check(limits.cpu - cpu, wall_left_now, parallelism) if full else wall_left_now
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(exited.wait(), wait)
+
+
+def _measured(
+    facts: RunFacts, report: bytes, group: BoxGroup | None, wait_status: int, rusage: resource.struct_rusage
+) -> RunFacts:
+    """A finished run's facts with what it used: from its group and the engine's exit report, or
+    (trusted mode, no group) from ``wait4`` on its direct child."""
+    if group is not None:
+        usage = group.usage()  # four small reads
+        return replace(
+            facts, exit_code=engine_exit_code(report), cpu=usage.cpu_ns / 1e9, memory_peak=usage.memory_peak,
+            oom_killed=usage.oom_kills > 0, processes_refused=usage.pids_refused,
+        )  # fmt: skip
+    return replace(
+        facts,
+        exit_code=os.WEXITSTATUS(wait_status) if os.WIFEXITED(wait_status) else None,
+        signal=os.WTERMSIG(wait_status) if os.WIFSIGNALED(wait_status) else None,
+        cpu=rusage.ru_utime + rusage.ru_stime,
+        memory_peak=rusage.ru_maxrss * 1024,
+    )
 
 
 async def _hold_init(armed: Armed, status: Pipe, exited: asyncio.Event) -> None:
