@@ -14,7 +14,8 @@ import re
 import sys
 from pathlib import Path
 
-from judgequeue.core.judges.program.languages import LANGUAGES, TOOL_FINDERS, UNAVAILABLE, VALUES, Language
+from judgequeue.core.judges.program.languages import LANGUAGES, UNAVAILABLE, VALUES, Language
+from judgequeue.core.judges.program.tools import TOOL_FINDERS
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "judges.md"

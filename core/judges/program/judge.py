@@ -22,10 +22,11 @@ from .building import Builder, submission_files
 from .builds import BuildCache
 from .classify import result_of, verdict_details
 from .graders import GRADERS, Grading
-from .languages import LANGUAGES, find_tools
+from .languages import LANGUAGES
 from .payload import InvalidProgramPayload, Program, parse_payload
 from .problem import Problem, inline_problem, package_helper, package_problem, run_limits
 from .scoring import TestResult, finished, should_run
+from .tools import find_tools
 
 
 class ProgramJudge:
