@@ -45,13 +45,22 @@ class ProgramJudge:
         self.isolation, self.roots = detect(self.settings)
         self.slots = slots
         # System tools only: the worker's own interpreter may live where a box cannot see it (a venv).
-        self.tools = find_tools()
-        runner = self.tools.get("python3") if self.settings.box == "submission" else None
+        tools = find_tools()
+        runner = tools.get("python3") if self.settings.box == "submission" else None
         self.boxes = Boxes(self.settings.sandbox_dir, self.isolation, self.roots, slots, runner)
         # Built submissions (see Builder.build); like the helpers', a crashed worker's are not trusted.
         self.builds = BuildCache(os.path.join(self.settings.sandbox_dir, "builds", str(self.boxes.range)))
-        self.builder = Builder(self.boxes, self.tools, self.builds)
+        self.builder = Builder(self.boxes, tools, self.builds)
         self.packages: PackageSource | None = None
+
+    @property
+    def tools(self) -> dict[str, str]:
+        """The system tools the languages use, found at start-up (what builds are made with)."""
+        return self.builder.tools
+
+    @tools.setter
+    def tools(self, tools: dict[str, str]) -> None:
+        self.builder.tools = tools
 
     @property
     def range(self) -> int:
