@@ -25,10 +25,10 @@ from typing import Any
 
 from bench.cli import add_counts, new_parser, reporter
 from bench.common import judge_accepted
-from judgequeue.core.judges.builds import BuildCache
-from judgequeue.core.judges.isolation import JudgeSettings
-from judgequeue.core.judges.languages import LANGUAGES, missing_toolchain
 from judgequeue.core.judges.program import ProgramJudge
+from judgequeue.core.judges.program.builds import BuildCache
+from judgequeue.core.judges.program.languages import LANGUAGES, missing_toolchain
+from judgequeue.core.judges.sandbox.isolation import JudgeSettings
 from tests.support.language_programs import DEFAULT_INPUT, OK_INPUT, OK_OUTPUT, PROGRAMS
 
 progress = reporter("language_bench")

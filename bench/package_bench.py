@@ -28,8 +28,8 @@ from typing import Any
 import asyncpg
 
 from bench.common import create_database, drop_database, judge_accepted
-from judgequeue.core.judges.isolation import JudgeSettings
 from judgequeue.core.judges.program import ProgramJudge
+from judgequeue.core.judges.sandbox.isolation import JudgeSettings
 from judgequeue.core.store.problems import ProblemCache, upload
 
 SOLUTION = "import sys\nprint(sum(map(int, sys.stdin.buffer.read().split())) % 1000003)\n"

@@ -26,11 +26,11 @@ from typing import Any
 from bench.cli import add_counts, new_parser
 from bench.common import span_seconds
 from bench.pipeline import percentile, stack, wait_done
-from judgequeue.core.judges.cgroups import BoxGroup, V1Roots, find_roots
-from judgequeue.core.judges.isolation import JudgeSettings
-from judgequeue.core.judges.lane import Lane
 from judgequeue.core.judges.program import ProgramJudge, run_limits
 from judgequeue.core.judges.sandbox import BOX
+from judgequeue.core.judges.sandbox.cgroups import V1Roots, box_group, find_roots
+from judgequeue.core.judges.sandbox.isolation import JudgeSettings
+from judgequeue.core.judges.sandbox.lane import Lane
 from judgequeue.core.store import outbox
 
 PYTHON = "/usr/bin/python3"
@@ -53,7 +53,7 @@ async def overhead(runs: int) -> dict[str, Any]:
     """Wall time per run of the trivial program, boxed and bare, interleaved so load hits both alike.
 
     Boxed runs go through a :class:`Lane` as a submission's tests do: in one box whose runner runs
-    the program per test (:mod:`~judgequeue.core.judges.session`), a new box every fourth run (its
+    the program per test (:mod:`~judgequeue.core.judges.sandbox.session`), a new box every fourth run (its
     start counted in that run). ``cold`` runs start their own box (a submission's only test): both
     are reported.
     """
@@ -68,7 +68,7 @@ async def overhead(runs: int) -> dict[str, Any]:
         await asyncio.to_thread(_write, os.path.join(d, "main.py"), TRIVIAL)
     limits = run_limits(judge_program())
     assert judge.roots is not None
-    groups = (BoxGroup(judge.roots, f"{judge.range}-0-a"), BoxGroup(judge.roots, f"{judge.range}-0-b"))
+    groups = (box_group(judge.roots, f"{judge.range}-0-a"), box_group(judge.roots, f"{judge.range}-0-b"))
     lane = Lane(box=box, uid=judge.uid_base, isolation=judge.isolation, groups=groups, python=judge.tools["python3"])
     argv = [PYTHON, "-I", "-S", "-B", f"{BOX}/main.py"]
     boxed: list[float] = []

@@ -472,7 +472,7 @@ def _parse(variable: str, raw: str, shown_as: str) -> Any:
 
 # --- archives: what ``judgequeue problem upload`` takes ------------------------------------------
 
-#: The program judge's bound on its package cache (core/judges/isolation.py reads it for workers);
+#: The program judge's bound on its package cache (core/judges/sandbox/isolation.py reads it for workers);
 #: a package larger than that cache could never be judged, so an upload's bound defaults to it.
 PROBLEM_CACHE_MB_VARIABLE = PREFIX + "PROBLEM_CACHE_MB"
 PROBLEM_CACHE_MB_DEFAULT = 1024

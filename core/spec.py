@@ -950,7 +950,7 @@ def role_settings(spec: JudgeQueueSpec, role: Role, *, given_only: bool = False)
         if f.setting and (not given_only or f.path in spec.given or f.path == ("queue",))
     }
     if role == "worker" and spec.worker.sandbox == "trusted":
-        # Read by the program judge itself (judges/isolation.py), not core/config.py.
+        # Read by the program judge itself (judges/sandbox/isolation.py), not core/config.py.
         values[SANDBOX_VARIABLE] = "trusted"
     if role == "worker" and spec.worker.endpoints:
         values[ENDPOINTS_VARIABLE] = endpoints_setting(spec.worker.endpoints)

@@ -53,7 +53,7 @@ def cmd_role(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     main = load_role(args.command)
     if args.command == "worker":
         from ..judges import load_judge
-        from ..judges.isolation import SandboxUnavailable
+        from ..judges.sandbox.isolation import SandboxUnavailable
 
         refused = judge_refused_mode(env)
         try:

@@ -1,199 +1,49 @@
-"""Judge plugins (entry-point group ``judgequeue.judges``).
+"""Judges: the plugin interface and registry, and the judges this distribution ships.
 
-A judge is any object with ``async def judge(self, payload) -> Verdict``; the entry point names a
-zero-argument factory (usually the class). :func:`load_judge` resolves the configured name at
-worker start-up so a typo fails at once, listing what is installed.
+A judge is any object with ``async def judge(self, payload) -> Verdict``; plugins are entry points
+of the group ``judgequeue.judges`` naming a zero-argument factory (usually the class).
+:func:`load_judge` resolves the configured name at worker start-up so a typo fails at once,
+listing what is installed.
+
+- :mod:`.interface`: :class:`Judge`, :class:`Verdict` and the optional protocols;
+  :mod:`.registry`: loading plugins and calling them the way the worker does;
+- :mod:`.builtin`: ``noop`` and ``sleep``; :mod:`.http_call`: ``http-call``;
+- :mod:`.program`: ``program``, submitted programs judged test by test (its languages, builds,
+  checkers, scoring, a grader per grading mode, and the problem archive readers);
+- :mod:`.sandbox`: the boxes the program judge runs untrusted code in;
+- :mod:`.report`: a stored verdict's per-test results as text for people.
 """
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
-from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass, field
-from importlib.metadata import entry_points
-from pathlib import Path
-from typing import Any, Protocol, cast, runtime_checkable
-
-from ..base.errors import ConfigError
-from ..base.states import VERDICTS
-from ..base.states import Verdict as StateVerdict
-
-ENTRY_POINT_GROUP = "judgequeue.judges"
-
-#: The verdict set is defined once, in judgequeue.core.base.states (the tables' CHECK is tested against it).
-Status = StateVerdict
-STATUSES: tuple[Status, ...] = VERDICTS
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """A judge's result: one terminal status and JSON-serialisable details."""
-
-    status: Status
-    details: dict[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if self.status not in STATUSES:
-            raise ValueError(f"unknown verdict status {self.status!r} (one of {', '.join(STATUSES)})")
-
-
-@runtime_checkable
-class Judge(Protocol):
-    """What the worker calls per job. It may be cancelled at any await (lost lease, shutdown)."""
-
-    async def judge(self, payload: Any) -> Verdict: ...
-
-
-@runtime_checkable
-class SelfChecking(Protocol):
-    """A judge that can tell when the worker it runs in can no longer judge (its sandbox directory
-    removed under it, say): the worker asks after every verdict, and on a fault gives the job back
-    instead of storing a verdict the submission did not earn, and stops with that fault."""
-
-    def fault(self) -> str | None:
-        """Why this worker cannot judge any more, or None when it can."""
-        ...
-
-
-@dataclass(frozen=True)
-class Job:
-    """Which job a judge is judging: the lease's identity, for judges that act on the world.
-
-    ``request_generation`` is the generation the submit or rejudge created; retries of that request
-    (a rescued or released lease, a deferred try) run at later generations but keep it, so
-    :attr:`idempotency_key` is the same for every try of one request and new for a rejudge.
-    ``failures`` counts the request's failed tries so far (:class:`CallLater` with ``failed``).
-    """
-
-    queue: str
-    submission: int
-    generation: int
-    request_generation: int
-    failures: int = 0
-
-    @property
-    def idempotency_key(self) -> str:
-        """``judgequeue:<queue>:<submission>:<request generation>``: one key per request."""
-        return f"judgequeue:{self.queue}:{self.submission}:{self.request_generation}"
-
-
-@runtime_checkable
-class KnowsJob(Protocol):
-    """A judge that needs the job's identity (an idempotency key for a remote call): the worker
-    calls :meth:`judge_job` instead of ``judge``."""
-
-    async def judge_job(self, job: Job, payload: Any) -> Verdict: ...
-
-
-class CallLater(Exception):
-    """Raised by a judge to be tried again no sooner than ``delay`` seconds from now, without
-    holding a worker slot meanwhile: the worker gives the lease back with that not-before time (a
-    new generation of the same request). ``failed``: the try failed (it counts towards the
-    judge's bound, :attr:`Job.failures`) rather than waited for capacity."""
-
-    def __init__(self, delay: float, reason: str, *, failed: bool = True) -> None:
-        super().__init__(reason)
-        self.delay = delay
-        self.reason = reason
-        self.failed = failed
-
-
-@functools.cache
-def _implements(cls: type, protocol: type) -> bool:
-    """Whether a judge's class has ``protocol``'s methods. An ``isinstance`` against a
-    runtime-checkable protocol walks the protocol's members on every call: asked twice per job, it
-    was a tenth of a busy worker's time with the noop judge. A judge's class answers once."""
-    return issubclass(cls, protocol)
-
-
-async def judge_job(judge: Judge, job: Job, payload: Any) -> Verdict:
-    """Run ``judge`` on one job: with its identity when it asks for it (:class:`KnowsJob`)."""
-    if _implements(type(judge), KnowsJob):
-        return await cast(KnowsJob, judge).judge_job(job, payload)
-    return await judge.judge(payload)
-
-
-class PackageView(Protocol):
-    """A problem package on this worker's disk, as a judge sees it (``problems.LocalPackage`` is one)."""
-
-    @property
-    def id(self) -> str: ...
-    @property
-    def version(self) -> int: ...
-    @property
-    def sha256(self) -> str: ...
-    @property
-    def manifest(self) -> dict[str, Any]: ...
-    def path(self, sha256: str) -> Path: ...
-
-
-class PackageSource(Protocol):
-    """Where a judge gets packages from: the worker's ``problems.ProblemCache``. Judges are layer 1
-    and never talk to Postgres themselves; the worker injects this (:class:`UsesPackages`)."""
-
-    def package(self, problem: str, version: int) -> AbstractAsyncContextManager[PackageView]: ...
-
-
-@runtime_checkable
-class UsesPackages(Protocol):
-    """A judge that judges problem packages by reference: the worker asks where it wants its cache
-    (directory, bytes) and attaches one before the first job."""
-
-    def package_cache(self) -> tuple[str, int]: ...
-
-    def attach_packages(self, source: PackageSource) -> None: ...
-
-
-@runtime_checkable
-class BuildsHelpers(Protocol):
-    """A judge that can build a package's checker and interactor before the package is stored, the
-    way it builds them to judge (the program judge): an upload refuses a package whose helpers do
-    not build, instead of storing one every submission of would be SYSTEM_ERROR."""
-
-    async def build_helpers(self, manifest: dict[str, Any], path_of: Callable[[str], Path]) -> dict[str, str]: ...
-
-
-class UnknownJudge(ConfigError):
-    """The configured judge name is not an installed plugin."""
-
-
-def available_judges() -> list[str]:
-    """Names of the installed judge plugins."""
-    return sorted({ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)})
-
-
-def load_judge(name: str) -> Judge:
-    """Instantiate the judge plugin ``name``, or raise :class:`UnknownJudge` listing the installed ones."""
-    found = [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name == name]
-    if not found:
-        names = ", ".join(available_judges()) or "none"
-        raise UnknownJudge(f"JUDGEQUEUE_JUDGE={name!r} is not an installed judge plugin (available: {names})")
-    factory = found[0].load()
-    judge = factory()
-    if not isinstance(judge, Judge):
-        raise UnknownJudge(f"judge plugin {name!r} ({found[0].value}) has no async judge(payload) method")
-    return judge
-
-
-def judge_failure(exc: BaseException) -> Verdict:
-    """The verdict of a judge that raised instead of returning (an explained SYSTEM_ERROR)."""
-    return Verdict("SYSTEM_ERROR", {"reason": f"judge raised {type(exc).__name__}: {exc}"[:2000]})
-
-
-def judge_fault(judge: Judge) -> str | None:
-    """Why ``judge`` says this worker cannot judge any more (see :class:`SelfChecking`), or None."""
-    if not _implements(type(judge), SelfChecking):
-        return None
-    try:
-        return cast(SelfChecking, judge).fault()
-    except Exception as exc:  # a check that cannot run says as much about the worker
-        return f"the judge's self-check raised {type(exc).__name__}: {exc}"
-
+from .interface import (
+    STATUSES,
+    BuildsHelpers,
+    CallLater,
+    Job,
+    Judge,
+    KnowsJob,
+    PackageSource,
+    PackageView,
+    SelfChecking,
+    Status,
+    UsesPackages,
+    Verdict,
+)
+from .registry import (
+    ENTRY_POINT_GROUP,
+    UnknownJudge,
+    available_judges,
+    judge_failure,
+    judge_fault,
+    judge_job,
+    load_judge,
+)
 
 __all__ = [
     "ENTRY_POINT_GROUP",
     "STATUSES",
+    "BuildsHelpers",
     "CallLater",
     "Job",
     "Judge",

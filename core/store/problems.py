@@ -29,11 +29,19 @@ from typing import Any
 
 import asyncpg
 
-from ..archives import CHUNK, InvalidPackage, PackageDir, PackageFile, named_files, open_package, read_package
 from ..base import metrics
 from ..base.errors import ConfigError, JudgeQueueError
 from ..config import ArchiveSettings
 from ..judges import BuildsHelpers, Judge, UsesPackages
+from ..judges.program.archives import (
+    CHUNK,
+    InvalidPackage,
+    PackageDir,
+    PackageFile,
+    named_files,
+    open_package,
+    read_package,
+)
 from ..transport.connect import STATEMENT_TIMEOUT
 from . import sql
 
@@ -116,8 +124,8 @@ async def build_helpers(
         return
     own = None
     if judge is None:
-        from ..judges.isolation import load_judge_settings
         from ..judges.program import ProgramJudge
+        from ..judges.sandbox.isolation import load_judge_settings
 
         try:
             judge = own = ProgramJudge(settings=load_judge_settings(os.environ if env is None else env))

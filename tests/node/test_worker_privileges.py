@@ -31,7 +31,7 @@ from tests.node.conftest import NodeCluster, migrated_database
 PROBE = r"""
 import asyncio, json
 from judgequeue.core.judges.program import ProgramJudge
-from judgequeue.core.judges.isolation import SandboxUnavailable
+from judgequeue.core.judges.sandbox.isolation import SandboxUnavailable
 try:
     judge = ProgramJudge()
 except SandboxUnavailable as exc:

@@ -13,8 +13,8 @@ from collections.abc import AsyncIterator, Iterator
 import asyncpg
 import pytest
 
-from judgequeue.core.judges.isolation import JudgeSettings
 from judgequeue.core.judges.program import ProgramJudge
+from judgequeue.core.judges.sandbox.isolation import JudgeSettings
 from judgequeue.core.store.migrate import migrate
 from judgequeue.core.store.problems import attach_package_cache
 from judgequeue.core.store.queues import create_queue

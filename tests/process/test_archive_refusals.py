@@ -25,10 +25,10 @@ from typing import Any
 import asyncpg
 import pytest
 
-from judgequeue.core.archives import Files, named_files
 from judgequeue.core.config import ArchiveSettings
-from judgequeue.core.judges.isolation import JudgeSettings
 from judgequeue.core.judges.program import ProgramJudge
+from judgequeue.core.judges.program.archives import Files, named_files
+from judgequeue.core.judges.sandbox.isolation import JudgeSettings
 from judgequeue.core.store import problems
 from judgequeue.core.store.problems import InvalidPackage, VersionConflict, upload
 from tests.support.archives import write_tree

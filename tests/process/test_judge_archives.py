@@ -13,9 +13,9 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from judgequeue.core.archives import InvalidPackage, read_package
 from judgequeue.core.judges import Verdict
 from judgequeue.core.judges.program import ProgramJudge
+from judgequeue.core.judges.program.archives import InvalidPackage, read_package
 from tests.support.archives import judge_solutions, put, verifyproblem, write_tree
 
 pytestmark = pytest.mark.usefixtures("as_root")

@@ -16,9 +16,9 @@ import pytest
 from prometheus_client import REGISTRY
 
 from judgequeue.core.judges import Verdict
-from judgequeue.core.judges.isolation import JudgeSettings
-from judgequeue.core.judges.languages import LANGUAGES, missing_toolchain
 from judgequeue.core.judges.program import ProgramJudge
+from judgequeue.core.judges.program.languages import LANGUAGES, missing_toolchain
+from judgequeue.core.judges.sandbox.isolation import JudgeSettings
 from judgequeue.core.store.problems import ProblemCache, attach_package_cache
 from tests.support.archives import put
 from tests.support.packages import write_package

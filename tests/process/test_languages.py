@@ -12,9 +12,9 @@ from collections.abc import Iterator
 import pytest
 
 from judgequeue.core.judges import Verdict
-from judgequeue.core.judges.isolation import JudgeSettings
-from judgequeue.core.judges.languages import LANGUAGES, missing_toolchain
 from judgequeue.core.judges.program import ProgramJudge
+from judgequeue.core.judges.program.languages import LANGUAGES, missing_toolchain
+from judgequeue.core.judges.sandbox.isolation import JudgeSettings
 from tests.support.language_programs import PROGRAMS, VERDICTS, payload
 from tests.support.sandbox_host import assert_host_clean
 

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.usefixtures("as_root")
 
 WORKER_AS_PID1 = """
 import asyncio, json, os, sys
-from judgequeue.core.judges.isolation import JudgeSettings
+from judgequeue.core.judges.sandbox.isolation import JudgeSettings
 from judgequeue.core.judges.program import ProgramJudge
 
 assert os.getpid() == 1

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from judgequeue.core.judges.isolation import JudgeSettings
 from judgequeue.core.judges.program import ProgramJudge
+from judgequeue.core.judges.sandbox.isolation import JudgeSettings
 from tests.support.sandbox_host import CPU_SCALE, assert_host_clean, box_leftovers, box_uids, processes_of
 from tests.support.waiting import eventually
 
@@ -445,7 +445,7 @@ async def test_a_submission_has_a_time_budget_and_a_test_count(sandbox_dir: str)
 
 CRASHING_WORKER = """
 import asyncio, sys
-from judgequeue.core.judges.isolation import JudgeSettings
+from judgequeue.core.judges.sandbox.isolation import JudgeSettings
 from judgequeue.core.judges.program import ProgramJudge
 judge = ProgramJudge(settings=JudgeSettings(sandbox_dir=sys.argv[1]), slots=2)
 print(judge.range, judge.uid_base, flush=True)

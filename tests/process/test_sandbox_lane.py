@@ -1,7 +1,7 @@
-"""A box's runs (:mod:`judgequeue.core.judges.lane`), armed ahead or in one session.
+"""A box's runs (:mod:`judgequeue.core.judges.sandbox.lane`), armed ahead or in one session.
 
 Armed ahead: an armed box never runs its program before it is let go, gets its own stdin, is killed
-when unused or when its run is cancelled. In a session (one box, :mod:`~judgequeue.core.judges.box_runner`
+when unused or when its run is cancelled. In a session (one box, :mod:`~judgequeue.core.judges.sandbox.box_runner`
 running the program per test) the program is hostile: it cannot signal, stop or trace the runner,
 reach its channel or fake its report, leave a process, a file or a descriptor to the next test, or
 have its use counted to another test; a box that is not provably clean is replaced. Either way
@@ -22,11 +22,11 @@ from typing import Any
 
 import pytest
 
-from judgequeue.core.judges.cgroups import BoxGroup, PerTest, Usage
-from judgequeue.core.judges.isolation import JudgeSettings
-from judgequeue.core.judges.lane import Lane
 from judgequeue.core.judges.program import ProgramJudge
 from judgequeue.core.judges.sandbox import BOX, Armed, Limits, RunFacts, arm, discard, run
+from judgequeue.core.judges.sandbox.cgroups import BoxGroup, PerTest, Usage, box_group
+from judgequeue.core.judges.sandbox.isolation import JudgeSettings
+from judgequeue.core.judges.sandbox.lane import Lane
 from tests.support.sandbox_host import CPU_SCALE, assert_host_clean, box_uids, processes_of
 from tests.support.waiting import eventually
 
@@ -62,7 +62,7 @@ async def box(judge: ProgramJudge) -> AsyncIterator[tuple[str, int, tuple[BoxGro
     directory = os.path.join(judge.boxes_dir, "0")
     await asyncio.to_thread(make_box, directory, uid)
     named = f"{judge.group_prefix}0"
-    yield directory, uid, (BoxGroup(judge.roots, f"{named}-a"), BoxGroup(judge.roots, f"{named}-b"))
+    yield directory, uid, (box_group(judge.roots, f"{named}-a"), box_group(judge.roots, f"{named}-b"))
     await asyncio.to_thread(shutil.rmtree, directory)
     await assert_host_clean(judge)
 

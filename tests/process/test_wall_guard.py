@@ -16,8 +16,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from judgequeue.core.judges.isolation import JudgeSettings
 from judgequeue.core.judges.program import ProgramJudge
+from judgequeue.core.judges.sandbox.isolation import JudgeSettings
 
 pytestmark = pytest.mark.usefixtures("as_root")
 

@@ -12,9 +12,12 @@ import problemtools
 import pytest
 import yaml
 
-from judgequeue.core.archives import kattis, polygon, zipped
-from judgequeue.core.archives.common import Files, InvalidPackage, program
-from judgequeue.core.judges.checkers import (
+from judgequeue.core.config import ArchiveSettings
+from judgequeue.core.judges.program import Case, Problem, classify_interactive, verdict_details
+from judgequeue.core.judges.program.archives import kattis, polygon, zipped
+from judgequeue.core.judges.program.archives.bounds import DEFAULT_BOUNDS
+from judgequeue.core.judges.program.archives.common import Files, InvalidPackage, program
+from judgequeue.core.judges.program.checkers import (
     CheckerSpec,
     CheckResult,
     InvalidChecker,
@@ -25,10 +28,8 @@ from judgequeue.core.judges.checkers import (
     kattis_outcome,
     parse_testlib_points,
 )
-from judgequeue.core.judges.languages import LANGUAGES, UNAVAILABLE
-from judgequeue.core.judges.program import Case, Problem, classify_interactive, verdict_details
-from judgequeue.core.judges.sandbox import Limits, RunFacts
-from judgequeue.core.judges.scoring import (
+from judgequeue.core.judges.program.languages import LANGUAGES, UNAVAILABLE
+from judgequeue.core.judges.program.scoring import (
     Graded,
     TestResult,
     kattis_grade,
@@ -37,6 +38,7 @@ from judgequeue.core.judges.scoring import (
     should_run,
     summarize,
 )
+from judgequeue.core.judges.sandbox import Limits, RunFacts
 
 
 def test_testlib_points_as_testlib_writes_them() -> None:
@@ -304,3 +306,11 @@ def test_a_zip_entry_names_a_path_under_the_package(name: str, parts: tuple[str,
 def test_a_zip_entry_that_leaves_the_package_is_refused(name: str, error: str) -> None:
     with pytest.raises(InvalidPackage, match=f"^p.zip: .*{error}"):
         zipped.entry_parts(name, "p.zip")
+
+
+def test_the_readers_default_bounds_are_the_upload_settings_defaults() -> None:
+    """The archive readers sit below the roles' settings and hold their own defaults for a caller
+    that gives no bounds: the same as ``ArchiveSettings()``, the upload's defaults."""
+    settings = ArchiveSettings()
+    names = ("max_file_mb", "max_file_bytes", "max_package_mb", "max_package_bytes", "max_ratio")
+    assert {n: getattr(DEFAULT_BOUNDS, n) for n in names} == {n: getattr(settings, n) for n in names}

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from judgequeue.core.judges.cgroups import V1Roots, V2Roots, find_roots, parse_oom_kills
-from judgequeue.core.judges.cgroups_base import BoxGroup, below, keyed, procs, procs_below, remove_tree
-from judgequeue.core.judges.cgroups_v1 import V1Group
-from judgequeue.core.judges.cgroups_v2 import LEAF, V2Group, mount_root, own_path, parse_controllers, v2_mount
+from judgequeue.core.judges.sandbox.cgroups import V1Roots, V2Roots, find_roots, parse_oom_kills
+from judgequeue.core.judges.sandbox.cgroups.base import BoxGroup, below, keyed, procs, procs_below, remove_tree
+from judgequeue.core.judges.sandbox.cgroups.v1 import V1Group
+from judgequeue.core.judges.sandbox.cgroups.v2 import LEAF, V2Group, mount_root, own_path, parse_controllers, v2_mount
 
 V1_MOUNTS = (
     "sysfs /sys sysfs rw,nosuid,nodev,noexec,relatime 0 0\n"

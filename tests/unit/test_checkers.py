@@ -4,8 +4,21 @@ from __future__ import annotations
 
 import pytest
 
-from judgequeue.core.judges.checkers import CheckerSpec, InvalidChecker, check, custom_outcome, parse_spec
-from judgequeue.core.judges.scoring import InvalidScoring, Scoring, TestResult, parse_scoring, should_run, summarize
+from judgequeue.core.judges.program.checkers import (
+    CheckerSpec,
+    InvalidChecker,
+    check,
+    custom_outcome,
+    parse_spec,
+)
+from judgequeue.core.judges.program.scoring import (
+    InvalidScoring,
+    Scoring,
+    TestResult,
+    parse_scoring,
+    should_run,
+    summarize,
+)
 
 EXACT, LINES, TOKENS = CheckerSpec("exact"), CheckerSpec("lines"), CheckerSpec("tokens")
 FLOATS = parse_spec({"type": "floats", "abs": 1e-6, "rel": 1e-6})

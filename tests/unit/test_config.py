@@ -18,7 +18,7 @@ from judgequeue.core.config import (
     load_settings,
     parse_variable,
 )
-from judgequeue.core.judges.isolation import CACHE_MB_VAR, JudgeSettings, load_judge_settings
+from judgequeue.core.judges.sandbox.isolation import CACHE_MB_VAR, JudgeSettings, load_judge_settings
 
 BASE = {
     "JUDGEQUEUE_POSTGRES_DSN": "postgresql://u:secret@db/x",

@@ -11,7 +11,8 @@ import pytest
 
 from judgequeue.core.base.errors import ConfigError
 from judgequeue.core.judges import CallLater, Job, Verdict
-from judgequeue.core.judges.http_call import (
+from judgequeue.core.judges.http_call.client import Answer, CallFailed, check_url, request
+from judgequeue.core.judges.http_call.judge import (
     BACKOFF_CAP,
     BUSY_CAP,
     BUSY_DELAY,
@@ -27,7 +28,6 @@ from judgequeue.core.judges.http_call import (
     retry_after_seconds,
     retry_delay,
 )
-from judgequeue.core.judges.http_client import Answer, CallFailed, check_url, request
 from judgequeue.core.roles.worker import deferral
 from judgequeue.core.store.leases import Lease
 

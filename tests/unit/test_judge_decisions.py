@@ -10,17 +10,6 @@ from typing import Any
 import pytest
 
 from judgequeue.core.base.errors import ConfigError
-from judgequeue.core.judges.checkers import CheckResult
-from judgequeue.core.judges.isolation import load_judge_settings
-from judgequeue.core.judges.languages import (
-    COMPILE_LIMITS,
-    LANGUAGES,
-    Language,
-    compile_failure,
-    expand,
-    missing_tools,
-    template_values,
-)
 from judgequeue.core.judges.program import (
     InvalidProgramPayload,
     Problem,
@@ -31,8 +20,19 @@ from judgequeue.core.judges.program import (
     parse_payload,
     verdict_details,
 )
+from judgequeue.core.judges.program.checkers import CheckResult
+from judgequeue.core.judges.program.languages import (
+    COMPILE_LIMITS,
+    LANGUAGES,
+    Language,
+    compile_failure,
+    expand,
+    missing_tools,
+    template_values,
+)
+from judgequeue.core.judges.program.scoring import TestResult, parse_scoring
 from judgequeue.core.judges.sandbox import Limits, RunFacts
-from judgequeue.core.judges.scoring import TestResult, parse_scoring
+from judgequeue.core.judges.sandbox.isolation import load_judge_settings
 
 SRC = {"language": "python", "source": "print(1)"}
 LIMITS = Limits(cpu=1, wall=2.5, memory=64 << 20, output=1024)

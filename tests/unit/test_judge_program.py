@@ -11,8 +11,13 @@ import pytest
 from judgequeue.core.base.errors import ConfigError
 from judgequeue.core.judges import UnknownJudge, Verdict, available_judges, load_judge
 from judgequeue.core.judges.builtin import JudgeCrashed, NoopJudge, SleepJudge
-from judgequeue.core.judges.isolation import BOX_CAPABILITIES, JudgeSettings, load_judge_settings, missing_capabilities
-from judgequeue.core.judges.program import InvalidProgramPayload, classify_run, outputs_match, parse_payload, run_limits
+from judgequeue.core.judges.program import (
+    InvalidProgramPayload,
+    classify_run,
+    outputs_match,
+    parse_payload,
+    run_limits,
+)
 from judgequeue.core.judges.sandbox import (
     Isolation,
     Limits,
@@ -25,8 +30,14 @@ from judgequeue.core.judges.sandbox import (
     shim_script,
     wall_left,
 )
-from judgequeue.core.judges.seccomp import ALLOWED_X86_64, SeccompUnsupported, build_filter
-from judgequeue.core.judges.session import RUNNER_SOURCE, exit_facts, parse_done, runner_argv
+from judgequeue.core.judges.sandbox.isolation import (
+    BOX_CAPABILITIES,
+    JudgeSettings,
+    load_judge_settings,
+    missing_capabilities,
+)
+from judgequeue.core.judges.sandbox.seccomp import ALLOWED_X86_64, SeccompUnsupported, build_filter
+from judgequeue.core.judges.sandbox.session import RUNNER_SOURCE, exit_facts, parse_done, runner_argv
 
 SUM = [{"input": "2 3\n", "output": "5\n"}, {"input": "10 -4\n", "output": "6"}]
 PY_SUM = "a, b = map(int, input().split())\nprint(a + b)\n"

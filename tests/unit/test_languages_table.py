@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from judgequeue.core.judges.builds import build_key
-from judgequeue.core.judges.languages import (
+from judgequeue.core.judges.program import InvalidProgramPayload, parse_payload
+from judgequeue.core.judges.program.builds import build_key
+from judgequeue.core.judges.program.languages import (
     LANGUAGES,
     UNAVAILABLE,
     VALUES,
@@ -19,7 +20,6 @@ from judgequeue.core.judges.languages import (
     scala_entry,
     template_values,
 )
-from judgequeue.core.judges.program import InvalidProgramPayload, parse_payload
 from tests.support.language_programs import PROGRAMS
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -81,7 +81,7 @@ def test_every_template_names_only_tools_and_submission_values() -> None:
     for name, lang in LANGUAGES.items():
         assert not lang.tools() & VALUES, name
         # A build depends on the source and the standard, never on the test's limits: kept builds
-        # (core/judges/builds.py) are shared by submissions with different limits.
+        # (core/judges/program/builds.py) are shared by submissions with different limits.
         assert not any("{memory_mb}" in part or "{stack_kb}" in part for part in lang.compile or ()), name
         assert lang.title and lang.notes and (lang.toolchain.debian or lang.toolchain.maven or name == "java")
         assert (lang.default_standard in lang.standards) if lang.standards else lang.default_standard is None

@@ -18,14 +18,14 @@ LAYERS = [
     "base",  # errors, statuses, logs, metrics, failpoints, names: no judgequeue import but each other
     "transport",  # the doors to the two servers: connections, the Redis stream, its envelope and figures
     "settings",  # the typed settings of every role, and the JudgeQueue spec model that produces them
-    "judges",  # judge plugins, and the archive readers of problem packages
+    "judges",  # judge plugins (the program judge reads problem packages)
     "store",  # the tables and records: SQL, migrations, queues, outbox, leases, DLQ, shadow, problems
     "runtime",  # what every role runs on: the process, the lifecycle, the health port, the wake-up
     "roles",  # dispatcher, worker (with both intakes), reaper
     "app",  # core's top: the public API, the CLI, ``judgequeue local``, status
 ]
 #: Modules and folders at core's top that belong to a lower layer than ``app``.
-PLACED = {"config": "settings", "spec": "settings", "archives": "judges"}
+PLACED = {"config": "settings", "spec": "settings"}
 #: The roles, each a module or a folder of roles/: none imports another.
 ROLES_LAYER = "roles"
 #: The layers the operator may take from: everything below the runtime. It never runs a role or the

@@ -342,7 +342,9 @@ def test_the_scripts_run_only_declared_commands(script: str) -> None:
 
 
 def test_the_tests_and_benchmarks_run_only_declared_commands() -> None:
-    languages = set(re.findall(r'"([\w.+-]+)"', (ROOT / "core" / "judges" / "languages.py").read_text()))
+    program = ROOT / "core" / "judges" / "program"
+    table = (program / "languages.py").read_text() + (program / "tools.py").read_text()
+    languages = set(re.findall(r'"([\w.+-]+)"', table))
     undeclared: dict[str, list[str]] = {}
     for folder in ("tests", "bench", "core", "controllers"):
         for path in sorted((ROOT / folder).rglob("*.py")):

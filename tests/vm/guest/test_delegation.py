@@ -21,12 +21,12 @@ from pathlib import Path
 
 import pytest
 
-from judgequeue.core.judges.cgroups import BoxGroup, V2Roots
-from judgequeue.core.judges.cgroups_v2 import LEAF, RUNNER, V2Group
-from judgequeue.core.judges.isolation import JudgeSettings
-from judgequeue.core.judges.lane import Lane
 from judgequeue.core.judges.program import ProgramJudge
 from judgequeue.core.judges.sandbox import BOX, Limits
+from judgequeue.core.judges.sandbox.cgroups import BoxGroup, V2Roots, box_group
+from judgequeue.core.judges.sandbox.cgroups.v2 import LEAF, RUNNER, V2Group
+from judgequeue.core.judges.sandbox.isolation import JudgeSettings
+from judgequeue.core.judges.sandbox.lane import Lane
 from tests.support.databases import REDIS_URL
 from tests.support.redis_servers import free_port
 from tests.support.roles import http_get, stop_process, wait_serving
@@ -73,7 +73,7 @@ def procs(path: str) -> set[int]:
 
 WORKER = """
 import asyncio, json, sys
-from judgequeue.core.judges.isolation import JudgeSettings
+from judgequeue.core.judges.sandbox.isolation import JudgeSettings
 from tests.support.sandbox_host import CPU_SCALE
 from judgequeue.core.judges.program import ProgramJudge
 
@@ -181,7 +181,7 @@ async def lane(judge: ProgramJudge) -> AsyncIterator[tuple[Lane, tuple[BoxGroup,
     await asyncio.to_thread(make_box, directory, uid)
     assert judge.roots is not None
     named = f"{judge.group_prefix}0"
-    groups = (BoxGroup(judge.roots, f"{named}-a"), BoxGroup(judge.roots, f"{named}-b"))
+    groups = (box_group(judge.roots, f"{named}-a"), box_group(judge.roots, f"{named}-b"))
     runs = Lane(box=directory, uid=uid, isolation=judge.isolation, groups=groups, python=judge.tools["python3"])
     yield runs, groups
     await runs.close()

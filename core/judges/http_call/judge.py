@@ -38,9 +38,9 @@ from email.utils import parsedate_to_datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from ..base.errors import ConfigError
-from . import CallLater, Job, Status, Verdict
-from .http_client import Answer, CallFailed, check_url, post
+from ...base.errors import ConfigError
+from .. import CallLater, Job, Status, Verdict
+from .client import Answer, CallFailed, check_url, post
 
 ENDPOINTS_VAR = "JUDGEQUEUE_CALL_ENDPOINTS"
 MAX_BODY_VAR = "JUDGEQUEUE_CALL_MAX_BODY_BYTES"

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .cgroups_base import BoxGroup, PerTest, Roots, Usage, keyed, procs, procs_below, read, remove_tree, write
+from .base import BoxGroup, PerTest, Roots, Usage, keyed, procs, procs_below, read, remove_tree, write
 
 CONTROLLERS = ("memory", "pids", "cpuacct")
 PARENT = "judgequeue-sandbox"

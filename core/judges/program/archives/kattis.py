@@ -28,8 +28,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from ..config import ArchiveSettings
-from ..judges.checkers import InvalidChecker, kattis_flags
+from ..checkers import InvalidChecker, kattis_flags
+from .bounds import ArchiveBounds
 from .common import MAX_TESTS, Files, InvalidPackage, PackageDir, add, check_id, program, read_yaml, total_bytes
 
 #: problemtools' languages (its config/languages.yaml) as rows of the judge's table: the row, the
@@ -220,7 +220,7 @@ def read(
     *,
     problem_id: str | None = None,
     time_limit: float | None = None,
-    bounds: ArchiveSettings | None = None,
+    bounds: ArchiveBounds | None = None,
 ) -> PackageDir:
     """Validate an ICPC/Kattis package directory (reads and hashes its files)."""
     spec = read_yaml(root / "problem.yaml", empty_ok=True)
@@ -243,28 +243,12 @@ def read(
     limits = spec.get("limits") or {}
     if not isinstance(limits, dict):
         raise InvalidPackage("problem.yaml: limits must be a mapping")
-    if "time_limit" in limits:
-        seconds, source = _number(limits["time_limit"], "problem.yaml: limits.time_limit"), "limits.time_limit"
-    elif (root / ".timelimit").is_file():
-        seconds, source = _number((root / ".timelimit").read_text().strip(), ".timelimit"), ".timelimit"
-    elif time_limit is not None:
-        seconds, source = time_limit, "--time-limit"
-    else:
-        seconds, source = DEFAULT_TIME, "default"
-        notes.append(f"no time limit in the package: {DEFAULT_TIME:g} s (give --time-limit, or .timelimit)")
+    seconds, source = _time_limit(root, limits, time_limit, notes)
     memory = int(_number(limits.get("memory", DEFAULT_MEMORY_MB), "problem.yaml: limits.memory"))
     output = int(_number(limits.get("output", DEFAULT_OUTPUT_MB), "problem.yaml: limits.output"))
     files = Files(root, bounds)
-    grading = spec.get("grading") or {}
-    inherited = dict(_DEFAULTS)
-    if isinstance(grading, dict):
-        for key in ("accept_score", "reject_score"):
-            if grading.get(key) is not None:
-                inherited[key] = grading[key]
-        if grading.get("on_reject") in ("first_error", "grade"):
-            inherited["on_reject"] = "break" if grading["on_reject"] == "first_error" else "continue"
     tests: list[dict[str, Any]] = []
-    tree = _group(root / "data", root / "data", inherited, tests, files)
+    tree = _group(root / "data", root / "data", _grading_defaults(spec.get("grading") or {}), tests, files)
     if not tests:
         raise InvalidPackage("data/ has no tests (NAME.in with NAME.ans beside it)")
     flags = str(spec.get("validator_flags") or "").split() if version == LEGACY else []
@@ -281,6 +265,46 @@ def read(
         "scoring": {"kattis": tree, "scored": "scoring" in types, "custom_score": custom_score},
     }
     custom = validation[:1] == ["custom"] if version == LEGACY else validator is not None
+    _add_validation(manifest, types, custom, validator)
+    solutions = _submissions(root, files)
+    if solutions:
+        manifest["solutions"] = solutions
+    return PackageDir(pid, None, total_bytes(manifest, files), files, notes)
+
+
+def _time_limit(root: Path, limits: dict[str, Any], given: float | None, notes: list[str]) -> tuple[float, str]:
+    """The time limit and where it came from: ``limits.time_limit``, a ``.timelimit`` file, the
+    uploader's ``--time-limit``, or the default (with a note saying so)."""
+    if "time_limit" in limits:
+        return _number(limits["time_limit"], "problem.yaml: limits.time_limit"), "limits.time_limit"
+    if (root / ".timelimit").is_file():
+        return _number((root / ".timelimit").read_text().strip(), ".timelimit"), ".timelimit"
+    if given is not None:
+        return given, "--time-limit"
+    notes.append(f"no time limit in the package: {DEFAULT_TIME:g} s (give --time-limit, or .timelimit)")
+    return DEFAULT_TIME, "default"
+
+
+def _grading_defaults(grading: Any) -> dict[str, Any]:
+    """What every test data group inherits unless it says otherwise: problemtools' defaults, with
+    ``problem.yaml``'s ``grading`` scores and ``on_reject``."""
+    inherited = dict(_DEFAULTS)
+    if isinstance(grading, dict):
+        for key in ("accept_score", "reject_score"):
+            if grading.get(key) is not None:
+                inherited[key] = grading[key]
+        if grading.get("on_reject") in ("first_error", "grade"):
+            inherited["on_reject"] = "break" if grading["on_reject"] == "first_error" else "continue"
+    return inherited
+
+
+def _add_validation(
+    manifest: dict[str, Any], types: set[str], custom: bool, validator: dict[str, Any] | None
+) -> None:
+    """How the package's outputs are judged, into its manifest: its output validator as the
+    interactor (interactive), as a custom checker, or the default validator with each test's flags
+    checked now; and the problem's kind."""
+    tests: list[dict[str, Any]] = manifest["tests"]
     if "interactive" in types:
         if validator is None:
             raise InvalidPackage("an interactive problem needs its output validator (the interactor)")
@@ -298,7 +322,3 @@ def read(
             raise InvalidPackage(f"default validator: {exc}") from None
         manifest["checker"] = {"type": "kattis"}
     manifest.setdefault("type", "output-only" if "submit-answer" in types else "batch")
-    solutions = _submissions(root, files)
-    if solutions:
-        manifest["solutions"] = solutions
-    return PackageDir(pid, None, total_bytes(manifest, files), files, notes)

@@ -3,7 +3,7 @@
 Full isolation needs: bubblewrap and setpriv, root (to give each box its own uid and to create
 cgroups), user namespaces that bubblewrap may create, a cgroup per box this process may create
 (cgroup v1: memory/pids/cpuacct groups; cgroup v2: a delegated subtree the worker claims, see
-:mod:`.cgroups_v2`), and a seccomp allow-list for the CPU architecture. When any is missing the
+:mod:`.cgroups.v2`), and a seccomp allow-list for the CPU architecture. When any is missing the
 judge fails closed: :class:`SandboxUnavailable` names every missing piece, unless
 ``JUDGEQUEUE_SANDBOX=trusted`` says the code it will run is trusted (then it runs without isolation
 and every verdict says so).
@@ -18,9 +18,9 @@ import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ..base.errors import ConfigError
+from ...base.errors import ConfigError
 from . import cgroups
-from .sandbox import Isolation
+from .command import Isolation
 from .seccomp import SeccompUnsupported, build_filter
 
 SANDBOX_VAR = "JUDGEQUEUE_SANDBOX"

@@ -34,307 +34,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import math
 import os
+import resource
 import signal
 import subprocess
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, replace
 
 from .cgroups import BoxGroup
-
-Mode = Literal["full", "trusted"]
-KilledFor = Literal["cpu", "wall", "output"]
-BOX = "/box"  # where the box directory appears inside the sandbox
-SCRATCH = "/tmp"
-PATH = "/usr/local/bin:/usr/bin:/bin"
-DEVICES = ("/dev/null", "/dev/zero", "/dev/urandom")
-POLL_MAX = 0.05  # longest pause between CPU checks; shorter when the limit is near
-#: However long a run waited for a CPU, the wall guard stops it at this many times its wall limit.
-STARVED_WALL_FACTOR = 4.0
-REAP_GRACE = 5.0  # how long a killed box may take to disappear before the run is reported stuck
-
-
-@dataclass(frozen=True)
-class Limits:
-    """Limits of one run. ``cpu`` and ``wall`` in seconds, sizes in bytes.
-
-    ``cpu`` is CPU time over every process of the run; ``wall`` a separate guard for programs that
-    sleep or block; ``memory`` is the run's memory + swap (cgroup), ``processes`` its process and
-    thread count (cgroup); the rest are per-process rlimits.
-    """
-
-    cpu: float = 2.0
-    wall: float = 5.0
-    memory: int = 256 * 1024 * 1024
-    output: int = 1024 * 1024
-    file_size: int = 16 * 1024 * 1024
-    stack: int = 64 * 1024 * 1024
-    processes: int = 16
-    open_files: int = 64
-    scratch: int = 16 * 1024 * 1024  # size of /tmp inside the box
-    stderr: int = 64 * 1024  # stderr kept for diagnostics; the rest is read and dropped
-
-
-@dataclass(frozen=True)
-class RunFacts:
-    """What is known about how a run ended; the verdict is decided from these alone."""
-
-    exit_code: int | None  # the engine's report (bubblewrap folds a signal n into 128 + n); None: no report
-    signal: int | None  # only where it is known for certain (trusted mode's direct child)
-    stdout: bytes
-    stderr: bytes
-    wall: float
-    cpu: float  # seconds, all processes of the run
-    memory_peak: int  # bytes
-    oom_killed: bool
-    killed_for: KilledFor | None = None
-    processes_refused: int = 0
-    stuck: bool = False  # the box did not disappear within REAP_GRACE after being killed
-    waited: float = 0.0  # seconds its longest-waiting task was runnable but had no CPU (a loaded machine)
-    ended: float = 0.0  # time.monotonic() when the worker saw the program end (0: not known)
-
-
-@dataclass(frozen=True)
-class Isolation:
-    """How runs are isolated on this worker (decided once, see :mod:`.capabilities`)."""
-
-    mode: Mode
-    bwrap: str = ""
-    setpriv: str = ""
-    ro_paths: tuple[str, ...] = ()  # directories bound read-only
-    symlinks: tuple[tuple[str, str], ...] = ()  # (target, link) e.g. ("usr/lib", "/lib")
-    seccomp: bytes = b""
-    #: bubblewrap's --disable-userns where it works (not under a read-only /proc/sys); the seccomp
-    #: filter refuses namespaces either way
-    disable_userns: bool = True
-
-
-def _ulimits(limits: Limits, extra: Sequence[tuple[str, int]] = ()) -> str:
-    """``ulimit`` lines (dash takes one resource per call; an unknown flag fails the run)."""
-    pairs = [
-        ("-c", 0), ("-f", math.ceil(limits.file_size / 512)), ("-s", limits.stack // 1024), ("-n", limits.open_files),
-        *extra,
-    ]  # fmt: skip
-    return "".join(f"ulimit {flag} {value} || exit 125\n" for flag, value in pairs)
-
-
-def shim_script(limits: Limits, groups: int) -> str:
-    """The ``sh`` program that joins the cgroups given as its first ``groups`` arguments,
-    sets the rlimits, and execs the rest (pure; only integers are interpolated)."""
-    joins = "".join(f'echo $$ > "${i + 1}" || exit 125\n' for i in range(groups))
-    return joins + _ulimits(limits) + f"shift {groups}\n" + 'exec "$@"\n'
-
-
-def trusted_shim_script(limits: Limits) -> str:
-    """Trusted mode's shim: the same rlimits plus address space and CPU seconds (pure)."""
-    cpu = max(1, math.ceil(limits.cpu)) + 1  # the worker's own wall check comes first
-    return _ulimits(limits, [("-v", limits.memory // 1024), ("-t", cpu)]) + 'exec "$@"\n'
-
-
-def bwrap_args(
-    isolation: Isolation,
-    *,
-    box: str,
-    writable_box: bool,
-    limits: Limits,
-    seccomp_fd: int,
-    status_fd: int,
-    block_fd: int | None = None,
-    as_pid_1: bool = False,
-) -> list[str]:
-    """bubblewrap's options for one run (pure). ``as_pid_1``: the command is the namespace's init
-    (only for the box runner, :mod:`.box_runner`, which reaps; a program must never be init: the
-    kernel would drop the signals it sends itself)."""
-    args = [
-        isolation.bwrap,
-        "--unshare-all", "--unshare-user", *(["--disable-userns"] if isolation.disable_userns else []),
-        "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--hostname", "box", "--clearenv",
-        "--setenv", "PATH", PATH,
-    ]  # fmt: skip
-    for path in isolation.ro_paths:
-        args += ["--ro-bind", path, path]
-    for target, link in isolation.symlinks:
-        args += ["--symlink", target, link]
-    # Three device nodes, not bubblewrap's --dev (a whole devtmpfs with ptys: about 7 ms more per run).
-    for node in DEVICES:
-        args += ["--dev-bind", node, node]
-    args += ["--size", str(limits.scratch), "--tmpfs", SCRATCH]
-    args += ["--bind" if writable_box else "--ro-bind", box, BOX]
-    args += ["--remount-ro", "/"]  # bubblewrap's own root is a tmpfs; only /tmp (and /box) stay writable
-    args += ["--chdir", BOX if writable_box else SCRATCH, "--setenv", "TMPDIR", SCRATCH]
-    args += ["--seccomp", str(seccomp_fd), "--json-status-fd", str(status_fd)]
-    if block_fd is not None:  # everything but the exec is done before bubblewrap waits on it
-        args += ["--block-fd", str(block_fd)]
-    if as_pid_1:
-        args += ["--as-pid-1"]
-    return args
-
-
-def build_command(
-    argv: Sequence[str],
-    *,
-    box: str,
-    uid: int,
-    limits: Limits,
-    isolation: Isolation,
-    procs_files: Sequence[str],
-    writable_box: bool,
-    seccomp_fd: int = 3,
-    status_fd: int = 4,
-    block_fd: int | None = None,
-    as_pid_1: bool = False,
-) -> list[str]:
-    """The whole command line of one run (pure)."""
-    if isolation.mode == "trusted":
-        return ["/bin/sh", "-c", trusted_shim_script(limits), "shim", *argv]
-    drop = [
-        isolation.setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--no-new-privs",
-        "--inh-caps=-all", "--bounding-set=-all", "--",
-    ]  # fmt: skip
-    engine = bwrap_args(
-        isolation, box=box, writable_box=writable_box, limits=limits, seccomp_fd=seccomp_fd, status_fd=status_fd,
-        block_fd=block_fd, as_pid_1=as_pid_1,
-    )  # fmt: skip
-    return ["/bin/sh", "-c", shim_script(limits, len(procs_files)), "shim", *procs_files, *drop, *engine, "--", *argv]
-
-
-def engine_exit_code(status_report: bytes) -> int | None:
-    """The exit code bubblewrap reported on its ``--json-status-fd`` (pure); None without one."""
-    code = None
-    for line in status_report.decode("utf-8", errors="replace").splitlines():
-        with contextlib.suppress(ValueError):
-            doc = json.loads(line)
-            if isinstance(doc, dict) and isinstance(doc.get("exit-code"), int):
-                code = doc["exit-code"]
-    return code
-
-
-def engine_child_pid(status_report: bytes) -> int | None:
-    """The pid of the namespace's init bubblewrap reported first on its status descriptor (pure)."""
-    for line in status_report.decode("utf-8", errors="replace").splitlines():
-        with contextlib.suppress(ValueError):
-            doc = json.loads(line)
-            if isinstance(doc, dict) and isinstance(doc.get("child-pid"), int):
-                return int(doc["child-pid"])
-    return None
-
-
-def next_check(cpu_left: float, wall_left: float, parallelism: int) -> float:
-    """How long to wait before looking at the CPU counter again (pure).
-
-    The box cannot burn more than ``parallelism`` CPU-seconds per second, so waiting
-    ``cpu_left / parallelism`` cannot miss the limit by more than one poll; never longer than
-    :data:`POLL_MAX`, never past the wall deadline, never a busy loop.
-    """
-    return max(0.001, min(POLL_MAX, cpu_left / max(1, parallelism), wall_left))
-
-
-def wall_left(elapsed: float, waited: float, limit: float) -> float:
-    """Seconds before the wall guard stops a run (pure; <= 0: now).
-
-    The guard is for a program that sleeps or waits forever (IDLENESS_LIMIT), so it counts wall time
-    less the time the run was ready to run but the machine gave it no CPU: on a loaded worker a
-    program that spins would otherwise be stopped for idleness before it used its CPU time. However
-    it was spent, a run is stopped at :data:`STARVED_WALL_FACTOR` times the limit.
-    """
-    return min(limit - (elapsed - waited), limit * STARVED_WALL_FACTOR - elapsed)
-
-
-def task_delays(pids: set[int]) -> dict[int, int]:
-    """Nanoseconds each thread of ``pids`` has been runnable without a CPU (the second field of
-    ``/proc/PID/task/TID/schedstat``); threads gone meanwhile are left out."""
-    delays: dict[int, int] = {}
-    for pid in pids:
-        try:
-            tids = os.listdir(f"/proc/{pid}/task")
-        except OSError:
-            continue
-        for tid in tids:
-            try:
-                with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-                    delays[int(tid)] = int(f.read().split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-    return delays
-
-
-class WallGuard:
-    """The wall guard of one run (see :func:`wall_left`): free while the run is within its limit,
-    then reads how long the run's tasks waited for a CPU each time the limit seems passed."""
-
-    def __init__(self, limit: float, started: float, pids: Callable[[], set[int]]) -> None:
-        self.limit = limit
-        self.started = started
-        self.deadline = started + limit
-        self.pids = pids
-        self.before = task_delays(pids())  # a box runner's own past waits are not the run's
-        self.waited = 0.0
-
-    def over(self, now: float) -> bool:
-        """Whether the run is to be stopped for its wall time (moves the deadline when it waited)."""
-        if now < self.deadline:
-            return False
-        delays = task_delays(self.pids())
-        waited = max((d - self.before.get(tid, 0) for tid, d in delays.items()), default=0) / 1e9
-        self.waited = max(self.waited, waited)
-        left = wall_left(now - self.started, self.waited, self.limit)
-        if left <= 0:
-            return True
-        self.deadline = now + left
-        return False
-
-
-def read_ready(fd: int) -> bytes | None:
-    """One read of a non-blocking pipe end the event loop said is readable: None when nothing is there
-    after all, b"" at end of file or when the pipe broke (nothing more will come either way)."""
-    try:
-        return os.read(fd, 1 << 16)
-    except BlockingIOError:
-        return None
-    except OSError:
-        return b""
-
-
-class Pipe:
-    """One non-blocking pipe read end drained by the event loop into a capped buffer."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, fd: int, cap: int, on_over: object = None) -> None:
-        self.loop = loop
-        self.fd = fd
-        self.cap = cap
-        self.data = bytearray()
-        self.total = 0
-        self.eof = asyncio.Event()
-        self.grew = asyncio.Event()  # set on every read (cleared by whoever waits for more)
-        self.on_over = on_over
-        os.set_blocking(fd, False)
-        loop.add_reader(fd, self._readable)
-
-    def _readable(self) -> None:
-        chunk = read_ready(self.fd)
-        if chunk is None:
-            return
-        if not chunk:
-            self.close()
-            return
-        self.grew.set()
-        self.total += len(chunk)
-        room = self.cap + 1 - len(self.data)  # one byte over the cap proves the cap was passed
-        if room > 0:
-            self.data.extend(chunk[:room])
-        if self.total > self.cap and callable(self.on_over):
-            self.on_over()
-
-    def close(self) -> None:
-        if not self.eof.is_set():
-            self.loop.remove_reader(self.fd)
-            os.close(self.fd)
-            self.eof.set()
-            self.grew.set()
+from .command import (
+    REAP_GRACE,
+    Isolation,
+    KilledFor,
+    Limits,
+    RunFacts,
+    build_command,
+    engine_child_pid,
+    engine_exit_code,
+)
+from .watch import Pipe, WallGuard, next_check
 
 
 @dataclass
@@ -541,19 +260,7 @@ async def _watch(
         if on_start is not None:
             on_start()
         guard = WallGuard(limits.wall, started, group.pids_in if group else lambda: {proc.pid})
-        while not exited.is_set():
-            now = time.monotonic()
-            cpu = group.cpu_ns() / 1e9 if group else 0.0
-            if full and cpu >= limits.cpu:
-                kill("cpu")
-                break
-            if guard.over(now):
-                kill("wall")
-                break
-            wall_left_now = guard.deadline - now
-            wait = next_check(limits.cpu - cpu, wall_left_now, parallelism) if full else wall_left_now
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(exited.wait(), wait)
+        await _until_exit(exited, group, guard, limits, full, parallelism, kill)
         # The main process ended (or was killed): nothing of the box may outlive it.
         if group is not None:
             await _empty(armed, group)
@@ -572,26 +279,57 @@ async def _watch(
             await asyncio.wait_for(asyncio.gather(*(p.eof.wait() for p in pipes)), REAP_GRACE)
         stdout = bytes(out.data[: limits.output]) if out else b""
         armed.report = bytes(status.data)
-        if group is not None:
-            usage = group.usage()  # four small reads
-            return RunFacts(
-                exit_code=engine_exit_code(armed.report), signal=None, stdout=stdout, stderr=bytes(err.data),
-                wall=wall, cpu=usage.cpu_ns / 1e9, memory_peak=usage.memory_peak, oom_killed=usage.oom_kills > 0,
-                killed_for=killed_for, processes_refused=usage.pids_refused, stuck=stuck, waited=guard.waited,
-                ended=ended,
-            )  # fmt: skip
-        sig = os.WTERMSIG(wait_status) if os.WIFSIGNALED(wait_status) else None
-        code = os.WEXITSTATUS(wait_status) if os.WIFEXITED(wait_status) else None
-        return RunFacts(
-            exit_code=code, signal=sig, stdout=stdout, stderr=bytes(err.data),
-            wall=wall, cpu=rusage.ru_utime + rusage.ru_stime, memory_peak=rusage.ru_maxrss * 1024,
+        facts = RunFacts(
+            exit_code=None, signal=None, stdout=stdout, stderr=bytes(err.data), wall=wall, cpu=0.0, memory_peak=0,
             oom_killed=False, killed_for=killed_for, stuck=stuck, waited=guard.waited, ended=ended,
         )  # fmt: skip
+        return _measured(facts, armed.report, group, wait_status, rusage)
     finally:
         loop.remove_reader(pidfd)
         os.close(pidfd)
         for p in pipes:
             p.close()
+
+
+async def _until_exit(
+    exited: asyncio.Event, group: BoxGroup | None, guard: WallGuard, limits: Limits, full: bool, parallelism: int,
+    kill: Callable[[KilledFor], None],
+) -> None:  # fmt: skip
+    """Wait for the run's main process to exit, killing the run at its CPU limit (the group's
+    counter, full isolation only) or when its wall guard says so."""
+    while not exited.is_set():
+        now = time.monotonic()
+        cpu = group.cpu_ns() / 1e9 if group else 0.0
+        if full and cpu >= limits.cpu:
+            kill("cpu")
+            return
+        if guard.over(now):
+            kill("wall")
+            return
+        wall_left_now = guard.deadline - now
+        wait = next_check(limits.cpu - cpu, wall_left_now, parallelism) if full else wall_left_now
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(exited.wait(), wait)
+
+
+def _measured(
+    facts: RunFacts, report: bytes, group: BoxGroup | None, wait_status: int, rusage: resource.struct_rusage
+) -> RunFacts:
+    """A finished run's facts with what it used: from its group and the engine's exit report, or
+    (trusted mode, no group) from ``wait4`` on its direct child."""
+    if group is not None:
+        usage = group.usage()  # four small reads
+        return replace(
+            facts, exit_code=engine_exit_code(report), cpu=usage.cpu_ns / 1e9, memory_peak=usage.memory_peak,
+            oom_killed=usage.oom_kills > 0, processes_refused=usage.pids_refused,
+        )  # fmt: skip
+    return replace(
+        facts,
+        exit_code=os.WEXITSTATUS(wait_status) if os.WIFEXITED(wait_status) else None,
+        signal=os.WTERMSIG(wait_status) if os.WIFSIGNALED(wait_status) else None,
+        cpu=rusage.ru_utime + rusage.ru_stime,
+        memory_peak=rusage.ru_maxrss * 1024,
+    )
 
 
 async def _hold_init(armed: Armed, status: Pipe, exited: asyncio.Event) -> None:

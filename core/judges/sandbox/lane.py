@@ -7,7 +7,7 @@ same box with the same limits, so while test *n* runs, test *n + 1*'s process is
 second set of groups and left waiting on bubblewrap's ``--block-fd``; test *n + 1* then only fills
 its stdin and lets it go. The work is the same, but it is no longer on every test's critical path.
 
-What is armed must fit exactly (:func:`~.sandbox.run_fit`: command, box, uid, limits the command
+What is armed must fit exactly (:func:`~.run.run_fit`: command, box, uid, limits the command
 line holds); anything else runs cold. The armed process is in its own groups, so nothing of it is
 accounted to the run in progress, and :meth:`Lane.close` kills an unused one.
 
@@ -24,7 +24,8 @@ import os
 from collections.abc import Sequence
 
 from .cgroups import BoxGroup
-from .sandbox import Armed, Isolation, Limits, RunFacts, arm, discard, run, run_fit
+from .command import Isolation, Limits, RunFacts
+from .run import Armed, arm, discard, run, run_fit
 from .session import Session, SessionBroken, start
 
 log = logging.getLogger(__name__)

@@ -28,20 +28,9 @@ import xml.etree.ElementTree as ET  # the uploader's own file; expat refuses ext
 from pathlib import Path
 from typing import Any
 
-from ..config import ArchiveSettings
-from ..judges.languages import LANGUAGES
-from .common import (
-    MAX_TESTS,
-    Files,
-    InvalidPackage,
-    PackageDir,
-    add,
-    check_id,
-    inside,
-    program,
-    siblings,
-    total_bytes,
-)
+from ..languages import LANGUAGES
+from .bounds import ArchiveBounds
+from .common import MAX_TESTS, Files, InvalidPackage, PackageDir, add, check_id, inside, program, siblings, total_bytes
 
 FAILURES = ["WRONG_ANSWER", "PRESENTATION_ERROR", "TIME_LIMIT", "MEMORY_LIMIT", "RUNTIME_ERROR", "IDLENESS_LIMIT",
             "OUTPUT_LIMIT"]  # fmt: skip
@@ -194,7 +183,7 @@ def _scoring(testset: ET.Element, tests: list[ET.Element]) -> dict[str, Any]:
 
 
 def read(
-    root: Path, *, problem_id: str | None = None, bounds: ArchiveSettings | None = None
+    root: Path, *, problem_id: str | None = None, bounds: ArchiveBounds | None = None
 ) -> PackageDir:
     """Validate a Polygon package directory (reads and hashes its files)."""
     try:

@@ -8,9 +8,10 @@ from typing import Any
 
 import yaml
 
-from ..config import ArchiveSettings
-from ..judges.checkers import InvalidChecker, parse_spec
-from ..judges.scoring import InvalidScoring, parse_scoring
+from ..checkers import InvalidChecker, parse_spec
+from ..formats import KINDS
+from ..scoring import InvalidScoring, parse_scoring
+from .bounds import ArchiveBounds
 from .common import (
     MAX_TESTS,
     Files,
@@ -28,7 +29,6 @@ from .common import (
 
 MANIFEST_FILE = "problem.yaml"
 PROTOCOLS = ("testlib", "kattis")
-KINDS = ("batch", "interactive", "output-only")
 
 
 def is_native(root: Path) -> bool:
@@ -76,7 +76,7 @@ def _tests(root: Path, files: Files) -> list[dict[str, Any]]:
     return out
 
 
-def read(root: Path, *, bounds: ArchiveSettings | None = None) -> PackageDir:
+def read(root: Path, *, bounds: ArchiveBounds | None = None) -> PackageDir:
     """Validate a judgequeue package directory (reads and hashes its files)."""
     spec = read_yaml(root / MANIFEST_FILE)
     problem_id = check_id(spec.get("id"), "id")

@@ -13,10 +13,10 @@ from typing import Any
 
 import yaml
 
-from ..base.errors import JudgeQueueError
-from ..config import ArchiveSettings
-from ..judges.languages import LANGUAGES as LANGUAGE_TABLE
-from ..judges.languages import UNAVAILABLE, parse_standard
+from ....base.errors import JudgeQueueError
+from ..languages import LANGUAGES as LANGUAGE_TABLE
+from ..languages import UNAVAILABLE, parse_standard
+from .bounds import DEFAULT_BOUNDS, ArchiveBounds
 
 CHUNK = 1024 * 1024
 MAX_TESTS = 10_000
@@ -33,6 +33,9 @@ class InvalidPackage(JudgeQueueError, ValueError):
 
 @dataclass(frozen=True)
 class PackageFile:
+    """One file of a package as read: where it is on disk, its digest (the name it is stored and
+    cached under) and its size."""
+
     path: Path
     sha256: str
     size: int
@@ -124,10 +127,10 @@ class Files(dict[str, PackageFile]):
     """The files a package stores, by sha256, taken in through :meth:`take` only: the one door by
     which a reader reads a file into a package (see :mod:`.rules` for what comes before)."""
 
-    def __init__(self, root: Path, bounds: ArchiveSettings | None = None) -> None:
+    def __init__(self, root: Path, bounds: ArchiveBounds | None = None) -> None:
         super().__init__()
         self.root = Path(os.path.realpath(root))
-        self.bounds = bounds or ArchiveSettings()
+        self.bounds = bounds or DEFAULT_BOUNDS
         self.total = 0
 
     def take(self, path: Path) -> PackageFile:

@@ -19,27 +19,29 @@ from __future__ import annotations
 
 import contextlib
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from ..config import ArchiveSettings
+from ..formats import FORMATS
 from . import kattis, native, polygon, zipped
+from .bounds import DEFAULT_BOUNDS, ArchiveBounds
 from .common import CHUNK, Files, InvalidPackage, PackageDir, PackageFile, named_files
 from .rules import survey
 
-FORMATS = ("judgequeue", "kattis", "polygon")
+#: How each format is told apart, in the order they are tried (a Polygon package may also hold a
+#: problem.yaml; a judgequeue package is a problem.yaml with an id and tests/).
+_DETECTORS: tuple[tuple[str, Callable[[Path], bool]], ...] = (
+    ("polygon", polygon.is_polygon), ("judgequeue", native.is_native), ("kattis", kattis.is_kattis),
+)
 
 
 def detect(root: Path) -> str:
     """The format of the package in ``root``; InvalidPackage when it is none of them."""
     if not root.is_dir():
         raise InvalidPackage(f"cannot read {root}: not a directory")
-    if polygon.is_polygon(root):
-        return "polygon"
-    if native.is_native(root):
-        return "judgequeue"
-    if kattis.is_kattis(root):
-        return "kattis"
+    for name, looks_like in _DETECTORS:
+        if looks_like(root):
+            return name
     raise InvalidPackage(
         f"{root}: not a problem package (judgequeue: problem.yaml with an id and tests/; "
         "ICPC/Kattis: problem.yaml and data/; Polygon: problem.xml)"
@@ -52,12 +54,12 @@ def read_package(
     problem_id: str | None = None,
     time_limit: float | None = None,
     fmt: str | None = None,
-    bounds: ArchiveSettings | None = None,
+    bounds: ArchiveBounds | None = None,
 ) -> PackageDir:
     """Validate the package in ``root`` in its format (or ``fmt``), within ``bounds`` (the
     default ones when None). ``problem_id`` and ``time_limit`` fill in what a Kattis package may leave out
     (its id is its directory's name)."""
-    bounds = bounds or ArchiveSettings()
+    bounds = bounds or DEFAULT_BOUNDS
     real = survey(root, bounds)
     found = fmt or detect(real)
     if found == "polygon":
@@ -76,13 +78,13 @@ def open_package(
     problem_id: str | None = None,
     time_limit: float | None = None,
     fmt: str | None = None,
-    bounds: ArchiveSettings | None = None,
+    bounds: ArchiveBounds | None = None,
 ) -> Iterator[PackageDir]:
     """The package at ``path``, a directory or a zip archive (:mod:`.zipped`: extracted by the same
     rules into a private temporary directory, removed when the block ends, so its files are only
     readable inside it); options as :func:`read_package`'s. A refusal of a file inside a zip names
     it as ``archive.zip/inside/the/archive``."""
-    bounds = bounds or ArchiveSettings()
+    bounds = bounds or DEFAULT_BOUNDS
     if not zipped.is_zip(path):
         yield read_package(path, problem_id=problem_id, time_limit=time_limit, fmt=fmt, bounds=bounds)
         return

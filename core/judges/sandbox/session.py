@@ -29,26 +29,13 @@ import signal
 import socket
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from .cgroups import BoxGroup, PerTest
-from .sandbox import (
-    REAP_GRACE,
-    Armed,
-    Isolation,
-    KilledFor,
-    Limits,
-    Pipe,
-    RunFacts,
-    WallGuard,
-    arm,
-    discard,
-    engine_child_pid,
-    fill_stdin,
-    let_go,
-    next_check,
-    run_fit,
-)
+from .command import REAP_GRACE, Isolation, KilledFor, Limits, RunFacts, engine_child_pid
+from .run import Armed, arm, discard, fill_stdin, let_go, run_fit
+from .watch import Pipe, WallGuard, next_check
 
 RUNNER_SOURCE = Path(__file__).with_name("box_runner.py").read_text()
 RUNNER_ROOM = 64 * 1024 * 1024  # the box's memory beside a test's own limit: the runner's
@@ -84,6 +71,15 @@ def exit_facts(status: int | None) -> tuple[int | None, int | None]:
     if os.WIFEXITED(status):
         return os.WEXITSTATUS(status), None
     return None, None
+
+
+@dataclass
+class _Stop:
+    """Why a test's program is being killed (its output, CPU or wall limit) and since when: set by
+    the output pipe's callback and by the watch, whichever is first."""
+
+    reason: KilledFor | None = None
+    at: float = 0.0
 
 
 class SessionBroken(Exception):
@@ -144,8 +140,7 @@ class Session:
         loop = asyncio.get_running_loop()
         fds: list[int] = []
         pipes: list[Pipe] = []
-        killed_for: KilledFor | None = None
-        killed_at = 0.0
+        stop = _Stop()
         test: PerTest | None = None
         try:
             stdin_fd = os.memfd_create("stdin", os.MFD_CLOEXEC)
@@ -161,9 +156,8 @@ class Session:
                 raise SessionBroken(f"cannot make the test's cgroup: {exc}") from None
 
             def over() -> None:
-                nonlocal killed_for, killed_at
-                killed_for = killed_for or "output"
-                killed_at = killed_at or time.monotonic()
+                stop.reason = stop.reason or "output"
+                stop.at = stop.at or time.monotonic()
                 self._kill_program()
 
             out = Pipe(loop, out_r, limits.output, on_over=over)
@@ -180,23 +174,7 @@ class Session:
                 os.close(fd)
             fds = []
             guard = WallGuard(limits.wall, started, group.pids_in)
-            reply: bytes | None = None
-            while reply is None:
-                now = time.monotonic()
-                cpu = test.cpu_ns() / 1e9
-                if killed_for is None and (cpu >= limits.cpu or guard.over(now)):
-                    killed_for = "cpu" if cpu >= limits.cpu else "wall"
-                if killed_for is not None:
-                    # Until the runner reports: a program may fork between a read of the group and a kill.
-                    killed_at = killed_at or now
-                    self._kill_program()
-                    if now > killed_at + REAP_GRACE:
-                        break
-                    wait = KILL_EVERY
-                else:
-                    wait = next_check(limits.cpu - cpu, guard.deadline - now, parallelism)
-                with contextlib.suppress(TimeoutError):
-                    reply = await asyncio.wait_for(self._replies.get(), wait)
+            reply = await self._report(test, guard, limits, parallelism, stop)
             wall = time.monotonic() - started
             if reply == b"unjoined":  # the program never ran
                 raise SessionBroken("the program could not join its test's cgroup")
@@ -211,7 +189,7 @@ class Session:
             return RunFacts(
                 exit_code=code, signal=sig, stdout=bytes(out.data[: limits.output]), stderr=bytes(err.data),
                 wall=wall, cpu=used.cpu_ns / 1e9, memory_peak=used.memory_peak, oom_killed=used.oom_kills > 0,
-                killed_for=killed_for, processes_refused=used.pids_refused, stuck=reply is None and killed_at > 0,
+                killed_for=stop.reason, processes_refused=used.pids_refused, stuck=reply is None and stop.at > 0,
                 waited=guard.waited,
             )  # fmt: skip
         except BaseException:
@@ -226,6 +204,30 @@ class Session:
             # whose group is not gone at once leaves a broken box (its removal then waits).
             if test is not None and not test.close(time.monotonic()):
                 self.broken = True
+
+    async def _report(
+        self, test: PerTest, guard: WallGuard, limits: Limits, parallelism: int, stop: _Stop
+    ) -> bytes | None:
+        """The runner's report of the test, watching the test's CPU time and wall guard meanwhile;
+        None when a killed program's box did not report within :data:`REAP_GRACE`."""
+        reply: bytes | None = None
+        while reply is None:
+            now = time.monotonic()
+            cpu = test.cpu_ns() / 1e9
+            if stop.reason is None and (cpu >= limits.cpu or guard.over(now)):
+                stop.reason = "cpu" if cpu >= limits.cpu else "wall"
+            if stop.reason is not None:
+                # Until the runner reports: a program may fork between a read of the group and a kill.
+                stop.at = stop.at or now
+                self._kill_program()
+                if now > stop.at + REAP_GRACE:
+                    break
+                wait = KILL_EVERY
+            else:
+                wait = next_check(limits.cpu - cpu, guard.deadline - now, parallelism)
+            with contextlib.suppress(TimeoutError):
+                reply = await asyncio.wait_for(self._replies.get(), wait)
+        return reply
 
     async def close(self) -> None:
         """Kill the box and remove its groups (whatever state it is in)."""

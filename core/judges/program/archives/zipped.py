@@ -21,7 +21,7 @@ import zipfile
 import zlib
 from pathlib import Path
 
-from ..config import ArchiveSettings
+from .bounds import ArchiveBounds
 from .common import CHUNK, InvalidPackage, kind_of, mib, within
 from .rules import MAX_ENTRIES, SYSTEM_TREES
 
@@ -106,7 +106,7 @@ def _plan(infos: list[zipfile.ZipInfo], archive: str) -> list[tuple[zipfile.ZipI
     return plan
 
 
-def extract(archive: Path, into: Path, bounds: ArchiveSettings) -> Path:
+def extract(archive: Path, into: Path, bounds: ArchiveBounds) -> Path:
     """Write the package in the zip ``archive`` under the empty directory ``into``, by the rules;
     the package's root there (the archive's single top directory when it holds one and nothing
     else, else a directory named after the archive, so a Kattis package's id is its name)."""
@@ -146,7 +146,7 @@ def _write(
     plan: list[tuple[zipfile.ZipInfo, tuple[str, ...]]],
     root: Path,
     counting: _Counting,
-    bounds: ArchiveSettings,
+    bounds: ArchiveBounds,
     shown: str,
 ) -> None:
     total = 0
@@ -168,7 +168,7 @@ def _write(
                 out.write(block)
 
 
-def _bound(size: int, total: int, compressed: int, bounds: ArchiveSettings, name: str, shown: str) -> None:
+def _bound(size: int, total: int, compressed: int, bounds: ArchiveBounds, name: str, shown: str) -> None:
     """Refuse an entry that has grown past a bound (checked on every block written)."""
     if size > bounds.max_file_bytes:
         raise InvalidPackage(

@@ -36,7 +36,7 @@ import signal
 import time
 from dataclasses import dataclass
 
-from .cgroups_base import BoxGroup, PerTest, Roots, Usage, keyed, procs_below, read, remove_tree, write
+from .base import BoxGroup, PerTest, Roots, Usage, keyed, procs_below, read, remove_tree, write
 
 LEAF = "judgequeue-worker"  # where the worker's own processes live, beside its boxes
 RUNNER = "runner"  # a split box's leaf for its runner (and bubblewrap's monitor)

@@ -1,11 +1,11 @@
-"""What every cgroup backend of the sandbox offers (:mod:`.cgroups_v1`, :mod:`.cgroups_v2`).
+"""What every cgroup backend of the sandbox offers (:mod:`.v1`, :mod:`.v2`).
 
 A box's group is made with its limits, joined by the box's first process (through the files
 :meth:`BoxGroup.procs_files` names), read for the facts of a run (:class:`Usage`), emptied and
-removed. ``BoxGroup(roots, name)`` makes the group of the backend those roots belong to, so callers
-never name a hierarchy version. A submission's box that runs several tests (:mod:`.session`) gives
-each test a group of its own with :meth:`BoxGroup.per_test`, which the test's program joins and
-whose facts are that test's alone.
+removed. The factory :func:`~judgequeue.core.judges.sandbox.cgroups.box_group` makes the group of
+the backend the roots belong to, so callers never name a hierarchy version. A submission's box that
+runs several tests (:mod:`..session`) gives each test a group of its own with
+:meth:`BoxGroup.per_test`, which the test's program joins and whose facts are that test's alone.
 """
 
 from __future__ import annotations
@@ -92,7 +92,6 @@ class Roots(ABC):
     """Where this worker makes its box groups, and which backend makes them."""
 
     version: ClassVar[int]
-    group_type: ClassVar[type[BoxGroup]]
 
     @abstractmethod
     def all(self) -> tuple[str, ...]:
@@ -128,16 +127,11 @@ class PerTest(ABC):
 class BoxGroup:
     """The group(s) of one box: created with limits, read for facts, emptied and removed.
 
-    ``BoxGroup(roots, name)`` makes the backend's own kind (``roots.group_type``); every method
-    below is that backend's.
+    Each backend has its own kind (:class:`~.v1.V1Group`, :class:`~.v2.V2Group`), made by
+    :func:`~judgequeue.core.judges.sandbox.cgroups.box_group` for the roots at hand.
     """
 
     name: str
-
-    def __new__(cls, roots: Roots, name: str) -> BoxGroup:
-        if cls is BoxGroup:
-            cls = roots.group_type
-        return super().__new__(cls)
 
     def dirs(self) -> tuple[str, ...]:
         """The group's top directories (one per hierarchy)."""

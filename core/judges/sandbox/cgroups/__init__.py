@@ -3,13 +3,13 @@
 Limits and facts cover every process of a box, not one: memory (+swap) peak and OOM kills, CPU time,
 and the number of processes. Two backends, chosen once at start-up from ``/proc/self/mounts``:
 
-* :mod:`.cgroups_v1` where the v1 memory, pids and cpuacct hierarchies are mounted (a v1 or hybrid
+* :mod:`.v1` where the v1 memory, pids and cpuacct hierarchies are mounted (a v1 or hybrid
   host): boxes under ``<worker's own group>/judgequeue-sandbox`` in each;
-* :mod:`.cgroups_v2` on the unified hierarchy: boxes in the worker's delegated cgroup, beside the
+* :mod:`.v2` on the unified hierarchy: boxes in the worker's delegated cgroup, beside the
   leaf the worker moves itself into.
 
-Either way the worker's own memory limit (a pod's) bounds all its boxes together, and
-``BoxGroup(roots, name)`` makes a box group of the backend ``roots`` belong to. Parsing is pure
+Either way the worker's own memory limit (a pod's) bounds all its boxes together, and the factory
+:func:`box_group` makes a box group of the backend ``roots`` belong to. Parsing is pure
 (:func:`find_roots`); a crashed worker's leftovers are removed by the next one (:func:`remove_stale`).
 """
 
@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
-from .cgroups_base import BoxGroup, PerTest, Roots, Usage, read
-from .cgroups_v1 import CONTROLLERS, V1Group, V1Roots, find_v1_roots, parse_oom_kills, v1_mounts
-from .cgroups_v2 import V2Group, V2Roots, find_v2_roots, locate, mount_root, v2_mount
+from .base import BoxGroup, PerTest, Roots, Usage, read
+from .v1 import CONTROLLERS, V1Group, V1Roots, find_v1_roots, parse_oom_kills, v1_mounts
+from .v2 import V2Group, V2Roots, find_v2_roots, locate, mount_root, v2_mount
 
 __all__ = [
     "BoxGroup",
@@ -31,6 +32,7 @@ __all__ = [
     "V1Roots",
     "V2Roots",
     "all_gone",
+    "box_group",
     "find_roots",
     "memory_controllers_usable",
     "parse_oom_kills",
@@ -38,8 +40,13 @@ __all__ = [
     "remove_stale",
 ]
 
-V1Roots.group_type = V1Group
-V2Roots.group_type = V2Group
+#: The kind of box group each backend's roots make (:func:`box_group`).
+_GROUPS: dict[type[Roots], Callable[[Any, str], BoxGroup]] = {V1Roots: V1Group, V2Roots: V2Group}
+
+
+def box_group(roots: Roots, name: str) -> BoxGroup:
+    """The box group ``name`` under ``roots``, of the backend those roots are (v1 or v2)."""
+    return _GROUPS[type(roots)](roots, name)
 
 
 def find_roots(mounts: str, self_cgroup: str, mountinfo: str = "") -> Roots | str:
@@ -84,7 +91,7 @@ def remove_stale(roots: Roots, prefix: str, deadline: float) -> list[str]:
         with contextlib.suppress(FileNotFoundError):
             names.update(n for n in os.listdir(root) if n.startswith(prefix) and os.path.isdir(os.path.join(root, n)))
     for name in names:
-        BoxGroup(roots, name).destroy(deadline)
+        box_group(roots, name).destroy(deadline)
     return sorted(names)
 
 

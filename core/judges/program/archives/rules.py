@@ -22,7 +22,7 @@ import os
 import stat
 from pathlib import Path
 
-from ..config import ArchiveSettings
+from .bounds import ArchiveBounds
 from .common import InvalidPackage, kind_of, mib, name_in, within
 
 #: Entries (files and directories) a package may have, wherever they are in it.
@@ -43,7 +43,7 @@ def package_root(root: Path) -> Path:
     return real
 
 
-def survey(root: Path, bounds: ArchiveSettings) -> Path:
+def survey(root: Path, bounds: ArchiveBounds) -> Path:
     """Check every entry of the package in ``root`` against the rules above, reading no file; the
     package's real root. Raises InvalidPackage naming the first entry (by name) that breaks one."""
     real = package_root(root)
