@@ -19,7 +19,7 @@ CORE_LAYERS: dict[str, int] = {
     "redis_url": 0, "sql": 0, "states": 0, "agreement": 0, "version": 0,
     # one server or one concern each: the Redis door, the tables, the judges
     "streams": 1, "queues": 1, "leases": 1, "submissions": 1, "migrate": 1, "judges": 1, "connect": 1,
-    "config": 2, "spec": 2, "outbox": 2, "dlq": 2, "giving_up": 2, "stream_stats": 2,
+    "config": 2, "settings_table": 2, "spec": 2, "outbox": 2, "dlq": 2, "giving_up": 2, "stream_stats": 2,
     "problems": 2, "archives": 2, "shadow": 2,
     # what every role runs on, and read-only views over the queue
     "lifecycle": 3, "api": 3, "backlog": 3, "status": 3, "runtime": 3, "manifest": 3, "wakeup": 3,
