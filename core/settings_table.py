@@ -555,24 +555,20 @@ OTHER_VARIABLES: tuple[tuple[str, str, str], ...] = (
 
 
 def _shown_default(r: Row) -> str:
+    """The default column: the default as a variable would say it, then the range a number or a
+    duration must keep to."""
     if r.required:
         return "required"
     if r.default is None:
         return "unset"
-    return f"`{format_duration(r.default) if r.kind == 'duration' else r.default}`"
-
-
-def _accepts(r: Row) -> str:
-    """What the row's bounds add to its doc line: the range a number or a duration must keep to."""
+    shown = f"`{format_duration(r.default) if r.kind == 'duration' else r.default}`"
     if r.kind == "integer" and r.maximum is not None:
-        said = f"{r.minimum}-{r.maximum}"
-    elif r.kind == "integer" and r.spec_maximum is not None:
-        said = f"{r.minimum} or more; a JudgeQueue's at most {r.spec_maximum}"
-    elif r.kind == "duration" and r.under is not None:
-        said = f"under {format_duration(r.under)}"
-    else:
-        return ""
-    return f" ({said})"
+        return f"{shown} ({r.minimum}-{r.maximum})"
+    if r.kind == "integer" and r.spec_maximum is not None:
+        return f"{shown} ({r.minimum} or more; in a JudgeQueue {r.minimum}-{r.spec_maximum})"
+    if r.kind == "duration" and r.under is not None:
+        return f"{shown} (under {format_duration(r.under)})"
+    return shown
 
 
 def _where(r: Row) -> str:
@@ -587,6 +583,6 @@ def variable_table() -> str:
     """The README's table of ``JUDGEQUEUE_*`` variables (markdown, one line per row), from :data:`ROWS`
     and :data:`OTHER_VARIABLES`."""
     lines = ["| variable | default | meaning | JudgeQueue field |", "|---|---|---|---|"]
-    lines += [f"| `{r.variable}` | {_shown_default(r)} | {r.doc}{_accepts(r)} | {_where(r)} |" for r in ROWS]
+    lines += [f"| `{r.variable}` | {_shown_default(r)} | {r.doc} | {_where(r)} |" for r in ROWS]
     lines += [f"| {names} | {default} | {meaning} | — |" for names, default, meaning in OTHER_VARIABLES]
     return "\n".join(lines) + "\n"
