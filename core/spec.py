@@ -557,7 +557,7 @@ class JudgeQueueSpec:
     worker: WorkerSpec
     reaper: ReaperSpec
     cutover: CutoverSpec
-    postgres_pooler: str  # none, session or transaction (core/config.py POOLERS)
+    postgres_pooler: str  # none, session or transaction (core/settings_table.py POOLERS)
     postgres_listen: SecretKeyRef | None  # the direct LISTEN DSN (dispatcher, direct-intake worker), if any
     progress_deadline: float  # seconds a Deployment may roll out without progress
     values: Mapping[tuple[str, ...], Any] = field(default_factory=dict, repr=False, compare=False)
@@ -924,7 +924,7 @@ def role_fields(role: Role) -> tuple[Field, ...]:
 
 
 def role_settings(spec: JudgeQueueSpec, role: Role, *, given_only: bool = False) -> dict[str, str]:
-    """The ``JUDGEQUEUE_*`` variables (names from core/config.py) a spec sets for one role, and only
+    """The ``JUDGEQUEUE_*`` variables (each its row's, core/settings_table.py) a spec sets for one role, and only
     those the role reads, so a change to another role's setting does not restart it. Connections and
     the metrics port are not part of the spec: a cluster takes them from Secrets, ``local`` from flags.
 
