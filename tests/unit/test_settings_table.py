@@ -249,8 +249,10 @@ def test_a_row_not_placed_in_the_spec_is_added_after_its_objects_fields(monkeypa
     monkeypatch.setitem(ROW_BY_SPEC, ("reaper", "sweepBatch"), new)
     fields = spec_model._with_every_setting(placed)
     paths = [f.path for f in fields]
-    assert paths.index(("dispatcher", "maxAttempts")) == paths.index(("dispatcher", "backoff", "max")) + 1
-    assert paths.index(("reaper", "sweepBatch")) == paths.index(("reaper", "retention")) + 1
+    for path in (("dispatcher", "maxAttempts"), ("reaper", "sweepBatch")):
+        # after every field placed in its object, and before the next object's
+        siblings = [i for i, p in enumerate(paths) if p[:-1] == path[:-1] and p != path]
+        assert paths.index(path) > max(siblings) and paths[paths.index(path) + 1][:1] != path[:1], paths
     added = fields[paths.index(("reaper", "sweepBatch"))]
     assert (added.kind, added.minimum, added.maximum, added.default) == ("integer", 1, 100000, 1000)
     assert added.roles == ("reaper",) and added.setting == ("reaper", "sweep_batch")
