@@ -319,8 +319,10 @@ class DispatcherSettings:
     claim_ttl: float = duration(
         "CLAIM_TTL", 30.0, roles=("dispatcher",), doc="dispatcher: a claim older than this is taken over")
     seen_ttl: float = duration(
-        "SEEN_TTL", 86400.0, roles=("dispatcher",),
-        doc="dispatcher: longest life of a Redis dedup marker (a worker deletes it with its ack)")
+        # The reaper marks the shadow entries it re-sends the same way.
+        "SEEN_TTL", 86400.0, roles=("dispatcher", "reaper"),
+        doc="dispatcher: longest life of a Redis dedup marker (a worker deletes it with its ack); reaper: the "
+            "same for the shadow entries it re-sends")
 
 
 @dataclass(frozen=True, kw_only=True)

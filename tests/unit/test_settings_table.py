@@ -240,6 +240,21 @@ def test_every_value_a_judgequeue_accepts_at_its_bounds_loads_in_every_role() ->
                     assert getattr(section, row.name) == parsed.values[row.spec], (role, row.variable)
 
 
+# --- the roles column ---------------------------------------------------------------------------
+
+
+def test_each_row_names_the_roles_whose_modules_read_it() -> None:
+    """Every sectioned setting (with a spec field or not) is read by exactly the roles its row names,
+    found from the role modules' source as tests/unit/test_spec_model.py finds them."""
+    from tests.unit.test_spec_model import ROLE_MODULES, _sources, settings_read_by
+
+    found = {role: set().union(*(settings_read_by(path) for m in ROLE_MODULES.get(role, (role,))
+                                 for path in _sources(m))) for role in ROLES}
+    wrong = {row.variable: (sorted(row.roles), sorted(r for r in ROLES if (row.section, row.name) in found[r]))
+             for row in ROWS if row.section is not None}
+    assert {v: roles for v, roles in wrong.items() if roles[0] != roles[1]} == {}
+
+
 # --- a row is enough ----------------------------------------------------------------------------
 
 
