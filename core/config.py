@@ -1,89 +1,34 @@
 """Typed configuration for every role, read from ``JUDGEQUEUE_*`` environment variables.
 
 One :class:`Settings` object holds everything; :func:`load_settings` validates the environment and
-raises :class:`ConfigError` with one line naming the variable and what it accepts. The operator
-renders the same variables from a ``JudgeQueue`` spec, so this module is the contract between them.
+raises :class:`ConfigError` with one line naming the variable and what it accepts. What each variable
+is (parser, default, bounds, the JudgeQueue field that sets it, the roles that read it) is its row in
+``core/settings_table.py``, which the spec model (``core/spec.py``) reads too: the operator renders
+the same variables from a ``JudgeQueue`` spec, and both refuse the same values.
 """
 
 from __future__ import annotations
 
-import ipaddress
-import re
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass, field, fields
-from typing import Any, TypeVar
-from urllib.parse import urlsplit, urlunsplit
+from dataclasses import dataclass, fields
+from typing import Any
 
 from .base.errors import ConfigError
-from .base.names import validate_queue_name
-from .transport.redis_url import validate_redis_url
-
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
-_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
-
-
-def parse_duration(text: str) -> float:
-    """Parse ``"250ms"``, ``"30s"``, ``"5m"``, ``"2h"``, ``"7d"`` or plain seconds into seconds."""
-    match = _DURATION.match(text)
-    if not match:
-        raise ValueError(f"{text!r} is not a duration (examples: 250ms, 30s, 5m, 2h, 7d)")
-    return float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
-
-
-def format_duration(seconds: float) -> str:
-    """The shortest exact duration string for ``seconds`` (inverse of :func:`parse_duration`)."""
-    for unit in ("d", "h", "m", "s"):
-        size = _UNIT_SECONDS[unit]
-        if seconds >= size and (seconds / size).is_integer():
-            return f"{int(seconds / size)}{unit}"
-    ms = seconds * 1000
-    return f"{int(ms)}ms" if float(ms).is_integer() else f"{seconds}s"
-
-
-_SECRET_QUERY = re.compile(r"((?:^|&)(?:password|sentinel_password)=)[^&]*")
-
-
-def redact_url(url: str) -> str:
-    """The URL with any password (userinfo, ``password=`` or ``sentinel_password=``) replaced by ``***``."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "<unparseable url>"
-    if parts.query:
-        parts = parts._replace(query=_SECRET_QUERY.sub(r"\1***", parts.query))
-    if parts.password is not None:
-        netloc = parts.netloc.rsplit("@", 1)[1]
-        user = parts.username or ""
-        parts = parts._replace(netloc=f"{user}:***@{netloc}")
-    return urlunsplit(parts)
-
-
-@dataclass(frozen=True)
-class DispatcherSettings:
-    batch_size: int = 100
-    schedule: float = 1.0  # idle poll fallback, seconds
-    max_attempts: int = 10
-    backoff_base: float = 1.0
-    backoff_max: float = 300.0
-    claim_ttl: float = 30.0
-    seen_ttl: float = 86400.0  # how long the Redis dedup marker of a (submission, generation) lives
-
-
-#: ``JUDGEQUEUE_INTAKE`` values: how jobs reach the workers. ``stream``: every job goes outbox ->
-#: dispatcher -> Redis stream -> worker. ``direct``: a worker with free slots claims and leases ready
-#: outbox rows itself in one statement; the dispatcher sends to the stream only the rows no worker
-#: took within one ``schedule`` (and shadow rows), so Redis carries the overflow and re-deliveries.
-INTAKES = ("stream", "direct")
-#: ``spec.worker.intake`` may also say ``auto`` (its default): the operator (and ``judgequeue local``)
-#: picks one of :data:`INTAKES` from the worker fleet's upper bound, :func:`intake_for_fleet`. A role
-#: process never sees ``auto``: it cannot know how many workers share its queue.
-AUTO_INTAKE = "auto"
-SPEC_INTAKES = (AUTO_INTAKE, *INTAKES)
-#: The largest worker fleet ``auto`` gives direct intake; a larger one gets ``stream``. Direct intake
-#: takes about half the CPU per job of ``stream`` at a few workers, but its idle workers' offers and
-#: wake-ups cost more than the stream saves once many workers share a queue: docs/performance.md,
-#: "Intakes at fleet size", has the figures this bound is set from.
-DIRECT_INTAKE_MAX_WORKERS = 8
+from .settings_table import AUTO_INTAKE as AUTO_INTAKE
+from .settings_table import DIRECT_INTAKE_MAX_WORKERS as DIRECT_INTAKE_MAX_WORKERS
+from .settings_table import INTAKES as INTAKES
+from .settings_table import POOLERS as POOLERS
+from .settings_table import PREFIX as PREFIX
+from .settings_table import ROW_BY_SUFFIX, ROWS, whole_number
+from .settings_table import SHADOW_MODES as SHADOW_MODES
+from .settings_table import SPEC_INTAKES as SPEC_INTAKES
+from .settings_table import DispatcherSettings as DispatcherSettings
+from .settings_table import ReaperSettings as ReaperSettings
+from .settings_table import Settings as Settings
+from .settings_table import WorkerSettings as WorkerSettings
+from .settings_table import format_duration as format_duration
+from .settings_table import parse_duration as parse_duration
+from .settings_table import redact_url as redact_url
 
 
 @dataclass(frozen=True)
@@ -111,214 +56,10 @@ def intake_for_fleet(requested: str, max_workers: int, *, bound: str = "maxRepli
         return IntakeChoice("direct", f"auto: {bound} {max_workers} <= {DIRECT_INTAKE_MAX_WORKERS}, direct")
     return IntakeChoice("stream", f"auto: {bound} {max_workers} > {DIRECT_INTAKE_MAX_WORKERS}, stream")
 
-#: ``JUDGEQUEUE_SHADOW`` values. ``off``: a worker judges its queue's work stream. ``judge``: a *shadow
-#: worker*, which judges the queue's shadow stream only (same judge, same sandbox) and writes shadow
-#: verdicts, never a submission's verdict (docs/gitops.md). Run shadow workers as their own processes
-#: (on Kubernetes, ``spec.worker.shadow``: their own Deployment) beside the live ones.
-SHADOW_MODES = ("off", "judge")
 
-
-@dataclass(frozen=True)
-class WorkerSettings:
-    concurrency: int = 4
-    judge: str = "program"
-    lease_ttl: float = 30.0
-    grace_period: float = 25.0
-    intake: str = "direct"  # INTAKES; the dispatcher reads it too
-    #: Direct intake: open slots an idle worker offers for submits to fill (roles/worker/direct/offers.py); 0: none.
-    offers: int = 32
-    shadow: str = "off"  # SHADOW_MODES
-
-
-@dataclass(frozen=True)
-class ReaperSettings:
-    interval: float = 5.0
-    visibility_timeout: float = 60.0
-    max_deliveries: int = 5
-    max_retries: int = 3
-    retention: float = 7 * 86400.0
-    sweep_batch: int = 1000
-    redispatch_after: float = 600.0  # re-send deliveries never leased this long after sending
-
-
-#: ``JUDGEQUEUE_POSTGRES_POOLER`` values: what sits between the roles and Postgres.
-POOLERS = ("none", "session", "transaction")
-
-
-@dataclass(frozen=True)
-class Settings:
-    postgres_dsn: str
-    redis_url: str
-    queue: str
-    # "transaction": the DSN reaches Postgres through a pooler in transaction mode (PgBouncer
-    # pool_mode=transaction): no prepared-statement cache, no LISTEN or session state through it.
-    postgres_pooler: str = "none"
-    # A direct (pooler-free) DSN for the dispatcher's LISTEN wake-up; without one behind a
-    # transaction pooler the dispatcher polls every ``schedule``.
-    postgres_listen_dsn: str | None = None
-    metrics_port: int = 9090
-    metrics_address: str = "0.0.0.0"  # all IPv4 interfaces, as Prometheus in a pod needs
-    log_level: str = "INFO"
-    dispatcher: DispatcherSettings = field(default_factory=DispatcherSettings)
-    worker: WorkerSettings = field(default_factory=WorkerSettings)
-    reaper: ReaperSettings = field(default_factory=ReaperSettings)
-
-    def redacted(self) -> dict[str, Any]:
-        """A loggable view: connection passwords replaced."""
-        return {
-            "postgres_dsn": redact_url(self.postgres_dsn),
-            "postgres_pooler": self.postgres_pooler,
-            "postgres_listen_dsn": redact_url(self.postgres_listen_dsn) if self.postgres_listen_dsn else None,
-            "redis_url": redact_url(self.redis_url),
-            "queue": self.queue,
-            "metrics_port": self.metrics_port,
-            "metrics_address": self.metrics_address,
-            "log_level": self.log_level,
-            "dispatcher": vars(self.dispatcher),
-            "worker": vars(self.worker),
-            "reaper": vars(self.reaper),
-        }
-
-    @property
-    def listen_dsn(self) -> str | None:
-        """Where the dispatcher LISTENs for wake-ups, or None to poll on ``schedule`` alone.
-
-        LISTEN needs one server session for as long as it listens, which a transaction pooler
-        does not give: notifications would reach whichever client holds that server connection.
-        """
-        if self.postgres_listen_dsn:
-            return self.postgres_listen_dsn
-        return None if self.postgres_pooler == "transaction" else self.postgres_dsn
-
-
-T = TypeVar("T")
-
-
-_WHOLE = re.compile(r"\s*[+-]?[0-9]{1,18}\s*")
-
-
-def _positive_int(text: str) -> int:
-    if _WHOLE.fullmatch(text) is None or int(text) < 1:
-        raise ValueError("must be a positive whole number (1, 2, 3, ...)")
-    return int(text)
-
-
-def _count(text: str) -> int:
-    if _WHOLE.fullmatch(text) is None or int(text) < 0:
-        raise ValueError("must be a whole number, 0 or more")
-    return int(text)
-
-
-def _port(text: str) -> int:
-    if _WHOLE.fullmatch(text) is None or not 0 <= int(text) <= 65535:
-        raise ValueError("must be a port number 0-65535 (0 picks a free port)")
-    return int(text)
-
-
-def _listen_address(text: str) -> str:
-    """An IP address to bind (``0.0.0.0`` all IPv4, ``::`` all interfaces, ``127.0.0.1`` local only)."""
-    try:
-        return str(ipaddress.ip_address(text.strip()))
-    except ValueError:
-        raise ValueError("must be an IP address to listen on, such as 0.0.0.0, 127.0.0.1 or ::") from None
-
-
-def _positive_duration(text: str) -> float:
-    value = parse_duration(text)
-    if value <= 0:
-        raise ValueError("must be a positive duration (examples: 250ms, 30s, 5m)")
-    return value
-
-
-def _log_level(text: str) -> str:
-    level = text.upper()
-    if level not in {"DEBUG", "INFO", "WARNING", "ERROR"}:
-        raise ValueError("must be one of DEBUG, INFO, WARNING, ERROR")
-    return level
-
-
-def _postgres_dsn(text: str) -> str:
-    if not text.startswith(("postgres://", "postgresql://")):
-        raise ValueError("must be a postgresql:// URL")
-    return text
-
-
-def _redis_url(text: str) -> str:
-    return validate_redis_url(text)
-
-
-def _one_of(values: tuple[str, ...], meaning: str) -> Callable[[str], str]:
-    """A parser accepting one of ``values`` (any case, surrounding spaces ignored); ``meaning``
-    says what each is, in the error."""
-
-    def parse(text: str) -> str:
-        value = text.strip().lower()
-        if value not in values:
-            raise ValueError(f"must be {meaning}")
-        return value
-
-    return parse
-
-
-_pooler = _one_of(
-    POOLERS,
-    "none (direct to Postgres), session (a session-pooling pooler) or transaction "
-    "(PgBouncer pool_mode=transaction or any transaction pooler)",
-)
-_intake = _one_of(
-    INTAKES,
-    "stream (every job through the Redis stream) or direct (workers lease ready rows from Postgres "
-    "themselves; the stream carries the overflow)",
-)
-
-_shadow = _one_of(
-    SHADOW_MODES,
-    "off (judge the work stream) or judge (a shadow worker: judge the shadow stream into shadow verdicts)",
-)
-
-
-def _judge_name(text: str) -> str:
-    if not re.match(r"^[a-z][a-z0-9_-]*$", text):
-        raise ValueError("must be a judge plugin name such as noop, sleep or program")
-    return text
-
-
-# variable suffix -> (section, field, parser, what is accepted)
-_VARIABLES: dict[str, tuple[str | None, str, Callable[[str], Any]]] = {
-    "POSTGRES_DSN": (None, "postgres_dsn", _postgres_dsn),
-    "POSTGRES_POOLER": (None, "postgres_pooler", _pooler),
-    "POSTGRES_LISTEN_DSN": (None, "postgres_listen_dsn", _postgres_dsn),
-    "REDIS_URL": (None, "redis_url", _redis_url),
-    "QUEUE": (None, "queue", validate_queue_name),
-    "METRICS_PORT": (None, "metrics_port", _port),
-    "METRICS_ADDRESS": (None, "metrics_address", _listen_address),
-    "LOG_LEVEL": (None, "log_level", _log_level),
-    "BATCH_SIZE": ("dispatcher", "batch_size", _positive_int),
-    "SCHEDULE": ("dispatcher", "schedule", _positive_duration),
-    "MAX_ATTEMPTS": ("dispatcher", "max_attempts", _positive_int),
-    "BACKOFF_BASE": ("dispatcher", "backoff_base", _positive_duration),
-    "BACKOFF_MAX": ("dispatcher", "backoff_max", _positive_duration),
-    "CLAIM_TTL": ("dispatcher", "claim_ttl", _positive_duration),
-    "SEEN_TTL": ("dispatcher", "seen_ttl", _positive_duration),
-    "CONCURRENCY": ("worker", "concurrency", _positive_int),
-    "JUDGE": ("worker", "judge", _judge_name),
-    "LEASE_TTL": ("worker", "lease_ttl", _positive_duration),
-    "GRACE_PERIOD": ("worker", "grace_period", _positive_duration),
-    "INTAKE": ("worker", "intake", _intake),
-    "OFFERS": ("worker", "offers", _count),
-    "SHADOW": ("worker", "shadow", _shadow),
-    "REAPER_INTERVAL": ("reaper", "interval", _positive_duration),
-    "VISIBILITY_TIMEOUT": ("reaper", "visibility_timeout", _positive_duration),
-    "MAX_DELIVERIES": ("reaper", "max_deliveries", _positive_int),
-    "MAX_RETRIES": ("reaper", "max_retries", _count),  # 0: give up at the first lease expiry
-    "RETENTION": ("reaper", "retention", _positive_duration),
-    "SWEEP_BATCH": ("reaper", "sweep_batch", _positive_int),
-    "REDISPATCH_AFTER": ("reaper", "redispatch_after", _positive_duration),
-}
-
-PREFIX = "JUDGEQUEUE_"
-_URL_VARIABLES = ("POSTGRES_DSN", "POSTGRES_LISTEN_DSN", "REDIS_URL")
-REQUIRED = ("POSTGRES_DSN", "REDIS_URL", "QUEUE")
+#: The connections: each holds a password, so a bad value is shown redacted; a JudgeQueue takes each from a Secret.
+_URL_VARIABLES = tuple(r.suffix for r in ROWS if r.secret is not None)
+REQUIRED = tuple(r.suffix for r in ROWS if r.required)
 #: ``JUDGEQUEUE_POSTGRES_DSN_FILE=/path`` gives the connection as a file (a mounted Secret), so the
 #: credential is in no process's environment; the plain variable still works (``judgequeue local``).
 FILE_SUFFIX = "_FILE"
@@ -366,7 +107,7 @@ def read_credential_files(env: Mapping[str, str], *, ignore: Collection[str] = (
 def variable_names() -> list[str]:
     """Every environment variable :func:`load_settings` reads, but the ``*_FILE`` forms
     (:func:`file_variable_names`)."""
-    return [PREFIX + suffix for suffix in _VARIABLES]
+    return [r.variable for r in ROWS]
 
 
 def file_variable_names() -> list[str]:
@@ -390,11 +131,11 @@ def load_settings(
     merged.update(read_credential_files(merged, ignore=set(overrides or ())))
     top: dict[str, Any] = {}
     sections: dict[str, dict[str, Any]] = {"dispatcher": {}, "worker": {}, "reaper": {}}
-    for suffix, (section, name, _parser) in _VARIABLES.items():
-        variable = PREFIX + suffix
+    for row in ROWS:
+        variable, section, name = row.variable, row.section, row.name
         raw = merged.get(variable)
         if raw is None or raw == "":
-            if suffix in REQUIRED:
+            if row.required:
                 raise ConfigError(f"{variable} is required")
             continue
         from_override = overrides is not None and variable in overrides and override_name is not None
@@ -443,9 +184,9 @@ def section_fields(section: type[Any]) -> list[str]:
 
 def variable_for(section: str | None, name: str) -> str:
     """The environment variable that sets ``Settings.<section>.<name>`` (``section`` None: top level)."""
-    for suffix, (sec, field_name, _parse) in _VARIABLES.items():
-        if sec == section and field_name == name:
-            return PREFIX + suffix
+    for row in ROWS:
+        if row.section == section and row.name == name:
+            return row.variable
     raise KeyError(f"no variable sets {section or 'settings'}.{name}")
 
 
@@ -453,7 +194,7 @@ def parse_variable(variable: str, raw: str | None, *, shown_as: str | None = Non
     """Validate one variable's value as :func:`load_settings` would; raises ConfigError naming it
     (or ``shown_as``, the flag the value came from)."""
     suffix = variable.removeprefix(PREFIX)
-    if suffix not in _VARIABLES:
+    if suffix not in ROW_BY_SUFFIX:
         raise KeyError(variable)
     if raw is None or raw == "":
         raise ConfigError(f"{variable} is required")
@@ -464,7 +205,7 @@ def _parse(variable: str, raw: str, shown_as: str) -> Any:
     """One variable's value through its parser; a ConfigError names it as ``shown_as`` (variable or flag)."""
     suffix = variable.removeprefix(PREFIX)
     try:
-        return _VARIABLES[suffix][2](raw)
+        return ROW_BY_SUFFIX[suffix].parse(raw)
     except (ValueError, TypeError) as exc:
         shown = redact_url(raw) if suffix in _URL_VARIABLES else raw
         raise ConfigError(f"{shown_as}={shown!r} is invalid: {exc}") from None
@@ -500,6 +241,8 @@ class ArchiveSettings:
     def max_package_bytes(self) -> int:
         return self.max_package_mb * 1024 * 1024
 
+
+_positive_int = whole_number(1)
 
 #: variable suffix -> (ArchiveSettings field, parser)
 _ARCHIVE_VARIABLES: dict[str, tuple[str, Callable[[str], Any]]] = {

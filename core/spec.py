@@ -6,16 +6,19 @@ a role's ``JUDGEQUEUE_*`` variables with :func:`role_settings`:
 
 - :data:`FIELDS` lists every scalar field once: its type, default, bounds, description and, when it
   configures a role, the :class:`~judgequeue.core.config.Settings` field it sets. A field that sets a
-  role's setting takes its default from ``core/config.py`` (what a role uses when the variable is
-  absent), so each default is written once.
-- :data:`RULES` are the cross-field rules: the check, and the CRD's CEL rule with the same message.
+  role's setting is built from that setting's row in ``core/settings_table.py`` (kind, default,
+  bounds, choices, pattern, description, the roles that read it), so the spec refuses what a role
+  refuses, and a row with a spec path is a field here even when not placed by hand.
+- :data:`RULES` are the cross-field rules: the check, and the CRD's CEL rule with the same message
+  (a row's upper bound on a duration is one too).
 - The CRD's ``spec`` schema is generated from these (``controllers/crd.py``, written by
-  ``scripts/gen_chart_files.py``, as the chart's RBAC is): a new field is written here and where it
-  is used, and ``tests/unit/test_spec_model.py`` fails while crds/judgequeue.yaml differs from the model.
-- A role gets exactly the variables it reads: a setting's section names its role (``worker.lease_ttl``
-  goes to workers only), and :attr:`Field.also_read_by` names other roles that read it (the reaper
-  prunes dispatcher waiters by the dispatchers' schedule). ``tests/unit/test_spec_model.py`` checks this
-  against what each role's modules read.
+  ``scripts/gen_chart_files.py``, as the chart's RBAC is): a new field is written here (a role
+  setting: in its row) and where it is used, and ``tests/unit/test_spec_model.py`` fails while
+  crds/judgequeue.yaml differs from the model.
+- A role gets exactly the variables it reads: the row names the roles that read its setting
+  (``worker.lease_ttl`` goes to workers only; the reaper prunes dispatcher waiters by the dispatchers'
+  schedule, so it reads that too). ``tests/unit/test_spec_model.py`` checks this against what each
+  role's modules read.
 - The typed spec (:class:`JudgeQueueSpec`) carries what the operator itself reads (replicas,
   resources, the judge, ...); a setting only a role reads reaches it through :func:`role_settings`.
 
@@ -34,7 +37,7 @@ import ipaddress
 import json
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import MISSING, dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from decimal import Decimal, InvalidOperation
 from typing import Any, Literal
@@ -43,20 +46,17 @@ from .base.agreement import PERCENT_PATTERN, Gate, parse_percent
 from .base.errors import InvalidQueueName
 from .base.names import validate_queue_name
 from .config import (
-    AUTO_INTAKE,
-    DIRECT_INTAKE_MAX_WORKERS,
-    POOLERS,
-    SPEC_INTAKES,
-    DispatcherSettings,
     IntakeChoice,
-    ReaperSettings,
-    Settings,
-    WorkerSettings,
     format_duration,
     intake_for_fleet,
     parse_duration,
     variable_for,
 )
+from .settings_table import JUDGE_PATTERN as JUDGE_PATTERN
+from .settings_table import QUEUE_PATTERN as QUEUE_PATTERN
+from .settings_table import ROLES as ROLES
+from .settings_table import ROW_BY_SPEC, ROWS
+from .settings_table import Role as Role
 
 #: ``spec.worker.sandbox``: whether the program judge must isolate (the default) or may trust the code.
 SANDBOX_MODES = ("isolated", "trusted")
@@ -64,17 +64,12 @@ SANDBOX_MODES = ("isolated", "trusted")
 DRIFT_POLICIES = ("restore", "report")
 SANDBOX_VARIABLE = "JUDGEQUEUE_SANDBOX"
 
-Role = Literal["dispatcher", "worker", "reaper"]
-ROLES: tuple[Role, ...] = ("dispatcher", "worker", "reaper")
-
 Kind = Literal["integer", "duration", "string", "choice", "boolean", "timestamp"]
 
 # Durations compared by CEL rules must be Go durations (CEL's duration() has no "d" unit); retention
 # is never compared, so it may use days.
 DURATION_PATTERN = r"^[0-9]+(\.[0-9]+)?(ms|s|m|h)$"
 LONG_DURATION_PATTERN = r"^[0-9]+(\.[0-9]+)?(ms|s|m|h|d)$"
-QUEUE_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
-JUDGE_PATTERN = r"^[a-z][a-z0-9_-]*$"
 SECRET_KEY_PATTERN = r"^[-._a-zA-Z0-9]+$"
 #: An IPv4 or IPv6 CIDR's shape; :func:`parse_spec` checks the address itself (no host bits set).
 CIDR_PATTERN = r"^[0-9a-fA-F:.]+/[0-9]{1,3}$"
@@ -105,22 +100,11 @@ DURATION_MAX_LENGTH = 16
 #: and the metrics Service ``<name>-metrics`` (a DNS label) must fit 63 characters.
 NAME_MAX_LENGTH = 49
 
-_SETTINGS_CLASSES: dict[str | None, type[Any]] = {
-    None: Settings,
-    "dispatcher": DispatcherSettings,
-    "worker": WorkerSettings,
-    "reaper": ReaperSettings,
-}
-
-
 def setting_default(section: str | None, name: str) -> Any:
-    """The default ``core/config.py`` gives ``Settings.<section>.<name>`` (a role's value when unset)."""
-    for f in fields(_SETTINGS_CLASSES[section]):
-        if f.name == name:
-            if f.default is not MISSING:
-                return f.default
-            if f.default_factory is not MISSING:
-                return f.default_factory()
+    """The default of ``Settings.<section>.<name>`` (a role's value when unset), from its row."""
+    for row in ROWS:
+        if row.section == section and row.name == name and not row.required:
+            return row.default
     raise KeyError(f"{section or 'settings'}.{name} has no default")
 
 
@@ -129,8 +113,9 @@ class Field:
     """One scalar field of the spec: where it is, what it accepts, and what it configures.
 
     ``default`` is the model's value when the field is absent (seconds for durations; None: no
-    default). ``setting`` is the ``Settings`` (section, name) it sets; such a field's default comes
-    from core/config.py. ``schema_default``, when given, is ``(what the CRD writes,)`` where it deliberately
+    default). ``setting`` is the ``Settings`` (section, name) it sets, and ``read_by`` the roles that
+    read it: such a field is built from its row (core/settings_table.py, :func:`_setting`), default,
+    bounds and all. ``schema_default``, when given, is ``(what the CRD writes,)`` where it deliberately
     differs from the model's default.
     """
 
@@ -148,7 +133,7 @@ class Field:
     #: object itself stays optional (``cutover.gate``).
     required_in_object: bool = False
     setting: tuple[str | None, str] | None = None
-    also_read_by: tuple[Role, ...] = ()
+    read_by: tuple[Role, ...] = ()
     schema_default: tuple[Any] | None = None
     hint: str = ""  # what a value refused by ``pattern`` should look like
     #: What the CRD says of the field (``kubectl explain``).
@@ -164,28 +149,50 @@ class Field:
     @property
     def roles(self) -> tuple[Role, ...]:
         """The roles that read this field's setting (none if it sets no role's setting)."""
-        if self.setting is None:
-            return ()
-        section = self.setting[0]
-        own: tuple[Role, ...] = ROLES if section is None else tuple(r for r in ROLES if r == section)
-        return own + tuple(r for r in self.also_read_by if r not in own)
+        return self.read_by
 
 
-def _duration(path: tuple[str, ...], default: float | None = None, *, setting: tuple[str | None, str] | None = None,
-              long: bool = False, also_read_by: tuple[Role, ...] = (), description: str = "") -> Field:
-    if setting is not None:
-        default = float(setting_default(*setting))
-    return Field(path, "duration", default, pattern=LONG_DURATION_PATTERN if long else DURATION_PATTERN,
-                 max_length=DURATION_MAX_LENGTH, setting=setting, also_read_by=also_read_by, description=description)
+def _duration(path: tuple[str, ...], default: float | None = None, *, description: str = "") -> Field:
+    return Field(path, "duration", default, pattern=DURATION_PATTERN, max_length=DURATION_MAX_LENGTH,
+                 description=description)
 
 
 def _integer(path: tuple[str, ...], lo: int, hi: int, default: int | None = None, *,
-             setting: tuple[str | None, str] | None = None, schema_default: tuple[Any] | None = None,
-             description: str = "") -> Field:
-    if setting is not None:
-        default = int(setting_default(*setting))
-    return Field(path, "integer", default, minimum=lo, maximum=hi, setting=setting, schema_default=schema_default,
+             schema_default: tuple[Any] | None = None, description: str = "") -> Field:
+    return Field(path, "integer", default, minimum=lo, maximum=hi, schema_default=schema_default,
                  description=description)
+
+
+def _setting(path: tuple[str, ...]) -> Field:
+    """The spec field of the role setting whose row (core/settings_table.py) names ``path``: its kind,
+    default, bounds, choices and pattern are the row's, so the spec (and the CRD generated from it)
+    accepts what the roles accept. Where it deliberately differs (``worker.intake``'s ``auto``,
+    ``worker.concurrency``'s bound), the row says so and why."""
+    row = ROW_BY_SPEC[path]
+    common: dict[str, Any] = {"setting": (row.section, row.name), "read_by": row.roles, "description": row.explain}
+    default = row.spec_field_default
+    if row.kind == "duration":
+        return Field(path, "duration", default, pattern=LONG_DURATION_PATTERN if row.long else DURATION_PATTERN,
+                     max_length=DURATION_MAX_LENGTH, **common)
+    if row.kind == "integer":
+        minimum, maximum = row.spec_bounds
+        return Field(path, "integer", default, minimum=minimum, maximum=maximum, **common)
+    if row.kind == "choice":
+        return Field(path, "choice", default, choices=row.spec_choices or row.choices, **common)
+    return Field(path, "string", default, pattern=row.pattern, max_length=row.max_length, hint=row.hint, **common)
+
+
+def _with_every_setting(placed: tuple[Field, ...]) -> tuple[Field, ...]:
+    """``placed`` and a field for each row with a spec path not placed in it, after the last field
+    of its object (so a new setting's row is enough; placing it only chooses where the CRD lists it)."""
+    out = list(placed)
+    have = {f.path for f in out}
+    for path in ROW_BY_SPEC:
+        if path in have:
+            continue
+        siblings = [i for i, f in enumerate(out) if f.path[: len(path) - 1] == path[:-1]]
+        out.insert(siblings[-1] + 1 if siblings else len(out), _setting(path))
+    return tuple(out)
 
 
 def _secret(path: tuple[str, ...], key: str) -> tuple[Field, Field]:
@@ -195,16 +202,15 @@ def _secret(path: tuple[str, ...], key: str) -> tuple[Field, Field]:
     )
 
 
-#: Every scalar field of ``JudgeQueue.spec``. ``resources`` (requests/limits of quantities) are the
-#: only other leaves; see :data:`RESOURCES`.
-FIELDS: tuple[Field, ...] = (
+#: Every scalar field of ``JudgeQueue.spec``, in the order the CRD lists them. A role setting's field is
+#: its row's (:func:`_setting`); a row not placed here is added after its object's last field.
+#: ``resources`` (requests/limits of quantities) are the only other leaves; see :data:`RESOURCES`.
+FIELDS: tuple[Field, ...] = _with_every_setting((
     Field(("image",), "string", required=True, min_length=1,
           description="The judgequeue image; its command selects the role."),
     Field(("imagePullPolicy",), "choice", "IfNotPresent", choices=("Always", "IfNotPresent", "Never")),
-    Field(("queue",), "string", pattern=QUEUE_PATTERN, max_length=63, setting=(None, "queue"),
-          description="Queue name (DNS label); defaults to the resource's name."),
-    Field(("logLevel",), "choice", setting_default(None, "log_level"), choices=("DEBUG", "INFO", "WARNING", "ERROR"),
-          setting=(None, "log_level")),
+    _setting(("queue",)),
+    _setting(("logLevel",)),
     Field(("paused",), "boolean", False,
           description="When true, dispatchers claim nothing; submissions still commit."),
     _duration(("progressDeadline",), 600.0,
@@ -212,24 +218,18 @@ FIELDS: tuple[Field, ...] = (
                           "the JudgeQueue turns Degraded with the rollout's own message."),
     *_secret(("postgres",), "dsn"),
     # What sits between the roles (and the operator) and Postgres: every role connects through it.
-    Field(("postgres", "pooler"), "choice", setting_default(None, "postgres_pooler"), choices=POOLERS,
-          setting=(None, "postgres_pooler"),
-          description="What the DSN reaches: Postgres itself (none), a session pooler, or a transaction pooler such "
-                      "as PgBouncer pool_mode=transaction (no statement cache, no LISTEN through it). The "
-                      "operator's own connections honour it too."),
+    _setting(("postgres", "pooler")),
     # Optional: a direct (pooler-free) DSN for the dispatcher's LISTEN wake-up (see LISTEN_SECRET).
     Field(("postgres", "listen", "secretKeyRef", "name"), "string", min_length=1, max_length=253),
     Field(("postgres", "listen", "secretKeyRef", "key"), "string", "dsn", pattern=SECRET_KEY_PATTERN,
           hint="a Secret key"),
     *_secret(("redis",), "url"),
     _integer(("dispatcher", "replicas"), 0, 100, 1),
-    _integer(("dispatcher", "batchSize"), 1, 10000, setting=("dispatcher", "batch_size")),
-    # The reaper prunes dispatcher waiters older than a few schedules, so it reads the schedule too;
-    # so does a worker (direct intake polls and re-registers on it).
-    _duration(("dispatcher", "schedule"), setting=("dispatcher", "schedule"), also_read_by=("reaper", "worker")),
-    _integer(("dispatcher", "maxAttempts"), 1, 1000, setting=("dispatcher", "max_attempts")),
-    _duration(("dispatcher", "backoff", "base"), setting=("dispatcher", "backoff_base")),
-    _duration(("dispatcher", "backoff", "max"), setting=("dispatcher", "backoff_max")),
+    _setting(("dispatcher", "batchSize")),
+    _setting(("dispatcher", "schedule")),
+    _setting(("dispatcher", "maxAttempts")),
+    _setting(("dispatcher", "backoff", "base")),
+    _setting(("dispatcher", "backoff", "max")),
     # The scale subresource's count: absent means "not set" (the CRD writes 1 so reading the scale
     # subresource always answers); honoured only when autoscaling is external.
     _integer(("worker", "replicas"), 0, 1000, None, schema_default=(1,),
@@ -239,32 +239,14 @@ FIELDS: tuple[Field, ...] = (
     _integer(("worker", "minReplicas"), 0, 1000, 1),
     _integer(("worker", "maxReplicas"), 1, 1000, 8),
     _integer(("worker", "targetBacklogPerReplica"), 1, 1_000_000, 10),
-    # The default resources reserve memory per slot (controllers/render.py), so the bound keeps a
-    # worker's default request schedulable. Beyond it, run more workers.
-    _integer(("worker", "concurrency"), 1, 64, setting=("worker", "concurrency"),
-             description="Jobs a worker judges at once. Without worker.resources a worker requests 256Mi plus 256Mi "
-                         "per slot and is limited to 256Mi plus 1Gi per slot (a compile at most per slot); an "
-                         "http-call worker requests 256Mi and is limited to 512Mi whatever its concurrency."),
-    Field(("worker", "judge"), "string", setting_default("worker", "judge"), pattern=JUDGE_PATTERN,
-          setting=("worker", "judge"), hint="a judge plugin name: lowercase letters, digits, - and _",
-          description="Judge plugin (noop, sleep, program, or one installed in the image)."),
+    _setting(("worker", "concurrency")),
+    _setting(("worker", "judge")),
     Field(("worker", "autoscaling"), "choice", "internal", choices=("internal", "external"),
           description="internal = the operator scales on backlog; external = an HPA or KEDA owns replicas."),
     _duration(("worker", "scaleDownStabilization"), 300.0),
-    _duration(("worker", "gracePeriod"), setting=("worker", "grace_period")),
-    # How jobs reach the workers (core/config.py INTAKES); the dispatcher holds back for direct. The one
-    # field whose default is not config's: auto is resolved (fleet_intake) before it reaches a role.
-    Field(("worker", "intake"), "choice", AUTO_INTAKE, choices=SPEC_INTAKES,
-          setting=("worker", "intake"), also_read_by=("dispatcher",),
-          description="auto = direct while maxReplicas is at most "
-                      f"{DIRECT_INTAKE_MAX_WORKERS}, else stream (status.workers.intake says which and why); "
-                      "stream = every job goes through the Redis stream; direct = a worker with free slots claims "
-                      "and leases ready rows from Postgres itself and the dispatcher sends to the stream only what "
-                      "no worker took within one dispatcher schedule (docs/design.md)."),
-    _integer(("worker", "offers"), 0, 1024, setting=("worker", "offers"),
-             description="With direct intake: how many of its free slots an idle worker offers; a submit that finds "
-                         "an open offer writes its job already leased to that worker and notifies it (no statement "
-                         "of the worker's before the judge). 0 = no offers."),
+    _setting(("worker", "gracePeriod")),
+    _setting(("worker", "intake")),
+    _setting(("worker", "offers")),
     Field(("worker", "priorityClassName"), "string", pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", max_length=253,
           hint="a PriorityClass name",
           description="The PriorityClass of worker pods (live and shadow): judges that must not be preempted by "
@@ -284,14 +266,12 @@ FIELDS: tuple[Field, ...] = (
     Field(("worker", "networkPolicy", "redis", "cidr"), "string", pattern=CIDR_PATTERN, max_length=43,
           hint="a CIDR such as 10.0.0.0/16", cel=(IPV4_NETWORK_RULE,)),
     _integer(("reaper", "replicas"), 0, 20, 1),
-    _duration(("reaper", "interval"), setting=("reaper", "interval")),
-    _duration(("reaper", "visibilityTimeout"), setting=("reaper", "visibility_timeout")),
-    _integer(("reaper", "maxDeliveries"), 1, 1000, setting=("reaper", "max_deliveries")),
-    # Workers heartbeat by this TTL; the reaper rescues leases by the expiry stored in Postgres and
-    # never reads it, so it goes to the workers only.
-    _duration(("reaper", "leaseTtl"), setting=("worker", "lease_ttl")),
-    _integer(("reaper", "maxRetries"), 0, 100, setting=("reaper", "max_retries")),
-    _duration(("reaper", "retention"), setting=("reaper", "retention"), long=True),
+    _setting(("reaper", "interval")),
+    _setting(("reaper", "visibilityTimeout")),
+    _setting(("reaper", "maxDeliveries")),
+    _setting(("reaper", "leaseTtl")),
+    _setting(("reaper", "maxRetries")),
+    _setting(("reaper", "retention")),
     Field(("cutover", "mode"), "choice", "live", choices=("live", "shadow")),
     # What the operator does when the queue row's flags differ from the spec without a spec change.
     Field(("cutover", "driftPolicy"), "choice", "restore", choices=DRIFT_POLICIES,
@@ -309,7 +289,7 @@ FIELDS: tuple[Field, ...] = (
     Field(("cutover", "force"), "boolean",
           description="true lets a flip to live through whatever the gate says (the status still shows the "
                       "figures). A one-off: remove it with the next commit, or later flips are not gated either."),
-)
+))
 
 #: What the CRD says of the spec's objects that are more than their fields.
 OBJECT_DESCRIPTIONS: dict[tuple[str, ...], str] = {
@@ -344,12 +324,10 @@ DEFAULTED_OBJECTS: tuple[tuple[str, ...], ...] = (
 LISTEN_SECRET: tuple[str, ...] = ("postgres", "listen")
 #: The connection variables taken from Secrets, which roles read them, and where the Secret is named.
 #: Connections never pass through :func:`role_settings`: they are rendered as ``secretKeyRef``s.
-SECRET_SETTINGS: tuple[tuple[tuple[str, ...], tuple[str | None, str], tuple[Role, ...]], ...] = (
-    (("postgres",), (None, "postgres_dsn"), ROLES),
-    (("redis",), (None, "redis_url"), ROLES),
-    # The dispatcher LISTENs (core/runtime/wakeup.py, Settings.listen_dsn), and so does a worker with
-    # direct intake (the same wake-up, run by core/roles/worker/direct/intake.py).
-    (LISTEN_SECRET, (None, "postgres_listen_dsn"), ("dispatcher", "worker")),
+SECRET_SETTINGS: tuple[tuple[tuple[str, ...], tuple[str | None, str], tuple[Role, ...]], ...] = tuple(
+    (row.secret, (row.section, row.name), row.roles)
+    for row in sorted(ROWS, key=lambda row: not row.required)  # the required connections first
+    if row.secret is not None
 )
 
 FIELD_BY_PATH: dict[tuple[str, ...], Field] = {f.path: f for f in FIELDS}
@@ -397,6 +375,20 @@ class Rule:
     cel: str
 
 
+def _under_rules() -> tuple[Rule, ...]:
+    """A rule for each role setting whose row bounds a duration from above (``under``): the roles
+    refuse the same values (core/settings_table.py)."""
+
+    def below(name: str, under: float) -> Callable[[Mapping[str, Any]], bool]:
+        return lambda values: bool(values[name] < under)
+
+    return tuple(
+        Rule(path[:-1], path[-1], (path[-1],), f"{'.'.join(path)} must be under {format_duration(row.under)}",
+             below(path[-1], row.under), f"duration(self.{path[-1]}) < duration('{format_duration(row.under)}')")
+        for path, row in ROW_BY_SPEC.items() if row.under is not None
+    )
+
+
 RULES: tuple[Rule, ...] = (
     Rule(("dispatcher", "backoff"), "base", ("base", "max"),
          "dispatcher.backoff.base must not exceed dispatcher.backoff.max",
@@ -406,10 +398,7 @@ RULES: tuple[Rule, ...] = (
          "worker.minReplicas must not exceed worker.maxReplicas",
          lambda v: v["minReplicas"] <= v["maxReplicas"],
          "self.minReplicas <= self.maxReplicas"),
-    Rule(("worker",), "gracePeriod", ("gracePeriod",),
-         "worker.gracePeriod must be under 1h",
-         lambda v: v["gracePeriod"] < 3600,
-         "duration(self.gracePeriod) < duration('1h')"),
+    *_under_rules(),
     Rule(("reaper",), "interval", ("interval", "visibilityTimeout"),
          "reaper.interval must not exceed reaper.visibilityTimeout (sweeps would miss idle entries)",
          lambda v: v["interval"] <= v["visibilityTimeout"],
@@ -568,7 +557,7 @@ class JudgeQueueSpec:
     worker: WorkerSpec
     reaper: ReaperSpec
     cutover: CutoverSpec
-    postgres_pooler: str  # none, session or transaction (core/config.py POOLERS)
+    postgres_pooler: str  # none, session or transaction (core/settings_table.py POOLERS)
     postgres_listen: SecretKeyRef | None  # the direct LISTEN DSN (dispatcher, direct-intake worker), if any
     progress_deadline: float  # seconds a Deployment may roll out without progress
     values: Mapping[tuple[str, ...], Any] = field(default_factory=dict, repr=False, compare=False)
@@ -935,7 +924,7 @@ def role_fields(role: Role) -> tuple[Field, ...]:
 
 
 def role_settings(spec: JudgeQueueSpec, role: Role, *, given_only: bool = False) -> dict[str, str]:
-    """The ``JUDGEQUEUE_*`` variables (names from core/config.py) a spec sets for one role, and only
+    """The ``JUDGEQUEUE_*`` variables (each its row's, core/settings_table.py) a spec sets for one role, and only
     those the role reads, so a change to another role's setting does not restart it. Connections and
     the metrics port are not part of the spec: a cluster takes them from Secrets, ``local`` from flags.
 

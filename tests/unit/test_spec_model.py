@@ -243,7 +243,7 @@ def test_lease_ttl_goes_to_workers_only() -> None:
 
 def test_role_setting_defaults_are_config_defaults() -> None:
     """A field that sets a role's setting has config's default, so an unset field and an absent
-    variable mean the same thing (the default is written once, in core/config.py)."""
+    variable mean the same thing (the default is written once, in its row: core/settings_table.py)."""
     from judgequeue.core.config import DIRECT_INTAKE_MAX_WORKERS, load_settings
 
     # The one exception is the intake, whose default (auto) is resolved on the fleet's bound: at a
