@@ -1,9 +1,9 @@
 """How the whole suite is spread over pytest-xdist workers, and what each test waits to be built.
 
 scripts/test runs the whole suite on several workers while the heavy tiers' artefacts build beside
-it. A work unit is what one worker runs in one go: a heavy tier's package-scoped fixtures (one
-control plane for tests/kube, one real node for tests/node) make that tier one unit, a VM module
-one unit each, and any other module one unit (its module-scoped fixtures are set up once).
+it. A work unit is what one worker runs in one go: each heavy tier is one unit (one control plane
+for tests/kube, one real node for tests/node, one VM at a time for tests/vm), and any other module
+one unit (its module-scoped fixtures are set up once).
 Units go out in collection order, one at a time, and tests/conftest.py orders them: the heavy
 units first, so each takes a worker of its own and waits there only for the artefacts it needs
 (each built artefact is announced on its own, so the kube tier starts before the oldest API server
@@ -20,8 +20,9 @@ from xdist.scheduler import LoadScopeScheduling
 
 #: The tiers that need more than Postgres and Redis, one folder each under tests/.
 TIERS = ("kube", "node", "vm")
-#: Tiers whose package-scoped fixtures make the whole folder one work unit.
-ONE_UNIT_TIERS = ("kube", "node")
+#: Tiers that are one work unit each: package-scoped fixtures (one control plane for tests/kube, one
+#: real node for tests/node), and one VM at a time (it emulates its CPUs: two would take both cores).
+ONE_UNIT_TIERS = TIERS
 #: What scripts/test builds beside the suite, each announced by its own lock and exit-code file.
 ARTEFACTS = ("control-plane", "oldest", "node", "image", "vm")
 #: What a tier's tests wait for unless a ``builds(...)`` marker names otherwise.
