@@ -9,7 +9,6 @@ shares the ``jq:{<queue>}`` prefix, and the fixture deletes them afterwards.
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -21,66 +20,50 @@ import redis.asyncio as aioredis
 
 from judgequeue.core.store.queues import create_queue
 from judgequeue.core.transport import streams
+from tests.support import scheduling
 from tests.support.databases import REDIS_URL, create_database, delete_queue_keys, drop_database
 
-#: The tiers that need more than Postgres and Redis, one folder each: every test below tests/<tier>/
-#: carries the marker of that name (pyproject.toml declares them), so ``-m "not kube"`` leaves one out.
-TIERS = ("kube", "node", "vm")
 
-
-def _tier(item: pytest.Item) -> str | None:
-    here = Path(__file__).parent
-    folders = Path(str(item.fspath)).parents
-    return next((tier for tier in TIERS if here / tier in folders), None)
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark each test with its tier, and run the tiers that need no build first (in their order
-    otherwise), so that on a new machine they run while scripts/test builds the heavy ones."""
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark each test with its tier (``-m "not kube"`` leaves one out) and order the collection for
+    the build beside the suite (tests/support/scheduling.py)."""
     for item in items:
-        tier = _tier(item)
+        tier = scheduling.tier_of(Path(str(item.fspath)), TESTS)
         if tier is not None:
             item.add_marker(getattr(pytest.mark, tier))
-    items.sort(key=_build_order)
+    parallel = _parallel(config)
+    items.sort(key=lambda item: scheduling.order_key(item, TESTS, parallel))
 
 
-def _build_order(item: pytest.Item) -> int:
-    """-1 for a test that needs nothing built; else the index of its tier (a test marked ``builds``,
-    outside the tiers, with the first of them)."""
-    tier = _tier(item)
-    if tier is not None:
-        return TIERS.index(tier)
-    return 0 if item.get_closest_marker("builds") is not None else -1
+def _parallel(config: pytest.Config) -> bool:
+    """True on an xdist worker or controller (the heavy units then go out first)."""
+    return bool(os.environ.get("PYTEST_XDIST_WORKER")) or bool(getattr(config.option, "numprocesses", None))
 
 
-#: Set by scripts/test when the heavy tiers build beside the tests: the folder of that build's lock,
-#: exit code and log.
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> scheduling.UnitScheduling:
+    return scheduling.UnitScheduling(config, log)
+
+
+TESTS = Path(__file__).parent
+#: Set by scripts/test when the heavy tiers build beside the tests: the folder of that build's locks
+#: (one per artefact), exit codes and log.
 HEAVY_BUILD = os.environ.get("JUDGEQUEUE_PREPARE_HEAVY")
-#: None until the first heavy test has waited for that build; then "" (built) or why it failed.
-_heavy_failure: list[str] = []
-
-
-def _wait_for_heavy_build(folder: Path) -> str:
-    """Wait until the build has ended (it holds the lock until then); "" or its failure with its log."""
-    with open(folder / "lock") as lock:
-        fcntl.flock(lock, fcntl.LOCK_SH)
-    code = (folder / "rc").read_text().strip() if (folder / "rc").exists() else "none"
-    if code == "0":
-        return ""
-    log = (folder / "log").read_text(errors="replace") if (folder / "log").exists() else ""
-    return f"preparing the kube, node and vm tiers failed (exit {code}):\n{log[-6000:]}"
+#: Per artefact, once a test has waited for it: "" (built) or why it was not.
+_built: dict[str, str] = {}
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    """A test of a heavy tier waits for the build scripts/test started beside the suite, and fails
-    with the build's log when it failed."""
-    if HEAVY_BUILD is None or _build_order(item) < 0:
+    """A test that needs an artefact scripts/test builds beside the suite waits for that artefact
+    (not the whole build), and fails with the build's log when it failed."""
+    if HEAVY_BUILD is None:
         return
-    if not _heavy_failure:
-        _heavy_failure.append(_wait_for_heavy_build(Path(HEAVY_BUILD)))
-    if _heavy_failure[0]:
-        pytest.fail(_heavy_failure[0], pytrace=False)
+    for artefact in scheduling.needs(item, TESTS):
+        if artefact not in _built:
+            _built[artefact] = scheduling.wait_for(Path(HEAVY_BUILD), artefact)
+        if _built[artefact]:
+            pytest.fail(_built[artefact], pytrace=False)
 
 
 #: Seconds spent per folder of tests/ (setup, call and teardown), for the summary below.

@@ -127,6 +127,7 @@ def test_refused_at_the_door(crd_installed: Cluster, namespace: str, case: str, 
         assert part in refused.value.message, (case, refused.value.message)
 
 
+@pytest.mark.builds("control-plane", "oldest")
 @pytest.mark.parametrize(("case", "obj", "expected"), DOOR, ids=[c[0] for c in DOOR])
 def test_refused_at_the_door_of_the_oldest_release(kube_oldest: Cluster, case: str, obj: dict[str, Any],
                                                    expected: list[str]) -> None:

@@ -157,6 +157,7 @@ def _claimed_minor() -> int:
     return int(match.group(1))
 
 
+@pytest.mark.builds("control-plane", "oldest")
 def test_oldest_claimed_release_accepts_crd_and_example(kube_oldest: Cluster) -> None:
     served = kube_oldest.request("GET", "/version")
     assert int(served["minor"]) == _claimed_minor(), (served, "the chart claims a release this tier does not check")

@@ -126,7 +126,7 @@ async def test_an_unused_armed_box_is_killed_before_its_program_ever_runs(
     await discard(armed)
     assert armed.proc.returncode is not None
     assert not group.leftover()
-    assert processes_of(box_uids(judge)) == []
+    assert processes_of(box_uids(judge), judge.group_prefix) == []
 
 
 async def test_a_lane_arms_each_next_test_and_kills_the_last_armed(

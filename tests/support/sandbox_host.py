@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import glob
 import os
+import re
 
 from judgequeue.core.judges.program import ProgramJudge
 from tests.support.waiting import eventually
@@ -20,8 +21,27 @@ def box_uids(judge: ProgramJudge) -> range:
     return range(judge.uid_base, judge.uid_base + judge.slots)
 
 
-def processes_of(uids: range) -> list[int]:
-    """Live (not zombie) processes whose real uid is in ``uids``."""
+#: The cgroup of a program judge's box: ``<tag of host and sandbox dir>-<uid range>-<slot>``.
+BOX_GROUP = re.compile(r"^[0-9a-f]{8}-[0-9]+-[0-9]+$")
+
+
+def in_another_judges_box(pid: int, prefix: str) -> bool:
+    """True when ``pid`` runs in the box group of a judge other than the one whose groups start with
+    ``prefix``. Uid ranges are unique per sandbox directory, not per host, so tests running at once
+    (pytest-xdist workers, each with its own directory) use the same box uids; their groups tell
+    them apart. A process in no box group is counted as anyone's."""
+    try:
+        with open(f"/proc/{pid}/cgroup") as f:
+            paths = [line.rstrip("\n").split(":", 2)[-1] for line in f]
+    except OSError:
+        return False
+    names = [name for path in paths for name in path.split("/") if BOX_GROUP.match(name)]
+    return bool(names) and not any(name.startswith(prefix) for name in names)
+
+
+def processes_of(uids: range, judge_prefix: str | None = None) -> list[int]:
+    """Live (not zombie) processes whose real uid is in ``uids`` (with ``judge_prefix``: less those
+    in another judge's box group)."""
     found = []
     for status in glob.glob("/proc/[0-9]*/status"):
         try:
@@ -31,7 +51,9 @@ def processes_of(uids: range) -> list[int]:
             continue
         fields = dict(line.split(":", 1) for line in lines if ":" in line)
         if int(fields.get("Uid", "-1 0").split()[0]) in uids and not fields.get("State", "").strip().startswith("Z"):
-            found.append(int(status.split("/")[2]))
+            pid = int(status.split("/")[2])
+            if judge_prefix is None or not in_another_judges_box(pid, judge_prefix):
+                found.append(pid)
     return found
 
 
@@ -82,7 +104,7 @@ async def assert_host_clean(judge: ProgramJudge) -> None:
 
     async def no_processes() -> bool:
         await asyncio.sleep(0)
-        return not processes_of(uids)
+        return not processes_of(uids, judge.group_prefix)
 
     await eventually(no_processes, within=5, what=f"no process of uids {uids.start}-{uids.stop - 1}")
     assert box_leftovers(judge) == []

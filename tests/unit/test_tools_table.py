@@ -286,6 +286,7 @@ def shell_commands(text: str) -> set[str]:
     functions = set(re.findall(r"^\s*([\w-]+)\(\)\s*\{", text, flags=re.M))
     skeleton = re.sub(r"\w+\+?=\([^()]*\)", " ", _skeleton(text))  # array assignments
     skeleton = re.sub(r"(?m)^\s*[^\s()$]+\)", " ", skeleton)  # case patterns: a|b*)
+    skeleton = re.sub(r"\{\w+\}(?=[<>])", " ", skeleton)  # a named descriptor: exec {fd}>file
     found, segment, depth = set(), "", 0
     for c in skeleton + "\n":
         if c not in ";&|(){}\n":

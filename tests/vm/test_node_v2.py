@@ -102,6 +102,10 @@ def _tail(path: Path, size: int = 3000) -> str:
         return ""
 
 
+#: The VM, and the kubelet, node packages and image it runs.
+pytestmark = pytest.mark.builds("vm", "control-plane", "node", "image")
+
+
 @pytest.fixture(scope="module")
 def v2_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[V2Node]:
     image = script_output("build-image", "--print")
