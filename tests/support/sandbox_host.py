@@ -21,8 +21,9 @@ def box_uids(judge: ProgramJudge) -> range:
     return range(judge.uid_base, judge.uid_base + judge.slots)
 
 
-#: The cgroup of a program judge's box: ``<tag of host and sandbox dir>-<uid range>-<slot>``.
-BOX_GROUP = re.compile(r"^[0-9a-f]{8}-[0-9]+-[0-9]+$")
+#: The cgroups of a program judge's box: ``<tag of host and sandbox dir>-<uid range>-<slot>``, and
+#: the same with ``-a``/``-b`` (a run's two groups), ``-ca``/``-cb`` (its checker's) or ``-h`` (a helper build).
+BOX_GROUP = re.compile(r"^[0-9a-f]{8}-[0-9]+-[0-9]+(-[a-z]+)?$")
 
 
 def in_another_judges_box(pid: int, prefix: str) -> bool:
