@@ -21,7 +21,7 @@ FROM ${PYTHON_IMAGE} AS runtime
 # The release this image is: pyproject.toml's version (scripts/release bumps both, and
 # tests/unit/test_release.py checks they agree). The install below refuses a VERSION that is not
 # the package's, so the label cannot say one release while the image runs another.
-ARG VERSION=0.2.0
+ARG VERSION=0.3.0
 LABEL org.opencontainers.image.title="judgequeue" \
       org.opencontainers.image.description="Recoverable online-judge job delivery: outbox, Redis Streams, fenced verdicts, operator" \
       org.opencontainers.image.licenses="Apache-2.0" \
