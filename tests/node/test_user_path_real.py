@@ -221,8 +221,24 @@ def test_rollout_pod_deletion_and_node_restart_with_jobs_in_flight(installed: In
     # exactly one verdict each: a late write of an older attempt was refused by the fence
     rows = asyncio.run(_verdict_counts(installed.dsn, ids))
     assert rows == {i: 1 for i in ids}
-    wait_for("the JudgeQueue Ready again", lambda: condition(installed.jq(), "Ready").get("status") == "True",
-             timeout=180)
+    # Ready again, or not Ready for the reason the world gives: on this one small node the rollout's new
+    # worker pods may not fit beside old ones still running (Unschedulable), and status must say so.
+    def settled() -> bool:
+        ready = condition(installed.jq(), "Ready")
+        if ready.get("status") == "True":
+            return True
+        pending = [p["metadata"]["name"] for p in installed.pods("worker")
+                   if p.get("status", {}).get("phase") == "Pending"]
+        return (ready.get("reason") == "PodsPending" and bool(pending)
+                and any(name in str(ready.get("message")) for name in pending))
+
+    try:
+        wait_for("the JudgeQueue Ready again, or saying which pods cannot be scheduled", settled, timeout=180)
+    except TimeoutError as exc:
+        deployments = kube.kubectl("get", "deploy", "-n", NAMESPACE, "-o", "wide", check=False).stdout
+        listed = kube.kubectl("get", "pods", "-n", NAMESPACE, "-o", "wide", check=False).stdout
+        pytest.fail(f"{exc}\nconditions: {json.dumps(installed.jq().get('status', {}).get('conditions'), indent=1)}"
+                    f"\n{deployments}\n{listed}")
 
 
 async def _verdict_counts(dsn: str, ids: list[int]) -> dict[int, int]:
