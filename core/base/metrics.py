@@ -71,6 +71,9 @@ PRUNED_ROWS = Counter("judgequeue_pruned_outbox_rows_total", "Terminal outbox ro
 PRUNED_SUBMISSIONS = Counter(
     "judgequeue_pruned_submissions_total", "Terminal submissions deleted by retention.", ["queue"]
 )
+PRUNED_EVENTS = Counter(
+    "judgequeue_pruned_verdict_events_total", "Verdict events deleted by retention.", ["queue"]
+)
 
 # --- worker ----------------------------------------------------------------------------------------
 VERDICTS = Counter(
