@@ -15,8 +15,10 @@ from .common import (
     DSN,
     EXIT_OK,
     EXIT_USAGE,
+    QUEUE,
     Commands,
     add_variable_flags,
+    print_json,
     resolve,
     run_async,
     with_pg,
@@ -82,6 +84,31 @@ def cmd_tail(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     return EXIT_OK
 
 
+def cmd_webhooks(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    from ..roles.reaper.webhooks import endpoint_key
+    from ..store import events
+
+    dsn: str = resolve(args, env, DSN)
+    queue: str = resolve(args, env, QUEUE)
+    name = endpoint_key(queue, args.endpoint)
+    if args.events_command == "dead":
+        dead = run_async(with_pg(dsn, lambda conn: events.dead(conn, name, limit=args.count)))
+        if args.json:
+            print_json([{**d, "created_at": d["created_at"].isoformat()} for d in dead])
+        else:
+            for d in dead:
+                print(f"{d['event_id']}  submission={d['submission_id']} generation={d['generation']}  "
+                      f"attempts={d['attempts']}  {d['last_error']}")  # fmt: skip
+            if not dead:
+                print("no dead deliveries")
+        return EXIT_OK
+    if args.all == bool(args.events):
+        raise Failure("events replay: give event ids or --all (not both)", EXIT_USAGE)
+    replayed = run_async(with_pg(dsn, lambda conn: events.replay(conn, name, args.events)))
+    print(json.dumps({"replayed": replayed}) if args.json else f"replayed {len(replayed)} dead deliveries")
+    return EXIT_OK
+
+
 def add(commands: Commands) -> None:
     p = commands.add("events", "verdict events: print them; webhook dead letters and their replay")
     action = commands.actions(p, "events_command", cmd_tail)
@@ -91,3 +118,16 @@ def add(commands: Commands) -> None:
     t.add_argument("--queue", default=None, help="only this queue's events (default: every queue)")
     t.add_argument("--follow", "-f", action="store_true", help="keep printing events as they commit (Ctrl-C stops)")
     add_variable_flags(t, [DSN], "connection")
+    for name, text in (
+        ("dead", "list a webhook endpoint's dead deliveries (refused, or out of attempts), oldest first"),
+        ("replay", "send a webhook endpoint's dead deliveries again, with fresh attempts"),
+    ):
+        w = action(name, text)
+        w.set_defaults(handler=cmd_webhooks)
+        w.add_argument("--endpoint", required=True, help="the endpoint's name in JUDGEQUEUE_WEBHOOKS")
+        if name == "dead":
+            w.add_argument("--count", type=int, default=100, help="at most this many (default 100)")
+        else:
+            w.add_argument("events", nargs="*", type=int, metavar="EVENT", help="event id of a dead delivery")
+            w.add_argument("--all", action="store_true", help="every dead delivery of the endpoint")
+        add_variable_flags(w, [DSN, QUEUE], "connection")

@@ -179,10 +179,11 @@ async def claim(
     return sorted(deliveries, key=lambda d: d.event_id)
 
 
-async def delivered(conn: asyncpg.Connection, endpoint: str, event_ids: Sequence[int], owner: str) -> int:
-    """Forget deliveries the endpoint accepted (only those ``owner`` still holds)."""
-    status = await conn.execute(sql.query("webhook_delivered"), endpoint, list(event_ids), owner)
-    return int(status.split()[-1])
+async def delivered(conn: asyncpg.Connection, endpoint: str, event_ids: Sequence[int], owner: str) -> list[float]:
+    """Forget deliveries the endpoint accepted (only those ``owner`` still holds); returns, for each
+    one forgotten, the seconds from its verdict's commit to now (database clock)."""
+    rows = await conn.fetch(sql.query("webhook_delivered"), endpoint, list(event_ids), owner)
+    return [float(r["lag"]) for r in rows]
 
 
 async def failed(

@@ -861,9 +861,10 @@ UPDATE judgequeue.webhook_deliveries d
 RETURNING d.event_id, d.submission_id, d.generation, d.body::text AS body, d.attempts
 
 -- name: webhook_delivered
--- Forget deliveries the endpoint accepted (fenced on the claim's owner).
+-- Forget deliveries the endpoint accepted (fenced on the claim's owner); each one's seconds since its verdict's commit.
 DELETE FROM judgequeue.webhook_deliveries
  WHERE endpoint = $1 AND event_id = ANY($2::bigint[]) AND claimed_by = $3
+RETURNING extract(epoch FROM clock_timestamp() - (body ->> 'committed_at')::timestamptz)::float8 AS lag
 
 -- name: webhook_failed
 -- A delivery failed: due again after $5 seconds, or DEAD when permanent ($7) or at $4 attempts (fenced on the claim's owner).
