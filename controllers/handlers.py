@@ -23,20 +23,24 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
+import re
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, cast
+from urllib.parse import urlsplit
 
 import asyncpg
 import kopf
 from redis.exceptions import RedisError
 
 from judgequeue.core.base.errors import JudgeQueueError
-from judgequeue.core.spec import JudgeQueueSpec, fleet_intake, parse_spec
+from judgequeue.core.spec import ENDPOINT_URL_PATTERN, JudgeQueueSpec, fleet_intake, parse_spec
 from judgequeue.core.store.backlog import Backlog, read_backlog
+from judgequeue.core.store.events import webhook_health
 from judgequeue.core.store.queues import listen_queues, owned_queues, release_queue
 from judgequeue.core.transport.connect import connect_postgres, redis_client
 from judgequeue.core.transport.redis_url import validate_redis_url
@@ -515,10 +519,46 @@ async def reconcile(
             log_problem(jq, message)
     for problem in problems:  # each failure a Warning Event of its own (at most once a minute while it lasts)
         warn_event(state, body, problem.reason, problem.message)
+    updates = [ready, progressing, conditions.degraded(problems), sync.condition]
+    hooks = await _webhooks_condition(state, owner.namespace, parsed, conns)
+    if hooks is not None:
+        updates.append(hooks)
+        if hooks.status == "False":
+            log_problem(jq, hooks.message, reason=hooks.reason)
+            warn_event(state, body, hooks.reason, hooks.message)
     new_status["conditions"] = conditions.merge_conditions(
-        status.get("conditions"), [ready, progressing, conditions.degraded(problems), sync.condition],
-        generation=generation, now=_now())
+        status.get("conditions"), updates, generation=generation, now=_now())
     return new_status
+
+
+async def _webhooks_condition(
+    state: OperatorState, namespace: str, spec: JudgeQueueSpec, conns: Connections
+) -> conditions.Condition | None:
+    """``WebhooksDelivering`` (None without webhooks): each webhook's Secrets read and its URL
+    checked, as its reapers will need them, and its deliveries' state read from Postgres."""
+    if not spec.webhooks:
+        return None
+    problems: dict[str, str] = {}
+    for hook in spec.webhooks:
+        try:
+            await state.api.secret_value(namespace, hook.secret.name, hook.secret.key)
+            if hook.url_secret is not None:
+                url = (await state.api.secret_value(namespace, hook.url_secret.name, hook.url_secret.key)).strip()
+                if not re.match(ENDPOINT_URL_PATTERN, url) or not urlsplit(url).hostname:
+                    problems[hook.name] = (f"Secret {namespace}/{hook.url_secret.name} key {hook.url_secret.key!r}"
+                                           " does not hold an http or https URL with a host")  # fmt: skip
+        except SecretNotFound as exc:
+            problems[hook.name] = str(exc)
+        except KubeError as exc:
+            problems[hook.name] = f"its Secret cannot be read: {exc}"
+    health = None
+    with contextlib.suppress(OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError):
+        conn = await connect_postgres(conns.postgres_dsn, pooler=conns.pooler, timeout=state.config.db_timeout)
+        try:
+            health = await webhook_health(conn, spec.queue)
+        finally:
+            await conn.close()
+    return conditions.webhooks([hook.name for hook in spec.webhooks], problems, health)
 
 
 async def _withdraw(state: OperatorState, body: Mapping[str, Any], updates: list[conditions.Condition],

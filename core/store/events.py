@@ -225,3 +225,25 @@ async def stats(conn: asyncpg.Connection, endpoint: str) -> tuple[int, int, floa
     row = await conn.fetchrow(sql.query("webhook_stats"), endpoint)
     assert row is not None
     return int(row["pending"]), int(row["dead"]), float(row["age"])
+
+
+@dataclass(frozen=True)
+class WebhookHealth:
+    """How one endpoint's deliveries stand: ``name`` is the configured name (without the queue)."""
+
+    name: str
+    pending: int
+    dead: int
+    oldest_pending_age: float
+    failing_attempts: int  # the most attempts of one waiting delivery that failed (0: none failing)
+    last_error: str | None
+
+
+async def webhook_health(conn: asyncpg.Connection, queue: str) -> list[WebhookHealth]:
+    """Every webhook endpoint of ``queue`` that ever delivered or waited, by name."""
+    rows = await conn.fetch(sql.query("webhook_health"), queue)
+    return [
+        WebhookHealth(r["name"].removeprefix(f"{queue}/"), int(r["pending"]), int(r["dead"]), float(r["age"]),
+                      int(r["failing_attempts"]), r["last_error"])
+        for r in rows
+    ]  # fmt: skip

@@ -905,6 +905,22 @@ SELECT count(*) FILTER (WHERE state = 'PENDING') AS pending,
        coalesce(extract(epoch FROM now() - min(created_at) FILTER (WHERE state = 'PENDING')), 0)::float8 AS age
   FROM judgequeue.webhook_deliveries WHERE endpoint = $1
 
+-- name: webhook_health
+-- Each webhook endpoint of queue $1: deliveries waiting and dead, the oldest waiting one's age, the most attempts of one waiting, and the latest error.
+SELECT w.name,
+       count(d.event_id) FILTER (WHERE d.state = 'PENDING') AS pending,
+       count(d.event_id) FILTER (WHERE d.state = 'DEAD') AS dead,
+       coalesce(extract(epoch FROM now() - min(d.created_at) FILTER (WHERE d.state = 'PENDING')), 0)::float8 AS age,
+       coalesce(max(d.attempts) FILTER (WHERE d.state = 'PENDING' AND d.last_error IS NOT NULL), 0) AS failing_attempts,
+       (SELECT e.last_error FROM judgequeue.webhook_deliveries e
+         WHERE e.endpoint = w.name AND e.last_error IS NOT NULL
+         ORDER BY e.next_attempt_at DESC LIMIT 1) AS last_error
+  FROM judgequeue.webhook_endpoints w
+  LEFT JOIN judgequeue.webhook_deliveries d ON d.endpoint = w.name
+ WHERE w.queue = $1
+ GROUP BY w.name
+ ORDER BY w.name
+
 -- name: webhook_prune_dead
 -- Delete a batch of a queue's dead webhook deliveries older than the retention.
 WITH doomed AS (
