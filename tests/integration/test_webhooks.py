@@ -9,6 +9,10 @@ import asyncio
 import contextlib
 import hmac
 import json
+import os
+import subprocess
+import sys
+import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -23,6 +27,7 @@ from tests.support.waiting import eventually
 from tests.support.webhook_receiver import Receiver
 
 SECRET = b"whsec-integration"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @contextlib.asynccontextmanager
@@ -178,3 +183,53 @@ def test_the_configuration_is_refused_field_by_field(tmp_path: Path) -> None:
     assert signature(b"key", 1700000000, b"{}") == (
         "t=1700000000,v1=" + hmac.new(b"key", b"1700000000.{}", "sha256").hexdigest()
     )
+
+
+def _scoreboard(tmp_path: Path) -> subprocess.Popen[str]:
+    """The example scoreboard as a process of its own, on a free port it prints first."""
+    return subprocess.Popen(
+        [sys.executable, str(ROOT / "examples" / "scoreboard" / "receiver.py"), "--port", "0",
+         "--db", str(tmp_path / "board.sqlite")],
+        env={**os.environ, "SCOREBOARD_SECRET": SECRET.decode()}, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
+async def test_a_rejudge_changing_100_verdicts_is_100_events_on_the_example_scoreboard(
+    pg_pool: asyncpg.Pool, pg_dsn: str, queue_name: str, tmp_path: Path
+) -> None:
+    """100 verdicts, then a rejudge that changes each: 100 more events, and the example scoreboard
+    (examples/scoreboard/receiver.py, a process of its own) shows every one at its new verdict."""
+    receiver = _scoreboard(tmp_path)
+    try:
+        assert receiver.stdout is not None
+        url = (await asyncio.to_thread(receiver.stdout.readline)).split()[-1]
+        ids = await _verdicts(pg_pool, queue_name, 100)
+        async with pg_pool.acquire() as conn:
+            before = await events.head(conn)
+            for sid in ids:
+                async with conn.transaction():
+                    assert await outbox.rejudge(conn, sid) == 2
+                [lease] = await leases.acquire(conn, queue_name, [(sid, 2)], ttl=30)
+                verdict = {"status": "WRONG_ANSWER", "details": {"score": 40}}
+                await leases.write_verdicts(conn, [leases.VerdictWrite(lease, "WRONG_ANSWER", verdict)])
+            assert len(await events.read(conn, before, queue=queue_name, limit=1000)) == 100
+
+        def board() -> list[dict[str, object]]:
+            with urllib.request.urlopen(url + "board.json", timeout=5) as answer:
+                rows: list[dict[str, object]] = json.loads(answer.read())
+            return rows
+
+        async def shown() -> list[dict[str, object]] | None:
+            rows = await asyncio.to_thread(board)
+            return rows if len(rows) == 100 and all(r["generation"] == 2 for r in rows) else None
+
+        endpoint = Endpoint("board", url + "hook", SECRET, concurrency=8)
+        async with delivering(pg_pool, pg_dsn, queue_name, endpoint) as deliverer:
+            rows = await eventually(shown, within=60, every=0.2, what="the scoreboard at every new verdict")
+            await eventually(lambda: deliverer.delivered == 200, within=30, what="all 200 events delivered")
+        assert rows is not None
+        assert sorted(int(str(r["submission"])) for r in rows) == ids
+        assert {(r["status"], r["score"]) for r in rows} == {("WRONG_ANSWER", 40)}
+    finally:
+        receiver.terminate()
+        receiver.wait(10)
