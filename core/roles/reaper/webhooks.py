@@ -56,6 +56,8 @@ BACKOFF_BASE = 0.5
 BACKOFF_CAP = 60.0
 #: Seconds between looks for due retries while nothing is announced.
 POLL = 0.5
+#: Seconds between reads of an endpoint's figures (the gauges).
+STATS_EVERY = 2.0
 #: Bytes of an endpoint's answer read (only its status and headers matter).
 MAX_ANSWER = 64 * 1024
 #: Answers that mean "try again later"; any other non-2xx is the receiver refusing the event (dead-lettered).
@@ -258,9 +260,11 @@ class Deliverer:
         """Turn events into deliveries and send them, ``ep.concurrency`` at a time, until stopped."""
         name = endpoint_key(self.queue, ep.name)
         inflight: set[asyncio.Task[None]] = set()
+        accepted: list[int] = []  # deliveries the endpoint took, forgotten in one statement by the loop
         done = asyncio.Event()
         failures = 0
         ensured = False
+        stats_at = 0.0
         try:
             wake = self.wakes[ep.name]
             while not stop.is_set():
@@ -271,6 +275,7 @@ class Deliverer:
                         if not ensured:
                             await events.ensure_endpoint(conn, name, self.queue)
                             ensured = True
+                        await self._forget(conn, ep, name, accepted)
                         while await events.ingest(conn, name, limit=500) == 500:
                             pass
                         claimed = []
@@ -279,10 +284,12 @@ class Deliverer:
                                 conn, name, concurrency=ep.concurrency, owner=self.owner,
                                 claim_ttl=ep.deadline + CLAIM_MARGIN,
                             )  # fmt: skip
-                        pending, dead, age = await events.stats(conn, name)
-                    metrics.WEBHOOK_PENDING.labels(self.queue, ep.name).set(pending)
-                    metrics.WEBHOOK_DEAD.labels(self.queue, ep.name).set(dead)
-                    metrics.WEBHOOK_OLDEST_PENDING_AGE.labels(self.queue, ep.name).set(age)
+                        if time.monotonic() - stats_at >= STATS_EVERY:
+                            pending, dead, age = await events.stats(conn, name)
+                            stats_at = time.monotonic()
+                            metrics.WEBHOOK_PENDING.labels(self.queue, ep.name).set(pending)
+                            metrics.WEBHOOK_DEAD.labels(self.queue, ep.name).set(dead)
+                            metrics.WEBHOOK_OLDEST_PENDING_AGE.labels(self.queue, ep.name).set(age)
                     failures = 0
                 except DB_ERRORS as exc:
                     failures += 1
@@ -291,7 +298,7 @@ class Deliverer:
                     await asyncio.sleep(backoff(failures))
                     continue
                 for delivery in claimed:
-                    task = asyncio.ensure_future(self._send(ep, name, delivery, stop))
+                    task = asyncio.ensure_future(self._send(ep, name, delivery, stop, accepted))
                     inflight.add(task)
                     task.add_done_callback(inflight.discard)
                     task.add_done_callback(lambda _t: done.set())
@@ -307,9 +314,24 @@ class Deliverer:
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(STATEMENT_TIMEOUT):
                     async with self.pool.acquire() as conn:
+                        await self._forget(conn, ep, name, accepted)
                         await events.release(conn, name, self.owner)
 
-    async def _send(self, ep: Endpoint, name: str, delivery: events.Delivery, stop: asyncio.Event) -> None:
+    async def _forget(self, conn: asyncpg.Connection, ep: Endpoint, name: str, accepted: list[int]) -> None:
+        """Forget the deliveries the endpoint took since the last call, in one statement. Until then
+        their claims keep them (a deliverer killed first leaves them to be sent again: at least once)."""
+        if not accepted:
+            return
+        batch = list(accepted)
+        lags = await events.delivered(conn, name, batch, self.owner)
+        del accepted[: len(batch)]
+        self.delivered += len(lags)
+        for lag in lags:
+            metrics.WEBHOOK_LATENCY.labels(self.queue, ep.name).observe(max(lag, 0.0))
+
+    async def _send(
+        self, ep: Endpoint, name: str, delivery: events.Delivery, stop: asyncio.Event, accepted: list[int]
+    ) -> None:
         body = delivery.body.encode()
         key = f"{self.queue}:{delivery.submission_id}:{delivery.generation}"
         headers = {
@@ -327,25 +349,23 @@ class Deliverer:
             result = exc
         outcome = classify(result, ep.deadline)
         metrics.WEBHOOK_DELIVERIES.labels(self.queue, ep.name, outcome.kind).inc()
+        if outcome.kind == "delivered":
+            accepted.append(delivery.event_id)
+            return
         failures = 0
-        while True:  # the outcome must reach Postgres; until it does, the claim keeps the delivery
+        while True:  # the failure must reach Postgres; until it does, the claim keeps the delivery
             try:
                 async with self.pool.acquire(timeout=STATEMENT_TIMEOUT) as conn:
-                    if outcome.kind == "delivered":
-                        for lag in await events.delivered(conn, name, [delivery.event_id], self.owner):
-                            self.delivered += 1
-                            metrics.WEBHOOK_LATENCY.labels(self.queue, ep.name).observe(max(lag, 0.0))
-                    else:
-                        state = await events.failed(
-                            conn, name, delivery.event_id, self.owner, max_attempts=ep.max_attempts,
-                            delay=retry_delay(delivery.attempts, outcome.retry_after), error=outcome.error,
-                            permanent=outcome.kind == "refused",
-                        )  # fmt: skip
-                        if state == "DEAD":
-                            log.error("webhook delivery dead-lettered", extra={
-                                "endpoint": ep.name, "event": delivery.event_id, "key": key,
-                                "attempts": delivery.attempts, "error": outcome.error,
-                            })  # fmt: skip
+                    state = await events.failed(
+                        conn, name, delivery.event_id, self.owner, max_attempts=ep.max_attempts,
+                        delay=retry_delay(delivery.attempts, outcome.retry_after), error=outcome.error,
+                        permanent=outcome.kind == "refused",
+                    )  # fmt: skip
+                if state == "DEAD":
+                    log.error("webhook delivery dead-lettered", extra={
+                        "endpoint": ep.name, "event": delivery.event_id, "key": key,
+                        "attempts": delivery.attempts, "error": outcome.error,
+                    })  # fmt: skip
                 return
             except DB_ERRORS as exc:
                 failures += 1
