@@ -50,10 +50,13 @@ async def _receiver(received: dict[str, float], enough: asyncio.Event, want: lis
     return runner, port
 
 
-def _cpu(stack: pipeline.Stack) -> float:
-    roles = sum(servers.cpu_seconds(p.pid) for procs in stack.procs.values() for p in procs if p.poll() is None)
+def _cpu(stack: pipeline.Stack) -> dict[str, float]:
+    """CPU seconds so far of each role and of every Postgres process."""
+    out = {role: sum(servers.cpu_seconds(p.pid) for p in procs if p.poll() is None)
+           for role, procs in stack.procs.items()}  # fmt: skip
     postmaster = int(os.environ.get("BENCH_POSTMASTER_PID") or 0)
-    return roles + (servers.tree_cpu_seconds(postmaster) if postmaster else 0.0)
+    out["postgres"] = servers.tree_cpu_seconds(postmaster) if postmaster else 0.0
+    return out
 
 
 #: The runs at each rate: the trigger off; events written (the feed's cost); events written and delivered.
@@ -87,7 +90,9 @@ async def run(rate: float, seconds: float, *, mode: str) -> dict[str, Any]:
                 if len(received) < want[0]:
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(enough.wait(), 60)
-            cpu = _cpu(s) - cpu_before
+            cpu_after = _cpu(s)
+            cpu_by = {k: 1000 * (cpu_after[k] - cpu_before[k]) / total for k in cpu_after}
+            cpu = sum(cpu_after.values()) - sum(cpu_before.values())
             async with s.pool.acquire() as conn:
                 rows = await conn.fetch(
                     "SELECT id, extract(epoch FROM finished_at)::float8 AS done FROM judgequeue.submissions"
@@ -95,7 +100,7 @@ async def run(rate: float, seconds: float, *, mode: str) -> dict[str, Any]:
     finally:
         await runner.cleanup()
     out: dict[str, Any] = {"rate": rate, "seconds": seconds, "mode": mode, "jobs": total,
-                           "cpu_ms_per_job": 1000 * cpu / total}  # fmt: skip
+                           "cpu_ms_per_job": 1000 * cpu / total, "cpu_ms_per_job_by": cpu_by}  # fmt: skip
     if events_on:
         lags = [1000 * (received[f"{s.queue}:{r['id']}:1"] - r["done"]) for r in rows
                 if f"{s.queue}:{r['id']}:1" in received]  # fmt: skip
