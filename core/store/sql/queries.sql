@@ -841,7 +841,7 @@ WITH ep AS (
     SELECT name FROM judgequeue.webhook_endpoints WHERE name = $1 FOR UPDATE
 ), busy AS (
     SELECT count(*) AS n FROM judgequeue.webhook_deliveries
-     WHERE endpoint = $1 AND state = 'PENDING' AND claim_expires_at > now()
+     WHERE endpoint = $1 AND claimed_by IS NOT NULL AND claim_expires_at > now()
 ), picked AS (
     SELECT d.event_id
       FROM judgequeue.webhook_deliveries d, ep
