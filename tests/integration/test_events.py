@@ -63,6 +63,19 @@ async def test_every_path_that_stores_a_verdict_writes_one_event(pg: asyncpg.Con
     assert lease_c.submission == c
 
 
+async def test_a_delivery_the_dispatcher_gives_up_on_is_an_event(pg: asyncpg.Connection, queue_name: str) -> None:
+    await create_queue(pg, queue_name)
+    sid = await outbox.submit(pg, queue_name, {})
+    [row] = await outbox.claim(pg, queue_name, limit=10, owner="d1", claim_ttl=30)
+    retry = outbox.Retry(max_attempts=1, backoff_base=0.1, backoff_max=1.0)
+    assert await outbox.mark(pg, [outbox.Mark(row.outbox_id, "retry", "redis down")], owner="d1", retry=retry) == {
+        row.outbox_id: "DEAD"
+    }
+    [event] = await events.read(pg, events.START, queue=queue_name)
+    assert (event.submission_id, event.generation, event.status) == (sid, 1, "SYSTEM_ERROR")
+    assert event.reason == "dispatch failed after 1 attempts: redis down"
+
+
 async def test_rejudge_fences_and_only_verdicts_are_events(pg: asyncpg.Connection, queue_name: str) -> None:
     await create_queue(pg, queue_name)
     sid = await outbox.submit(pg, queue_name, {})
