@@ -21,7 +21,7 @@ from typing import Any
 import kmock
 
 from bench.common import REDIS_URL, create_database, drop_database
-from judgequeue.controllers.handlers import OperatorConfig
+from judgequeue.controllers.state import OperatorConfig
 from tests.support.kmock_emulator import DEPLOYMENTS, JQ, SECRETS, OperatorThread, StrictEmulator, eventually, secret
 from tests.support.kmock_emulator import write_kubeconfig as kubeconfig_for
 

@@ -225,41 +225,11 @@ async def sync_queue(
     except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError, JudgeQueueError) as exc:
         return _unavailable(want, exc)
     try:
-        mine = await owned_queues(conn, owner)
-        also_owned = [q for q in mine if q != want.queue]
-        held = previous.get("owner") == owner and previous.get("queue") == want.queue
-        took_back = None
-        if not held and previous_reason == "QueueOwned" and want.queue in mine:
-            # Refused on the last pass, and the row names this JudgeQueue now though it claimed
-            # nothing: the owner column was set by hand. The JudgeQueue that held the queue hears it
-            # and takes it back; this one starts nothing until a later pass still finds it here.
-            message = (f"queue {want.queue!r} was handed to this JudgeQueue outside the operator (its owner"
-                       " column was set by hand): nothing runs until a later pass still finds it here, so the"
-                       " JudgeQueue that held it can take it back first")
-            return QueueSync(Condition("CutoverApplied", "False", "QueueHandedOver", message),
-                             problem=Problem("QueueHandedOver", message), owned_by="", also_owned=also_owned)
-        released_from = None
-        try:
-            row = await claim_queue(conn, want.queue, owner, mode=want.mode)  # type: ignore[arg-type]
-        except QueueOwned as exc:
-            # Ownership changes hands only through a release (a JudgeQueue deleted, or renamed away)
-            # and a claim: an owner this JudgeQueue held set to another by hand is taken back, and a
-            # recorded owner that no longer exists (deleted while no operator ran) is released here.
-            if held and exc.owner and await take_back_queue(conn, want.queue, owner, exc.owner):
-                took_back = exc.owner
-            elif (exc.owner and owner_gone is not None and await owner_gone(exc.owner, want.queue)
-                  and await release_queue(conn, want.queue, exc.owner)):
-                released_from = exc.owner
-            else:
-                message = (f"queue {want.queue!r} belongs to {exc.owner}: this JudgeQueue runs nothing (its"
-                           f" Deployments are scaled to zero) and writes nothing (delete one of the two, or give"
-                           f" this one another spec.queue)")
-                return QueueSync(Condition("CutoverApplied", "False", "QueueOwned", message),
-                                 problem=Problem("QueueOwned", message), owned_by=exc.owner, also_owned=also_owned)
-            row = await claim_queue(conn, want.queue, owner, mode=want.mode)  # type: ignore[arg-type]
-        sync = QueueSync(Condition("CutoverApplied", "Unknown", "", ""), also_owned=also_owned, took_back=took_back,
-                         released_from=released_from)
-        sync.claimed = not held
+        claimed = await _claim(conn, want, owner=owner, previous=previous, previous_reason=previous_reason,
+                               owner_gone=owner_gone)
+        if isinstance(claimed, QueueSync):
+            return claimed
+        row, sync = claimed
         figures = await _figures(conn, want, row)
         decision = decide(want, row, last_applied=previous.get("applied"), figures=figures)
         sync.gate = gate_check(want, row, figures)
@@ -291,6 +261,50 @@ async def sync_queue(
         return _unavailable(want, exc)
     finally:
         await conn.close()
+
+
+async def _claim(
+    conn: asyncpg.Connection, want: Wanted, *, owner: str, previous: Mapping[str, Any], previous_reason: str,
+    owner_gone: OwnerGone | None,
+) -> tuple[QueueFlags, QueueSync] | QueueSync:
+    """The queue row claimed for ``owner`` with the sync to fill in, or the refusal when the queue is
+    another's (or was handed to this one by hand: see :func:`sync_queue`)."""
+    mine = await owned_queues(conn, owner)
+    also_owned = [q for q in mine if q != want.queue]
+    held = previous.get("owner") == owner and previous.get("queue") == want.queue
+    took_back = None
+    if not held and previous_reason == "QueueOwned" and want.queue in mine:
+        # Refused on the last pass, and the row names this JudgeQueue now though it claimed
+        # nothing: the owner column was set by hand. The JudgeQueue that held the queue hears it
+        # and takes it back; this one starts nothing until a later pass still finds it here.
+        message = (f"queue {want.queue!r} was handed to this JudgeQueue outside the operator (its owner"
+                   " column was set by hand): nothing runs until a later pass still finds it here, so the"
+                   " JudgeQueue that held it can take it back first")
+        return QueueSync(Condition("CutoverApplied", "False", "QueueHandedOver", message),
+                         problem=Problem("QueueHandedOver", message), owned_by="", also_owned=also_owned)
+    released_from = None
+    try:
+        row = await claim_queue(conn, want.queue, owner, mode=want.mode)  # type: ignore[arg-type]
+    except QueueOwned as exc:
+        # Ownership changes hands only through a release (a JudgeQueue deleted, or renamed away)
+        # and a claim: an owner this JudgeQueue held set to another by hand is taken back, and a
+        # recorded owner that no longer exists (deleted while no operator ran) is released here.
+        if held and exc.owner and await take_back_queue(conn, want.queue, owner, exc.owner):
+            took_back = exc.owner
+        elif (exc.owner and owner_gone is not None and await owner_gone(exc.owner, want.queue)
+              and await release_queue(conn, want.queue, exc.owner)):
+            released_from = exc.owner
+        else:
+            message = (f"queue {want.queue!r} belongs to {exc.owner}: this JudgeQueue runs nothing (its"
+                       f" Deployments are scaled to zero) and writes nothing (delete one of the two, or give"
+                       f" this one another spec.queue)")
+            return QueueSync(Condition("CutoverApplied", "False", "QueueOwned", message),
+                             problem=Problem("QueueOwned", message), owned_by=exc.owner, also_owned=also_owned)
+        row = await claim_queue(conn, want.queue, owner, mode=want.mode)  # type: ignore[arg-type]
+    sync = QueueSync(Condition("CutoverApplied", "Unknown", "", ""), also_owned=also_owned, took_back=took_back,
+                     released_from=released_from)
+    sync.claimed = not held
+    return row, sync
 
 
 async def _figures(conn: asyncpg.Connection, want: Wanted, row: QueueFlags) -> Agreement | None:

@@ -18,9 +18,10 @@ import kopf
 
 from judgequeue.core.base.logs import setup_logging
 
-from .handlers import OperatorConfig, OperatorState, build_registry
+from .handlers import build_registry
 from .kube import KubeApi, connection_info, load_configuration
 from .redact import RedactFilter
+from .state import OperatorConfig, OperatorState
 
 _GLOB = set("*?[")
 

@@ -246,11 +246,32 @@ def render_deployment(
     component: Role | Literal["shadow-worker"] = SHADOW_WORKER if shadow else role
     name = child_name(owner.name, component)
     labels = common_labels(owner.name, component)
-    resources = {"dispatcher": spec.dispatcher.resources, "worker": spec.worker.resources,
-                 "reaper": spec.reaper.resources}[role]
-    own = shadow and bool(spec.worker.shadow.resources)
-    if own:
-        resources = spec.worker.shadow.resources
+    container = _container(spec, role, shadow=shadow)
+    pod = _pod_spec(spec, role, container)
+    spec_body: dict[str, Any] = {
+        "progressDeadlineSeconds": max(1, math.ceil(spec.progress_deadline)),
+        "selector": {"matchLabels": {**selector_labels(owner.name), "app.kubernetes.io/component": component}},
+        "template": {"metadata": {"labels": labels}, "spec": pod},
+    }
+    if replicas is not None:
+        spec_body["replicas"] = replicas
+    body = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {
+            "name": name,
+            "namespace": owner.namespace,
+            "labels": labels,
+            "ownerReferences": [owner_reference(owner)],
+        },
+        "spec": spec_body,
+    }
+    return Child("apps/v1", "Deployment", name, body)
+
+
+def _container(spec: JudgeQueueSpec, role: Role, *, shadow: bool) -> dict[str, Any]:
+    """The role's one container: its command and environment, probes on the metrics port, a locked
+    down security context, and its resources."""
     container: dict[str, Any] = {
         "name": role,
         "image": spec.image,
@@ -284,51 +305,49 @@ def render_deployment(
         "terminationMessagePath": "/dev/termination-log",
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
+    resources = _container_resources(spec, role, shadow=shadow)
+    if resources:
+        container["resources"] = resources
+    return container
+
+
+def _container_resources(spec: JudgeQueueSpec, role: Role, *, shadow: bool) -> dict[str, Any]:
+    """The spec's resources for the role (shadow workers: their own, else the workers' shrunk by
+    :func:`shadow_resources`), or the defaults when the spec gives none."""
+    resources = {"dispatcher": spec.dispatcher.resources, "worker": spec.worker.resources,
+                 "reaper": spec.reaper.resources}[role]
+    own = shadow and bool(spec.worker.shadow.resources)
+    if own:
+        resources = spec.worker.shadow.resources
     rendered = _resources(resources)
     if not rendered:
         rendered = default_worker_resources(spec) if role == "worker" else dict(DEFAULT_ROLE_RESOURCES)
     if shadow and not own:
         rendered = shadow_resources(rendered)
-    if rendered:
-        container["resources"] = rendered
-    spec_body: dict[str, Any] = {
-        "progressDeadlineSeconds": max(1, math.ceil(spec.progress_deadline)),
-        "selector": {"matchLabels": {**selector_labels(owner.name), "app.kubernetes.io/component": component}},
-        "template": {
-            "metadata": {"labels": labels},
-            "spec": {
-                "containers": [container],
-                "terminationGracePeriodSeconds": termination_grace_seconds(spec, role),
-                "securityContext": {
-                    "runAsNonRoot": True,
-                    "runAsUser": RUN_AS_USER,
-                    "runAsGroup": RUN_AS_USER,
-                    "fsGroup": RUN_AS_USER,  # the group that may read the credential files
-                    "seccompProfile": {"type": "RuntimeDefault"},
-                },
-                "automountServiceAccountToken": False,
-                "volumes": [{"name": "tmp", "emptyDir": {}}, credentials_volume(spec, role)],
-            },
+    return rendered
+
+
+def _pod_spec(spec: JudgeQueueSpec, role: Role, container: dict[str, Any]) -> dict[str, Any]:
+    """The pod around the container: non-root, RuntimeDefault seccomp, no service account token, the
+    credential files' volume; a sandboxing worker gets what its boxes need (:func:`_grant_sandbox`)."""
+    pod: dict[str, Any] = {
+        "containers": [container],
+        "terminationGracePeriodSeconds": termination_grace_seconds(spec, role),
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": RUN_AS_USER,
+            "runAsGroup": RUN_AS_USER,
+            "fsGroup": RUN_AS_USER,  # the group that may read the credential files
+            "seccompProfile": {"type": "RuntimeDefault"},
         },
+        "automountServiceAccountToken": False,
+        "volumes": [{"name": "tmp", "emptyDir": {}}, credentials_volume(spec, role)],
     }
     if role == "worker" and spec.worker.priority_class is not None:
-        spec_body["template"]["spec"]["priorityClassName"] = spec.worker.priority_class
+        pod["priorityClassName"] = spec.worker.priority_class
     if sandboxed(spec, role):
-        _grant_sandbox(container, spec_body["template"]["spec"])
-    if replicas is not None:
-        spec_body["replicas"] = replicas
-    body = {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {
-            "name": name,
-            "namespace": owner.namespace,
-            "labels": labels,
-            "ownerReferences": [owner_reference(owner)],
-        },
-        "spec": spec_body,
-    }
-    return Child("apps/v1", "Deployment", name, body)
+        _grant_sandbox(container, pod)
+    return pod
 
 
 def _grant_sandbox(container: dict[str, Any], pod: dict[str, Any]) -> None:

@@ -14,7 +14,7 @@ import asyncpg
 import pytest
 import redis.asyncio as aioredis
 
-from judgequeue.controllers.handlers import OperatorConfig
+from judgequeue.controllers.state import OperatorConfig
 from judgequeue.core.config import load_settings
 from judgequeue.core.judges import load_judge
 from judgequeue.core.store.outbox import submit

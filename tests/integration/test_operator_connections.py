@@ -19,7 +19,8 @@ import asyncpg.connection
 import pytest
 import redis.asyncio as aioredis
 
-from judgequeue.controllers.handlers import Connections, measure_backlog
+from judgequeue.controllers.scaling import measure_backlog
+from judgequeue.controllers.state import Connections
 from judgequeue.core.store.outbox import submit
 from judgequeue.core.store.queues import create_queue, get_queue
 from tests.support.databases import ADMIN_DSN, REDIS_URL
@@ -67,7 +68,8 @@ def sentinel_url() -> Iterator[tuple[str, RedisServer]]:
 PREVIOUS_OPERATOR = """
 import asyncio, sys
 import asyncpg.connection
-from judgequeue.controllers.handlers import Connections, measure_backlog
+from judgequeue.controllers.scaling import measure_backlog
+from judgequeue.controllers.state import Connections
 
 async def main(dsn, redis_url, queue, until):
     conns = Connections(dsn, redis_url, pooler="none")

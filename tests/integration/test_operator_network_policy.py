@@ -13,7 +13,7 @@ from typing import Any
 import kmock
 import pytest
 
-from judgequeue.controllers.handlers import OperatorConfig
+from judgequeue.controllers.state import OperatorConfig
 from tests.support.databases import REDIS_URL
 from tests.support.kmock_emulator import (
     JQ,

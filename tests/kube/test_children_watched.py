@@ -14,7 +14,7 @@ import json
 import time
 from pathlib import Path
 
-from judgequeue.controllers.handlers import OperatorConfig
+from judgequeue.controllers.state import OperatorConfig
 from tests.kube import tools
 from tests.kube.cluster import Cluster
 from tests.kube.node import NodeAgent

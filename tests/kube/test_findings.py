@@ -57,7 +57,7 @@ def test_minimal_object_gets_every_default(crd_installed: Cluster, namespace: st
     assert spec["progressDeadline"] == "10m"
 
 
-# The status fields the operator writes (handlers.reconcile / autoscale_workers), every one of them.
+# The status fields the operator writes (reconcile.reconcile / scaling.autoscale_workers), every one of them.
 OPERATOR_STATUS: dict[str, Any] = {
     "observedGeneration": 1,
     "conditions": [{"type": "Ready", "status": "True", "reason": "Available", "message": "ok",

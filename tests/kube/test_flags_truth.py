@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from judgequeue.controllers.handlers import OperatorConfig
+from judgequeue.controllers.state import OperatorConfig
 from tests.kube import tools
 from tests.kube.cluster import Cluster
 from tests.support.databases import REDIS_URL

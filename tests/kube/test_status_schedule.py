@@ -44,7 +44,7 @@ from typing import Any
 
 import asyncpg
 
-from judgequeue.controllers.handlers import OperatorConfig
+from judgequeue.controllers.state import OperatorConfig
 from tests.kube import tools
 from tests.kube.cluster import ApiError, Cluster
 from tests.kube.node import NodeAgent

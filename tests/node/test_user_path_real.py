@@ -199,10 +199,14 @@ def test_rollout_pod_deletion_and_node_restart_with_jobs_in_flight(installed: In
 
     wait_for("jobs in flight", lambda: judging(4), timeout=60)
     # A rolling update: the operator renders new worker pods; the old ones finish or release.
+    # The backlog scales the fleet to maxReplicas (4), more workers than this one small node fits
+    # beside a rollout's surge: new pods wait Unschedulable and the old ones may not go while that
+    # leaves fewer than 3 available. The fleet's return to minReplicas once the backlog is gone is
+    # what lets such a rollout finish, so the scale-down window is made short enough to see it here.
     jq = installed.jq()
     concurrency = jq["spec"]["worker"]["concurrency"]
-    kube.kubectl("patch", "jq", "judge", "-n", NAMESPACE, "--type=merge",
-                 "-p", f'{{"spec": {{"worker": {{"concurrency": {concurrency - 1}}}}}}}')
+    patch = {"spec": {"worker": {"concurrency": concurrency - 1, "scaleDownStabilization": "15s"}}}
+    kube.kubectl("patch", "jq", "judge", "-n", NAMESPACE, "--type=merge", "-p", json.dumps(patch))
     wait_for("jobs in flight after the rollout started", lambda: judging(2), timeout=60)
     pods = [p for p in installed.pods("worker") if not p["metadata"].get("deletionTimestamp")]
     kube.kubectl("delete", "pod", pods[0]["metadata"]["name"], "-n", NAMESPACE, "--wait=false")
@@ -221,19 +225,12 @@ def test_rollout_pod_deletion_and_node_restart_with_jobs_in_flight(installed: In
     # exactly one verdict each: a late write of an older attempt was refused by the fence
     rows = asyncio.run(_verdict_counts(installed.dsn, ids))
     assert rows == {i: 1 for i in ids}
-    # Ready again, or not Ready for the reason the world gives: on this one small node the rollout's new
-    # worker pods may not fit beside old ones still running (Unschedulable), and status must say so.
-    def settled() -> bool:
-        ready = condition(installed.jq(), "Ready")
-        if ready.get("status") == "True":
-            return True
-        pending = [p["metadata"]["name"] for p in installed.pods("worker")
-                   if p.get("status", {}).get("phase") == "Pending"]
-        return (ready.get("reason") == "PodsPending" and bool(pending)
-                and any(name in str(ready.get("message")) for name in pending))
+    # Ready again: the backlog is gone, the fleet back at minReplicas, the rollout finished.
+    def ready() -> bool:
+        return condition(installed.jq(), "Ready").get("status") == "True"
 
     try:
-        wait_for("the JudgeQueue Ready again, or saying which pods cannot be scheduled", settled, timeout=180)
+        wait_for("the JudgeQueue Ready again", ready, timeout=180)
     except TimeoutError as exc:
         deployments = kube.kubectl("get", "deploy", "-n", NAMESPACE, "-o", "wide", check=False).stdout
         listed = kube.kubectl("get", "pods", "-n", NAMESPACE, "-o", "wide", check=False).stdout

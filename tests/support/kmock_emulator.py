@@ -28,8 +28,8 @@ import kmock
 import yaml
 from kmock._internal import apps, enums, references, rendering
 
-from judgequeue.controllers.handlers import OperatorConfig, OperatorState
 from judgequeue.controllers.operator import OperatorOptions, operate
+from judgequeue.controllers.state import OperatorConfig, OperatorState
 from tests.support.waiting import eventually as eventually  # re-exported: bench/reconcile_bench.py uses it
 
 JQ = kmock.resource("judgequeue.dev/v1alpha1/judgequeues")

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from judgequeue.controllers.handlers import OperatorConfig
+from judgequeue.controllers.state import OperatorConfig
 from tests.support.databases import REDIS_URL
 from tests.support.kmock_emulator import (
     DEPLOYMENTS,

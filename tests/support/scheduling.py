@@ -1,13 +1,16 @@
 """How the whole suite is spread over pytest-xdist workers, and what each test waits to be built.
 
 scripts/test runs the whole suite on several workers while the heavy tiers' artefacts build beside
-it. A work unit is what one worker runs in one go: each heavy tier is one unit (one control plane
-for tests/kube, one real node for tests/node, one VM at a time for tests/vm), and any other module
-one unit (its module-scoped fixtures are set up once).
-Units go out in collection order, one at a time, and tests/conftest.py orders them: the heavy
-units first, so each takes a worker of its own and waits there only for the artefacts it needs
-(each built artefact is announced on its own, so the kube tier starts before the oldest API server
-is built), while the other workers run the tests that need nothing built.
+it. A work unit is what one worker runs in one go: the heavy tiers together are one unit (a control
+plane, a real node and a VM each take most of the machine's two cores: side by side they only slow
+each other and the timing bounds of their tests), and any other module is one unit (its
+module-scoped fixtures are set up once).
+Units go out in collection order, one at a time, and tests/conftest.py orders them: the heavy unit
+first, so it takes a worker of its own and waits there only for the artefacts each test needs (each
+built artefact is announced on its own), while the other workers run the tests that need nothing
+built. Within the heavy unit the tiers go in the order a cold build finishes their artefacts (the VM
+disk, then the control plane, then the node and image), and the tests that need the oldest API
+server, built last, run last.
 """
 
 from __future__ import annotations
@@ -18,11 +21,11 @@ from pathlib import Path
 import pytest
 from xdist.scheduler import LoadScopeScheduling
 
-#: The tiers that need more than Postgres and Redis, one folder each under tests/.
-TIERS = ("kube", "node", "vm")
-#: Tiers that are one work unit each: package-scoped fixtures (one control plane for tests/kube, one
-#: real node for tests/node), and one VM at a time (it emulates its CPUs: two would take both cores).
-ONE_UNIT_TIERS = TIERS
+#: The tiers that need more than Postgres and Redis, one folder each under tests/, in the order a
+#: cold build makes their artefacts ready.
+TIERS = ("vm", "kube", "node")
+#: The one work unit every heavy tier's tests belong to.
+HEAVY_UNIT = "tests/{" + ",".join(TIERS) + "}"
 #: What scripts/test builds beside the suite, each announced by its own lock and exit-code file.
 ARTEFACTS = ("control-plane", "oldest", "node", "image", "vm")
 #: What a tier's tests wait for unless a ``builds(...)`` marker names otherwise.
@@ -50,14 +53,14 @@ def needs(item: pytest.Item, tests_root: Path) -> tuple[str, ...]:
 
 def order_key(item: pytest.Item, tests_root: Path, parallel: bool) -> tuple[int, int, int]:
     """Sort key for the collection. Serially the tests that need nothing built run first (they run
-    while the build does); on workers the heavy units go out first, each to a worker of its own.
-    Within a unit, a test that needs the oldest API server (built last) runs last."""
+    while the build does); on workers the heavy unit goes out first, to a worker of its own. Among
+    the heavy tests, those that need the oldest API server (built last) run last."""
     path = Path(str(item.fspath))
     tier = tier_of(path, tests_root)
     pieces = needs(item, tests_root)
     oldest = int("oldest" in pieces)
     if tier is not None:
-        return (0 if parallel else 2, TIERS.index(tier), oldest)
+        return (0 if parallel else 2, oldest, TIERS.index(tier))
     if pieces:
         return (3, 0, oldest)
     folder = path.relative_to(tests_root).parts[0] if path.is_relative_to(tests_root) else ""
@@ -87,9 +90,14 @@ class UnitScheduling(LoadScopeScheduling):  # type: ignore[misc]  # xdist ships 
         config.option.loadscopereorder = False
 
     def _split_scope(self, nodeid: str) -> str:
-        path = nodeid.split("::", 1)[0]
-        parts = path.split("/")
-        if len(parts) > 2 and parts[0] == "tests" and parts[1] in ONE_UNIT_TIERS:
-            return f"tests/{parts[1]}"
-        return path
+        return unit_of(nodeid)
+
+
+def unit_of(nodeid: str) -> str:
+    """The work unit of a test: the heavy unit for any heavy tier's test, else its module."""
+    path = nodeid.split("::", 1)[0]
+    parts = path.split("/")
+    if len(parts) > 2 and parts[0] == "tests" and parts[1] in TIERS:
+        return HEAVY_UNIT
+    return path
 

@@ -309,7 +309,7 @@ def test_rbac_rules() -> None:
 
 def test_status_reports_the_intake_the_children_run_and_why() -> None:
     """status.workers.intake is the value rendered into the workers' and dispatchers' environment."""
-    from judgequeue.controllers.handlers import _workers_status
+    from judgequeue.controllers.fleet import workers_status as _workers_status
     from judgequeue.core.config import DIRECT_INTAKE_MAX_WORKERS as N
 
     for worker, intake, reason in [

@@ -7,8 +7,9 @@ from typing import Any
 
 import pytest
 
-from judgequeue.controllers import handlers
-from judgequeue.controllers.handlers import OperatorConfig, OperatorState, warn_event
+from judgequeue.controllers import kube_events
+from judgequeue.controllers.kube_events import warn_event
+from judgequeue.controllers.state import OperatorConfig, OperatorState
 
 
 def test_same_warning_posted_once_a_minute_per_object_and_reason(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -18,9 +19,9 @@ def test_same_warning_posted_once_a_minute_per_object_and_reason(monkeypatch: py
         posted.append((body["metadata"]["uid"], reason, message))
 
     clock = [1000.0]
-    monkeypatch.setattr("judgequeue.controllers.handlers.kopf.warn", fake_warn)
-    # Only the handlers module's view of the clock (not the time module everyone shares).
-    monkeypatch.setattr("judgequeue.controllers.handlers.time", SimpleNamespace(monotonic=lambda: clock[0]))
+    monkeypatch.setattr("judgequeue.controllers.kube_events.kopf.warn", fake_warn)
+    # Only the kube_events module's view of the clock (not the time module everyone shares).
+    monkeypatch.setattr("judgequeue.controllers.kube_events.time", SimpleNamespace(monotonic=lambda: clock[0]))
     state = OperatorState(config=OperatorConfig())
     a, b = {"metadata": {"uid": "a"}}, {"metadata": {"uid": "b"}}
     warn_event(state, a, "ReconcileFailed", "HTTP 403")
@@ -28,7 +29,7 @@ def test_same_warning_posted_once_a_minute_per_object_and_reason(monkeypatch: py
     warn_event(state, b, "ReconcileFailed", "HTTP 403")  # another object: its own Event
     warn_event(state, a, "SecretNotFound", "HTTP 403")  # another reason: its own Event
     warn_event(state, a, "ReconcileFailed", "HTTP 500")  # a new message: posted at once
-    clock[0] += handlers.WARNING_EVENT_REPEAT
+    clock[0] += kube_events.WARNING_EVENT_REPEAT
     warn_event(state, a, "ReconcileFailed", "HTTP 500")  # a minute later: posted again
     assert posted == [("a", "ReconcileFailed", "HTTP 403"), ("b", "ReconcileFailed", "HTTP 403"),
                       ("a", "SecretNotFound", "HTTP 403"), ("a", "ReconcileFailed", "HTTP 500"),
@@ -37,9 +38,9 @@ def test_same_warning_posted_once_a_minute_per_object_and_reason(monkeypatch: py
 
 def test_every_condition_change_is_an_event_and_failures_are_warnings(monkeypatch: pytest.MonkeyPatch) -> None:
     posted: list[tuple[str, str, str]] = []
-    monkeypatch.setattr("judgequeue.controllers.handlers.kopf.warn",
+    monkeypatch.setattr("judgequeue.controllers.kube_events.kopf.warn",
                         lambda body, *, reason, message: posted.append(("Warning", reason, message)))
-    monkeypatch.setattr("judgequeue.controllers.handlers.kopf.event",
+    monkeypatch.setattr("judgequeue.controllers.kube_events.kopf.event",
                         lambda body, *, type, reason, message: posted.append((type, reason, message)))
     state = OperatorState(config=OperatorConfig())
     body = {"metadata": {"uid": "u"}}
@@ -53,16 +54,16 @@ def test_every_condition_change_is_an_event_and_failures_are_warnings(monkeypatc
              cond("Progressing", "True", "RollingOut", "worker: 1 of 1 updated, 1 old still running"),
              cond("Degraded", "True", "RoleMisconfigured", "worker refuses its configuration: bad judge"),
              cond("CutoverApplied", "False", "DatabaseUnavailable", "cannot read or write queue 'q'")]
-    handlers.announce(state, body, before, after)
+    kube_events.announce(state, body, before, after)
     assert posted == [("Warning", "ContainersFailing", "worker pod p exited 2: bad judge"),
                       ("Normal", "RollingOut", "worker: 1 of 1 updated, 1 old still running"),
                       ("Warning", "RoleMisconfigured", "worker refuses its configuration: bad judge"),
                       ("Warning", "DatabaseUnavailable", "cannot read or write queue 'q'")]
     posted.clear()
-    handlers.announce(state, body, after, after)  # nothing moved: nothing posted
-    handlers.announce(state, body, after, [{**after[0], "message": "another pod"}])  # the message alone
+    kube_events.announce(state, body, after, after)  # nothing moved: nothing posted
+    kube_events.announce(state, body, after, [{**after[0], "message": "another pod"}])  # the message alone
     assert posted == []
-    handlers.announce(state, body, after, before)  # recovered: Normal Events
+    kube_events.announce(state, body, after, before)  # recovered: Normal Events
     assert [(t, r) for t, r, _ in posted] == [("Normal", "AllReplicasAvailable"), ("Normal", "Reconciled"),
                                              ("Normal", "Reconciled"), ("Normal", "Applied")]
 
