@@ -203,6 +203,43 @@ def degraded(problems: Sequence[Problem]) -> Condition:
     return Condition("Degraded", "True", problems[0].reason, message)
 
 
+#: Failed tries of one waiting delivery after which an endpoint counts as failing (not a blip).
+WEBHOOK_FAILING_ATTEMPTS = 3
+
+
+def webhooks(
+    configured: Sequence[str], problems: Mapping[str, str], health: Sequence[Any] | None
+) -> Condition | None:
+    """``WebhooksDelivering`` for the spec's webhooks (None when there are none), pure.
+
+    False naming the endpoint when its configuration cannot work (``problems``: a missing Secret or
+    key, a URL that is not one), when its deliveries are dead-lettered, or when one keeps failing
+    (the receiver down, unreachable, answering errors), with its latest error; Unknown while the
+    deliveries cannot be read (``health`` None); else True."""
+    if not configured:
+        return None
+    found = [f"webhook {name}: {problems[name]}" for name in configured if name in problems]
+    if found:
+        return Condition("WebhooksDelivering", "False", "WebhookMisconfigured", "; ".join(found))
+    if health is None:
+        return Condition("WebhooksDelivering", "Unknown", "DeliveriesUnreadable",
+                         "the webhook deliveries cannot be read from Postgres")  # fmt: skip
+    by_name = {h.name: h for h in health if h.name in configured}
+    dead = [h for h in by_name.values() if h.dead]
+    if dead:
+        message = "; ".join(f"webhook {h.name}: {h.dead} deliveries dead-lettered (latest error: {h.last_error}); "
+                            "judgequeue events dead|replay" for h in dead)  # fmt: skip
+        return Condition("WebhooksDelivering", "False", "WebhookDeadLetters", _clip(message))
+    failing = [h for h in by_name.values() if h.failing_attempts >= WEBHOOK_FAILING_ATTEMPTS]
+    if failing:
+        message = "; ".join(f"webhook {h.name}: {h.pending} deliveries waiting, the oldest {h.oldest_pending_age:.0f}s,"
+                            f" after {h.failing_attempts} tries: {h.last_error}" for h in failing)  # fmt: skip
+        return Condition("WebhooksDelivering", "False", "WebhookFailing", _clip(message))
+    waiting = sum(h.pending for h in by_name.values())
+    return Condition("WebhooksDelivering", "True", "Delivering",
+                     f"{len(configured)} webhooks, {waiting} deliveries waiting")  # fmt: skip
+
+
 #: The exit code of a role refusing its configuration (core/cli/common.py EXIT_USAGE): restarts cannot fix it.
 CONFIG_EXIT_CODE = 2
 #: How much of a termination message a condition quotes (the kubelet keeps up to 4096 bytes).

@@ -40,6 +40,11 @@ from judgequeue.core.spec import (
     RESOURCES,
     RULES,
     SECRET_KEY_PATTERN,
+    WEBHOOK_CONCURRENCY,
+    WEBHOOK_DEADLINE,
+    WEBHOOK_MAX_ATTEMPTS,
+    WEBHOOKS,
+    WEBHOOKS_MAX,
     Field,
     quantity_rule_message,
 )
@@ -235,7 +240,60 @@ def _children() -> dict[tuple[str, ...], list[str]]:
         children[path].append("resources")
     worker = children[ENDPOINTS[:-1]]
     worker.insert(worker.index("judge") + 1, ENDPOINTS[-1])
+    top = children[()]
+    top.insert(top.index("cutover") + 1, WEBHOOKS[0])
+    children[WEBHOOKS[:-1]] = [WEBHOOKS[-1]]
     return children
+
+
+def _secret_key_ref(description: str) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "required": ["name", "key"],
+        "description": description,
+        "properties": {"name": {"type": "string", "maxLength": 253},
+                       "key": {"type": "string", "maxLength": 253, "pattern": SECRET_KEY_PATTERN}},
+    }  # fmt: skip
+
+
+def _webhooks() -> dict[str, Any]:
+    """``spec.events.webhooks``: a list of objects keyed by name (core/spec.py ``_webhooks`` reads it)."""
+    least, most, default = WEBHOOK_CONCURRENCY
+    attempts_least, attempts_most, attempts_default = WEBHOOK_MAX_ATTEMPTS
+    return {
+        "type": "array",
+        "maxItems": WEBHOOKS_MAX,
+        "x-kubernetes-list-type": "map",
+        "x-kubernetes-list-map-keys": ["name"],
+        "description": "Where the reapers POST each verdict event of the queue (docs/events.md): at least once, in "
+                       "generation order per submission, signed (Judgequeue-Signature: HMAC-SHA256 under the "
+                       "signing key) and keyed (Idempotency-Key: queue:submission:generation).",
+        "items": {
+            "type": "object",
+            "required": ["name", "secretKeyRef"],
+            "x-kubernetes-validations": [
+                {"rule": "has(self.url) != has(self.urlSecretKeyRef)",
+                 "message": "give exactly one of url and urlSecretKeyRef"}
+            ],
+            "properties": {
+                "name": {"type": "string", "maxLength": 63, "pattern": ENDPOINT_NAME_PATTERN},
+                "url": {"type": "string", "maxLength": ENDPOINT_URL_MAX_LENGTH, "pattern": ENDPOINT_URL_PATTERN,
+                        "description": "The URL, for one without credentials (an in-cluster Service, say)."},
+                "urlSecretKeyRef": _secret_key_ref("A Secret key holding the URL (mounted into reaper pods)."),
+                "secretKeyRef": _secret_key_ref("A Secret key holding the signing key (mounted into reaper pods)."),
+                "concurrency": {"type": "integer", "minimum": least, "maximum": most, "default": default,
+                                "description": "POSTs in flight at once to this endpoint, across the reapers."},
+                "maxAttempts": {"type": "integer", "minimum": attempts_least, "maximum": attempts_most,
+                                "default": attempts_default,
+                                "description": "Tries of one event (connection errors, 408, 425, 429, 5xx) before it "
+                                               "is dead-lettered (judgequeue events dead|replay)."},
+                "deadline": {"type": "string", "maxLength": 16, "pattern": DURATION_PATTERN,
+                             "default": WEBHOOK_DEADLINE,
+                             "description": "How long one POST may take before it is abandoned and tried again "
+                                            "(at most 5m)."},
+            },
+        },
+    }  # fmt: skip
 
 
 def _endpoints() -> dict[str, Any]:
@@ -373,6 +431,11 @@ def _object(path: tuple[str, ...], children: dict[tuple[str, ...], list[str]]) -
             properties[name] = _resources(path)
         elif sub == ENDPOINTS:
             properties[name] = _endpoints()
+        elif sub == WEBHOOKS:
+            properties[name] = _webhooks()
+        elif sub == WEBHOOKS[:-1]:
+            properties[name] = {"type": "object", "description": "The verdict events sent out of judgequeue.",
+                                "properties": {WEBHOOKS[-1]: _webhooks()}}
         elif sub in FIELD_BY_PATH:
             properties[name] = _field(FIELD_BY_PATH[sub])
         else:

@@ -3,17 +3,22 @@ pass found (see :mod:`.handlers` for when passes run)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, cast
+from urllib.parse import urlsplit
 
 import asyncpg
 from redis.exceptions import RedisError
 
 from judgequeue.core.base.errors import JudgeQueueError
-from judgequeue.core.spec import JudgeQueueSpec, parse_spec
+from judgequeue.core.spec import ENDPOINT_URL_PATTERN, JudgeQueueSpec, parse_spec
+from judgequeue.core.store.events import webhook_health
+from judgequeue.core.transport.connect import connect_postgres
 from judgequeue.core.transport.redis_url import validate_redis_url
 
 from . import autoscale, conditions, cutover, redact
@@ -196,10 +201,46 @@ async def _run_fleet(run: Pass, sync: cutover.QueueSync, *, tick: bool) -> Statu
             merge_status(new_status, scaled)
     for problem in problems:  # each failure a Warning Event of its own (at most once a minute while it lasts)
         warn_event(state, body, problem.reason, problem.message)
+    updates = [ready, progressing, conditions.degraded(problems), sync.condition]
+    hooks = await webhooks_condition(state, owner.namespace, parsed, run.conns)
+    if hooks is not None:
+        updates.append(hooks)
+        if hooks.status == "False":
+            log_problem(jq_name(owner), hooks.message, reason=hooks.reason)
+            warn_event(state, body, hooks.reason, hooks.message)
     new_status["conditions"] = conditions.merge_conditions(
-        status.get("conditions"), [ready, progressing, conditions.degraded(problems), sync.condition],
-        generation=generation, now=utc_now())
+        status.get("conditions"), updates, generation=generation, now=utc_now())
     return new_status
+
+
+async def webhooks_condition(
+    state: OperatorState, namespace: str, spec: JudgeQueueSpec, conns: Connections
+) -> conditions.Condition | None:
+    """``WebhooksDelivering`` (None without webhooks): each webhook's Secrets read and its URL
+    checked, as its reapers will need them, and its deliveries' state read from Postgres."""
+    if not spec.webhooks:
+        return None
+    problems: dict[str, str] = {}
+    for hook in spec.webhooks:
+        try:
+            await state.api.secret_value(namespace, hook.secret.name, hook.secret.key)
+            if hook.url_secret is not None:
+                url = (await state.api.secret_value(namespace, hook.url_secret.name, hook.url_secret.key)).strip()
+                if not re.match(ENDPOINT_URL_PATTERN, url) or not urlsplit(url).hostname:
+                    problems[hook.name] = (f"Secret {namespace}/{hook.url_secret.name} key {hook.url_secret.key!r}"
+                                           " does not hold an http or https URL with a host")  # fmt: skip
+        except SecretNotFound as exc:
+            problems[hook.name] = str(exc)
+        except KubeError as exc:
+            problems[hook.name] = f"its Secret cannot be read: {exc}"
+    health = None
+    with contextlib.suppress(OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError):
+        conn = await connect_postgres(conns.postgres_dsn, pooler=conns.pooler, timeout=state.config.db_timeout)
+        try:
+            health = await webhook_health(conn, spec.queue)
+        finally:
+            await conn.close()
+    return conditions.webhooks([hook.name for hook in spec.webhooks], problems, health)
 
 
 async def _scale(run: Pass, live_worker: Mapping[str, Any] | None, *, keep_live: bool) -> Status | Problem:

@@ -28,6 +28,7 @@ from judgequeue.core.spec import (
     parse_quantity,
     role_secrets,
     role_settings,
+    webhook_secrets,
 )
 from judgequeue.core.spec import ROLES as ROLES
 from judgequeue.core.spec import Role as Role
@@ -154,6 +155,11 @@ def credentials_volume(spec: JudgeQueueSpec, role: Role) -> dict[str, Any]:
         sources += [
             {"secret": {"name": ref.name, "items": [{"key": ref.key, "path": path}]}}
             for path, ref in endpoint_secrets(spec).items()
+        ]
+    if role == "reaper":  # the webhooks' URLs and signing keys kept in Secrets, beside the connections
+        sources += [
+            {"secret": {"name": ref.name, "items": [{"key": ref.key, "path": path}]}}
+            for path, ref in webhook_secrets(spec).items()
         ]
     return {"name": CREDENTIALS_VOLUME, "projected": {"sources": sources, "defaultMode": CREDENTIALS_MODE}}
 

@@ -12,6 +12,7 @@ each says what was wrong with the input, and a refused call writes nothing.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -30,7 +31,9 @@ from .base.errors import (
 )
 from .base.states import VERDICTS
 from .judges import Judge, Verdict
-from .store import shadow, submissions
+from .runtime import event_feed
+from .store import events, shadow, submissions
+from .store.events import InvalidPosition, Position, VerdictEvent
 from .store.outbox import rejudge, submit
 
 
@@ -84,21 +87,50 @@ async def report_legacy_verdict(
     await shadow.report_legacy_verdict(conn, submission_id, verdict, details)
 
 
+def verdict_events(
+    dsn: str, *, after: Position | str | None = None, queue: str | None = None
+) -> AsyncIterator[VerdictEvent]:
+    """Every verdict stored after ``after``, as an async iterator that never ends and never misses one.
+
+    ``after`` is a :class:`Position` (or its text, ``<txid>-<id>``) an earlier event carried; None
+    starts before every event still retained (the verdicts' retention). ``queue`` keeps one queue's
+    events. Events come in commit order, which is generation order per submission; after a lost
+    connection the iterator reconnects and reads on from the last event it gave, so keep each
+    event's ``position`` with the effect you applied and pass it back after a restart. An event may
+    come again after such a restart of yours: :attr:`VerdictEvent.key`
+    (``queue:submission:generation``) names its effect. ``dsn`` must reach Postgres directly (not
+    through a transaction pooler): the iterator holds a ``LISTEN`` session.
+    """
+    start = events.START if after is None else Position.parse(after) if isinstance(after, str) else after
+    return event_feed.follow(dsn, after=start, queue=queue)
+
+
+async def events_head(conn: asyncpg.Connection) -> Position:
+    """The position after every event committed so far: ``verdict_events(after=...)`` from here
+    gives only verdicts stored from now on."""
+    return await events.head(conn)
+
+
 __all__ = [
     "VERDICTS",
     "InvalidPayload",
+    "InvalidPosition",
     "InvalidQueueName",
     "InvalidVerdict",
     "Judge",
     "JudgeQueueError",
     "NotShadowed",
     "PayloadTooLarge",
+    "Position",
     "Result",
     "UnknownQueue",
     "UnknownSubmission",
     "Verdict",
+    "VerdictEvent",
+    "events_head",
     "rejudge",
     "report_legacy_verdict",
     "result",
     "submit",
+    "verdict_events",
 ]

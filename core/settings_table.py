@@ -553,6 +553,9 @@ OTHER_VARIABLES: tuple[tuple[str, str, str], ...] = (
      "see [docs/agent-jobs.md](docs/agent-jobs.md)",
      "the http-call judge: its endpoints by name (`{name: {url or urlFile, concurrency, deadline, tries}}`, JSON), "
      "the request and answer size bounds (256 KiB, 1 MiB)"),
+    ("`JUDGEQUEUE_WEBHOOKS`", "unset (no webhooks)",
+     "reaper: where it POSTs the queue's verdict events (`{name: {url or urlFile, secret or secretFile, concurrency, "
+     "maxAttempts, deadline}}`, JSON; a JudgeQueue's `spec.events.webhooks`); see [docs/events.md](docs/events.md)"),
 )
 
 

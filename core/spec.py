@@ -349,6 +349,18 @@ ENDPOINTS_VARIABLE = "JUDGEQUEUE_CALL_ENDPOINTS"
 #: beside the connections, controllers/render.py).
 ENDPOINT_URL_DIR = "/var/run/secrets/judgequeue"
 
+#: ``spec.events.webhooks``: where the reaper delivers the queue's verdict events (docs/events.md), a
+#: list of objects read by :func:`_webhooks`; ``events`` holds nothing else.
+WEBHOOKS: tuple[str, ...] = ("events", "webhooks")
+WEBHOOKS_MAX = 16
+#: A webhook's bounded numbers: (least, most, default); its deadline's default and bound.
+WEBHOOK_CONCURRENCY = (1, 256, 4)
+WEBHOOK_MAX_ATTEMPTS = (1, 1000, 20)
+WEBHOOK_DEADLINE = "10s"
+WEBHOOK_DEADLINE_MAX = 300.0
+#: The variable the reaper reads its webhook endpoints from (core/roles/reaper/webhooks.py WEBHOOKS_VAR).
+WEBHOOKS_VARIABLE = "JUDGEQUEUE_WEBHOOKS"
+
 #: Objects that hold ``resources`` (``requests`` and ``limits`` maps of quantities), each with how many
 #: resources a map may name: the shadow workers' take 4, since the oldest release the chart supports caps
 #: the CRD's total CEL cost and their copy of the rules must fit in it.
@@ -423,6 +435,8 @@ def object_paths() -> dict[tuple[str, ...], set[str]]:
     for path in RESOURCES:
         objects[path].add("resources")
     objects[ENDPOINTS[:-1]].add(ENDPOINTS[-1])
+    objects[()].add(WEBHOOKS[0])
+    objects[WEBHOOKS[:-1]] = {WEBHOOKS[-1]}
     return objects
 
 
@@ -499,6 +513,25 @@ class EndpointSpec:
     tries: int = ENDPOINT_TRIES[2]
 
 
+@dataclass(frozen=True)
+class WebhookSpec:
+    """One of ``spec.events.webhooks``: a name, where it is (a URL, or a Secret key holding it), the
+    Secret key of its signing key, and how hard the reaper may call it."""
+
+    name: str
+    secret: SecretKeyRef
+    url: str | None = None
+    url_secret: SecretKeyRef | None = None
+    concurrency: int = WEBHOOK_CONCURRENCY[2]
+    max_attempts: int = WEBHOOK_MAX_ATTEMPTS[2]
+    deadline: float = parse_duration(WEBHOOK_DEADLINE)
+
+
+def webhook_file(name: str, what: str) -> str:
+    """Where a reaper pod finds webhook ``name``'s URL (``what`` = url) or signing key (secret)."""
+    return f"{ENDPOINT_URL_DIR}/webhook-{name}-{what}"
+
+
 def endpoint_url_file(name: str) -> str:
     """Where a worker pod finds the URL of endpoint ``name`` taken from a Secret."""
     return f"{ENDPOINT_URL_DIR}/endpoint-{name}-url"
@@ -562,6 +595,7 @@ class JudgeQueueSpec:
     progress_deadline: float  # seconds a Deployment may roll out without progress
     values: Mapping[tuple[str, ...], Any] = field(default_factory=dict, repr=False, compare=False)
     given: frozenset[tuple[str, ...]] = field(default=frozenset(), repr=False, compare=False)
+    webhooks: tuple[WebhookSpec, ...] = ()
 
 
 # --- parsing ------------------------------------------------------------------------------------
@@ -687,7 +721,7 @@ def _walk(spec: Mapping[str, Any], errors: list[str]) -> dict[tuple[str, ...], A
             where = "spec." + ".".join(here)
             if key not in objects[path]:
                 errors.append(f"{where}: unknown field (see crds/judgequeue.yaml for the JudgeQueue schema)")
-            elif (key == "resources" and path in RESOURCES) or here == ENDPOINTS:  # parsed on their own
+            elif (key == "resources" and path in RESOURCES) or here in (ENDPOINTS, WEBHOOKS):  # parsed on their own
                 raw[here] = value
             elif here in objects:
                 if value is None:
@@ -765,12 +799,88 @@ def parse_spec(spec: Any, *, name: str) -> JudgeQueueSpec | list[str]:
     endpoints = _endpoints(raw.get(ENDPOINTS), errors)
     if values[("worker", "judge")] == "http-call" and not endpoints and ENDPOINTS not in raw:
         errors.append("spec.worker.endpoints: is required when spec.worker.judge is http-call")
+    webhooks = _webhooks(raw.get(WEBHOOKS), errors)
     if errors:
         return errors
     built = _build(values, resources, frozenset(raw))
     if endpoints:
         built = replace(built, worker=replace(built.worker, endpoints=endpoints))
+    if webhooks:
+        built = replace(built, webhooks=webhooks)
     return built
+
+
+def _secret_ref(value: Any) -> SecretKeyRef | None:
+    if (not isinstance(value, Mapping) or not isinstance(value.get("name"), str)
+            or not _SECRET_NAME.match(value["name"]) or not isinstance(value.get("key"), str)
+            or not re.match(SECRET_KEY_PATTERN, value["key"])):
+        return None
+    return SecretKeyRef(value["name"], value["key"])
+
+
+def _webhooks(value: Any, errors: list[str]) -> tuple[WebhookSpec, ...]:
+    """``spec.events.webhooks`` checked item by item (the CRD's item schema, checked here too)."""
+    where = "spec.events.webhooks"
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        errors.append(f"{where}: must be a list")
+        return ()
+    if len(value) > WEBHOOKS_MAX:
+        errors.append(f"{where}: at most {WEBHOOKS_MAX} webhooks, got {len(value)}")
+    out: list[WebhookSpec] = []
+    seen: set[str] = set()
+    for i, item in enumerate(value):
+        at = f"{where}[{i}]"
+        if not isinstance(item, Mapping):
+            errors.append(f"{at}: must be an object")
+            continue
+        unknown = sorted(set(item) - {"name", "url", "urlSecretKeyRef", "secretKeyRef", "concurrency",
+                                      "maxAttempts", "deadline"})
+        if unknown:
+            errors.append(f"{at}.{unknown[0]}: unknown field (see crds/judgequeue.yaml for the JudgeQueue schema)")
+        name = item.get("name")
+        if not isinstance(name, str) or len(name) > 63 or not re.match(ENDPOINT_NAME_PATTERN, name):
+            errors.append(f"{at}.name: {name!r} is not a webhook name (lowercase letters, digits, - and _)")
+            continue
+        if name in seen:
+            errors.append(f"{at}.name: {name!r} is given twice")
+        seen.add(name)
+        url, url_ref = item.get("url"), item.get("urlSecretKeyRef")
+        ok = True
+        if (url is None) == (url_ref is None):
+            errors.append(f"{at}: give exactly one of url and urlSecretKeyRef")
+            ok = False
+        elif url is not None and (not isinstance(url, str) or not re.match(ENDPOINT_URL_PATTERN, url)
+                                  or len(url) > ENDPOINT_URL_MAX_LENGTH):
+            errors.append(f"{at}.url: must be an http or https URL (a Secret's key for one with credentials)")
+            ok = False
+        url_secret = _secret_ref(url_ref) if url_ref is not None else None
+        if url_ref is not None and url_secret is None:
+            errors.append(f"{at}.urlSecretKeyRef: must name a Secret and a key ({{name: ..., key: ...}})")
+            ok = False
+        secret = _secret_ref(item.get("secretKeyRef"))
+        if secret is None:
+            errors.append(f"{at}.secretKeyRef: is required: the Secret and key of the signing key "
+                          "({name: ..., key: ...})")
+            ok = False
+        numbers = {}
+        for label, (low, high, default) in (("concurrency", WEBHOOK_CONCURRENCY),
+                                            ("maxAttempts", WEBHOOK_MAX_ATTEMPTS)):
+            number = item.get(label, default)
+            if isinstance(number, bool) or not isinstance(number, int) or not low <= number <= high:
+                errors.append(f"{at}.{label}: must be an integer between {low} and {high}, got {number!r}")
+                ok = False
+            numbers[label] = number
+        deadline = item.get("deadline", WEBHOOK_DEADLINE)
+        if (not isinstance(deadline, str) or not re.match(DURATION_PATTERN, deadline)
+                or not 0 < parse_duration(deadline) <= WEBHOOK_DEADLINE_MAX):
+            errors.append(f"{at}.deadline: {deadline!r} is not a duration above 0 and at most 5m (e.g. 10s)")
+            ok = False
+        if ok and secret is not None:
+            out.append(WebhookSpec(name, secret, url if isinstance(url, str) else None, url_secret,
+                                   numbers["concurrency"], numbers["maxAttempts"], parse_duration(deadline)))
+    return tuple(out)
 
 
 def _endpoints(value: Any, errors: list[str]) -> tuple[EndpointSpec, ...]:
@@ -943,7 +1053,33 @@ def role_settings(spec: JudgeQueueSpec, role: Role, *, given_only: bool = False)
         values[SANDBOX_VARIABLE] = "trusted"
     if role == "worker" and spec.worker.endpoints:
         values[ENDPOINTS_VARIABLE] = endpoints_setting(spec.worker.endpoints)
+    if role == "reaper" and spec.webhooks:
+        values[WEBHOOKS_VARIABLE] = webhooks_setting(spec.webhooks)
     return values
+
+
+def webhooks_setting(webhooks: tuple[WebhookSpec, ...]) -> str:
+    """The reaper's :data:`WEBHOOKS_VARIABLE` for these webhooks: a URL given inline or the file its
+    Secret's key is mounted at, and always the file of the signing key (:func:`webhook_file`). Pure."""
+    doc = {
+        w.name: {
+            **({"url": w.url} if w.url is not None else {"urlFile": webhook_file(w.name, "url")}),
+            "secretFile": webhook_file(w.name, "secret"),
+            "concurrency": w.concurrency, "maxAttempts": w.max_attempts, "deadline": w.deadline,
+        }
+        for w in webhooks
+    }
+    return json.dumps(doc, separators=(",", ":"), sort_keys=True)
+
+
+def webhook_secrets(spec: JudgeQueueSpec) -> dict[str, SecretKeyRef]:
+    """The Secret keys of the webhooks' URLs and signing keys, by the file name a reaper pod finds each at."""
+    out: dict[str, SecretKeyRef] = {}
+    for w in spec.webhooks:
+        if w.url_secret is not None:
+            out[webhook_file(w.name, "url").rsplit("/", 1)[1]] = w.url_secret
+        out[webhook_file(w.name, "secret").rsplit("/", 1)[1]] = w.secret
+    return out
 
 
 def endpoints_setting(endpoints: tuple[EndpointSpec, ...]) -> str:

@@ -71,6 +71,29 @@ PRUNED_ROWS = Counter("judgequeue_pruned_outbox_rows_total", "Terminal outbox ro
 PRUNED_SUBMISSIONS = Counter(
     "judgequeue_pruned_submissions_total", "Terminal submissions deleted by retention.", ["queue"]
 )
+WEBHOOK_DELIVERIES = Counter(
+    "judgequeue_webhook_deliveries_total",
+    "Webhook POSTs by outcome (delivered, retry, refused).", ["queue", "endpoint", "outcome"],
+)
+WEBHOOK_LATENCY = Histogram(
+    "judgequeue_webhook_latency_seconds",
+    "From a verdict's commit (DB clock) to its webhook delivery accepted.", ["queue", "endpoint"],
+    buckets=_LATENCY_BUCKETS,
+)
+WEBHOOK_PENDING = Gauge("judgequeue_webhook_pending", "Webhook deliveries waiting to be sent.", ["queue", "endpoint"])
+WEBHOOK_DEAD = Gauge("judgequeue_webhook_dead", "Dead-lettered webhook deliveries.", ["queue", "endpoint"])
+WEBHOOK_OLDEST_PENDING_AGE = Gauge(
+    "judgequeue_webhook_oldest_pending_age_seconds", "Age of the oldest webhook delivery waiting.",
+    ["queue", "endpoint"],
+)
+WEBHOOK_CONFIG_ERROR = Gauge(
+    "judgequeue_webhook_config_error",
+    "1 while a webhook endpoint (or JUDGEQUEUE_WEBHOOKS as a whole: endpoint *) is misconfigured and not called.",
+    ["queue", "endpoint"],
+)
+PRUNED_EVENTS = Counter(
+    "judgequeue_pruned_verdict_events_total", "Verdict events deleted by retention.", ["queue"]
+)
 
 # --- worker ----------------------------------------------------------------------------------------
 VERDICTS = Counter(

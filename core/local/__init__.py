@@ -40,7 +40,8 @@ from ..config import (
 )
 from ..judges.http_call import load_call_settings
 from ..manifest import Manifest, load_manifest
-from ..spec import ENDPOINTS_VARIABLE, FIELD_BY_PATH, INTAKE_PATH, ROLES, Role, fleet_intake
+from ..roles.reaper.webhooks import load_webhooks
+from ..spec import ENDPOINTS_VARIABLE, FIELD_BY_PATH, INTAKE_PATH, ROLES, WEBHOOKS_VARIABLE, Role, fleet_intake
 from ..store import submissions
 from ..store.migrate import migrate
 from ..store.outbox import submit
@@ -82,9 +83,10 @@ def role_env(
     env = {k: v for k, v in base.items() if not k.startswith(PREFIX)}
     env.update({k: v for k, v in base.items() if k.startswith(PREFIX) and k not in rendered})
     env.update(rendered)
-    if ENDPOINTS_VARIABLE in base and ENDPOINTS_VARIABLE in rendered:
-        # No Kubernetes here to mount a Secret's URL: the caller's own endpoints stand in for the manifest's.
-        env[ENDPOINTS_VARIABLE] = base[ENDPOINTS_VARIABLE]
+    for variable in (ENDPOINTS_VARIABLE, WEBHOOKS_VARIABLE):
+        if variable in base and variable in rendered:
+            # No Kubernetes here to mount a Secret's URL or key: the caller's own stand in for the manifest's.
+            env[variable] = base[variable]
     env[PREFIX + "POSTGRES_DSN"] = options.postgres_dsn
     env[PREFIX + "REDIS_URL"] = options.redis_url
     env[PREFIX + "METRICS_PORT"] = str(port)
@@ -122,9 +124,27 @@ def check_endpoints(worker_env: Mapping[str, str]) -> None:
     except ConfigError as exc:
         hint = ""
         if "urlFile" in str(exc):
-            hint = (f" (judgequeue local cannot read Kubernetes Secrets: give the endpoint a url, or set"
-                    f" {ENDPOINTS_VARIABLE} in the environment, which stands in for the manifest's endpoints)")
+            hint = (
+                f" (judgequeue local cannot read Kubernetes Secrets: give the endpoint a url, or set"
+                f" {ENDPOINTS_VARIABLE} in the environment, which stands in for the manifest's endpoints)"
+            )
         raise Failure(f"{exc}{hint}") from None
+
+
+def check_webhooks(reaper_env: Mapping[str, str]) -> None:
+    """Stop before anything runs if the reapers' webhooks cannot work here: the manifest's signing
+    keys (and URLs kept in Secrets) are Kubernetes Secrets' files, absent unless the caller gives
+    its own webhooks."""
+    endpoints, problem = load_webhooks(reaper_env)
+    problems = [problem] if problem else [e.problem for e in endpoints if e.problem]
+    if problems:
+        hint = ""
+        if any("File" in p for p in problems):
+            hint = (
+                f" (judgequeue local cannot read Kubernetes Secrets: set {WEBHOOKS_VARIABLE} in the environment,"
+                " which stands in for the manifest's webhooks)"
+            )
+        raise Failure(f"{problems[0]}{hint}")
 
 
 def plan_children(manifest: Manifest, workers: int | None, *, shadow_mode: bool | None = None) -> list[str]:
@@ -138,8 +158,11 @@ def plan_children(manifest: Manifest, workers: int | None, *, shadow_mode: bool 
     }
     plan: list[str] = [role for role in ROLES for _ in range(counts[role])]
     shadow = manifest.spec.worker.shadow
-    shadow_workers = manifest.replicas.shadow_worker if shadow_mode is None else (
-        shadow.replicas if shadow.enabled and shadow_mode else 0)
+    shadow_workers = (
+        manifest.replicas.shadow_worker
+        if shadow_mode is None
+        else (shadow.replicas if shadow.enabled and shadow_mode else 0)
+    )
     return plan + [SHADOW_WORKER] * shadow_workers
 
 
@@ -226,8 +249,10 @@ class _Run:
             f"postgres {redact_url(options.postgres_dsn)}, redis {redact_url(options.redis_url)}"
         )
         if held is not None:
-            display.say(f"the flip to live is held back by spec.cutover.gate: {held.message}; the queue stays in"
-                        f" shadow mode and flips on the first look (every {GATE_RECHECK:g}s) whose figures meet it")
+            display.say(
+                f"the flip to live is held back by spec.cutover.gate: {held.message}; the queue stays in"
+                f" shadow mode and flips on the first look (every {GATE_RECHECK:g}s) whose figures meet it"
+            )
             self.plan[:] = plan_children(manifest, options.workers, shadow_mode=True)
         self.next_gate_look = asyncio.get_running_loop().time() + GATE_RECHECK
         display.say(f"intake {intake.intake} ({intake.reason})")
@@ -299,6 +324,7 @@ async def _local(options: LocalOptions, base_env: Mapping[str, str]) -> int:
     for role in ("dispatcher", "reaper"):
         load_settings(role_env(base_env, manifest, role, options, 0))
     check_endpoints(role_env(base_env, manifest, "worker", options, 0))
+    check_webhooks(role_env(base_env, manifest, "reaper", options, 0))
     bounds = load_archive_settings(base_env)
     intake = local_intake(base_env, manifest, local_workers(manifest, options))
     programs, package, log_dir = _files(options, manifest)
@@ -327,8 +353,17 @@ async def _local(options: LocalOptions, base_env: Mapping[str, str]) -> int:
         code = 1
     if results:
         if options.json_output:
-            print(json.dumps({"queue": manifest.queue, "intake": {"intake": intake.intake, "reason": intake.reason},
-                              "results": results}, indent=2, default=str))
+            print(
+                json.dumps(
+                    {
+                        "queue": manifest.queue,
+                        "intake": {"intake": intake.intake, "reason": intake.reason},
+                        "results": results,
+                    },
+                    indent=2,
+                    default=str,
+                )
+            )
         else:
             print(format_table(results))
     return code

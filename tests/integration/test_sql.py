@@ -112,6 +112,9 @@ OWNERS = {
     "problem_chunks": {"store.problems"},
     "shadow_verdicts": {"store.shadow"},
     "legacy_verdicts": {"store.shadow"},
+    "verdict_events": {"store.events"},
+    "webhook_endpoints": {"store.events"},
+    "webhook_deliveries": {"store.events"},
 }
 _WRITE = re.compile(r"\b(?:INSERT\s+INTO|UPDATE|DELETE\s+FROM)\s+judgequeue\.(\w+)")
 

@@ -13,6 +13,7 @@ from judgequeue.core.config import DIRECT_INTAKE_MAX_WORKERS, IntakeChoice, load
 from judgequeue.core.local import (
     LocalOptions,
     check_endpoints,
+    check_webhooks,
     local_intake,
     plan_children,
     role_env,
@@ -35,18 +36,24 @@ REQUIRED: dict[str, Any] = {
 
 
 def manifest(**spec: Any) -> dict[str, Any]:
-    return {"apiVersion": "judgequeue.dev/v1alpha1", "kind": "JudgeQueue", "metadata": {"name": "judge"},
-            "spec": {**REQUIRED, **spec}}
+    return {
+        "apiVersion": "judgequeue.dev/v1alpha1",
+        "kind": "JudgeQueue",
+        "metadata": {"name": "judge"},
+        "spec": {**REQUIRED, **spec},
+    }
 
 
 def test_each_role_gets_the_settings_the_manifest_writes_for_it() -> None:
-    m = parse_manifest(manifest(
-        queue="judge",
-        logLevel="DEBUG",
-        dispatcher={"batchSize": 50, "schedule": "250ms", "backoff": {"base": "2s", "max": "1m"}},
-        worker={"concurrency": 8, "judge": "sleep", "gracePeriod": "5s"},
-        reaper={"leaseTtl": "20s", "interval": "2s", "visibilityTimeout": "45s", "retention": "1d"},
-    ))
+    m = parse_manifest(
+        manifest(
+            queue="judge",
+            logLevel="DEBUG",
+            dispatcher={"batchSize": 50, "schedule": "250ms", "backoff": {"base": "2s", "max": "1m"}},
+            worker={"concurrency": 8, "judge": "sleep", "gracePeriod": "5s"},
+            reaper={"leaseTtl": "20s", "interval": "2s", "visibilityTimeout": "45s", "retention": "1d"},
+        )
+    )
     common = {"JUDGEQUEUE_QUEUE": "judge", "JUDGEQUEUE_LOG_LEVEL": "DEBUG"}
     assert m.env("dispatcher") == {
         **common,
@@ -158,8 +165,9 @@ def test_shadow_workers_run_locally_as_the_operator_runs_them() -> None:
     """``spec.worker.shadow`` in a shadow-mode manifest: that many ``judgequeue worker`` children with
     the workers' settings and JUDGEQUEUE_SHADOW=judge; none once the manifest says live."""
     options = LocalOptions(manifest="x", postgres_dsn="postgresql://h/db", redis_url="redis://h/1")
-    shadow = parse_manifest(manifest(cutover={"mode": "shadow"},
-                                     worker={"concurrency": 3, "shadow": {"enabled": True, "replicas": 2}}))
+    shadow = parse_manifest(
+        manifest(cutover={"mode": "shadow"}, worker={"concurrency": 3, "shadow": {"enabled": True, "replicas": 2}})
+    )
     assert plan_children(shadow, None) == ["dispatcher", "worker", "reaper", "shadow-worker", "shadow-worker"]
     env = role_env({}, shadow, "shadow-worker", options, port=0)
     assert env["JUDGEQUEUE_SHADOW"] == "judge" and env["JUDGEQUEUE_CONCURRENCY"] == "3"
@@ -193,8 +201,10 @@ OPTIONS = LocalOptions(manifest="x", postgres_dsn="postgresql://h/db", redis_url
 
 
 def _intakes(m: Any, base: dict[str, str], options: LocalOptions = OPTIONS) -> dict[str, str | None]:
-    return {role: role_env(base, m, role, options, port=0).get("JUDGEQUEUE_INTAKE")
-            for role in ("dispatcher", "worker", "shadow-worker", "reaper")}
+    return {
+        role: role_env(base, m, role, options, port=0).get("JUDGEQUEUE_INTAKE")
+        for role in ("dispatcher", "worker", "shadow-worker", "reaper")
+    }
 
 
 def test_local_decides_auto_on_the_workers_it_runs() -> None:
@@ -204,8 +214,12 @@ def test_local_decides_auto_on_the_workers_it_runs() -> None:
     assert local_intake({}, m, 2) == IntakeChoice("direct", f"auto: workers 2 <= {N}, direct")
     assert _intakes(m, {}) == {"dispatcher": "direct", "worker": "direct", "shadow-worker": "direct", "reaper": None}
     many = LocalOptions(manifest="x", postgres_dsn="postgresql://h/db", redis_url="redis://h/1", workers=N + 1)
-    assert _intakes(m, {}, many) == {"dispatcher": "stream", "worker": "stream", "shadow-worker": "stream",
-                                     "reaper": None}
+    assert _intakes(m, {}, many) == {
+        "dispatcher": "stream",
+        "worker": "stream",
+        "shadow-worker": "stream",
+        "reaper": None,
+    }
     written_auto = parse_manifest(manifest(worker={"minReplicas": N + 1, "maxReplicas": N + 1, "intake": "auto"}))
     assert local_intake({}, written_auto, N + 1).reason == f"auto: workers {N + 1} > {N}, stream"
 
@@ -216,5 +230,25 @@ def test_an_explicit_intake_is_kept_and_the_callers_fills_in_where_the_manifest_
     assert local_intake({}, explicit, 1) == IntakeChoice("stream", "stream: set in spec.worker.intake")
     silent = parse_manifest(manifest())
     assert _intakes(silent, {"JUDGEQUEUE_INTAKE": "stream"})["dispatcher"] == "stream"
-    assert local_intake({"JUDGEQUEUE_INTAKE": "stream"}, silent, 1).reason == \
-        "stream: JUDGEQUEUE_INTAKE from the environment"
+    assert (
+        local_intake({"JUDGEQUEUE_INTAKE": "stream"}, silent, 1).reason
+        == "stream: JUDGEQUEUE_INTAKE from the environment"
+    )
+
+
+def test_webhooks_run_locally_only_with_the_callers() -> None:
+    """The manifest's webhooks take their signing key from a Kubernetes Secret: ``local`` refuses them
+    before anything starts, naming the way out, unless the caller gives its own JUDGEQUEUE_WEBHOOKS."""
+    options = LocalOptions(manifest="x", postgres_dsn="postgresql://h/db", redis_url="redis://h/1")
+    hooked = parse_manifest(manifest(events={"webhooks": [
+        {"name": "board", "url": "http://127.0.0.1:1/x", "secretKeyRef": {"name": "hooks", "key": "k"}}]}))  # fmt: skip
+    with pytest.raises(Failure, match=r"secretFile: cannot read .*judgequeue local cannot read Kubernetes Secrets"):
+        check_webhooks(role_env({}, hooked, "reaper", options, port=0))
+    mine = '{"board": {"url": "http://127.0.0.1:2/y", "secret": "s3"}}'
+    env = role_env({"JUDGEQUEUE_WEBHOOKS": mine}, hooked, "reaper", options, port=0)
+    assert env["JUDGEQUEUE_WEBHOOKS"] == mine
+    check_webhooks(env)
+    assert "JUDGEQUEUE_WEBHOOKS" not in role_env({}, hooked, "worker", options, port=0)
+    with pytest.raises(Failure, match="exactly one of secret and secretFile"):
+        check_webhooks({"JUDGEQUEUE_WEBHOOKS": '{"board": {"url": "http://127.0.0.1:2/y"}}'})
+    check_webhooks(role_env({}, parse_manifest(manifest()), "reaper", options, port=0))  # no webhooks: nothing

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Awaitable, Callable, Sequence
 
 import asyncpg
 import redis.asyncio as aioredis
 
 from ...config import Settings
-from ...runtime.lifecycle import instance_id, serve
+from ...runtime.lifecycle import Connections, instance_id, serve
 from ...store.leases import LeaseSweep
 from ...store.shadow import ShadowRescue
 from ...transport.stream_stats import StreamFigures
@@ -21,6 +22,7 @@ from .statistics import Statistics
 from .stranded import Stranded
 from .stream_rescue import ClaimedEntry, Decision, StreamRescue, StreamSweep
 from .stream_upkeep import IdleConsumers, ShadowTrim
+from .webhooks import Deliverer, load_webhooks
 
 
 class Reaper:
@@ -34,6 +36,7 @@ class Reaper:
         *,
         name: str | None = None,
         idle_consumer_after: float | None = None,
+        webhooks: Deliverer | None = None,
     ) -> None:
         self.settings = settings
         self.queue = settings.queue
@@ -49,10 +52,23 @@ class Reaper:
         self.gauges = Gauges(ctx)
         self.counts = Counts(ctx)
         self.shadow_trim = ShadowTrim(ctx)
-        self.maintenance = Maintenance([
-            self.stream, self.leases, self.shadow_stream, self.shadow_leases, self.retention, Statistics(ctx),
-            self.shadow_trim, self.consumers, self.stranded, self.gauges, self.counts,
-        ])
+        #: Webhook delivery (a task beside the sweeps), when the queue has endpoints configured.
+        self.webhooks = webhooks
+        self.maintenance = Maintenance(
+            [
+                self.stream,
+                self.leases,
+                self.shadow_stream,
+                self.shadow_leases,
+                self.retention,
+                Statistics(ctx),
+                self.shadow_trim,
+                self.consumers,
+                self.stranded,
+                self.gauges,
+                self.counts,
+            ]
+        )
 
     @property
     def idle_consumer_after(self) -> float:
@@ -120,10 +136,26 @@ class Reaper:
         return await self.maintenance.sweep(stop)
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Sweep every ``interval`` until ``stop`` is set; failures back off, never crash."""
-        await self.maintenance.run(stop, self.settings.reaper.interval)
+        """Sweep every ``interval`` (and deliver webhooks, if any) until ``stop`` is set; failures
+        back off, never crash."""
+        if self.webhooks is None:
+            await self.maintenance.run(stop, self.settings.reaper.interval)
+            return
+        await asyncio.gather(self.maintenance.run(stop, self.settings.reaper.interval), self.webhooks.run(stop))
 
 
 async def run(settings: Settings, stop: asyncio.Event) -> None:
-    """Entry point of the reaper role: owns its connections and sweeps until ``stop`` is set."""
-    await serve(settings, stop, lambda conns: Reaper(conns.pool, conns.redis, settings), role="reaper", pool_size=2)
+    """Entry point of the reaper role: owns its connections and sweeps until ``stop`` is set; with
+    ``JUDGEQUEUE_WEBHOOKS`` set it delivers the queue's verdict events to those endpoints too."""
+    endpoints, problem = load_webhooks(os.environ)
+
+    def make(conns: Connections) -> Reaper:
+        name = instance_id("reaper")
+        webhooks = None
+        if endpoints or problem:
+            webhooks = Deliverer(conns.pool, settings.queue, endpoints, name, listen_dsn=settings.listen_dsn,
+                                 problem=problem)  # fmt: skip
+        return Reaper(conns.pool, conns.redis, settings, name=name, webhooks=webhooks)
+
+    pool_size = 2 + min(sum(ep.concurrency for ep in endpoints), 8) if endpoints else 2
+    await serve(settings, stop, make, role="reaper", pool_size=pool_size)

@@ -763,3 +763,193 @@ SELECT now()
 -- name: ping
 -- A readiness probe's round trip.
 SELECT 1
+
+-- name: events_read
+-- Verdict events after position ($1 txid, $2 id), of queue $3 (NULL: every queue), up to the oldest transaction still running here.
+WITH horizon AS MATERIALIZED (
+    -- judgequeue.events_horizon()'s body, inlined: a prepared statement plans it once, where the
+    -- SQL function is planned again at every call (about 0.5 ms of server CPU each)
+    SELECT coalesce(
+               (SELECT min(x) FROM pg_snapshot_xip(snap.s) AS x
+                 WHERE (x::text::bigint % 4294967296) NOT IN (
+                           SELECT backend_xid::text::bigint FROM pg_stat_activity
+                            WHERE backend_xid IS NOT NULL AND datname IS DISTINCT FROM current_database())),
+               pg_snapshot_xmax(snap.s)) AS h
+      FROM (SELECT pg_current_snapshot() AS s) snap
+)
+SELECT e.id, e.txid::text AS txid, e.queue, e.submission_id, e.generation, e.status, e.score, e.reason, e.created_at
+  FROM judgequeue.verdict_events e
+ WHERE (e.txid, e.id) > ($1::text::xid8, $2::bigint)
+   AND e.txid < (SELECT h FROM horizon)
+   AND ($3::text IS NULL OR e.queue = $3)
+ ORDER BY e.txid, e.id
+ LIMIT $4
+
+-- name: events_held
+-- True when committed events of queue $1 (NULL: any) wait for an older transaction still running.
+SELECT EXISTS (
+    SELECT 1 FROM judgequeue.verdict_events e
+     WHERE e.txid >= judgequeue.events_horizon()
+       AND ($1::text IS NULL OR e.queue = $1))
+
+-- name: events_head
+-- The position after every event committed so far (a reader starting there sees only later events).
+SELECT coalesce(max(txid), '0'::xid8)::text AS txid, coalesce(max(id), 0) AS id
+  FROM (SELECT txid, id FROM judgequeue.verdict_events ORDER BY txid DESC, id DESC LIMIT 1) last
+
+-- name: events_prune
+-- Delete a batch of a queue's verdict events older than the retention, oldest first.
+WITH doomed AS (
+    SELECT id FROM judgequeue.verdict_events
+     WHERE queue = $3 AND created_at < now() - make_interval(secs => $1)
+     ORDER BY created_at
+     LIMIT $2
+)
+DELETE FROM judgequeue.verdict_events e USING doomed WHERE e.id = doomed.id
+
+-- name: webhook_endpoint_ensure
+-- Create a webhook endpoint's row (its read position starts before every retained event); returns its queue.
+WITH made AS (
+    INSERT INTO judgequeue.webhook_endpoints (name, queue) VALUES ($1, $2)
+    ON CONFLICT (name) DO NOTHING
+    RETURNING queue
+)
+SELECT queue FROM made UNION ALL SELECT queue FROM judgequeue.webhook_endpoints WHERE name = $1
+
+-- name: webhook_ingest
+-- Turn up to $2 events past endpoint $1's position into its deliveries and move the position, in one statement.
+WITH ep AS (
+    SELECT name, queue, after_txid, after_id FROM judgequeue.webhook_endpoints WHERE name = $1 FOR UPDATE
+), horizon AS MATERIALIZED (
+    -- judgequeue.events_horizon()'s body, inlined: a prepared statement plans it once, where the
+    -- SQL function is planned again at every call (about 0.5 ms of server CPU each)
+    SELECT coalesce(
+               (SELECT min(x) FROM pg_snapshot_xip(snap.s) AS x
+                 WHERE (x::text::bigint % 4294967296) NOT IN (
+                           SELECT backend_xid::text::bigint FROM pg_stat_activity
+                            WHERE backend_xid IS NOT NULL AND datname IS DISTINCT FROM current_database())),
+               pg_snapshot_xmax(snap.s)) AS h
+      FROM (SELECT pg_current_snapshot() AS s) snap
+), batch AS (
+    SELECT e.id, e.txid, e.queue, e.submission_id, e.generation, e.status, e.score, e.reason, e.created_at
+      FROM judgequeue.verdict_events e, ep
+     WHERE (e.txid, e.id) > (ep.after_txid, ep.after_id)
+       AND e.txid < (SELECT h FROM horizon)
+       AND e.queue = ep.queue
+     ORDER BY e.txid, e.id
+     LIMIT $2
+), added AS (
+    INSERT INTO judgequeue.webhook_deliveries (endpoint, event_id, submission_id, generation, body)
+    SELECT $1, b.id, b.submission_id, b.generation,
+           jsonb_build_object('event', b.id, 'queue', b.queue, 'submission', b.submission_id,
+                              'generation', b.generation, 'status', b.status, 'score', b.score,
+                              'reason', b.reason, 'committed_at', b.created_at)
+      FROM batch b
+    ON CONFLICT (endpoint, event_id) DO NOTHING
+    RETURNING event_id
+), moved AS (
+    UPDATE judgequeue.webhook_endpoints w
+       SET after_txid = last.txid, after_id = last.id, read_at = now()
+      FROM (SELECT txid, id FROM batch ORDER BY txid DESC, id DESC LIMIT 1) last
+     WHERE w.name = $1
+    RETURNING w.name
+)
+SELECT (SELECT count(*) FROM batch) AS read, (SELECT count(*) FROM added) AS added
+
+-- name: webhook_claim
+-- Claim up to $2 minus the endpoint's unexpired claims of its due deliveries, none behind an earlier one of its submission.
+WITH ep AS (
+    SELECT name FROM judgequeue.webhook_endpoints WHERE name = $1 FOR UPDATE
+), busy AS (
+    SELECT count(*) AS n FROM judgequeue.webhook_deliveries
+     WHERE endpoint = $1 AND claimed_by IS NOT NULL AND claim_expires_at > now()
+), picked AS (
+    SELECT d.event_id
+      FROM judgequeue.webhook_deliveries d, ep
+     WHERE d.endpoint = $1 AND d.state = 'PENDING' AND d.next_attempt_at <= now()
+       AND (d.claim_expires_at IS NULL OR d.claim_expires_at <= now())
+       AND NOT EXISTS (
+           SELECT 1 FROM judgequeue.webhook_deliveries p
+            WHERE p.endpoint = $1 AND p.submission_id = d.submission_id AND p.state = 'PENDING'
+              AND p.event_id < d.event_id)
+     ORDER BY d.event_id
+     LIMIT greatest($2 - (SELECT n FROM busy), 0)
+)
+UPDATE judgequeue.webhook_deliveries d
+   SET claimed_by = $3, claim_expires_at = now() + make_interval(secs => $4::float8), attempts = d.attempts + 1
+  FROM picked
+ WHERE d.endpoint = $1 AND d.event_id = picked.event_id
+RETURNING d.event_id, d.submission_id, d.generation, d.body::text AS body, d.attempts
+
+-- name: webhook_delivered
+-- Forget deliveries the endpoint accepted (fenced on the claim's owner); each one's seconds since its verdict's commit.
+DELETE FROM judgequeue.webhook_deliveries
+ WHERE endpoint = $1 AND event_id = ANY($2::bigint[]) AND claimed_by = $3
+RETURNING extract(epoch FROM clock_timestamp() - (body ->> 'committed_at')::timestamptz)::float8 AS lag
+
+-- name: webhook_failed
+-- A delivery failed: due again after $5 seconds, or DEAD when permanent ($7) or at $4 attempts (fenced on the claim's owner).
+UPDATE judgequeue.webhook_deliveries
+   SET state = CASE WHEN $7::boolean OR attempts >= $4 THEN 'DEAD' ELSE 'PENDING' END,
+       next_attempt_at = now() + make_interval(secs => $5::float8),
+       last_error = left($6, 1000),
+       claimed_by = NULL,
+       claim_expires_at = NULL
+ WHERE endpoint = $1 AND event_id = $2 AND claimed_by = $3
+RETURNING state
+
+-- name: webhook_release
+-- Give back claims a stopping deliverer did not finish (not counted as an attempt).
+UPDATE judgequeue.webhook_deliveries
+   SET claimed_by = NULL, claim_expires_at = NULL, attempts = greatest(attempts - 1, 0)
+ WHERE endpoint = $1 AND claimed_by = $2 AND state = 'PENDING'
+
+-- name: webhook_dead
+-- An endpoint's dead deliveries, oldest first.
+SELECT event_id, submission_id, generation, attempts, last_error, created_at, body::text AS body
+  FROM judgequeue.webhook_deliveries
+ WHERE endpoint = $1 AND state = 'DEAD'
+ ORDER BY event_id
+ LIMIT $2
+
+-- name: webhook_replay
+-- Make an endpoint's dead deliveries ($2: these event ids; empty: all) due again with fresh attempts.
+UPDATE judgequeue.webhook_deliveries
+   SET state = 'PENDING', attempts = 0, next_attempt_at = now(), last_error = NULL
+ WHERE endpoint = $1 AND state = 'DEAD' AND (cardinality($2::bigint[]) = 0 OR event_id = ANY($2::bigint[]))
+RETURNING event_id
+
+-- name: webhook_stats
+-- An endpoint's deliveries: pending, dead, and the oldest pending one's age in seconds.
+SELECT count(*) FILTER (WHERE state = 'PENDING') AS pending,
+       count(*) FILTER (WHERE state = 'DEAD') AS dead,
+       coalesce(extract(epoch FROM now() - min(created_at) FILTER (WHERE state = 'PENDING')), 0)::float8 AS age
+  FROM judgequeue.webhook_deliveries WHERE endpoint = $1
+
+-- name: webhook_health
+-- Each webhook endpoint of queue $1: deliveries waiting and dead, the oldest waiting one's age, the most attempts of one waiting, and the latest error.
+SELECT w.name,
+       count(d.event_id) FILTER (WHERE d.state = 'PENDING') AS pending,
+       count(d.event_id) FILTER (WHERE d.state = 'DEAD') AS dead,
+       coalesce(extract(epoch FROM now() - min(d.created_at) FILTER (WHERE d.state = 'PENDING')), 0)::float8 AS age,
+       coalesce(max(d.attempts) FILTER (WHERE d.state = 'PENDING' AND d.last_error IS NOT NULL), 0) AS failing_attempts,
+       (SELECT e.last_error FROM judgequeue.webhook_deliveries e
+         WHERE e.endpoint = w.name AND e.last_error IS NOT NULL
+         ORDER BY e.next_attempt_at DESC LIMIT 1) AS last_error
+  FROM judgequeue.webhook_endpoints w
+  LEFT JOIN judgequeue.webhook_deliveries d ON d.endpoint = w.name
+ WHERE w.queue = $1
+ GROUP BY w.name
+ ORDER BY w.name
+
+-- name: webhook_prune_dead
+-- Delete a batch of a queue's dead webhook deliveries older than the retention.
+WITH doomed AS (
+    SELECT d.endpoint, d.event_id
+      FROM judgequeue.webhook_deliveries d
+      JOIN judgequeue.webhook_endpoints w ON w.name = d.endpoint
+     WHERE w.queue = $3 AND d.state = 'DEAD' AND d.created_at < now() - make_interval(secs => $1)
+     LIMIT $2
+)
+DELETE FROM judgequeue.webhook_deliveries d USING doomed
+ WHERE d.endpoint = doomed.endpoint AND d.event_id = doomed.event_id
