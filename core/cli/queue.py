@@ -56,6 +56,7 @@ def cmd_queue(args: argparse.Namespace, env: Mapping[str, str]) -> int:
 def _classes(args: argparse.Namespace, dsn: str, name: str) -> int:
     from ..base.classes import parse_class_list
     from ..base.errors import UnknownQueue
+    from ..store.outbox import class_backlog
     from ..store.queues import get_classes, set_classes
 
     wanted = parse_class_list(args.set, "--set") if args.set else None
@@ -66,13 +67,16 @@ def _classes(args: argparse.Namespace, dsn: str, name: str) -> int:
         found = await get_classes(conn, name)
         if found is None:
             raise UnknownQueue(f"unknown queue {name!r} (create it with: judgequeue queue create {name})")
-        return found
+        return found, {b.name: b for b in await class_backlog(conn, name)}
 
-    classes = run_async(with_pg(dsn, go))
+    classes, backlog = run_async(with_pg(dsn, go))
     if args.json:
-        print_json([{"name": c.name, "rank": i, "share": c.share} for i, c in enumerate(classes)])
+        print_json([{"name": c.name, "rank": i, "share": c.share, "waiting": backlog[c.name].waiting,
+                     "oldest_age": round(backlog[c.name].age, 3)} for i, c in enumerate(classes)])  # fmt: skip
     else:
         print(" > ".join(f"{c.name}" + (f" ({c.share}% first)" if c.share else "") for c in classes))
+        for c in classes:
+            print(f"  {c.name}: {backlog[c.name].waiting} waiting, oldest {backlog[c.name].age:.1f}s")
     return EXIT_OK
 
 

@@ -127,6 +127,22 @@ async def rejudge_many(
 
 
 @dataclass(frozen=True)
+class ClassBacklog:
+    """One priority class of a queue: its rank (0: the first), its waiting rows and the oldest one's
+    age in seconds (database clock)."""
+
+    name: str
+    rank: int
+    waiting: int
+    age: float
+
+
+async def class_backlog(conn: asyncpg.Connection, queue: str) -> list[ClassBacklog]:
+    """Each class ``queue`` declares, highest first, with its backlog (empty for an unknown queue)."""
+    return [sql.row_as(ClassBacklog, r) for r in await conn.fetch(sql.query("outbox_waiting_by_class"), queue)]
+
+
+@dataclass(frozen=True)
 class ClaimedRow:
     """An outbox row claimed for dispatch, with the queue flags read in the same statement."""
 

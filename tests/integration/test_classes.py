@@ -17,12 +17,14 @@ from typing import Any
 import asyncpg
 import pytest
 import redis.asyncio as aioredis
+from prometheus_client import REGISTRY
 
 from judgequeue.core import api
 from judgequeue.core.base.classes import JobClass, parse_class_list
 from judgequeue.core.base.errors import InvalidClass
 from judgequeue.core.judges import Verdict
 from judgequeue.core.roles.dispatcher import Dispatcher
+from judgequeue.core.roles.reaper import Reaper
 from judgequeue.core.roles.worker.direct import takes
 from judgequeue.core.roles.worker.role import Worker
 from judgequeue.core.store import leases, outbox
@@ -31,7 +33,7 @@ from judgequeue.core.store.queues import create_queue, database_now, get_classes
 from tests.support.databases import REDIS_URL, connection
 from tests.support.inprocess import running
 from tests.support.revisions import migrate_as, ref_tree
-from tests.support.settings import make_settings
+from tests.support.settings import make_settings, stream_settings
 from tests.support.waiting import eventually
 
 STRICT = (JobClass("contest"), JobClass("practice", 0), JobClass("rejudge", 0))
@@ -326,3 +328,23 @@ async def test_a_bulk_rejudge_wakes_the_registered_waiters(pg_pool: asyncpg.Pool
         await conn.execute("INSERT INTO judgequeue.dispatch_waiters (queue, dispatcher) VALUES ($1, 'w-idle')", queue)
         assert await api.rejudge_many(conn, queue, ids=[sid]) == [(sid, 2)]
         await eventually(lambda: heard == [queue], what="the wake-up notification")
+
+
+async def test_each_class_backlog_is_shown_and_exported(
+    pg_pool: asyncpg.Pool, redis_client: aioredis.Redis, pg_dsn: str, queue: str
+) -> None:
+    """Per class: its waiting rows and the oldest one's age, as a store read and as the reaper's
+    gauges (judgequeue_class_backlog, judgequeue_class_oldest_pending_age_seconds)."""
+    async with pg_pool.acquire() as conn:
+        await set_classes(conn, queue, STRICT)
+        await _submit(conn, queue, ["r0", "r1", "r2"], job_class="rejudge")
+        await _submit(conn, queue, ["c0"])
+        backlog = await outbox.class_backlog(conn, queue)
+    assert [(b.name, b.rank, b.waiting) for b in backlog] == [("contest", 0, 1), ("practice", 1, 0), ("rejudge", 2, 3)]
+    assert backlog[2].age >= backlog[0].age >= 0 and backlog[1].age == 0
+    reaper = Reaper(pg_pool, redis_client, stream_settings(pg_dsn, REDIS_URL, queue), name="reaper-classes")
+    await reaper.refresh_gauges()
+    for name, n in (("contest", 1), ("practice", 0), ("rejudge", 3)):
+        assert REGISTRY.get_sample_value("judgequeue_class_backlog", {"queue": queue, "class": name}) == n
+    age = REGISTRY.get_sample_value("judgequeue_class_oldest_pending_age_seconds", {"queue": queue, "class": "rejudge"})
+    assert age is not None and age >= 0

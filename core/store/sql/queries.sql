@@ -144,6 +144,20 @@ SELECT count(*) FILTER (WHERE state = 'PENDING') AS pending,
        coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8 AS age
   FROM judgequeue.outbox WHERE queue = $1 AND state IN ('PENDING', 'CLAIMED')
 
+-- name: outbox_waiting_by_class
+-- Per declared class of a queue (highest first): its waiting rows and the oldest one's age; the literal list is outbox_claim's predicate.
+SELECT c.name, (c.ord - 1)::int AS rank, coalesce(w.waiting, 0)::bigint AS waiting, coalesce(w.age, 0)::float8 AS age
+  FROM judgequeue.queues q
+ CROSS JOIN unnest(q.classes) WITH ORDINALITY AS c(name, ord)
+  LEFT JOIN (
+      SELECT o.class_rank, count(*) AS waiting, extract(epoch FROM now() - min(o.created_at)) AS age
+        FROM judgequeue.outbox o
+       WHERE o.queue = $1 AND o.state IN ('PENDING', 'CLAIMED')
+       GROUP BY o.class_rank
+  ) w ON w.class_rank = c.ord - 1
+ WHERE q.name = $1
+ ORDER BY c.ord
+
 -- name: outbox_other_stats
 -- Row counts of a queue's outbox by state, for states not in $2 (states.WAITING_OUTBOX_STATES).
 SELECT state, count(*) AS n FROM judgequeue.outbox WHERE queue = $1 AND state <> ALL($2::text[]) GROUP BY state
