@@ -348,3 +348,28 @@ async def test_each_class_backlog_is_shown_and_exported(
         assert REGISTRY.get_sample_value("judgequeue_class_backlog", {"queue": queue, "class": name}) == n
     age = REGISTRY.get_sample_value("judgequeue_class_oldest_pending_age_seconds", {"queue": queue, "class": "rejudge"})
     assert age is not None and age >= 0
+
+
+async def test_a_deferral_a_release_and_a_dispatch_retry_keep_class_and_key(pg_pool: asyncpg.Pool, queue: str) -> None:
+    """Every other way a delivery is tried again: a judge's deferral (new generation, due later), a
+    graceful release (new generation) and the dispatcher's retry of a failed append (same row)."""
+    async with pg_pool.acquire() as conn:
+        await set_classes(conn, queue, STRICT)
+        [sid] = await _submit(conn, queue, ["p"], job_class="practice", key="c-1")
+        [lease] = (await takes.take(conn, queue, "w-1", limit=1, ttl=30)).leases
+        assert await leases.defer(conn, lease, delay=0, failed=False, reason="endpoint busy") == 2
+        [lease] = (await takes.take(conn, queue, "w-1", limit=1, ttl=30)).leases
+        assert lease.generation == 2
+        assert await leases.release(conn, [lease]) == [sid]
+        claimed = await outbox.claim(conn, queue, limit=1, owner="d-1", claim_ttl=30)
+        assert [(r.submission_id, r.generation, r.class_rank) for r in claimed] == [(sid, 3, 1)]
+        retry = outbox.Retry(max_attempts=5, backoff_base=0.0, backoff_max=0.0)
+        await outbox.mark(conn, [outbox.Mark(claimed[0].outbox_id, "retry", "redis down")], owner="d-1", retry=retry)
+        rows = await conn.fetch(
+            "SELECT generation, state, class_rank, fair_key, fair_seq > 0 AS keyed FROM judgequeue.outbox"
+            " WHERE submission_id = $1 ORDER BY generation",
+            sid,
+        )
+    assert [tuple(r) for r in rows] == [
+        (1, "SENT", 1, "c-1", True), (2, "SENT", 1, "c-1", True), (3, "PENDING", 1, "c-1", True)
+    ]
