@@ -16,6 +16,10 @@ stack's settings and the run's ``--intake``) on a fresh database, one after anot
 Commit-to-start is the submission's ``created_at`` (database clock) to the moment the noop judge ran
 it (host clock), per contest job. Target: phase 2's p99 within 1.5x of phase 1's.
 
+Then shares: ``--shares`` jobs in each of three classes (contest, practice share 30, rejudge share 10:
+weights 60/30/10), all queued before the roles start; each class's share of the first third of the
+starts (while none has run dry). Target: each within +-10% of its weight.
+
 Then throughput: ``--burst`` jobs submitted over 4 connections as fast as they go, into a queue with
 three classes and two fairness keys (a third each, keys alternating), and into a queue with one
 class: first submit to last verdict, jobs/s. Target: classes at >= 0.9x of one class.
@@ -28,6 +32,7 @@ import asyncio
 import json
 import sys
 import time
+from collections import Counter
 from typing import Any
 
 import asyncpg
@@ -106,6 +111,39 @@ async def contest_phase(rate: float, seconds: float, rejudge: int, classes: bool
     }
 
 
+WEIGHTED = (JobClass("contest"), JobClass("practice", 30), JobClass("rejudge", 10))
+
+
+async def shares(per_class: int) -> dict[str, Any]:
+    """Every class backlogged (``per_class`` jobs each, queued before the roles start) under
+    :data:`WEIGHTED` (contest the rest: 60%): each class's share of the first third of the starts,
+    while none has run dry."""
+    async with pipeline.stack(concurrency="64") as s:
+        async with s.pool.acquire() as conn:
+            await set_classes(conn, s.queue, WEIGHTED)
+            for c in WEIGHTED:
+                await conn.execute(
+                    "SELECT judgequeue.submit($1, jsonb_build_object('class', $2::text), $2)"
+                    " FROM generate_series(1, $3)",
+                    s.queue,
+                    c.name,
+                    per_class,
+                )
+            await conn.execute("ANALYZE judgequeue.outbox")
+        s.start("dispatcher")
+        s.start("worker")
+        s.start("reaper")
+        await pipeline.wait_done(s.pool, 0, 3 * per_class, 600)
+        rows = await s.pool.fetch(
+            "SELECT payload->>'class' AS c FROM judgequeue.submissions"
+            " ORDER BY (verdict->'details'->>'started_at')::float8 LIMIT $1",
+            per_class,
+        )
+    first = Counter(r["c"] for r in rows)
+    want = {c.name: (c.share or 100 - sum(x.share for x in WEIGHTED)) / 100 for c in WEIGHTED}
+    return {c: {"share": first[c] / len(rows), "weight": w} for c, w in want.items()}
+
+
 async def throughput(n: int, classes: bool, keys: bool | None = None) -> dict[str, Any]:
     keys = classes if keys is None else keys
     async with pipeline.stack(concurrency="64") as s:
@@ -138,6 +176,8 @@ async def inner(args: argparse.Namespace) -> int:
                                     ("rejudge, one class", args.rejudge, False)):  # fmt: skip
         progress(f"contest at {args.rate:g}/s for {args.seconds:g}s: {label}")
         phases.append({"phase": label, **await contest_phase(args.rate, args.seconds, rejudge, classes)})
+    progress(f"shares: {args.shares} jobs in each of three weighted classes")
+    weighted = await shares(args.shares)
     runs = []
     for classes in (True, False):
         progress(f"throughput, {args.burst} jobs, {'three classes and two keys' if classes else 'one class'}")
@@ -151,11 +191,17 @@ async def inner(args: argparse.Namespace) -> int:
     print(f"bulk rejudge of {args.rejudge} in one statement: {phases[1]['rejudge_statement_ms']:.0f} ms")
     print(f"contest p99 with a {args.rejudge}-job rejudge queued first: {with_classes / alone:.2f}x alone "
           f"(target <= 1.5x): {'met' if with_classes <= 1.5 * alone else 'NOT met'}")  # fmt: skip
+    for name, w in weighted.items():
+        off_by = (w["share"] - w["weight"]) / w["weight"]
+        print(f"class {name:<9} share {w['share']:6.1%} of the starts, weight {w['weight']:4.0%}: {off_by:+.0%}"
+              f" ({'within' if abs(off_by) <= 0.1 else 'NOT within'} +-10%)")  # fmt: skip
     on, off = runs
     print(f"throughput: three classes and two keys {on['jobs_per_s']:.0f} jobs/s, one class {off['jobs_per_s']:.0f}"
           f" jobs/s: {on['jobs_per_s'] / off['jobs_per_s']:.2f}x (target >= 0.9x)")  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "priority.json").write_text(json.dumps({"phases": phases, "throughput": runs}, indent=1))
+    (args.out / "priority.json").write_text(
+        json.dumps({"phases": phases, "shares": weighted, "throughput": runs}, indent=1)
+    )
     return 0
 
 
@@ -165,6 +211,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seconds", type=float, default=10.0)
     p.add_argument("--rejudge", type=int, default=10_000)
     p.add_argument("--burst", type=int, default=20_000)
+    p.add_argument("--shares", type=int, default=4_000)
     return add_run_options(p)
 
 

@@ -373,3 +373,30 @@ async def test_a_deferral_a_release_and_a_dispatch_retry_keep_class_and_key(pg_p
     assert [tuple(r) for r in rows] == [
         (1, "SENT", 1, "c-1", True), (2, "SENT", 1, "c-1", True), (3, "PENDING", 1, "c-1", True)
     ]
+
+
+async def test_with_direct_intake_a_queue_with_classes_is_served_by_takes_alone(
+    pg_pool: asyncpg.Pool, queue: str
+) -> None:
+    """The dispatcher's hand-off: in a one-class queue it streams live rows the workers left for a
+    schedule (as before classes); in a queue with several classes it streams none (the stream is
+    read before the outbox and would serve its FIFO ahead of the classes' order and shares)."""
+    async with pg_pool.acquire() as conn:
+        await _submit(conn, queue, ["d0"])
+        await conn.execute("UPDATE judgequeue.outbox SET next_attempt_at = now() - interval '10 seconds'")
+        _, one_class = await outbox.mark_and_claim(
+            conn, [], owner="d-1", retry=outbox.Retry(5, 1, 1), queue=queue, limit=10, claim_ttl=30, hand_off=1.0
+        )
+        assert len(one_class) == 1
+        await set_classes(conn, queue, STRICT)
+        await _submit(conn, queue, ["c0"], job_class="contest")
+        await _submit(conn, queue, ["r0"], job_class="rejudge")
+        await conn.execute(
+            "UPDATE judgequeue.outbox SET next_attempt_at = now() - interval '10 seconds' WHERE state = 'PENDING'"
+        )
+        _, several = await outbox.mark_and_claim(
+            conn, [], owner="d-1", retry=outbox.Retry(5, 1, 1), queue=queue, limit=10, claim_ttl=30, hand_off=1.0
+        )
+        assert several == []
+        take = await takes.take(conn, queue, "w-1", limit=10, ttl=30)
+        assert sorted(x.payload["i"] for x in take.leases) == ["c0", "r0"]

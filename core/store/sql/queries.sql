@@ -61,7 +61,8 @@ WITH no_flush_wait AS MATERIALIZED (
      WHERE m.state = 'DEAD' AND s.id = m.submission_id AND s.generation = m.generation
        AND s.status = 'PENDING'
 ), q AS (
-    SELECT mode, watermark, paused, config_version, judgequeue.claim_order(class_shares) AS ranks
+    SELECT mode, watermark, paused, config_version, judgequeue.claim_order(class_shares) AS ranks,
+           cardinality(classes) AS classes
       FROM judgequeue.queues WHERE name = $8
 ), picked AS (
     -- The classes in the claim's order (judgequeue.claim_order: by rank, a class with a share first
@@ -75,11 +76,11 @@ WITH no_flush_wait AS MATERIALIZED (
          WHERE o.queue = $8 AND o.class_rank = r.rank
            AND o.state IN ('PENDING', 'CLAIMED')
            -- With direct intake, live rows are left to the workers for $11 seconds (the hand-off),
-           -- and only the first class's overflow goes to the stream: a lower class's rows wait for
-           -- the workers' takes, never in the stream's FIFO ahead of a higher class's.
+           -- and in a queue with several classes for good: the takes keep the classes' order and
+           -- shares, which the stream's FIFO (read before the outbox) would not.
            AND o.next_attempt_at <= now() - make_interval(
                    secs => CASE WHEN (SELECT mode FROM q) = 'live' THEN $11::float8 ELSE 0 END)
-           AND (r.rank = 0 OR $11::float8 = 0 OR (SELECT mode FROM q) <> 'live')
+           AND ($11::float8 = 0 OR (SELECT mode FROM q) <> 'live' OR (SELECT classes FROM q) = 1)
            AND NOT coalesce((SELECT paused FROM q), true)
            AND o.id <> ALL($1::bigint[])  -- marked above: one statement never updates a row twice
          ORDER BY o.fair_seq, o.next_attempt_at, o.id
