@@ -21,7 +21,9 @@ import yaml
 
 from judgequeue.core.config import format_duration
 from judgequeue.core.spec import (
+    CLASSES,
     COMPARED_RESOURCES,
+    DEFAULT_SHARE,
     DEFAULTED_OBJECTS,
     DURATION_PATTERN,
     ENDPOINT_CONCURRENCY,
@@ -34,6 +36,7 @@ from judgequeue.core.spec import (
     ENDPOINTS_MAX,
     FIELD_BY_PATH,
     FIELDS,
+    MAX_CLASSES,
     NAME_MAX_LENGTH,
     OBJECT_DESCRIPTIONS,
     RESOURCE_AMOUNTS,
@@ -243,6 +246,7 @@ def _children() -> dict[tuple[str, ...], list[str]]:
     top = children[()]
     top.insert(top.index("cutover") + 1, WEBHOOKS[0])
     children[WEBHOOKS[:-1]] = [WEBHOOKS[-1]]
+    top.insert(top.index("queue") + 1, CLASSES[0])
     return children
 
 
@@ -291,6 +295,33 @@ def _webhooks() -> dict[str, Any]:
                              "default": WEBHOOK_DEADLINE,
                              "description": "How long one POST may take before it is abandoned and tried again "
                                             "(at most 5m)."},
+            },
+        },
+    }  # fmt: skip
+
+
+def _classes() -> dict[str, Any]:
+    """``spec.classes``: a list of objects keyed by name (core/spec.py ``_classes`` reads it; the shares'
+    sum and the first's share are checked there and by the database, reported as Degraded)."""
+    return {
+        "type": "array",
+        "minItems": 1,
+        "maxItems": MAX_CLASSES,
+        "x-kubernetes-list-type": "map",
+        "x-kubernetes-list-map-keys": ["name"],
+        "description": "The queue's priority classes, highest first (docs/design.md, \"Priority classes and fair "
+                       "share\"). A claim serves a higher class's ready jobs before a lower's, except in each "
+                       "class's share of the claims, where that class goes first while it has ready jobs (the bound "
+                       "on its starvation). Absent: one class, default. Submits name a class (none: the first); "
+                       "rejudges default to the last.",
+        "items": {
+            "type": "object",
+            "required": ["name"],
+            "properties": {
+                "name": {"type": "string", "maxLength": 63, "pattern": r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"},
+                "share": {"type": "integer", "minimum": 0, "maximum": 100,
+                          "description": f"Percent of claims in which this class goes first (the first class: 0; "
+                                         f"below it, {DEFAULT_SHARE} unless given). The shares sum to 100 at most."},
             },
         },
     }  # fmt: skip
@@ -436,6 +467,8 @@ def _object(path: tuple[str, ...], children: dict[tuple[str, ...], list[str]]) -
         elif sub == WEBHOOKS[:-1]:
             properties[name] = {"type": "object", "description": "The verdict events sent out of judgequeue.",
                                 "properties": {WEBHOOKS[-1]: _webhooks()}}
+        elif sub == CLASSES:
+            properties[name] = _classes()
         elif sub in FIELD_BY_PATH:
             properties[name] = _field(FIELD_BY_PATH[sub])
         else:

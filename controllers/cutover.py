@@ -35,6 +35,7 @@ from typing import Any, Literal
 import asyncpg
 
 from judgequeue.core.base.agreement import Agreement, Gate, GateCheck, check_gate, gate_on_flip
+from judgequeue.core.base.classes import DEFAULT_CLASSES
 from judgequeue.core.base.errors import CutoverBlocked, JudgeQueueError, QueueOwned, WatermarkMovedBack
 from judgequeue.core.spec import JudgeQueueSpec
 from judgequeue.core.store import shadow
@@ -43,6 +44,7 @@ from judgequeue.core.store.queues import (
     claim_queue,
     owned_queues,
     release_queue,
+    set_classes,
     set_cutover,
     take_back_queue,
 )
@@ -230,6 +232,13 @@ async def sync_queue(
         if isinstance(claimed, QueueSync):
             return claimed
         row, sync = claimed
+        # The spec's priority classes: a plain write (only when they differ), never gated or drifted. A
+        # database of a release before classes has none to write, which is what a spec without them asks.
+        try:
+            await set_classes(conn, want.queue, spec.classes)
+        except asyncpg.UndefinedColumnError:
+            if spec.classes != DEFAULT_CLASSES:
+                raise
         figures = await _figures(conn, want, row)
         decision = decide(want, row, last_applied=previous.get("applied"), figures=figures)
         sync.gate = gate_check(want, row, figures)

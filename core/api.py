@@ -1,8 +1,10 @@
 """The public API for applications: what an online judge's web app needs from judgequeue.
 
 Everything here is stable; everything else in ``judgequeue.core`` is internal. An application
-writes submissions in its own transaction (:func:`submit`), starts a new generation of one
-(:func:`rejudge`), and reads where one stands (:func:`result`). While a queue is in shadow mode it
+writes submissions in its own transaction (:func:`submit`, in one of the queue's priority classes
+and with a fairness key when it has them), starts a new generation of one (:func:`rejudge`) or of
+many in one statement (:func:`rejudge_many`: by ids, problem, time range), and reads where one
+stands (:func:`result`). While a queue is in shadow mode it
 reports what the judge being replaced decided (:func:`report_legacy_verdict`), which judgequeue
 compares with its own shadow verdicts; a shadow verdict is never a submission's verdict, so
 :func:`result` never shows one. Judge plugins implement
@@ -20,6 +22,7 @@ from typing import Any
 import asyncpg
 
 from .base.errors import (
+    InvalidClass,
     InvalidPayload,
     InvalidQueueName,
     InvalidVerdict,
@@ -34,7 +37,7 @@ from .judges import Judge, Verdict
 from .runtime import event_feed
 from .store import events, shadow, submissions
 from .store.events import InvalidPosition, Position, VerdictEvent
-from .store.outbox import rejudge, submit
+from .store.outbox import rejudge, rejudge_many, submit
 
 
 @dataclass(frozen=True)
@@ -113,6 +116,7 @@ async def events_head(conn: asyncpg.Connection) -> Position:
 
 __all__ = [
     "VERDICTS",
+    "InvalidClass",
     "InvalidPayload",
     "InvalidPosition",
     "InvalidQueueName",
@@ -129,6 +133,7 @@ __all__ = [
     "VerdictEvent",
     "events_head",
     "rejudge",
+    "rejudge_many",
     "report_legacy_verdict",
     "result",
     "submit",

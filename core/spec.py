@@ -43,7 +43,10 @@ from decimal import Decimal, InvalidOperation
 from typing import Any, Literal
 
 from .base.agreement import PERCENT_PATTERN, Gate, parse_percent
-from .base.errors import InvalidQueueName
+from .base.classes import DEFAULT_CLASSES, JobClass, check_classes
+from .base.classes import DEFAULT_SHARE as DEFAULT_SHARE  # the CRD's description says it
+from .base.classes import MAX_CLASSES as MAX_CLASSES  # the CRD's bound
+from .base.errors import InvalidClass, InvalidQueueName
 from .base.names import validate_queue_name
 from .config import (
     IntakeChoice,
@@ -332,6 +335,11 @@ SECRET_SETTINGS: tuple[tuple[tuple[str, ...], tuple[str | None, str], tuple[Role
 
 FIELD_BY_PATH: dict[tuple[str, ...], Field] = {f.path: f for f in FIELDS}
 
+#: ``spec.classes``: the queue's priority classes, highest first (core/base/classes.py), a list of
+#: objects (not scalars, so not in :data:`FIELDS`): read by :func:`_classes`, written to the queue row
+#: by the operator and ``judgequeue local``.
+CLASSES: tuple[str, ...] = ("classes",)
+
 #: ``spec.worker.endpoints``: the endpoints an ``http-call`` worker may call (core/judges/http_call.py),
 #: a list of objects (not scalars, so not in :data:`FIELDS`): read by :func:`_endpoints`.
 ENDPOINTS: tuple[str, ...] = ("worker", "endpoints")
@@ -437,6 +445,7 @@ def object_paths() -> dict[tuple[str, ...], set[str]]:
     objects[ENDPOINTS[:-1]].add(ENDPOINTS[-1])
     objects[()].add(WEBHOOKS[0])
     objects[WEBHOOKS[:-1]] = {WEBHOOKS[-1]}
+    objects[()].add(CLASSES[0])
     return objects
 
 
@@ -593,6 +602,7 @@ class JudgeQueueSpec:
     postgres_pooler: str  # none, session or transaction (core/settings_table.py POOLERS)
     postgres_listen: SecretKeyRef | None  # the direct LISTEN DSN (dispatcher, direct-intake worker), if any
     progress_deadline: float  # seconds a Deployment may roll out without progress
+    classes: tuple[JobClass, ...] = DEFAULT_CLASSES  # priority classes, highest first
     values: Mapping[tuple[str, ...], Any] = field(default_factory=dict, repr=False, compare=False)
     given: frozenset[tuple[str, ...]] = field(default=frozenset(), repr=False, compare=False)
     webhooks: tuple[WebhookSpec, ...] = ()
@@ -721,8 +731,8 @@ def _walk(spec: Mapping[str, Any], errors: list[str]) -> dict[tuple[str, ...], A
             where = "spec." + ".".join(here)
             if key not in objects[path]:
                 errors.append(f"{where}: unknown field (see crds/judgequeue.yaml for the JudgeQueue schema)")
-            elif (key == "resources" and path in RESOURCES) or here in (ENDPOINTS, WEBHOOKS):  # parsed on their own
-                raw[here] = value
+            elif (key == "resources" and path in RESOURCES) or here in (ENDPOINTS, WEBHOOKS, CLASSES):
+                raw[here] = value  # parsed on their own
             elif here in objects:
                 if value is None:
                     continue
@@ -797,6 +807,7 @@ def parse_spec(spec: Any, *, name: str) -> JudgeQueueSpec | list[str]:
     resources = {p: _resources(raw.get((*p, "resources")), f"spec.{'.'.join(p)}.resources", errors)
                  for p in RESOURCES}
     endpoints = _endpoints(raw.get(ENDPOINTS), errors)
+    classes = _classes(raw.get(CLASSES), errors)
     if values[("worker", "judge")] == "http-call" and not endpoints and ENDPOINTS not in raw:
         errors.append("spec.worker.endpoints: is required when spec.worker.judge is http-call")
     webhooks = _webhooks(raw.get(WEBHOOKS), errors)
@@ -807,7 +818,34 @@ def parse_spec(spec: Any, *, name: str) -> JudgeQueueSpec | list[str]:
         built = replace(built, worker=replace(built.worker, endpoints=endpoints))
     if webhooks:
         built = replace(built, webhooks=webhooks)
-    return built
+    return replace(built, classes=classes)
+
+
+def _classes(value: Any, errors: list[str]) -> tuple[JobClass, ...]:
+    """``spec.classes`` checked item by item (the CRD's item schema and the database's rules): a class
+    below the first without a share gets :data:`~judgequeue.core.base.classes.DEFAULT_SHARE`."""
+    where = "spec.classes"
+    if value is None:
+        return DEFAULT_CLASSES
+    if not isinstance(value, list):
+        errors.append(f"{where}: must be a list")
+        return DEFAULT_CLASSES
+    out: list[JobClass] = []
+    for i, item in enumerate(value):
+        if not isinstance(item, Mapping):
+            errors.append(f"{where}[{i}]: must be an object")
+            return DEFAULT_CLASSES
+        unknown = sorted(set(item) - {"name", "share"})
+        if unknown:
+            errors.append(f"{where}[{i}].{unknown[0]}: unknown field (see crds/judgequeue.yaml for the schema)")
+            return DEFAULT_CLASSES
+        name: Any = item.get("name")  # checked by check_classes, whatever it is
+        out.append(JobClass(name, item.get("share", 0 if i == 0 else DEFAULT_SHARE)))
+    try:
+        return check_classes(out, where)
+    except InvalidClass as exc:
+        errors.append(str(exc))
+        return DEFAULT_CLASSES
 
 
 def _secret_ref(value: Any) -> SecretKeyRef | None:

@@ -30,6 +30,11 @@ class InvalidPayload(JudgeQueueError, ValueError):
     """The payload is not a JSON-serialisable value."""
 
 
+class InvalidClass(JudgeQueueError, ValueError):
+    """A priority class the queue does not declare (the message lists the ones it does), a fairness
+    key out of bounds, a bulk rejudge without a filter, or an invalid set of classes."""
+
+
 class WatermarkMovedBack(JudgeQueueError, ValueError):
     """A cutover watermark may only move forward."""
 
@@ -90,6 +95,7 @@ _SQLSTATE_ERRORS: dict[str, type[JudgeQueueError]] = {
     "JQ006": UnknownSubmission,
     "JQ007": NotShadowed,
     "JQ008": InvalidVerdict,
+    "JQ009": InvalidClass,
 }
 
 

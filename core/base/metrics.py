@@ -29,6 +29,14 @@ OUTBOX_ROWS = Gauge("judgequeue_outbox_rows", "Outbox rows by state.", ["queue",
 OUTBOX_OLDEST_PENDING_AGE = Gauge(
     "judgequeue_outbox_oldest_pending_age_seconds", "Age of the oldest outbox row not yet sent.", ["queue"]
 )
+CLASS_BACKLOG = Gauge(
+    "judgequeue_class_backlog", "Outbox rows waiting per priority class of a queue.", ["queue", "class"]
+)
+CLASS_OLDEST_PENDING_AGE = Gauge(
+    "judgequeue_class_oldest_pending_age_seconds",
+    "Age of the oldest waiting outbox row per priority class of a queue.",
+    ["queue", "class"],
+)
 DISPATCH_RESULTS = Counter(
     "judgequeue_dispatch_results_total",
     "Outbox rows handled by dispatchers (sent, duplicate, shadow_sent, skipped, retry, dead) and taken by "

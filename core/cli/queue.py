@@ -32,6 +32,8 @@ def cmd_queue(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         print_listing(run_async(with_pg(dsn, list_queues)), args.json, flags_json, flags_line, "no queues")
         return EXIT_OK
     name = queue_arg(args, env)
+    if args.queue_command == "classes":
+        return _classes(args, dsn, name)
     if args.queue_command == "create":
         flags = run_async(with_pg(dsn, lambda conn: create_queue(conn, name, mode=args.mode)))
     else:
@@ -51,6 +53,33 @@ def cmd_queue(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     return EXIT_OK
 
 
+def _classes(args: argparse.Namespace, dsn: str, name: str) -> int:
+    from ..base.classes import parse_class_list
+    from ..base.errors import UnknownQueue
+    from ..store.outbox import class_backlog
+    from ..store.queues import get_classes, set_classes
+
+    wanted = parse_class_list(args.set, "--set") if args.set else None
+
+    async def go(conn: Any) -> Any:
+        if wanted is not None:
+            await set_classes(conn, name, wanted)
+        found = await get_classes(conn, name)
+        if found is None:
+            raise UnknownQueue(f"unknown queue {name!r} (create it with: judgequeue queue create {name})")
+        return found, {b.name: b for b in await class_backlog(conn, name)}
+
+    classes, backlog = run_async(with_pg(dsn, go))
+    if args.json:
+        print_json([{"name": c.name, "rank": i, "share": c.share, "waiting": backlog[c.name].waiting,
+                     "oldest_age": round(backlog[c.name].age, 3)} for i, c in enumerate(classes)])  # fmt: skip
+    else:
+        print(" > ".join(f"{c.name}" + (f" ({c.share}% first)" if c.share else "") for c in classes))
+        for c in classes:
+            print(f"  {c.name}: {backlog[c.name].waiting} waiting, oldest {backlog[c.name].age:.1f}s")
+    return EXIT_OK
+
+
 def add(commands: Commands) -> None:
     p = commands.add("queue", "create, list and show queues (Postgres only)")
     queue_action = commands.actions(p, "queue_command", cmd_queue)
@@ -61,3 +90,8 @@ def add(commands: Commands) -> None:
         if action == "create":
             q.add_argument("--mode", choices=("live", "shadow"), default="live", help="initial mode (default live)")
     add_variable_flags(queue_action("list", "list every queue"), [DSN], "connection")
+    c = queue_action("classes", "show or declare a queue's priority classes (an operator's queue: use spec.classes)")
+    c.add_argument("name", nargs="?", help="queue name (default: $JUDGEQUEUE_QUEUE)")
+    c.add_argument("--set", nargs="+", metavar="NAME[:SHARE]",
+                   help="the classes, highest first; SHARE: percent of claims in which it goes first (default 5)")
+    add_variable_flags(c, [DSN, QUEUE], "connection")

@@ -1,4 +1,4 @@
-"""``judgequeue rejudge``: judge submissions again under a new generation."""
+"""``judgequeue rejudge``: judge submissions again under a new generation, one by one or in bulk."""
 
 from __future__ import annotations
 
@@ -6,9 +6,13 @@ import argparse
 from collections.abc import Mapping
 from typing import Any
 
+from ..base.errors import Failure
+from ..spec import parse_timestamp
 from .common import (
     DSN,
     EXIT_OK,
+    EXIT_USAGE,
+    QUEUE,
     Commands,
     add_variable_flags,
     print_json,
@@ -18,16 +22,35 @@ from .common import (
 )
 
 
+def _instant(text: str | None, flag: str) -> Any:
+    if text is None:
+        return None
+    value = parse_timestamp(text)
+    if value is None:
+        raise Failure(f"{flag}: {text!r} is not an RFC 3339 timestamp (e.g. 2026-03-01T12:00:00Z)", EXIT_USAGE)
+    return value
+
+
 def cmd_rejudge(args: argparse.Namespace, env: Mapping[str, str]) -> int:
-    from ..store.outbox import rejudge
+    from ..store.outbox import rejudge, rejudge_many
 
     dsn: str = resolve(args, env, DSN)
+    bulk = args.problem is not None or args.since is not None or args.until is not None
+    if not bulk and not args.ids:
+        raise Failure("give submission ids, or --problem/--since/--until for a bulk rejudge", EXIT_USAGE)
+    since, until = _instant(args.since, "--since"), _instant(args.until, "--until")
 
     async def go(conn: Any) -> list[tuple[int, int]]:
+        if bulk:
+            queue: str = resolve(args, env, QUEUE)
+            return await rejudge_many(
+                conn, queue, job_class=args.job_class, ids=args.ids or None, problem=args.problem,
+                since=since, until=until,
+            )  # fmt: skip
         out = []
         for submission_id in args.ids:
             async with conn.transaction():
-                out.append((submission_id, await rejudge(conn, submission_id)))
+                out.append((submission_id, await rejudge(conn, submission_id, job_class=args.job_class)))
         return out
 
     results = run_async(with_pg(dsn, go))
@@ -36,11 +59,19 @@ def cmd_rejudge(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     else:
         for i, g in results:
             print(f"{i} requeued as generation {g}")
+        if bulk:
+            print(f"{len(results)} submissions requeued in one statement")
     return EXIT_OK
 
 
 def add(commands: Commands) -> None:
-    p = commands.add("rejudge", "judge submissions again under a new generation", parents=[commands.json_flag])
-    p.add_argument("ids", nargs="+", type=int, metavar="ID", help="submission id")
-    add_variable_flags(p, [DSN], "connection")
+    text = "judge submissions again under a new generation (ids, or in bulk by problem and time range)"
+    p = commands.add("rejudge", text, parents=[commands.json_flag])
+    p.add_argument("ids", nargs="*", type=int, metavar="ID", help="submission id")
+    p.add_argument("--class", dest="job_class", metavar="CLASS",
+                   help="the priority class of the new judging (default: the queue's lowest)")
+    p.add_argument("--problem", help="bulk: every submission of the queue whose payload's problem is this")
+    p.add_argument("--since", help="bulk: submissions created at or after this instant (RFC 3339)")
+    p.add_argument("--until", help="bulk: submissions created before this instant (RFC 3339)")
+    add_variable_flags(p, [DSN, QUEUE], "connection")
     p.set_defaults(handler=cmd_rejudge)

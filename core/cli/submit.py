@@ -79,7 +79,7 @@ def cmd_submit(args: argparse.Namespace, env: Mapping[str, str]) -> int:
 
     async def go(conn: Any) -> tuple[int, dict[int, Any]]:
         async with conn.transaction():
-            submission_id = await submit(conn, queue, payload)
+            submission_id = await submit(conn, queue, payload, job_class=args.job_class, key=args.key)
         rows = await wait_for_verdicts(conn, [submission_id], args.timeout) if args.wait else {}
         return submission_id, rows
 
@@ -107,6 +107,9 @@ def add(commands: Commands) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--payload", help="the payload as JSON text")
     src.add_argument("--file", help="read the JSON payload from a file ('-' for standard input)")
+    p.add_argument("--class", dest="job_class", metavar="CLASS",
+                   help="one of the queue's priority classes (default: its first, highest)")
+    p.add_argument("--key", help="fairness key within the class (a contest id): keys take turns")
     p.add_argument("--wait", action="store_true", help="wait for the verdict and print it (exit 1 on timeout)")
     p.add_argument("--timeout", type=parse_duration, default=60.0, help="--wait: give up after this long (default 60s)")
     add_variable_flags(p, [DSN, QUEUE], "connection")

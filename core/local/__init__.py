@@ -46,7 +46,7 @@ from ..store import submissions
 from ..store.migrate import migrate
 from ..store.outbox import submit
 from ..store.problems import upload
-from ..store.queues import create_queue, get_queue, set_cutover
+from ..store.queues import create_queue, get_queue, set_classes, set_cutover
 from ..store.shadow import agreement
 from ..transport.connect import connect_postgres, redis_client
 from .children import SHADOW_WORKER, Child, start_children, stop_children
@@ -187,6 +187,7 @@ async def _prepare(conn: asyncpg.Connection, manifest: Manifest) -> GateCheck | 
     gate holds the flip to live back (returned then)."""
     await migrate(conn)
     row = await create_queue(conn, manifest.queue, mode=manifest.cutover.mode)  # type: ignore[arg-type]
+    await set_classes(conn, manifest.queue, manifest.spec.classes)
     held = await held_back(conn, manifest, row.mode)
     changes: dict[str, Any] = {"mode": row.mode if held else manifest.cutover.mode, "paused": manifest.cutover.paused}
     if manifest.cutover.watermark is not None:

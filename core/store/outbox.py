@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 import asyncpg
 
-from ..base.errors import InvalidPayload, PayloadTooLarge, UnknownSubmission, translate_pg_error
+from ..base.errors import InvalidClass, InvalidPayload, PayloadTooLarge, UnknownSubmission, translate_pg_error
 from ..base.names import validate_queue_name
 from ..base.states import OUTBOX_STATES as OUTBOX_STATES  # re-exported: callers know them as outbox's
 from ..base.states import TERMINAL_OUTBOX_STATES as TERMINAL_OUTBOX_STATES
@@ -63,27 +63,83 @@ async def _call(conn: asyncpg.Connection, statement: str, *args: Any) -> Any:
         raise
 
 
-async def submit(conn: asyncpg.Connection, queue: str, payload: Any) -> int:
+async def submit(
+    conn: asyncpg.Connection, queue: str, payload: Any, *, job_class: str | None = None, key: str | None = None
+) -> int:
     """Write a submission and its outbox row; return the submission id.
 
     Call it inside your own ``conn.transaction()`` so the submission commits (or rolls back) with
-    your application's writes. Outside a transaction it is still atomic on its own.
+    your application's writes. Outside a transaction it is still atomic on its own. ``job_class``
+    is one of the queue's priority classes (None: its first, highest); a class it does not declare is
+    refused with :class:`InvalidClass` naming the valid ones. ``key`` is the fairness key within the
+    class (a contest id, a user id): keys take turns, so one key's burst does not starve another's.
     """
     validate_queue_name(queue)
     text = encode_payload(payload)
-    submission_id: int = await _call(conn, sql.query("submit"), queue, text)
+    if key is not None and not 1 <= len(key) <= MAX_KEY_CHARS:
+        raise InvalidClass(f"fairness key must be 1 to {MAX_KEY_CHARS} characters, got {len(key)}")
+    submission_id: int = await _call(conn, sql.query("submit"), queue, text, job_class, key)
     return submission_id
 
 
-async def rejudge(conn: asyncpg.Connection, submission_id: int) -> int:
+#: Longest fairness key (the SQL function enforces the same).
+MAX_KEY_CHARS = 200
+
+
+async def rejudge(conn: asyncpg.Connection, submission_id: int, *, job_class: str | None = None) -> int:
     """Start a new generation of a submission (finished or running) and queue it; return the generation.
 
-    A running attempt of the old generation can no longer write its verdict (the fence drops it).
+    A running attempt of the old generation can no longer write its verdict (the fence drops it). The
+    new delivery is in ``job_class`` (None: the queue's lowest class), which later rescues keep.
     """
-    generation: int | None = await _call(conn, sql.query("rejudge"), submission_id)
+    generation: int | None = await _call(conn, sql.query("rejudge"), submission_id, job_class)
     if generation is None:  # pragma: no cover - the SQL function raises JQ006 instead
         raise UnknownSubmission(f"unknown submission {submission_id}")
     return generation
+
+
+async def rejudge_many(
+    conn: asyncpg.Connection,
+    queue: str,
+    *,
+    job_class: str | None = None,
+    ids: Sequence[int] | None = None,
+    problem: str | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+) -> list[tuple[int, int]]:
+    """Rejudge every submission of ``queue`` matching all the filters given (``ids``, the payload's
+    ``problem``, created in ``[since, until)``) in one statement, in ``job_class`` (None: the lowest);
+    returns (submission, new generation) pairs. At least one filter is required."""
+    validate_queue_name(queue)
+    if ids is None and problem is None and since is None and until is None:
+        raise InvalidClass("a bulk rejudge needs at least one of: ids, problem, since, until")
+    try:
+        rows = await conn.fetch(
+            sql.query("rejudge_many"), queue, job_class, None if ids is None else list(ids), problem, since, until
+        )
+    except asyncpg.PostgresError as exc:
+        translated = translate_pg_error(exc)
+        if translated is not None:
+            raise translated from exc
+        raise
+    return [(r["submission_id"], r["generation"]) for r in rows]
+
+
+@dataclass(frozen=True)
+class ClassBacklog:
+    """One priority class of a queue: its rank (0: the first), its waiting rows and the oldest one's
+    age in seconds (database clock)."""
+
+    name: str
+    rank: int
+    waiting: int
+    age: float
+
+
+async def class_backlog(conn: asyncpg.Connection, queue: str) -> list[ClassBacklog]:
+    """Each class ``queue`` declares, highest first, with its backlog (empty for an unknown queue)."""
+    return [sql.row_as(ClassBacklog, r) for r in await conn.fetch(sql.query("outbox_waiting_by_class"), queue)]
 
 
 @dataclass(frozen=True)
@@ -99,6 +155,8 @@ class ClaimedRow:
     mode: str
     config_version: int
     age: float  # seconds from creation to this claim, on the DB clock
+    class_rank: int = 0  # its class's rank (0: the first)
+    fair_seq: int = 0  # its fairness key's turn in the class (0: no key)
 
 
 async def claim(conn: asyncpg.Connection, queue: str, *, limit: int, owner: str, claim_ttl: float) -> list[ClaimedRow]:
@@ -116,7 +174,9 @@ async def claim(conn: asyncpg.Connection, queue: str, *, limit: int, owner: str,
 
 def _claimed_rows(rows: Sequence[asyncpg.Record]) -> list[ClaimedRow]:
     claimed = [sql.row_as(ClaimedRow, r, outbox_id="id") for r in rows]
-    claimed.sort(key=lambda row: row.outbox_id)
+    # The claim's order (docs/design.md, "Priority classes and fair share"): the batch goes to the
+    # stream in it, so a higher class's rows in one batch come before a lower's, and keys take turns.
+    claimed.sort(key=lambda row: (row.class_rank, row.fair_seq, row.outbox_id))
     return claimed
 
 

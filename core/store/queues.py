@@ -12,12 +12,13 @@ other, and :func:`set_cutover` with ``owner`` writes only while that owner holds
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
 import asyncpg
 
+from ..base.classes import JobClass, check_classes
 from ..base.errors import CutoverBlocked, QueueOwned, UnknownQueue, translate_pg_error
 from ..base.names import validate_queue_name
 from ..base.states import MODES as MODES  # re-exported: the operator knows them as queues'
@@ -212,3 +213,23 @@ async def listen_queues(conn: asyncpg.Connection, on_change: Callable[[str], obj
             await conn.remove_listener(QUEUES_CHANNEL, heard)
 
     return stop
+
+
+async def set_classes(conn: asyncpg.Connection, name: str, classes: Sequence[JobClass]) -> bool:
+    """Declare ``name``'s priority classes, highest first (validated as the database's CHECK does);
+    returns whether they changed. Jobs already queued keep their rank until delivered again."""
+    check_classes(classes)
+    if await get_classes(conn, name) is None:
+        raise UnknownQueue(f"unknown queue {name!r} (create it with: judgequeue queue create {name})")
+    changed = await conn.fetchval(
+        sql.query("queue_set_classes"), name, [c.name for c in classes], [c.share for c in classes]
+    )
+    return bool(changed)
+
+
+async def get_classes(conn: asyncpg.Connection, name: str) -> tuple[JobClass, ...] | None:
+    """``name``'s classes, highest first, or None for an unknown queue."""
+    row = await conn.fetchrow(sql.query("queue_classes"), name)
+    if row is None:
+        return None
+    return tuple(JobClass(n, int(s)) for n, s in zip(row["classes"], row["class_shares"], strict=True))

@@ -99,11 +99,14 @@ async def explained(pg_dsn: str) -> AsyncIterator[Explained]:
 
 
 #: The statements of a submit in a queue without offers: those of the release before offers
-#: existed, no more (the PL/pgSQL conditions between them are expressions, not statements).
+#: existed, no more (the PL/pgSQL conditions between them are expressions, not statements; the
+#: queue check also reads the queue's classes, and the INSERTs write the class and key columns).
 STREAM_SUBMIT = [
-    "SELECT offers_until > clock_timestamp() FROM judgequeue.queues WHERE name = p_queue",
-    "INSERT INTO judgequeue.submissions (queue, payload) VALUES (p_queue, p_payload) RETURNING id",
-    "INSERT INTO judgequeue.outbox (queue, submission_id, generation) VALUES (p_queue, v_id, 1)",
+    "SELECT offers_until > clock_timestamp(), classes FROM judgequeue.queues WHERE name = p_queue",
+    "INSERT INTO judgequeue.submissions (queue, payload, job_class, fair_key) "
+    "VALUES (p_queue, p_payload, p_class, p_key) RETURNING id",
+    "INSERT INTO judgequeue.outbox (queue, submission_id, generation, class_rank, fair_key, fair_seq) "
+    "VALUES (p_queue, v_id, 1, v_rank, p_key, v_seq)",
     "SELECT 1 FROM judgequeue.dispatch_waiters WHERE queue = p_queue LIMIT 1",
 ]
 

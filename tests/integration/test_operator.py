@@ -318,3 +318,21 @@ async def test_a_judge_plugin_installed_in_the_image_is_accepted(env: Env, queue
         assert settings.worker.judge == "gpu"
         verdict = await load_judge(settings.worker.judge).judge({})
         assert verdict.status == "ACCEPTED"
+
+
+async def test_spec_classes_reach_the_queue_row_and_a_bad_list_degrades(
+    env: Env, queue_name: str, pg: asyncpg.Connection
+) -> None:
+    from judgequeue.core.base.classes import JobClass
+    from judgequeue.core.store.queues import get_classes
+
+    classes = [{"name": "contest"}, {"name": "practice", "share": 10}, {"name": "rejudge"}]
+    env.kmock.put_object(JQ, NS, {"metadata": {"name": "judge"}, "spec": {**spec(queue_name), "classes": classes}})
+    await eventually(lambda: env.condition("CutoverApplied").get("status") == "True", what="applied")
+    assert await get_classes(pg, queue_name) == (JobClass("contest"), JobClass("practice", 10), JobClass("rejudge", 5))
+    generation = await env.patch_cr({"spec": {"classes": [{"name": "a"}, {"name": "b", "share": 70},
+                                                          {"name": "c", "share": 40}]}})
+    await env.observed(generation)
+    degraded = env.condition("Degraded")
+    assert degraded["status"] == "True" and "spec.classes: the shares sum to 110%" in degraded["message"]
+    assert len(await get_classes(pg, queue_name) or ()) == 3  # an invalid spec writes nothing

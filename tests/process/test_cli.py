@@ -334,3 +334,34 @@ async def test_shadow_diff_lists_mismatches_and_refuses_a_bad_limit(pg_dsn: str,
     assert ok_json(jq("shadow", "diff", "--json", "--queue", "another", dsn=pg_dsn)) == []
     bad = jq("shadow", "diff", "--limit", "0", dsn=pg_dsn)
     assert bad.returncode == 2 and "--limit must be 1 or more" in bad.stderr
+
+
+def test_classes_on_the_command_line(pg_dsn: str, queue_name: str) -> None:
+    """`queue classes --set`, `submit --class/--key`, `rejudge --class` and a bulk rejudge; a bad
+    class is one line naming the valid ones, exit 2 (bad input), nothing written."""
+    assert jq("queue", "create", queue_name, dsn=pg_dsn).returncode == 0
+    declare = ("queue", "classes", queue_name, "--set", "contest", "practice:10", "rejudge", "--json")
+    shown = ok_json(jq(*declare, dsn=pg_dsn))
+    assert [{k: c[k] for k in ("name", "rank", "share", "waiting")} for c in shown] == [
+        {"name": "contest", "rank": 0, "share": 0, "waiting": 0},
+        {"name": "practice", "rank": 1, "share": 10, "waiting": 0},
+        {"name": "rejudge", "rank": 2, "share": 5, "waiting": 0},
+    ]
+    line = jq("queue", "classes", queue_name, dsn=pg_dsn)
+    assert line.stdout.splitlines()[0] == "contest > practice (10% first) > rejudge (5% first)"
+    sid = ok_json(jq("submit", "--payload", '{"problem": "p1"}', "--class", "practice", "--key", "c-7", "--json",
+                     dsn=pg_dsn, queue=queue_name))["id"]  # fmt: skip
+    bad = jq("submit", "--payload", "{}", "--class", "urgent", dsn=pg_dsn, queue=queue_name)
+    assert bad.returncode == 2 and "one of contest, practice, rejudge" in bad.stderr
+    assert len(bad.stderr.splitlines()) == 1
+    again = ok_json(jq("rejudge", str(sid), "--class", "contest", "--json", dsn=pg_dsn))
+    assert again == [{"id": sid, "generation": 2}]
+    bulk = ok_json(jq("rejudge", "--problem", "p1", "--json", dsn=pg_dsn, queue=queue_name))
+    assert bulk == [{"id": sid, "generation": 3}]
+    backlog = jq("queue", "classes", queue_name, dsn=pg_dsn).stdout.splitlines()
+    # Each generation queued its own delivery (the stale ones are dropped when claimed): one per class.
+    waiting = [b.split(",")[0].strip() for b in backlog[1:]]
+    assert waiting == ["contest: 1 waiting", "practice: 1 waiting", "rejudge: 1 waiting"]
+    assert jq("rejudge", dsn=pg_dsn).returncode == 2  # neither ids nor a bulk filter
+    bad_set = jq("queue", "classes", queue_name, "--set", "a", "a", dsn=pg_dsn)
+    assert bad_set.returncode == 2 and "declared twice" in bad_set.stderr

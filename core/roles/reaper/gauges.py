@@ -1,7 +1,8 @@
 """Gauges: the queue's figures, exported for every reaper's ``/metrics``.
 
 At every sweep, the stream figures (:func:`judgequeue.core.transport.stream_stats.stream_figures`),
-the waiting outbox rows and the oldest one's age, and the database's notification queue usage.
+the waiting outbox rows and the oldest one's age (in all and per priority class), and the
+database's notification queue usage.
 Once a minute (:class:`Counts`), what costs a scan of everything kept for ``retention``: the terminal
 outbox rows by state, and the shadow agreement figures (:func:`judgequeue.core.store.shadow.agreement`).
 """
@@ -27,6 +28,12 @@ def publish_outbox(queue: str, stats: OutboxStats) -> None:
     metrics.OUTBOX_OLDEST_PENDING_AGE.labels(queue).set(stats.oldest_pending_age)
 
 
+def publish_classes(queue: str, classes: list[outbox.ClassBacklog]) -> None:
+    for c in classes:
+        metrics.CLASS_BACKLOG.labels(queue, c.name).set(c.waiting)
+        metrics.CLASS_OLDEST_PENDING_AGE.labels(queue, c.name).set(c.age)
+
+
 class Gauges(Maintainer):
     name = "gauges"
 
@@ -36,8 +43,10 @@ class Gauges(Maintainer):
         publish(queue, figures)
         async with self.ctx.pool.acquire(timeout=STATEMENT_TIMEOUT) as conn:
             stats = await outbox.stats(conn, queue, include_terminal=False)
+            classes = await outbox.class_backlog(conn, queue)
             metrics.NOTIFY_QUEUE_USAGE.set(await wakeup.notify_queue_usage(conn))
         publish_outbox(queue, stats)
+        publish_classes(queue, classes)
         return figures
 
 

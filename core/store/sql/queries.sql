@@ -6,12 +6,17 @@
 -- checks those against states too).
 
 -- name: submit
--- Write a submission and its outbox row in the caller's transaction; returns the id.
-SELECT judgequeue.submit($1, $2::jsonb)
+-- Write a submission and its outbox row in the caller's transaction, in class $3 with fairness key $4; returns the id.
+SELECT judgequeue.submit($1, $2::jsonb, $3, $4)
 
 -- name: rejudge
--- Start a new generation of a submission and queue it; returns the generation.
-SELECT judgequeue.rejudge($1)
+-- Start a new generation of a submission and queue it in class $2 (NULL: the lowest); returns the generation.
+SELECT judgequeue.rejudge($1, $2)
+
+-- name: rejudge_many
+-- A bulk rejudge in one statement: a queue's submissions by ids, problem and creation time, in class $2.
+SELECT submission_id, generation
+  FROM judgequeue.rejudge_many($1, $2, $3::bigint[], $4, $5::timestamptz, $6::timestamptz)
 
 -- name: outbox_mark_claim
 -- Mark a dispatched batch's outcomes (fenced on the claim owner; DEAD ends the submission) and claim
@@ -56,20 +61,33 @@ WITH no_flush_wait AS MATERIALIZED (
      WHERE m.state = 'DEAD' AND s.id = m.submission_id AND s.generation = m.generation
        AND s.status = 'PENDING'
 ), q AS (
-    SELECT mode, watermark, paused, config_version FROM judgequeue.queues WHERE name = $8
+    SELECT mode, watermark, paused, config_version, judgequeue.claim_order(class_shares) AS ranks,
+           cardinality(classes) AS classes
+      FROM judgequeue.queues WHERE name = $8
 ), picked AS (
-    SELECT o.id
-      FROM judgequeue.outbox o
-     WHERE o.queue = $8
-       AND o.state IN ('PENDING', 'CLAIMED')
-       -- With direct intake, live rows are left to the workers for $11 seconds (the hand-off).
-       AND o.next_attempt_at <= now() - make_interval(
-               secs => CASE WHEN (SELECT mode FROM q) = 'live' THEN $11::float8 ELSE 0 END)
-       AND NOT coalesce((SELECT paused FROM q), true)
-       AND o.id <> ALL($1::bigint[])  -- marked above: one statement never updates a row twice
-     ORDER BY o.next_attempt_at, o.id
+    -- The classes in the claim's order (judgequeue.claim_order: by rank, a class with a share first
+    -- in that share of the claims), each walked along outbox_claim: within a class, keys in turn
+    -- (fair_seq), then readiness. The nested loop stops once $9 rows are locked.
+    SELECT p.id
+      FROM unnest(coalesce((SELECT ranks FROM q), '{}'::smallint[])) AS r(rank)
+     CROSS JOIN LATERAL (
+        SELECT o.id
+          FROM judgequeue.outbox o
+         WHERE o.queue = $8 AND o.class_rank = r.rank
+           AND o.state IN ('PENDING', 'CLAIMED')
+           -- With direct intake, live rows are left to the workers for $11 seconds (the hand-off),
+           -- and in a queue with several classes for good: the takes keep the classes' order and
+           -- shares, which the stream's FIFO (read before the outbox) would not.
+           AND o.next_attempt_at <= now() - make_interval(
+                   secs => CASE WHEN (SELECT mode FROM q) = 'live' THEN $11::float8 ELSE 0 END)
+           AND ($11::float8 = 0 OR (SELECT mode FROM q) <> 'live' OR (SELECT classes FROM q) = 1)
+           AND NOT coalesce((SELECT paused FROM q), true)
+           AND o.id <> ALL($1::bigint[])  -- marked above: one statement never updates a row twice
+         ORDER BY o.fair_seq, o.next_attempt_at, o.id
+         LIMIT $9
+           FOR UPDATE SKIP LOCKED
+     ) p
      LIMIT $9
-       FOR UPDATE SKIP LOCKED
 ), claimed AS (
     UPDATE judgequeue.outbox o
        SET state = CASE WHEN q.mode = 'live' AND q.watermark IS NOT NULL AND o.created_at < q.watermark
@@ -83,14 +101,15 @@ WITH no_flush_wait AS MATERIALIZED (
       FROM q, no_flush_wait
      WHERE o.id = ANY(ARRAY(SELECT id FROM picked))
     RETURNING o.id, o.submission_id, o.generation, o.created_at, o.attempts, o.state, q.mode, q.config_version,
-              extract(epoch FROM now() - o.created_at)::float8 AS age
+              extract(epoch FROM now() - o.created_at)::float8 AS age, o.class_rank, o.fair_seq
 )
 SELECT false AS claimed, id, state, NULL::bigint AS submission_id, NULL::bigint AS generation,
        NULL::timestamptz AS created_at, NULL::integer AS attempts, NULL::text AS mode,
-       NULL::bigint AS config_version, NULL::float8 AS age
+       NULL::bigint AS config_version, NULL::float8 AS age, NULL::smallint AS class_rank, NULL::bigint AS fair_seq
   FROM marked
 UNION ALL
-SELECT true, id, state, submission_id, generation, created_at, attempts, mode, config_version, age FROM claimed
+SELECT true, id, state, submission_id, generation, created_at, attempts, mode, config_version, age, class_rank, fair_seq
+  FROM claimed
 
 -- name: outbox_prune
 -- Delete a batch of a queue's terminal outbox rows older than the retention; $4 = states.TERMINAL_OUTBOX_STATES.
@@ -125,6 +144,20 @@ SELECT count(*) FILTER (WHERE state = 'PENDING') AS pending,
        count(*) FILTER (WHERE state = 'CLAIMED') AS claimed,
        coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8 AS age
   FROM judgequeue.outbox WHERE queue = $1 AND state IN ('PENDING', 'CLAIMED')
+
+-- name: outbox_waiting_by_class
+-- Per declared class of a queue (highest first): its waiting rows and the oldest one's age; the literal list is outbox_claim's predicate.
+SELECT c.name, (c.ord - 1)::int AS rank, coalesce(w.waiting, 0)::bigint AS waiting, coalesce(w.age, 0)::float8 AS age
+  FROM judgequeue.queues q
+ CROSS JOIN unnest(q.classes) WITH ORDINALITY AS c(name, ord)
+  LEFT JOIN (
+      SELECT o.class_rank, count(*) AS waiting, extract(epoch FROM now() - min(o.created_at)) AS age
+        FROM judgequeue.outbox o
+       WHERE o.queue = $1 AND o.state IN ('PENDING', 'CLAIMED')
+       GROUP BY o.class_rank
+  ) w ON w.class_rank = c.ord - 1
+ WHERE q.name = $1
+ ORDER BY c.ord
 
 -- name: outbox_other_stats
 -- Row counts of a queue's outbox by state, for states not in $2 (states.WAITING_OUTBOX_STATES).
@@ -232,17 +265,24 @@ RETURNING s.id, s.generation, s.attempt_id, s.payload::text AS payload, s.create
 WITH no_flush_wait AS MATERIALIZED (
     SELECT set_config('synchronous_commit', 'off', true)
 ), q AS (
-    SELECT mode = 'live' AND NOT paused AS live, watermark FROM judgequeue.queues WHERE name = $1
+    SELECT mode = 'live' AND NOT paused AS live, watermark, judgequeue.claim_order(class_shares) AS ranks
+      FROM judgequeue.queues WHERE name = $1
 ), picked AS (
-    SELECT o.id
-      FROM judgequeue.outbox o
-     WHERE o.queue = $1
-       AND o.state IN ('PENDING', 'CLAIMED')
-       AND o.next_attempt_at <= now()
-       AND coalesce((SELECT live FROM q), false)  -- shadow rows are the dispatcher's
-     ORDER BY o.next_attempt_at, o.id
+    -- The classes in the claim's order, each along outbox_claim (as in outbox_mark_claim).
+    SELECT p.id
+      FROM unnest(coalesce((SELECT ranks FROM q), '{}'::smallint[])) AS r(rank)
+     CROSS JOIN LATERAL (
+        SELECT o.id
+          FROM judgequeue.outbox o
+         WHERE o.queue = $1 AND o.class_rank = r.rank
+           AND o.state IN ('PENDING', 'CLAIMED')
+           AND o.next_attempt_at <= now()
+           AND coalesce((SELECT live FROM q), false)  -- shadow rows are the dispatcher's
+         ORDER BY o.fair_seq, o.next_attempt_at, o.id
+         LIMIT $3
+           FOR UPDATE SKIP LOCKED
+     ) p
      LIMIT $3
-       FOR UPDATE SKIP LOCKED
 ), sent AS (
     UPDATE judgequeue.outbox o
        SET state = CASE WHEN q.watermark IS NOT NULL AND o.created_at < q.watermark THEN 'SKIPPED' ELSE 'SENT' END,
@@ -461,6 +501,16 @@ SELECT judgequeue.bump_generation($1::bigint, $2::bigint, false)
 -- name: record_dead_letters
 -- Record in Postgres why entries were dead-lettered, before they reach the DLQ.
 SELECT ord, outcome FROM judgequeue.record_dead_letters($1::bigint[], $2::bigint[], $3::text[])
+
+-- name: queue_set_classes
+-- Declare a queue's classes (highest first) and shares; the CHECK refuses invalid ones.
+UPDATE judgequeue.queues SET classes = $2::text[], class_shares = $3::smallint[]
+ WHERE name = $1 AND (classes, class_shares) IS DISTINCT FROM ($2::text[], $3::smallint[])
+RETURNING true
+
+-- name: queue_classes
+-- A queue's classes and shares.
+SELECT classes, class_shares FROM judgequeue.queues WHERE name = $1
 
 -- name: queue_create
 -- Create a queue if it does not exist; an existing queue keeps its flags.

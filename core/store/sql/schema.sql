@@ -8,7 +8,7 @@
 -- migration (never an edit of an applied one) that takes an existing database there.
 --
 -- All decisions use the database clock; nothing here trusts a client's time. Errors use SQLSTATEs
--- JQ001..JQ008 (core/errors.py).
+-- JQ001..JQ009 (core/errors.py).
 
 -- === queues: the cutover flags of each queue =====================================================
 
@@ -31,7 +31,11 @@ CREATE TABLE judgequeue.queues (
     created_at      timestamptz NOT NULL DEFAULT now(),
     updated_at      timestamptz NOT NULL DEFAULT now(),
     owner           text CHECK (owner IS NULL OR length(owner) BETWEEN 1 AND 512),
-    offers_until    timestamptz
+    offers_until    timestamptz,
+    -- the queue's priority classes, highest first, and each one's share of the claims in which it
+    -- goes first (whole percent; the first class's 0); checked by valid_classes() below
+    classes         text[] NOT NULL DEFAULT ARRAY['default']::text[],
+    class_shares    smallint[] NOT NULL DEFAULT ARRAY[0]::smallint[]
 );
 
 -- A flag flip (mode, watermark, paused) and a submit filling an offer exclude each other: the
@@ -119,7 +123,11 @@ CREATE TABLE judgequeue.submissions (
     request_generation bigint NOT NULL DEFAULT 1,
     -- failed tries of this request (timeouts, connection errors, 5xx, 429): the remote-call judge's
     -- retry bound and backoff; waiting for a free endpoint slot does not count
-    call_failures     integer NOT NULL DEFAULT 0
+    call_failures     integer NOT NULL DEFAULT 0,
+    -- the class it was submitted or last rejudged in (NULL: the queue's first) and its fairness key
+    -- (NULL: none): every later delivery (rescue, release, deferral) keeps both
+    job_class         text,
+    fair_key          text
 ) WITH (fillfactor = 70);
 
 -- Serves the lease reaper: only JUDGING rows carry a lease.
@@ -158,11 +166,20 @@ CREATE TABLE judgequeue.outbox (
     claim_expires_at  timestamptz,
     created_at        timestamptz NOT NULL DEFAULT now(),
     sent_at           timestamptz,
-    UNIQUE (submission_id, generation)
+    UNIQUE (submission_id, generation),
+    -- the rank of its submission's class (0: the first) and, with a fairness key, the key's turn in
+    -- the class (fair_seq(); 0 without a key): the claim's order is (class_rank, fair_seq,
+    -- next_attempt_at, id)
+    class_rank        smallint NOT NULL DEFAULT 0,
+    fair_key          text,
+    fair_seq          bigint NOT NULL DEFAULT 0
 );
 
-CREATE INDEX outbox_claim ON judgequeue.outbox (queue, next_attempt_at, id)
+CREATE INDEX outbox_claim ON judgequeue.outbox (queue, class_rank, fair_seq, next_attempt_at, id)
     WHERE state IN ('PENDING', 'CLAIMED');
+-- A key's last waiting turn (fair_seq()).
+CREATE INDEX outbox_fair_key ON judgequeue.outbox (queue, class_rank, fair_key, fair_seq)
+    WHERE state IN ('PENDING', 'CLAIMED') AND fair_key IS NOT NULL;
 
 -- Idle dispatchers (and direct-intake workers) register here before they block on LISTEN; submit()
 -- notifies only while a waiter exists, so a busy system pays nothing for the wake-up (a NOTIFY per
@@ -208,6 +225,82 @@ CREATE FUNCTION judgequeue.is_dns_label(p_name text) RETURNS boolean LANGUAGE sq
     AS $$ SELECT p_name IS NOT NULL AND length(p_name) <= 63
                  AND p_name ~ '^[a-z0-9]([-a-z0-9]*[a-z0-9])?$' $$;
 
+-- A queue's classes are valid: 1 to 16 distinct DNS labels, highest first, each with a share (whole
+-- percent, 0-100, the first class's always 0) summing to at most 100.
+CREATE FUNCTION judgequeue.valid_classes(p_names text[], p_shares smallint[]) RETURNS boolean
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT cardinality(p_names) BETWEEN 1 AND 16
+       AND cardinality(p_shares) = cardinality(p_names)
+       AND p_shares[1] = 0
+       AND (SELECT bool_and(judgequeue.is_dns_label(n)) AND count(DISTINCT n) = cardinality(p_names)
+              FROM unnest(p_names) AS n)
+       AND (SELECT bool_and(s BETWEEN 0 AND 100) AND sum(s) <= 100 FROM unnest(p_shares) AS s)
+$$;
+
+-- The rank of a class in a queue (0 = the first, highest): NULL is the first class; a name no
+-- longer declared (a spec that dropped it after the job was queued) is the lowest.
+CREATE FUNCTION judgequeue.class_rank(p_classes text[], p_class text) RETURNS smallint
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT (CASE WHEN p_class IS NULL THEN 0
+                 ELSE coalesce(array_position(p_classes, p_class), cardinality(p_classes)) - 1 END)::smallint
+$$;
+
+-- The order in which one claim visits a queue's classes: by rank, except that with probability
+-- share/100 a class with a share is visited first (it goes first in that share of the claims while
+-- it has ready rows: the starvation bound of the classes below the first). PL/pgSQL: no planning per call.
+CREATE FUNCTION judgequeue.claim_order(p_shares smallint[]) RETURNS smallint[]
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    v_x float8;
+    v_upto integer := 0;
+    v_first integer;
+    v_out smallint[] := '{}';
+BEGIN
+    IF cardinality(p_shares) = 1 THEN
+        RETURN ARRAY[0]::smallint[];
+    END IF;
+    v_x := random() * 100;
+    FOR i IN 1 .. cardinality(p_shares) LOOP
+        IF v_first IS NULL AND v_x >= v_upto AND v_x < v_upto + p_shares[i] THEN
+            v_first := i;
+        END IF;
+        v_upto := v_upto + p_shares[i];
+    END LOOP;
+    IF v_first IS NOT NULL THEN
+        v_out := ARRAY[(v_first - 1)::smallint];
+    END IF;
+    FOR i IN 1 .. cardinality(p_shares) LOOP
+        IF i IS DISTINCT FROM v_first THEN
+            v_out := v_out || (i - 1)::smallint;
+        END IF;
+    END LOOP;
+    RETURN v_out;
+END $$;
+
+-- Fair share within a class: a job with a fairness key is ordered by a sequence number, one more than
+-- the key's last waiting job, and never below the class's head (the lowest number still waiting),
+-- so a key that had nothing waiting starts at the head beside a bursting key's next job, and keys
+-- with waiting jobs take turns (start-time fair queuing). Jobs without a key are 0: first in their
+-- class, in order of readiness, as in a queue with no keys. Two index probes (PL/pgSQL: their plans
+-- are kept per session, where a SQL function's would be planned at every call).
+CREATE FUNCTION judgequeue.fair_seq(p_queue text, p_rank smallint, p_key text) RETURNS bigint
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_last bigint;
+    v_head bigint;
+BEGIN
+    IF p_key IS NULL THEN
+        RETURN 0;
+    END IF;
+    SELECT max(o.fair_seq) INTO v_last FROM judgequeue.outbox o
+     WHERE o.queue = p_queue AND o.class_rank = p_rank AND o.fair_key = p_key
+       AND o.state IN ('PENDING', 'CLAIMED');
+    SELECT o.fair_seq - 1 INTO v_head FROM judgequeue.outbox o
+     WHERE o.queue = p_queue AND o.class_rank = p_rank AND o.state IN ('PENDING', 'CLAIMED') AND o.fair_seq > 0
+     ORDER BY o.fair_seq LIMIT 1;
+    RETURN greatest(v_last, v_head, 0) + 1;
+END $$;
+
 -- Enqueue a submission inside the caller's transaction: the submission row and its delivery intent
 -- commit or roll back together. With an open offer on a live queue (and its rows at or past the
 -- watermark) the intent is delivered here: the submission is written already leased to the offering
@@ -216,14 +309,21 @@ CREATE FUNCTION judgequeue.is_dns_label(p_name text) RETURNS boolean LANGUAGE sq
 -- from the commit: an application transaction that stays open longer than the lease TTL commits an
 -- expired lease, which the reaper rescues like any other (a second run, fenced).
 --
+-- p_class: one of the queue's classes (NULL: the first, highest); p_key: the fairness key within the
+-- class (a contest id; NULL: none). A class the queue does not declare is refused (JQ009) naming them.
+--
 -- A mode that is off costs nothing: in a queue where no offer can be open (queues.offers_until
 -- NULL or past, as in every queue of the stream intake) a submit runs the statements it ran before
--- offers existed (the queue check, the two INSERTs, the waiters check), no more.
-CREATE FUNCTION judgequeue.submit(p_queue text, p_payload jsonb) RETURNS bigint
-LANGUAGE plpgsql AS $$
+-- offers existed (the queue check, the two INSERTs, the waiters check), no more; a fairness key adds
+-- the two probes of fair_seq().
+CREATE FUNCTION judgequeue.submit(p_queue text, p_payload jsonb, p_class text DEFAULT NULL, p_key text DEFAULT NULL)
+RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
     v_id bigint;
     v_offers boolean;
+    v_classes text[];
+    v_rank smallint;
+    v_seq bigint := 0;
     v_live boolean;
     v_offer record;
     v_text text;
@@ -240,6 +340,10 @@ BEGIN
             MESSAGE = format('payload is %s bytes, over the limit of %s bytes',
                              octet_length(p_payload::text), judgequeue.max_payload_bytes());
     END IF;
+    IF p_key IS NOT NULL AND (length(p_key) NOT BETWEEN 1 AND 200) THEN
+        RAISE EXCEPTION USING ERRCODE = 'JQ009',
+            MESSAGE = format('fairness key must be 1 to 200 characters, got %s', length(p_key));
+    END IF;
     -- The queue check reads whether an offer may be open: the sync that opens or refreshes a
     -- worker's offers moves offers_until at or past their expiry in the same statement (offers_sync
     -- in core/sql/queries.sql), so once it is past no offer of this queue is fillable. An offer the
@@ -248,10 +352,19 @@ BEGIN
     -- offering worker among them (a worker offers while it waits, registered), which then takes
     -- its offers back and the row in (as for a rejudge or a rescue); a worker not woken looks
     -- within its schedule, and the dispatcher streams what no worker took.
-    SELECT offers_until > clock_timestamp() INTO v_offers FROM judgequeue.queues WHERE name = p_queue;
+    SELECT offers_until > clock_timestamp(), classes INTO v_offers, v_classes FROM judgequeue.queues WHERE name = p_queue;
     IF NOT FOUND THEN
         RAISE EXCEPTION USING ERRCODE = 'JQ002',
             MESSAGE = format('unknown queue %L (create it with: judgequeue queue create %s)', p_queue, p_queue);
+    END IF;
+    IF p_class IS NOT NULL AND NOT (p_class = ANY (v_classes)) THEN
+        RAISE EXCEPTION USING ERRCODE = 'JQ009',
+            MESSAGE = format('class %L is not a class of queue %L (one of %s)', p_class, p_queue,
+                             array_to_string(v_classes, ', '));
+    END IF;
+    v_rank := judgequeue.class_rank(v_classes, p_class);
+    IF p_key IS NOT NULL THEN
+        v_seq := judgequeue.fair_seq(p_queue, v_rank, p_key);
     END IF;
 
     -- Fill an open offer at once (locked for this transaction; other submits skip it); the
@@ -279,12 +392,14 @@ BEGIN
                       FROM judgequeue.queues WHERE name = p_queue;
                 END IF;
                 IF v_live THEN
-                    INSERT INTO judgequeue.submissions (id, queue, payload, status, attempt_id, lease_expires_at)
+                    INSERT INTO judgequeue.submissions (id, queue, payload, status, attempt_id, lease_expires_at,
+                                                        job_class, fair_key)
                         OVERRIDING SYSTEM VALUE
                         VALUES (v_id, p_queue, p_payload, 'JUDGING', v_offer.attempt,
-                                clock_timestamp() + make_interval(secs => v_offer.lease_ttl));
-                    INSERT INTO judgequeue.outbox (queue, submission_id, generation, state, attempts, claimed_by, sent_at)
-                        VALUES (p_queue, v_id, 1, 'SENT', 1, v_offer.worker, now());
+                                clock_timestamp() + make_interval(secs => v_offer.lease_ttl), p_class, p_key);
+                    INSERT INTO judgequeue.outbox (queue, submission_id, generation, state, attempts, claimed_by, sent_at,
+                                                   class_rank, fair_key)
+                        VALUES (p_queue, v_id, 1, 'SENT', 1, v_offer.worker, now(), v_rank, p_key);
                     -- "<submission> <attempt> <slot> <created, epoch seconds>[ <payload>]"
                     v_text := p_payload::text;
                     PERFORM pg_notify(v_offer.channel, concat_ws(' ', v_id, v_offer.attempt, v_offer.slot,
@@ -299,8 +414,10 @@ BEGIN
     END IF;
 
     -- (An id drawn for an offer given back above stays unused: a gap, as a rollback leaves.)
-    INSERT INTO judgequeue.submissions (queue, payload) VALUES (p_queue, p_payload) RETURNING id INTO v_id;
-    INSERT INTO judgequeue.outbox (queue, submission_id, generation) VALUES (p_queue, v_id, 1);
+    INSERT INTO judgequeue.submissions (queue, payload, job_class, fair_key)
+        VALUES (p_queue, p_payload, p_class, p_key) RETURNING id INTO v_id;
+    INSERT INTO judgequeue.outbox (queue, submission_id, generation, class_rank, fair_key, fair_seq)
+        VALUES (p_queue, v_id, 1, v_rank, p_key, v_seq);
 
     PERFORM 1 FROM judgequeue.dispatch_waiters WHERE queue = p_queue LIMIT 1;
     IF FOUND THEN
@@ -314,13 +431,17 @@ END $$;
 -- bump conditional, so two actors racing to rescue the same attempt bump it once.
 -- p_count_retry: a lease expiry or release counts towards maxRetries and keeps the request; a
 -- user's rejudge resets the count and starts a new request (request_generation, call_failures).
--- Returns the new generation, or NULL when nothing was bumped.
+-- The new delivery keeps the submission's class and fairness key (a rescued contest job stays a
+-- contest job). Returns the new generation, or NULL when nothing was bumped.
 CREATE FUNCTION judgequeue.bump_generation(
     p_submission_id bigint, p_expected_generation bigint, p_count_retry boolean
 ) RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
     v_queue text;
     v_generation bigint;
+    v_class text;
+    v_key text;
+    v_rank smallint;
 BEGIN
     UPDATE judgequeue.submissions
        SET generation = generation + 1,
@@ -334,12 +455,14 @@ BEGIN
            call_failures = CASE WHEN p_count_retry THEN call_failures ELSE 0 END
      WHERE id = p_submission_id
        AND (p_expected_generation IS NULL OR generation = p_expected_generation)
-    RETURNING queue, generation INTO v_queue, v_generation;
+    RETURNING queue, generation, job_class, fair_key INTO v_queue, v_generation, v_class, v_key;
     IF NOT FOUND THEN
         RETURN NULL;
     END IF;
-    INSERT INTO judgequeue.outbox (queue, submission_id, generation)
-        VALUES (v_queue, p_submission_id, v_generation);
+    SELECT judgequeue.class_rank(classes, v_class) INTO v_rank FROM judgequeue.queues WHERE name = v_queue;
+    v_rank := coalesce(v_rank, 0);
+    INSERT INTO judgequeue.outbox (queue, submission_id, generation, class_rank, fair_key, fair_seq)
+        VALUES (v_queue, p_submission_id, v_generation, v_rank, v_key, judgequeue.fair_seq(v_queue, v_rank, v_key));
     PERFORM 1 FROM judgequeue.dispatch_waiters WHERE queue = v_queue LIMIT 1;
     IF FOUND THEN
         PERFORM pg_notify('judgequeue_wakeup', v_queue);
@@ -347,11 +470,31 @@ BEGIN
     RETURN v_generation;
 END $$;
 
-CREATE FUNCTION judgequeue.rejudge(p_submission_id bigint) RETURNS bigint
+-- A user's rejudge of one submission, in the class p_class (NULL: the queue's lowest). The
+-- submission's class becomes p_class: a rescue of the rejudged job keeps it.
+CREATE FUNCTION judgequeue.rejudge(p_submission_id bigint, p_class text DEFAULT NULL) RETURNS bigint
 LANGUAGE plpgsql AS $$
 DECLARE
     v_generation bigint;
+    v_queue text;
+    v_classes text[];
 BEGIN
+    SELECT s.queue, q.classes INTO v_queue, v_classes
+      FROM judgequeue.submissions s LEFT JOIN judgequeue.queues q ON q.name = s.queue
+     WHERE s.id = p_submission_id;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'JQ006',
+            MESSAGE = format('unknown submission %s', p_submission_id);
+    END IF;
+    v_classes := coalesce(v_classes, ARRAY['default']);
+    IF p_class IS NOT NULL AND NOT (p_class = ANY (v_classes)) THEN
+        RAISE EXCEPTION USING ERRCODE = 'JQ009',
+            MESSAGE = format('class %L is not a class of queue %L (one of %s)', p_class, v_queue,
+                             array_to_string(v_classes, ', '));
+    END IF;
+    UPDATE judgequeue.submissions
+       SET job_class = coalesce(p_class, v_classes[cardinality(v_classes)])
+     WHERE id = p_submission_id;
     v_generation := judgequeue.bump_generation(p_submission_id, NULL, false);
     IF v_generation IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = 'JQ006',
@@ -359,6 +502,115 @@ BEGIN
     END IF;
     RETURN v_generation;
 END $$;
+
+-- A bulk rejudge of a queue's submissions in one statement: those in p_ids (NULL: any), of problem
+-- p_problem (the payload's "problem"; NULL: any), created in [p_since, p_until) (NULL: unbounded),
+-- at least one filter given; all in class p_class (NULL: the queue's lowest). Each gets a new
+-- generation and delivery, as rejudge() gives one; keyed ones are numbered in turn per key.
+-- Returns each rejudged submission with its new generation.
+CREATE FUNCTION judgequeue.rejudge_many(
+    p_queue text, p_class text, p_ids bigint[], p_problem text, p_since timestamptz, p_until timestamptz
+) RETURNS TABLE (submission_id bigint, generation bigint) LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_classes text[];
+    v_class text;
+    v_rank smallint;
+BEGIN
+    SELECT classes INTO v_classes FROM judgequeue.queues WHERE name = p_queue;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'JQ002',
+            MESSAGE = format('unknown queue %L (create it with: judgequeue queue create %s)', p_queue, p_queue);
+    END IF;
+    IF p_class IS NOT NULL AND NOT (p_class = ANY (v_classes)) THEN
+        RAISE EXCEPTION USING ERRCODE = 'JQ009',
+            MESSAGE = format('class %L is not a class of queue %L (one of %s)', p_class, p_queue,
+                             array_to_string(v_classes, ', '));
+    END IF;
+    IF p_ids IS NULL AND p_problem IS NULL AND p_since IS NULL AND p_until IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'JQ009',
+            MESSAGE = 'a bulk rejudge needs at least one of: ids, problem, since, until';
+    END IF;
+    v_class := coalesce(p_class, v_classes[cardinality(v_classes)]);
+    v_rank := judgequeue.class_rank(v_classes, v_class);
+    RETURN QUERY
+    WITH bumped AS (
+        UPDATE judgequeue.submissions s
+           SET generation = s.generation + 1,
+               status = 'PENDING',
+               attempt_id = NULL,
+               lease_expires_at = NULL,
+               verdict = NULL,
+               finished_at = NULL,
+               retry_count = 0,
+               request_generation = s.generation + 1,
+               call_failures = 0,
+               job_class = v_class
+         WHERE s.queue = p_queue
+           AND (p_ids IS NULL OR s.id = ANY (p_ids))
+           AND (p_problem IS NULL OR s.payload ->> 'problem' = p_problem)
+           AND (p_since IS NULL OR s.created_at >= p_since)
+           AND (p_until IS NULL OR s.created_at < p_until)
+        RETURNING s.id, s.generation, s.fair_key
+    ), numbered AS (
+        SELECT b.id, b.generation, b.fair_key,
+               CASE WHEN b.fair_key IS NULL THEN 0
+                    ELSE judgequeue.fair_seq(p_queue, v_rank, b.fair_key)
+                         + row_number() OVER (PARTITION BY b.fair_key ORDER BY b.id) - 1 END AS seq
+          FROM bumped b
+    ), queued AS (
+        INSERT INTO judgequeue.outbox (queue, submission_id, generation, class_rank, fair_key, fair_seq)
+        SELECT p_queue, n.id, n.generation, v_rank, n.fair_key, n.seq FROM numbered n ORDER BY n.id
+        RETURNING outbox.submission_id, outbox.generation
+    ), woken AS (
+        SELECT pg_notify('judgequeue_wakeup', p_queue)
+         WHERE EXISTS (SELECT 1 FROM queued)
+           AND EXISTS (SELECT 1 FROM judgequeue.dispatch_waiters WHERE queue = p_queue)
+    )
+    SELECT q.submission_id, q.generation FROM queued q LEFT JOIN woken ON true ORDER BY q.submission_id;
+END $$;
+
+-- Give a lease back to be tried again no sooner than p_delay seconds from now (database clock):
+-- fenced like a verdict on (id, generation, attempt, JUDGING); a new generation (older deliveries
+-- are stale from then on) whose outbox row waits until then, with the reason as its last_error,
+-- in the submission's class and with its fairness key.
+-- p_failed: the try failed (counts in call_failures) rather than waited for a free slot. Unlike a
+-- release it does not count towards maxRetries (lease expiries): the judge bounds its own tries.
+-- Returns the new generation, or NULL when the lease was no longer held (the caller's try is stale).
+CREATE FUNCTION judgequeue.defer_lease(
+    p_id bigint, p_generation bigint, p_attempt uuid, p_delay float8, p_failed boolean, p_reason text
+) RETURNS bigint LANGUAGE plpgsql AS $$
+DECLARE
+    v_queue text;
+    v_generation bigint;
+    v_class text;
+    v_key text;
+    v_rank smallint;
+BEGIN
+    UPDATE judgequeue.submissions
+       SET generation = generation + 1,
+           status = 'PENDING',
+           attempt_id = NULL,
+           lease_expires_at = NULL,
+           call_failures = call_failures + CASE WHEN p_failed THEN 1 ELSE 0 END
+     WHERE id = p_id AND generation = p_generation AND attempt_id = p_attempt AND status = 'JUDGING'
+    RETURNING queue, generation, job_class, fair_key INTO v_queue, v_generation, v_class, v_key;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    SELECT judgequeue.class_rank(classes, v_class) INTO v_rank FROM judgequeue.queues WHERE name = v_queue;
+    v_rank := coalesce(v_rank, 0);
+    INSERT INTO judgequeue.outbox (queue, submission_id, generation, next_attempt_at, last_error,
+                                   class_rank, fair_key, fair_seq)
+        VALUES (v_queue, p_id, v_generation, now() + make_interval(secs => greatest(p_delay, 0)),
+                left(p_reason, 1000), v_rank, v_key, judgequeue.fair_seq(v_queue, v_rank, v_key));
+    RETURN v_generation;
+END $$;
+
+ALTER TABLE judgequeue.queues ADD CONSTRAINT queues_classes_valid
+    CHECK (judgequeue.valid_classes(classes, class_shares));
+
+
 
 -- === leases: the two operations that need a row lock, then bump_generation() =====================
 -- (acquire, renew and verdict writes are single fenced UPDATEs in core/sql/queries.sql)
@@ -385,36 +637,6 @@ BEGIN
             RETURN NEXT r.id;
         END IF;
     END LOOP;
-END $$;
-
--- Give a lease back to be tried again no sooner than p_delay seconds from now (database clock):
--- fenced like a verdict on (id, generation, attempt, JUDGING); a new generation (older deliveries
--- are stale from then on) whose outbox row waits until then, with the reason as its last_error.
--- p_failed: the try failed (counts in call_failures) rather than waited for a free slot. Unlike a
--- release it does not count towards maxRetries (lease expiries): the judge bounds its own tries.
--- Returns the new generation, or NULL when the lease was no longer held (the caller's try is stale).
-CREATE FUNCTION judgequeue.defer_lease(
-    p_id bigint, p_generation bigint, p_attempt uuid, p_delay float8, p_failed boolean, p_reason text
-) RETURNS bigint LANGUAGE plpgsql AS $$
-DECLARE
-    v_queue text;
-    v_generation bigint;
-BEGIN
-    UPDATE judgequeue.submissions
-       SET generation = generation + 1,
-           status = 'PENDING',
-           attempt_id = NULL,
-           lease_expires_at = NULL,
-           call_failures = call_failures + CASE WHEN p_failed THEN 1 ELSE 0 END
-     WHERE id = p_id AND generation = p_generation AND attempt_id = p_attempt AND status = 'JUDGING'
-    RETURNING queue, generation INTO v_queue, v_generation;
-    IF NOT FOUND THEN
-        RETURN NULL;
-    END IF;
-    INSERT INTO judgequeue.outbox (queue, submission_id, generation, next_attempt_at, last_error)
-        VALUES (v_queue, p_id, v_generation, now() + make_interval(secs => greatest(p_delay, 0)),
-                left(p_reason, 1000));
-    RETURN v_generation;
 END $$;
 
 -- Rescue expired JUDGING leases of a queue (the worker died or lost its connection): a new

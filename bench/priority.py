@@ -1,0 +1,223 @@
+"""Priority classes: a contest's commit-to-start latency with and without a 10,000-job rejudge queued
+first, and the throughput of a queue with classes and fairness keys against one class.
+
+    .venv/bin/python -m bench.priority [--rate 100] [--seconds 10] [--rejudge 10000] [--burst 20000]
+
+Every phase runs the roles as processes (dispatcher, 1 worker, reaper; noop judge; the bench
+stack's settings and the run's ``--intake``) on a fresh database, one after another in the same run:
+
+1. ``alone``: contest submissions at ``--rate`` for ``--seconds``, nothing else queued.
+2. ``rejudge, classes``: the queue declares ``contest > rejudge`` (the rejudge class's default share,
+   5%); once the roles serve, ``--rejudge`` finished submissions of one problem are written (and the
+   tables analysed, as a database in service has statistics) and rejudged in one statement
+   (``rejudge_many``, class rejudge) a moment before the same contest load starts.
+3. ``rejudge, one class``: the same, in a queue with one class (the rejudge first come, first served).
+
+Commit-to-start is the submission's ``created_at`` (database clock) to the moment the noop judge ran
+it (host clock), per contest job. Target: phase 2's p99 within 1.5x of phase 1's.
+
+Then shares: ``--shares`` jobs in each of three classes (contest, practice share 30, rejudge share 10:
+weights 60/30/10), all queued before the roles start; each class's share of the first third of the
+starts (while none has run dry). Target: each within +-10% of its weight.
+
+Then throughput: ``--burst`` jobs submitted over 4 connections as fast as they go, into a queue with
+three classes and two fairness keys (a third each, keys alternating), and into a queue with one
+class: first submit to last verdict, jobs/s. Target: classes at >= 0.9x of one class.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from collections import Counter
+from typing import Any
+
+import asyncpg
+
+from bench import pipeline
+from bench.cli import add_run_options, new_parser, reporter, run_on_servers
+from bench.common import span_seconds
+from judgequeue.core.base.classes import JobClass
+from judgequeue.core.store import outbox
+from judgequeue.core.store.queues import set_classes
+
+progress = reporter("priority")
+
+CONTEST = (JobClass("contest"), JobClass("rejudge", 5))
+THREE = (JobClass("contest"), JobClass("practice", 5), JobClass("rejudge", 5))
+
+
+async def _contest(s: pipeline.Stack, rate: float, seconds: float, job_class: str | None) -> int:
+    """Offer ``rate`` contest submits/s for ``seconds`` on one connection; returns how many."""
+    total = int(rate * seconds)
+    start = time.monotonic()
+    async with s.pool.acquire() as conn:
+        for i in range(total):
+            delay = start + i / rate - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)  # pacing of the offered load
+            await outbox.submit(conn, s.queue, {"contest": True}, job_class=job_class)
+    return total
+
+
+async def _starts(pool: asyncpg.Pool, after: int) -> list[float]:
+    rows = await pool.fetch(
+        "SELECT (verdict->'details'->>'started_at')::float8 - extract(epoch FROM created_at)::float8 AS start"
+        " FROM judgequeue.submissions WHERE id > $1 AND payload ? 'contest'",
+        after,
+    )
+    return [r["start"] * 1000 for r in rows if r["start"] is not None]
+
+
+async def contest_phase(rate: float, seconds: float, rejudge: int, classes: bool) -> dict[str, Any]:
+    async with pipeline.stack(concurrency="64") as s:
+        if classes:
+            async with s.pool.acquire() as conn:
+                await set_classes(conn, s.queue, CONTEST)
+        s.start("dispatcher")
+        s.start("worker")
+        s.start("reaper")
+        after = await pipeline.warm_up(s)  # the roles are up and serving
+        if rejudge:  # the judged submissions of a problem, as a contest's past leaves them
+            await s.pool.execute(
+                "INSERT INTO judgequeue.submissions (queue, payload, status, finished_at)"
+                " SELECT $1, jsonb_build_object('problem', 'p1'), 'ACCEPTED', now() FROM generate_series(1, $2)",
+                s.queue,
+                rejudge,
+            )
+        # A database in service has planner statistics (the reaper analyses a new one only after its
+        # first writes): without them the 10,000 rows arrive under plans made for an empty outbox.
+        await s.pool.execute("ANALYZE judgequeue.outbox")
+        await s.pool.execute("ANALYZE judgequeue.submissions")
+        rejudged, statement_ms = 0, 0.0
+        if rejudge:
+            async with s.pool.acquire() as conn:
+                began = time.monotonic()
+                rejudged = len(await outbox.rejudge_many(conn, s.queue, problem="p1"))
+                statement_ms = (time.monotonic() - began) * 1000
+        submitted = await _contest(s, rate, seconds, "contest" if classes else None)
+        await pipeline.wait_done(s.pool, 0, 50 + rejudge + submitted, 300)
+        starts = await _starts(s.pool, after)
+    return {
+        "rejudge": rejudged,
+        "classes": classes,
+        "contest_jobs": len(starts),
+        "start_p50_ms": pipeline.percentile(starts, 0.5),
+        "start_p99_ms": pipeline.percentile(starts, 0.99),
+        "rejudge_statement_ms": statement_ms,
+    }
+
+
+WEIGHTED = (JobClass("contest"), JobClass("practice", 30), JobClass("rejudge", 10))
+
+
+async def shares(per_class: int) -> dict[str, Any]:
+    """Every class backlogged (``per_class`` jobs each, queued before the roles start) under
+    :data:`WEIGHTED` (contest the rest: 60%): each class's share of the first third of the starts,
+    while none has run dry."""
+    async with pipeline.stack(concurrency="64") as s:
+        async with s.pool.acquire() as conn:
+            await set_classes(conn, s.queue, WEIGHTED)
+            for c in WEIGHTED:
+                await conn.execute(
+                    "SELECT judgequeue.submit($1, jsonb_build_object('class', $2::text), $2)"
+                    " FROM generate_series(1, $3)",
+                    s.queue,
+                    c.name,
+                    per_class,
+                )
+            await conn.execute("ANALYZE judgequeue.outbox")
+        s.start("dispatcher")
+        s.start("worker")
+        s.start("reaper")
+        await pipeline.wait_done(s.pool, 0, 3 * per_class, 600)
+        rows = await s.pool.fetch(
+            "SELECT payload->>'class' AS c FROM judgequeue.submissions"
+            " ORDER BY (verdict->'details'->>'started_at')::float8 LIMIT $1",
+            per_class,
+        )
+    first = Counter(r["c"] for r in rows)
+    want = {c.name: (c.share or 100 - sum(x.share for x in WEIGHTED)) / 100 for c in WEIGHTED}
+    return {c: {"share": first[c] / len(rows), "weight": w} for c, w in want.items()}
+
+
+async def throughput(n: int, classes: bool, keys: bool | None = None) -> dict[str, Any]:
+    keys = classes if keys is None else keys
+    async with pipeline.stack(concurrency="64") as s:
+        if classes:
+            async with s.pool.acquire() as conn:
+                await set_classes(conn, s.queue, THREE)
+        s.start("dispatcher")
+        s.start("worker")
+        s.start("reaper")
+        after = await pipeline.warm_up(s)
+        names = [c.name for c in THREE]
+
+        async def lane(k: int) -> None:
+            async with s.pool.acquire() as conn:
+                for i in range(k, n, 4):
+                    await outbox.submit(conn, s.queue, {}, job_class=names[i % 3] if classes else None,
+                                        key=f"k{(i // 3) % 2}" if keys else None)
+
+        began = time.monotonic()
+        await asyncio.gather(*(lane(k) for k in range(4)))
+        submitted = time.monotonic() - began
+        await pipeline.wait_done(s.pool, after, n, 600)
+        span = await span_seconds(s.pool, after)
+    return {"classes": classes, "jobs": n, "seconds": span, "jobs_per_s": n / span, "submit_seconds": submitted}
+
+
+async def inner(args: argparse.Namespace) -> int:
+    phases = []
+    for label, rejudge, classes in (("alone", 0, True), ("rejudge, classes", args.rejudge, True),
+                                    ("rejudge, one class", args.rejudge, False)):  # fmt: skip
+        progress(f"contest at {args.rate:g}/s for {args.seconds:g}s: {label}")
+        phases.append({"phase": label, **await contest_phase(args.rate, args.seconds, rejudge, classes)})
+    progress(f"shares: {args.shares} jobs in each of three weighted classes")
+    weighted = await shares(args.shares)
+    runs = []
+    for classes in (True, False):
+        progress(f"throughput, {args.burst} jobs, {'three classes and two keys' if classes else 'one class'}")
+        runs.append(await throughput(args.burst, classes))
+    alone, with_classes = phases[0]["start_p99_ms"], phases[1]["start_p99_ms"]
+    print(f"judgequeue intake: {args.intake}")
+    print(f"{'phase':<20} {'contest jobs':>12} {'start p50 ms':>12} {'start p99 ms':>12} {'p99 / alone':>11}")
+    for p in phases:
+        print(f"{p['phase']:<20} {p['contest_jobs']:>12} {p['start_p50_ms']:>12.1f} {p['start_p99_ms']:>12.1f}"
+              f" {p['start_p99_ms'] / alone:>11.2f}")  # fmt: skip
+    print(f"bulk rejudge of {args.rejudge} in one statement: {phases[1]['rejudge_statement_ms']:.0f} ms")
+    print(f"contest p99 with a {args.rejudge}-job rejudge queued first: {with_classes / alone:.2f}x alone "
+          f"(target <= 1.5x): {'met' if with_classes <= 1.5 * alone else 'NOT met'}")  # fmt: skip
+    for name, w in weighted.items():
+        off_by = (w["share"] - w["weight"]) / w["weight"]
+        print(f"class {name:<9} share {w['share']:6.1%} of the starts, weight {w['weight']:4.0%}: {off_by:+.0%}"
+              f" ({'within' if abs(off_by) <= 0.1 else 'NOT within'} +-10%)")  # fmt: skip
+    on, off = runs
+    print(f"throughput: three classes and two keys {on['jobs_per_s']:.0f} jobs/s, one class {off['jobs_per_s']:.0f}"
+          f" jobs/s: {on['jobs_per_s'] / off['jobs_per_s']:.2f}x (target >= 0.9x)")  # fmt: skip
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "priority.json").write_text(
+        json.dumps({"phases": phases, "shares": weighted, "throughput": runs}, indent=1)
+    )
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = new_parser(__doc__)
+    p.add_argument("--rate", type=float, default=100.0)
+    p.add_argument("--seconds", type=float, default=10.0)
+    p.add_argument("--rejudge", type=int, default=10_000)
+    p.add_argument("--burst", type=int, default=20_000)
+    p.add_argument("--shares", type=int, default=4_000)
+    return add_run_options(p)
+
+
+def main() -> int:
+    return run_on_servers("bench.priority", parser(), inner)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
