@@ -3,7 +3,7 @@
 One :class:`Settings` object holds everything; :func:`load_settings` validates the environment and
 raises :class:`ConfigError` with one line naming the variable and what it accepts. What each variable
 is (parser, default, bounds, the JudgeQueue field that sets it, the roles that read it) is its row in
-``core/settings_table.py``, which the spec model (``core/spec.py``) reads too: the operator renders
+``core/settings_table.py``, which the spec model (``core/spec/``) reads too: the operator renders
 the same variables from a ``JudgeQueue`` spec, and both refuse the same values.
 """
 

@@ -352,7 +352,7 @@ class WorkerSettings:
         doc="worker: time to finish in-flight jobs on SIGTERM")
     intake: str = choice(
         # The one setting whose spec default is not the role's: auto is resolved on the fleet's bound
-        # (core/spec.py fleet_intake) before it reaches a role. The dispatcher holds back for direct.
+        # (core/spec/roles.py fleet_intake) before it reaches a role. The dispatcher holds back for direct.
         "INTAKE", "direct", INTAKES, roles=("worker", "dispatcher"), spec=("worker", "intake"),
         spec_choices=SPEC_INTAKES, spec_default=AUTO_INTAKE,
         meaning="stream (every job through the Redis stream) or direct (workers lease ready rows from Postgres "

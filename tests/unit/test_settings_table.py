@@ -5,7 +5,7 @@
   bounds, default, choices, pattern), and names the Secret of each connection;
 - the roles refuse what a JudgeQueue refuses, each with one line naming the variable, and accept
   whatever a JudgeQueue accepts (every value the operator can render loads);
-- a row with a spec path is a spec field even when core/spec.py does not place it.
+- a row with a spec path is a spec field even when core/spec/ does not place it.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from judgequeue.core.cli import main
 from judgequeue.core.config import load_settings
 from judgequeue.core.settings_table import ROW_BY_SPEC, ROW_BY_SUFFIX, ROWS, Row, format_duration, variable_table
 from judgequeue.core.spec import FIELD_BY_PATH, FIELDS, ROLES, JudgeQueueSpec, parse_spec, role_settings
+from judgequeue.core.spec import fields as spec_fields
 
 ROOT = Path(__file__).resolve().parents[2]
 CONNECTIONS = {"JUDGEQUEUE_POSTGRES_DSN": "postgresql://u@db/x", "JUDGEQUEUE_REDIS_URL": "redis://r:6379/0",
@@ -261,7 +262,7 @@ def test_a_row_not_placed_in_the_spec_is_added_after_its_objects_fields(monkeypa
     placed = tuple(f for f in FIELDS if f.path != ("dispatcher", "maxAttempts"))
     new = replace(ROW_BY_SUFFIX["SWEEP_BATCH"], spec=("reaper", "sweepBatch"), maximum=100000)
     monkeypatch.setitem(ROW_BY_SPEC, ("reaper", "sweepBatch"), new)
-    fields = spec_model._with_every_setting(placed)
+    fields = spec_fields._with_every_setting(placed)
     paths = [f.path for f in fields]
     for path in (("dispatcher", "maxAttempts"), ("reaper", "sweepBatch")):
         # after every field placed in its object, and before the next object's

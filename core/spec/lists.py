@@ -1,0 +1,195 @@
+"""The list-valued fields parsed item by item (classes, endpoints, webhooks): the CRD's item schema
+checked again here, each error naming the item."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from ..base.classes import (
+    DEFAULT_CLASSES,
+    DEFAULT_SHARE,  # the CRD's description says it
+    JobClass,
+    check_classes,
+)
+from ..base.errors import InvalidClass
+from ..config import (
+    parse_duration,
+)
+from .fields import (
+    DURATION_PATTERN,
+    ENDPOINT_CONCURRENCY,
+    ENDPOINT_DEADLINE,
+    ENDPOINT_NAME_PATTERN,
+    ENDPOINT_TRIES,
+    ENDPOINT_URL_MAX_LENGTH,
+    ENDPOINT_URL_PATTERN,
+    ENDPOINTS_MAX,
+    SECRET_KEY_PATTERN,
+    SECRET_NAME_RE,
+    WEBHOOK_CONCURRENCY,
+    WEBHOOK_DEADLINE,
+    WEBHOOK_DEADLINE_MAX,
+    WEBHOOK_MAX_ATTEMPTS,
+    WEBHOOKS_MAX,
+)
+from .model import EndpointSpec, SecretKeyRef, WebhookSpec
+
+
+def parse_classes(value: Any, errors: list[str]) -> tuple[JobClass, ...]:
+    """``spec.classes`` checked item by item (the CRD's item schema and the database's rules): a class
+    below the first without a share gets :data:`~judgequeue.core.base.classes.DEFAULT_SHARE`."""
+    where = "spec.classes"
+    if value is None:
+        return DEFAULT_CLASSES
+    if not isinstance(value, list):
+        errors.append(f"{where}: must be a list")
+        return DEFAULT_CLASSES
+    out: list[JobClass] = []
+    for i, item in enumerate(value):
+        if not isinstance(item, Mapping):
+            errors.append(f"{where}[{i}]: must be an object")
+            return DEFAULT_CLASSES
+        unknown = sorted(set(item) - {"name", "share"})
+        if unknown:
+            errors.append(f"{where}[{i}].{unknown[0]}: unknown field (see crds/judgequeue.yaml for the schema)")
+            return DEFAULT_CLASSES
+        name: Any = item.get("name")  # checked by check_classes, whatever it is
+        out.append(JobClass(name, item.get("share", 0 if i == 0 else DEFAULT_SHARE)))
+    try:
+        return check_classes(out, where)
+    except InvalidClass as exc:
+        errors.append(str(exc))
+        return DEFAULT_CLASSES
+
+
+def _secret_ref(value: Any) -> SecretKeyRef | None:
+    if (not isinstance(value, Mapping) or not isinstance(value.get("name"), str)
+            or not SECRET_NAME_RE.match(value["name"]) or not isinstance(value.get("key"), str)
+            or not re.match(SECRET_KEY_PATTERN, value["key"])):
+        return None
+    return SecretKeyRef(value["name"], value["key"])
+
+
+def parse_webhooks(value: Any, errors: list[str]) -> tuple[WebhookSpec, ...]:
+    """``spec.events.webhooks`` checked item by item (the CRD's item schema, checked here too)."""
+    where = "spec.events.webhooks"
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        errors.append(f"{where}: must be a list")
+        return ()
+    if len(value) > WEBHOOKS_MAX:
+        errors.append(f"{where}: at most {WEBHOOKS_MAX} webhooks, got {len(value)}")
+    out: list[WebhookSpec] = []
+    seen: set[str] = set()
+    for i, item in enumerate(value):
+        at = f"{where}[{i}]"
+        if not isinstance(item, Mapping):
+            errors.append(f"{at}: must be an object")
+            continue
+        unknown = sorted(set(item) - {"name", "url", "urlSecretKeyRef", "secretKeyRef", "concurrency",
+                                      "maxAttempts", "deadline"})
+        if unknown:
+            errors.append(f"{at}.{unknown[0]}: unknown field (see crds/judgequeue.yaml for the JudgeQueue schema)")
+        name = item.get("name")
+        if not isinstance(name, str) or len(name) > 63 or not re.match(ENDPOINT_NAME_PATTERN, name):
+            errors.append(f"{at}.name: {name!r} is not a webhook name (lowercase letters, digits, - and _)")
+            continue
+        if name in seen:
+            errors.append(f"{at}.name: {name!r} is given twice")
+        seen.add(name)
+        url, url_ref = item.get("url"), item.get("urlSecretKeyRef")
+        ok = True
+        if (url is None) == (url_ref is None):
+            errors.append(f"{at}: give exactly one of url and urlSecretKeyRef")
+            ok = False
+        elif url is not None and (not isinstance(url, str) or not re.match(ENDPOINT_URL_PATTERN, url)
+                                  or len(url) > ENDPOINT_URL_MAX_LENGTH):
+            errors.append(f"{at}.url: must be an http or https URL (a Secret's key for one with credentials)")
+            ok = False
+        url_secret = _secret_ref(url_ref) if url_ref is not None else None
+        if url_ref is not None and url_secret is None:
+            errors.append(f"{at}.urlSecretKeyRef: must name a Secret and a key ({{name: ..., key: ...}})")
+            ok = False
+        secret = _secret_ref(item.get("secretKeyRef"))
+        if secret is None:
+            errors.append(f"{at}.secretKeyRef: is required: the Secret and key of the signing key "
+                          "({name: ..., key: ...})")
+            ok = False
+        numbers = {}
+        for label, (low, high, default) in (("concurrency", WEBHOOK_CONCURRENCY),
+                                            ("maxAttempts", WEBHOOK_MAX_ATTEMPTS)):
+            number = item.get(label, default)
+            if isinstance(number, bool) or not isinstance(number, int) or not low <= number <= high:
+                errors.append(f"{at}.{label}: must be an integer between {low} and {high}, got {number!r}")
+                ok = False
+            numbers[label] = number
+        deadline = item.get("deadline", WEBHOOK_DEADLINE)
+        if (not isinstance(deadline, str) or not re.match(DURATION_PATTERN, deadline)
+                or not 0 < parse_duration(deadline) <= WEBHOOK_DEADLINE_MAX):
+            errors.append(f"{at}.deadline: {deadline!r} is not a duration above 0 and at most 5m (e.g. 10s)")
+            ok = False
+        if ok and secret is not None:
+            out.append(WebhookSpec(name, secret, url if isinstance(url, str) else None, url_secret,
+                                   numbers["concurrency"], numbers["maxAttempts"], parse_duration(deadline)))
+    return tuple(out)
+
+
+def parse_endpoints(value: Any, errors: list[str]) -> tuple[EndpointSpec, ...]:
+    """``spec.worker.endpoints`` checked item by item (the CRD's item schema, checked here too)."""
+    where = "spec.worker.endpoints"
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        errors.append(f"{where}: must be a list")
+        return ()
+    if len(value) > ENDPOINTS_MAX:
+        errors.append(f"{where}: at most {ENDPOINTS_MAX} endpoints, got {len(value)}")
+    out: list[EndpointSpec] = []
+    seen: set[str] = set()
+    for i, item in enumerate(value):
+        at = f"{where}[{i}]"
+        if not isinstance(item, Mapping):
+            errors.append(f"{at}: must be an object")
+            continue
+        unknown = sorted(set(item) - {"name", "url", "secretKeyRef", "concurrency", "deadline", "tries"})
+        if unknown:
+            errors.append(f"{at}.{unknown[0]}: unknown field (see crds/judgequeue.yaml for the JudgeQueue schema)")
+        name = item.get("name")
+        if not isinstance(name, str) or len(name) > 63 or not re.match(ENDPOINT_NAME_PATTERN, name):
+            errors.append(f"{at}.name: {name!r} is not an endpoint name (lowercase letters, digits, - and _)")
+            continue
+        if name in seen:
+            errors.append(f"{at}.name: {name!r} is given twice")
+        seen.add(name)
+        url, ref = item.get("url"), item.get("secretKeyRef")
+        if (url is None) == (ref is None):
+            errors.append(f"{at}: give exactly one of url and secretKeyRef")
+            continue
+        secret = None
+        if url is not None and (not isinstance(url, str) or not re.match(ENDPOINT_URL_PATTERN, url)
+                                or len(url) > ENDPOINT_URL_MAX_LENGTH):
+            errors.append(f"{at}.url: must be an http or https URL (a Secret's key for one with credentials)")
+        if ref is not None:
+            if (not isinstance(ref, Mapping) or not isinstance(ref.get("name"), str)
+                    or not SECRET_NAME_RE.match(ref["name"]) or not isinstance(ref.get("key"), str)
+                    or not re.match(SECRET_KEY_PATTERN, ref["key"])):
+                errors.append(f"{at}.secretKeyRef: must name a Secret and a key ({{name: ..., key: ...}})")
+            else:
+                secret = SecretKeyRef(ref["name"], ref["key"])
+        concurrency, tries = item.get("concurrency", ENDPOINT_CONCURRENCY[2]), item.get("tries", ENDPOINT_TRIES[2])
+        for label, number, (low, high, _) in (("concurrency", concurrency, ENDPOINT_CONCURRENCY),
+                                              ("tries", tries, ENDPOINT_TRIES)):
+            if isinstance(number, bool) or not isinstance(number, int) or not low <= number <= high:
+                errors.append(f"{at}.{label}: must be an integer between {low} and {high}, got {number!r}")
+        deadline = item.get("deadline", ENDPOINT_DEADLINE)
+        if not isinstance(deadline, str) or not re.match(DURATION_PATTERN, deadline) or parse_duration(deadline) <= 0:
+            errors.append(f"{at}.deadline: {deadline!r} is not a positive duration (e.g. 90s, 5m)")
+            continue
+        out.append(EndpointSpec(name, url if isinstance(url, str) else None, secret, concurrency,
+                                parse_duration(deadline), tries))
+    return tuple(out)
+
+
