@@ -4,7 +4,7 @@ checked again here, each error naming the item."""
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from ..base.classes import (
@@ -72,124 +72,110 @@ def _secret_ref(value: Any) -> SecretKeyRef | None:
     return SecretKeyRef(value["name"], value["key"])
 
 
-def parse_webhooks(value: Any, errors: list[str]) -> tuple[WebhookSpec, ...]:
-    """``spec.events.webhooks`` checked item by item (the CRD's item schema, checked here too)."""
-    where = "spec.events.webhooks"
+def _named_items(value: Any, where: str, kind: str, most: int, fields: set[str],
+                 errors: list[str]) -> Iterator[tuple[str, str, Mapping[str, Any]]]:
+    """Each item of a list of objects keyed by ``name`` as (its path, its name, the item), after the
+    checks every such list shares: a list of at most ``most`` objects, no field outside ``fields``, a
+    valid name, given once. An item whose name is unusable is reported and skipped."""
     if value is None:
-        return ()
+        return
     if not isinstance(value, list):
         errors.append(f"{where}: must be a list")
-        return ()
-    if len(value) > WEBHOOKS_MAX:
-        errors.append(f"{where}: at most {WEBHOOKS_MAX} webhooks, got {len(value)}")
-    out: list[WebhookSpec] = []
+        return
+    if len(value) > most:
+        errors.append(f"{where}: at most {most} {kind}s, got {len(value)}")
     seen: set[str] = set()
     for i, item in enumerate(value):
         at = f"{where}[{i}]"
         if not isinstance(item, Mapping):
             errors.append(f"{at}: must be an object")
             continue
-        unknown = sorted(set(item) - {"name", "url", "urlSecretKeyRef", "secretKeyRef", "concurrency",
-                                      "maxAttempts", "deadline"})
+        unknown = sorted(set(item) - fields)
         if unknown:
             errors.append(f"{at}.{unknown[0]}: unknown field (see crds/judgequeue.yaml for the JudgeQueue schema)")
         name = item.get("name")
         if not isinstance(name, str) or len(name) > 63 or not re.match(ENDPOINT_NAME_PATTERN, name):
-            errors.append(f"{at}.name: {name!r} is not a webhook name (lowercase letters, digits, - and _)")
+            an = "an" if kind[0] in "aeiou" else "a"
+            errors.append(f"{at}.name: {name!r} is not {an} {kind} name (lowercase letters, digits, - and _)")
             continue
         if name in seen:
             errors.append(f"{at}.name: {name!r} is given twice")
         seen.add(name)
-        url, url_ref = item.get("url"), item.get("urlSecretKeyRef")
-        ok = True
-        if (url is None) == (url_ref is None):
-            errors.append(f"{at}: give exactly one of url and urlSecretKeyRef")
+        yield at, name, item
+
+
+def _url(item: Mapping[str, Any], at: str, ref_field: str,
+         errors: list[str]) -> tuple[str | None, SecretKeyRef | None, bool]:
+    """The item's URL, given inline (``url``) or by a Secret's key (``ref_field``): exactly one of
+    them, well formed. Returns (url, secret, ok)."""
+    url, ref = item.get("url"), item.get(ref_field)
+    if (url is None) == (ref is None):
+        errors.append(f"{at}: give exactly one of url and {ref_field}")
+        return None, None, False
+    ok = True
+    if url is not None and (not isinstance(url, str) or not re.match(ENDPOINT_URL_PATTERN, url)
+                            or len(url) > ENDPOINT_URL_MAX_LENGTH):
+        errors.append(f"{at}.url: must be an http or https URL (a Secret's key for one with credentials)")
+        ok = False
+    secret = _secret_ref(ref) if ref is not None else None
+    if ref is not None and secret is None:
+        errors.append(f"{at}.{ref_field}: must name a Secret and a key ({{name: ..., key: ...}})")
+        ok = False
+    return (url if isinstance(url, str) else None), secret, ok
+
+
+def _integers(item: Mapping[str, Any], at: str, bounds: Mapping[str, tuple[int, int, int]],
+              errors: list[str]) -> tuple[dict[str, int], bool]:
+    """The item's integer fields, each within its (low, high, default) bounds."""
+    numbers: dict[str, int] = {}
+    ok = True
+    for label, (low, high, default) in bounds.items():
+        number = item.get(label, default)
+        if isinstance(number, bool) or not isinstance(number, int) or not low <= number <= high:
+            errors.append(f"{at}.{label}: must be an integer between {low} and {high}, got {number!r}")
             ok = False
-        elif url is not None and (not isinstance(url, str) or not re.match(ENDPOINT_URL_PATTERN, url)
-                                  or len(url) > ENDPOINT_URL_MAX_LENGTH):
-            errors.append(f"{at}.url: must be an http or https URL (a Secret's key for one with credentials)")
-            ok = False
-        url_secret = _secret_ref(url_ref) if url_ref is not None else None
-        if url_ref is not None and url_secret is None:
-            errors.append(f"{at}.urlSecretKeyRef: must name a Secret and a key ({{name: ..., key: ...}})")
-            ok = False
+        numbers[label] = number
+    return numbers, ok
+
+
+def parse_webhooks(value: Any, errors: list[str]) -> tuple[WebhookSpec, ...]:
+    """``spec.events.webhooks`` checked item by item (the CRD's item schema, checked here too)."""
+    out: list[WebhookSpec] = []
+    fields = {"name", "url", "urlSecretKeyRef", "secretKeyRef", "concurrency", "maxAttempts", "deadline"}
+    for at, name, item in _named_items(value, "spec.events.webhooks", "webhook", WEBHOOKS_MAX, fields, errors):
+        url, url_secret, ok = _url(item, at, "urlSecretKeyRef", errors)
         secret = _secret_ref(item.get("secretKeyRef"))
         if secret is None:
             errors.append(f"{at}.secretKeyRef: is required: the Secret and key of the signing key "
                           "({name: ..., key: ...})")
             ok = False
-        numbers = {}
-        for label, (low, high, default) in (("concurrency", WEBHOOK_CONCURRENCY),
-                                            ("maxAttempts", WEBHOOK_MAX_ATTEMPTS)):
-            number = item.get(label, default)
-            if isinstance(number, bool) or not isinstance(number, int) or not low <= number <= high:
-                errors.append(f"{at}.{label}: must be an integer between {low} and {high}, got {number!r}")
-                ok = False
-            numbers[label] = number
+        numbers, counted = _integers(item, at, {"concurrency": WEBHOOK_CONCURRENCY,
+                                                "maxAttempts": WEBHOOK_MAX_ATTEMPTS}, errors)
         deadline = item.get("deadline", WEBHOOK_DEADLINE)
         if (not isinstance(deadline, str) or not re.match(DURATION_PATTERN, deadline)
                 or not 0 < parse_duration(deadline) <= WEBHOOK_DEADLINE_MAX):
             errors.append(f"{at}.deadline: {deadline!r} is not a duration above 0 and at most 5m (e.g. 10s)")
             ok = False
-        if ok and secret is not None:
-            out.append(WebhookSpec(name, secret, url if isinstance(url, str) else None, url_secret,
-                                   numbers["concurrency"], numbers["maxAttempts"], parse_duration(deadline)))
+        if ok and counted and secret is not None:
+            out.append(WebhookSpec(name, secret, url, url_secret, numbers["concurrency"], numbers["maxAttempts"],
+                                   parse_duration(deadline)))
     return tuple(out)
 
 
 def parse_endpoints(value: Any, errors: list[str]) -> tuple[EndpointSpec, ...]:
     """``spec.worker.endpoints`` checked item by item (the CRD's item schema, checked here too)."""
-    where = "spec.worker.endpoints"
-    if value is None:
-        return ()
-    if not isinstance(value, list):
-        errors.append(f"{where}: must be a list")
-        return ()
-    if len(value) > ENDPOINTS_MAX:
-        errors.append(f"{where}: at most {ENDPOINTS_MAX} endpoints, got {len(value)}")
     out: list[EndpointSpec] = []
-    seen: set[str] = set()
-    for i, item in enumerate(value):
-        at = f"{where}[{i}]"
-        if not isinstance(item, Mapping):
-            errors.append(f"{at}: must be an object")
-            continue
-        unknown = sorted(set(item) - {"name", "url", "secretKeyRef", "concurrency", "deadline", "tries"})
-        if unknown:
-            errors.append(f"{at}.{unknown[0]}: unknown field (see crds/judgequeue.yaml for the JudgeQueue schema)")
-        name = item.get("name")
-        if not isinstance(name, str) or len(name) > 63 or not re.match(ENDPOINT_NAME_PATTERN, name):
-            errors.append(f"{at}.name: {name!r} is not an endpoint name (lowercase letters, digits, - and _)")
-            continue
-        if name in seen:
-            errors.append(f"{at}.name: {name!r} is given twice")
-        seen.add(name)
-        url, ref = item.get("url"), item.get("secretKeyRef")
-        if (url is None) == (ref is None):
+    fields = {"name", "url", "secretKeyRef", "concurrency", "deadline", "tries"}
+    for at, name, item in _named_items(value, "spec.worker.endpoints", "endpoint", ENDPOINTS_MAX, fields, errors):
+        if (item.get("url") is None) == (item.get("secretKeyRef") is None):
             errors.append(f"{at}: give exactly one of url and secretKeyRef")
             continue
-        secret = None
-        if url is not None and (not isinstance(url, str) or not re.match(ENDPOINT_URL_PATTERN, url)
-                                or len(url) > ENDPOINT_URL_MAX_LENGTH):
-            errors.append(f"{at}.url: must be an http or https URL (a Secret's key for one with credentials)")
-        if ref is not None:
-            if (not isinstance(ref, Mapping) or not isinstance(ref.get("name"), str)
-                    or not SECRET_NAME_RE.match(ref["name"]) or not isinstance(ref.get("key"), str)
-                    or not re.match(SECRET_KEY_PATTERN, ref["key"])):
-                errors.append(f"{at}.secretKeyRef: must name a Secret and a key ({{name: ..., key: ...}})")
-            else:
-                secret = SecretKeyRef(ref["name"], ref["key"])
-        concurrency, tries = item.get("concurrency", ENDPOINT_CONCURRENCY[2]), item.get("tries", ENDPOINT_TRIES[2])
-        for label, number, (low, high, _) in (("concurrency", concurrency, ENDPOINT_CONCURRENCY),
-                                              ("tries", tries, ENDPOINT_TRIES)):
-            if isinstance(number, bool) or not isinstance(number, int) or not low <= number <= high:
-                errors.append(f"{at}.{label}: must be an integer between {low} and {high}, got {number!r}")
+        url, secret, _ = _url(item, at, "secretKeyRef", errors)
+        numbers, _ = _integers(item, at, {"concurrency": ENDPOINT_CONCURRENCY, "tries": ENDPOINT_TRIES}, errors)
         deadline = item.get("deadline", ENDPOINT_DEADLINE)
         if not isinstance(deadline, str) or not re.match(DURATION_PATTERN, deadline) or parse_duration(deadline) <= 0:
             errors.append(f"{at}.deadline: {deadline!r} is not a positive duration (e.g. 90s, 5m)")
             continue
-        out.append(EndpointSpec(name, url if isinstance(url, str) else None, secret, concurrency,
-                                parse_duration(deadline), tries))
+        out.append(EndpointSpec(name, url, secret, numbers["concurrency"], parse_duration(deadline),
+                                numbers["tries"]))
     return tuple(out)
-
-
