@@ -260,114 +260,93 @@ def _secret_key_ref(description: str) -> dict[str, Any]:
     }  # fmt: skip
 
 
+def _named_list(description: str, most: int, required: list[str], properties: dict[str, Any], *,
+                least: int | None = None, one_url_of: str | None = None) -> dict[str, Any]:
+    """A list of objects keyed by ``name`` (a map for server-side apply); ``one_url_of``: the items
+    give exactly one of ``url`` and that Secret reference."""
+    items: dict[str, Any] = {"type": "object", "required": required}
+    if one_url_of is not None:
+        items["x-kubernetes-validations"] = [{"rule": f"has(self.url) != has(self.{one_url_of})",
+                                              "message": f"give exactly one of url and {one_url_of}"}]
+    items["properties"] = properties
+    schema: dict[str, Any] = {"type": "array"}
+    if least is not None:
+        schema["minItems"] = least
+    schema.update({"maxItems": most, "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"],
+                   "description": description, "items": items})
+    return schema
+
+
+def _name_and_url() -> dict[str, Any]:
+    return {
+        "name": {"type": "string", "maxLength": 63, "pattern": ENDPOINT_NAME_PATTERN},
+        "url": {"type": "string", "maxLength": ENDPOINT_URL_MAX_LENGTH, "pattern": ENDPOINT_URL_PATTERN,
+                "description": "The URL, for one without credentials (an in-cluster Service, say)."},
+    }  # fmt: skip
+
+
 def _webhooks() -> dict[str, Any]:
-    """``spec.events.webhooks``: a list of objects keyed by name (core/spec/lists.py ``parse_webhooks`` reads it)."""
+    """``spec.events.webhooks`` (core/spec/lists.py ``parse_webhooks`` reads it)."""
     least, most, default = WEBHOOK_CONCURRENCY
     attempts_least, attempts_most, attempts_default = WEBHOOK_MAX_ATTEMPTS
-    return {
-        "type": "array",
-        "maxItems": WEBHOOKS_MAX,
-        "x-kubernetes-list-type": "map",
-        "x-kubernetes-list-map-keys": ["name"],
-        "description": "Where the reapers POST each verdict event of the queue (docs/events.md): at least once, in "
-                       "generation order per submission, signed (Judgequeue-Signature: HMAC-SHA256 under the "
-                       "signing key) and keyed (Idempotency-Key: queue:submission:generation).",
-        "items": {
-            "type": "object",
-            "required": ["name", "secretKeyRef"],
-            "x-kubernetes-validations": [
-                {"rule": "has(self.url) != has(self.urlSecretKeyRef)",
-                 "message": "give exactly one of url and urlSecretKeyRef"}
-            ],
-            "properties": {
-                "name": {"type": "string", "maxLength": 63, "pattern": ENDPOINT_NAME_PATTERN},
-                "url": {"type": "string", "maxLength": ENDPOINT_URL_MAX_LENGTH, "pattern": ENDPOINT_URL_PATTERN,
-                        "description": "The URL, for one without credentials (an in-cluster Service, say)."},
-                "urlSecretKeyRef": _secret_key_ref("A Secret key holding the URL (mounted into reaper pods)."),
-                "secretKeyRef": _secret_key_ref("A Secret key holding the signing key (mounted into reaper pods)."),
-                "concurrency": {"type": "integer", "minimum": least, "maximum": most, "default": default,
-                                "description": "POSTs in flight at once to this endpoint, across the reapers."},
-                "maxAttempts": {"type": "integer", "minimum": attempts_least, "maximum": attempts_most,
-                                "default": attempts_default,
-                                "description": "Tries of one event (connection errors, 408, 425, 429, 5xx) before it "
-                                               "is dead-lettered (judgequeue events dead|replay)."},
-                "deadline": {"type": "string", "maxLength": 16, "pattern": DURATION_PATTERN,
-                             "default": WEBHOOK_DEADLINE,
-                             "description": "How long one POST may take before it is abandoned and tried again "
-                                            "(at most 5m)."},
-            },
-        },
-    }  # fmt: skip
+    return _named_list(
+        "Where the reapers POST each verdict event of the queue (docs/events.md): at least once, in "
+        "generation order per submission, signed (Judgequeue-Signature: HMAC-SHA256 under the "
+        "signing key) and keyed (Idempotency-Key: queue:submission:generation).",
+        WEBHOOKS_MAX, ["name", "secretKeyRef"], {
+            **_name_and_url(),
+            "urlSecretKeyRef": _secret_key_ref("A Secret key holding the URL (mounted into reaper pods)."),
+            "secretKeyRef": _secret_key_ref("A Secret key holding the signing key (mounted into reaper pods)."),
+            "concurrency": {"type": "integer", "minimum": least, "maximum": most, "default": default,
+                            "description": "POSTs in flight at once to this endpoint, across the reapers."},
+            "maxAttempts": {"type": "integer", "minimum": attempts_least, "maximum": attempts_most,
+                            "default": attempts_default,
+                            "description": "Tries of one event (connection errors, 408, 425, 429, 5xx) before it "
+                                           "is dead-lettered (judgequeue events dead|replay)."},
+            "deadline": {"type": "string", "maxLength": 16, "pattern": DURATION_PATTERN,
+                         "default": WEBHOOK_DEADLINE,
+                         "description": "How long one POST may take before it is abandoned and tried again "
+                                        "(at most 5m)."},
+        }, one_url_of="urlSecretKeyRef")  # fmt: skip
 
 
 def _classes() -> dict[str, Any]:
-    """``spec.classes``: a list of objects keyed by name (core/spec/lists.py ``parse_classes`` reads it; the shares'
-    sum and the first's share are checked there and by the database, reported as Degraded)."""
-    return {
-        "type": "array",
-        "minItems": 1,
-        "maxItems": MAX_CLASSES,
-        "x-kubernetes-list-type": "map",
-        "x-kubernetes-list-map-keys": ["name"],
-        "description": "The queue's priority classes, highest first (docs/design.md, \"Priority classes and fair "
-                       "share\"). A claim serves a higher class's ready jobs before a lower's, except in each "
-                       "class's share of the claims, where that class goes first while it has ready jobs (the bound "
-                       "on its starvation). Absent: one class, default. Submits name a class (none: the first); "
-                       "rejudges default to the last.",
-        "items": {
-            "type": "object",
-            "required": ["name"],
-            "properties": {
-                "name": {"type": "string", "maxLength": 63, "pattern": r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"},
-                "share": {"type": "integer", "minimum": 0, "maximum": 100,
-                          "description": f"Percent of claims in which this class goes first (the first class: 0; "
-                                         f"below it, {DEFAULT_SHARE} unless given). The shares sum to 100 at most."},
-            },
-        },
-    }  # fmt: skip
+    """``spec.classes`` (core/spec/lists.py ``parse_classes`` reads it; the shares' sum and the first's
+    share are checked there and by the database, reported as Degraded)."""
+    return _named_list(
+        "The queue's priority classes, highest first (docs/design.md, \"Priority classes and fair "
+        "share\"). A claim serves a higher class's ready jobs before a lower's, except in each "
+        "class's share of the claims, where that class goes first while it has ready jobs (the bound "
+        "on its starvation). Absent: one class, default. Submits name a class (none: the first); "
+        "rejudges default to the last.",
+        MAX_CLASSES, ["name"], {
+            "name": {"type": "string", "maxLength": 63, "pattern": r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"},
+            "share": {"type": "integer", "minimum": 0, "maximum": 100,
+                      "description": f"Percent of claims in which this class goes first (the first class: 0; "
+                                     f"below it, {DEFAULT_SHARE} unless given). The shares sum to 100 at most."},
+        }, least=1)  # fmt: skip
 
 
 def _endpoints() -> dict[str, Any]:
-    """``spec.worker.endpoints``: a list of objects keyed by name (core/spec/lists.py ``parse_endpoints`` reads it)."""
+    """``spec.worker.endpoints`` (core/spec/lists.py ``parse_endpoints`` reads it)."""
     least, most, default = ENDPOINT_CONCURRENCY
     tries_least, tries_most, tries_default = ENDPOINT_TRIES
-    return {
-        "type": "array",
-        "maxItems": ENDPOINTS_MAX,
-        "x-kubernetes-list-type": "map",
-        "x-kubernetes-list-map-keys": ["name"],
-        "description": "The endpoints the http-call judge may call (docs/agent-jobs.md): a job's payload names "
-                       'one ({"endpoint": name, "body": JSON}); its URL is never the submitter\'s. Required with '
-                       "judge http-call. Each call's concurrency (per worker), deadline and tries are bounded.",
-        "items": {
-            "type": "object",
-            "required": ["name"],
-            "x-kubernetes-validations": [
-                {"rule": "has(self.url) != has(self.secretKeyRef)",
-                 "message": "give exactly one of url and secretKeyRef"}
-            ],
-            "properties": {
-                "name": {"type": "string", "maxLength": 63, "pattern": ENDPOINT_NAME_PATTERN},
-                "url": {"type": "string", "maxLength": ENDPOINT_URL_MAX_LENGTH, "pattern": ENDPOINT_URL_PATTERN,
-                        "description": "The URL, for one without credentials (an in-cluster Service, say)."},
-                "secretKeyRef": {
-                    "type": "object",
-                    "required": ["name", "key"],
-                    "description": "A Secret key holding the URL (mounted into worker pods as a file).",
-                    "properties": {"name": {"type": "string", "maxLength": 253},
-                                   "key": {"type": "string", "maxLength": 253, "pattern": SECRET_KEY_PATTERN}},
-                },
-                "concurrency": {"type": "integer", "minimum": least, "maximum": most, "default": default,
-                                "description": "Calls at once per worker; a job over the bound waits out of any slot."},
-                "deadline": {"type": "string", "maxLength": 16, "pattern": DURATION_PATTERN,
-                             "default": ENDPOINT_DEADLINE,
-                             "description": "How long one call may take before it is abandoned and tried again."},
-                "tries": {"type": "integer", "minimum": tries_least, "maximum": tries_most, "default": tries_default,
-                          "description": "Tries per request (timeouts, connection errors, 5xx, 429) before "
-                                         "SYSTEM_ERROR."},
-            },
-        },
-    }  # fmt: skip
+    return _named_list(
+        "The endpoints the http-call judge may call (docs/agent-jobs.md): a job's payload names "
+        'one ({"endpoint": name, "body": JSON}); its URL is never the submitter\'s. Required with '
+        "judge http-call. Each call's concurrency (per worker), deadline and tries are bounded.",
+        ENDPOINTS_MAX, ["name"], {
+            **_name_and_url(),
+            "secretKeyRef": _secret_key_ref("A Secret key holding the URL (mounted into worker pods as a file)."),
+            "concurrency": {"type": "integer", "minimum": least, "maximum": most, "default": default,
+                            "description": "Calls at once per worker; a job over the bound waits out of any slot."},
+            "deadline": {"type": "string", "maxLength": 16, "pattern": DURATION_PATTERN,
+                         "default": ENDPOINT_DEADLINE,
+                         "description": "How long one call may take before it is abandoned and tried again."},
+            "tries": {"type": "integer", "minimum": tries_least, "maximum": tries_most, "default": tries_default,
+                      "description": "Tries per request (timeouts, connection errors, 5xx, 429) before "
+                                     "SYSTEM_ERROR."},
+        }, one_url_of="secretKeyRef")  # fmt: skip
 
 
 def _written(f: Field, value: Any) -> Any:
