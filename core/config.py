@@ -14,21 +14,22 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from .base.errors import ConfigError
-from .settings_table import AUTO_INTAKE as AUTO_INTAKE
-from .settings_table import DIRECT_INTAKE_MAX_WORKERS as DIRECT_INTAKE_MAX_WORKERS
-from .settings_table import INTAKES as INTAKES
-from .settings_table import POOLERS as POOLERS
+from .setting_values import AUTO_INTAKE as AUTO_INTAKE
+from .setting_values import DIRECT_INTAKE_MAX_WORKERS as DIRECT_INTAKE_MAX_WORKERS
+from .setting_values import INTAKES as INTAKES
+from .setting_values import POOLERS as POOLERS
+from .setting_values import SHADOW_MODES as SHADOW_MODES
+from .setting_values import SPEC_INTAKES as SPEC_INTAKES
+from .setting_values import format_duration as format_duration
+from .setting_values import parse_duration as parse_duration
+from .setting_values import redact_url as redact_url
+from .setting_values import whole_number
 from .settings_table import PREFIX as PREFIX
-from .settings_table import ROW_BY_SUFFIX, ROWS, whole_number
-from .settings_table import SHADOW_MODES as SHADOW_MODES
-from .settings_table import SPEC_INTAKES as SPEC_INTAKES
+from .settings_table import ROW_BY_SUFFIX, ROWS
 from .settings_table import DispatcherSettings as DispatcherSettings
 from .settings_table import ReaperSettings as ReaperSettings
 from .settings_table import Settings as Settings
 from .settings_table import WorkerSettings as WorkerSettings
-from .settings_table import format_duration as format_duration
-from .settings_table import parse_duration as parse_duration
-from .settings_table import redact_url as redact_url
 
 
 @dataclass(frozen=True)

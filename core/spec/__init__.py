@@ -38,7 +38,8 @@ here too. Every error starts with the field's path (``spec.worker.minReplicas: .
 from __future__ import annotations
 
 from ..base.classes import DEFAULT_SHARE, MAX_CLASSES
-from ..settings_table import JUDGE_PATTERN, QUEUE_PATTERN, ROLES, Role
+from ..setting_values import JUDGE_PATTERN, QUEUE_PATTERN
+from ..settings_table import ROLES, Role
 from .fields import (
     CIDR_PATTERN,
     CLASSES,

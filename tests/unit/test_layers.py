@@ -25,7 +25,7 @@ LAYERS = [
     "app",  # core's top: the public API, the CLI, ``judgequeue local``, status
 ]
 #: Modules and folders at core's top that belong to a lower layer than ``app``.
-PLACED = {"config": "settings", "settings_table": "settings", "spec": "settings"}
+PLACED = {"config": "settings", "settings_table": "settings", "setting_values": "settings", "spec": "settings"}
 #: The roles, each a module or a folder of roles/: none imports another.
 ROLES_LAYER = "roles"
 #: The layers the operator may take from: everything below the runtime. It never runs a role or the

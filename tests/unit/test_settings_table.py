@@ -25,7 +25,8 @@ from judgequeue.core import spec as spec_model
 from judgequeue.core.base.errors import ConfigError
 from judgequeue.core.cli import main
 from judgequeue.core.config import load_settings
-from judgequeue.core.settings_table import ROW_BY_SPEC, ROW_BY_SUFFIX, ROWS, Row, format_duration, variable_table
+from judgequeue.core.setting_values import format_duration
+from judgequeue.core.settings_table import ROW_BY_SPEC, ROW_BY_SUFFIX, ROWS, Row, variable_table
 from judgequeue.core.spec import FIELD_BY_PATH, FIELDS, ROLES, JudgeQueueSpec, parse_spec, role_settings
 from judgequeue.core.spec import fields as spec_fields
 
