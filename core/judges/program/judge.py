@@ -24,7 +24,7 @@ from .classify import result_of, verdict_details
 from .graders import GRADERS, Grading
 from .languages import LANGUAGES
 from .payload import InvalidProgramPayload, Program, parse_payload
-from .problem import Problem, inline_problem, package_helper, package_problem, run_limits
+from .problem import Problem, helper_of, inline_problem, package_problem, run_limits
 from .scoring import TestResult, finished, should_run
 from .tools import find_tools
 
@@ -131,23 +131,29 @@ class ProgramJudge:
             return Verdict("SYSTEM_ERROR", {"reason": str(exc)})
 
     async def build_helpers(self, manifest: dict[str, Any], path_of: Callable[[str], Path]) -> dict[str, str]:
-        """Build a package's checker and interactor as judging one of its submissions would (the same
-        boxes, limits and compilers), before the package is stored: what does not build, by name
-        (``checker``, ``interactor``), with the compiler's words. A build that works is kept as
-        judging keeps one, so this worker's first submission of the package does not build it again."""
+        """Build a package's checker, interactor and input validators as judging one of its
+        submissions would (the same boxes, limits and compilers), before the package is stored: what
+        does not build, by name (``checker``, ``interactor``, ``validator N`` for the manifest's
+        N-th input validator), with the compiler's words. A build that works is kept as judging
+        keeps one, so this worker's first submission of the package does not build it again."""
         checker = manifest.get("checker")
-        helpers = []
-        failed: dict[str, str] = {}
+        found: list[tuple[str, Any]] = []
         for kind in ("interactor", "checker"):
             if kind == "checker" and not (isinstance(checker, dict) and checker.get("type") == "custom"):
                 continue  # a built-in checker: nothing to build
+            found.append((kind, manifest.get(kind)))
+        validators = manifest.get("validators") or []
+        found.extend((f"validator {n}", spec) for n, spec in enumerate(validators, 1))
+        helpers = []
+        failed: dict[str, str] = {}
+        for kind, spec in found:
             try:
-                found = package_helper(manifest, kind, path_of, "the package")
+                helper = helper_of(spec, kind, path_of, "the package")
             except InvalidProgramPayload as exc:
                 failed[kind] = str(exc)
                 continue
-            if found is not None:
-                helpers.append((kind, found))
+            if helper is not None:
+                helpers.append((kind, helper))
         if not helpers:
             return failed
         async with self.boxes.slot() as box:

@@ -238,9 +238,13 @@ def check_id(problem_id: Any, where: str) -> str:
 
 
 def named_files(manifest: dict[str, Any]) -> set[str]:
-    """Every file a manifest names: tests, and each program's source and the files beside it."""
+    """Every file a manifest names: tests, and each program's source and the files beside it (its
+    checker, interactor, input validators and solutions)."""
     found = {t[k] for t in manifest.get("tests", []) for k in ("input", "answer")}
-    programs = [manifest.get("checker"), manifest.get("interactor"), *manifest.get("solutions", [])]
+    programs = [
+        manifest.get("checker"), manifest.get("interactor"), *manifest.get("validators", []),
+        *manifest.get("solutions", []),
+    ]  # fmt: skip
     for entry in programs:
         if isinstance(entry, dict) and "file" in entry:
             found.add(entry["file"])

@@ -18,6 +18,11 @@ What is read, and how it maps onto a stored manifest:
   ``output_validator/`` (2023-07); a program is a single source file or a directory whose files
   are all built together. Without one, the default validator (a built-in checker) with the flags.
   An interactive problem's validator is its interactor.
+- the input validators: every program in ``input_validators/`` (or the older
+  ``input_format_validators/``), a single source file or a directory, stored as the manifest's
+  ``validators`` and built at upload like the output validator (one that does not build refuses
+  the package). A checktestdata or VIVA specification is no program this judge runs: not stored,
+  and the upload's notes say so.
 - ``submissions/<verdict>/``: recorded as solutions with the verdict their directory names.
 """
 
@@ -154,6 +159,29 @@ def _validator(root: Path, version: str, files: Files) -> dict[str, Any] | None:
     return _program_at(found[0], folder.name, files, "kattis")
 
 
+#: Where a Kattis package keeps its input validators (problemtools reads the older name too).
+INPUT_VALIDATORS = ("input_validators", "input_format_validators")
+
+
+def _input_validators(root: Path, files: Files, notes: list[str]) -> list[dict[str, Any]]:
+    """Every input validator program of the package, by name; what no language of the judge runs
+    (checktestdata, VIVA) is left out with a note."""
+    out: list[dict[str, Any]] = []
+    for folder in (root / name for name in INPUT_VALIDATORS):
+        if not folder.is_dir():
+            continue
+        for entry in sorted(p for p in folder.iterdir() if not p.name.startswith(".")):
+            name = f"{folder.name}/{entry.name}" + ("/" if entry.is_dir() else "")
+            paths = [entry] if entry.is_file() else [p for p in entry.iterdir() if p.is_file()]
+            if language_of(paths) is None:
+                notes.append(f"{name}: no program in a language this judge runs (checktestdata, VIVA?): not stored")
+                continue
+            validator = _program_at(entry, name.rstrip("/"), files, None)
+            validator["name"] = name.rstrip("/")
+            out.append(validator)
+    return out
+
+
 def _group(
     data: Path, folder: Path, inherited: dict[str, Any], tests: list[dict[str, Any]], files: Files
 ) -> dict[str, Any]:
@@ -266,6 +294,9 @@ def read(
     }
     custom = validation[:1] == ["custom"] if version == LEGACY else validator is not None
     _add_validation(manifest, types, custom, validator)
+    validators = _input_validators(root, files, notes)
+    if validators:
+        manifest["validators"] = validators
     solutions = _submissions(root, files)
     if solutions:
         manifest["solutions"] = solutions
