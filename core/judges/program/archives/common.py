@@ -42,6 +42,18 @@ class PackageFile:
 
 
 @dataclass(frozen=True)
+class Timing:
+    """How a package's time limit relates to its solutions' times, as problemtools defines it (read,
+    never stored: only ``judgequeue problem verify`` uses it): the limit is the slowest accepted
+    solution's time times ``ac_to_time_limit``, rounded up to ``resolution`` seconds; a solution is
+    also judged at the limit times ``time_limit_to_tle``."""
+
+    ac_to_time_limit: float = 2.0
+    time_limit_to_tle: float = 1.5
+    resolution: float = 1.0
+
+
+@dataclass(frozen=True)
 class PackageDir:
     """A validated package directory: the manifest to store and the files it names."""
 
@@ -50,6 +62,7 @@ class PackageDir:
     manifest: dict[str, Any]  # without id/version/digest
     files: dict[str, PackageFile]  # sha256 -> file
     notes: list[str] = field(default_factory=list)  # what the reader assumed, for the person uploading
+    timing: Timing = field(default_factory=Timing)  # problemtools' 2023-07 defaults unless the package says
 
 
 class _AliasRefused(Exception):

@@ -35,7 +35,18 @@ from typing import Any
 
 from ..checkers import InvalidChecker, kattis_flags
 from .bounds import ArchiveBounds
-from .common import MAX_TESTS, Files, InvalidPackage, PackageDir, add, check_id, program, read_yaml, total_bytes
+from .common import (
+    MAX_TESTS,
+    Files,
+    InvalidPackage,
+    PackageDir,
+    Timing,
+    add,
+    check_id,
+    program,
+    read_yaml,
+    total_bytes,
+)
 
 #: problemtools' languages (its config/languages.yaml) as rows of the judge's table: the row, the
 #: file suffixes that are the language's sources, the priority that settles a directory whose files
@@ -300,7 +311,33 @@ def read(
     solutions = _submissions(root, files)
     if solutions:
         manifest["solutions"] = solutions
-    return PackageDir(pid, None, total_bytes(manifest, files), files, notes)
+    return PackageDir(pid, None, total_bytes(manifest, files), files, notes, _timing(limits, version))
+
+
+def _timing(limits: dict[str, Any], version: str) -> Timing:
+    """The package's time multipliers as problemtools reads them: legacy ``limits.time_multiplier``
+    (5) and ``time_safety_margin`` (2); 2023-07 ``limits.time_multipliers`` (``ac_to_time_limit``
+    2, ``time_limit_to_tle`` 1.5) and ``time_resolution`` (1 s)."""
+    if version == LEGACY:
+        given = {"ac_to_time_limit": limits.get("time_multiplier", 5.0),
+                 "time_limit_to_tle": limits.get("time_safety_margin", 2.0)}  # fmt: skip
+        names = {"ac_to_time_limit": "limits.time_multiplier", "time_limit_to_tle": "limits.time_safety_margin"}
+        resolution = 1.0
+    else:
+        multipliers = limits.get("time_multipliers") or {}
+        if not isinstance(multipliers, dict):
+            raise InvalidPackage("problem.yaml: limits.time_multipliers must be a mapping")
+        given = {"ac_to_time_limit": multipliers.get("ac_to_time_limit", 2.0),
+                 "time_limit_to_tle": multipliers.get("time_limit_to_tle", 1.5)}  # fmt: skip
+        names = {k: f"limits.time_multipliers.{k}" for k in given}
+        resolution = _number(limits.get("time_resolution", 1.0), "problem.yaml: limits.time_resolution")
+        if resolution <= 0:
+            raise InvalidPackage(f"problem.yaml: limits.time_resolution must be positive, got {resolution:g}")
+    values = {k: _number(v, f"problem.yaml: {names[k]}") for k, v in given.items()}
+    for key, value in values.items():
+        if value < 1:
+            raise InvalidPackage(f"problem.yaml: {names[key]} must be at least 1, got {value:g}")
+    return Timing(values["ac_to_time_limit"], values["time_limit_to_tle"], resolution)
 
 
 def _time_limit(root: Path, limits: dict[str, Any], given: float | None, notes: list[str]) -> tuple[float, str]:
