@@ -157,11 +157,12 @@ async def verify(package: PackageDir, judge: ProgramJudge, *, cap: float = CAP) 
     if manifest.get("validators"):
         found.inputs = await judge.validate_inputs(manifest, path_of)
         for check in found.inputs:
+            words = f": {check.message}" if check.message else ""
             if check.valid is False:
-                found.errors.append(f"input validator {check.validator} refuses test {check.test}: {check.message}")
+                found.errors.append(f"input validator {check.validator} refuses test {check.test}{words}")
             elif check.valid is None:
                 where = f" on test {check.test}" if check.test else ""
-                found.errors.append(f"input validator {check.validator} failed{where}: {check.message}")
+                found.errors.append(f"input validator {check.validator} failed{where}{words}")
     else:
         found.warnings.append("no input validator: the tests' inputs are not checked")
     solutions = manifest.get("solutions") or []

@@ -211,11 +211,13 @@ class ProgramJudge:
                         isolation=self.isolation, group=box.helper_group,
                     )  # fmt: skip
                     said = (facts.stderr or facts.stdout).decode("utf-8", "replace").strip()[-500:]
+                    words = f": {said}" if said else ""
                     code = facts.exit_code
                     if facts.killed_for is not None or facts.oom_killed or code is None:
-                        checks.append(InputCheck(name, test["name"], None, f"the validator failed: {said}".strip()))
+                        why = f"stopped ({facts.killed_for})" if facts.killed_for is not None else "did not finish"
+                        checks.append(InputCheck(name, test["name"], None, f"the validator {why}{words}"))
                     elif kattis and code not in (_KATTIS_VALID, _KATTIS_INVALID):
-                        checks.append(InputCheck(name, test["name"], None, f"the validator exited {code}: {said}"))
+                        checks.append(InputCheck(name, test["name"], None, f"the validator exited {code}{words}"))
                     else:
                         valid = code == (_KATTIS_VALID if kattis else 0)
                         checks.append(InputCheck(name, test["name"], valid, "" if valid else said))
