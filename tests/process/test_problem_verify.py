@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -184,3 +185,48 @@ def test_the_command_line_exits_1_on_any_error_and_says_why(sandbox_dir: str, tm
         "judgequeue: error: data/secret/env.in is a symbolic link to '/proc/self/environ', outside the package: a link "
         "may only name a file inside it\n"
     )
+
+
+# --- problemtools' own example packages -----------------------------------------------------------
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "fixtures" / "third_party" / "problemtools"
+#: Where the program judge and problemtools disagree on a shipped submission, on purpose: a C++
+#: program that allocates past the memory limit is MEMORY_LIMIT here (the cgroup says so), a
+#: runtime error to problemtools, whose folder expects that. Verify reports it as an error.
+KNOWN = {("hello", "run_time_error/memory_limit.cc"): ("MEMORY_LIMIT", "RUNTIME_ERROR")}
+
+
+@pytest.mark.parametrize("example", ["hello", "guess", "oddecho"])
+async def test_problemtools_examples_agree_with_verifyproblem(
+    judge: ProgramJudge, tmp_path: Path, example: str
+) -> None:
+    """Every submission of problemtools' examples gets the verdict ``verifyproblem`` gives it and the
+    same outcome (ok, or an error), and the time limit derived the same way from the slowest
+    accepted one. ``hello``'s slowest, ``hello_alarm.c``, spins until a one-second alarm, so its CPU
+    time is about 1 s, a step boundary of 5 times it: the two may derive limits one second apart."""
+    root = shutil.copytree(EXAMPLES / example, tmp_path / example)
+    reference = verifyproblem(root, tmp_path / "config", timeout=900)
+    found = await verify(read_package(root), judge, cap=20)
+    ours = {s.name: s for s in found.solutions}
+    # problemtools judges what its host can build: here not Java 21 or Kotlin, which the judge
+    # builds (its own toolchains), and which must then be ok by their folders.
+    assert set(reference) <= set(ours), sorted(set(reference) - set(ours))
+    for name in sorted(set(ours) - set(reference)):
+        assert name.endswith((".java", ".kt")) and ours[name].outcome == "ok", ours[name]
+    for name, outcome in ours.items():
+        if name not in reference:
+            continue
+        known = KNOWN.get((example, name))
+        if known is not None:
+            assert (outcome.verdict, reference[name].verdict, outcome.outcome) == (*known, "disagrees")
+            continue
+        assert outcome.verdict == reference[name].verdict, (name, outcome, reference[name])
+        assert outcome.outcome == "ok", (name, outcome)
+        if reference[name].score is not None:
+            assert outcome.score == pytest.approx(reference[name].score), (name, outcome, reference[name])
+    assert [e.split(" got ")[0] for e in found.errors] == [n for (ex, n) in KNOWN if ex == example]
+    assert found.time_limit_source == "derived" and found.slowest_accepted is not None
+    theirs = reference_time_limit(root, tmp_path / "config")
+    assert found.time_limit == derive_time_limit(found.slowest_accepted, read_package(root).timing)
+    assert abs(found.time_limit - theirs) <= (1 if example == "hello" else 0), (found.time_limit, theirs)
+    assert found.inputs and all(c.valid for c in found.inputs), found.inputs
