@@ -2,7 +2,8 @@
 ``verifyproblem`` checks one (docs/judges.md, "Verifying a package").
 
 Nothing is stored: the package is read under the upload's rules (:mod:`.judges.program.archives`),
-then, through the program judge and its sandbox:
+or a stored version is copied out of Postgres (:func:`stored_package`), then, through the program
+judge and its sandbox:
 
 1. its checker, interactor and input validators are built (one that does not build is an error);
 2. every input validator is run on every test's input (an input refused, or a validator that
@@ -31,10 +32,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import asyncpg
+
 from .judges import Verdict
 from .judges.program import MAX_TIME, InputCheck, ProgramJudge
-from .judges.program.archives import PackageDir
-from .judges.program.archives.common import Timing
+from .judges.program.archives import PackageDir, PackageFile, named_files
+from .judges.program.archives.common import Timing, timing_of
 
 #: The time limit accepted solutions run at when a package gives none (problemtools: 300 s; this
 #: judge allows at most MAX_TIME per test).
@@ -101,6 +104,19 @@ class _InPlace:
         limits = {**self.read.manifest["limits"], "time": self.time_limit}
         manifest = {**self.read.manifest, "limits": limits, "id": problem, "version": version}
         yield _View(problem, version, "verify", manifest, lambda sha: self.read.files[sha].path)
+
+
+async def stored_package(conn: asyncpg.Connection, problem: str, version: int, dest: Path) -> PackageDir:
+    """A stored package version as ``verify`` reads one: its manifest, and each file it names copied
+    (digest-checked) into ``dest``; UnknownProblem when there is no such version."""
+    from .store.problems import copy_file, manifest_of
+
+    manifest, _ = await manifest_of(conn, problem, version)
+    files = {}
+    for sha in sorted(named_files(manifest)):
+        size = await copy_file(conn, sha, dest / sha)
+        files[sha] = PackageFile(dest / sha, sha, size)
+    return PackageDir(problem, version, manifest, files)
 
 
 def derive_time_limit(slowest: float, timing: Timing) -> float:
@@ -170,7 +186,7 @@ async def verify(package: PackageDir, judge: ProgramJudge, *, cap: float = CAP) 
     if not lower:
         found.errors.append("no accepted solution: the time limit has nothing to be checked against")
     # The accepted solutions first, at a limit with room, to see how much time they need.
-    timing = package.timing
+    timing = timing_of(manifest)
     first_limit = fixed * timing.time_limit_to_tle if fixed is not None else cap
     timed = {s["name"]: await _judge(judge, package, s, first_limit) for s in lower}
     accepted_times = [_seconds(v) for v in timed.values() if v.status == "ACCEPTED"]

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Mapping
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from ..config import (
     archive_variable_names,
@@ -25,10 +26,14 @@ from .common import (
     with_pg,
 )
 
+if TYPE_CHECKING:
+    import asyncpg
+
+    from ..judges.program import ProgramJudge
+    from ..verify import Verification
+
 
 def cmd_problem(args: argparse.Namespace, env: Mapping[str, str]) -> int:
-    from pathlib import Path
-
     from ..store.problems import list_problems, upload
 
     if args.problem_command == "verify":
@@ -57,8 +62,16 @@ def cmd_problem(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     return EXIT_OK
 
 
+async def _verify_stored(
+    conn: asyncpg.Connection, args: argparse.Namespace, judge: ProgramJudge, copies: Path
+) -> Verification:
+    from ..verify import stored_package, verify
+
+    return await verify(await stored_package(conn, args.problem, args.version, copies), judge, cap=args.time_cap)
+
+
 def _verify(args: argparse.Namespace, env: Mapping[str, str]) -> int:
-    from pathlib import Path
+    import tempfile
 
     from ..base.errors import ConfigError
     from ..judges.program import ProgramJudge
@@ -66,15 +79,22 @@ def _verify(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     from ..judges.sandbox.isolation import load_judge_settings
     from ..verify import verify
 
+    if (args.dir is None) == (args.problem is None) or (args.problem is None) != (args.version is None):
+        raise ConfigError("problem verify takes a package directory (or zip), or --problem ID --version N (stored)")
     bounds = load_archive_settings(env, overrides_from(args), override_name=flag_for)
+    dsn = resolve(args, env, DSN) if args.problem is not None else None
     try:
         judge = ProgramJudge(settings=load_judge_settings(env))
     except ConfigError as exc:
         raise ConfigError(f"a package is verified in the judge's sandbox: {exc}") from None
     try:
-        with open_package(Path(args.dir), problem_id=args.id, time_limit=args.time_limit, fmt=args.format,
-                          bounds=bounds) as package:  # fmt: skip
-            found = run_async(verify(package, judge, cap=args.time_cap))
+        if dsn is not None:
+            with tempfile.TemporaryDirectory(prefix="judgequeue-verify-") as copies:
+                found = run_async(with_pg(dsn, lambda conn: _verify_stored(conn, args, judge, Path(copies))))
+        else:
+            with open_package(Path(args.dir), problem_id=args.id, time_limit=args.time_limit, fmt=args.format,
+                              bounds=bounds) as package:  # fmt: skip
+                found = run_async(verify(package, judge, cap=args.time_cap))
     finally:
         judge.close()
     if args.json:
@@ -125,7 +145,9 @@ def add(commands: Commands) -> None:
                                  "validators build, its input validators accept every test, every shipped solution "
                                  "gets the verdict its folder or tag expects, the time limit has problemtools' "
                                  "margins (one is derived when the package gives none); exit 1 on any error")
-    v.add_argument("dir", help="the package: a directory, or a zip archive of one")
+    v.add_argument("dir", nargs="?", help="the package: a directory, or a zip archive of one")
+    v.add_argument("--problem", metavar="ID", help="verify a stored package instead: its id (with --version)")
+    v.add_argument("--version", type=int, metavar="N", help="the stored package's version (with --problem)")
     v.add_argument("--id", help="problem id (as for upload)")
     v.add_argument("--time-limit", type=float, metavar="SECONDS",
                    help="a Kattis package's time limit when it gives none (default: derived from its accepted "
@@ -135,3 +157,4 @@ def add(commands: Commands) -> None:
     v.add_argument("--time-cap", type=float, default=10.0, metavar="SECONDS",
                    help="the time limit accepted solutions run at when the package gives none (default: 10)")
     add_variable_flags(v, archive_variable_names(), "what a package may hold (docs/judges.md)")
+    add_variable_flags(v, [DSN], "connection (a stored package)")

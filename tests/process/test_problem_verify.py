@@ -13,11 +13,14 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
+import asyncpg
 import pytest
 
 from judgequeue.core.judges.program import ProgramJudge
 from judgequeue.core.judges.program.archives import InvalidPackage, read_package
+from judgequeue.core.judges.program.archives.common import timing_of
 from judgequeue.core.judges.sandbox.isolation import JudgeSettings
+from judgequeue.core.store.problems import upload
 from judgequeue.core.verify import Verification, derive_time_limit, verify
 from tests.support.archives import VERIFYPROBLEM, verifyproblem, write_tree
 from tests.support.roles import clean_env, run_cli
@@ -103,9 +106,11 @@ async def test_a_2023_package_uses_its_own_multipliers(judge: ProgramJudge, tmp_
                                  "time_multipliers: {ac_to_time_limit: 3, time_limit_to_tle: 1.2}\n"})  # fmt: skip
     found = await verified(judge, new)
     assert found.ok, found.errors
-    assert found.time_limit == derive_time_limit(found.slowest_accepted or 0, read_package(new).timing) == 2
-    assert read_package(new).timing.time_limit_to_tle == 1.2
+    timing = timing_of(read_package(new).manifest)
+    assert found.time_limit == derive_time_limit(found.slowest_accepted or 0, timing) == 2
+    assert read_package(new).manifest["timing"] == {"ac_to_time_limit": 3, "time_limit_to_tle": 1.2, "resolution": 1}
     tight = write_tree(tmp_path / "tight" / "double", {**files, "problem.yaml": "name: Double\n", ".timelimit": "1\n"})
+    assert "timing" not in read_package(tight).manifest  # the format's defaults are not stored
     found = await verified(judge, tight)
     assert (found.time_limit, found.time_limit_source) == (1, "package")
     assert len(found.errors) == 1 and found.errors[0].startswith(
@@ -227,6 +232,37 @@ async def test_problemtools_examples_agree_with_verifyproblem(
     assert [e.split(" got ")[0] for e in found.errors] == [n for (ex, n) in KNOWN if ex == example]
     assert found.time_limit_source == "derived" and found.slowest_accepted is not None
     theirs = reference_time_limit(root, tmp_path / "config")
-    assert found.time_limit == derive_time_limit(found.slowest_accepted, read_package(root).timing)
+    assert found.time_limit == derive_time_limit(found.slowest_accepted, timing_of(read_package(root).manifest))
     assert abs(found.time_limit - theirs) <= (1 if example == "hello" else 0), (found.time_limit, theirs)
     assert found.inputs and all(c.valid for c in found.inputs), found.inputs
+
+
+async def test_a_stored_package_is_verified_from_the_database(
+    sandbox_dir: str, pg_pool: asyncpg.Pool, pg_dsn: str, tmp_path: Path
+) -> None:
+    """``--problem ID --version N``: the version as stored, its files copied out of Postgres. A
+    Kattis package uploaded without a time limit gets its limit derived, as from its directory; its
+    own multipliers are stored with it (the ``guess`` example's ``time_limit_to_tle: 4``)."""
+    root = shutil.copytree(EXAMPLES / "guess", tmp_path / "guess")
+    async with pg_pool.acquire() as conn:
+        done = await upload(conn, root, judge_env={"JUDGEQUEUE_SANDBOX_DIR": sandbox_dir})
+    env = clean_env(JUDGEQUEUE_POSTGRES_DSN=pg_dsn, JUDGEQUEUE_SANDBOX_DIR=sandbox_dir)
+    stored = run_cli("problem", "verify", "--problem", "guess", "--version", str(done.version), "--json", env=env)
+    assert stored.returncode == 0, stored.stdout + stored.stderr
+    report = json.loads(stored.stdout)
+    assert report["ok"] and report["time_limit_source"] == "derived" and report["problem"] == "guess"
+    assert {s["name"]: s["outcome"] for s in report["solutions"]} == dict.fromkeys(
+        (f"{s.parent.name}/{s.name}" for s in (root / "submissions").glob("*/*")), "ok"
+    )
+    manifest = json.loads(await pg_pool.fetchval("SELECT manifest::text FROM judgequeue.problems"))
+    assert manifest["timing"] == {"ac_to_time_limit": 2.0, "time_limit_to_tle": 4.0, "resolution": 1.0}
+    high = [s for s in report["solutions"] if s["name"] == "time_limit_exceeded/guess_no_flush.cc"]
+    assert high and high[0]["verdict_high"] == "TIME_LIMIT"
+    missing = run_cli("problem", "verify", "--problem", "guess", "--version", "99", env=env)
+    assert missing.returncode == 1 and missing.stderr == (
+        "judgequeue: error: no problem package 'guess' version 99 (upload it first)\n"
+    ), missing.stderr
+    both = run_cli("problem", "verify", str(root), "--problem", "guess", "--version", "1", env=env)
+    assert both.returncode == 2 and both.stderr == (
+        "judgequeue: error: problem verify takes a package directory (or zip), or --problem ID --version N (stored)\n"
+    )

@@ -24,12 +24,16 @@ What is read, and how it maps onto a stored manifest:
   the package). A checktestdata or VIVA specification is no program this judge runs: not stored,
   and the upload's notes say so.
 - ``submissions/<verdict>/``: recorded as solutions with the verdict their directory names.
+- the time multipliers ``judgequeue problem verify`` uses (legacy ``limits.time_multiplier`` and
+  ``time_safety_margin``; 2023-07 ``limits.time_multipliers`` and ``time_resolution``): the
+  manifest's ``timing``, only when they are not the format's defaults.
 """
 
 from __future__ import annotations
 
 import math
 import re
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +47,7 @@ from .common import (
     Timing,
     add,
     check_id,
+    default_timing,
     program,
     read_yaml,
     total_bytes,
@@ -311,7 +316,10 @@ def read(
     solutions = _submissions(root, files)
     if solutions:
         manifest["solutions"] = solutions
-    return PackageDir(pid, None, total_bytes(manifest, files), files, notes, _timing(limits, version))
+    timing = _timing(limits, version)
+    if timing != default_timing(manifest):  # stored only when the package gives its own
+        manifest["timing"] = asdict(timing)
+    return PackageDir(pid, None, total_bytes(manifest, files), files, notes)
 
 
 def _timing(limits: dict[str, Any], version: str) -> Timing:
