@@ -242,6 +242,9 @@ def read(
         raise InvalidPackage(f"{count} tests is more than {MAX_TESTS}")
     input_pattern = path_pattern(testset.findtext("input-path-pattern") or "tests/%02d", "input-path-pattern")
     answer_pattern = path_pattern(testset.findtext("answer-path-pattern") or "tests/%02d.a", "answer-path-pattern")
+    output_pattern = testset.findtext("output-path-pattern")
+    if output_pattern:  # some packages have one beside the answers': never read, still held to the rules
+        path_pattern(output_pattern, "output-path-pattern")
     files = Files(root, bounds)
     tests = []
     for i, t in enumerate(tests_el, 1):
