@@ -126,7 +126,7 @@ def add(commands: Commands) -> None:
     problem_action = commands.actions(p, "problem_command", cmd_problem)
     text = ("store the package in DIR (a directory, or a zip archive of one) as a new version: judgequeue "
             "(problem.yaml with an id, tests/NAME.in + NAME.ans), ICPC/Kattis (problem.yaml, data/, "
-            "output_validators/) or Polygon (problem.xml); its checker and interactor are built first")
+            "output_validators/) or Polygon (problem.xml); its checker, interactor and validators are built first")
     q = problem_action("upload", text)
     q.add_argument("dir", help="the package: a directory, or a zip archive of one (as Polygon exports it)")
     q.add_argument("--version", type=int,
