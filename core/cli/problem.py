@@ -117,7 +117,8 @@ def _verify(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         print(f"warning: {warning}")
     for error in found.errors:
         print(f"error: {error}")
-    print("verified: ready for a contest" if found.ok else f"{len(found.errors)} errors: not ready for a contest")
+    count = f"{len(found.errors)} error" + ("s" if len(found.errors) > 1 else "")
+    print("verified: ready for a contest" if found.ok else f"{count}: not ready for a contest")
     return EXIT_OK if found.ok else EXIT_FAILURE
 
 

@@ -182,6 +182,11 @@ def test_the_command_line_exits_1_on_any_error_and_says_why(sandbox_dir: str, tm
     assert failed.returncode == 1, failed.stdout + failed.stderr
     report = json.loads(failed.stdout)
     assert report["ok"] is False and report["errors"][0].startswith("accepted/slow.py got WRONG_ANSWER at 1 s")
+    plain = run_cli("problem", "verify", str(wrong), env=env)
+    *_, error, last = plain.stdout.splitlines()  # 2 s: a legacy package's time_safety_margin is 2
+    assert plain.returncode == 1 and last == "1 error: not ready for a contest", plain.stdout
+    assert error.startswith("error: accepted/slow.py got WRONG_ANSWER at 1 s (WRONG_ANSWER at 2 s), expected "
+                            "ACCEPTED: "), error  # and the checker's words
     # A package the upload would refuse is refused here too, with the same one line.
     link = tmp_path / "wrong" / "double" / "data" / "secret" / "env.in"
     link.symlink_to("/proc/self/environ")
