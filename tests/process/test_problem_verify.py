@@ -120,12 +120,21 @@ async def test_a_2023_package_uses_its_own_multipliers(judge: ProgramJudge, tmp_
         read_package(write_tree(tmp_path / "b" / "double", {**files, "problem.yaml": "limits: {time_multiplier: .5}"}))
 
 
+AT_MOST = ("import sys\nlimit = int(sys.argv[sys.argv.index('max') + 1])\n"
+           "sys.exit(42 if int(input()) <= limit else 43)\n")
+
+
 async def test_an_input_the_validators_refuse_fails_verification(judge: ProgramJudge, tmp_path: Path) -> None:
+    """Each validator on each test, with its group's ``input_validator_flags`` as problemtools runs it."""
     root = write_tree(tmp_path / "double", {**DOUBLE, "data/secret/3.in": "-4\n", "data/secret/3.ans": "-8\n",
-                                            "input_validators/crash.py": "raise SystemExit(1)\n"})  # fmt: skip
+                                            "input_validators/crash.py": "raise SystemExit(1)\n",
+                                            "input_validators/at_most.py": AT_MOST,
+                                            "data/testdata.yaml": "input_validator_flags: max 100\n",
+                                            "data/secret/testdata.yaml": "input_validator_flags: max 20"})  # fmt: skip
     found = await verified(judge, root, time_limit=1.0)
-    refused = [e for e in found.errors if e.startswith("input validator input_validators/digits.py")]
-    assert refused == ["input validator input_validators/digits.py refuses test secret/3"]
+    refused = [e for e in found.errors if "refuses" in e]
+    assert refused == ["input validator input_validators/at_most.py refuses test secret/2",  # 21 > 20
+                       "input validator input_validators/digits.py refuses test secret/3"]  # fmt: skip
     failed = [e for e in found.errors if e.startswith("input validator input_validators/crash.py")]
     assert failed == [f"input validator input_validators/crash.py failed on test {t}: the validator exited 1"
                       for t in ("sample/1", "secret/1", "secret/2", "secret/3")]  # fmt: skip

@@ -185,8 +185,9 @@ class ProgramJudge:
     async def validate_inputs(self, manifest: dict[str, Any], path_of: Callable[[str], Path]) -> list[InputCheck]:
         """Run each input validator of a package on every test's input, built and run as its
         checker is (the same sandbox and limits): one :class:`InputCheck` per validator and test.
-        A Kattis validator reads the input on stdin and exits 42 (valid) or 43 (invalid); a testlib
-        validator (Polygon) exits 0 or reports the input's fault on stderr."""
+        A Kattis validator reads the input on stdin, with its test's ``input_validator_flags`` as
+        arguments, and exits 42 (valid) or 43 (invalid); a testlib validator (Polygon) exits 0 or
+        reports the input's fault on stderr."""
         kattis = manifest.get("format") == "kattis"
         checks: list[InputCheck] = []
         for spec in manifest.get("validators") or []:
@@ -207,8 +208,8 @@ class ProgramJudge:
                 for test in manifest.get("tests", []):
                     given = await read_data(path_of(test["input"]))
                     facts = await run(
-                        built, box=box.check_dir, uid=box.uid, stdin=given, limits=HELPER_LIMITS,
-                        isolation=self.isolation, group=box.helper_group,
+                        [*built, *test.get("input_flags", [])], box=box.check_dir, uid=box.uid, stdin=given,
+                        limits=HELPER_LIMITS, isolation=self.isolation, group=box.helper_group,
                     )  # fmt: skip
                     said = (facts.stderr or facts.stdout).decode("utf-8", "replace").strip()[-500:]
                     words = f": {said}" if said else ""

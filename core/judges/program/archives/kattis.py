@@ -13,7 +13,8 @@ What is read, and how it maps onto a stored manifest:
 - ``data/``: every directory is a test data group, walked as problemtools does (entries sorted by
   name, a test is ``NAME.in`` with ``NAME.ans``), each with its ``testdata.yaml`` merged over its
   parent's (``on_reject``, ``accept_score``, ``reject_score``, ``grader_flags``,
-  ``output_validator_flags``); the tree becomes the manifest's ``scoring.kattis``.
+  ``output_validator_flags``, ``input_validator_flags``: a test's ``input_flags``); the tree
+  becomes the manifest's ``scoring.kattis``.
 - the output validator: ``output_validators/`` (legacy; exactly one program) or
   ``output_validator/`` (2023-07); a program is a single source file or a directory whose files
   are all built together. Without one, the default validator (a built-in checker) with the flags.
@@ -93,7 +94,9 @@ EXPECTED: dict[str, list[str]] = {
     "run_time_error": ["RUNTIME_ERROR"],
     "time_limit_exceeded": ["TIME_LIMIT"],
 }
-_GROUP_KEYS = ("on_reject", "accept_score", "reject_score", "grader_flags", "output_validator_flags")
+_GROUP_KEYS = (
+    "on_reject", "accept_score", "reject_score", "grader_flags", "output_validator_flags", "input_validator_flags",
+)  # fmt: skip
 _DEFAULTS: dict[str, Any] = {
     "on_reject": "break", "accept_score": 1.0, "reject_score": 0.0, "grader_flags": "", "output_validator_flags": "",
 }  # fmt: skip
@@ -213,6 +216,7 @@ def _group(
     if config["on_reject"] not in ("break", "continue"):
         raise InvalidPackage(f"{where}: on_reject must be break or continue, got {config['on_reject']!r}")
     flags = str(config.get("output_validator_flags") or "").split()
+    input_flags = str(config.get("input_validator_flags") or "").split()
     items: list[Any] = []
     for entry in sorted(folder.iterdir()):
         if entry.is_dir():
@@ -227,6 +231,8 @@ def _group(
             }
             if flags:
                 test["flags"] = flags
+            if input_flags:
+                test["input_flags"] = input_flags  # for the input validators (judgequeue problem verify)
             tests.append(test)
             items.append(len(tests))
     return {
