@@ -226,12 +226,14 @@ class ArchiveSettings:
 
     ``max_file_mb``: any one file of the package (read or stored, statements and sources too);
     ``max_package_mb``: the files stored (what a worker's cache must hold), and everything a zip
-    expands to; ``max_ratio``: how much larger than its compressed bytes a zip entry may grow
-    (checked while it is read, past its first MiB: deflate cannot pass about 1032, so the default
-    stops only the methods that can, bzip2 and LZMA, long before the size bounds would)."""
+    expands to: half the judge's cache by default, so a worker's cache holds a new version of a
+    package beside the old one it is still judging; ``max_ratio``: how much larger than its
+    compressed bytes a zip entry may grow (checked while it is read, past its first MiB: deflate
+    cannot pass about 1032, so the default stops only the methods that can, bzip2 and LZMA, long
+    before the size bounds would)."""
 
     max_file_mb: int = 256
-    max_package_mb: int = PROBLEM_CACHE_MB_DEFAULT
+    max_package_mb: int = PROBLEM_CACHE_MB_DEFAULT // 2
     max_ratio: int = 1100
 
     @property
@@ -267,8 +269,9 @@ def load_archive_settings(
     """The archive bounds from ``env`` (and ``overrides``, keyed by variable, e.g. from flags), or a
     ConfigError naming the first bad variable (or its flag, by ``override_name``).
 
-    The package bound defaults to the judge's cache bound (``JUDGEQUEUE_PROBLEM_CACHE_MB``) when
-    that is set, and may not exceed it; a file may not be larger than the package bound."""
+    The package bound defaults to half the judge's cache bound (``JUDGEQUEUE_PROBLEM_CACHE_MB``,
+    its default when unset: a cache holds a new version beside the old one still judged), and may
+    not exceed the cache; a file may not be larger than the package bound."""
     merged = {**{k: v for k, v in env.items() if k.startswith(PREFIX)}, **(overrides or {})}
 
     def shown(variable: str) -> str:
@@ -292,7 +295,7 @@ def load_archive_settings(
             cache_mb = _positive_int(cache_raw)
         except ValueError as exc:
             raise ConfigError(f"{PROBLEM_CACHE_MB_VARIABLE}={cache_raw!r} is invalid: {exc}") from None
-        values.setdefault("max_package_mb", cache_mb)
+    values.setdefault("max_package_mb", max(1, cache_mb // 2))
     if "max_file_mb" not in values:  # the default file bound, but never above a package bound set lower
         values["max_file_mb"] = min(ArchiveSettings.max_file_mb, values.get("max_package_mb", cache_mb))
     settings = ArchiveSettings(**values)

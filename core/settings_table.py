@@ -416,7 +416,7 @@ OTHER_VARIABLES: tuple[tuple[str, str, str], ...] = (
      "the program judge: isolation required or trusted, where boxes live, tests and wall budget per submission, a "
      "box per submission (default) or per test, the problem package cache"),
     ("`JUDGEQUEUE_ARCHIVE_MAX_FILE_MB`, `JUDGEQUEUE_ARCHIVE_MAX_PACKAGE_MB`, `JUDGEQUEUE_ARCHIVE_MAX_RATIO`",
-     "`256`, `JUDGEQUEUE_PROBLEM_CACHE_MB` (1024), `1100`",
+     "`256`, half `JUDGEQUEUE_PROBLEM_CACHE_MB` (512), `1100`",
      "`problem upload`: the largest file of a package, the most a package stores (or a zip expands to; never more "
      "than the judge's cache), how far a zip entry may expand; see [docs/judges.md](docs/judges.md) \"What a "
      "package may hold\""),

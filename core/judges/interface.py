@@ -126,8 +126,8 @@ class UsesPackages(Protocol):
 
 @runtime_checkable
 class BuildsHelpers(Protocol):
-    """A judge that can build a package's checker and interactor before the package is stored, the
-    way it builds them to judge (the program judge): an upload refuses a package whose helpers do
-    not build, instead of storing one every submission of would be SYSTEM_ERROR."""
+    """A judge that can build a package's checker, interactor and input validators before the
+    package is stored, the way it builds them to judge (the program judge): an upload refuses a
+    package whose helpers do not build, instead of storing one every submission of would be SYSTEM_ERROR."""
 
     async def build_helpers(self, manifest: dict[str, Any], path_of: Callable[[str], Path]) -> dict[str, str]: ...

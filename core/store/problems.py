@@ -107,17 +107,26 @@ async def _store_file(conn: asyncpg.Connection, f: PackageFile) -> bool:
 
 
 def has_helpers(manifest: dict[str, Any]) -> bool:
-    """Whether a manifest names a program the judge builds: a custom checker or an interactor."""
+    """Whether a manifest names a program the judge builds: a custom checker, an interactor or an
+    input validator."""
     checker = manifest.get("checker")
     custom = isinstance(checker, dict) and checker.get("type") == "custom"
-    return custom or isinstance(manifest.get("interactor"), dict)
+    return custom or isinstance(manifest.get("interactor"), dict) or bool(manifest.get("validators"))
+
+
+def _helper_entry(manifest: dict[str, Any], kind: str) -> tuple[str, dict[str, Any]]:
+    """What a build failure ``kind`` (as the judge names it) is called, and its manifest entry."""
+    if kind.startswith("validator "):
+        return "input validator", manifest["validators"][int(kind.split()[1]) - 1]
+    return kind, manifest[kind]
 
 
 async def build_helpers(
     package: PackageDir, judge: BuildsHelpers | None = None, env: Mapping[str, str] | None = None
 ) -> None:
-    """Build the package's checker and interactor, or refuse it with the compiler's words: a package
-    whose checker does not build would make every submission SYSTEM_ERROR. Without ``judge``, a
+    """Build the package's checker, interactor and input validators, or refuse it with the
+    compiler's words: a package whose checker does not build would make every submission
+    SYSTEM_ERROR, and one whose validator does not build cannot be verified. Without ``judge``, a
     program judge with the settings in ``env`` (its sandbox: a host that cannot isolate refuses,
     unless JUDGEQUEUE_SANDBOX=trusted says the package is trusted)."""
     if not has_helpers(package.manifest):
@@ -137,9 +146,9 @@ async def build_helpers(
         if own is not None:
             own.close()
     for kind, output in failed.items():
-        entry = package.manifest["checker" if kind == "checker" else "interactor"]
+        called, entry = _helper_entry(package.manifest, kind)
         what = f"{entry.get('language')}" + (f", {entry['std']}" if entry.get("std") else "")
-        raise InvalidPackage(f"the {kind} {entry.get('name')} does not build ({what}), so the package is refused:\n"
+        raise InvalidPackage(f"the {called} {entry.get('name')} does not build ({what}), so the package is refused:\n"
                              f"{output.rstrip()}")  # fmt: skip
 
 

@@ -181,6 +181,9 @@ async def test_a_kattis_package_reaching_outside_itself_is_refused(
          r"^problem\.xml: input-path-pattern '\.\./\.\./outside/%02d' leaves the package"),
         (lambda r: (r / "problem.xml").write_text(polygon_xml(answer_pattern="/etc/%02d.a")),
          r"^problem\.xml: answer-path-pattern '/etc/%02d\.a' leaves the package"),
+        (lambda r: (r / "problem.xml").write_text(polygon_xml().replace("<answer-path-pattern>",
+            "<output-path-pattern>../../outside/%02d</output-path-pattern><answer-path-pattern>")),
+         r"^problem\.xml: output-path-pattern '\.\./\.\./outside/%02d' leaves the package"),
         (lambda r: (r / "problem.xml").write_text(polygon_xml("tests/01")),
          r"^problem\.xml: input-path-pattern 'tests/01' must number the tests with one %d"),
         (lambda r: (r / "problem.xml").write_text(polygon_xml("tests/%02d-%s")), "must number the tests with one %d"),
@@ -372,12 +375,27 @@ BROKEN_CPP = "#include \"testlib.h\"\nint main(int argc, char* argv[]) {\n    re
         ({**KATTIS, "problem.yaml": "name: Hello\nvalidation: custom interactive\n",
           "output_validators/v/interact.py": "while True print(1)\n"},
          r"^the interactor interact\.py does not build \(python\)"),
+        # Input validators: Kattis (a file, and a directory of C++), Polygon (testlib, as it ships).
+        ({**KATTIS, "input_validators/validate.py": "import sys\nfor line in sys.stdin\n    pass\n"},
+         r"^the input validator input_validators/validate\.py does not build \(python\), so the package is "
+         r"refused:\n(.|\n)*SyntaxError"),
+        ({**KATTIS, "input_validators/good.py": "import sys\nsys.exit(42)\n",
+          "input_validators/v/main.cpp": "#include \"v.h\"\nint main() { return answer() }\n",
+          "input_validators/v/v.h": "int answer() { return 42; }\n"},
+         r"^the input validator input_validators/v does not build \(cpp, gnu\+\+23\)(.|\n)*expected ';'"),
+        ({**POLYGON, "problem.xml": polygon_xml().replace(
+            "</checker>", '</checker><validators><validator><source path="files/val.cpp" type="cpp.g++17"/>'
+                          "</validator></validators>"),
+          "files/val.cpp": BROKEN_CPP.replace("registerTestlibCmd", "registerValidation"),
+          "files/testlib.h": (TESTLIB / "testlib.h").read_text()},
+         r"^the input validator files/val\.cpp does not build \(cpp, gnu\+\+17\)(.|\n)*expected ';'"),
     ],
 )
 async def test_a_checker_that_does_not_build_refuses_the_upload_with_the_compilers_words(
     site: Site, tmp_path: Path, files: dict[str, str | bytes], error: str
 ) -> None:
-    """Stored, it would make every submission SYSTEM_ERROR; at upload, the author reads why."""
+    """Stored, a checker would make every submission SYSTEM_ERROR and a validator could check no
+    test; at upload, the author reads why."""
     root = write_tree(tmp_path / "hostile" / "hello", files)
     before = await problem_tables(site.pool)
     with pytest.raises(InvalidPackage, match=error):
@@ -414,6 +432,70 @@ async def test_the_command_line_builds_the_checker_in_the_judges_sandbox(
         )
     finally:
         shutil.rmtree(sandbox, ignore_errors=True)
+
+
+async def test_input_validators_are_stored_and_built_with_the_package(site: Site, tmp_path: Path) -> None:
+    """Every input validator a judge can run is stored with the package and built at upload; a
+    checktestdata specification, which no language here runs, is left out with a note."""
+    kattis_root = write_tree(tmp_path / "hello", {
+        **KATTIS, "input_validators/lines.py": "import sys\nsys.exit(42)\n",
+        "input_validators/v/main.cpp": "#include \"v.h\"\nint main() { return answer(); }\n",
+        "input_validators/v/v.h": "int answer() { return 42; }\n",
+        "input_validators/format.ctd": "INT(1, 10) NEWLINE EOF\n",
+    })  # fmt: skip
+    done = await stored(site, kattis_root)
+    assert done.notes[1:] == ("input_validators/format.ctd: no program in a language this judge runs "
+                              "(checktestdata, VIVA?): not stored",)  # fmt: skip
+    manifest = json.loads(await site.pool.fetchval("SELECT manifest::text FROM judgequeue.problems"))
+    assert [(v["name"], v["language"]) for v in manifest["validators"]] == [
+        ("input_validators/lines.py", "python"), ("input_validators/v", "cpp")
+    ]
+    assert manifest["validators"][1]["files"].keys() == {"v.h"}
+    polygon_root = write_tree(tmp_path / "p", {
+        **POLYGON, "problem.xml": polygon_xml().replace(
+            "</checker>", '</checker><validators><validator><source path="files/val.py" type="python.3"/>'
+                          "</validator></validators>"),
+        "files/val.py": "import sys\nsys.exit(0)\n",
+    })  # fmt: skip
+    await stored(site, polygon_root)
+    polygon = json.loads(await site.pool.fetchval(
+        "SELECT manifest::text FROM judgequeue.problems WHERE id = 'echo'"))  # fmt: skip
+    assert [v["name"] for v in polygon["validators"]] == ["files/val.py"]
+    assert polygon["validators"][0]["files"].keys() == {"check.py"}  # the files beside it, as a checker's
+    files, named = await stored_files(site.pool)
+    assert files == named
+
+
+@pytest.mark.usefixtures("baseline")
+@pytest.mark.parametrize(
+    ("desc", "error"),
+    [
+        ("File name: echo.py\nTag: WRONG_ANSWER\n",
+         r"^solutions/echo\.py\.desc tags the solution 'WRONG_ANSWER' but problem\.xml tags it 'main': the package is "
+         r"inconsistent$"),
+        ("File name: other.py\nTag: MAIN\n",
+         r"^solutions/echo\.py\.desc describes 'other\.py', not 'echo\.py': the package is inconsistent$"),
+    ],
+)
+async def test_a_desc_file_that_disagrees_with_problem_xml_is_refused(
+    site: Site, tmp_path: Path, desc: str, error: str
+) -> None:
+    await refused(site, write_tree(tmp_path / "p", {**POLYGON, "solutions/echo.py.desc": desc}), error)
+
+
+async def test_a_desc_file_that_agrees_is_read_but_not_stored(site: Site, tmp_path: Path) -> None:
+    tags = {"main": "MAIN", "time-limit-exceeded-or-accepted": "TIME_LIMIT_EXCEEDED_OR_ACCEPTED"}
+    xml = polygon_xml().replace(
+        "</solutions>", '<solution tag="time-limit-exceeded-or-accepted"><source path="solutions/slow.py" '
+                        'type="python.3"/></solution></solutions>')  # fmt: skip
+    root = write_tree(tmp_path / "p", {
+        **POLYGON, "problem.xml": xml, "solutions/slow.py": "print(input())\n",
+        **{f"solutions/{n}.py.desc": f"File name: {n}.py\nTag: {t}\n" for n, t in
+           (("echo", tags["main"]), ("slow", tags["time-limit-exceeded-or-accepted"]))},
+    })  # fmt: skip
+    done = await stored(site, root)
+    files, named = await stored_files(site.pool)
+    assert files == named and len(files) == done.new_files
 
 
 # --- zip archives ----------------------------------------------------------------------------------

@@ -115,14 +115,19 @@ def test_tools_read_a_connection_from_its_file_as_the_roles_do(tmp_path: Path) -
         resolve(args, {"JUDGEQUEUE_POSTGRES_DSN_FILE": "/nonexistent"}, "JUDGEQUEUE_POSTGRES_DSN")
 
 
-def test_archive_bounds_default_to_what_a_worker_cache_holds() -> None:
-    assert load_archive_settings({}) == ArchiveSettings(256, 1024, 1100)
+def test_archive_bounds_default_to_half_what_a_worker_cache_holds() -> None:
+    """Below the cache: a worker's cache holds a new version beside the old one it still judges."""
+    assert load_archive_settings({}) == ArchiveSettings(256, 512, 1100)
     # The judge's cache bound and its default agree with the archive bound's.
     assert CACHE_MB_VAR == "JUDGEQUEUE_PROBLEM_CACHE_MB"
     judge = JudgeSettings().problem_cache_mb
-    assert judge == load_judge_settings({}).problem_cache_mb == ArchiveSettings().max_package_mb
+    assert judge == load_judge_settings({}).problem_cache_mb == 2 * ArchiveSettings().max_package_mb
     smaller = load_archive_settings({"JUDGEQUEUE_PROBLEM_CACHE_MB": "512"})
-    assert (smaller.max_package_mb, smaller.max_package_bytes) == (512, 512 << 20)
+    assert (smaller.max_file_mb, smaller.max_package_mb, smaller.max_package_bytes) == (256, 256, 256 << 20)
+    tiny = load_archive_settings({"JUDGEQUEUE_PROBLEM_CACHE_MB": "100"})
+    assert (tiny.max_file_mb, tiny.max_package_mb) == (50, 50)
+    whole = load_archive_settings({"JUDGEQUEUE_PROBLEM_CACHE_MB": "512", "JUDGEQUEUE_ARCHIVE_MAX_PACKAGE_MB": "512"})
+    assert whole.max_package_mb == 512  # up to the cache, when asked for
     mine = load_archive_settings({"JUDGEQUEUE_ARCHIVE_MAX_FILE_MB": " 8 ", "JUDGEQUEUE_ARCHIVE_MAX_PACKAGE_MB": "64",
                                   "JUDGEQUEUE_ARCHIVE_MAX_RATIO": "50"})  # fmt: skip
     assert mine == ArchiveSettings(8, 64, 50) and mine.max_file_bytes == 8 << 20

@@ -52,7 +52,7 @@ from .classify import (
     verdict_details,
 )
 from .formats import FORMATS, KINDS
-from .judge import ProgramJudge
+from .judge import InputCheck, ProgramJudge
 from .payload import (
     MAX_FILES,
     MAX_FILES_BYTES,
@@ -79,6 +79,7 @@ __all__ = [
     "UNITS",
     "Case",
     "Helper",
+    "InputCheck",
     "InvalidProgramPayload",
     "Problem",
     "Program",

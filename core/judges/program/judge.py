@@ -9,12 +9,12 @@ import contextlib
 import os
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from .. import PackageSource, Verdict
-from ..sandbox import Isolation, Limits
+from ..sandbox import Isolation, Limits, run
 from ..sandbox.cgroups import Roots
 from ..sandbox.isolation import JudgeSettings, detect, load_judge_settings
 from .boxes import Box, Boxes, read_data
@@ -24,9 +24,25 @@ from .classify import result_of, verdict_details
 from .graders import GRADERS, Grading
 from .languages import LANGUAGES
 from .payload import InvalidProgramPayload, Program, parse_payload
-from .problem import Problem, inline_problem, package_helper, package_problem, run_limits
+from .problem import HELPER_LIMITS, Problem, helper_of, inline_problem, package_problem, run_limits
 from .scoring import TestResult, finished, should_run
 from .tools import find_tools
+
+
+@dataclass(frozen=True)
+class InputCheck:
+    """An input validator's judgement of one test's input: ``valid`` True or False, or None when
+    the validator itself failed (did not build, crashed, ran out of a limit); ``message`` says
+    why (the validator's last words)."""
+
+    validator: str
+    test: str
+    valid: bool | None
+    message: str = ""
+
+
+#: How an input validator says an input is valid (and invalid): Kattis' 42 (43); testlib's 0 (3).
+_KATTIS_VALID, _KATTIS_INVALID = 42, 43
 
 
 class ProgramJudge:
@@ -131,23 +147,29 @@ class ProgramJudge:
             return Verdict("SYSTEM_ERROR", {"reason": str(exc)})
 
     async def build_helpers(self, manifest: dict[str, Any], path_of: Callable[[str], Path]) -> dict[str, str]:
-        """Build a package's checker and interactor as judging one of its submissions would (the same
-        boxes, limits and compilers), before the package is stored: what does not build, by name
-        (``checker``, ``interactor``), with the compiler's words. A build that works is kept as
-        judging keeps one, so this worker's first submission of the package does not build it again."""
+        """Build a package's checker, interactor and input validators as judging one of its
+        submissions would (the same boxes, limits and compilers), before the package is stored: what
+        does not build, by name (``checker``, ``interactor``, ``validator N`` for the manifest's
+        N-th input validator), with the compiler's words. A build that works is kept as judging
+        keeps one, so this worker's first submission of the package does not build it again."""
         checker = manifest.get("checker")
-        helpers = []
-        failed: dict[str, str] = {}
+        found: list[tuple[str, Any]] = []
         for kind in ("interactor", "checker"):
             if kind == "checker" and not (isinstance(checker, dict) and checker.get("type") == "custom"):
                 continue  # a built-in checker: nothing to build
+            found.append((kind, manifest.get(kind)))
+        validators = manifest.get("validators") or []
+        found.extend((f"validator {n}", spec) for n, spec in enumerate(validators, 1))
+        helpers = []
+        failed: dict[str, str] = {}
+        for kind, spec in found:
             try:
-                found = package_helper(manifest, kind, path_of, "the package")
+                helper = helper_of(spec, kind, path_of, "the package")
             except InvalidProgramPayload as exc:
                 failed[kind] = str(exc)
                 continue
-            if found is not None:
-                helpers.append((kind, found))
+            if helper is not None:
+                helpers.append((kind, helper))
         if not helpers:
             return failed
         async with self.boxes.slot() as box:
@@ -159,6 +181,48 @@ class ProgramJudge:
                     details = prepared.details
                     failed[kind] = str(details.get("output") or details.get("reason") or prepared.status)
         return failed
+
+    async def validate_inputs(self, manifest: dict[str, Any], path_of: Callable[[str], Path]) -> list[InputCheck]:
+        """Run each input validator of a package on every test's input, built and run as its
+        checker is (the same sandbox and limits): one :class:`InputCheck` per validator and test.
+        A Kattis validator reads the input on stdin, with its test's ``input_validator_flags`` as
+        arguments, and exits 42 (valid) or 43 (invalid); a testlib validator (Polygon) exits 0 or
+        reports the input's fault on stderr."""
+        kattis = manifest.get("format") == "kattis"
+        checks: list[InputCheck] = []
+        for spec in manifest.get("validators") or []:
+            name = str(spec.get("name"))
+            try:
+                helper = helper_of(spec, "validator", path_of, "the package")
+            except InvalidProgramPayload as exc:
+                checks.append(InputCheck(name, "", None, str(exc)))
+                continue
+            assert helper is not None
+            async with self.boxes.slot() as box:
+                deadline = time.monotonic() + self.settings.budget
+                built = await self.builder.prepare_helper(helper, box, deadline, box.check_dir, box.helper_group)
+                if isinstance(built, Verdict):
+                    why = built.details.get("output") or built.details.get("reason") or built.status
+                    checks.append(InputCheck(name, "", None, f"does not build: {why}"))
+                    continue
+                for test in manifest.get("tests", []):
+                    given = await read_data(path_of(test["input"]))
+                    facts = await run(
+                        [*built, *test.get("input_flags", [])], box=box.check_dir, uid=box.uid, stdin=given,
+                        limits=HELPER_LIMITS, isolation=self.isolation, group=box.helper_group,
+                    )  # fmt: skip
+                    said = (facts.stderr or facts.stdout).decode("utf-8", "replace").strip()[-500:]
+                    words = f": {said}" if said else ""
+                    code = facts.exit_code
+                    if facts.killed_for is not None or facts.oom_killed or code is None:
+                        why = f"stopped ({facts.killed_for})" if facts.killed_for is not None else "did not finish"
+                        checks.append(InputCheck(name, test["name"], None, f"the validator {why}{words}"))
+                    elif kattis and code not in (_KATTIS_VALID, _KATTIS_INVALID):
+                        checks.append(InputCheck(name, test["name"], None, f"the validator exited {code}{words}"))
+                    else:
+                        valid = code == (_KATTIS_VALID if kattis else 0)
+                        checks.append(InputCheck(name, test["name"], valid, "" if valid else said))
+        return checks
 
     async def _judge_with(self, program: Program, problem: Problem) -> Verdict:
         async with self.boxes.slot() as box:

@@ -124,7 +124,12 @@ def package_helper(
 ) -> Helper | None:
     """The program a package manifest names as its ``name`` (``checker``, ``interactor``), or None
     when it names none (pure but for ``path_of``); InvalidProgramPayload naming the field."""
-    spec = manifest.get(name)
+    return helper_of(manifest.get(name), name, path_of, where)
+
+
+def helper_of(spec: Any, name: str, path_of: Callable[[str], Path], where: str) -> Helper | None:
+    """The program a manifest entry ``spec`` describes (a checker, an interactor, an input
+    validator: ``name`` in messages), or None when it is no program (pure but for ``path_of``)."""
     if not isinstance(spec, dict) or "file" not in spec:
         return None
     if spec.get("language") not in LANGUAGES:

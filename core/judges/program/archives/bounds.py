@@ -36,7 +36,7 @@ class Defaults:
     """The bounds of a read whose caller gives none."""
 
     max_file_mb: int = 256
-    max_package_mb: int = 1024  # the judge's problem cache (JUDGEQUEUE_PROBLEM_CACHE_MB) by default
+    max_package_mb: int = 512  # half the judge's problem cache (JUDGEQUEUE_PROBLEM_CACHE_MB) by default
     max_ratio: int = 1100
 
     @property

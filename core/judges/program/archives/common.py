@@ -42,6 +42,38 @@ class PackageFile:
 
 
 @dataclass(frozen=True)
+class Timing:
+    """How a package's time limit relates to its solutions' times, as problemtools defines it (only
+    ``judgequeue problem verify`` uses it): the limit is the slowest accepted solution's time times
+    ``ac_to_time_limit``, rounded up to ``resolution`` seconds; a solution is also judged at the
+    limit times ``time_limit_to_tle``."""
+
+    ac_to_time_limit: float = 2.0
+    time_limit_to_tle: float = 1.5
+    resolution: float = 1.0
+
+
+#: A legacy Kattis package's defaults (``time_multiplier`` 5, ``time_safety_margin`` 2).
+LEGACY_TIMING = Timing(5.0, 2.0, 1.0)
+
+
+def default_timing(manifest: dict[str, Any]) -> Timing:
+    """The timing of a package that gives none of its own: a legacy Kattis package's, else
+    problemtools' current defaults (2023-07's, which Polygon and judgequeue packages get too)."""
+    legacy = manifest.get("format") == "kattis" and manifest.get("format_version") == "legacy"
+    return LEGACY_TIMING if legacy else Timing()
+
+
+def timing_of(manifest: dict[str, Any]) -> Timing:
+    """A manifest's timing: its ``timing`` (a package that gives its own multipliers), else its
+    format's defaults (:func:`default_timing`)."""
+    given = manifest.get("timing")
+    if isinstance(given, dict):
+        return Timing(**{k: float(v) for k, v in given.items() if k in Timing.__dataclass_fields__})
+    return default_timing(manifest)
+
+
+@dataclass(frozen=True)
 class PackageDir:
     """A validated package directory: the manifest to store and the files it names."""
 
@@ -238,9 +270,13 @@ def check_id(problem_id: Any, where: str) -> str:
 
 
 def named_files(manifest: dict[str, Any]) -> set[str]:
-    """Every file a manifest names: tests, and each program's source and the files beside it."""
+    """Every file a manifest names: tests, and each program's source and the files beside it (its
+    checker, interactor, input validators and solutions)."""
     found = {t[k] for t in manifest.get("tests", []) for k in ("input", "answer")}
-    programs = [manifest.get("checker"), manifest.get("interactor"), *manifest.get("solutions", [])]
+    programs = [
+        manifest.get("checker"), manifest.get("interactor"), *manifest.get("validators", []),
+        *manifest.get("solutions", []),
+    ]  # fmt: skip
     for entry in programs:
         if isinstance(entry, dict) and "file" in entry:
             found.add(entry["file"])

@@ -13,24 +13,46 @@ What is read, and how it maps onto a stored manifest:
 - ``data/``: every directory is a test data group, walked as problemtools does (entries sorted by
   name, a test is ``NAME.in`` with ``NAME.ans``), each with its ``testdata.yaml`` merged over its
   parent's (``on_reject``, ``accept_score``, ``reject_score``, ``grader_flags``,
-  ``output_validator_flags``); the tree becomes the manifest's ``scoring.kattis``.
+  ``output_validator_flags``, ``input_validator_flags``: a test's ``input_flags``); the tree
+  becomes the manifest's ``scoring.kattis``.
 - the output validator: ``output_validators/`` (legacy; exactly one program) or
   ``output_validator/`` (2023-07); a program is a single source file or a directory whose files
   are all built together. Without one, the default validator (a built-in checker) with the flags.
   An interactive problem's validator is its interactor.
+- the input validators: every program in ``input_validators/`` (or the older
+  ``input_format_validators/``), a single source file or a directory, stored as the manifest's
+  ``validators`` and built at upload like the output validator (one that does not build refuses
+  the package). A checktestdata or VIVA specification is no program this judge runs: not stored,
+  and the upload's notes say so.
 - ``submissions/<verdict>/``: recorded as solutions with the verdict their directory names.
+- the time multipliers ``judgequeue problem verify`` uses (legacy ``limits.time_multiplier`` and
+  ``time_safety_margin``; 2023-07 ``limits.time_multipliers`` and ``time_resolution``): the
+  manifest's ``timing``, only when they are not the format's defaults.
 """
 
 from __future__ import annotations
 
 import math
 import re
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from ..checkers import InvalidChecker, kattis_flags
 from .bounds import ArchiveBounds
-from .common import MAX_TESTS, Files, InvalidPackage, PackageDir, add, check_id, program, read_yaml, total_bytes
+from .common import (
+    MAX_TESTS,
+    Files,
+    InvalidPackage,
+    PackageDir,
+    Timing,
+    add,
+    check_id,
+    default_timing,
+    program,
+    read_yaml,
+    total_bytes,
+)
 
 #: problemtools' languages (its config/languages.yaml) as rows of the judge's table: the row, the
 #: file suffixes that are the language's sources, the priority that settles a directory whose files
@@ -72,7 +94,9 @@ EXPECTED: dict[str, list[str]] = {
     "run_time_error": ["RUNTIME_ERROR"],
     "time_limit_exceeded": ["TIME_LIMIT"],
 }
-_GROUP_KEYS = ("on_reject", "accept_score", "reject_score", "grader_flags", "output_validator_flags")
+_GROUP_KEYS = (
+    "on_reject", "accept_score", "reject_score", "grader_flags", "output_validator_flags", "input_validator_flags",
+)  # fmt: skip
 _DEFAULTS: dict[str, Any] = {
     "on_reject": "break", "accept_score": 1.0, "reject_score": 0.0, "grader_flags": "", "output_validator_flags": "",
 }  # fmt: skip
@@ -154,6 +178,29 @@ def _validator(root: Path, version: str, files: Files) -> dict[str, Any] | None:
     return _program_at(found[0], folder.name, files, "kattis")
 
 
+#: Where a Kattis package keeps its input validators (problemtools reads the older name too).
+INPUT_VALIDATORS = ("input_validators", "input_format_validators")
+
+
+def _input_validators(root: Path, files: Files, notes: list[str]) -> list[dict[str, Any]]:
+    """Every input validator program of the package, by name; what no language of the judge runs
+    (checktestdata, VIVA) is left out with a note."""
+    out: list[dict[str, Any]] = []
+    for folder in (root / name for name in INPUT_VALIDATORS):
+        if not folder.is_dir():
+            continue
+        for entry in sorted(p for p in folder.iterdir() if not p.name.startswith(".")):
+            name = f"{folder.name}/{entry.name}" + ("/" if entry.is_dir() else "")
+            paths = [entry] if entry.is_file() else [p for p in entry.iterdir() if p.is_file()]
+            if language_of(paths) is None:
+                notes.append(f"{name}: no program in a language this judge runs (checktestdata, VIVA?): not stored")
+                continue
+            validator = _program_at(entry, name.rstrip("/"), files, None)
+            validator["name"] = name.rstrip("/")
+            out.append(validator)
+    return out
+
+
 def _group(
     data: Path, folder: Path, inherited: dict[str, Any], tests: list[dict[str, Any]], files: Files
 ) -> dict[str, Any]:
@@ -169,6 +216,7 @@ def _group(
     if config["on_reject"] not in ("break", "continue"):
         raise InvalidPackage(f"{where}: on_reject must be break or continue, got {config['on_reject']!r}")
     flags = str(config.get("output_validator_flags") or "").split()
+    input_flags = str(config.get("input_validator_flags") or "").split()
     items: list[Any] = []
     for entry in sorted(folder.iterdir()):
         if entry.is_dir():
@@ -183,6 +231,8 @@ def _group(
             }
             if flags:
                 test["flags"] = flags
+            if input_flags:
+                test["input_flags"] = input_flags  # for the input validators (judgequeue problem verify)
             tests.append(test)
             items.append(len(tests))
     return {
@@ -266,10 +316,42 @@ def read(
     }
     custom = validation[:1] == ["custom"] if version == LEGACY else validator is not None
     _add_validation(manifest, types, custom, validator)
+    validators = _input_validators(root, files, notes)
+    if validators:
+        manifest["validators"] = validators
     solutions = _submissions(root, files)
     if solutions:
         manifest["solutions"] = solutions
+    timing = _timing(limits, version)
+    if timing != default_timing(manifest):  # stored only when the package gives its own
+        manifest["timing"] = asdict(timing)
     return PackageDir(pid, None, total_bytes(manifest, files), files, notes)
+
+
+def _timing(limits: dict[str, Any], version: str) -> Timing:
+    """The package's time multipliers as problemtools reads them: legacy ``limits.time_multiplier``
+    (5) and ``time_safety_margin`` (2); 2023-07 ``limits.time_multipliers`` (``ac_to_time_limit``
+    2, ``time_limit_to_tle`` 1.5) and ``time_resolution`` (1 s)."""
+    if version == LEGACY:
+        given = {"ac_to_time_limit": limits.get("time_multiplier", 5.0),
+                 "time_limit_to_tle": limits.get("time_safety_margin", 2.0)}  # fmt: skip
+        names = {"ac_to_time_limit": "limits.time_multiplier", "time_limit_to_tle": "limits.time_safety_margin"}
+        resolution = 1.0
+    else:
+        multipliers = limits.get("time_multipliers") or {}
+        if not isinstance(multipliers, dict):
+            raise InvalidPackage("problem.yaml: limits.time_multipliers must be a mapping")
+        given = {"ac_to_time_limit": multipliers.get("ac_to_time_limit", 2.0),
+                 "time_limit_to_tle": multipliers.get("time_limit_to_tle", 1.5)}  # fmt: skip
+        names = {k: f"limits.time_multipliers.{k}" for k in given}
+        resolution = _number(limits.get("time_resolution", 1.0), "problem.yaml: limits.time_resolution")
+        if resolution <= 0:
+            raise InvalidPackage(f"problem.yaml: limits.time_resolution must be positive, got {resolution:g}")
+    values = {k: _number(v, f"problem.yaml: {names[k]}") for k, v in given.items()}
+    for key, value in values.items():
+        if value < 1:
+            raise InvalidPackage(f"problem.yaml: {names[key]} must be at least 1, got {value:g}")
+    return Timing(values["ac_to_time_limit"], values["time_limit_to_tle"], resolution)
 
 
 def _time_limit(root: Path, limits: dict[str, Any], given: float | None, notes: list[str]) -> tuple[float, str]:

@@ -13,8 +13,14 @@ What is read, and how it maps onto a stored manifest:
 - ``<assets><checker>`` and ``<interactor>``: testlib programs, built with every file of their
   directory beside them (``files/testlib.h`` and the like); an interactive problem's checker
   judges what the interactor wrote to its output file;
+- ``<assets><validators>``: the input validators (testlib's ``registerValidation``), built at
+  upload like the checker (one that does not build refuses the package), stored as the manifest's
+  ``validators``;
 - ``<assets><solutions>``: each solution with the verdicts its tag expects (``main``,
   ``accepted``, ``wrong-answer``, ``time-limit-exceeded``, ``rejected``...).
+
+A solution's ``.desc`` file (``File name:``, ``Tag:``, as Polygon writes one beside each
+solution) is read, never stored: it must agree with ``problem.xml``, which is what is judged.
 
 testlib's ``quitp`` points count as the test's points in a Polygon package (Codeforces' rule):
 they replace the points the test would earn.
@@ -182,6 +188,31 @@ def _scoring(testset: ET.Element, tests: list[ET.Element]) -> dict[str, Any]:
     return {"groups": groups, "test_points": values}
 
 
+#: How much of a solution's .desc file is read: a few lines, in any package Polygon wrote.
+MAX_DESC_BYTES = 64 * 1024
+
+
+def check_desc(root: Path, path: str, tag: str) -> None:
+    """Refuse a solution whose ``.desc`` file (when it has one) names another file or another tag
+    than ``problem.xml`` gives it: one of the two is wrong, and the upload cannot tell which."""
+    desc = root / f"{path}.desc"
+    if not desc.is_file():
+        return
+    where = f"{path}.desc"
+    with inside(root, where, "problem.xml: a solution's description").open("rb") as f:
+        text = f.read(MAX_DESC_BYTES).decode("utf-8", "replace")
+    fields = dict(line.partition(":")[::2] for line in text.splitlines() if ":" in line)
+    given = {k.strip().lower(): v.strip() for k, v in fields.items()}
+    named = given.get("file name")
+    if named is not None and named != Path(path).name:
+        raise InvalidPackage(f"{where} describes {named!r}, not {Path(path).name!r}: the package is inconsistent")
+    said = given.get("tag")
+    if said is not None and said.lower().replace("_", "-") != tag:
+        raise InvalidPackage(
+            f"{where} tags the solution {said!r} but problem.xml tags it {tag!r}: the package is inconsistent"
+        )
+
+
 def read(
     root: Path, *, problem_id: str | None = None, bounds: ArchiveBounds | None = None
 ) -> PackageDir:
@@ -211,6 +242,9 @@ def read(
         raise InvalidPackage(f"{count} tests is more than {MAX_TESTS}")
     input_pattern = path_pattern(testset.findtext("input-path-pattern") or "tests/%02d", "input-path-pattern")
     answer_pattern = path_pattern(testset.findtext("answer-path-pattern") or "tests/%02d.a", "answer-path-pattern")
+    output_pattern = testset.findtext("output-path-pattern")
+    if output_pattern:  # some packages have one beside the answers': never read, still held to the rules
+        path_pattern(output_pattern, "output-path-pattern")
     files = Files(root, bounds)
     tests = []
     for i, t in enumerate(tests_el, 1):
@@ -242,8 +276,18 @@ def read(
     if interactor is not None:
         manifest["interactor"] = _source(root, interactor, "interactor", files)
         manifest["type"] = "interactive"
+    validators = []
+    for n, v in enumerate(assets.findall("validators/validator") if assets is not None else []):
+        entry = _source(root, v, f"validator {n + 1}", files)
+        entry["name"] = str(v.find("source").get("path"))  # type: ignore[union-attr]
+        validators.append(entry)
+    if validators:
+        manifest["validators"] = validators
     solutions = []
     for n, s in enumerate(assets.findall("solutions/solution") if assets is not None else []):
+        source = s.find("source")
+        if source is not None and source.get("path"):
+            check_desc(root, str(source.get("path")), s.get("tag", ""))
         try:
             entry = _source(root, s, f"solution {n + 1}", files, helper=False)
         except InvalidPackage:
