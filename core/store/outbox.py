@@ -227,8 +227,8 @@ async def _delete_in_batches(
     """Run a prune ``statement`` (retention, batch, queue, states) until a batch comes back short."""
     total = 0
     for _ in range(max_batches):
-        status = await conn.execute(statement, float(retention), batch, queue, list(states))
-        deleted = int(status.split()[-1])
+        # the rows its function deleted
+        deleted = int(await conn.fetchval(statement, float(retention), batch, queue, list(states)))
         total += deleted
         if deleted < batch:
             break

@@ -426,7 +426,7 @@ async def test_a_new_databases_tables_are_analysed_once_they_have_rows(pg_pool: 
     async with pg_pool.acquire() as conn:
         assert await outbox.analyze_new_tables(conn) == ["outbox", "submissions"]
         assert await outbox.analyze_new_tables(conn) == []  # once: autovacuum keeps them from here
-        rows = await conn.fetch("EXPLAIN " + sql.query("lease_direct"), queue, "w", 64, 30.0, False, True)
+        rows = await conn.fetch("EXPLAIN " + sql.QUERIES["lease_direct"], queue, "w", 64, 30.0, False, True)
     plan = "\n".join(r[0] for r in rows)  # explained, not run
     # The claim walks outbox_claim in order (a bitmap scan of it is what walked the taken rows);
     # the updates then reach the picked rows by primary key, by index or bitmap as sizes go.

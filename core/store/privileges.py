@@ -1,0 +1,330 @@
+"""Least privilege in Postgres: one group role per component, reaching data only through functions.
+
+Every named statement of ``sql/queries.sql`` runs as a function of its own,
+``judgequeue.q_<name>_<digest>`` (the digest is the statement's text's, so two versions of
+judgequeue side by side during a rolling upgrade each call their own): a ``SECURITY DEFINER``
+PL/pgSQL function owned by :data:`OWNER`, with a fixed ``search_path``, whose body is the statement
+itself. :func:`judgequeue.core.store.sql.query` gives the call, so a role process runs the same
+statements with any credentials. The components' group roles (``NOLOGIN``) hold no right on any
+table: each may ``EXECUTE`` the functions of the statements it runs (:data:`ROLES`) and nothing
+else, so its credentials can do what its job needs and no more. A worker stores a verdict only
+through ``lease_verdict``, fenced on the attempt id its own lease drew (a random uuid it never reads
+for anyone else's submission); it cannot read a submission it did not lease, change a flag, or
+write a table. Login users are given a group role (``GRANT judgequeue_worker TO pod_worker``);
+a superuser keeps working for a quick start (the roles warn in their logs).
+
+``judgequeue migrate`` runs :func:`install` after the migrations, in the same transaction: it makes
+the roles (cluster-wide; skipped, with a warning, when the migrating user may not create roles),
+gives :data:`OWNER` the schema and everything in it, writes the functions, and grants; every step
+is idempotent. The application's two SQL entry points, ``judgequeue.submit()`` and
+``judgequeue.report_legacy_verdict()``, are called as they are (applications in any language call
+them inside their own transactions): this step makes them ``SECURITY DEFINER`` with the same fixed
+``search_path`` (after the migrations, which may create them again).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Final
+
+import asyncpg
+
+#: Owns the schema and every object in it (the migrator's group role); the functions run as it.
+OWNER: Final = "judgequeue_owner"
+
+#: The application's SQL functions, called directly (not through a wrapper).
+DIRECT: Final = frozenset({"submit", "report_legacy_verdict"})
+
+#: Called by applications in their own transactions: ``SECURITY DEFINER`` in the schema itself.
+APPLICATION_FUNCTIONS: Final = (
+    "judgequeue.submit(text, jsonb)",
+    "judgequeue.report_legacy_verdict(bigint, text, jsonb)",
+)
+
+
+@dataclass(frozen=True)
+class Role:
+    name: str
+    job: str
+    statements: frozenset[str]
+    functions: tuple[str, ...] = ()
+
+
+_COMMON = frozenset({"ping", "db_now"})
+
+#: Each component's group role and the statements it may run.
+ROLES: Final[Mapping[str, Role]] = MappingProxyType(
+    {
+        r.name.removeprefix("judgequeue_"): r
+        for r in (
+            Role(
+                "judgequeue_application",
+                "submit, read results, report legacy verdicts",
+                _COMMON | {"submit", "report_legacy_verdict", "submissions_read", "submission_exists"},
+                APPLICATION_FUNCTIONS,
+            ),
+            Role(
+                "judgequeue_dispatcher",
+                "claim outbox rows, mark them sent, wait for work",
+                _COMMON
+                | {
+                    "outbox_mark_claim",
+                    "waiter_register",
+                    "waiter_unregister",
+                    "queue_get",
+                    "record_dead_letters",
+                },
+            ),
+            Role(
+                "judgequeue_worker",
+                "lease jobs, renew and release leases, store verdicts fenced on its own attempts, read problems",
+                _COMMON
+                | {
+                    "lease_acquire",
+                    "lease_direct",
+                    "offers_sync",
+                    "lease_renew",
+                    "lease_verdict",
+                    "lease_make_durable",
+                    "lease_release",
+                    "lease_defer",
+                    "lease_stale_reasons",
+                    "shadow_acquire",
+                    "shadow_renew",
+                    "shadow_verdict",
+                    "shadow_release",
+                    "shadow_stale_reasons",
+                    "shadow_give_up",
+                    "record_dead_letters",
+                    "waiter_register",
+                    "waiter_unregister",
+                    "queue_get",
+                    "problem_get",
+                    "problem_chunks",
+                },
+            ),
+            Role(
+                "judgequeue_reaper",
+                "rescue expired leases and idle deliveries, dead-letter, prune, export gauges",
+                _COMMON
+                | {
+                    "lease_rescue_expired",
+                    "record_dead_letters",
+                    "outbox_prune",
+                    "submissions_prune",
+                    "outbox_waiting_stats",
+                    "outbox_other_stats",
+                    "outbox_find_stranded",
+                    "outbox_resend_stranded",
+                    "tables_never_analyzed",
+                    "analyze_outbox",
+                    "analyze_submissions",
+                    "waiter_prune",
+                    "offers_prune",
+                    "notify_queue_usage",
+                    "shadow_rescue_expired",
+                    "shadow_give_up",
+                    "shadow_verdicts_prune",
+                    "legacy_verdicts_prune",
+                    "queue_get",
+                },
+            ),
+            Role(
+                "judgequeue_operator",
+                "create and own queues, set cutover flags, read backlog and agreement figures",
+                _COMMON
+                | {
+                    "queue_create",
+                    "queue_get",
+                    "queue_list",
+                    "queue_claim",
+                    "queue_release",
+                    "queue_owned_by",
+                    "queue_take_back",
+                    "queue_flip_wait",
+                    "queue_flip_lock",
+                    "queue_flip_blockers",
+                    "queue_set_cutover",
+                    "outbox_waiting_stats",
+                    "outbox_other_stats",
+                    "submissions_count_by_status",
+                    "submissions_finished_since",
+                    "shadow_agreement",
+                    "shadow_mismatches",
+                },
+            ),
+        )
+    }
+)
+
+#: What ``judgequeue roles`` says of the owner (it may run every statement and change the schema).
+OWNER_JOB: Final = "owns the schema: migrations, and every statement (administration: rejudge, DLQ replay, problems)"
+
+_PARAM = re.compile(r"\$(\d+)")
+
+
+def function_name(name: str, statement: str) -> str:
+    """``q_<name>_<first 8 hex digits of the statement's sha256>`` (unqualified)."""
+    return f"q_{name}_{hashlib.sha256(statement.encode()).hexdigest()[:8]}"
+
+
+def call_text(name: str, statement: str) -> str:
+    """How a process runs ``statement``: its function, called with the same positional parameters."""
+    if name in DIRECT:
+        return statement
+    count = max((int(n) for n in _PARAM.findall(statement)), default=0)
+    args = ", ".join(f"${i}" for i in range(1, count + 1))
+    return f"SELECT * FROM judgequeue.{function_name(name, statement)}({args})"
+
+
+def _quote(identifier: str) -> str:
+    return '"' + identifier.replace('"', '""') + '"'
+
+
+async def _type_name(conn: asyncpg.Connection, oid: int) -> str:
+    return str(await conn.fetchval("SELECT format_type($1, NULL)", oid))
+
+
+async def function_ddl(conn: asyncpg.Connection, name: str, statement: str) -> str:
+    """The ``CREATE OR REPLACE FUNCTION`` of one statement, typed as Postgres describes the statement."""
+    prepared = await conn.prepare(statement)
+    params = [await _type_name(conn, p.oid) for p in prepared.get_parameters()]
+    columns = [(a.name, await _type_name(conn, a.type.oid)) for a in prepared.get_attributes()]
+    if columns and all(t != "void" for _, t in columns):
+        returns = "TABLE(" + ", ".join(f"{_quote(n)} {t}" for n, t in columns) + ")"
+        body = f"RETURN QUERY {statement};"
+    elif columns:  # a SELECT of void functions (an advisory lock): run it, return nothing
+        returns = "bigint"
+        body = f"PERFORM * FROM ({statement}) AS s;\nRETURN 1;"
+    else:  # no result: the rows it changed, as the command tag said
+        returns = "bigint"
+        body = f"{statement};\nGET DIAGNOSTICS v_rows = ROW_COUNT;\nRETURN v_rows;"
+    return (
+        f"CREATE OR REPLACE FUNCTION judgequeue.{function_name(name, statement)}({', '.join(params)})\n"
+        f"RETURNS {returns} LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp\n"
+        f"AS $judgequeue$\n#variable_conflict use_column\nDECLARE v_rows bigint;\nBEGIN\n{body}\nEND\n$judgequeue$"
+    )
+
+
+async def _may_create_roles(conn: asyncpg.Connection) -> bool:
+    return bool(
+        await conn.fetchval("SELECT rolsuper OR rolcreaterole FROM pg_roles WHERE rolname = current_user")
+    )
+
+
+async def _ensure_role(conn: asyncpg.Connection, role: str, *, replication: bool = False) -> None:
+    # Roles are cluster-wide and two databases may be migrated at once: a concurrent CREATE ROLE
+    # of the same name fails with a unique violation rather than duplicate_object.
+    await conn.execute(
+        f"""DO $$ BEGIN
+            IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '{role}') THEN
+                CREATE ROLE {_quote(role)} NOLOGIN;
+            END IF;
+        EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL;
+        END $$"""
+    )
+    if replication and await conn.fetchval("SELECT rolsuper FROM pg_roles WHERE rolname = current_user"):
+        await conn.execute(f"ALTER ROLE {_quote(role)} REPLICATION")
+
+
+@dataclass(frozen=True)
+class Installed:
+    functions: int
+    roles: bool
+    warnings: tuple[str, ...]
+
+
+async def install(conn: asyncpg.Connection, statements: Mapping[str, str]) -> Installed:
+    """Roles, ownership, functions and grants, idempotently (inside the caller's transaction)."""
+    warnings: list[str] = []
+    roles_ok = await _may_create_roles(conn)
+    if roles_ok:
+        # REPLICATION: a worker's durability barrier emits a logical message (lease_make_durable),
+        # which Postgres allows only to superusers and replication roles.
+        await _ensure_role(conn, OWNER, replication=True)
+        for role in ROLES.values():
+            await _ensure_role(conn, role.name)
+        await conn.execute(f"GRANT {_quote(OWNER)} TO current_user")
+    else:
+        warnings.append(
+            "the migrating user may not create roles: the components' roles were not made or granted"
+            " (a superuser or a CREATEROLE user runs `judgequeue migrate` once to make them)"
+        )
+    for name, statement in statements.items():
+        if name in DIRECT:
+            continue
+        await conn.execute(await function_ddl(conn, name, statement))
+    for function in APPLICATION_FUNCTIONS:
+        await conn.execute(f"ALTER FUNCTION {function} SECURITY DEFINER SET search_path = pg_catalog, pg_temp")
+    if roles_ok:
+        await _give_ownership(conn)
+        await _grant(conn, statements)
+    return Installed(functions=len(statements) - len(DIRECT), roles=roles_ok, warnings=tuple(warnings))
+
+
+async def _give_ownership(conn: asyncpg.Connection) -> None:
+    owner = _quote(OWNER)
+    await conn.execute(f"ALTER SCHEMA judgequeue OWNER TO {owner}")
+    rows = await conn.fetch(
+        """SELECT c.relname, c.relkind FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+            WHERE n.nspname = 'judgequeue' AND c.relkind IN ('r', 'p', 'v', 'm', 'f')  -- sequences follow their tables
+              AND c.relowner <> (SELECT oid FROM pg_roles WHERE rolname = $1)""",
+        OWNER,
+    )
+    for row in rows:
+        kind = {"v": "VIEW", "m": "MATERIALIZED VIEW", "f": "FOREIGN TABLE"}.get(row["relkind"], "TABLE")
+        await conn.execute(f"ALTER {kind} judgequeue.{_quote(row['relname'])} OWNER TO {owner}")
+    functions = await conn.fetch(
+        """SELECT p.oid::regprocedure::text AS signature FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+            WHERE n.nspname = 'judgequeue' AND p.proowner <> (SELECT oid FROM pg_roles WHERE rolname = $1)""",
+        OWNER,
+    )
+    for row in functions:
+        await conn.execute(f"ALTER FUNCTION {row['signature']} OWNER TO {owner}")
+
+
+async def _grant(conn: asyncpg.Connection, statements: Mapping[str, str]) -> None:
+    everyone = ", ".join(_quote(r.name) for r in ROLES.values())
+    await conn.execute("REVOKE ALL ON SCHEMA judgequeue FROM PUBLIC")
+    await conn.execute("REVOKE ALL ON ALL TABLES IN SCHEMA judgequeue FROM PUBLIC")
+    await conn.execute(f"REVOKE ALL ON ALL TABLES IN SCHEMA judgequeue FROM {everyone}")
+    await conn.execute(f"REVOKE ALL ON ALL SEQUENCES IN SCHEMA judgequeue FROM PUBLIC, {everyone}")
+    await conn.execute(f"REVOKE ALL ON ALL FUNCTIONS IN SCHEMA judgequeue FROM PUBLIC, {everyone}")
+    await conn.execute(f"GRANT USAGE ON SCHEMA judgequeue TO {everyone}")
+    for role in ROLES.values():
+        for name in sorted(role.statements - DIRECT):
+            signature = await conn.fetchval(
+                """SELECT p.oid::regprocedure::text FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+                    WHERE n.nspname = 'judgequeue' AND p.proname = $1""",
+                function_name(name, statements[name]),
+            )
+            await conn.execute(f"GRANT EXECUTE ON FUNCTION {signature} TO {_quote(role.name)}")
+        for function in role.functions:
+            await conn.execute(f"GRANT EXECUTE ON FUNCTION {function} TO {_quote(role.name)}")
+
+
+def describe(statements: Mapping[str, str], comments: Mapping[str, str]) -> list[dict[str, object]]:
+    """What each group role may do, for ``judgequeue roles``: its job and its statements."""
+    out: list[dict[str, object]] = [
+        {"role": OWNER, "job": OWNER_JOB, "statements": sorted(statements)},
+    ]
+    for role in ROLES.values():
+        out.append(
+            {
+                "role": role.name,
+                "job": role.job,
+                "statements": [{"name": n, "does": comments[n]} for n in sorted(role.statements)],
+                "functions": list(role.functions),
+            }
+        )
+    return out
+
+
+def unknown_statements(statements: Sequence[str]) -> list[str]:
+    """Statements :data:`ROLES` names that ``queries.sql`` does not have (a test keeps this empty)."""
+    known = set(statements)
+    return sorted({n for r in ROLES.values() for n in r.statements} - known)
