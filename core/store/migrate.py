@@ -39,7 +39,7 @@ from importlib import resources
 import asyncpg
 
 from ..base.errors import JudgeQueueError
-from .privileges import install
+from .privileges import ensure_roles, install
 from .sql import QUERIES
 
 log = logging.getLogger("judgequeue.store")
@@ -259,6 +259,10 @@ async def migrate(
     version left, :class:`MigrationLocked` when every run gave way to the roles' locks.
     """
     files = available_migrations() if migrations is None else list(migrations)
+    if migrations is None:
+        # Cluster-wide, so outside the run's transaction: the components' group roles.
+        for warning in await ensure_roles(conn):
+            log.warning("migrate: %s", warning, extra={"event": "migrate_privileges"})
     for attempt in range(1, ATTEMPTS + 1):
         try:
             return await _migrate_once(conn, files, replay=replay, privileges=migrations is None)

@@ -24,6 +24,7 @@ them inside their own transactions): this step makes them ``SECURITY DEFINER`` w
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import re
 from collections.abc import Mapping, Sequence
@@ -32,6 +33,8 @@ from types import MappingProxyType
 from typing import Final
 
 import asyncpg
+
+from ..base.names import validate_queue_name
 
 #: Owns the schema and every object in it (the migrator's group role); the functions run as it.
 OWNER: Final = "judgequeue_owner"
@@ -54,7 +57,7 @@ class Role:
     functions: tuple[str, ...] = ()
 
 
-_COMMON = frozenset({"ping", "db_now"})
+_COMMON = frozenset({"ping", "db_now", "session_rights"})
 
 #: Each component's group role and the statements it may run.
 ROLES: Final[Mapping[str, Role]] = MappingProxyType(
@@ -166,6 +169,66 @@ OWNER_JOB: Final = "owns the schema: migrations, and every statement (administra
 
 _PARAM = re.compile(r"\$(\d+)")
 
+#: The statements a component runs for one queue, by the position of their queue parameter. A login
+#: user given any queue's role (:func:`queue_role`) runs them for those queues only; one given none,
+#: for every queue (a single fleet, the quick start).
+QUEUE_PARAMS: Final[Mapping[str, int]] = MappingProxyType(
+    {
+        "lease_acquire": 4,
+        "lease_direct": 1,
+        "offers_sync": 1,
+        "shadow_acquire": 4,
+        "waiter_register": 1,
+        "waiter_unregister": 1,
+        "queue_get": 1,
+        "outbox_mark_claim": 8,
+        "lease_rescue_expired": 1,
+        "outbox_prune": 3,
+        "submissions_prune": 3,
+        "outbox_waiting_stats": 1,
+        "outbox_other_stats": 1,
+        "outbox_find_stranded": 1,
+        "outbox_resend_stranded": 1,
+        "shadow_rescue_expired": 1,
+        "shadow_verdicts_prune": 3,
+        "legacy_verdicts_prune": 3,
+    }
+)
+
+QUEUE_ROLE_PREFIX: Final = "judgequeue_queue_"
+
+
+def queue_role(queue: str) -> str:
+    """The group role that gives a login user ``queue`` (and, once it has one, only the queues it has).
+
+    ``judgequeue_queue_<queue>``; a name over 46 characters is cut and ends with a digest, so the
+    role's name stays within Postgres's 63 (the SQL in the functions computes the same name).
+    """
+    validate_queue_name(queue)
+    if len(queue) <= 46:
+        return QUEUE_ROLE_PREFIX + queue
+    return f"{QUEUE_ROLE_PREFIX}{queue[:29]}_{hashlib.md5(queue.encode()).hexdigest()[:16]}"
+
+
+def _queue_check(param: int) -> str:
+    q = f"${param}"
+    role = (
+        f"CASE WHEN length({q}) <= 46 THEN '{QUEUE_ROLE_PREFIX}' || {q}"
+        f" ELSE '{QUEUE_ROLE_PREFIX}' || left({q}, 29) || '_' || left(md5({q}), 16) END"
+    )
+    mine = (
+        "SELECT 1 FROM pg_catalog.pg_auth_members m JOIN pg_catalog.pg_roles g ON g.oid = m.roleid"
+        " WHERE m.member = (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = session_user)"
+    )
+    return (
+        f"IF EXISTS ({mine} AND g.rolname LIKE '{QUEUE_ROLE_PREFIX.replace('_', chr(92) + '_')}%')\n"
+        f"   AND NOT EXISTS ({mine} AND g.rolname = ({role})) THEN\n"
+        "    RAISE EXCEPTION USING ERRCODE = '42501',\n"
+        "        MESSAGE = format('%s may not serve queue %s (it holds other queues'' roles only)',\n"
+        f"                         session_user, {q});\n"
+        "END IF;\n"
+    )
+
 
 def function_name(name: str, statement: str) -> str:
     """``q_<name>_<first 8 hex digits of the statement's sha256>`` (unqualified)."""
@@ -203,6 +266,8 @@ async def function_ddl(conn: asyncpg.Connection, name: str, statement: str) -> s
     else:  # no result: the rows it changed, as the command tag said
         returns = "bigint"
         body = f"{statement};\nGET DIAGNOSTICS v_rows = ROW_COUNT;\nRETURN v_rows;"
+    if name in QUEUE_PARAMS:
+        body = _queue_check(QUEUE_PARAMS[name]) + body
     return (
         f"CREATE OR REPLACE FUNCTION judgequeue.{function_name(name, statement)}({', '.join(params)})\n"
         f"RETURNS {returns} LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp\n"
@@ -210,25 +275,49 @@ async def function_ddl(conn: asyncpg.Connection, name: str, statement: str) -> s
     )
 
 
-async def _may_create_roles(conn: asyncpg.Connection) -> bool:
-    return bool(
-        await conn.fetchval("SELECT rolsuper OR rolcreaterole FROM pg_roles WHERE rolname = current_user")
-    )
+#: Tries of the roles' step: another database's migrate on the same server may change the same
+#: catalog row (a role is cluster-wide) at the same moment ("tuple concurrently updated").
+ROLE_ATTEMPTS: Final = 8
+
+_NO_ROLES = (
+    "the migrating user may not create roles and the components' roles are missing: they were not made"
+    " or granted (a superuser or a CREATEROLE user runs `judgequeue migrate` once to make them)"
+)
 
 
-async def _ensure_role(conn: asyncpg.Connection, role: str, *, replication: bool = False) -> None:
-    # Roles are cluster-wide and two databases may be migrated at once: a concurrent CREATE ROLE
-    # of the same name fails with a unique violation rather than duplicate_object.
-    await conn.execute(
-        f"""DO $$ BEGIN
-            IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '{role}') THEN
-                CREATE ROLE {_quote(role)} NOLOGIN;
-            END IF;
-        EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL;
-        END $$"""
+async def ensure_roles(conn: asyncpg.Connection) -> list[str]:
+    """Make the missing group roles (cluster-wide, ``NOLOGIN``), each try a short transaction of its
+    own; the warnings (none when every role is in place)."""
+    for attempt in range(1, ROLE_ATTEMPTS + 1):
+        try:
+            async with conn.transaction():
+                return await _roles_once(conn)
+        except (asyncpg.InternalServerError, asyncpg.UniqueViolationError, asyncpg.DuplicateObjectError):
+            if attempt == ROLE_ATTEMPTS:
+                raise
+            await asyncio.sleep(0.05 * attempt)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+async def _roles_once(conn: asyncpg.Connection) -> list[str]:
+    me = await conn.fetchrow(
+        "SELECT rolsuper, rolsuper OR rolcreaterole AS may_create FROM pg_roles WHERE rolname = current_user"
     )
-    if replication and await conn.fetchval("SELECT rolsuper FROM pg_roles WHERE rolname = current_user"):
-        await conn.execute(f"ALTER ROLE {_quote(role)} REPLICATION")
+    wanted = [OWNER, *(role.name for role in ROLES.values())]
+    rows = await conn.fetch("SELECT rolname, rolreplication FROM pg_roles WHERE rolname = ANY($1::text[])", wanted)
+    existing = {r["rolname"]: r["rolreplication"] for r in rows}
+    missing = [name for name in wanted if name not in existing]
+    if missing and not me["may_create"]:
+        return [_NO_ROLES]
+    for name in missing:
+        await conn.execute(f"CREATE ROLE {_quote(name)} NOLOGIN")
+    # REPLICATION: a worker's durability barrier emits a logical message (lease_make_durable),
+    # which Postgres allows only to superusers and replication roles.
+    if me["rolsuper"] and not existing.get(OWNER, False):
+        await conn.execute(f"ALTER ROLE {_quote(OWNER)} REPLICATION")
+    if not await conn.fetchval("SELECT pg_has_role(current_user, $1, 'MEMBER')", OWNER):
+        await conn.execute(f"GRANT {_quote(OWNER)} TO current_user")
+    return []
 
 
 @dataclass(frozen=True)
@@ -239,21 +328,17 @@ class Installed:
 
 
 async def install(conn: asyncpg.Connection, statements: Mapping[str, str]) -> Installed:
-    """Roles, ownership, functions and grants, idempotently (inside the caller's transaction)."""
+    """Ownership, functions and grants, idempotently (inside the caller's transaction; the roles are
+    made before, by :func:`ensure_roles`)."""
     warnings: list[str] = []
-    roles_ok = await _may_create_roles(conn)
-    if roles_ok:
-        # REPLICATION: a worker's durability barrier emits a logical message (lease_make_durable),
-        # which Postgres allows only to superusers and replication roles.
-        await _ensure_role(conn, OWNER, replication=True)
-        for role in ROLES.values():
-            await _ensure_role(conn, role.name)
-        await conn.execute(f"GRANT {_quote(OWNER)} TO current_user")
-    else:
-        warnings.append(
-            "the migrating user may not create roles: the components' roles were not made or granted"
-            " (a superuser or a CREATEROLE user runs `judgequeue migrate` once to make them)"
-        )
+    present = await conn.fetchval(
+        "SELECT count(*) FROM pg_roles WHERE rolname = ANY($1::text[])", [OWNER, *(r.name for r in ROLES.values())]
+    )
+    roles_ok = present == len(ROLES) + 1 and bool(
+        await conn.fetchval("SELECT pg_has_role(current_user, $1, 'MEMBER')", OWNER)
+    )
+    if not roles_ok:
+        warnings.append(_NO_ROLES)
     for name, statement in statements.items():
         if name in DIRECT:
             continue

@@ -10,6 +10,7 @@ refusal from the server; the round runs every component with its own credentials
 from __future__ import annotations
 
 import contextlib
+import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -25,9 +26,10 @@ from judgequeue.core.judges.builtin import SleepJudge
 from judgequeue.core.roles.dispatcher import Dispatcher
 from judgequeue.core.roles.reaper.role import Reaper
 from judgequeue.core.roles.worker.role import Worker
+from judgequeue.core.runtime.process import ReadinessProbe
 from judgequeue.core.store import dlq as _dlq  # noqa: F401 - registers the dead-letter script
 from judgequeue.core.store import outbox, sql
-from judgequeue.core.store.privileges import ROLES
+from judgequeue.core.store.privileges import ROLES, queue_role
 from judgequeue.core.store.queues import create_queue
 from judgequeue.core.store.submissions import read as read_submissions
 from judgequeue.core.transport import streams
@@ -74,11 +76,15 @@ async def creds(pg_dsn: str, queue_name: str) -> AsyncIterator[dict[str, Credent
     admin = aioredis.Redis.from_url(REDIS_URL)
     await streams.load_scripts(admin)  # the migrator's job: the roles may not FUNCTION LOAD
     made: dict[str, Credentials] = {}
+    scope = queue_role(queue_name)
     async with connection(pg_dsn) as conn:
+        await conn.execute(f"CREATE ROLE \"{scope}\" NOLOGIN")
         for component in COMPONENTS:
             user = f"jqt_{component}_{suffix}"
             await conn.execute(f"CREATE ROLE {user} LOGIN PASSWORD '{PASSWORD}'")
             await conn.execute(f"GRANT {ROLES[component].name} TO {user}")
+            if component in ("dispatcher", "worker", "reaper"):  # split by queue, as in Redis
+                await conn.execute(f"GRANT \"{scope}\" TO {user}")
             redis_url = None
             if component != "application":  # an application never talks to Redis
                 await admin.execute_command(  # type: ignore[no-untyped-call]
@@ -95,6 +101,7 @@ async def creds(pg_dsn: str, queue_name: str) -> AsyncIterator[dict[str, Credent
             )
             await conn.execute(f"DROP ROLE IF EXISTS {user}")
             await admin.execute_command("ACL", "DELUSER", user)  # type: ignore[no-untyped-call]
+        await conn.execute(f"DROP ROLE IF EXISTS \"{scope}\"")
     await admin.aclose()
 
 
@@ -149,7 +156,8 @@ PG_ATTACKS: dict[str, Attack] = {
 
 #: What each component must not do (all of PG_ATTACKS but what its job is).
 MUST_NOT: dict[str, list[str]] = {
-    "worker": [a for a in PG_ATTACKS if a not in {"lease a job", "store a verdict through the verdict function"}],
+    # "lease a job" of another queue: refused, the worker holds only its own queue's role
+    "worker": [a for a in PG_ATTACKS if a != "store a verdict through the verdict function"],
     "dispatcher": list(PG_ATTACKS),
     "reaper": [a for a in PG_ATTACKS if a not in {"delete submissions through retention"}],
     "application": [a for a in PG_ATTACKS if a not in {"submit", "read submissions through the results function"}],
@@ -176,13 +184,14 @@ async def test_postgres_refuses_what_a_component_must_not_do(
 
 
 async def test_a_worker_stores_a_verdict_only_for_a_lease_it_holds(
-    creds: dict[str, Credentials], pg_dsn: str, other_queue: str
+    creds: dict[str, Credentials], pg_dsn: str, queue_name: str
 ) -> None:
     """The verdict function is the worker's to call, but its fence wants the attempt id its own lease
     drew: another worker's lease (or no lease at all) stores nothing, whatever id and generation."""
     async with connection(pg_dsn) as admin:
-        sid = int(await admin.fetchval("SELECT id FROM judgequeue.submissions WHERE queue = $1", other_queue))
-        pending = int(await outbox.submit(admin, other_queue, {"i": 2}))
+        await create_queue(admin, queue_name)
+        sid = int(await outbox.submit(admin, queue_name, {"i": 1}))
+        pending = int(await outbox.submit(admin, queue_name, {"i": 2}))
         await _judging(admin, sid)  # another worker holds this one
     async with connection(creds["worker"].dsn) as worker:
         for target in (sid, pending):
@@ -194,7 +203,7 @@ async def test_a_worker_stores_a_verdict_only_for_a_lease_it_holds(
         with pytest.raises(asyncpg.InsufficientPrivilegeError):
             await worker.fetch("SELECT attempt_id FROM judgequeue.submissions WHERE id = $1", sid)
         # Its own lease, taken through its function, it may finish.
-        [lease] = await worker.fetch(sql.query("lease_acquire"), [pending], [1], [uuid.uuid4()], other_queue, 30.0)
+        [lease] = await worker.fetch(sql.query("lease_acquire"), [pending], [1], [uuid.uuid4()], queue_name, 30.0)
         [done] = await worker.fetch(
             sql.query("lease_verdict"), [pending], [1], [lease["attempt_id"]], ["ACCEPTED"], ['{"ok": true}']
         )
@@ -204,6 +213,27 @@ async def test_a_worker_stores_a_verdict_only_for_a_lease_it_holds(
             "SELECT id, status FROM judgequeue.submissions WHERE id = ANY($1)", [sid, pending]
         )}
     assert rows == {sid: "JUDGING", pending: "ACCEPTED"}
+
+
+async def test_a_user_without_a_queue_role_serves_every_queue(
+    creds: dict[str, Credentials], pg_dsn: str, other_queue: str
+) -> None:
+    """Queue roles split a fleet by credentials only where given: a login user holding just its
+    component's role (a single fleet, the quick start's shape) serves every queue."""
+    user = f"jqt_unscoped_{uuid.uuid4().hex[:8]}"
+    async with connection(pg_dsn) as admin:
+        await admin.execute(f"CREATE ROLE {user} LOGIN PASSWORD '{PASSWORD}' IN ROLE {ROLES['worker'].name}")
+        sid = int(await admin.fetchval("SELECT id FROM judgequeue.submissions WHERE queue = $1", other_queue))
+    try:
+        async with connection(_with_user(pg_dsn, user)) as worker:
+            [lease] = await worker.fetch(sql.query("lease_acquire"), [sid], [1], [uuid.uuid4()], other_queue, 30.0)
+        assert lease["id"] == sid
+        async with connection(creds["worker"].dsn) as scoped:
+            with pytest.raises(asyncpg.InsufficientPrivilegeError, match="may not serve queue"):
+                await scoped.fetch(sql.query("queue_get"), other_queue)
+    finally:
+        async with connection(pg_dsn) as admin:
+            await admin.execute(f"DROP ROLE {user}")
 
 
 # --- Redis --------------------------------------------------------------------------------------
@@ -299,3 +329,20 @@ async def test_a_whole_round_runs_with_each_components_own_credentials(
         async with pools["application"].acquire() as conn:
             rows = await read_submissions(conn, ids)
         assert [rows[i]["status"] for i in ids] == ["ACCEPTED", "WRONG_ANSWER", "TIME_LIMIT"]
+
+
+@pytest.mark.parametrize("who", ["superuser", "worker"])
+async def test_a_role_warns_when_its_postgres_user_can_do_more_than_its_job(
+    creds: dict[str, Credentials], pg_dsn: str, queue_name: str, who: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A quick start's single superuser URL keeps working, with a warning in the role's log."""
+    dsn = pg_dsn if who == "superuser" else creds["worker"].dsn
+    probe = ReadinessProbe(make_settings(dsn, REDIS_URL, queue_name), need_group=False)
+    try:
+        with caplog.at_level(logging.WARNING, logger="judgequeue"):
+            ready = await probe()
+    finally:
+        await probe.close()
+    assert ready.checks["postgres"] == "ok", ready.checks
+    warned = [r for r in caplog.records if getattr(r, "event", None) == "broad_credentials"]
+    assert len(warned) == (1 if who == "superuser" else 0), [r.getMessage() for r in caplog.records]
