@@ -10,14 +10,15 @@ from .common import EXIT_OK, Commands, print_json
 
 def cmd_roles(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     from ..store import sql
-    from ..store.privileges import OWNER, ROLES, describe
+    from ..store.privileges import OWNER, ROLES, describe, queue_role
     from ..transport.acl import COMMANDS, acl_command
 
     queues = args.queue or ["QUEUE"]
     described = describe(sql.QUERIES, sql.COMMENTS)
     redis = {c: acl_command(c, f"judgequeue-{c}", queues) for c in COMMANDS}
     if args.json:
-        print_json({"postgres": described, "redis": redis})
+        queue_roles = {queue: queue_role(queue) for queue in args.queue or []}
+        print_json({"postgres": described, "queue_roles": queue_roles, "redis": redis})
         return EXIT_OK
     print("Postgres (group roles, made by `judgequeue migrate`; GRANT one to each login user):")
     print(f"  {OWNER}: owns the schema; migrations and every statement (administration)")
@@ -25,6 +26,10 @@ def cmd_roles(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         print(f"  {role.name} ({component}): {role.job}")
         for name in sorted(role.statements):
             print(f"      {name}: {sql.COMMENTS[name]}")
+    if args.queue:
+        print("  queue roles (GRANT to the dispatcher's, worker's and reaper's users to split queues by credentials):")
+        for queue in args.queue:
+            print(f'      {queue}: CREATE ROLE "{queue_role(queue)}" NOLOGIN')
     print()
     print("Redis (ACL users: keys of the named queues only; FCALL, never EVAL; no FLUSH*, CONFIG, KEYS):")
     for component, line in redis.items():
