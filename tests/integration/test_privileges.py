@@ -346,3 +346,25 @@ async def test_a_role_warns_when_its_postgres_user_can_do_more_than_its_job(
     assert ready.checks["postgres"] == "ok", ready.checks
     warned = [r for r in caplog.records if getattr(r, "event", None) == "broad_credentials"]
     assert len(warned) == (1 if who == "superuser" else 0), [r.getMessage() for r in caplog.records]
+
+
+async def test_a_long_queue_names_role_is_the_one_the_functions_look_for(pg_dsn: str) -> None:
+    """Names over 46 characters are cut and end with a digest: Python and the functions' SQL agree."""
+    long_queue = "q" * 50 + f"-{uuid.uuid4().hex[:12]}"
+    user = f"jqt_long_{uuid.uuid4().hex[:8]}"
+    scope = queue_role(long_queue)
+    async with connection(pg_dsn) as admin:
+        await create_queue(admin, long_queue)
+        await admin.execute(f'CREATE ROLE "{scope}" NOLOGIN')
+        await admin.execute(f"CREATE ROLE {user} LOGIN PASSWORD '{PASSWORD}' IN ROLE {ROLES['worker'].name}")
+        await admin.execute(f'GRANT "{scope}" TO {user}')
+    try:
+        async with connection(_with_user(pg_dsn, user)) as worker:
+            [row] = await worker.fetch(sql.query("queue_get"), long_queue)
+            assert row["name"] == long_queue
+            with pytest.raises(asyncpg.InsufficientPrivilegeError, match="may not serve queue"):
+                await worker.fetch(sql.query("queue_get"), long_queue[:-1] + "x")
+    finally:
+        async with connection(pg_dsn) as admin:
+            await admin.execute(f"DROP ROLE {user}")
+            await admin.execute(f'DROP ROLE "{scope}"')
