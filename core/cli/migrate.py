@@ -43,7 +43,10 @@ def cmd_migrate(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         run_async(with_redis(redis_url, streams.load_scripts))
         functions = [s.function for s in streams.registered_scripts()]
     if args.json:
-        print_json({"applied": applied, "versions": versions, "redis_functions": functions})
+        document: dict[str, Any] = {"applied": applied, "versions": versions}
+        if functions:  # given a Redis URL
+            document["redis_functions"] = functions
+        print_json(document)
         return EXIT_OK
     if applied:
         print(f"applied migrations {', '.join(f'{v:04d}' for v in applied)}; schema at {versions[-1]:04d}")

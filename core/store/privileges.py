@@ -352,17 +352,33 @@ async def install(conn: asyncpg.Connection, statements: Mapping[str, str]) -> In
 
 
 async def _give_ownership(conn: asyncpg.Connection) -> None:
+    """:data:`OWNER` owns the schema and its functions, and its tables where that is free to do now.
+
+    A table changes owner only under a lock taken without waiting: with an earlier version's roles
+    running (a rolling upgrade), a table they are using keeps its owner and :data:`OWNER` is granted
+    every right on it instead, so the run never deadlocks with their transactions; the next run
+    while they are idle moves it. (Until then ANALYZE of that table through the reaper's function
+    only warns: Postgres lets only a table's owner analyse it.)
+    """
     owner = _quote(OWNER)
     await conn.execute(f"ALTER SCHEMA judgequeue OWNER TO {owner}")
+    await conn.execute(f"GRANT ALL ON ALL TABLES IN SCHEMA judgequeue TO {owner}")
+    await conn.execute(f"GRANT ALL ON ALL SEQUENCES IN SCHEMA judgequeue TO {owner}")
     rows = await conn.fetch(
-        """SELECT c.relname, c.relkind FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-            WHERE n.nspname = 'judgequeue' AND c.relkind IN ('r', 'p', 'v', 'm', 'f')  -- sequences follow their tables
-              AND c.relowner <> (SELECT oid FROM pg_roles WHERE rolname = $1)""",
+        """SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+            WHERE n.nspname = 'judgequeue' AND c.relkind IN ('r', 'p')  -- sequences follow their tables
+              AND c.relowner <> (SELECT oid FROM pg_roles WHERE rolname = $1)
+            ORDER BY c.relname""",
         OWNER,
     )
     for row in rows:
-        kind = {"v": "VIEW", "m": "MATERIALIZED VIEW", "f": "FOREIGN TABLE"}.get(row["relkind"], "TABLE")
-        await conn.execute(f"ALTER {kind} judgequeue.{_quote(row['relname'])} OWNER TO {owner}")
+        table = f"judgequeue.{_quote(row['relname'])}"
+        try:
+            async with conn.transaction():  # a savepoint: a busy table is left as it is
+                await conn.execute(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE NOWAIT")
+                await conn.execute(f"ALTER TABLE {table} OWNER TO {owner}")
+        except asyncpg.LockNotAvailableError:
+            continue
     functions = await conn.fetch(
         """SELECT p.oid::regprocedure::text AS signature FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
             WHERE n.nspname = 'judgequeue' AND p.proowner <> (SELECT oid FROM pg_roles WHERE rolname = $1)""",
