@@ -10,6 +10,7 @@ refusal from the server; the round runs every component with its own credentials
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -36,6 +37,7 @@ from judgequeue.core.transport import streams
 from judgequeue.core.transport.acl import acl_rules
 from tests.support.databases import REDIS_URL, connection, delete_queue_keys
 from tests.support.inprocess import running
+from tests.support.roles import clean_env, run_cli
 from tests.support.settings import make_settings, stream_settings
 from tests.support.waiting import eventually
 
@@ -368,3 +370,23 @@ async def test_a_long_queue_names_role_is_the_one_the_functions_look_for(pg_dsn:
         async with connection(pg_dsn) as admin:
             await admin.execute(f"DROP ROLE {user}")
             await admin.execute(f'DROP ROLE "{scope}"')
+
+
+def test_migrate_with_a_redis_url_loads_every_function(pg_dsn: str) -> None:
+    """The migrator loads the functions the roles' users may only call."""
+    import redis
+
+    admin = redis.Redis.from_url(REDIS_URL)
+    try:
+        with contextlib.suppress(rexc.ResponseError):  # not loaded yet
+            admin.function_delete(streams.ENQUEUE.function)
+        env = clean_env(JUDGEQUEUE_POSTGRES_DSN=pg_dsn, JUDGEQUEUE_REDIS_URL=REDIS_URL)
+        done = run_cli("migrate", "--json", env=env)
+        assert done.returncode == 0, done.stderr
+        loaded = json.loads(done.stdout)["redis_functions"]
+        assert streams.ENQUEUE.function in loaded and streams.ACK.function in loaded
+        listed: Any = admin.function_list()
+        libraries = {dict(zip(lib[::2], lib[1::2], strict=True))[b"library_name"].decode() for lib in listed}
+        assert set(loaded) <= libraries
+    finally:
+        admin.close()
