@@ -1,7 +1,8 @@
 """CPU seconds per judged job, per process, at a fixed offered load (noop judge), beside the limits and the peer.
 
     .venv/bin/python -m bench.cpu [--rate 1000] [--seconds 20] [--workers 1] [--servers private|system]
-                                  [--skip-peer] [--ref REV [--ref-intake direct] [--rounds N]] [--out bench/out]
+                                  [--skip-peer] [--ref REV [--ref-intake direct] [--rounds N]] [--per-role]
+                                  [--out bench/out]
 
 By default the run starts a private Postgres cluster (pg_stat_statements preloaded) and Redis
 server (``bench.servers``), so their CPU is this benchmark's alone on a shared machine. In one run:
@@ -32,10 +33,12 @@ import statistics
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
@@ -407,23 +410,89 @@ async def judgequeue_cpu(
     warm_up_jobs: int = WARM_UP_JOBS,
     connections: ConnectionPeaks | None = None,
     stagger: bool = False,
+    per_role: bool = False,
     **settings: str,
 ) -> dict[str, Any]:
     """One measured window (see the module's docstring); ``payload`` and ``stagger`` as
     :func:`paced_submit`'s, ``connections`` (when given) samples the client backends from the roles'
-    start to the end."""
+    start to the end; ``per_role``: every role and the application on its own component's
+    credentials (docs/security.md) instead of the one superuser URL."""
     tree = ref_tree(ref) if ref is not None else None
-    async with pipeline.stack(schema_from=tree, **_intake_of(tree, ref_intake, settings)) as s:
-        peaks = connections or ConnectionPeaks()
+    users: list[str] = []
+    try:
+        async with pipeline.stack(schema_from=tree, **_intake_of(tree, ref_intake, settings)) as s:
+            peaks = connections or ConnectionPeaks()
+            credentials = await role_credentials(s, users) if per_role else None
 
-        def pids() -> dict[str, list[int]]:  # read at each sample: roles start after the watch does
-            return {role: [p.pid for p in procs] for role, procs in s.procs.items()}
+            def pids() -> dict[str, list[int]]:  # read at each sample: roles start after the watch does
+                return {role: [p.pid for p in procs] for role, procs in s.procs.items()}
 
-        async with peaks.watching(s.pool, pids):
-            return await _measure(
-                s, rate, seconds, workers, tree=tree, ref=ref, profile=profile, dispatchers=dispatchers,
-                payload=payload or {}, warm_up_jobs=warm_up_jobs, peaks=peaks, stagger=stagger,
-            )  # fmt: skip
+            async with peaks.watching(s.pool, pids):
+                return await _measure(
+                    s, rate, seconds, workers, tree=tree, ref=ref, profile=profile, dispatchers=dispatchers,
+                    payload=payload or {}, warm_up_jobs=warm_up_jobs, peaks=peaks, stagger=stagger,
+                    credentials=credentials,
+                )  # fmt: skip
+    finally:
+        await drop_role_credentials(users)
+
+
+#: The per-role run's login password (its users live for one window).
+_PASSWORD = "jq-bench"
+
+
+async def role_credentials(s: pipeline.Stack, users: list[str]) -> dict[str, dict[str, str]]:
+    """Login users (Postgres) and ACL users (Redis) of each component for the stack's database and
+    queue, as docs/security.md makes them; each component's ``JUDGEQUEUE_*`` overrides (the
+    application's: its DSN as ``postgres_dsn``). Names go to ``users`` for :func:`drop_role_credentials`."""
+    from judgequeue.core.store import dlq  # noqa: F401 - registers its script with the others
+    from judgequeue.core.store.privileges import ROLES, queue_role
+    from judgequeue.core.transport import streams
+    from judgequeue.core.transport.acl import acl_rules
+
+    await streams.load_scripts(s.redis)  # the migrator's job: the roles' users may not load them
+    suffix = uuid.uuid4().hex[:8]
+    scope = queue_role(s.queue)
+    out: dict[str, dict[str, str]] = {}
+    async with s.pool.acquire() as conn:
+        await conn.execute(f'CREATE ROLE "{scope}" NOLOGIN')
+        users.append(scope)
+        for component in ("application", "dispatcher", "worker", "reaper"):
+            user = f"jqb_{component}_{suffix}"
+            await conn.execute(f"CREATE ROLE {user} LOGIN PASSWORD '{_PASSWORD}' IN ROLE {ROLES[component].name}")
+            users.append(user)
+            env = {"postgres_dsn": _with_user(s.dsn, user)}
+            if component != "application":
+                await conn.execute(f'GRANT "{scope}" TO {user}')
+                await s.redis.execute_command(  # type: ignore[no-untyped-call]
+                    "ACL", "SETUSER", user, "on", f">{_PASSWORD}", *acl_rules(component, [s.queue])
+                )
+                env["redis_url"] = _with_user(s.env["JUDGEQUEUE_REDIS_URL"], user)
+            out[component] = env
+    return out
+
+
+def _with_user(url: str, user: str) -> str:
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(netloc=f"{user}:{_PASSWORD}@{parts.netloc.rsplit('@', 1)[-1]}"))
+
+
+async def drop_role_credentials(users: list[str]) -> None:
+    if not users:
+        return
+    import redis.asyncio as aioredis
+
+    from tests.support.databases import ADMIN_DSN, REDIS_URL
+
+    conn = await asyncpg.connect(ADMIN_DSN)
+    redis = aioredis.Redis.from_url(REDIS_URL)
+    try:
+        for user in reversed(users):
+            await conn.execute(f'DROP ROLE IF EXISTS "{user}"')
+            await redis.execute_command("ACL", "DELUSER", user)  # type: ignore[no-untyped-call]
+    finally:
+        await conn.close()
+        await redis.aclose()
 
 
 def _intake_of(tree: str | None, ref_intake: str, settings: dict[str, str]) -> dict[str, str]:
@@ -447,8 +516,10 @@ async def _measure(
     warm_up_jobs: int,
     peaks: ConnectionPeaks,
     stagger: bool,
+    credentials: dict[str, dict[str, str]] | None = None,
 ) -> dict[str, Any]:
     intake = s.env["JUDGEQUEUE_INTAKE"]
+    own = credentials or {}
     label = "judgequeue"
     if tree is not None:
         # The reference's roles run on the reference's own schema (its migrations, not this tree's).
@@ -456,9 +527,11 @@ async def _measure(
         label = f"judgequeue@{ref}" + (f"/{intake}" if intake != "stream" else "")
     elif intake != DEFAULT_INTAKE:
         label = f"judgequeue/{intake}"
-    s.start("dispatcher", dispatchers)
-    s.start("worker", workers)
-    s.start("reaper")
+    if credentials is not None:
+        label += "/per-role"
+    s.start("dispatcher", dispatchers, **own.get("dispatcher", {}))
+    s.start("worker", workers, **own.get("worker", {}))
+    s.start("reaper", 1, **own.get("reaper", {}))
     after = await pipeline.warm_up(s, warm_up_jobs)
     async with s.pool.acquire() as conn:
         # Statistics of tables that hold a few thousand rows, as a queue in service does: the
@@ -479,7 +552,8 @@ async def _measure(
     loop = asyncio.get_running_loop()
     with ProcessPoolExecutor(1) as ex:
         app = await loop.run_in_executor(
-            ex, paced_submit, "judgequeue", s.dsn, s.queue, rate, seconds, CONNECTIONS, payload, stagger
+            ex, paced_submit, "judgequeue", own.get("application", {}).get("postgres_dsn", s.dsn), s.queue, rate,
+            seconds, CONNECTIONS, payload, stagger,
         )
     await _wait_all_done(s.pool, after, 120)
     wall = time.monotonic() - t0
@@ -667,6 +741,18 @@ async def inner(args: argparse.Namespace) -> dict[str, Any]:
         results["ref"] = min(theirs, key=lambda x: total(x["cpu_ms_per_job"]))
         results["rounds"] = {"judgequeue": mine, "ref": theirs}
         results["pair_ratios"] = pair_ratios(mine, theirs)
+    elif args.per_role:
+        # One superuser URL and per-role credentials alternate, best (lowest total) of ``--rounds`` each.
+        mine, theirs = [], []
+        for k in range(args.rounds):
+            progress(f"judgequeue, one superuser URL, at {args.rate:g} jobs/s for {args.seconds:g}s, round {k + 1}")
+            theirs.append(await judgequeue_cpu(args.rate, args.seconds, args.workers))
+            progress(f"judgequeue, per-role credentials, at {args.rate:g} jobs/s for {args.seconds:g}s, round {k + 1}")
+            mine.append(await judgequeue_cpu(args.rate, args.seconds, args.workers, per_role=True))
+        results["judgequeue"] = min(mine, key=lambda x: total(x["cpu_ms_per_job"]))
+        results["ref"] = min(theirs, key=lambda x: total(x["cpu_ms_per_job"]))
+        results["rounds"] = {"judgequeue": mine, "ref": theirs}
+        results["pair_ratios"] = pair_ratios(mine, theirs)
     else:
         progress(f"judgequeue at {args.rate:g} jobs/s for {args.seconds:g}s, {args.workers} worker(s)")
         results["judgequeue"] = await judgequeue_cpu(args.rate, args.seconds, args.workers, profile=args.profile)
@@ -689,7 +775,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--ref-intake", choices=("stream", "direct"), default="stream", help="JUDGEQUEUE_INTAKE of the --ref roles"
     )
-    p.add_argument("--rounds", type=int, default=2, help="alternating rounds with --ref (best of each)")
+    p.add_argument("--rounds", type=int, default=2, help="alternating rounds with --ref or --per-role (best of each)")
+    p.add_argument(
+        "--per-role", action="store_true",
+        help="measure every role on its own component's credentials against the one superuser URL, alternating",
+    )  # fmt: skip
     return add_run_options(p)
 
 

@@ -21,7 +21,22 @@ from collections.abc import Mapping
 
 from ..base.errors import ConfigError, Failure, JudgeQueueError
 from ..base.version import VERSION
-from . import cutover, dlq, events, local, migrate, operator, problem, queue, rejudge, roles, shadow, status, submit
+from . import (
+    cutover,
+    dlq,
+    events,
+    local,
+    migrate,
+    operator,
+    privileges,
+    problem,
+    queue,
+    rejudge,
+    roles,
+    shadow,
+    status,
+    submit,
+)
 from .common import (
     EPILOG,
     EXIT_FAILURE,
@@ -36,7 +51,8 @@ from .common import (
 )
 
 #: The command groups, in the order ``--help`` lists them.
-GROUPS = (migrate, roles, operator, local, queue, problem, submit, status, dlq, rejudge, events, shadow, cutover)
+GROUPS = (migrate, roles, privileges, operator, local, queue, problem, submit, status, dlq, rejudge, events, shadow,
+          cutover)
 
 
 def build_parser() -> argparse.ArgumentParser:

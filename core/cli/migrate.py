@@ -1,4 +1,4 @@
-"""``judgequeue migrate``: bring the database to the current schema."""
+"""``judgequeue migrate``: bring the database to the current schema (and load the Redis functions)."""
 
 from __future__ import annotations
 
@@ -9,17 +9,26 @@ from typing import Any
 from .common import (
     DSN,
     EXIT_OK,
+    REDIS,
     Commands,
     add_variable_flags,
+    overrides_from,
     print_json,
     resolve,
     run_async,
     with_pg,
+    with_redis,
 )
 
 
+def _redis_given(args: argparse.Namespace, env: Mapping[str, str]) -> bool:
+    return REDIS in overrides_from(args) or bool(env.get(REDIS)) or bool(env.get(REDIS + "_FILE"))
+
+
 def cmd_migrate(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    from ..store import dlq  # noqa: F401 - registers its script with the others
     from ..store.migrate import applied_versions, migrate
+    from ..transport import streams
 
     dsn: str = resolve(args, env, DSN)
 
@@ -27,17 +36,32 @@ def cmd_migrate(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         return await migrate(conn), await applied_versions(conn)
 
     applied, versions = run_async(with_pg(dsn, go))
+    functions: list[str] = []
+    if _redis_given(args, env):
+        # The roles' Redis users may FCALL these functions but never load one (nor EVAL a script).
+        redis_url: str = resolve(args, env, REDIS)
+        run_async(with_redis(redis_url, streams.load_scripts))
+        functions = [s.function for s in streams.registered_scripts()]
     if args.json:
-        print_json({"applied": applied, "versions": versions})
-    elif applied:
+        document: dict[str, Any] = {"applied": applied, "versions": versions}
+        if functions:  # given a Redis URL
+            document["redis_functions"] = functions
+        print_json(document)
+        return EXIT_OK
+    if applied:
         print(f"applied migrations {', '.join(f'{v:04d}' for v in applied)}; schema at {versions[-1]:04d}")
     else:
         print(f"schema up to date at {versions[-1]:04d}" if versions else "no migrations")
+    if functions:
+        print(f"loaded {len(functions)} Redis functions")
     return EXIT_OK
 
 
 def add(commands: Commands) -> None:
-    text = "apply the database migrations (needs only the Postgres DSN)"
+    text = (
+        "apply the database migrations, make the components' roles and grants; with a Redis URL, load"
+        " the Redis functions"
+    )
     p = commands.add("migrate", text, parents=[commands.json_flag])
-    add_variable_flags(p, [DSN], "connection")
+    add_variable_flags(p, [DSN, REDIS], "connection")
     p.set_defaults(handler=cmd_migrate)

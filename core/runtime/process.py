@@ -61,6 +61,7 @@ class ReadinessProbe:
         self._redis: aioredis.Redis | None = None
         self._lock = asyncio.Lock()
         self.role_alive: Callable[[], bool] = lambda: True
+        self._rights_checked = False
 
     async def _check_postgres(self) -> str:
         if self._pg is None or self._pg.is_closed():
@@ -68,7 +69,21 @@ class ReadinessProbe:
                 self._settings.postgres_dsn, pooler=self._settings.postgres_pooler, timeout=self._timeout
             )
         await self._pg.fetchval(sql.query("ping"), timeout=self._timeout)
+        if not self._rights_checked:
+            await self._warn_broad_rights(self._pg)
         return "ok"
+
+    async def _warn_broad_rights(self, conn: asyncpg.Connection) -> None:
+        """Log once when the role's Postgres user can do far more than its job (a quick start's
+        superuser URL works, but one leaked Secret is then the whole judge; docs/security.md)."""
+        row = await conn.fetchrow(sql.query("session_rights"), timeout=self._timeout)
+        self._rights_checked = True
+        if row is not None and (row["superuser"] or row["owner"]):
+            log.warning(
+                "postgres credentials hold more than this role needs: give it a login user granted only"
+                " its component's group role (judgequeue roles)",
+                extra={"event": "broad_credentials", "superuser": row["superuser"], "schema_owner": row["owner"]},
+            )
 
     async def _check_redis(self) -> list[str]:
         if self._redis is None:

@@ -68,15 +68,13 @@ async def unregister_waiter(conn: asyncpg.Connection, queue: str, waiter: str) -
 
 async def prune_waiters(conn: asyncpg.Connection, *, older_than: float) -> int:
     """Forget waiters of crashed processes (they only cost extra notifications, never correctness)."""
-    status = await conn.execute(sql.query("waiter_prune"), float(older_than))
-    return int(status.split()[-1])
+    return int(await conn.fetchval(sql.query("waiter_prune"), float(older_than)))
 
 
 async def prune_offers(conn: asyncpg.Connection, *, older_than: float) -> int:
     """Forget offers not refreshed for ``older_than`` seconds past their expiry (crashed workers'): a
     direct-intake worker offers its free slots while it waits (:mod:`judgequeue.core.roles.worker.direct.offers`)."""
-    status = await conn.execute(sql.query("offers_prune"), float(older_than))
-    return int(status.split()[-1])
+    return int(await conn.fetchval(sql.query("offers_prune"), float(older_than)))
 
 
 async def notify_queue_usage(conn: asyncpg.Connection) -> float:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -38,6 +39,10 @@ from importlib import resources
 import asyncpg
 
 from ..base.errors import JudgeQueueError
+from .privileges import ensure_roles, install
+from .sql import QUERIES
+
+log = logging.getLogger("judgequeue.store")
 
 # Any fixed 64-bit number works; it only has to be the same for every judgequeue process.
 _MIGRATE_LOCK_KEY = 0x6A7175657565_01
@@ -254,9 +259,13 @@ async def migrate(
     version left, :class:`MigrationLocked` when every run gave way to the roles' locks.
     """
     files = available_migrations() if migrations is None else list(migrations)
+    if migrations is None:
+        # Cluster-wide, so outside the run's transaction: the components' group roles.
+        for warning in await ensure_roles(conn):
+            log.warning("migrate: %s", warning, extra={"event": "migrate_privileges"})
     for attempt in range(1, ATTEMPTS + 1):
         try:
-            return await _migrate_once(conn, files, replay=replay)
+            return await _migrate_once(conn, files, replay=replay, privileges=migrations is None)
         except (asyncpg.DeadlockDetectedError, asyncpg.LockNotAvailableError) as exc:
             if attempt == ATTEMPTS:
                 raise MigrationLocked(
@@ -267,40 +276,52 @@ async def migrate(
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-async def _migrate_once(conn: asyncpg.Connection, files: Sequence[Migration], *, replay: bool) -> list[int]:
+async def _migrate_once(
+    conn: asyncpg.Connection, files: Sequence[Migration], *, replay: bool, privileges: bool
+) -> list[int]:
     async with conn.transaction():
-        # Transaction-scoped: a session lock would stay on a pooled server session (or be released
-        # on another one) behind a transaction pooler. Taken before the lock timeout: a second run
-        # waits for the first however long it takes.
-        await conn.execute("SELECT pg_advisory_xact_lock($1)", _MIGRATE_LOCK_KEY)
-        await conn.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
-        await conn.execute(
-            """
-            CREATE SCHEMA IF NOT EXISTS judgequeue;
-            CREATE TABLE IF NOT EXISTS judgequeue.schema_migrations (
-                version    integer PRIMARY KEY,
-                name       text NOT NULL,
-                checksum   text NOT NULL,
-                applied_at timestamptz NOT NULL DEFAULT now()
-            );
-            """
-        )
-        rows = await conn.fetch("SELECT version, checksum FROM judgequeue.schema_migrations")
-        recorded = {r["version"]: r["checksum"] for r in rows}
-        if not recorded and not replay:
-            # A new database takes the schema as it is now, which every migration is in.
-            await conn.execute(current_schema())
-            for migration in files:
-                await _record(conn, migration, ran=True)
-            return [m.version for m in files]
-        steps = plan(recorded, files)
-        for statement in steps.restore:
-            await conn.execute(statement)
-        for migration in steps.apply:
-            await conn.execute(migration.sql)
+        applied = await _apply(conn, files, replay=replay)
+        if privileges:
+            # The statements' functions, the components' roles and their grants (core/store/privileges.py).
+            installed = await install(conn, QUERIES)
+            for warning in installed.warnings:
+                log.warning("migrate: %s", warning, extra={"event": "migrate_privileges"})
+    return applied
+
+
+async def _apply(conn: asyncpg.Connection, files: Sequence[Migration], *, replay: bool) -> list[int]:
+    # Transaction-scoped: a session lock would stay on a pooled server session (or be released
+    # on another one) behind a transaction pooler. Taken before the lock timeout: a second run
+    # waits for the first however long it takes.
+    await conn.execute("SELECT pg_advisory_xact_lock($1)", _MIGRATE_LOCK_KEY)
+    await conn.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
+    await conn.execute(
+        """
+        CREATE SCHEMA IF NOT EXISTS judgequeue;
+        CREATE TABLE IF NOT EXISTS judgequeue.schema_migrations (
+            version    integer PRIMARY KEY,
+            name       text NOT NULL,
+            checksum   text NOT NULL,
+            applied_at timestamptz NOT NULL DEFAULT now()
+        );
+        """
+    )
+    rows = await conn.fetch("SELECT version, checksum FROM judgequeue.schema_migrations")
+    recorded = {r["version"]: r["checksum"] for r in rows}
+    if not recorded and not replay:
+        # A new database takes the schema as it is now, which every migration is in.
+        await conn.execute(current_schema())
+        for migration in files:
             await _record(conn, migration, ran=True)
-        for migration in steps.relabel:
-            await _record(conn, migration, ran=False)
+        return [m.version for m in files]
+    steps = plan(recorded, files)
+    for statement in steps.restore:
+        await conn.execute(statement)
+    for migration in steps.apply:
+        await conn.execute(migration.sql)
+        await _record(conn, migration, ran=True)
+    for migration in steps.relabel:
+        await _record(conn, migration, ran=False)
     return [m.version for m in steps.apply]
 
 

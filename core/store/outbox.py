@@ -287,8 +287,8 @@ async def _delete_in_batches(
     """Run a prune ``statement`` (retention, batch, queue, states) until a batch comes back short."""
     total = 0
     for _ in range(max_batches):
-        status = await conn.execute(statement, float(retention), batch, queue, list(states))
-        deleted = int(status.split()[-1])
+        # the rows its function deleted
+        deleted = int(await conn.fetchval(statement, float(retention), batch, queue, list(states)))
         total += deleted
         if deleted < batch:
             break
@@ -363,8 +363,9 @@ async def analyze_new_tables(
     database) the planner serves the take's claim with a bitmap scan, which never marks the index
     entries of taken rows dead as a plain index scan does: each take walks every row taken so far,
     and under load commit-to-verdict climbs for that minute (docs/performance.md). Once analysed,
-    autovacuum keeps the statistics; a role that does not own the tables gets a warning, not an error
-    (and no statistics: a caller passes what it has analysed already as ``skip``).
+    autovacuum keeps the statistics. The statements run as the schema's owner (their functions:
+    docs/security.md), so a reaper's role analyses tables it does not own; a caller passes what it
+    has analysed already as ``skip``.
     """
     statements = {"outbox": sql.query("analyze_outbox"), "submissions": sql.query("analyze_submissions")}
     names = [r["name"] for r in await conn.fetch(sql.query("tables_never_analyzed"), after) if r["name"] not in skip]

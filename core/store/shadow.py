@@ -246,7 +246,7 @@ async def _in_batches(conn: asyncpg.Connection, statement: str, max_batches: int
     """Run a prune ``statement`` (its second argument is the batch size) until a batch comes back short."""
     total = 0
     for _ in range(max_batches):
-        deleted = int((await conn.execute(statement, *args)).split()[-1])
+        deleted = int(await conn.fetchval(statement, *args))  # the rows its function deleted
         total += deleted
         if deleted < args[1]:
             break

@@ -126,10 +126,15 @@ async def guarded(call: Callable[[], Awaitable[T]]) -> T:
 
 @dataclass(frozen=True)
 class Script:
-    """A Lua script run by its SHA1 (EVALSHA), loaded on demand when the server does not know it.
+    """A Lua script run as a Redis function (FCALL), loaded on demand when the server does not have it.
 
-    Every script is registered by :func:`script` in the module that owns its typed wrapper, so
-    :func:`load_scripts` can preload them all (on every primary of a cluster).
+    Each script is a function library of its own, named after the script and its text's digest
+    (``jq_<name>_<sha1[:8]>``): two versions side by side in a rolling upgrade each call their own,
+    and loading one never replaces another. Roles need ``FCALL`` and the commands the script runs,
+    never ``EVAL`` (which would run any script); loading takes ``FUNCTION LOAD``, which only the
+    migrator's (or a quick start's) user holds. Every script is registered by :func:`script` in the
+    module that owns its typed wrapper, so :func:`load_scripts` can preload them all (on every
+    primary of a cluster).
     """
 
     name: str
@@ -138,6 +143,18 @@ class Script:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sha", hashlib.sha1(self.body.encode()).hexdigest())
+
+    @property
+    def function(self) -> str:
+        return f"jq_{self.name}_{self.sha[:8]}"
+
+    @property
+    def library(self) -> str:
+        """The function library's code: the script as the body of its one function."""
+        return (
+            f"#!lua name={self.function}\n"
+            f"redis.register_function('{self.function}', function(KEYS, ARGV)\n{self.body}\nend)\n"
+        )
 
 
 _REGISTRY: dict[str, Script] = {}
@@ -280,15 +297,18 @@ return #owned
 
 
 async def load_scripts(client: aioredis.Redis) -> None:
-    """SCRIPT LOAD every registered script (on every primary when ``client`` is a cluster client)."""
+    """FUNCTION LOAD REPLACE every registered script (on every primary when ``client`` is a cluster client)."""
     for registered in list(_REGISTRY.values()):
-        await guarded(lambda body=registered.body: client.script_load(body))  # type: ignore[misc]
+        await guarded(lambda code=registered.library: client.function_load(code, replace=True))  # type: ignore[misc]
+
+
+def registered_scripts() -> list[Script]:
+    """Every script registered so far (``judgequeue roles`` and the migrator load them)."""
+    return list(_REGISTRY.values())
 
 
 def _is_noscript(result: object) -> bool:
-    return isinstance(result, rexc.NoScriptError) or (
-        isinstance(result, rexc.ResponseError) and str(result).startswith("NOSCRIPT")
-    )
+    return isinstance(result, rexc.ResponseError) and "Function not found" in str(result)
 
 
 async def evalsha_many(
@@ -296,8 +316,8 @@ async def evalsha_many(
 ) -> list[object]:
     """Run one script once per (keys, args) in a single pipeline; return each call's result or error.
 
-    A NOSCRIPT (server restarted or flushed its script cache) loads the script and retries only the
-    calls that hit it. Connection-level failures raise :class:`TransportError`.
+    A function the server does not have (a restart without persistence, a new version) is loaded
+    and only the calls that hit it run again. Connection-level failures raise :class:`TransportError`.
     """
     results: list[object] = [None] * len(calls)
     todo = list(range(len(calls)))
@@ -310,15 +330,15 @@ async def evalsha_many(
                 # values, exactly as from the pipeline below.
                 keys, args = calls[indexes[0]]
                 try:
-                    return [await client.execute_command("EVALSHA", lua.sha, len(keys), *keys, *args)]  # type: ignore[no-untyped-call]
+                    return [await client.execute_command("FCALL", lua.function, len(keys), *keys, *args)]  # type: ignore[no-untyped-call]
                 except rexc.ResponseError as exc:
                     return [exc]
             async with client.pipeline(transaction=False) as pipe:
                 for i in indexes:
                     keys, args = calls[i]
-                    # execute_command, not pipe.evalsha: a cluster pipeline blocks the latter but
-                    # routes a raw EVALSHA by its keys (all in one slot thanks to the hash tag).
-                    pipe.execute_command("EVALSHA", lua.sha, len(keys), *keys, *args)
+                    # execute_command, not pipe.fcall: a raw FCALL is routed by its keys (all in one
+                    # slot thanks to the hash tag).
+                    pipe.execute_command("FCALL", lua.function, len(keys), *keys, *args)
                 return list(await pipe.execute(raise_on_error=False))
 
         replies = await guarded(run)
@@ -330,10 +350,10 @@ async def evalsha_many(
                 results[i] = reply
         if not retry:
             return results
-        await guarded(lambda: client.script_load(lua.body))
+        await guarded(lambda: client.function_load(lua.library, replace=True))
         todo = retry
-    for i in todo:  # pragma: no cover - NOSCRIPT right after SCRIPT LOAD
-        results[i] = RedisCommandError("NOSCRIPT persisted after SCRIPT LOAD")
+    for i in todo:  # pragma: no cover - not found right after FUNCTION LOAD
+        results[i] = RedisCommandError(f"function {lua.function} not found after FUNCTION LOAD")
     return results
 
 
@@ -357,7 +377,7 @@ class EnqueueResult:
     error: str | None = None
 
 
-#: Envelopes per EVALSHA of the batched enqueue script (one pipeline carries all the batches).
+#: Envelopes per FCALL of the batched enqueue script (one pipeline carries all the batches).
 ENQUEUE_CHUNK = 200
 
 def _server_wide(error: str) -> TransportError | None:

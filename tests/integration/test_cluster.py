@@ -56,7 +56,7 @@ async def test_enqueue_consume_reap_and_replay_on_a_cluster(
     async with pg_pool.acquire() as conn:
         await create_queue(conn, queue_name)
         ids = [await outbox.submit(conn, queue_name, {"i": i}) for i in range(4)]
-    await cast(Any, cluster).script_flush()  # NOSCRIPT reload through the cluster pipeline
+    await cast(Any, cluster).function_flush()  # a missing function loaded through the cluster pipeline
     # appended before the group exists, then consumed
     result = await Dispatcher(pg_pool, cluster, settings).cycle()
     assert result.by_result == {"sent": 4}

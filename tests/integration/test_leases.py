@@ -142,7 +142,7 @@ async def test_lease_acquire_looks_ids_up_even_with_a_large_backlog(pg: asyncpg.
     await pg.execute("ANALYZE judgequeue.submissions")
     ids = list(range(1, 257))
     plan = await pg.fetch(
-        "EXPLAIN " + sql.query("lease_acquire"), ids, [1] * len(ids), [uuid.uuid4() for _ in ids], "judge", 30.0
+        "EXPLAIN " + sql.QUERIES["lease_acquire"], ids, [1] * len(ids), [uuid.uuid4() for _ in ids], "judge", 30.0
     )
     text = "\n".join(r[0] for r in plan)
     assert "submissions_pkey" in text and "Seq Scan on submissions" not in text, text

@@ -16,7 +16,7 @@ from judgequeue.core.base.states import VERDICTS
 from judgequeue.core.roles.reaper import Reaper
 from judgequeue.core.store import outbox
 from judgequeue.core.store.queues import create_queue
-from judgequeue.core.store.sql import query
+from judgequeue.core.store.sql import QUERIES
 from tests.support.databases import REDIS_URL
 from tests.support.settings import make_settings
 
@@ -67,7 +67,8 @@ async def test_prune_submissions_is_served_by_the_finished_index(pg: asyncpg.Con
     # Enough unrelated waiting rows that a sequential scan would not be chosen by accident either.
     await pg.execute("SELECT judgequeue.submit('judge', '{}'::jsonb) FROM generate_series(1, 5000)")
     await pg.execute("ANALYZE judgequeue.submissions")
-    plan = await pg.fetch("EXPLAIN (FORMAT JSON) " + query("submissions_prune"), 86400.0, 1000, "judge", list(VERDICTS))
+    statement = "EXPLAIN (FORMAT JSON) " + QUERIES["submissions_prune"]
+    plan = await pg.fetch(statement, 86400.0, 1000, "judge", list(VERDICTS))
     text = json.dumps(json.loads(plan[0][0]))
     assert "submissions_finished" in text, text
 

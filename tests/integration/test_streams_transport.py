@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import redis.asyncio as aioredis
+import redis.exceptions as rexc
 
 from judgequeue.core.transport import streams
 from judgequeue.core.transport.envelope import Envelope
@@ -32,12 +35,13 @@ async def test_failed_xadd_leaves_no_seen_key_and_duplicates_are_absorbed(
     assert bumped.status == "appended" and await redis_client.xlen(stream) == 2
 
 
-async def test_noscript_is_reloaded(redis_client: aioredis.Redis, queue_name: str) -> None:
-    await redis_client.script_flush()
+async def test_a_missing_function_is_loaded(redis_client: aioredis.Redis, queue_name: str) -> None:
+    with contextlib.suppress(rexc.ResponseError):  # not loaded yet
+        await redis_client.function_delete(streams.ENQUEUE.function)
     results = await streams.enqueue_many(redis_client, queue_name, [env(1), env(2)], seen_ttl=60)
     assert [r.status for r in results] == ["appended", "appended"]
-    # several chunks go through one pipeline; its NOSCRIPT path reloads too
-    await redis_client.script_flush()
+    # several chunks go through one pipeline; its missing-function path loads it too
+    await redis_client.function_delete(streams.ENQUEUE.function)
     many = [env(i) for i in range(10, 10 + 2 * streams.ENQUEUE_CHUNK + 1)]
     results = await streams.enqueue_many(redis_client, queue_name, many, seen_ttl=60)
     assert {r.status for r in results} == {"appended"} and len(results) == len(many)

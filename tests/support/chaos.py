@@ -86,6 +86,8 @@ SERVER_FAULTS = (
 )
 
 #: Every status/generation transition of a submission, recorded (the audit :func:`check_invariants` reads).
+#: The triggers run as their owner (the test's superuser): the statements that fire them run as the
+#: schema's owner role, which has no right on the audit tables (docs/security.md).
 VERDICT_AUDIT_SQL = """
 CREATE TABLE public.chaos_audit (
     seq          bigserial PRIMARY KEY,
@@ -98,7 +100,8 @@ CREATE TABLE public.chaos_audit (
     new_attempt  uuid,
     at           timestamptz NOT NULL DEFAULT clock_timestamp()
 );
-CREATE FUNCTION public.chaos_audit_fn() RETURNS trigger LANGUAGE plpgsql AS $$
+CREATE FUNCTION public.chaos_audit_fn() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     INSERT INTO public.chaos_audit (submission, old_gen, new_gen, old_status, new_status, old_attempt, new_attempt)
     VALUES (NEW.id, OLD.generation, NEW.generation, OLD.status, NEW.status, OLD.attempt_id, NEW.attempt_id);
@@ -121,7 +124,8 @@ CREATE TABLE public.chaos_shadow_audit (
     new_attempt  uuid,
     at           timestamptz NOT NULL DEFAULT clock_timestamp()
 );
-CREATE FUNCTION public.chaos_shadow_audit_fn() RETURNS trigger LANGUAGE plpgsql AS $$
+CREATE FUNCTION public.chaos_shadow_audit_fn() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     IF TG_OP = 'INSERT' THEN
         INSERT INTO public.chaos_shadow_audit (submission, new_gen, new_status, new_attempt)

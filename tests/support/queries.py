@@ -99,7 +99,7 @@ async def generic_plan(conn: asyncpg.Connection, name: str, types: list[str], li
 
     async with conn.transaction():
         await conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
-        await conn.execute(f"PREPARE generic_plan_probe({', '.join(types)}) AS {sql.query(name)}")
+        await conn.execute(f"PREPARE generic_plan_probe({', '.join(types)}) AS {sql.QUERIES[name]}")
         try:
             rows = await conn.fetch(f"EXPLAIN EXECUTE generic_plan_probe({', '.join(literals)})")
         finally:

@@ -20,6 +20,8 @@ from importlib import resources
 from types import MappingProxyType
 from typing import Any, Final, TypeVar
 
+from ..privileges import call_text
+
 _NAME = re.compile(r"^-- name: ([a-z][a-z0-9_]*)\s*$")
 
 
@@ -66,10 +68,14 @@ QUERIES: Final = MappingProxyType({name: statement for name, (_, statement) in _
 COMMENTS: Final = MappingProxyType({name: comment for name, (comment, _) in _PARSED.items()})
 
 
+#: How each statement is run: a call of its function (``privileges``), or the application's own.
+CALLS: Final = MappingProxyType({name: call_text(name, statement) for name, statement in QUERIES.items()})
+
+
 def query(name: str) -> str:
-    """The statement called ``name``; KeyError naming the file if there is none."""
+    """How to run the statement called ``name`` (its function's call); KeyError naming the file if there is none."""
     try:
-        return QUERIES[name]
+        return CALLS[name]
     except KeyError:
         raise KeyError(f"no query named {name!r} in judgequeue/core/store/sql/queries.sql") from None
 

@@ -810,6 +810,14 @@ SELECT data FROM judgequeue.problem_chunks WHERE sha256 = $1 AND seq >= $2 ORDER
 -- The database clock (every time decision uses it).
 SELECT now()
 
+-- name: session_rights
+-- Whether the login user is a superuser or holds the schema owner's role (a role warns: it needs neither).
+SELECT r.rolsuper AS superuser,
+       EXISTS (SELECT 1 FROM pg_auth_members m JOIN pg_roles g ON g.oid = m.roleid
+                WHERE g.rolname = 'judgequeue_owner' AND m.member = r.oid) AS owner
+  FROM pg_roles r
+ WHERE r.rolname = session_user
+
 -- name: ping
 -- A readiness probe's round trip.
 SELECT 1
