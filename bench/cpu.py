@@ -447,10 +447,10 @@ async def role_credentials(s: pipeline.Stack, users: list[str]) -> dict[str, dic
     application's: its DSN as ``postgres_dsn``). Names go to ``users`` for :func:`drop_role_credentials`."""
     from judgequeue.core.store import dlq  # noqa: F401 - registers its script with the others
     from judgequeue.core.store.privileges import ROLES, queue_role
-    from judgequeue.core.transport import streams
+    from judgequeue.core.transport import redis_scripts
     from judgequeue.core.transport.acl import acl_rules
 
-    await streams.load_scripts(s.redis)  # the migrator's job: the roles' users may not load them
+    await redis_scripts.load_scripts(s.redis)  # the migrator's job: the roles' users may not load them
     suffix = uuid.uuid4().hex[:8]
     scope = queue_role(s.queue)
     out: dict[str, dict[str, str]] = {}

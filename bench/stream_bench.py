@@ -28,7 +28,7 @@ import redis.asyncio as aioredis
 from bench.common import redis_benchmark_xadd
 from judgequeue.core.config import ReaperSettings, Settings
 from judgequeue.core.roles.reaper import Reaper
-from judgequeue.core.transport import streams
+from judgequeue.core.transport import redis_scripts, streams
 from judgequeue.core.transport.envelope import Envelope
 
 ENQUEUE_TARGET = 0.30
@@ -37,7 +37,7 @@ DRAIN_TARGET = 10_000.0
 
 async def enqueue_rate(client: aioredis.Redis, queue: str, n: int, batch: int = 1000) -> float:
     envelopes = [Envelope(i, 1, 1, i, time.time()) for i in range(1, n + 1)]
-    await streams.load_scripts(client)
+    await redis_scripts.load_scripts(client)
     started = time.perf_counter()
     for start in range(0, n, batch):
         results = await streams.enqueue_many(client, queue, envelopes[start : start + batch], seen_ttl=3600)

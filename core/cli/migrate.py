@@ -28,7 +28,7 @@ def _redis_given(args: argparse.Namespace, env: Mapping[str, str]) -> bool:
 def cmd_migrate(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     from ..store import dlq  # noqa: F401 - registers its script with the others
     from ..store.migrate import applied_versions, migrate
-    from ..transport import streams
+    from ..transport import redis_scripts
 
     dsn: str = resolve(args, env, DSN)
 
@@ -40,8 +40,8 @@ def cmd_migrate(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     if _redis_given(args, env):
         # The roles' Redis users may FCALL these functions but never load one (nor EVAL a script).
         redis_url: str = resolve(args, env, REDIS)
-        run_async(with_redis(redis_url, streams.load_scripts))
-        functions = [s.function for s in streams.registered_scripts()]
+        run_async(with_redis(redis_url, redis_scripts.load_scripts))
+        functions = [s.function for s in redis_scripts.registered_scripts()]
     if args.json:
         document: dict[str, Any] = {"applied": applied, "versions": versions}
         if functions:  # given a Redis URL

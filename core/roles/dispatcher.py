@@ -52,7 +52,7 @@ from ..runtime.lifecycle import (
 )
 from ..runtime.wakeup import Wakeup, keep_listening
 from ..store import outbox
-from ..transport import streams
+from ..transport import redis_errors, streams
 from ..transport.connect import STATEMENT_TIMEOUT
 from ..transport.envelope import Envelope
 
@@ -229,7 +229,7 @@ class Dispatcher:
         say nothing until the first submission fails to go out. Logged once per change of state.
         """
         try:
-            await streams.guarded(lambda: asyncio.wait_for(self.redis.ping(), IDLE_PING_TIMEOUT))
+            await redis_errors.guarded(lambda: asyncio.wait_for(self.redis.ping(), IDLE_PING_TIMEOUT))
         except TransportError as exc:
             if self._redis_ok:
                 log.warning("redis unreachable while idle", extra={"error": str(exc)})

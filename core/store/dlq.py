@@ -23,7 +23,9 @@ import asyncpg
 import redis.asyncio as aioredis
 
 from ..transport.envelope import MalformedEnvelope, parse_id
-from ..transport.streams import GROUP, dlq_key, guarded, run_script, script, stream_key
+from ..transport.redis_errors import guarded
+from ..transport.redis_scripts import run_script, script
+from ..transport.streams import GROUP, dlq_key, stream_key
 from . import submissions
 
 #: Lifetime of the "already dead-lettered" marker of a source entry id (ids never repeat).

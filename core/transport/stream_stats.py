@@ -13,7 +13,8 @@ import redis.asyncio as aioredis
 import redis.exceptions as rexc
 
 from ..base import metrics
-from .streams import GROUP, dlq_key, guarded, shadow_key, stream_key
+from .redis_errors import guarded
+from .streams import GROUP, dlq_key, shadow_key, stream_key
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ import pytest
 import redis.asyncio as aioredis
 import uvloop
 
-from judgequeue.core.transport import streams
+from judgequeue.core.transport import redis_errors, streams
 from tests.support.redis_servers import redis_server
 from tests.support.tcp_proxy import TcpProxy
 from tests.support.waiting import eventually
@@ -51,7 +51,7 @@ async def _after_reset(port: int, call: Callable[[aioredis.Redis], Awaitable[obj
         await eventually(_transports_closed(client), what="the reset connection closed")
         # redis-py may reconnect first (7.4, 8.2) or write on the dead transport: then the reset is
         # reported as what it is, Redis unavailable for this call.
-        with contextlib.suppress(streams.RedisUnavailable):
+        with contextlib.suppress(redis_errors.RedisUnavailable):
             await call(client)
         return await call(client)  # the next call works either way
     finally:
@@ -62,7 +62,7 @@ async def _after_reset(port: int, call: Callable[[aioredis.Redis], Awaitable[obj
 @pytest.mark.parametrize("operation", ["guarded", "read", "ensure_group"])
 def test_reset_connection_is_redis_unavailable_under_uvloop(operation: str) -> None:
     calls: dict[str, Callable[[aioredis.Redis], Awaitable[object]]] = {
-        "guarded": lambda c: streams.guarded(lambda: c.ping()),
+        "guarded": lambda c: redis_errors.guarded(lambda: c.ping()),
         "read": lambda c: streams.read(c, "reset-test", "w", count=1, block_ms=1),
         "ensure_group": lambda c: streams.ensure_group(c, "reset-test"),
     }

@@ -33,7 +33,7 @@ from judgequeue.core.store import outbox, sql
 from judgequeue.core.store.privileges import ROLES, queue_role
 from judgequeue.core.store.queues import create_queue
 from judgequeue.core.store.submissions import read as read_submissions
-from judgequeue.core.transport import streams
+from judgequeue.core.transport import redis_scripts, streams
 from judgequeue.core.transport.acl import acl_rules
 from tests.support.databases import REDIS_URL, connection, delete_queue_keys
 from tests.support.inprocess import running
@@ -76,7 +76,7 @@ async def creds(pg_dsn: str, queue_name: str) -> AsyncIterator[dict[str, Credent
     """Login users of each component for this test's database and ``queue_name``."""
     suffix = uuid.uuid4().hex[:8]
     admin = aioredis.Redis.from_url(REDIS_URL)
-    await streams.load_scripts(admin)  # the migrator's job: the roles may not FUNCTION LOAD
+    await redis_scripts.load_scripts(admin)  # the migrator's job: the roles may not FUNCTION LOAD
     made: dict[str, Credentials] = {}
     scope = queue_role(queue_name)
     async with connection(pg_dsn) as conn:
@@ -255,7 +255,7 @@ REDIS_ATTACKS: dict[str, RedisAttack] = {
         "#!lua name=x\nredis.register_function('x', function() return 1 end)"
     ),
     "a function on another queue's keys": lambda r, o: r.execute_command(
-        "FCALL", streams.ACK.function, 1, streams.stream_key(o), streams.GROUP, "0-1"  # type: ignore[no-untyped-call]
+        "FCALL", redis_scripts.ACK.function, 1, streams.stream_key(o), streams.GROUP, "0-1"  # type: ignore[no-untyped-call]
     ),
 }
 
@@ -379,12 +379,12 @@ def test_migrate_with_a_redis_url_loads_every_function(pg_dsn: str) -> None:
     admin = redis.Redis.from_url(REDIS_URL)
     try:
         with contextlib.suppress(rexc.ResponseError):  # not loaded yet
-            admin.function_delete(streams.ENQUEUE.function)
+            admin.function_delete(redis_scripts.ENQUEUE.function)
         env = clean_env(JUDGEQUEUE_POSTGRES_DSN=pg_dsn, JUDGEQUEUE_REDIS_URL=REDIS_URL)
         done = run_cli("migrate", "--json", env=env)
         assert done.returncode == 0, done.stderr
         loaded = json.loads(done.stdout)["redis_functions"]
-        assert streams.ENQUEUE.function in loaded and streams.ACK.function in loaded
+        assert redis_scripts.ENQUEUE.function in loaded and redis_scripts.ACK.function in loaded
         listed: Any = admin.function_list()
         libraries = {dict(zip(lib[::2], lib[1::2], strict=True))[b"library_name"].decode() for lib in listed}
         assert set(loaded) <= libraries

@@ -15,7 +15,7 @@ from judgequeue.core.roles.dispatcher import Dispatcher
 from judgequeue.core.roles.reaper import Reaper
 from judgequeue.core.store import dlq, outbox
 from judgequeue.core.store.queues import create_queue
-from judgequeue.core.transport import stream_stats, streams
+from judgequeue.core.transport import redis_errors, stream_stats, streams
 from judgequeue.core.transport.envelope import Envelope
 from tests.support.databases import REDIS_URL
 from tests.support.redis_servers import RedisServer, free_port, redis_server
@@ -64,7 +64,7 @@ async def test_refused_connection_is_redis_unavailable_everywhere(
             lambda: Reaper(pg_pool, client, stream_settings(pg_dsn, REDIS_URL, queue_name)).sweep_stream(),
         ]
         for call in calls:
-            with pytest.raises(streams.RedisUnavailable):
+            with pytest.raises(redis_errors.RedisUnavailable):
                 await call()
         await assert_dispatch_keeps_row_retryable(pg_pool, pg_dsn, client, queue_name, "redis")
     finally:
@@ -77,7 +77,7 @@ async def test_out_of_memory_is_typed_and_rows_stay_retryable(
     client = client_for(oom_server.port)
     try:
         await client.config_set("maxmemory", "1")
-        with pytest.raises(streams.RedisOutOfMemory):
+        with pytest.raises(redis_errors.RedisOutOfMemory):
             await streams.enqueue_many(client, queue_name, [Envelope(1, 1, 1, 1, 1.0)], seen_ttl=60)
         assert await client.dbsize() == 0  # no seen marker left behind
         await assert_dispatch_keeps_row_retryable(pg_pool, pg_dsn, client, queue_name, "OOM")
@@ -105,13 +105,13 @@ async def test_readonly_replica_is_typed_and_rows_stay_retryable(
                 return bool(info.get("master_link_status") == "up")
 
             await eventually(linked, within=10, what="replica linked to its primary")
-            with pytest.raises(streams.RedisReadOnly):
+            with pytest.raises(redis_errors.RedisReadOnly):
                 await streams.enqueue_many(client, queue_name, [Envelope(1, 1, 1, 1, 1.0)], seen_ttl=60)
-            with pytest.raises(streams.RedisReadOnly):
+            with pytest.raises(redis_errors.RedisReadOnly):
                 await streams.ensure_group(client, queue_name)
             await assert_dispatch_keeps_row_retryable(pg_pool, pg_dsn, client, queue_name, "READONLY")
             report = await Reaper(pg_pool, client, stream_settings(pg_dsn, REDIS_URL, queue_name)).sweep()
             assert "stream" not in report.errors or "Redis" in report.errors["stream"]
-            assert isinstance(streams.translate_redis_error(Exception("READONLY x")), TransportError)
+            assert isinstance(redis_errors.translate_redis_error(Exception("READONLY x")), TransportError)
         finally:
             await client.aclose()

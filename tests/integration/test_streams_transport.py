@@ -7,7 +7,7 @@ import contextlib
 import redis.asyncio as aioredis
 import redis.exceptions as rexc
 
-from judgequeue.core.transport import streams
+from judgequeue.core.transport import redis_errors, redis_scripts, streams
 from judgequeue.core.transport.envelope import Envelope
 
 
@@ -37,11 +37,11 @@ async def test_failed_xadd_leaves_no_seen_key_and_duplicates_are_absorbed(
 
 async def test_a_missing_function_is_loaded(redis_client: aioredis.Redis, queue_name: str) -> None:
     with contextlib.suppress(rexc.ResponseError):  # not loaded yet
-        await redis_client.function_delete(streams.ENQUEUE.function)
+        await redis_client.function_delete(redis_scripts.ENQUEUE.function)
     results = await streams.enqueue_many(redis_client, queue_name, [env(1), env(2)], seen_ttl=60)
     assert [r.status for r in results] == ["appended", "appended"]
     # several chunks go through one pipeline; its missing-function path loads it too
-    await redis_client.function_delete(streams.ENQUEUE.function)
+    await redis_client.function_delete(redis_scripts.ENQUEUE.function)
     many = [env(i) for i in range(10, 10 + 2 * streams.ENQUEUE_CHUNK + 1)]
     results = await streams.enqueue_many(redis_client, queue_name, many, seen_ttl=60)
     assert {r.status for r in results} == {"appended"} and len(results) == len(many)
@@ -82,7 +82,7 @@ async def test_unreachable_redis_is_a_typed_error(queue_name: str) -> None:
     try:
         try:
             await streams.enqueue_many(client, queue_name, [env(1)], seen_ttl=60)
-        except streams.RedisUnavailable:
+        except redis_errors.RedisUnavailable:
             pass
         else:
             raise AssertionError("expected RedisUnavailable")

@@ -1,4 +1,4 @@
-"""How a failed Redis call is classified (``streams.transport_error``, ``streams.guarded``), pure.
+"""How a failed Redis call is classified (``redis_errors.transport_error``, ``redis_errors.guarded``), pure.
 
 The uvloop case (a write on a transport the peer reset raises a RuntimeError) reproduces against a
 real server only with some redis-py releases (see tests/integration/test_connection_reset.py), so
@@ -13,7 +13,7 @@ import pytest
 import redis.exceptions as rexc
 
 from judgequeue.core.base.errors import TransportError
-from judgequeue.core.transport import streams
+from judgequeue.core.transport import redis_errors
 
 UVLOOP_CLOSED = RuntimeError(
     "unable to perform operation on <TCPTransport closed=True reading=False 0x55f10972a910>; the handler is closed"
@@ -21,8 +21,8 @@ UVLOOP_CLOSED = RuntimeError(
 
 
 def test_uvloop_write_on_a_reset_connection_is_redis_unavailable() -> None:
-    assert streams.closed_transport(UVLOOP_CLOSED)
-    assert isinstance(streams.transport_error(UVLOOP_CLOSED), streams.RedisUnavailable)
+    assert redis_errors.closed_transport(UVLOOP_CLOSED)
+    assert isinstance(redis_errors.transport_error(UVLOOP_CLOSED), redis_errors.RedisUnavailable)
 
 
 @pytest.mark.parametrize(
@@ -30,20 +30,20 @@ def test_uvloop_write_on_a_reset_connection_is_redis_unavailable() -> None:
     [rexc.ConnectionError("reset"), ConnectionResetError(104, "reset"), TimeoutError(), OSError(111, "refused")],
 )
 def test_connection_failures_are_transport_errors(exc: BaseException) -> None:
-    assert isinstance(streams.transport_error(exc), TransportError)
+    assert isinstance(redis_errors.transport_error(exc), TransportError)
 
 
 @pytest.mark.parametrize("exc", [RuntimeError("some other bug"), ValueError("bad"), KeyError("k")])
 def test_bugs_are_not_transport_errors(exc: BaseException) -> None:
-    assert streams.transport_error(exc) is None
+    assert redis_errors.transport_error(exc) is None
 
 
 def test_guarded_raises_the_mapped_error_and_lets_bugs_through() -> None:
     async def fail(exc: BaseException) -> None:
         raise exc
 
-    with pytest.raises(streams.RedisUnavailable) as caught:
-        asyncio.run(streams.guarded(lambda: fail(UVLOOP_CLOSED)))
+    with pytest.raises(redis_errors.RedisUnavailable) as caught:
+        asyncio.run(redis_errors.guarded(lambda: fail(UVLOOP_CLOSED)))
     assert caught.value.__cause__ is UVLOOP_CLOSED
     with pytest.raises(RuntimeError, match="some other bug"):
-        asyncio.run(streams.guarded(lambda: fail(RuntimeError("some other bug"))))
+        asyncio.run(redis_errors.guarded(lambda: fail(RuntimeError("some other bug"))))

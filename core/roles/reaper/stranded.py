@@ -7,7 +7,7 @@ import logging
 
 from ...base import metrics
 from ...store import outbox
-from ...transport import streams
+from ...transport import redis_errors, streams
 from ...transport.connect import STATEMENT_TIMEOUT
 from .loop import Context, Maintainer
 
@@ -33,7 +33,7 @@ class Stranded(Maintainer):
         # re-send until SEEN_TTL. If the entry did survive (a very long backlog), the re-send is a
         # duplicate delivery, which the generation fence acks as stale.
         keys = [streams.seen_key(queue, s.submission_id, s.generation) for s in stranded]
-        await streams.guarded(lambda: self.ctx.redis.delete(*keys))
+        await redis_errors.guarded(lambda: self.ctx.redis.delete(*keys))
         async with self.ctx.pool.acquire(timeout=STATEMENT_TIMEOUT) as conn:
             resent = await outbox.resend_stranded(conn, queue, older_than=after, only=[s.outbox_id for s in stranded])
         if resent:

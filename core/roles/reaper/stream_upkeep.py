@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 
-from ...transport import streams
+from ...transport import redis_errors, streams
 from .loop import Context, Maintainer
 
 log = logging.getLogger("judgequeue.reaper")
@@ -25,7 +25,7 @@ class ShadowTrim(Maintainer):
     async def run(self) -> int:
         """Trim shadow stream entries appended more than ``retention`` ago (Redis's clock)."""
         redis = self.ctx.redis
-        seconds, micros = await streams.guarded(lambda: redis.time())
+        seconds, micros = await redis_errors.guarded(lambda: redis.time())
         now_ms = int(seconds) * 1000 + int(micros) // 1000
         retention_ms = int(self.ctx.settings.reaper.retention * 1000)
         key = streams.shadow_key(self.ctx.queue)
