@@ -232,6 +232,16 @@ def read(
             raise InvalidPackage(
                 f"problem.xml: {attribute} is {judging.get(attribute)!r}: only standard input and output are supported"
             )
+    files = Files(root, bounds)
+    manifest = _testset(root, testset, files)
+    _assets(root, doc.find("assets"), manifest, files)
+    version = int(revision) if revision and revision.isdigit() and int(revision) > 0 else None
+    return PackageDir(pid, version, total_bytes(manifest, files), files)
+
+
+def _testset(root: Path, testset: ET.Element, files: Files) -> dict[str, Any]:
+    """The manifest's limits, tests and scoring from the ``tests`` testset; every test's files must
+    be in the package (a generated test must have been built into it)."""
     time_ms = _int(testset.findtext("time-limit"), "time-limit")
     memory = _int(testset.findtext("memory-limit"), "memory-limit")
     tests_el = testset.findall("tests/test")
@@ -245,7 +255,6 @@ def read(
     output_pattern = testset.findtext("output-path-pattern")
     if output_pattern:  # some packages have one beside the answers': never read, still held to the rules
         path_pattern(output_pattern, "output-path-pattern")
-    files = Files(root, bounds)
     tests = []
     for i, t in enumerate(tests_el, 1):
         given, answer = root / (input_pattern % i), root / (answer_pattern % i)
@@ -258,14 +267,18 @@ def read(
         if t.get("sample") == "true":
             entry["sample"] = True
         tests.append(entry)
-    manifest: dict[str, Any] = {
+    return {
         "format": "polygon",
         "limits": {"time": time_ms / 1000, "memory_mb": max(16, memory // (1024 * 1024))},
         "tests": tests,
         "scoring": _scoring(testset, tests_el),
         "type": "batch",
     }
-    assets = doc.find("assets")
+
+
+def _assets(root: Path, assets: ET.Element | None, manifest: dict[str, Any], files: Files) -> None:
+    """The checker (testlib only), the interactor, the validators and the tagged solutions, into
+    ``manifest``; a solution in a language this judge does not run is left out."""
     checker = assets.find("checker") if assets is not None else None
     if checker is None:
         raise InvalidPackage("problem.xml: no <assets><checker>")
@@ -299,5 +312,3 @@ def read(
         solutions.append(entry)
     if solutions:
         manifest["solutions"] = solutions
-    version = int(revision) if revision and revision.isdigit() and int(revision) > 0 else None
-    return PackageDir(pid, version, total_bytes(manifest, files), files)
