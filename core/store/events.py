@@ -127,7 +127,8 @@ async def prune(
     total = 0
     for statement in (sql.query("events_prune"), sql.query("webhook_prune_dead")):
         for _ in range(max_batches):
-            deleted = int((await conn.execute(statement, float(retention), batch, queue)).split()[-1])
+            # the rows its function deleted
+            deleted = int(await conn.fetchval(statement, float(retention), batch, queue))
             total += deleted
             if deleted < batch:
                 break
@@ -207,7 +208,7 @@ async def failed(
 
 async def release(conn: asyncpg.Connection, endpoint: str, owner: str) -> int:
     """Give back every claim ``owner`` holds on ``endpoint`` (a deliverer stopping)."""
-    return int((await conn.execute(sql.query("webhook_release"), endpoint, owner)).split()[-1])
+    return int(await conn.fetchval(sql.query("webhook_release"), endpoint, owner))  # the rows it released
 
 
 async def dead(conn: asyncpg.Connection, endpoint: str, *, limit: int = 1000) -> list[dict[str, Any]]:

@@ -177,7 +177,7 @@ async def test_the_feed_gives_every_event_once_across_terminated_connections(
                 killed = await conn.fetchval(
                     "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
                     " WHERE datname = current_database() AND pid <> pg_backend_pid()"
-                    " AND query LIKE '%verdict_events%' AND query NOT LIKE '%pg_stat_activity%'"
+                    " AND query LIKE '%q_events_%' AND query NOT LIKE '%pg_stat_activity%'"  # the feed's statements
                 )
                 kills += killed
                 await asyncio.sleep(0.05)
