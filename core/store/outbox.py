@@ -78,7 +78,12 @@ async def submit(
     text = encode_payload(payload)
     if key is not None and not 1 <= len(key) <= MAX_KEY_CHARS:
         raise InvalidClass(f"fairness key must be 1 to {MAX_KEY_CHARS} characters, got {len(key)}")
-    submission_id: int = await _call(conn, sql.query("submit"), queue, text, job_class, key)
+    if job_class is None and key is None:
+        # The two-argument form every schema version has: an application upgraded before its
+        # database (judgequeue migrate) goes on submitting while it names no class.
+        submission_id: int = await _call(conn, sql.query("submit"), queue, text)
+    else:
+        submission_id = await _call(conn, sql.query("submit_in_class"), queue, text, job_class, key)
     return submission_id
 
 

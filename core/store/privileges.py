@@ -40,7 +40,7 @@ from ..base.names import validate_queue_name
 OWNER: Final = "judgequeue_owner"
 
 #: The application's SQL functions, called directly (not through a wrapper).
-DIRECT: Final = frozenset({"submit", "report_legacy_verdict"})
+DIRECT: Final = frozenset({"submit", "submit_in_class", "report_legacy_verdict"})
 
 #: Called by applications in their own transactions: ``SECURITY DEFINER`` in the schema itself.
 APPLICATION_FUNCTIONS: Final = (
@@ -67,8 +67,8 @@ ROLES: Final[Mapping[str, Role]] = MappingProxyType(
             Role(
                 "judgequeue_application",
                 "submit, read results, report legacy verdicts",
-                _COMMON | {"submit", "report_legacy_verdict", "submissions_read", "submission_exists",
-                           "events_head", "events_held", "events_read"},
+                _COMMON | {"submit", "submit_in_class", "report_legacy_verdict", "submissions_read",
+                           "submission_exists", "events_head", "events_held", "events_read"},
                 APPLICATION_FUNCTIONS,
             ),
             Role(

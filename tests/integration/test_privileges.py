@@ -145,7 +145,7 @@ PG_ATTACKS: dict[str, Attack] = {
     "insert an outbox row": lambda c, q, sid: c.execute(
         "INSERT INTO judgequeue.outbox (queue, submission_id, generation) VALUES ($1, $2, 9)", q, sid
     ),
-    "submit": lambda c, q, sid: c.fetchval(sql.query("submit"), q, "{}", None, None),
+    "submit": lambda c, q, sid: c.fetchval(sql.query("submit_in_class"), q, "{}", None, None),
     "lease a job": lambda c, q, sid: c.fetch(sql.query("lease_acquire"), [sid], [1], [uuid.uuid4()], q, 30.0),
     "store a verdict through the verdict function": lambda c, q, sid: c.fetch(
         sql.query("lease_verdict"), [sid], [1], [uuid.uuid4()], ["ACCEPTED"], ["{}"]

@@ -6,6 +6,10 @@
 -- checks those against states too).
 
 -- name: submit
+-- Write a submission and its outbox row in the caller's transaction, in the queue's first class; returns the id.
+SELECT judgequeue.submit($1, $2::jsonb)
+
+-- name: submit_in_class
 -- Write a submission and its outbox row in the caller's transaction, in class $3 with fairness key $4; returns the id.
 SELECT judgequeue.submit($1, $2::jsonb, $3, $4)
 
