@@ -62,29 +62,33 @@ def sentinel_url() -> Iterator[tuple[str, RedisServer]]:
                 server.stop()
 
 
-#: A previous operator process: it reads the backlog with asyncpg's statement cache on (``pooler:
-#: none``) until its statement names pass ``until``, and exits. Its named statements stay on the
-#: pooler's one server session, as a restarted operator pod's predecessor's do.
+#: A previous operator process: starting its statement names where this process's next ones start
+#: (``start``), it reads the backlog with asyncpg's statement cache on (``pooler: none``) until its
+#: names pass ``until``, and exits. Its named statements stay on the pooler's one server session, as a
+#: restarted operator pod's predecessor's do. Starting at ``start`` keeps its work the same whatever
+#: number of statements this process made before (a whole tier's worth in one pytest process).
 PREVIOUS_OPERATOR = """
 import asyncio, sys
 import asyncpg.connection
 from judgequeue.controllers.scaling import measure_backlog
 from judgequeue.controllers.state import Connections
 
-async def main(dsn, redis_url, queue, until):
+async def main(dsn, redis_url, queue, start, until):
+    asyncpg.connection._uid = start
     conns = Connections(dsn, redis_url, pooler="none")
     while asyncpg.connection._uid < until:
         await measure_backlog(conns, queue, io_timeout=5.0)
 
-asyncio.run(main(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])))
+asyncio.run(main(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])))
 """
 
 
 async def _previous_operator(dsn: str, queue: str) -> None:
     """Run :data:`PREVIOUS_OPERATOR` past every statement name this process may use in the next reads."""
-    until = asyncpg.connection._uid + 200
+    start = asyncpg.connection._uid
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", PREVIOUS_OPERATOR, dsn, REDIS_URL, queue, str(until), cwd=ROOT.parent)
+        sys.executable, "-c", PREVIOUS_OPERATOR, dsn, REDIS_URL, queue, str(start), str(start + 200),
+        cwd=ROOT.parent)
     assert await asyncio.wait_for(proc.wait(), 60) == 0
 
 
