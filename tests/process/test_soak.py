@@ -78,9 +78,12 @@ async def test_soak_two_minutes_stays_bounded(monkeypatch: pytest.MonkeyPatch, i
         # with the tables, a leak) is a trend well past that floor.
         latency_floor_ms=100.0,
         # Two minutes put the tables' warm-up (filling to retention, the first autovacuum passes, index
-        # pages not reused until a later pass) inside the first half: bytes may end up to 2x of it
-        # (1.52x seen once). Pruning switched off still fails the rows bounds (1.5x) by far.
-        size_ratio=2.0,
+        # pages not reused until a later pass) inside the first half, and one autovacuum pass that lags
+        # on a loaded machine extends a table once: the outbox ended at 2.2x and 2.5x of the first
+        # half in two CI runs, its rows flat (1,096 live, 808 dead) and 1.0x in the runs between. A
+        # table that is not pruned grows about 12x here (100/s against 10 s of retention), so 3x still
+        # catches it, and so do the rows bounds (1.5x).
+        size_ratio=3.0,
     )
     failed = [c for c in checks if not c.ok]
     assert not failed, (failed, _series_of(result["_samples"]))
