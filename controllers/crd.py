@@ -315,15 +315,16 @@ def _classes() -> dict[str, Any]:
     share are checked there and by the database, reported as Degraded)."""
     return _named_list(
         "The queue's priority classes, highest first (docs/design.md, \"Priority classes and fair "
-        "share\"). A claim serves a higher class's ready jobs before a lower's, except in each "
-        "class's share of the claims, where that class goes first while it has ready jobs (the bound "
-        "on its starvation). Absent: one class, default. Submits name a class (none: the first); "
+        "share\"). A claim serves a higher class's ready jobs before a lower's, except for each "
+        "class's share of the jobs, which it gets while it has ready jobs (the bound on its "
+        "starvation). Absent: one class, default. Submits name a class (none: the first); "
         "rejudges default to the last.",
         MAX_CLASSES, ["name"], {
             "name": {"type": "string", "maxLength": 63, "pattern": r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"},
             "share": {"type": "integer", "minimum": 0, "maximum": 100,
-                      "description": f"Percent of claims in which this class goes first (the first class: 0; "
-                                     f"below it, {DEFAULT_SHARE} unless given). The shares sum to 100 at most."},
+                      "description": f"Percent of the jobs this class gets while it has ready ones (the "
+                                     f"first class: 0; below it, {DEFAULT_SHARE} unless given). The shares "
+                                     f"sum to 100 at most."},
         }, least=1)  # fmt: skip
 
 

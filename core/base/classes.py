@@ -1,6 +1,7 @@
 """Priority classes of a queue (docs/design.md, "Priority classes and fair share"): declared highest
-first, each with a share of the claims in which it goes first. Pure: the spec, the store and the CLI
-validate with the same rules the database's CHECK (``judgequeue.valid_classes``) enforces.
+first, each below the first with a share of the jobs, which it gets while it has ready ones.
+Pure: the spec, the store and the CLI validate with the same rules the database's CHECK
+(``judgequeue.valid_classes``) enforces.
 """
 
 from __future__ import annotations

@@ -65,15 +65,15 @@ WITH no_flush_wait AS MATERIALIZED (
      WHERE m.state = 'DEAD' AND s.id = m.submission_id AND s.generation = m.generation
        AND s.status = 'PENDING'
 ), q AS (
-    SELECT mode, watermark, paused, config_version, judgequeue.claim_order(class_shares) AS ranks,
+    SELECT mode, watermark, paused, config_version, class_shares AS shares,
            cardinality(classes) AS classes
       FROM judgequeue.queues WHERE name = $8
 ), picked AS (
-    -- The classes in the claim's order (judgequeue.claim_order: by rank, a class with a share first
-    -- in that share of the claims), each walked along outbox_claim: within a class, keys in turn
-    -- (fair_seq), then readiness. The nested loop stops once $9 rows are locked.
+    -- The classes in the claim's plan (judgequeue.claim_plan: each class with a share for its share
+    -- of the $9 rows, then all by rank), each walked along outbox_claim: within a class, keys in
+    -- turn (fair_seq), then readiness. The nested loop stops once $9 rows are locked.
     SELECT p.id
-      FROM unnest(coalesce((SELECT ranks FROM q), '{}'::smallint[])) AS r(rank)
+      FROM judgequeue.claim_plan(coalesce((SELECT shares FROM q), '{}'::smallint[]), $9) AS r
      CROSS JOIN LATERAL (
         SELECT o.id
           FROM judgequeue.outbox o
@@ -88,7 +88,7 @@ WITH no_flush_wait AS MATERIALIZED (
            AND NOT coalesce((SELECT paused FROM q), true)
            AND o.id <> ALL($1::bigint[])  -- marked above: one statement never updates a row twice
          ORDER BY o.fair_seq, o.next_attempt_at, o.id
-         LIMIT $9
+         LIMIT r.quota OFFSET r.skip
            FOR UPDATE SKIP LOCKED
      ) p
      LIMIT $9
@@ -269,12 +269,12 @@ RETURNING s.id, s.generation, s.attempt_id, s.payload::text AS payload, s.create
 WITH no_flush_wait AS MATERIALIZED (
     SELECT set_config('synchronous_commit', 'off', true)
 ), q AS (
-    SELECT mode = 'live' AND NOT paused AS live, watermark, judgequeue.claim_order(class_shares) AS ranks
+    SELECT mode = 'live' AND NOT paused AS live, watermark, class_shares AS shares
       FROM judgequeue.queues WHERE name = $1
 ), picked AS (
-    -- The classes in the claim's order, each along outbox_claim (as in outbox_mark_claim).
+    -- The classes in the claim's plan, each along outbox_claim (as in outbox_mark_claim).
     SELECT p.id
-      FROM unnest(coalesce((SELECT ranks FROM q), '{}'::smallint[])) AS r(rank)
+      FROM judgequeue.claim_plan(coalesce((SELECT shares FROM q), '{}'::smallint[]), $3) AS r
      CROSS JOIN LATERAL (
         SELECT o.id
           FROM judgequeue.outbox o
@@ -283,7 +283,7 @@ WITH no_flush_wait AS MATERIALIZED (
            AND o.next_attempt_at <= now()
            AND coalesce((SELECT live FROM q), false)  -- shadow rows are the dispatcher's
          ORDER BY o.fair_seq, o.next_attempt_at, o.id
-         LIMIT $3
+         LIMIT r.quota OFFSET r.skip
            FOR UPDATE SKIP LOCKED
      ) p
      LIMIT $3

@@ -32,8 +32,8 @@ CREATE TABLE judgequeue.queues (
     updated_at      timestamptz NOT NULL DEFAULT now(),
     owner           text CHECK (owner IS NULL OR length(owner) BETWEEN 1 AND 512),
     offers_until    timestamptz,
-    -- the queue's priority classes, highest first, and each one's share of the claims in which it
-    -- goes first (whole percent; the first class's 0); checked by valid_classes() below
+    -- the queue's priority classes, highest first, and each one's share of every claim's jobs
+    -- (whole percent; the first class's 0; claim_plan()); checked by valid_classes() below
     classes         text[] NOT NULL DEFAULT ARRAY['default']::text[],
     class_shares    smallint[] NOT NULL DEFAULT ARRAY[0]::smallint[]
 );
@@ -275,6 +275,44 @@ BEGIN
         END IF;
     END LOOP;
     RETURN v_out;
+END $$;
+
+-- The plan of one claim of p_limit rows (the classes to visit, how many rows of each, after skipping
+-- how many): each class with a share first, for its share of the claim's rows (one draw rounds every
+-- class: n*share/100 rows on average, at most one off, never more than n together), then every class
+-- in rank order for the rest. claim_order() is kept for the statements of roles of an earlier version.
+CREATE FUNCTION judgequeue.claim_plan(p_shares smallint[], p_limit integer)
+RETURNS TABLE (rank smallint, quota integer, skip integer)
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    v_draw float8;
+    v_sum integer := 0;
+    v_before integer := 0;
+    v_upto integer;
+    v_quotas integer[];
+BEGIN
+    IF cardinality(p_shares) = 1 THEN
+        rank := 0; quota := p_limit; skip := 0;
+        RETURN NEXT;
+        RETURN;
+    END IF;
+    v_draw := random();
+    v_quotas := array_fill(0, ARRAY[cardinality(p_shares)]);
+    FOR i IN 1 .. cardinality(p_shares) LOOP
+        v_sum := v_sum + p_shares[i];
+        v_upto := floor(p_limit * v_sum / 100.0 + v_draw)::integer;
+        v_quotas[i] := v_upto - v_before;
+        v_before := v_upto;
+        IF v_quotas[i] > 0 THEN
+            rank := i - 1; quota := v_quotas[i]; skip := 0;
+            RETURN NEXT;
+        END IF;
+    END LOOP;
+    -- The rest by rank; a class already visited skips the rows its share took (its own locks).
+    FOR i IN 1 .. cardinality(p_shares) LOOP
+        rank := i - 1; quota := p_limit; skip := v_quotas[i];
+        RETURN NEXT;
+    END LOOP;
 END $$;
 
 -- Fair share within a class: a job with a fairness key is ordered by a sequence number, one more than
