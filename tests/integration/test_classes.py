@@ -233,6 +233,23 @@ async def test_a_class_that_runs_dry_leaves_its_rows_of_the_claim_to_the_others(
         assert Counter(lease.payload["i"][0] for lease in take.leases) == Counter({"c": 20})
 
 
+async def test_a_keyed_submit_reads_one_entry_of_its_keys_line_however_long(pg_pool: asyncpg.Pool, queue: str) -> None:
+    """fair_seq() reads the key's last waiting entry from the index's end even on a table never
+    analysed (a new database): one more submit into a line of 2,000 returns a handful of index
+    entries, not the line (a max() was planned as an aggregate over it there, 2,000 entries a
+    submit, and a burst slowed its own submits as it grew)."""
+    async with pg_pool.acquire() as conn, conn.transaction():
+        await conn.execute(
+            "SELECT judgequeue.submit($1, jsonb_build_object('i', g), NULL, 'contest-a')"
+            " FROM generate_series(1, 2000) AS g",
+            queue,
+        )
+        read = "SELECT pg_stat_get_xact_tuples_returned('judgequeue.outbox_fair_key'::regclass)"
+        before = await conn.fetchval(read)
+        await conn.execute("SELECT judgequeue.submit($1, '{}'::jsonb, NULL, 'contest-a')", queue)
+        assert await conn.fetchval(read) - before <= 5, await conn.fetchval(read) - before
+
+
 async def test_keys_take_turns_within_a_class(pg_pool: asyncpg.Pool, queue: str) -> None:
     """Contest a bursts 200 jobs, then contest b submits 5: b's jobs are interleaved with a's next
     ones instead of waiting behind the 200; keys with nothing waiting start at the class's head."""

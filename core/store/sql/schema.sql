@@ -319,8 +319,10 @@ END $$;
 -- the key's last waiting job, and never below the class's head (the lowest number still waiting),
 -- so a key that had nothing waiting starts at the head beside a bursting key's next job, and keys
 -- with waiting jobs take turns (start-time fair queuing). Jobs without a key are 0: first in their
--- class, in order of readiness, as in a queue with no keys. Two index probes (PL/pgSQL: their plans
--- are kept per session, where a SQL function's would be planned at every call).
+-- class, in order of readiness, as in a queue with no keys. Two index probes, each of one entry
+-- whatever the statistics (ORDER BY ... LIMIT 1 on the index's order: a max() was planned as an
+-- aggregate over the key's every entry on a table analysed while small), in PL/pgSQL: their plans
+-- are kept per session, where a SQL function's would be planned at every call.
 CREATE FUNCTION judgequeue.fair_seq(p_queue text, p_rank smallint, p_key text) RETURNS bigint
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
@@ -330,9 +332,10 @@ BEGIN
     IF p_key IS NULL THEN
         RETURN 0;
     END IF;
-    SELECT max(o.fair_seq) INTO v_last FROM judgequeue.outbox o
+    SELECT o.fair_seq INTO v_last FROM judgequeue.outbox o
      WHERE o.queue = p_queue AND o.class_rank = p_rank AND o.fair_key = p_key
-       AND o.state IN ('PENDING', 'CLAIMED');
+       AND o.state IN ('PENDING', 'CLAIMED')
+     ORDER BY o.fair_seq DESC LIMIT 1;
     SELECT o.fair_seq - 1 INTO v_head FROM judgequeue.outbox o
      WHERE o.queue = p_queue AND o.class_rank = p_rank AND o.state IN ('PENDING', 'CLAIMED') AND o.fair_seq > 0
      ORDER BY o.fair_seq LIMIT 1;
