@@ -60,10 +60,10 @@ async def _row_source(state: OperatorState, body: Mapping[str, Any]) -> tuple[st
     parsed = parse_spec(body.get("spec"), name=meta["name"])
     if isinstance(parsed, list):
         return None
-    ref = parsed.postgres_listen
-    if ref is None and parsed.postgres_pooler == "transaction":
+    postgres, _, listen = parsed.connections("operator")  # its own credentials, if the spec names them
+    if listen is None and parsed.postgres_pooler == "transaction":
         return None
-    ref = ref or parsed.postgres
+    ref = listen or postgres
     try:
         return await state.api.secret_value(meta["namespace"], ref.name, ref.key), parsed.queue
     except (SecretNotFound, KubeError):

@@ -110,18 +110,56 @@ async def _start(body: Mapping[str, Any], state: OperatorState) -> Pass | Status
         }
     try:
         conns = await read_connections(state.api, meta["namespace"], parsed)
+        problem = await _role_credentials_problem(state, meta["namespace"], parsed)
     except SecretNotFound as exc:
-        log_problem(jq, f"{exc}; nothing changed, will retry", level=logging.ERROR)
-        warn_event(state, body, "SecretNotFound", str(exc))
-        return refused_status(status, generation, Problem("SecretNotFound", str(exc)))
-    try:
-        validate_redis_url(conns.redis_url)
-    except ValueError as exc:  # the message never echoes a password
-        message = f"Secret {parsed.redis.name} key {parsed.redis.key}: the Redis URL {exc}"
-        log_problem(jq, f"{message}; nothing changed, will retry", level=logging.ERROR)
-        warn_event(state, body, "InvalidConnection", message)
-        return refused_status(status, generation, Problem("InvalidConnection", message))
+        problem = Problem("SecretNotFound", str(exc))
+    if problem is None:
+        try:
+            validate_redis_url(conns.redis_url)
+        except ValueError as exc:  # the message never echoes a password
+            redis = parsed.connections("operator")[1]
+            problem = Problem("InvalidConnection", f"Secret {redis.name} key {redis.key}: the Redis URL {exc}")
+    if problem is not None:
+        log_problem(jq, f"{problem.message}; nothing changed, will retry", level=logging.ERROR)
+        warn_event(state, body, problem.reason, problem.message)
+        return refused_status(status, generation, problem)
     return Pass(body, state, parsed, conns)
+
+
+async def _role_credentials_problem(state: OperatorState, namespace: str, spec: JudgeQueueSpec) -> Problem | None:
+    """The first Secret of ``spec.credentials`` (dispatcher, worker, reaper) that its pods could not
+    use: missing, without a key the component reads, or with a malformed Redis URL. Refused before
+    anything is rendered, so a bad Secret is a condition naming it, never pods stuck mounting it or a
+    crash loop."""
+    for component in ("dispatcher", "worker", "reaper"):
+        own = spec.credentials.get(component)
+        if own is None:
+            continue
+        refs = [own.postgres, own.redis] + ([own.listen] if own.listen and spec.postgres_listen else [])
+        try:
+            values = [await state.api.secret_value(namespace, ref.name, ref.key) for ref in refs]
+        except SecretNotFound as exc:
+            return Problem("SecretNotFound", f"spec.credentials.{component}: {exc}")
+        try:
+            validate_redis_url(values[1])
+        except ValueError as exc:
+            return Problem("InvalidConnection", f"spec.credentials.{component}: Secret {own.secret_name} key "
+                                                f"{own.redis_key}: the Redis URL {exc}")
+    return None
+
+
+def credentials_condition(spec: JudgeQueueSpec) -> conditions.Condition:
+    """``SharedCredentials``: True (a warning) while a component connects with the shared
+    ``spec.postgres``/``spec.redis`` rather than credentials of its own (docs/security.md)."""
+    shared = spec.shared_components()
+    if not shared:
+        return conditions.Condition("SharedCredentials", "False", "PerComponentCredentials",
+                                    "the dispatcher, worker, reaper and operator each connect with their own Secret")
+    return conditions.Condition(
+        "SharedCredentials", "True", "SharedCredentials",
+        f"{', '.join(shared)} connect{'s' if len(shared) == 1 else ''} with the shared spec.postgres and spec.redis "
+        f"Secrets ({spec.postgres.name}, {spec.redis.name}), so each can do whatever any component that shares "
+        "them may; give each its own with spec.credentials (docs/security.md)")
 
 
 async def _sync_row(run: Pass) -> cutover.QueueSync:
@@ -201,7 +239,7 @@ async def _run_fleet(run: Pass, sync: cutover.QueueSync, *, tick: bool) -> Statu
             merge_status(new_status, scaled)
     for problem in problems:  # each failure a Warning Event of its own (at most once a minute while it lasts)
         warn_event(state, body, problem.reason, problem.message)
-    updates = [ready, progressing, conditions.degraded(problems), sync.condition]
+    updates = [ready, progressing, conditions.degraded(problems), sync.condition, credentials_condition(parsed)]
     hooks = await webhooks_condition(state, owner.namespace, parsed, run.conns)
     if hooks is not None:
         updates.append(hooks)

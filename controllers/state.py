@@ -101,9 +101,12 @@ def jq_name(owner: Owner) -> str:
 
 
 async def read_connections(api: KubeApi, namespace: str, spec: JudgeQueueSpec) -> Connections:
+    """The operator's own connections for this JudgeQueue: ``spec.credentials.operator``'s Secret when
+    given, else the shared ``spec.postgres``/``spec.redis``."""
+    postgres, redis, _ = spec.connections("operator")
     return Connections(
-        postgres_dsn=await api.secret_value(namespace, spec.postgres.name, spec.postgres.key),
-        redis_url=await api.secret_value(namespace, spec.redis.name, spec.redis.key),
+        postgres_dsn=await api.secret_value(namespace, postgres.name, postgres.key),
+        redis_url=await api.secret_value(namespace, redis.name, redis.key),
         pooler=spec.postgres_pooler,
     )
 

@@ -55,7 +55,9 @@ def add(commands: Commands) -> None:
         "local",
         "run a JudgeQueue manifest here: migrate, create the queue, apply cutover, start the roles as child "
         "processes and show progress. Postgres/Redis come from $JUDGEQUEUE_POSTGRES_DSN/$JUDGEQUEUE_REDIS_URL "
-        f"(or the flags), defaulting to {LOCAL_DSN} and {LOCAL_REDIS}. Ctrl-C stops everything gracefully.",
+        f"(or the flags), defaulting to {LOCAL_DSN} and {LOCAL_REDIS}; a role given "
+        "$JUDGEQUEUE_<DISPATCHER|WORKER|REAPER>_POSTGRES_DSN/_REDIS_URL connects with those instead (its own "
+        "login, as spec.credentials on Kubernetes). Ctrl-C stops everything gracefully.",
         parents=[commands.json_flag],
     )
     p.add_argument("-f", "--file", required=True, help="JudgeQueue manifest (YAML), e.g. examples/judgequeue.yaml")

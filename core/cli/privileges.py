@@ -4,11 +4,94 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Mapping
+from typing import Any
 
-from .common import EXIT_OK, Commands, print_json
+from .common import (
+    DSN,
+    EXIT_OK,
+    REDIS,
+    Commands,
+    add_variable_flags,
+    overrides_from,
+    print_json,
+    resolve,
+    run_async,
+    with_pg,
+    with_redis,
+)
+
+#: The components ``--create-logins`` makes a login user for, in order.
+LOGIN_COMPONENTS = ("application", "dispatcher", "worker", "reaper", "operator")
+
+
+def _with_user(url: str, user: str, password: str) -> str:
+    """``url`` logging in as ``user`` with ``password`` (both percent-encoded)."""
+    from urllib.parse import quote, urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    host = parts.netloc.rsplit("@", 1)[-1]
+    return urlunsplit(parts._replace(netloc=f"{quote(user, safe='')}:{quote(password, safe='')}@{host}"))
+
+
+def cmd_create_logins(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    """A login user per component, each with a new random password, in Postgres (and, given a Redis
+    URL, an ACL user of the same name per component but the application); prints each component's
+    own DSN and URL, to put in its Secret (docs/security.md)."""
+    import secrets
+
+    from ..base.errors import Failure
+    from ..store.privileges import LOGIN_NAME, ensure_login
+    from ..transport import redis_scripts
+    from ..transport.acl import acl_rules
+
+    dsn: str = resolve(args, env, DSN)
+    redis_given = REDIS in overrides_from(args) or bool(env.get(REDIS)) or bool(env.get(REDIS + "_FILE"))
+    redis_url: str | None = resolve(args, env, REDIS) if redis_given else None
+    queues: list[str] = args.queue or []
+    if redis_url is not None and not queues:
+        raise Failure("--create-logins with a Redis URL needs --queue: an ACL user reaches only its queues' keys")
+    components = args.component or list(LOGIN_COMPONENTS)
+    passwords = {c: secrets.token_urlsafe(24) for c in components}
+    users = {c: f"{args.prefix}_{c}" for c in components}
+    if not all(LOGIN_NAME.match(user) for user in users.values()):
+        raise Failure(f"--prefix: {args.prefix!r} must be a lowercase identifier (letters, digits, _) of at most"
+                      " 50 characters")
+
+    async def make_pg(conn: Any) -> dict[str, bool]:
+        return {c: await ensure_login(conn, users[c], passwords[c], c, queues) for c in components}
+
+    made = run_async(with_pg(dsn, make_pg))
+    if redis_url is not None:
+        async def make_redis(client: Any) -> None:
+            await redis_scripts.load_scripts(client)
+            for c in components:
+                if c != "application":  # an application talks to Postgres only
+                    await client.execute_command(
+                        "ACL", "SETUSER", users[c], "reset", "on", f">{passwords[c]}", *acl_rules(c, queues))
+
+        run_async(with_redis(redis_url, make_redis))
+    out: dict[str, dict[str, object]] = {}
+    for c in components:
+        entry: dict[str, object] = {"user": users[c], "created": made[c], "postgres_dsn": _with_user(dsn, users[c],
+                                                                                                     passwords[c])}
+        if redis_url is not None and c != "application":
+            entry["redis_url"] = _with_user(redis_url, users[c], passwords[c])
+        out[c] = entry
+    if args.json:
+        print_json(out)
+        return EXIT_OK
+    print("Login users (passwords are shown once: put each component's in its own Secret):")
+    for c, entry in out.items():
+        print(f"  {c}: {entry['user']} ({'created' if entry['created'] else 'password changed'})")
+        print(f"      JUDGEQUEUE_POSTGRES_DSN={entry['postgres_dsn']}")
+        if "redis_url" in entry:
+            print(f"      JUDGEQUEUE_REDIS_URL={entry['redis_url']}")
+    return EXIT_OK
 
 
 def cmd_roles(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    if args.create_logins:
+        return cmd_create_logins(args, env)
     from ..store import sql
     from ..store.privileges import OWNER, ROLES, describe, queue_role
     from ..transport.acl import COMMANDS, acl_command
@@ -42,4 +125,13 @@ def add(commands: Commands) -> None:
     text = "print what each component's credentials may do (Postgres group roles, Redis ACL rules)"
     p = commands.add("roles", text, parents=[commands.json_flag])
     p.add_argument("--queue", action="append", help="a queue the Redis users serve (repeat; default: QUEUE)")
+    p.add_argument("--create-logins", action="store_true",
+                   help="make a login user per component (Postgres, and Redis ACL users when a Redis URL is given) "
+                        "with a new random password each, and print each component's own DSN and URL; the queues "
+                        "given (--queue) are the only ones the dispatcher's, worker's and reaper's users serve")
+    p.add_argument("--prefix", default="judgequeue",
+                   help="--create-logins: name the users <prefix>_<component> (default judgequeue)")
+    p.add_argument("--component", action="append", choices=LOGIN_COMPONENTS,
+                   help="--create-logins: only this component (repeat; default: every one)")
+    add_variable_flags(p, [DSN, REDIS], "connection (--create-logins: an administrator's, e.g. the migrator's)")
     p.set_defaults(handler=cmd_roles)

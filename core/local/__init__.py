@@ -87,10 +87,35 @@ def role_env(
         if variable in base and variable in rendered:
             # No Kubernetes here to mount a Secret's URL or key: the caller's own stand in for the manifest's.
             env[variable] = base[variable]
-    env[PREFIX + "POSTGRES_DSN"] = options.postgres_dsn
-    env[PREFIX + "REDIS_URL"] = options.redis_url
+    own = component_connections(base, as_role)
+    for variable in component_variables():  # never another component's credentials
+        env.pop(variable, None)
+    env[PREFIX + "POSTGRES_DSN"] = own.get("POSTGRES_DSN", options.postgres_dsn)
+    env[PREFIX + "REDIS_URL"] = own.get("REDIS_URL", options.redis_url)
     env[PREFIX + "METRICS_PORT"] = str(port)
     return env
+
+
+#: The components ``local`` runs that may connect with credentials of their own.
+LOCAL_COMPONENTS = ("dispatcher", "worker", "reaper")
+
+
+def component_variables() -> list[str]:
+    """``JUDGEQUEUE_<COMPONENT>_POSTGRES_DSN`` and ``..._REDIS_URL`` of every component ``local`` runs:
+    a component's own connections, as ``spec.credentials`` gives them on Kubernetes."""
+    return [f"{PREFIX}{c.upper()}_{what}" for c in LOCAL_COMPONENTS for what in ("POSTGRES_DSN", "REDIS_URL")]
+
+
+def component_connections(base: Mapping[str, str], role: str) -> dict[str, str]:
+    """``role``'s own connections from the caller's environment (``POSTGRES_DSN``/``REDIS_URL`` to
+    value), each only if given. Pure."""
+    return {what: base[f"{PREFIX}{role.upper()}_{what}"] for what in ("POSTGRES_DSN", "REDIS_URL")
+            if base.get(f"{PREFIX}{role.upper()}_{what}")}
+
+
+def shared_components(base: Mapping[str, str]) -> list[str]:
+    """The components ``local`` runs on the one shared URL (no own Postgres DSN): said at start."""
+    return [c for c in LOCAL_COMPONENTS if "POSTGRES_DSN" not in component_connections(base, c)]
 
 
 INTAKE_VARIABLE = variable_for("worker", "intake")
@@ -256,6 +281,13 @@ class _Run:
             )
             self.plan[:] = plan_children(manifest, options.workers, shadow_mode=True)
         self.next_gate_look = asyncio.get_running_loop().time() + GATE_RECHECK
+        shared = shared_components(self.base_env)
+        display.say("credentials: " + (
+            f"{', '.join(shared)} share the one URL above (give each its own with "
+            f"{PREFIX}<COMPONENT>_POSTGRES_DSN and _REDIS_URL, docs/security.md)" if shared
+            else "each component connects with its own (" + ", ".join(
+                f"{c}: {redact_url(component_connections(self.base_env, c)['POSTGRES_DSN'])}"
+                for c in LOCAL_COMPONENTS) + ")"))
         display.say(f"intake {intake.intake} ({intake.reason})")
         self.children = start_children(self.plan, self.env_for, log_dir)
         display.say(f"started {', '.join(c.label for c in self.children)} (logs in {log_dir}); Ctrl-C stops")

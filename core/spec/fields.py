@@ -147,6 +147,36 @@ def _with_every_setting(placed: tuple[Field, ...]) -> tuple[Field, ...]:
     return tuple(out)
 
 
+#: The components that may connect with credentials of their own (``spec.credentials.<component>``):
+#: each Deployment the operator renders, and the operator's own connections for this JudgeQueue.
+CREDENTIAL_COMPONENTS: tuple[str, ...] = ("dispatcher", "worker", "reaper", "operator")
+#: Where the per-component credentials are named.
+CREDENTIALS: tuple[str, ...] = ("credentials",)
+#: The keys a component's Secret holds unless its ``postgresKey``/``redisKey`` say otherwise.
+CREDENTIAL_KEYS: dict[str, str] = {"postgres": "postgres-dsn", "redis": "redis-url"}
+
+
+def _credentials(component: str) -> tuple[Field, ...]:
+    """``spec.credentials.<component>``: the Secret holding that component's own Postgres DSN and Redis
+    URL (and, optionally, its direct LISTEN DSN)."""
+    path = (*CREDENTIALS, component)
+    return (
+        Field((*path, "secretName"), "string", pattern=SECRET_NAME_RE.pattern, max_length=253,
+              required_in_object=True, hint="a Secret name",
+              description=f"The Secret (in the JudgeQueue's namespace) holding the {component}'s own Postgres DSN "
+                          "and Redis URL: a login user given its group role and an ACL user with its rules "
+                          "(`judgequeue roles`)."),
+        Field((*path, "postgresKey"), "string", CREDENTIAL_KEYS["postgres"], pattern=SECRET_KEY_PATTERN,
+              max_length=253, hint="a Secret key", description="The key of the Postgres DSN in that Secret."),
+        Field((*path, "redisKey"), "string", CREDENTIAL_KEYS["redis"], pattern=SECRET_KEY_PATTERN,
+              max_length=253, hint="a Secret key", description="The key of the Redis URL in that Secret."),
+        Field((*path, "listenKey"), "string", pattern=SECRET_KEY_PATTERN, max_length=253, hint="a Secret key",
+              description="The key of its direct (pooler-free) LISTEN DSN in that Secret, used where "
+                          "spec.postgres.listen is given. Absent: this component gets no LISTEN DSN (it polls "
+                          "behind a transaction pooler) rather than the shared one."),
+    )
+
+
 def _secret(path: tuple[str, ...], key: str) -> tuple[Field, Field]:
     return (
         Field((*path, "secretKeyRef", "name"), "string", required=True, min_length=1, max_length=253),
@@ -176,6 +206,7 @@ FIELDS: tuple[Field, ...] = _with_every_setting((
     Field(("postgres", "listen", "secretKeyRef", "key"), "string", "dsn", pattern=SECRET_KEY_PATTERN,
           hint="a Secret key"),
     *_secret(("redis",), "url"),
+    *(f for component in CREDENTIAL_COMPONENTS for f in _credentials(component)),
     _integer(("dispatcher", "replicas"), 0, 100, 1),
     _setting(("dispatcher", "batchSize")),
     _setting(("dispatcher", "schedule")),
@@ -249,6 +280,11 @@ OBJECT_DESCRIPTIONS: dict[tuple[str, ...], str] = {
         "A direct (pooler-free) DSN for the LISTEN wake-up of dispatchers (and of workers with direct intake); "
         "without one behind a transaction pooler they poll every schedule. Optional, so secretKeyRef.name is "
         "checked by the operator (reported in status), not here.",
+    CREDENTIALS:
+        "Credentials of each component's own (docs/security.md): a Secret per component holding a Postgres DSN "
+        "of a login user given only that component's group role and a Redis URL of an ACL user with only its "
+        "rules. A component named here connects with them and never receives spec.postgres or spec.redis; one "
+        "not named shares those (the quick start), which status reports as SharedCredentials=True.",
     ("worker", "shadow"):
         "Shadow judging (docs/gitops.md): with enabled, a Deployment <name>-shadow-worker of workers that judge "
         "the queue's shadow stream with the same judge, sandbox and resources and write shadow verdicts, compared "

@@ -16,6 +16,7 @@ from ..config import (
     parse_duration,
 )
 from .fields import (
+    CREDENTIAL_COMPONENTS,
     ENDPOINT_CONCURRENCY,
     ENDPOINT_DEADLINE,
     ENDPOINT_TRIES,
@@ -34,6 +35,28 @@ class SecretKeyRef:
 
     name: str
     key: str
+
+
+@dataclass(frozen=True)
+class RoleCredentials:
+    """``spec.credentials.<component>``: the Secret of one component's own connections, and its keys."""
+
+    secret_name: str
+    postgres_key: str
+    redis_key: str
+    listen_key: str | None = None
+
+    @property
+    def postgres(self) -> SecretKeyRef:
+        return SecretKeyRef(self.secret_name, self.postgres_key)
+
+    @property
+    def redis(self) -> SecretKeyRef:
+        return SecretKeyRef(self.secret_name, self.redis_key)
+
+    @property
+    def listen(self) -> SecretKeyRef | None:
+        return SecretKeyRef(self.secret_name, self.listen_key) if self.listen_key is not None else None
 
 
 @dataclass(frozen=True)
@@ -182,5 +205,22 @@ class JudgeQueueSpec:
     values: Mapping[tuple[str, ...], Any] = field(default_factory=dict, repr=False, compare=False)
     given: frozenset[tuple[str, ...]] = field(default=frozenset(), repr=False, compare=False)
     webhooks: tuple[WebhookSpec, ...] = ()
+    #: ``spec.credentials``: the components with connections of their own (the others share
+    #: ``postgres``/``redis``).
+    credentials: Mapping[str, RoleCredentials] = field(default_factory=dict)
+
+    def connections(self, component: str) -> tuple[SecretKeyRef, SecretKeyRef, SecretKeyRef | None]:
+        """(Postgres DSN, Redis URL, direct LISTEN DSN or None) of ``component`` (a role or ``operator``):
+        its own Secret's keys when ``spec.credentials`` names one, else the shared ones. A component
+        with its own credentials never gets the shared LISTEN DSN (only its own ``listenKey``), and
+        none at all without ``spec.postgres.listen``."""
+        own = self.credentials.get(component)
+        if own is None:
+            return self.postgres, self.redis, self.postgres_listen
+        return own.postgres, own.redis, own.listen if self.postgres_listen is not None else None
+
+    def shared_components(self) -> tuple[str, ...]:
+        """The components (:data:`.fields.CREDENTIAL_COMPONENTS`) without credentials of their own."""
+        return tuple(c for c in CREDENTIAL_COMPONENTS if c not in self.credentials)
 
 

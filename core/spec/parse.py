@@ -20,6 +20,8 @@ from ..config import (
 from .fields import (
     CLASSES,
     COMPARED_RESOURCES,
+    CREDENTIAL_COMPONENTS,
+    CREDENTIALS,
     DURATION_MAX_LENGTH,
     ENDPOINTS,
     FIELDS,
@@ -41,6 +43,7 @@ from .model import (
     JudgeQueueSpec,
     NetworkPolicySpec,
     ReaperSpec,
+    RoleCredentials,
     SecretKeyRef,
     ShadowWorkers,
     WorkerSpec,
@@ -322,6 +325,11 @@ def _build(
         ),
         values=dict(v),
         given=given,
+        credentials={
+            c: RoleCredentials(v[(*CREDENTIALS, c, "secretName")], v[(*CREDENTIALS, c, "postgresKey")],
+                               v[(*CREDENTIALS, c, "redisKey")], v[(*CREDENTIALS, c, "listenKey")])
+            for c in CREDENTIAL_COMPONENTS if v[(*CREDENTIALS, c, "secretName")] is not None
+        },
     )
 
 

@@ -122,10 +122,11 @@ def endpoint_secrets(spec: JudgeQueueSpec) -> dict[str, SecretKeyRef]:
 
 def role_secrets(spec: JudgeQueueSpec, role: Role) -> dict[str, SecretKeyRef]:
     """The connection variables ``role`` reads, each with the Secret key that holds its value
-    (:data:`SECRET_SETTINGS`); an optional connection the spec does not reference is left out."""
-    refs: dict[tuple[str, ...], SecretKeyRef | None] = {
-        ("postgres",): spec.postgres, ("redis",): spec.redis, LISTEN_SECRET: spec.postgres_listen,
-    }
+    (:data:`SECRET_SETTINGS`): the role's own Secret when ``spec.credentials`` names one, else the
+    shared ones; an optional connection the spec does not reference is left out."""
+    postgres, redis, listen = spec.connections(role)  # its own Secret's keys, if spec.credentials names one
+    refs: dict[tuple[str, ...], SecretKeyRef | None] = {("postgres",): postgres, ("redis",): redis,
+                                                        LISTEN_SECRET: listen}
     out: dict[str, SecretKeyRef] = {}
     for path, setting, roles in SECRET_SETTINGS:
         ref = refs[path]

@@ -446,3 +446,37 @@ def unknown_statements(statements: Sequence[str]) -> list[str]:
     """Statements :data:`ROLES` names that ``queries.sql`` does not have (a test keeps this empty)."""
     known = set(statements)
     return sorted({n for r in ROLES.values() for n in r.statements} - known)
+
+
+#: The components whose statements are split by queue: a login user of theirs given queues' roles
+#: serves those queues only (the operator and the application are not split).
+QUEUE_SCOPED: Final = ("dispatcher", "worker", "reaper")
+#: A login user's name as ``judgequeue roles --create-logins`` makes them (``<prefix>_<component>``).
+LOGIN_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+
+
+async def ensure_login(conn: asyncpg.Connection, user: str, password: str, component: str,
+                       queues: Sequence[str] = ()) -> bool:
+    """Make (or, if it exists, set a new password for) the login user ``user`` of ``component``: given
+    that component's group role and, for a queue-scoped component, the roles of ``queues`` (each made
+    ``NOLOGIN`` when missing). The DDL is written by the server's ``format()`` (``%I``, ``%L``), never
+    by joining strings. True if the user was made, False if it existed. One transaction."""
+    if not LOGIN_NAME.match(user):
+        raise ValueError(f"login user {user!r} must be a lowercase identifier (letters, digits, _)")
+    if component not in ROLES:
+        raise ValueError(f"component must be one of {', '.join(ROLES)}, got {component!r}")
+    group = ROLES[component].name
+    async with conn.transaction():
+        made = not await conn.fetchval("SELECT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = $1)", user)
+        verb = "CREATE" if made else "ALTER"
+        await conn.execute(await conn.fetchval(
+            f"SELECT format('{verb} ROLE %I LOGIN NOSUPERUSER INHERIT PASSWORD %L', $1::text, $2::text)",
+            user, password))
+        await conn.execute(await conn.fetchval("SELECT format('GRANT %I TO %I', $1::text, $2::text)", group, user))
+        for queue in queues if component in QUEUE_SCOPED else ():
+            scope = queue_role(queue)
+            if not await conn.fetchval("SELECT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = $1)", scope):
+                await conn.execute(await conn.fetchval("SELECT format('CREATE ROLE %I NOLOGIN', $1::text)", scope))
+            await conn.execute(await conn.fetchval("SELECT format('GRANT %I TO %I', $1::text, $2::text)",
+                                                   scope, user))
+    return made

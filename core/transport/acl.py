@@ -23,12 +23,15 @@ COMMANDS: Final[Mapping[str, tuple[str, ...]]] = MappingProxyType(
     {
         # enqueue_batch: SET NX, XADD, DEL; the consumer group made at start
         "dispatcher": (*_PING, "fcall", "set", "xadd", "del", "xgroup|create"),
-        # XREADGROUP; ack: XACK, XDEL, DEL; ack_pending: XPENDING; a poison entry dead-lettered: XADD
-        "worker": (*_PING, "fcall", "xreadgroup", "xack", "xdel", "del", "xpending", "xadd", "xgroup|create"),
+        # XREADGROUP; ack: XACK, XDEL, DEL; ack_pending: XPENDING; a poison entry dead-lettered: XADD;
+        # /readyz: XINFO GROUPS (is the group there)
+        "worker": (*_PING, "fcall", "xreadgroup", "xack", "xdel", "del", "xpending", "xadd", "xgroup|create",
+                   "xinfo|groups"),
         # claim: XPENDING, XAUTOCLAIM, XACK; requeue: XADD, XACK, XDEL; idle consumers: XINFO,
-        # XGROUP DELCONSUMER; trims, gauges, stranded markers
+        # XGROUP DELCONSUMER; trims (the shadow stream's by Redis's clock: TIME), gauges, stranded markers
         "reaper": (
             *_PING,
+            "time",
             "fcall",
             "xpending",
             "xautoclaim",

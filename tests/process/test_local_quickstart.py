@@ -236,3 +236,53 @@ def test_local_holds_a_flip_to_live_back_until_the_gate_is_met(
         assert local.wait(timeout=60) == 0, out.read_text()
     finally:
         local.ensure_dead()
+
+
+def test_local_demo_with_each_roles_own_credentials(
+    pg_dsn: str, local_redis: str, tmp_path: Path, queue_name: str
+) -> None:
+    """The split ``spec.credentials`` makes on Kubernetes, run by ``local``: each role on a login user
+    and ACL user of its own (JUDGEQUEUE_<ROLE>_POSTGRES_DSN/_REDIS_URL), the demo judged, and no role
+    warning of broad credentials, as every one does on the shared superuser URL."""
+    import json
+    import uuid
+
+    from tests.support.credentials import drop_component_users, make_component_users, with_user
+    from tests.support.roles import json_events
+
+    manifest = sleep_manifest(tmp_path, queue_name)
+    # the database the demo migrates first, so the group roles exist before the users are made
+    asyncio.run(_migrated(pg_dsn))
+    users = asyncio.run(make_component_users(pg_dsn, local_redis, queue_name, ("dispatcher", "worker", "reaper"),
+                                             prefix=f"jql_{uuid.uuid4().hex[:8]}", password="local-split"))
+    try:
+        env = clean_env(JUDGEQUEUE_POSTGRES_DSN=pg_dsn, JUDGEQUEUE_REDIS_URL=local_redis)
+        for role, made in users.items():
+            env[f"JUDGEQUEUE_{role.upper()}_POSTGRES_DSN"] = with_user(pg_dsn, made.user, "local-split")
+            env[f"JUDGEQUEUE_{role.upper()}_REDIS_URL"] = with_user(local_redis, made.user, "local-split")
+        logs = tmp_path / "logs"
+        result = subprocess.run([JUDGEQUEUE, "local", "-f", str(manifest), "--demo", "--json", "--log-dir", str(logs)],
+                                env=env, capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stdout + result.stderr
+        data = json.loads(result.stdout)
+        assert [(r["program"], r["verdict"]) for r in data["results"]] == [("one.py", "ACCEPTED"),
+                                                                           ("two.py", "ACCEPTED")]
+        assert "each component connects with its own" in result.stderr, result.stderr
+        for log in sorted(logs.iterdir()):  # dispatcher-0.log, worker-1.log, ...
+            role = log.name.split("-")[0]
+            starting = [e for e in json_events(log) if e.get("msg") == f"{role} starting"]
+            assert starting, log.name
+            connections = json.dumps(starting[0]["settings"])
+            assert users[role].user in connections, (log.name, connections)
+            others = [u.user for r, u in users.items() if r != role]
+            assert not [u for u in others if u in connections], (log.name, connections)
+    finally:
+        asyncio.run(drop_component_users(pg_dsn, local_redis, users.values()))
+
+
+async def _migrated(dsn: str) -> None:
+    conn = await asyncpg.connect(dsn)
+    try:
+        await migrate(conn)
+    finally:
+        await conn.close()

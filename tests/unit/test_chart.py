@@ -554,6 +554,29 @@ def test_migration_job_runs_the_operators_image_and_reads_the_secret_as_a_file(c
     assert container["resources"] == values["migrations"]["resources"]
 
 
+def test_migration_job_loads_the_redis_functions_only_with_a_redis_secret() -> None:
+    """The components' Redis ACL users may call the functions but not load them: given an
+    administrator's Redis Secret, the Job mounts it as a file of its own volume and ``migrate`` loads
+    them; without one the Job holds no Redis credential at all."""
+    values = {"migrations": {"redis": {"secretKeyRef": {"name": "judge-redis-admin", "key": "admin-url"}}}}
+    pod = one(render_docs(values), "Job")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["env"] == [
+        {"name": "JUDGEQUEUE_POSTGRES_DSN_FILE", "value": "/var/run/secrets/judgequeue/postgres-dsn"},
+        {"name": "JUDGEQUEUE_REDIS_URL_FILE", "value": "/var/run/secrets/judgequeue-redis/redis-url"},
+    ]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["redis"]["secret"] == {"secretName": "judge-redis-admin", "defaultMode": 0o440,
+                                          "items": [{"key": "admin-url", "path": "redis-url"}]}
+    assert {"name": "redis", "mountPath": "/var/run/secrets/judgequeue-redis", "readOnly": True} in \
+        container["volumeMounts"]
+    default = migration_job("defaults")["spec"]["template"]["spec"]
+    assert "redis" not in {v["name"] for v in default["volumes"]}
+    # The operator's own Deployment never mounts the migrator's (or any connection) Secret.
+    operator = one(render_docs(values), "Deployment")["spec"]["template"]["spec"]
+    assert not [v for v in operator["volumes"] if "secret" in v or "projected" in v], operator["volumes"]
+
+
 def test_migration_job_is_hardened_like_the_operator() -> None:
     """Non-root, read-only root filesystem, no capability, RuntimeDefault seccomp, no API token (it
     needs no cluster access, and at pre-install the operator's ServiceAccount does not exist yet)."""

@@ -252,3 +252,27 @@ def test_webhooks_run_locally_only_with_the_callers() -> None:
     with pytest.raises(Failure, match="exactly one of secret and secretFile"):
         check_webhooks({"JUDGEQUEUE_WEBHOOKS": '{"board": {"url": "http://127.0.0.1:2/y"}}'})
     check_webhooks(role_env({}, parse_manifest(manifest()), "reaper", options, port=0))  # no webhooks: nothing
+
+
+def test_each_local_role_connects_with_its_own_credentials_when_given() -> None:
+    """``JUDGEQUEUE_<COMPONENT>_POSTGRES_DSN``/``_REDIS_URL``: the split ``spec.credentials`` makes on
+    Kubernetes; each child gets its own and never another component's, the shared URL otherwise."""
+    from judgequeue.core.local import component_variables, shared_components
+
+    m = parse_manifest(manifest(worker={"judge": "sleep"}))
+    options = LocalOptions(manifest="x", postgres_dsn="postgresql://admin@h/db", redis_url="redis://admin@h/0")
+    base = {"JUDGEQUEUE_WORKER_POSTGRES_DSN": "postgresql://w@h/db", "JUDGEQUEUE_WORKER_REDIS_URL": "redis://w@h/0",
+            "JUDGEQUEUE_DISPATCHER_POSTGRES_DSN": "postgresql://d@h/db"}
+    worker = role_env(base, m, "worker", options, port=0)
+    assert (worker["JUDGEQUEUE_POSTGRES_DSN"], worker["JUDGEQUEUE_REDIS_URL"]) == ("postgresql://w@h/db",
+                                                                                  "redis://w@h/0")
+    dispatcher = role_env(base, m, "dispatcher", options, port=0)
+    assert (dispatcher["JUDGEQUEUE_POSTGRES_DSN"], dispatcher["JUDGEQUEUE_REDIS_URL"]) == (
+        "postgresql://d@h/db", "redis://admin@h/0")  # no own Redis URL given: the shared one
+    reaper = role_env(base, m, "reaper", options, port=0)
+    assert reaper["JUDGEQUEUE_POSTGRES_DSN"] == "postgresql://admin@h/db"
+    for env in (worker, dispatcher, reaper):
+        assert not set(component_variables()) & set(env), "another component's credentials leaked in"
+        assert "postgresql://w@h/db" not in env.values() or env is worker
+    assert shared_components(base) == ["reaper"]
+    assert shared_components({}) == ["dispatcher", "worker", "reaper"]
