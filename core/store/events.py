@@ -132,10 +132,11 @@ async def read(
     *,
     queue: str | None = None,
     limit: int = 500,
-    kinds: Sequence[str] | None = None,
+    kinds: Sequence[str] | None = ("verdict",),
 ) -> list[VerdictEvent]:
-    """Up to ``limit`` events after ``after`` (of ``queue``, or every queue; of ``kinds``, or every
-    kind), in position order, stopping before the oldest transaction still running."""
+    """Up to ``limit`` events after ``after`` (of ``queue``, or every queue; of ``kinds``, verdicts
+    only unless asked, None: every kind), in position order, stopping before the oldest transaction
+    still running."""
     rows = await conn.fetch(sql.query("events_read"), str(after.txid), after.id, queue, limit, check_kinds(kinds))
     return [_event(r) for r in rows]
 
