@@ -71,6 +71,7 @@ async def test_a_reader_sees_a_program_judgings_progress_then_its_verdict(
     assert mine[-1].kind == "verdict" and mine[-1].status == "ACCEPTED" and mine[-1].generation == 1, mine[-1]
     # A few rows while it ran, never two per test: at most one per 250 ms interval (and the first at once).
     assert 2 <= len(progress) <= min(elapsed / 0.25 + 2, TESTS), (len(progress), elapsed)
+    print(f"{TESTS} tests judged in {elapsed:.2f}s: {len(progress)} progress rows, then the verdict")
     states = [e.progress or {} for e in progress]
     assert all(e.status == "JUDGING" and e.generation == 1 for e in progress)
     assert states[0]["phase"] in ("compiled", "testing") and not states[0].get("compile_error")
