@@ -1,9 +1,10 @@
 """The CPU a judged job costs with live progress events on and off.
 
     .venv/bin/python -m bench.progress_bench [--rate 100] [--seconds 10] [--job-seconds 1] [--tests 20]
+                                             [--interval 1s] [--rounds 1]
 
 Two runs on a fresh database each (dispatcher, 1 worker, reaper; default settings otherwise, so a
-progress interval of 250 ms): *off* and *progress* (``JUDGEQUEUE_PROGRESS=on``). Every job is the
+progress interval of 1 s): *off* and *progress* (``JUDGEQUEUE_PROGRESS=on``). Every job is the
 sleep judge's ``{"seconds": S, "tests": N}``: N tests in S seconds, each reported started and
 finished as a program judge reports them, with no CPU of its own, so the figure is what reporting
 costs the queue, not the judging (against a real judge's work per test it is far smaller). The
@@ -43,8 +44,10 @@ async def _offer(s: pipeline.Stack, rate: float, seconds: float, payload: dict[s
     return total
 
 
-async def run(rate: float, seconds: float, job: dict[str, Any], *, mode: str) -> dict[str, Any]:
+async def run(rate: float, seconds: float, job: dict[str, Any], *, mode: str, interval: str | None) -> dict[str, Any]:
     settings = {"judge": "sleep", **({"progress": "on"} if mode == "progress" else {})}
+    if interval is not None and mode == "progress":
+        settings["progress_interval"] = interval
     async with pipeline.stack(**settings) as s:
         s.start("dispatcher")
         s.start("worker")
@@ -72,7 +75,7 @@ async def main(args: argparse.Namespace) -> int:
     for _ in range(args.rounds):
         for mode in MODES:
             progress(f"{args.rate:g}/s, {mode}, job {json.dumps(job)}")
-            result = await run(args.rate, args.seconds, job, mode=mode)
+            result = await run(args.rate, args.seconds, job, mode=mode, interval=args.interval)
             progress(json.dumps(result))
             best = results.get(mode)
             # The least CPU of the rounds: the busy shared machine only ever adds.
@@ -81,7 +84,7 @@ async def main(args: argparse.Namespace) -> int:
     off, on = results["off"], results["progress"]
     ratio = on["cpu_ms_per_job"] / off["cpu_ms_per_job"]
     print(
-        f"{args.rate:g}/s, {args.tests} tests in {args.job_seconds:g}s per job:"
+        f"{args.rate:g}/s, {args.tests} tests in {args.job_seconds:g}s per job, interval {args.interval or '1s'}:"
         f" CPU per job {off['cpu_ms_per_job']:.3f} ms without progress,"
         f" {on['cpu_ms_per_job']:.3f} ms with progress ({on['progress_rows_per_job']:.1f} rows per job)"
         f" = {ratio:.2f}x (goal <= 1.1x)"
@@ -97,5 +100,6 @@ if __name__ == "__main__":
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--job-seconds", type=float, default=1.0)
     parser.add_argument("--tests", type=int, default=20)
+    parser.add_argument("--interval", default=None, help="JUDGEQUEUE_PROGRESS_INTERVAL (default: the role's, 1s)")
     parser.add_argument("--rounds", type=int, default=1, help="runs of each mode; the least CPU of each is kept")
     sys.exit(run_on_servers("bench.progress_bench", parser, main))

@@ -446,9 +446,8 @@ def _object(path: tuple[str, ...], children: dict[tuple[str, ...], list[str]]) -
         elif sub == WEBHOOKS:
             properties[name] = _webhooks()
         elif sub == WEBHOOKS[:-1]:
-            events = _object(sub, children)  # the webhooks (below) and the progress switch
-            properties[name] = {"type": "object", "description": "The verdict events sent out of judgequeue.",
-                                "properties": events["properties"]}
+            # the webhooks (below), the progress switch and its interval (with its rule)
+            properties[name] = {**_object(sub, children), "description": "The verdict events sent out of judgequeue."}
         elif sub == CLASSES:
             properties[name] = _classes()
         elif sub in FIELD_BY_PATH:

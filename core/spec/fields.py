@@ -173,7 +173,7 @@ FIELDS: tuple[Field, ...] = _with_every_setting((
     Field(PROGRESS, "boolean", False,
           description="When true, workers write the live progress of each submission they judge (compiled, tests "
                       "done of total, the last test's verdict) as progress events beside the verdicts, at most one "
-                      "row per submission per 250ms; webhooks deliver verdicts only (docs/events.md)."),
+                      "row per submission per progressInterval; webhooks deliver verdicts only (docs/events.md)."),
     _duration(("progressDeadline",), 600.0,
               description="How long a Deployment may roll out without progress (its progressDeadlineSeconds) before "
                           "the JudgeQueue turns Degraded with the rollout's own message."),

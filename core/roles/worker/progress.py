@@ -4,7 +4,7 @@ With ``JUDGEQUEUE_PROGRESS=on`` each job gets a :class:`JobProgress`, the report
 (:func:`~judgequeue.core.judges.current_progress`): a report only records the job's latest state
 and marks it changed. :class:`ProgressWriter` writes, in one statement, the latest state of every
 job that changed, at most once per ``interval``: a job of 100 tests judged in 3 s writes about 13
-rows at the default 250 ms, not 200, and a job shorter than the interval one or two. Each row is
+rows at 250 ms (4 at the default 1 s), not 200, and a job shorter than the interval one or two. Each row is
 fenced like the verdict (id, generation, attempt, ``JUDGING``), so a stale attempt's progress is
 refused exactly as its verdict would be; such a job writes no more.
 
