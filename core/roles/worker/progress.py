@@ -110,7 +110,7 @@ class ProgressWriter:
         self._changed.pop(id(job), None)
         writing = self._writing
         if writing is not None and id(job) in self._carrying:
-            with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(writing), STATEMENT_TIMEOUT)
 
     def drop(self, job: JobProgress) -> None:
