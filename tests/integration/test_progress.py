@@ -5,13 +5,16 @@ webhooks skip it; the verdicts' retention prunes it."""
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
 import time
 import uuid
 
 import asyncpg
+import pytest
 
+from judgequeue.core import api
 from judgequeue.core.judges.builtin import SleepJudge
 from judgequeue.core.store import events, leases, outbox
 from judgequeue.core.store.queues import create_queue
@@ -147,3 +150,39 @@ async def test_an_unknown_kind_is_refused_naming_it(pg: asyncpg.Connection) -> N
         assert "progres" in str(exc)
     else:
         raise AssertionError("an unknown event kind was accepted")
+    # The application's iterator refuses it when asked for, not at its first read.
+    with pytest.raises(events.InvalidKinds, match="progres"):
+        api.verdict_events("postgresql://unused/db", kinds=("progres",))
+
+
+def test_events_tail_shows_progress_only_when_asked(
+    pg_dsn: str, queue_name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from judgequeue.core.cli import main
+
+    async def judge_one() -> int:
+        conn = await asyncpg.connect(pg_dsn)
+        try:
+            await create_queue(conn, queue_name)
+            sid = await outbox.submit(conn, queue_name, {})
+            [lease] = await leases.acquire(conn, queue_name, [(sid, 1)], ttl=30)
+            state = {"phase": "testing", "tests_done": 7, "tests_total": 40, "running": 8, "test": 7,
+                     "last_verdict": "ACCEPTED", "last_time": 0.132}  # fmt: skip
+            assert await events.record_progress(conn, [_write(lease, **state)])
+            assert await leases.write_verdicts(conn, [leases.VerdictWrite(lease, "ACCEPTED", {"status": "ACCEPTED"})])
+            return sid
+        finally:
+            await conn.close()
+
+    sid = asyncio.run(judge_one())
+    assert main(["events", "tail", "--postgres-dsn", pg_dsn, "--queue", queue_name]) == 0
+    [verdict] = capsys.readouterr().out.splitlines()
+    assert verdict.endswith(f"submission={sid} generation=1  ACCEPTED")
+    assert main(["events", "tail", "--postgres-dsn", pg_dsn, "--queue", queue_name, "--progress"]) == 0
+    progress, again = capsys.readouterr().out.splitlines()
+    assert progress.endswith(f"submission={sid} generation=1  progress 7/40 done, test 8 running, last ACCEPTED 0.132s")
+    assert again == verdict
+    assert main(["events", "tail", "--postgres-dsn", pg_dsn, "--queue", queue_name, "--progress", "--json"]) == 0
+    first, last = (json.loads(line) for line in capsys.readouterr().out.splitlines())
+    assert (first["kind"], first["status"], first["progress"]["tests_done"]) == ("progress", "JUDGING", 7)
+    assert (last["kind"], last["status"]) == ("verdict", "ACCEPTED") and "progress" not in last
