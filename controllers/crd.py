@@ -244,8 +244,10 @@ def _children() -> dict[tuple[str, ...], list[str]]:
     worker = children[ENDPOINTS[:-1]]
     worker.insert(worker.index("judge") + 1, ENDPOINTS[-1])
     top = children[()]
+    if WEBHOOKS[0] in top:  # spec.events.progress, a scalar of FIELDS, put it in FIELDS' order
+        top.remove(WEBHOOKS[0])
     top.insert(top.index("cutover") + 1, WEBHOOKS[0])
-    children[WEBHOOKS[:-1]] = [WEBHOOKS[-1]]
+    children[WEBHOOKS[:-1]] = [WEBHOOKS[-1], *children.get(WEBHOOKS[:-1], [])]
     top.insert(top.index("queue") + 1, CLASSES[0])
     return children
 
@@ -445,8 +447,8 @@ def _object(path: tuple[str, ...], children: dict[tuple[str, ...], list[str]]) -
         elif sub == WEBHOOKS:
             properties[name] = _webhooks()
         elif sub == WEBHOOKS[:-1]:
-            properties[name] = {"type": "object", "description": "The verdict events sent out of judgequeue.",
-                                "properties": {WEBHOOKS[-1]: _webhooks()}}
+            # the webhooks (below), the progress switch and its interval (with its rule)
+            properties[name] = {**_object(sub, children), "description": "The verdict events sent out of judgequeue."}
         elif sub == CLASSES:
             properties[name] = _classes()
         elif sub in FIELD_BY_PATH:

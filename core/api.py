@@ -14,7 +14,7 @@ each says what was wrong with the input, and a refused call writes nothing.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -36,7 +36,7 @@ from .base.states import VERDICTS
 from .judges import Judge, Verdict
 from .runtime import event_feed
 from .store import events, shadow, submissions
-from .store.events import InvalidPosition, Position, VerdictEvent
+from .store.events import InvalidKinds, InvalidPosition, Position, VerdictEvent
 from .store.outbox import rejudge, rejudge_many, submit
 
 
@@ -91,7 +91,11 @@ async def report_legacy_verdict(
 
 
 def verdict_events(
-    dsn: str, *, after: Position | str | None = None, queue: str | None = None
+    dsn: str,
+    *,
+    after: Position | str | None = None,
+    queue: str | None = None,
+    kinds: Sequence[str] = ("verdict",),
 ) -> AsyncIterator[VerdictEvent]:
     """Every verdict stored after ``after``, as an async iterator that never ends and never misses one.
 
@@ -103,9 +107,15 @@ def verdict_events(
     come again after such a restart of yours: :attr:`VerdictEvent.key`
     (``queue:submission:generation``) names its effect. ``dsn`` must reach Postgres directly (not
     through a transaction pooler): the iterator holds a ``LISTEN`` session.
+
+    ``kinds``: verdicts only by default; ``("verdict", "progress")`` adds the live progress of
+    submissions being judged on queues whose workers report it (``VerdictEvent.kind`` tells them
+    apart; a progress event's ``status`` is ``JUDGING`` and its ``progress`` says how far it got).
+    A submission's progress events come before its generation's verdict; drop one whose generation
+    already has a verdict you applied. An unknown kind raises ``InvalidKinds``.
     """
     start = events.START if after is None else Position.parse(after) if isinstance(after, str) else after
-    return event_feed.follow(dsn, after=start, queue=queue)
+    return event_feed.follow(dsn, after=start, queue=queue, kinds=events.check_kinds(kinds))
 
 
 async def events_head(conn: asyncpg.Connection) -> Position:
@@ -117,6 +127,7 @@ async def events_head(conn: asyncpg.Connection) -> Position:
 __all__ = [
     "VERDICTS",
     "InvalidClass",
+    "InvalidKinds",
     "InvalidPayload",
     "InvalidPosition",
     "InvalidQueueName",

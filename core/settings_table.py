@@ -256,6 +256,19 @@ class WorkerSettings:
         explain="With direct intake: how many of its free slots an idle worker offers; a submit that finds an open "
                 "offer writes its job already leased to that worker and notifies it (no statement of the "
                 "worker's before the judge). 0 = no offers.")
+    progress: str = choice(
+        # Not a spec scalar: the spec's boolean spec.events.progress renders it (core/spec/roles.py).
+        "PROGRESS", "off", ("off", "on"), roles=("worker",),
+        meaning="off (verdicts only) or on (also write each judging's live progress as events)",
+        doc="worker: `on` writes the live progress of each job it judges (compiled, tests done of total, the last "
+            "test's verdict and time) as progress events beside the verdicts, at most one row per job per "
+            "`PROGRESS_INTERVAL` ([docs/events.md](docs/events.md)); a JudgeQueue's `spec.events.progress: true`")
+    progress_interval: float = duration(
+        "PROGRESS_INTERVAL", 1.0, under=60.0, roles=("worker",), spec=("events", "progressInterval"),
+        explain="With progress on: the least time between two progress rows of one submission (under 1m).",
+        doc="worker, with `PROGRESS=on`: the least time between two progress rows of one job (the worker writes the "
+            "latest state of every job that moved in one statement per interval); each row costs about 0.14 ms of "
+            "CPU, so a shorter interval shows more and costs more ([docs/events.md](docs/events.md))")
     shadow: str = choice(
         # Not a spec scalar: the operator renders it for the Deployment of spec.worker.shadow.
         "SHADOW", "off", SHADOW_MODES, roles=("worker",),

@@ -28,10 +28,27 @@ from .common import (
 def _line(event: Any, as_json: bool) -> str:
     if as_json:
         return json.dumps(event.to_json(), separators=(",", ":"))
+    if event.kind == "progress":
+        return (f"{event.position}  {event.queue}  submission={event.submission_id} generation={event.generation}  "
+                f"progress {_progress(event.progress or {})}")  # fmt: skip
     score = "" if event.score is None else f" score={json.dumps(event.score)}"
     reason = "" if event.reason is None else f"  {event.reason}"
     return (f"{event.position}  {event.queue}  submission={event.submission_id} generation={event.generation}  "
             f"{event.status}{score}{reason}")  # fmt: skip
+
+
+def _progress(p: Mapping[str, Any]) -> str:
+    """A progress state in a few words: ``compiled``, ``test 7 of 40 running``, ``3/40 done, last ACCEPTED 0.12s``."""
+    if p.get("compile_error"):
+        return "compile error"
+    done, total = p.get("tests_done", 0), p.get("tests_total")
+    testing = p.get("phase") == "testing"
+    words = [f"{done}/{total if total is not None else '?'} done"] if testing else [p.get("phase", "?")]
+    if p.get("running") is not None:
+        words.append(f"test {p['running']} running")
+    if p.get("last_verdict") is not None:
+        words.append(f"last {p['last_verdict']} {p.get('last_time', 0):.3f}s")
+    return ", ".join(str(w) for w in words)
 
 
 def _start(text: str) -> Any:
@@ -58,10 +75,11 @@ def cmd_tail(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         return events.START if start == "start" else start
 
     after: events.Position = run_async(with_pg(dsn, position))
+    kinds = list(events.KINDS) if args.progress else ["verdict"]
     if args.follow:
 
         async def follow() -> None:
-            async for event in event_feed.follow(dsn, after=after, queue=args.queue):
+            async for event in event_feed.follow(dsn, after=after, queue=args.queue, kinds=kinds):
                 print(_line(event, args.json), flush=True)
 
         with contextlib.suppress(KeyboardInterrupt):
@@ -71,7 +89,8 @@ def cmd_tail(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     async def read(conn: Any) -> list[events.VerdictEvent]:
         found: list[events.VerdictEvent] = []
         while True:
-            batch = await events.read(conn, found[-1].position if found else after, queue=args.queue, limit=500)
+            batch = await events.read(conn, found[-1].position if found else after, queue=args.queue, limit=500,
+                                      kinds=kinds)
             found += batch
             if len(batch) < 500:
                 return found
@@ -116,6 +135,8 @@ def add(commands: Commands) -> None:
     t.add_argument("--after", default="start", metavar="POSITION",
                    help="start (every event still retained; the default), now, or a position <txid>-<id>")  # fmt: skip
     t.add_argument("--queue", default=None, help="only this queue's events (default: every queue)")
+    t.add_argument("--progress", action="store_true",
+                   help="also the live progress of submissions being judged (queues whose workers report it)")
     t.add_argument("--follow", "-f", action="store_true", help="keep printing events as they commit (Ctrl-C stops)")
     add_variable_flags(t, [DSN], "connection")
     for name, text in (

@@ -7,6 +7,7 @@ listing what is installed.
 
 - :mod:`.interface`: :class:`Judge`, :class:`Verdict` and the optional protocols;
   :mod:`.registry`: loading plugins and calling them the way the worker does;
+- :mod:`.progress`: the live progress a judge reports while it works;
 - :mod:`.builtin`: ``noop`` and ``sleep``; :mod:`.http_call`: ``http-call``;
 - :mod:`.program`: ``program``, submitted programs judged test by test (its languages, builds,
   checkers, scoring, a grader per grading mode, and the problem archive readers);
@@ -30,6 +31,7 @@ from .interface import (
     UsesPackages,
     Verdict,
 )
+from .progress import NO_PROGRESS, NoProgress, Progress, current_progress, reporting
 from .registry import (
     ENTRY_POINT_GROUP,
     UnknownJudge,
@@ -42,22 +44,27 @@ from .registry import (
 
 __all__ = [
     "ENTRY_POINT_GROUP",
+    "NO_PROGRESS",
     "STATUSES",
     "BuildsHelpers",
     "CallLater",
     "Job",
     "Judge",
     "KnowsJob",
+    "NoProgress",
     "PackageSource",
     "PackageView",
+    "Progress",
     "SelfChecking",
     "Status",
     "UnknownJudge",
     "UsesPackages",
     "Verdict",
     "available_judges",
+    "current_progress",
     "judge_failure",
     "judge_fault",
     "judge_job",
     "load_judge",
+    "reporting",
 ]

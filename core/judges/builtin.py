@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 from . import Verdict
+from .progress import current_progress
 
 
 class NoopJudge:
@@ -28,7 +29,9 @@ class JudgeCrashed(RuntimeError):
 class SleepJudge:
     """Test judge driven by the payload.
 
-    ``seconds`` (default 0) to sleep; ``crash: true`` raises after sleeping; ``hang: true`` never
+    ``seconds`` (default 0) to sleep; ``tests`` (default 0) splits that sleep into so many tests
+    and reports each one's start and end as live progress (what a program judge reports, without
+    the sandbox); ``crash: true`` raises after sleeping; ``hang: true`` never
     returns (until cancelled); ``exit: true`` kills the whole worker process (a native judge
     segfaulting, the OOM killer) to test poison jobs; ``status`` picks the verdict (default
     ACCEPTED); ``echo`` is copied into the details so tests can tell attempts apart.
@@ -37,7 +40,16 @@ class SleepJudge:
     async def judge(self, payload: Any) -> Verdict:
         options = payload if isinstance(payload, dict) else {}
         seconds = float(options.get("seconds", 0) or 0)
-        if seconds > 0:
+        tests = int(options.get("tests", 0) or 0)
+        if tests > 0:
+            report = current_progress()
+            report.compiled()
+            for number in range(1, tests + 1):
+                report.test_started(number, tests)
+                if seconds > 0:
+                    await asyncio.sleep(seconds / tests)
+                report.test_finished(number, tests, "ACCEPTED", seconds / tests)
+        elif seconds > 0:
             await asyncio.sleep(seconds)
         if options.get("hang"):
             await asyncio.Event().wait()

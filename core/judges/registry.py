@@ -11,6 +11,7 @@ from typing import Any, cast
 
 from ..base.errors import ConfigError
 from .interface import Job, Judge, KnowsJob, SelfChecking, Verdict
+from .progress import NO_PROGRESS, Progress, reporting
 
 ENTRY_POINT_GROUP = "judgequeue.judges"
 
@@ -23,8 +24,16 @@ def _implements(cls: type, protocol: type) -> bool:
     return issubclass(cls, protocol)
 
 
-async def judge_job(judge: Judge, job: Job, payload: Any) -> Verdict:
-    """Run ``judge`` on one job: with its identity when it asks for it (:class:`KnowsJob`)."""
+async def judge_job(judge: Judge, job: Job, payload: Any, progress: Progress = NO_PROGRESS) -> Verdict:
+    """Run ``judge`` on one job: with its identity when it asks for it (:class:`KnowsJob`), and
+    ``progress`` as the reporter it finds with :func:`~.progress.current_progress`."""
+    if progress is NO_PROGRESS:
+        return await _call(judge, job, payload)
+    with reporting(progress):
+        return await _call(judge, job, payload)
+
+
+async def _call(judge: Judge, job: Job, payload: Any) -> Verdict:
     if _implements(type(judge), KnowsJob):
         return await cast(KnowsJob, judge).judge_job(job, payload)
     return await judge.judge(payload)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 import asyncpg
 
@@ -47,9 +47,12 @@ async def follow(
     batch: int = 500,
     idle_poll: float = IDLE_POLL,
     pooler: str = "none",
+    kinds: Sequence[str] | None = ("verdict",),
 ) -> AsyncIterator[events.VerdictEvent]:
-    """Every verdict event after ``after`` (of ``queue``, or of every queue), in position order,
-    each once, across any number of lost connections; runs until the caller stops iterating."""
+    """Every event of ``kinds`` (None: every kind) after ``after`` (of ``queue``, or of every
+    queue), in position order, each once, across any number of lost connections; runs until the
+    caller stops iterating."""
+    kinds = events.check_kinds(kinds)  # a bad kind fails here, not at the first read
     position = after
     failures = 0
     wake = asyncio.Event()
@@ -72,7 +75,7 @@ async def follow(
             held_wait = HELD_POLL[0]
             while True:
                 wake.clear()  # before the read: an announcement from now on wakes the wait below
-                found = await events.read(conn, position, queue=queue, limit=batch)
+                found = await events.read(conn, position, queue=queue, limit=batch, kinds=kinds)
                 failures = 0
                 for event in found:
                     position = event.position

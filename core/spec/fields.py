@@ -187,6 +187,11 @@ def _secret(path: tuple[str, ...], key: str) -> tuple[Field, Field]:
 #: Every scalar field of ``JudgeQueue.spec``, in the order the CRD lists them. A role setting's field is
 #: its row's (:func:`_setting`); a row not placed here is added after its object's last field.
 #: ``resources`` (requests/limits of quantities) are the only other leaves; see :data:`RESOURCES`.
+#: ``spec.events.progress``: the workers write live progress events (the worker's ``JUDGEQUEUE_PROGRESS``).
+PROGRESS: tuple[str, ...] = ("events", "progress")
+#: The variable it renders for the workers.
+PROGRESS_VARIABLE = "JUDGEQUEUE_PROGRESS"
+
 FIELDS: tuple[Field, ...] = _with_every_setting((
     Field(("image",), "string", required=True, min_length=1,
           description="The judgequeue image; its command selects the role."),
@@ -195,6 +200,10 @@ FIELDS: tuple[Field, ...] = _with_every_setting((
     _setting(("logLevel",)),
     Field(("paused",), "boolean", False,
           description="When true, dispatchers claim nothing; submissions still commit."),
+    Field(PROGRESS, "boolean", False,
+          description="When true, workers write the live progress of each submission they judge (compiled, tests "
+                      "done of total, the last test's verdict) as progress events beside the verdicts, at most one "
+                      "row per submission per progressInterval; webhooks deliver verdicts only (docs/events.md)."),
     _duration(("progressDeadline",), 600.0,
               description="How long a Deployment may roll out without progress (its progressDeadlineSeconds) before "
                           "the JudgeQueue turns Degraded with the rollout's own message."),
@@ -343,7 +352,7 @@ ENDPOINTS_VARIABLE = "JUDGEQUEUE_CALL_ENDPOINTS"
 ENDPOINT_URL_DIR = "/var/run/secrets/judgequeue"
 
 #: ``spec.events.webhooks``: where the reaper delivers the queue's verdict events (docs/events.md), a
-#: list of objects read by :func:`parse_webhooks`; ``events`` holds nothing else.
+#: list of objects read by :func:`parse_webhooks`; beside it ``events`` holds :data:`PROGRESS`.
 WEBHOOKS: tuple[str, ...] = ("events", "webhooks")
 WEBHOOKS_MAX = 16
 #: A webhook's bounded numbers: (least, most, default); its deadline's default and bound.

@@ -17,6 +17,8 @@ from .fields import (
     ENDPOINTS_VARIABLE,
     FIELDS,
     LISTEN_SECRET,
+    PROGRESS,
+    PROGRESS_VARIABLE,
     SANDBOX_VARIABLE,
     SECRET_SETTINGS,
     WEBHOOKS_VARIABLE,
@@ -71,6 +73,8 @@ def role_settings(spec: JudgeQueueSpec, role: Role, *, given_only: bool = False)
     if role == "worker" and spec.worker.sandbox == "trusted":
         # Read by the program judge itself (judges/sandbox/isolation.py), not core/config.py.
         values[SANDBOX_VARIABLE] = "trusted"
+    if role == "worker" and spec.values.get(PROGRESS):
+        values[PROGRESS_VARIABLE] = "on"
     if role == "worker" and spec.worker.endpoints:
         values[ENDPOINTS_VARIABLE] = endpoints_setting(spec.worker.endpoints)
     if role == "reaper" and spec.webhooks:

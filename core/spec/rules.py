@@ -81,7 +81,7 @@ def object_paths() -> dict[tuple[str, ...], set[str]]:
         objects[path].add("resources")
     objects[ENDPOINTS[:-1]].add(ENDPOINTS[-1])
     objects[()].add(WEBHOOKS[0])
-    objects[WEBHOOKS[:-1]] = {WEBHOOKS[-1]}
+    objects.setdefault(WEBHOOKS[:-1], set()).add(WEBHOOKS[-1])
     objects[()].add(CLASSES[0])
     return objects
 

@@ -18,6 +18,7 @@ lost: at worst one delivery is sent again, which its ``Idempotency-Key`` makes h
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -75,6 +76,13 @@ class VerdictEvent:
     score: Any
     reason: str | None
     committed_at: datetime
+    #: ``verdict``, or ``progress``: a judging attempt's live progress (``status`` is ``JUDGING``,
+    #: :attr:`progress` says how far it got), written only for queues whose workers report it.
+    kind: str = "verdict"
+    #: A progress event's state: ``phase`` (``compiling``, ``compiled``, ``testing``), ``tests_done``,
+    #: ``tests_total``, ``test`` (the latest test started or finished), ``last_verdict`` and
+    #: ``last_time`` (seconds) of the latest test finished, ``compile_error`` when the build failed.
+    progress: dict[str, Any] | None = None
 
     @property
     def key(self) -> str:
@@ -85,7 +93,8 @@ class VerdictEvent:
         return {
             "position": str(self.position), "queue": self.queue, "submission": self.submission_id,
             "generation": self.generation, "status": self.status, "score": self.score, "reason": self.reason,
-            "committed_at": self.committed_at.isoformat(),
+            "committed_at": self.committed_at.isoformat(), "kind": self.kind,
+            **({"progress": self.progress} if self.progress is not None else {}),
         }  # fmt: skip
 
 
@@ -94,17 +103,64 @@ def _event(row: asyncpg.Record) -> VerdictEvent:
         position=Position(int(row["txid"]), row["id"]), queue=row["queue"], submission_id=row["submission_id"],
         generation=row["generation"], status=row["status"],
         score=None if row["score"] is None else json.loads(row["score"]), reason=row["reason"],
-        committed_at=row["created_at"],
+        committed_at=row["created_at"], kind=row["kind"],
+        progress=None if row["progress"] is None else json.loads(row["progress"]),
     )  # fmt: skip
 
 
+#: The kinds of event: a verdict stored, a judging attempt's progress.
+KINDS: tuple[str, ...] = ("verdict", "progress")
+
+
+class InvalidKinds(JudgeQueueError):
+    """Event kinds asked for that are not :data:`KINDS`."""
+
+
+def check_kinds(kinds: Sequence[str] | None) -> list[str] | None:
+    """``kinds`` as the read takes them (None: every kind); :class:`InvalidKinds` naming a bad one (pure)."""
+    if kinds is None:
+        return None
+    bad = [k for k in kinds if k not in KINDS]
+    if bad or not kinds:
+        raise InvalidKinds(f"event kinds {list(kinds)!r}: each one of {', '.join(KINDS)}, at least one")
+    return list(dict.fromkeys(kinds))
+
+
 async def read(
-    conn: asyncpg.Connection, after: Position, *, queue: str | None = None, limit: int = 500
+    conn: asyncpg.Connection,
+    after: Position,
+    *,
+    queue: str | None = None,
+    limit: int = 500,
+    kinds: Sequence[str] | None = ("verdict",),
 ) -> list[VerdictEvent]:
-    """Up to ``limit`` events after ``after`` (of ``queue``, or every queue), in position order,
-    stopping before the oldest transaction still running."""
-    rows = await conn.fetch(sql.query("events_read"), str(after.txid), after.id, queue, limit)
+    """Up to ``limit`` events after ``after`` (of ``queue``, or every queue; of ``kinds``, verdicts
+    only unless asked, None: every kind), in position order, stopping before the oldest transaction
+    still running."""
+    rows = await conn.fetch(sql.query("events_read"), str(after.txid), after.id, queue, limit, check_kinds(kinds))
     return [_event(r) for r in rows]
+
+
+@dataclass(frozen=True)
+class ProgressWrite:
+    """One judging attempt's latest progress, fenced on ``(submission, generation, attempt)``."""
+
+    submission: int
+    generation: int
+    attempt: uuid.UUID
+    progress: str  # the JSON text of the state
+
+
+async def record_progress(conn: asyncpg.Connection, writes: Sequence[ProgressWrite]) -> set[uuid.UUID]:
+    """Write one progress event per attempt still judging under its lease (one statement); returns
+    the attempts written. A missing one is stale: its lease is gone or its verdict is stored."""
+    if not writes:
+        return set()
+    rows = await conn.fetch(
+        sql.query("progress_record"), [w.submission for w in writes], [w.generation for w in writes],
+        [w.attempt for w in writes], [w.progress for w in writes],
+    )  # fmt: skip
+    return {r["attempt_id"] for r in rows}
 
 
 async def held(conn: asyncpg.Connection, *, queue: str | None = None) -> bool:

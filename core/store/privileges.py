@@ -93,6 +93,7 @@ ROLES: Final[Mapping[str, Role]] = MappingProxyType(
                     "offers_sync",
                     "lease_renew",
                     "lease_verdict",
+                    "progress_record",
                     "lease_make_durable",
                     "lease_release",
                     "lease_defer",

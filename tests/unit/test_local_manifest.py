@@ -143,6 +143,20 @@ def test_role_env_layers_caller_env_manifest_then_connections() -> None:
     assert env["JUDGEQUEUE_POSTGRES_DSN"] == "postgresql://h/db" and env["JUDGEQUEUE_METRICS_PORT"] == "9191"
 
 
+def test_live_progress_reaches_the_workers_only_from_the_manifest() -> None:
+    """``spec.events.progress: true`` renders ``JUDGEQUEUE_PROGRESS=on`` for the workers (a shadow
+    worker takes it too and ignores it: its verdicts are not events), for no other role."""
+    options = LocalOptions(manifest="x", postgres_dsn="postgresql://h/db", redis_url="redis://h/1")
+    on = parse_manifest(manifest(events={"progress": True}))
+    assert role_env({}, on, "worker", options, port=0)["JUDGEQUEUE_PROGRESS"] == "on"
+    assert load_settings(role_env({}, on, "worker", options, port=0)).worker.progress == "on"
+    assert all("JUDGEQUEUE_PROGRESS" not in role_env({}, on, r, options, port=0) for r in ("dispatcher", "reaper"))
+    off = parse_manifest(manifest())
+    assert load_settings(role_env({}, off, "worker", options, port=0)).worker.progress == "off"
+    with pytest.raises(ManifestError, match=r"spec\.events\.progress"):
+        parse_manifest(manifest(events={"progress": "yes"}))
+
+
 def test_http_call_endpoints_run_locally_and_secret_ones_need_the_callers() -> None:
     """An endpoint with a url runs as the manifest says; one whose URL is a Kubernetes Secret's is
     refused before anything starts, naming the way out, unless the caller gives its endpoints."""

@@ -29,6 +29,7 @@ SPEC: dict[str, Any] = {
         "maxRetries": 0,
         "retention": "3d",
     },
+    "events": {"progress": True, "progressInterval": "500ms"},
 }
 CONNECTIONS = {"JUDGEQUEUE_POSTGRES_DSN": "postgresql://h/db", "JUDGEQUEUE_REDIS_URL": "redis://h/0"}
 
@@ -64,6 +65,7 @@ def test_each_spec_value_reaches_the_role_that_reads_it() -> None:
     assert (dispatcher.batch_size, dispatcher.schedule, dispatcher.max_attempts) == (77, 3.0, 4)
     assert (dispatcher.backoff_base, dispatcher.backoff_max) == (2.0, 90.0)
     assert (worker.concurrency, worker.judge, worker.grace_period, worker.lease_ttl) == (6, "sleep", 12.0, 20.0)
+    assert (worker.progress, worker.progress_interval) == ("on", 0.5)
     assert (reaper.reaper.interval, reaper.reaper.visibility_timeout, reaper.reaper.max_deliveries) == (4.0, 45.0, 7)
     assert (reaper.reaper.max_retries, reaper.reaper.retention) == (0, 3 * 86400.0)
     assert reaper.dispatcher.schedule == 3.0  # the reaper prunes dispatcher waiters by it

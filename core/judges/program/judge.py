@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from .. import PackageSource, Verdict
+from .. import PackageSource, Verdict, current_progress
 from ..sandbox import Isolation, Limits, run
 from ..sandbox.cgroups import Roots
 from ..sandbox.isolation import JudgeSettings, detect, load_judge_settings
@@ -253,6 +253,7 @@ class ProgramJudge:
                 language, program.source, box.dir, box, box.group, deadline,
                 std=program.std, memory_mb=problem.memory_mb, cache=True, beside=beside, units=units,
             )  # fmt: skip
+            current_progress().compiled(not isinstance(built, Verdict))
             if isinstance(built, Verdict):
                 return built
             argv = built
@@ -281,6 +282,7 @@ class ProgramJudge:
         grader = GRADERS[problem.kind]
         results: list[TestResult] = []
         stderr: dict[int, bytes] = {}
+        report, total = current_progress(), len(problem.tests)
         for number, case in enumerate(problem.tests, 1):
             if not should_run(number, results, problem.scoring):
                 if not problem.scoring.scored or finished(results, problem.scoring):
@@ -292,11 +294,13 @@ class ProgramJudge:
                 results.append(result_of(number, "TIME_LIMIT", None, 0.0, used_up))
                 break
             this = replace(limits, wall=min(limits.wall, left))
+            report.test_started(number, total)
             result, err = await grader.grade(g, number, case, await read_data(case.input), this)
             if "wall time over" in result.message and this.wall < limits.wall:
                 used_up = f"submission time budget of {self.settings.budget:g}s used up"
                 result = replace(result, verdict="TIME_LIMIT", message=used_up)
             results.append(result)
+            report.test_finished(number, total, result.verdict, (result.cpu_ms or result.wall_ms) / 1000)
             if err:
                 stderr[number] = err
             if result.verdict == "SYSTEM_ERROR":

@@ -43,7 +43,7 @@ import redis.asyncio as aioredis
 from ...base import failpoints, metrics
 from ...base.errors import SERVER_ERRORS, RoleUnfit, describe, is_permanent
 from ...config import Settings
-from ...judges import CallLater, Judge, Verdict, judge_failure, judge_fault, judge_job, load_judge
+from ...judges import NO_PROGRESS, CallLater, Judge, Verdict, judge_failure, judge_fault, judge_job, load_judge
 from ...runtime.lifecycle import (
     DB_ERRORS,
     SHUTDOWN_STEP,
@@ -64,6 +64,7 @@ from ...transport.envelope import Envelope
 from . import deferral
 from .direct import DirectIntake
 from .lanes import LIVE_LANE, SHADOW_LANE, AckWhenDurable, Lane
+from .progress import JobProgress, ProgressWriter
 from .stream import Intake, StreamIntake
 from .verdicts import VERDICT_LINGER, VerdictWriter, WriteAbandoned, stored_verdict
 
@@ -121,6 +122,11 @@ class Worker:
         #: The shadow lane (JUDGEQUEUE_SHADOW=judge) judges the shadow stream only, into shadow verdicts.
         self.lane: Lane = SHADOW_LANE if self.cfg.shadow == "judge" else LIVE_LANE
         self._writer = VerdictWriter(pool, linger=VERDICT_LINGER, lane=self.lane)
+        #: Live progress events (JUDGEQUEUE_PROGRESS=on; never in the shadow lane, whose verdicts are not events).
+        self.progress: ProgressWriter | None = (
+            ProgressWriter(pool, interval=self.cfg.progress_interval)
+            if self.cfg.progress == "on" and not self.lane.shadow else None
+        )
         self._session = HeldSession(pool)  # the read loop's leases: one session, not one per batch
         self._acks = AckWhenDurable(pool, redis, self.queue, shadow=self.lane.shadow)
         self.intake: Intake = self._open_intake()  # where this worker's jobs come from
@@ -163,6 +169,8 @@ class Worker:
         """Judge until ``stop`` is set, then shut down gracefully (finish or release in-flight jobs)."""
         self._loop = asyncio.get_running_loop()
         self._writer.start()
+        if self.progress is not None:
+            self.progress.start()
         self._acks.start()
         follow = asyncio.create_task(_follow(stop, self._halt), name="worker-stop")
         stopping = self._halt  # asked to stop, or stopping itself (unfit)
@@ -179,6 +187,8 @@ class Worker:
             await (self._session.release() if ended else self._session.drop())
             await self._shutdown()
             await cancel_within(heartbeat, SHUTDOWN_STEP)
+            if self.progress is not None:
+                await self.progress.close()
             follow.cancel()
         if self.unfit is not None:
             raise RoleUnfit(f"the worker cannot judge any more, its jobs were given back: {self.unfit}")
@@ -328,9 +338,12 @@ class Worker:
         lease = job.lease
         self._m_in_flight.inc()
         started = time.monotonic()
+        reporter: JobProgress | None = self.progress.job(lease) if self.progress is not None else None
         try:
             try:
-                verdict = await judge_job(self.judge, leases.job_of(self.queue, lease), lease.payload)
+                verdict = await judge_job(
+                    self.judge, leases.job_of(self.queue, lease), lease.payload, reporter or NO_PROGRESS
+                )
                 failpoints.hit("worker.after_judge")
                 if not isinstance(verdict, Verdict):
                     raise TypeError(f"judge returned {type(verdict).__name__}, not a Verdict")
@@ -363,6 +376,8 @@ class Worker:
                 return
             job.phase = "writing"
             self._m_judge.observe(time.monotonic() - started)
+            if reporter is not None and self.progress is not None:
+                await self.progress.finish(reporter)  # its progress rows commit before its verdict
             checked, doc, text = stored_verdict(verdict, lease, self.name)
             if checked.status != verdict.status:
                 self.stats.judge_errors += 1
@@ -389,6 +404,8 @@ class Worker:
             if not self.lane.shadow:  # a shadow verdict's seconds are its judging, not created -> verdict
                 self._m_e2e.observe(end_to_end)
         finally:
+            if reporter is not None and self.progress is not None:
+                self.progress.drop(reporter)
             job.phase = "done"
             self._m_in_flight.dec()
             if not job.releasing:

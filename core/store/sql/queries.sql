@@ -827,7 +827,7 @@ SELECT r.rolsuper AS superuser,
 SELECT 1
 
 -- name: events_read
--- Verdict events after position ($1 txid, $2 id), of queue $3 (NULL: every queue), up to the oldest transaction still running here.
+-- Events after position ($1 txid, $2 id), of queue $3 (NULL: every queue) and kinds $5 (NULL: all), up to the oldest transaction still running here.
 WITH horizon AS MATERIALIZED (
     -- judgequeue.events_horizon()'s body, inlined: a prepared statement plans it once, where the
     -- SQL function is planned again at every call (about 0.5 ms of server CPU each)
@@ -839,11 +839,13 @@ WITH horizon AS MATERIALIZED (
                pg_snapshot_xmax(snap.s)) AS h
       FROM (SELECT pg_current_snapshot() AS s) snap
 )
-SELECT e.id, e.txid::text AS txid, e.queue, e.submission_id, e.generation, e.status, e.score, e.reason, e.created_at
+SELECT e.id, e.txid::text AS txid, e.queue, e.submission_id, e.generation, e.status, e.score, e.reason, e.created_at,
+       e.kind, e.progress
   FROM judgequeue.verdict_events e
  WHERE (e.txid, e.id) > ($1::text::xid8, $2::bigint)
    AND e.txid < (SELECT h FROM horizon)
    AND ($3::text IS NULL OR e.queue = $3)
+   AND ($5::text[] IS NULL OR e.kind = ANY($5::text[]))
  ORDER BY e.txid, e.id
  LIMIT $4
 
@@ -858,6 +860,25 @@ SELECT EXISTS (
 -- The position after every event committed so far (a reader starting there sees only later events).
 SELECT coalesce(max(txid), '0'::xid8)::text AS txid, coalesce(max(id), 0) AS id
   FROM (SELECT txid, id FROM judgequeue.verdict_events ORDER BY txid DESC, id DESC LIMIT 1) last
+
+-- name: progress_record
+-- Progress events of leases still held, fenced like a verdict on (id, generation, attempt, JUDGING),
+-- the submission locked shared so a verdict committing meanwhile refuses them; the attempts written.
+WITH held AS (
+    SELECT s.id, s.queue, s.generation, s.attempt_id, p.progress
+      FROM unnest($1::bigint[], $2::bigint[], $3::uuid[], $4::jsonb[]) AS p(id, generation, attempt, progress)
+      JOIN judgequeue.submissions s
+        ON s.id = p.id AND s.generation = p.generation AND s.attempt_id = p.attempt AND s.status = 'JUDGING'
+     WHERE s.id = ANY($1::bigint[])
+       FOR SHARE OF s
+), added AS (
+    INSERT INTO judgequeue.verdict_events (kind, queue, submission_id, generation, status, progress)
+    SELECT 'progress', h.queue, h.id, h.generation, 'JUDGING', h.progress FROM held h ORDER BY h.id
+    RETURNING queue
+), told AS (
+    SELECT count(pg_notify('judgequeue_events', q.queue)) AS n FROM (SELECT DISTINCT queue FROM added) q
+)
+SELECT h.attempt_id FROM held h, told
 
 -- name: events_prune
 -- Delete a batch of a queue's verdict events older than the retention, oldest first.
@@ -893,7 +914,7 @@ WITH ep AS (
                pg_snapshot_xmax(snap.s)) AS h
       FROM (SELECT pg_current_snapshot() AS s) snap
 ), batch AS (
-    SELECT e.id, e.txid, e.queue, e.submission_id, e.generation, e.status, e.score, e.reason, e.created_at
+    SELECT e.id, e.txid, e.queue, e.submission_id, e.generation, e.status, e.score, e.reason, e.created_at, e.kind
       FROM judgequeue.verdict_events e, ep
      WHERE (e.txid, e.id) > (ep.after_txid, ep.after_id)
        AND e.txid < (SELECT h FROM horizon)
@@ -907,6 +928,7 @@ WITH ep AS (
                               'generation', b.generation, 'status', b.status, 'score', b.score,
                               'reason', b.reason, 'committed_at', b.created_at)
       FROM batch b
+     WHERE b.kind = 'verdict'  -- progress is not delivered by webhook; the position moves past it
     ON CONFLICT (endpoint, event_id) DO NOTHING
     RETURNING event_id
 ), moved AS (

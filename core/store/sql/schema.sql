@@ -791,7 +791,12 @@ CREATE TABLE judgequeue.verdict_events (
     status        text NOT NULL,
     score         jsonb,
     reason        text,
-    created_at    timestamptz NOT NULL DEFAULT now()
+    created_at    timestamptz NOT NULL DEFAULT now(),
+    -- 'progress': a judging attempt's live progress (opt-in per queue, JUDGEQUEUE_PROGRESS), written
+    -- by its worker at most once per job per interval, fenced like its verdict; status is JUDGING and
+    -- progress says how far it got (phase, tests done of total, the last test's verdict and time)
+    kind          text NOT NULL DEFAULT 'verdict' CHECK (kind IN ('verdict', 'progress')),
+    progress      jsonb
 );
 
 CREATE INDEX verdict_events_position ON judgequeue.verdict_events (txid, id);
