@@ -28,11 +28,13 @@ from .interface import (
     SelfChecking,
     Status,
     UsesPackages,
+    UsesRedis,
     Verdict,
 )
 from .registry import (
     ENTRY_POINT_GROUP,
     UnknownJudge,
+    attach_redis,
     available_judges,
     judge_failure,
     judge_fault,
@@ -54,7 +56,9 @@ __all__ = [
     "Status",
     "UnknownJudge",
     "UsesPackages",
+    "UsesRedis",
     "Verdict",
+    "attach_redis",
     "available_judges",
     "judge_failure",
     "judge_fault",

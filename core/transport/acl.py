@@ -23,8 +23,13 @@ COMMANDS: Final[Mapping[str, tuple[str, ...]]] = MappingProxyType(
     {
         # enqueue_batch: SET NX, XADD, DEL; the consumer group made at start
         "dispatcher": (*_PING, "fcall", "set", "xadd", "del", "xgroup|create"),
-        # XREADGROUP; ack: XACK, XDEL, DEL; ack_pending: XPENDING; a poison entry dead-lettered: XADD
-        "worker": (*_PING, "fcall", "xreadgroup", "xack", "xdel", "del", "xpending", "xadd", "xgroup|create"),
+        # XREADGROUP; ack: XACK, XDEL, DEL; ack_pending: XPENDING; a poison entry dead-lettered: XADD;
+        # the endpoints' slots (endpoint_acquire, _renew, _release): the holders' sorted set, the
+        # rate's bucket, the server's clock
+        "worker": (
+            *_PING, "fcall", "xreadgroup", "xack", "xdel", "del", "xpending", "xadd", "xgroup|create",
+            "time", "zadd", "zrem", "zcard", "zscore", "zrange", "zremrangebyscore", "hmget", "hset", "pexpire",
+        ),
         # claim: XPENDING, XAUTOCLAIM, XACK; requeue: XADD, XACK, XDEL; idle consumers: XINFO,
         # XGROUP DELCONSUMER; trims, gauges, stranded markers
         "reaper": (
