@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ...base.errors import ConfigError
+from ...spec.fields import RATE_MAX, rate_per_second
 from ...transport.endpoint_slots import EndpointSlots, Limits
 from .. import CallLater, Job, Status, Verdict
 from .client import Answer, CallFailed, check_url, post
@@ -102,24 +103,14 @@ def _number(where: str, value: Any, kind: type[int] | type[float], low: float, h
     return value
 
 
-#: Seconds per unit of a rate (``10/s``, ``600/m``, ``1000/h``).
-RATE_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
-#: The most calls a second a rate may allow.
-RATE_MAX = 100_000.0
-
-
 def parse_rate(where: str, value: Any) -> float:
     """Calls a second a rate allows: a number (calls a second; 0 for no limit) or ``N/s``, ``N/m``,
-    ``N/h``; ConfigError naming ``where`` otherwise (pure)."""
+    ``N/h`` as in the JudgeQueue; ConfigError naming ``where`` otherwise (pure)."""
     if isinstance(value, str):
-        count, sep, unit = value.strip().partition("/")
         try:
-            number = float(count)
-        except ValueError:
-            number = -1.0
-        if not sep or unit not in RATE_UNITS or not 0 < number <= RATE_MAX * RATE_UNITS[unit]:
-            raise ConfigError(f"{where} must be calls per time unit, like 10/s, 600/m or 1000/h, got {value!r}")
-        return number / RATE_UNITS[unit]
+            return rate_per_second(value)
+        except ValueError as exc:
+            raise ConfigError(f"{where} {exc}") from None
     return float(_number(where, value, float, 0, RATE_MAX))
 
 
