@@ -14,7 +14,9 @@ Each round submits ``--jobs`` jobs at once and reports, per slot count:
 * how busy it was: the time-weighted mean of its calls in progress over the bound, from the first
   call's start to the last call's start (while jobs were still waiting for it, every allowed call
   could have been in progress);
-* jobs/s, first submit to last verdict, and its ceiling: bound / delay.
+* jobs/s, first submit to last verdict (the roles' start included), and from the first call to the
+  last verdict, against its ceiling: bound / delay;
+* the deferrals: jobs that found no room to wait and were given back for later.
 
 Writes ``endpoints.json`` to ``--out``. The machine is shared and loaded: read the busy fraction.
 """
@@ -68,6 +70,7 @@ class Round:
     jobs: int
     seconds: float
     jobs_per_second: float
+    calling_jobs_per_second: float
     ceiling_jobs_per_second: float
     peak: int
     busy: float
@@ -112,7 +115,8 @@ async def fleet_round(
             if time.monotonic() - start > within:
                 raise RuntimeError(f"jobs without a verdict after {within}s: {done}\n{roles.logs()}")
             await asyncio.sleep(0.05)
-        seconds = time.monotonic() - start
+        ended = time.monotonic()
+        seconds = ended - start
         if side is not None:
             await side
         deferrals = int(await pool.fetchval(
@@ -123,7 +127,8 @@ async def fleet_round(
     first, last = (min(server.starts), max(server.starts)) if server.starts else (0.0, 0.0)
     return Round(
         slots=slots, workers=workers, bound=bound, delay=server.delay, jobs=jobs, seconds=seconds,
-        jobs_per_second=jobs / seconds, ceiling_jobs_per_second=bound / server.delay, peak=server.peak,
+        jobs_per_second=jobs / seconds, calling_jobs_per_second=jobs / (ended - first) if first else 0.0,
+        ceiling_jobs_per_second=bound / server.delay, peak=server.peak,
         busy=server.mean_between(first, last) / bound, calls=sum(server.calls.values()), deferrals=deferrals,
         statuses=done,
     )  # fmt: skip
@@ -173,11 +178,12 @@ def main(argv: list[str] | None = None) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     doc: list[dict[str, Any]] = [asdict(r) for r in rounds]
     (args.out / "endpoints.json").write_text(json.dumps(doc, indent=2))
-    print(f"{'workers x slots':>16} {'peak/bound':>10} {'busy':>6} {'jobs/s':>7} {'ceiling':>8} {'calls':>6}"
-          f" {'deferrals':>9}")
+    print(f"{'workers x slots':>16} {'peak/bound':>10} {'busy':>6} {'jobs/s':>7} {'calling':>8} {'ceiling':>8}"
+          f" {'calls':>6} {'deferrals':>9}")
     for r in rounds:
         print(f"{f'{r.workers} x {r.slots}':>16} {f'{r.peak}/{r.bound}':>10} {r.busy:>6.1%} "
-              f"{r.jobs_per_second:>7.2f} {r.ceiling_jobs_per_second:>8.2f} {r.calls:>6} {r.deferrals:>9}")  # fmt: skip
+              f"{r.jobs_per_second:>7.2f} {r.calling_jobs_per_second:>8.2f} {r.ceiling_jobs_per_second:>8.2f} "
+              f"{r.calls:>6} {r.deferrals:>9}")  # fmt: skip
 
 
 if __name__ == "__main__":

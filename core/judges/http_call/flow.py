@@ -6,10 +6,11 @@ A job whose endpoint is at its bound (or out of tokens) *waits* in its worker sl
 holding its job lease (the worker's heartbeat renews it as for any running job), up to
 :data:`WAIT_CAP` seconds: it is woken at once by a call of the same worker ending, and looks again
 every :data:`POLL` seconds for slots freed elsewhere in the fleet (or when its token is due). So
-that a slow endpoint cannot fill a worker with waiting jobs, a worker lets at most the endpoint's
-bound wait for it, and at most half of its slots wait at all; a job beyond those, or one that waited
-:data:`WAIT_CAP` in vain, is deferred briefly out of any slot (:class:`~judgequeue.core.judges.CallLater`,
-not a failed try), as is one whose slots Redis cannot answer for (the bound is never guessed).
+that a slow endpoint cannot fill a worker with waiting jobs, a worker's *waiting room* seats at most
+the endpoint's bound of its jobs, and at most half of the worker's slots in all; a job that finds no
+seat waits :data:`ROOM_WAIT` for one (or for a slot) and is then deferred briefly out of any slot
+(:class:`~judgequeue.core.judges.CallLater`, not a failed try), as is one that waited
+:data:`WAIT_CAP` in vain and one whose slots Redis cannot answer for (the bound is never guessed).
 
 A call's slot is a lease (:data:`SLOT_LEASE`) renewed every third of it while the call runs: a
 worker killed mid-call stops renewing and the slot frees when the lease expires. A call whose slot
@@ -40,10 +41,12 @@ T = TypeVar("T")
 SLOT_LEASE = 10.0
 #: Seconds a job waits in its worker slot for an endpoint's slot before it is deferred instead.
 WAIT_CAP = 30.0
+#: Seconds a job that finds the waiting room full waits for a seat in it (or a slot) before it is
+#: deferred: long enough that a worker does not churn through its backlog deferring job after job,
+#: short enough that other endpoints' jobs get the slot soon.
+ROOM_WAIT = 1.0
 #: Seconds between looks for a slot freed by another worker (half of it to all of it, at random).
-POLL = 0.1
-#: Seconds a job that may not wait (the worker's waiting room is full) is deferred for, at first.
-SHORT_DEFER = 0.5
+POLL = 0.05
 
 
 class EndpointFlow:
@@ -51,12 +54,13 @@ class EndpointFlow:
 
     def __init__(
         self, slots: EndpointSlots, *, worker_slots: int | None = None, lease: float = SLOT_LEASE,
-        wait_cap: float = WAIT_CAP, poll: float = POLL,
+        wait_cap: float = WAIT_CAP, poll: float = POLL, room_wait: float = ROOM_WAIT,
     ) -> None:  # fmt: skip
         self.slots = slots
         self.lease = lease
         self.wait_cap = wait_cap
         self.poll = poll
+        self.room_wait = room_wait
         #: Jobs that may wait at once on this worker, whatever their endpoints (half its slots).
         self.waiting_room = max(1, worker_slots // 2) if worker_slots else None
         self._waiting: Counter[str] = Counter()
@@ -84,6 +88,7 @@ class EndpointFlow:
     async def _acquire(self, queue: str, endpoint: str, holder: str, limits: Limits, defer_for: float) -> None:
         loop = asyncio.get_running_loop()
         give_up = loop.time() + self.wait_cap
+        outside_until: float | None = None  # waiting for a seat in the waiting room, until then
         waiting = False
         why = "bound"
         try:
@@ -97,16 +102,19 @@ class EndpointFlow:
                 if grant.granted:
                     return
                 why = grant.why
-                left = give_up - loop.time()
-                if left <= 0 or (grant.why == "rate" and grant.retry_in > left):
-                    break
+                now = loop.time()
+                left = give_up - now
                 if not waiting:
                     if self._waiting[endpoint] >= limits.bound or (
                         self.waiting_room is not None and self.waiting() >= self.waiting_room
                     ):
-                        break
-                    self._waiting[endpoint] += 1
-                    waiting = True
+                        outside_until = outside_until or now + self.room_wait
+                        left = min(left, outside_until - now)
+                    else:
+                        self._waiting[endpoint] += 1
+                        waiting = True
+                if left <= 0 or (grant.why == "rate" and grant.retry_in > left):
+                    break
                 pause = grant.retry_in if grant.why == "rate" else self.poll * (0.5 + random.random() / 2)
                 try:
                     async with asyncio.timeout(min(pause, left)):
