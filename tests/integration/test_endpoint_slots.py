@@ -19,6 +19,7 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 import redis.asyncio as aioredis
 import redis.exceptions as rexc
+from prometheus_client import REGISTRY
 
 from judgequeue.core.judges import CallLater
 from judgequeue.core.judges.http_call.flow import EndpointFlow
@@ -60,6 +61,9 @@ async def test_concurrent_acquirers_never_hold_more_than_the_bound_and_all_get_a
     assert done == callers * calls_each  # everyone waited for a turn: nobody was deferred
     assert peak == bound and peak_in_redis <= bound  # the bound was reached, never passed
     assert await slots.holders(queue_name, "tool") == 0  # every slot given back
+    labels = {"queue": queue_name, "endpoint": "tool"}
+    assert REGISTRY.get_sample_value("judgequeue_endpoint_wait_seconds_count", labels) == callers * calls_each
+    assert REGISTRY.get_sample_value("judgequeue_endpoint_waiting", labels) == 0
 
 
 async def test_a_holder_killed_holding_a_slot_frees_it_when_its_lease_expires(

@@ -28,6 +28,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+from ...base import metrics
 from ...base.errors import TransportError
 from ...transport.endpoint_slots import EndpointSlots, Limits
 from ..interface import CallLater
@@ -87,7 +88,9 @@ class EndpointFlow:
 
     async def _acquire(self, queue: str, endpoint: str, holder: str, limits: Limits, defer_for: float) -> None:
         loop = asyncio.get_running_loop()
-        give_up = loop.time() + self.wait_cap
+        began = loop.time()
+        give_up = began + self.wait_cap
+        gauge = metrics.ENDPOINT_WAITING.labels(queue, endpoint)
         outside_until: float | None = None  # waiting for a seat in the waiting room, until then
         waiting = False
         why = "bound"
@@ -100,6 +103,7 @@ class EndpointFlow:
                     reason = f"endpoint {endpoint}'s slots are unknown: {exc}"
                     raise CallLater(defer_for, reason, failed=False) from None
                 if grant.granted:
+                    metrics.ENDPOINT_WAIT.labels(queue, endpoint).observe(loop.time() - began)
                     return
                 why = grant.why
                 now = loop.time()
@@ -112,6 +116,7 @@ class EndpointFlow:
                         left = min(left, outside_until - now)
                     else:
                         self._waiting[endpoint] += 1
+                        gauge.inc()
                         waiting = True
                 if left <= 0 or (grant.why == "rate" and grant.retry_in > left):
                     break
@@ -124,6 +129,7 @@ class EndpointFlow:
         finally:
             if waiting:
                 self._waiting[endpoint] -= 1
+                gauge.dec()
         what = "its concurrency bound" if why == "bound" else "its rate limit"
         raise CallLater(defer_for, f"endpoint {endpoint} is at {what}", failed=False)
 
