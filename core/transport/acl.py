@@ -29,6 +29,7 @@ COMMANDS: Final[Mapping[str, tuple[str, ...]]] = MappingProxyType(
         "worker": (
             *_PING, "fcall", "xreadgroup", "xack", "xdel", "del", "xpending", "xadd", "xgroup|create",
             "time", "zadd", "zrem", "zcard", "zscore", "zrange", "zremrangebyscore", "hmget", "hset", "pexpire",
+            "get", "set",
         ),
         # claim: XPENDING, XAUTOCLAIM, XACK; requeue: XADD, XACK, XDEL; idle consumers: XINFO,
         # XGROUP DELCONSUMER; trims, gauges, stranded markers

@@ -126,7 +126,7 @@ async def test_a_lapsed_lease_is_not_renewed_and_a_release_frees_the_slot_at_onc
     assert await slots.release(queue_name, "tool", "b")
     assert not await slots.release(queue_name, "tool", "b")
     assert (await slots.acquire(queue_name, "tool", "c", Limits(1), lease=5.0)).granted
-    holders, _ = endpoint_keys(queue_name, "tool")
+    holders, _, _ = endpoint_keys(queue_name, "tool")
     assert 0 < await redis_client.pttl(holders) <= 6000  # the key goes away once idle
 
 
@@ -151,7 +151,7 @@ async def test_the_rate_limit_spaces_the_calls(redis_client: aioredis.Redis, que
     # ``calls`` more grants after "first" at one every 1/rate seconds: no faster (a loaded machine
     # may be slower; the server's clock decides, so there is no tolerance below).
     assert time.monotonic() - started >= (calls - 1) / rate
-    _, bucket = endpoint_keys(queue_name, "tool")
+    _, bucket, _ = endpoint_keys(queue_name, "tool")
     assert 0 < await redis_client.pttl(bucket) <= 2100
 
 
@@ -175,6 +175,27 @@ async def test_a_job_that_may_not_wait_is_deferred_not_failed(redis_client: aior
     assert first.value.failed is False and flow.waiting() == 0
 
 
+async def test_jobs_do_not_wait_for_an_endpoint_whose_calls_all_hang(
+    redis_client: aioredis.Redis, queue_name: str
+) -> None:
+    """No slot of the endpoint taken or freed for the stall time: waiting would only hold a worker
+    slot, so the job is deferred (not failed) instead."""
+    slots = EndpointSlots(redis_client)
+    assert (await slots.acquire(queue_name, "tool", "hung", Limits(1), lease=30.0)).granted
+    refused = await slots.acquire(queue_name, "tool", "other", Limits(1), lease=30.0)
+    assert refused.idle is not None and 0 <= refused.idle < 5
+    flow = EndpointFlow(slots, wait_cap=30.0, stall=0.3)
+
+    async def call() -> None:
+        raise AssertionError("called over the bound")
+
+    started = time.monotonic()
+    with pytest.raises(CallLater) as later:
+        await flow.call(queue_name, "tool", Limits(1), call, defer_for=2.0)
+    assert later.value.failed is False and "none of its calls ended lately" in later.value.reason
+    assert 0.3 <= time.monotonic() - started < 10  # it waited while the endpoint had just moved
+
+
 async def test_a_worker_user_calls_the_functions_on_its_own_queue_only(
     redis_client: aioredis.Redis, queue_name: str
 ) -> None:
@@ -194,7 +215,7 @@ async def test_a_worker_user_calls_the_functions_on_its_own_queue_only(
         assert await slots.release(queue_name, "tool", "a")
         with pytest.raises(rexc.NoPermissionError):
             await worker.execute_command(  # type: ignore[no-untyped-call]
-                "FCALL", ACQUIRE.function, 2, *endpoint_keys(other, "tool"), "a", 1, 1000, "0.0", 1
+                "FCALL", ACQUIRE.function, 3, *endpoint_keys(other, "tool"), "a", 1, 1000, "0.0", 1
             )
     finally:
         await worker.aclose()

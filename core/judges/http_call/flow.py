@@ -2,7 +2,8 @@
 counted across the whole fleet of the queue's workers (:mod:`judgequeue.core.transport.endpoint_slots`),
 and takes a token of its rate.
 
-A job whose endpoint is at its bound (or out of tokens) *waits* in its worker slot for one to free,
+A job whose endpoint is at its bound (or out of tokens) *waits* in its worker slot for one to free
+(unless the endpoint is stalled, :data:`STALL`: its calls hang, so no slot is coming),
 holding its job lease (the worker's heartbeat renews it as for any running job), up to
 :data:`WAIT_CAP` seconds: it is woken at once by a call of the same worker ending, and looks again
 every :data:`POLL` seconds for slots freed elsewhere in the fleet (or when its token is due). So
@@ -30,7 +31,7 @@ from typing import TypeVar
 
 from ...base import metrics
 from ...base.errors import TransportError
-from ...transport.endpoint_slots import EndpointSlots, Limits
+from ...transport.endpoint_slots import EndpointSlots, Grant, Limits
 from ..interface import CallLater
 
 log = logging.getLogger("judgequeue.judge.http_call")
@@ -48,6 +49,10 @@ WAIT_CAP = 30.0
 ROOM_WAIT = 1.0
 #: Seconds between looks for a slot freed by another worker (half of it to all of it, at random).
 POLL = 0.05
+#: An endpoint none of whose slots was taken or freed (anywhere in the fleet) for this long, or for
+#: twice its calls' usual time over its bound if that is longer, is *stalled* (its calls hang): its
+#: jobs do not wait for it in a worker slot, they are deferred at once.
+STALL = 5.0
 
 
 class EndpointFlow:
@@ -55,13 +60,16 @@ class EndpointFlow:
 
     def __init__(
         self, slots: EndpointSlots, *, worker_slots: int | None = None, lease: float = SLOT_LEASE,
-        wait_cap: float = WAIT_CAP, poll: float = POLL, room_wait: float = ROOM_WAIT,
+        wait_cap: float = WAIT_CAP, poll: float = POLL, room_wait: float = ROOM_WAIT, stall: float = STALL,
     ) -> None:  # fmt: skip
         self.slots = slots
         self.lease = lease
         self.wait_cap = wait_cap
         self.poll = poll
         self.room_wait = room_wait
+        self.stall = stall
+        #: Each endpoint's calls' usual time on this worker (a moving average; absent: none ended yet).
+        self._call_seconds: dict[str, float] = {}
         #: Jobs that may wait at once on this worker, whatever their endpoints (half its slots).
         self.waiting_room = max(1, worker_slots // 2) if worker_slots else None
         self._waiting: Counter[str] = Counter()
@@ -106,6 +114,9 @@ class EndpointFlow:
                     metrics.ENDPOINT_WAIT.labels(queue, endpoint).observe(loop.time() - began)
                     return
                 why = grant.why
+                if self._stalled(endpoint, limits, grant):
+                    why = "stalled"
+                    break
                 now = loop.time()
                 left = give_up - now
                 if not waiting:
@@ -130,21 +141,35 @@ class EndpointFlow:
             if waiting:
                 self._waiting[endpoint] -= 1
                 gauge.dec()
-        what = "its concurrency bound" if why == "bound" else "its rate limit"
-        raise CallLater(defer_for, f"endpoint {endpoint} is at {what}", failed=False)
+        what = {"bound": "at its concurrency bound", "rate": "at its rate limit",
+                "stalled": "at its concurrency bound and none of its calls ended lately"}[why]  # fmt: skip
+        raise CallLater(defer_for, f"endpoint {endpoint} is {what}", failed=False)
+
+    def _stalled(self, endpoint: str, limits: Limits, grant: Grant) -> bool:
+        """Whether the endpoint's slots have not moved for long enough that waiting is pointless."""
+        if grant.why != "bound":
+            return False
+        usual = self._call_seconds.get(endpoint)
+        threshold = max(self.stall, 2 * usual / limits.bound) if usual is not None else self.stall
+        return grant.idle is None or grant.idle > threshold
 
     async def _holding(
         self, queue: str, endpoint: str, holder: str, fn: Callable[[], Awaitable[T]], defer_for: float
     ) -> T:
         """Run ``fn`` while renewing the slot's lease; cancel it if the lease runs out unrenewed."""
         loop = asyncio.get_running_loop()
+        began = loop.time()
         task = asyncio.ensure_future(fn())
         held_until = loop.time() + self.lease  # a lower bound: the lease started before this
         try:
             while True:
                 done, _ = await asyncio.wait({task}, timeout=min(self.lease / 3, max(0.0, held_until - loop.time())))
                 if done:
-                    return task.result()
+                    result = task.result()
+                    took = loop.time() - began
+                    usual = self._call_seconds.get(endpoint)
+                    self._call_seconds[endpoint] = took if usual is None else 0.8 * usual + 0.2 * took
+                    return result
                 if loop.time() >= held_until:
                     break
                 asked = loop.time()
