@@ -29,6 +29,7 @@ from judgequeue.core.spec import (
     ENDPOINT_CONCURRENCY,
     ENDPOINT_DEADLINE,
     ENDPOINT_NAME_PATTERN,
+    ENDPOINT_RATE_PATTERN,
     ENDPOINT_TRIES,
     ENDPOINT_URL_MAX_LENGTH,
     ENDPOINT_URL_PATTERN,
@@ -337,18 +338,23 @@ def _endpoints() -> dict[str, Any]:
     return _named_list(
         "The endpoints the http-call judge may call (docs/agent-jobs.md): a job's payload names "
         'one ({"endpoint": name, "body": JSON}); its URL is never the submitter\'s. Required with '
-        "judge http-call. Each call's concurrency (per worker), deadline and tries are bounded.",
+        "judge http-call. Its calls at once and per second (across the queue's workers), each "
+        "call's deadline and the tries are bounded.",
         ENDPOINTS_MAX, ["name"], {
             **_name_and_url(),
             "secretKeyRef": _secret_key_ref("A Secret key holding the URL (mounted into worker pods as a file)."),
             "concurrency": {"type": "integer", "minimum": least, "maximum": most, "default": default,
-                            "description": "Calls at once per worker; a job over the bound waits out of any slot."},
+                            "description": "Calls at once across the queue's workers; a job over the bound "
+                                           "waits for a call to end."},
             "deadline": {"type": "string", "maxLength": 16, "pattern": DURATION_PATTERN,
                          "default": ENDPOINT_DEADLINE,
                          "description": "How long one call may take before it is abandoned and tried again."},
             "tries": {"type": "integer", "minimum": tries_least, "maximum": tries_most, "default": tries_default,
                       "description": "Tries per request (timeouts, connection errors, 5xx, 429) before "
                                      "SYSTEM_ERROR."},
+            "rate": {"type": "string", "maxLength": 32, "pattern": ENDPOINT_RATE_PATTERN,
+                     "description": "Calls per second, minute or hour across the queue's workers "
+                                    "(10/s, 600/m); none: no rate limit."},
         }, one_url_of="secretKeyRef")  # fmt: skip
 
 

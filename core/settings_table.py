@@ -435,8 +435,9 @@ OTHER_VARIABLES: tuple[tuple[str, str, str], ...] = (
      "package may hold\""),
     ("`JUDGEQUEUE_CALL_ENDPOINTS`, `JUDGEQUEUE_CALL_MAX_BODY_BYTES`, `JUDGEQUEUE_CALL_MAX_RESPONSE_BYTES`",
      "see [docs/agent-jobs.md](docs/agent-jobs.md)",
-     "the http-call judge: its endpoints by name (`{name: {url or urlFile, concurrency, deadline, tries}}`, JSON), "
-     "the request and answer size bounds (256 KiB, 1 MiB)"),
+     "the http-call judge: its endpoints by name (`{name: {url or urlFile, concurrency, deadline, tries, rate}}`, "
+     "JSON; `concurrency` and `rate` count the calls of all the queue's workers), the request and answer size "
+     "bounds (256 KiB, 1 MiB)"),
     ("`JUDGEQUEUE_WEBHOOKS`", "unset (no webhooks)",
      "reaper: where it POSTs the queue's verdict events (`{name: {url or urlFile, secret or secretFile, concurrency, "
      "maxAttempts, deadline}}`, JSON; a JudgeQueue's `spec.events.webhooks`); see [docs/events.md](docs/events.md)"),

@@ -139,8 +139,19 @@ STALE_RESULTS_DROPPED = Counter(
 JOBS_DEFERRED = Counter(
     "judgequeue_jobs_deferred_total",
     "Jobs a judge gave back to be tried again later without a slot (kind: failed, a failed try; waited,"
-    " its endpoint was at its concurrency bound).",
+    " its endpoint was at its bound and the job could not wait for it).",
     ["queue", "kind"],
+)
+ENDPOINT_WAITING = Gauge(
+    "judgequeue_endpoint_waiting",
+    "http-call jobs of this worker waiting in their slots for one of their endpoint's fleet-wide call slots.",
+    ["queue", "endpoint"],
+)
+ENDPOINT_WAIT = Histogram(
+    "judgequeue_endpoint_wait_seconds",
+    "How long an http-call job waited for its endpoint's call slot before calling (0: at once).",
+    ["queue", "endpoint"],
+    buckets=_LATENCY_BUCKETS,
 )
 LEASE_RENEW_FAILURES = Counter(
     "judgequeue_lease_renew_failures_total", "Lease heartbeats that failed or found the lease lost.", ["queue"]

@@ -28,7 +28,10 @@ def _redis_given(args: argparse.Namespace, env: Mapping[str, str]) -> bool:
 def cmd_migrate(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     from ..store import dlq  # noqa: F401 - registers its script with the others
     from ..store.migrate import applied_versions, migrate
-    from ..transport import redis_scripts
+    from ..transport import (
+        endpoint_slots,  # noqa: F401 - registers the endpoints' functions
+        redis_scripts,
+    )
 
     dsn: str = resolve(args, env, DSN)
 

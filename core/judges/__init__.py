@@ -29,12 +29,14 @@ from .interface import (
     SelfChecking,
     Status,
     UsesPackages,
+    UsesRedis,
     Verdict,
 )
 from .progress import NO_PROGRESS, NoProgress, Progress, current_progress, reporting
 from .registry import (
     ENTRY_POINT_GROUP,
     UnknownJudge,
+    attach_redis,
     available_judges,
     judge_failure,
     judge_fault,
@@ -59,7 +61,9 @@ __all__ = [
     "Status",
     "UnknownJudge",
     "UsesPackages",
+    "UsesRedis",
     "Verdict",
+    "attach_redis",
     "available_judges",
     "current_progress",
     "judge_failure",

@@ -80,6 +80,15 @@ class KnowsJob(Protocol):
     async def judge_job(self, job: Job, payload: Any) -> Verdict: ...
 
 
+@runtime_checkable
+class UsesRedis(Protocol):
+    """A judge that coordinates with the other workers of its queue through Redis (the http-call
+    judge's fleet-wide endpoint slots): the worker attaches its client, whose user reaches only its
+    queue's keys, and its slot count, before the first job."""
+
+    def attach_redis(self, redis: Any, worker_slots: int) -> None: ...
+
+
 class CallLater(Exception):
     """Raised by a judge to be tried again no sooner than ``delay`` seconds from now, without
     holding a worker slot meanwhile: the worker gives the lease back with that not-before time (a

@@ -10,7 +10,7 @@ from importlib.metadata import entry_points
 from typing import Any, cast
 
 from ..base.errors import ConfigError
-from .interface import Job, Judge, KnowsJob, SelfChecking, Verdict
+from .interface import Job, Judge, KnowsJob, SelfChecking, UsesRedis, Verdict
 from .progress import NO_PROGRESS, Progress, reporting
 
 ENTRY_POINT_GROUP = "judgequeue.judges"
@@ -37,6 +37,15 @@ async def _call(judge: Judge, job: Job, payload: Any) -> Verdict:
     if _implements(type(judge), KnowsJob):
         return await cast(KnowsJob, judge).judge_job(job, payload)
     return await judge.judge(payload)
+
+
+def attach_redis(judge: Judge, redis: Any, worker_slots: int) -> bool:
+    """Give a judge that coordinates through Redis (:class:`UsesRedis`) the worker's client; False
+    for judges that need none."""
+    if not _implements(type(judge), UsesRedis):
+        return False
+    cast(UsesRedis, judge).attach_redis(redis, worker_slots)
+    return True
 
 
 class UnknownJudge(ConfigError):

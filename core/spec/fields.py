@@ -345,6 +345,24 @@ ENDPOINT_URL_MAX_LENGTH = 2048
 ENDPOINT_CONCURRENCY = (1, 1024, 4)
 ENDPOINT_TRIES = (1, 100, 5)
 ENDPOINT_DEADLINE = "60s"
+#: An endpoint's rate: calls per second, minute or hour across the queue's workers (``600/m``).
+ENDPOINT_RATE_PATTERN = r"^[0-9]+(\.[0-9]+)?/(s|m|h)$"
+#: Seconds per unit of a rate, and the most calls a second a rate may allow.
+RATE_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
+RATE_MAX = 100_000.0
+
+
+def rate_per_second(text: str) -> float:
+    """Calls a second a rate such as ``10/s``, ``600/m`` or ``1000/h`` allows; ValueError saying what
+    is wrong otherwise (pure)."""
+    if not re.match(ENDPOINT_RATE_PATTERN, text.strip()):
+        raise ValueError(f"must be calls per time unit, like 10/s, 600/m or 1000/h, got {text!r}")
+    count, _, unit = text.strip().partition("/")
+    rate = float(count) / RATE_UNITS[unit]
+    if not 0 < rate <= RATE_MAX:
+        raise ValueError(f"must be above 0 and at most {RATE_MAX:g}/s, got {text!r}")
+    return rate
+
 #: The variable the http-call judge reads its endpoints from (core/judges/http_call.py ENDPOINTS_VAR).
 ENDPOINTS_VARIABLE = "JUDGEQUEUE_CALL_ENDPOINTS"
 #: Where a worker pod finds each endpoint's URL taken from a Secret (the operator mounts it there,

@@ -22,6 +22,7 @@ from .fields import (
     ENDPOINT_CONCURRENCY,
     ENDPOINT_DEADLINE,
     ENDPOINT_NAME_PATTERN,
+    ENDPOINT_RATE_PATTERN,
     ENDPOINT_TRIES,
     ENDPOINT_URL_MAX_LENGTH,
     ENDPOINT_URL_PATTERN,
@@ -33,6 +34,7 @@ from .fields import (
     WEBHOOK_DEADLINE_MAX,
     WEBHOOK_MAX_ATTEMPTS,
     WEBHOOKS_MAX,
+    rate_per_second,
 )
 from .model import EndpointSpec, SecretKeyRef, WebhookSpec
 
@@ -165,7 +167,7 @@ def parse_webhooks(value: Any, errors: list[str]) -> tuple[WebhookSpec, ...]:
 def parse_endpoints(value: Any, errors: list[str]) -> tuple[EndpointSpec, ...]:
     """``spec.worker.endpoints`` checked item by item (the CRD's item schema, checked here too)."""
     out: list[EndpointSpec] = []
-    fields = {"name", "url", "secretKeyRef", "concurrency", "deadline", "tries"}
+    fields = {"name", "url", "secretKeyRef", "concurrency", "deadline", "tries", "rate"}
     for at, name, item in _named_items(value, "spec.worker.endpoints", "endpoint", ENDPOINTS_MAX, fields, errors):
         if (item.get("url") is None) == (item.get("secretKeyRef") is None):
             errors.append(f"{at}: give exactly one of url and secretKeyRef")
@@ -176,6 +178,15 @@ def parse_endpoints(value: Any, errors: list[str]) -> tuple[EndpointSpec, ...]:
         if not isinstance(deadline, str) or not re.match(DURATION_PATTERN, deadline) or parse_duration(deadline) <= 0:
             errors.append(f"{at}.deadline: {deadline!r} is not a positive duration (e.g. 90s, 5m)")
             continue
+        rate = item.get("rate")
+        if rate is not None:
+            try:
+                if not isinstance(rate, str) or not re.match(ENDPOINT_RATE_PATTERN, rate):
+                    raise ValueError(f"must be calls per time unit, like 10/s, 600/m or 1000/h, got {rate!r}")
+                per_second = rate_per_second(rate)
+            except ValueError as exc:
+                errors.append(f"{at}.rate: {exc}")
+                continue
         out.append(EndpointSpec(name, url, secret, numbers["concurrency"], parse_duration(deadline),
-                                numbers["tries"]))
+                                numbers["tries"], per_second if rate is not None else 0.0))
     return tuple(out)

@@ -111,7 +111,8 @@ class ShadowWorkers:
 @dataclass(frozen=True)
 class EndpointSpec:
     """One of ``spec.worker.endpoints``: a name jobs call by, where it is (a URL, or a Secret key
-    holding it), and how hard each worker may call it (concurrent calls, a deadline per call, tries)."""
+    holding it), and how hard the queue's workers together may call it (concurrent calls, calls a
+    second, 0 for no limit), a deadline per call and tries."""
 
     name: str
     url: str | None = None
@@ -119,6 +120,7 @@ class EndpointSpec:
     concurrency: int = ENDPOINT_CONCURRENCY[2]
     deadline: float = parse_duration(ENDPOINT_DEADLINE)
     tries: int = ENDPOINT_TRIES[2]
+    rate: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -113,6 +113,7 @@ def endpoints_setting(endpoints: tuple[EndpointSpec, ...]) -> str:
         e.name: {
             **({"url": e.url} if e.url is not None else {"urlFile": endpoint_url_file(e.name)}),
             "concurrency": e.concurrency, "deadline": e.deadline, "tries": e.tries,
+            **({"rate": e.rate} if e.rate else {}),
         }
         for e in endpoints
     }

@@ -24,9 +24,13 @@ COMMANDS: Final[Mapping[str, tuple[str, ...]]] = MappingProxyType(
         # enqueue_batch: SET NX, XADD, DEL; the consumer group made at start
         "dispatcher": (*_PING, "fcall", "set", "xadd", "del", "xgroup|create"),
         # XREADGROUP; ack: XACK, XDEL, DEL; ack_pending: XPENDING; a poison entry dead-lettered: XADD;
-        # /readyz: XINFO GROUPS (is the group there)
-        "worker": (*_PING, "fcall", "xreadgroup", "xack", "xdel", "del", "xpending", "xadd", "xgroup|create",
-                   "xinfo|groups"),
+        # /readyz: XINFO GROUPS (is the group there); the endpoints' slots (endpoint_acquire, _renew,
+        # _release): the holders' sorted set, the rate's bucket, the server's clock
+        "worker": (
+            *_PING, "fcall", "xreadgroup", "xack", "xdel", "del", "xpending", "xadd", "xgroup|create",
+            "xinfo|groups", "time", "zadd", "zrem", "zcard", "zscore", "zrange", "zremrangebyscore", "hmget",
+            "hset", "pexpire", "get", "set",
+        ),
         # claim: XPENDING, XAUTOCLAIM, XACK; requeue: XADD, XACK, XDEL; idle consumers: XINFO,
         # XGROUP DELCONSUMER; trims (the shadow stream's by Redis's clock: TIME), gauges, stranded markers
         "reaper": (

@@ -10,12 +10,15 @@ leave the other endpoints the worker's slots.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from typing import Any
 
 from judgequeue.core.base import metrics
 from judgequeue.core.judges.http_call import CallSettings, Endpoint, HttpCallJudge
 from judgequeue.core.store import outbox
+from judgequeue.core.transport.endpoint_slots import EndpointSlots, Limits
 from tests.support.tool_server import RawServer, ToolServer, http_answer, tool_server
 from tests.support.waiting import eventually
 from tests.support.worker_harness import Harness
@@ -205,3 +208,30 @@ def _calls(tool: ToolServer, key: str) -> bool:
 
 def _total_calls(tool: ToolServer) -> int:
     return sum(tool.effects()["calls"].values())
+
+
+async def test_a_job_over_the_fleet_bound_waits_holding_its_lease_and_calls_once_a_slot_frees(h: Harness) -> None:
+    """The endpoint's one slot is held elsewhere in the fleet: the job waits in its worker slot (not
+    deferred) for several lease TTLs, its lease renewed by the heartbeat (no rescue, no new
+    generation), and calls as soon as the slot is freed."""
+    with tool_server("--delay", "0") as tool:
+        http = judge(Endpoint("tool", tool.url, concurrency=1))
+        h.worker(http, lease_ttl="1s")
+        slots = EndpointSlots(h.redis)
+        assert (await slots.acquire(h.queue, "tool", "another-worker", Limits(1), lease=30.0)).granted
+        [sid] = await h.submit({"endpoint": "tool", "body": {}})
+        assert http.flow is not None
+        await eventually(lambda: http.flow is not None and http.flow.waiting("tool") == 1, what="the job waiting")
+        until = time.monotonic() + 3.0  # three lease TTLs, within the 5 s after which it would be stalled
+        while time.monotonic() < until:
+            row = await h.row(sid)
+            assert (row["status"], row["generation"], _total_calls(tool)) == ("JUDGING", 1, 0)
+            renewed = await h.pool.fetchval(
+                "SELECT lease_expires_at > now() FROM judgequeue.submissions WHERE id = $1", sid
+            )
+            assert renewed, "the waiting job's lease lapsed"
+            await asyncio.sleep(0.2)
+        assert await slots.release(h.queue, "tool", "another-worker")
+        await eventually(lambda: finished(h, sid), within=10, what="the call once the slot freed")
+        row = await h.row(sid)
+        assert (row["status"], row["generation"], _total_calls(tool)) == ("ACCEPTED", 1, 1)

@@ -117,13 +117,16 @@ def test_settings_read_endpoints_and_url_files(tmp_path: Path) -> None:
     env = {
         ENDPOINTS_VAR: json.dumps({
             "a": {"url": "http://127.0.0.1:9/", "concurrency": 2, "deadline": 1.5, "tries": 3},
-            "b": {"urlFile": str(tmp_path / "url")},
+            "b": {"urlFile": str(tmp_path / "url"), "rate": "600/m"},
+            "c": {"url": "http://127.0.0.1:9/", "rate": 2.5},
         }),
         MAX_BODY_VAR: "10",
     }  # fmt: skip
     settings = load_call_settings(env)
     assert settings.endpoints["a"] == Endpoint("a", "http://127.0.0.1:9/", 2, 1.5, 3)
     assert settings.endpoints["b"].url == "https://tools.internal:8443/run?v=2"
+    # A rate is calls a second across the fleet, written with its unit or as a number a second.
+    assert (settings.endpoints["a"].rate, settings.endpoints["b"].rate, settings.endpoints["c"].rate) == (0, 10, 2.5)
     assert settings.max_body == 10
 
 
@@ -139,6 +142,9 @@ def test_settings_read_endpoints_and_url_files(tmp_path: Path) -> None:
         ('{"a": {"url": "http://x/", "concurrency": 0}}', "concurrency must be between 1 and 1024"),
         ('{"a": {"url": "http://x/", "deadline": "long"}}', "deadline must be a number"),
         ('{"a": {"url": "http://x/", "retries": 3}}', "unknown field 'retries'"),
+        ('{"a": {"url": "http://x/", "rate": "10"}}', "rate must be calls per time unit, like 10/s"),
+        ('{"a": {"url": "http://x/", "rate": "10/d"}}', "rate must be calls per time unit"),
+        ('{"a": {"url": "http://x/", "rate": -1}}', "rate must be between 0 and 100000"),
         ('{"a": {"urlFile": "/nonexistent/url"}}', "urlFile: cannot read"),
     ],
 )

@@ -24,7 +24,7 @@ BASE: dict[str, Any] = {
 ENDPOINTS = [
     {"name": "summarise", "secretKeyRef": {"name": "tools", "key": "summarise-url"}, "concurrency": 2,
      "deadline": "5m", "tries": 8},
-    {"name": "lookup", "url": "http://lookup.tools.svc:8080/v1"},
+    {"name": "lookup", "url": "http://lookup.tools.svc:8080/v1", "rate": "600/m"},
 ]
 
 
@@ -40,7 +40,8 @@ def test_endpoints_are_parsed_and_rendered_for_the_judge() -> None:
     assert doc == {
         "summarise": {"urlFile": "/var/run/secrets/judgequeue/endpoint-summarise-url", "concurrency": 2,
                       "deadline": 300.0, "tries": 8},
-        "lookup": {"url": "http://lookup.tools.svc:8080/v1", "concurrency": 4, "deadline": 60.0, "tries": 5},
+        "lookup": {"url": "http://lookup.tools.svc:8080/v1", "concurrency": 4, "deadline": 60.0, "tries": 5,
+                   "rate": 10.0},
     }  # fmt: skip
     # The Secret's key is mounted where the judge reads it, in the connections' volume (mode 0440).
     volume = render.credentials_volume(parsed, "worker")
@@ -58,6 +59,11 @@ def test_the_judge_reads_what_the_operator_renders() -> None:
     env: dict[str, Any] = {e["name"]: e.get("value") for e in render.role_env(parsed, "worker")}
     settings = load_call_settings({"JUDGEQUEUE_CALL_ENDPOINTS": env["JUDGEQUEUE_CALL_ENDPOINTS"]})
     assert settings.endpoints["lookup"].deadline == 90.0
+    limited = spec(endpoints=[{"name": "lookup", "url": "http://lookup.tools.svc:8080/v1", "rate": "90/m"}])
+    assert isinstance(limited, JudgeQueueSpec)
+    env = {e["name"]: e.get("value") for e in render.role_env(limited, "worker")}
+    settings = load_call_settings({"JUDGEQUEUE_CALL_ENDPOINTS": env["JUDGEQUEUE_CALL_ENDPOINTS"]})
+    assert settings.endpoints["lookup"].rate == 1.5
 
 
 def test_local_renders_the_same_endpoints() -> None:
@@ -85,6 +91,9 @@ def test_local_renders_the_same_endpoints() -> None:
          "spec.worker.endpoints[1].name: 'a' is given twice"),
         ([{"name": "a", "secretKeyRef": {"name": "s"}}], "spec.worker.endpoints[0].secretKeyRef: must name"),
         ([{"name": "a", "url": "http://x", "retries": 2}], "spec.worker.endpoints[0].retries: unknown field"),
+        ([{"name": "a", "url": "http://x", "rate": "fast"}],
+         "spec.worker.endpoints[0].rate: must be calls per time unit, like 10/s, 600/m or 1000/h, got 'fast'"),
+        ([{"name": "a", "url": "http://x", "rate": "0/s"}], "spec.worker.endpoints[0].rate: must be above 0"),
     ],
 )
 def test_bad_endpoints_are_named(endpoints: Any, error: str) -> None:
@@ -102,7 +111,7 @@ def manifest(endpoints: Any) -> dict[str, Any]:
 def test_the_crd_admits_endpoints_with_defaults_and_refuses_what_the_model_refuses() -> None:
     worker = schema_of(load_crd())["properties"]["spec"]["properties"]["worker"]["properties"]
     items = worker["endpoints"]["items"]
-    assert set(items["properties"]) == {"name", "url", "secretKeyRef", "concurrency", "deadline", "tries"}
+    assert set(items["properties"]) == {"name", "url", "secretKeyRef", "concurrency", "deadline", "tries", "rate"}
     _, errors = admit(manifest(ENDPOINTS))
     assert errors == []
     # The item defaults are the model's (an absent field means the same to both).

@@ -21,8 +21,9 @@ the request is to blame for ends ``RUNTIME_ERROR`` with its reason: another 4xx 
 message), and before any call an unknown endpoint name or a body over the bound
 (:func:`check_payload`). What the endpoint is to blame for ends ``SYSTEM_ERROR``: an answer that
 is not JSON or is over the size bound, a redirect, tries used up. Each endpoint has a concurrency
-bound per worker: a job for an endpoint at its bound is deferred briefly instead of waiting in a
-slot, so a slow tool cannot hold the slots other endpoints' jobs need.
+bound and a rate shared by the whole fleet of the queue's workers (:mod:`.flow`): a job for an
+endpoint at its bound waits in its slot for a call to end, within limits that keep a slow tool
+from taking the slots other endpoints' jobs need.
 """
 
 from __future__ import annotations
@@ -39,8 +40,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ...base.errors import ConfigError
+from ...spec.fields import RATE_MAX, rate_per_second
+from ...transport.endpoint_slots import EndpointSlots, Limits
 from .. import CallLater, Job, Status, Verdict
 from .client import Answer, CallFailed, check_url, post
+from .flow import EndpointFlow
 
 ENDPOINTS_VAR = "JUDGEQUEUE_CALL_ENDPOINTS"
 MAX_BODY_VAR = "JUDGEQUEUE_CALL_MAX_BODY_BYTES"
@@ -55,10 +59,10 @@ BACKOFF_BASE = 0.5
 BACKOFF_CAP = 60.0
 #: A ``Retry-After`` is honoured up to this many seconds (a bogus header must not park a job for days).
 RETRY_AFTER_CAP = 600.0
-#: Seconds a job for an endpoint at its concurrency bound waits (out of any slot) before it looks
-#: again: ``BUSY_DELAY * 2**waits`` (its earlier waits), at most ``BUSY_CAP``, jittered. Each wait
-#: costs a deferral (a generation and an outbox row, a dispatch, a lease); backing off keeps jobs
-#: queued behind a slow endpoint cheap, at the price of taking a freed slot up to ``BUSY_CAP`` late.
+#: Seconds a job for an endpoint at its bound that may not wait in its slot (:mod:`.flow`) is
+#: deferred for (out of any slot) before it looks again: ``BUSY_DELAY * 2**waits`` (its earlier
+#: deferrals), at most ``BUSY_CAP``, jittered. Each costs a deferral (a generation and an outbox
+#: row, a dispatch, a lease); backing off keeps jobs queued behind a slow endpoint cheap.
 BUSY_DELAY = 0.5
 BUSY_CAP = 5.0
 #: Characters of an endpoint's error message kept in a verdict.
@@ -67,13 +71,19 @@ MESSAGE_CHARS = 500
 
 @dataclass(frozen=True)
 class Endpoint:
-    """One named endpoint: where it is and how hard it may be called."""
+    """One named endpoint: where it is and how hard it may be called: ``concurrency`` calls at once
+    and at most ``rate`` calls a second (0: unlimited), both across every worker of the queue."""
 
     name: str
     url: str
     concurrency: int = DEFAULT_CONCURRENCY
     deadline: float = DEFAULT_DEADLINE
     tries: int = DEFAULT_TRIES
+    rate: float = 0.0
+
+    @property
+    def limits(self) -> Limits:
+        return Limits(self.concurrency, self.rate)
 
 
 @dataclass(frozen=True)
@@ -93,9 +103,20 @@ def _number(where: str, value: Any, kind: type[int] | type[float], low: float, h
     return value
 
 
+def parse_rate(where: str, value: Any) -> float:
+    """Calls a second a rate allows: a number (calls a second; 0 for no limit) or ``N/s``, ``N/m``,
+    ``N/h`` as in the JudgeQueue; ConfigError naming ``where`` otherwise (pure)."""
+    if isinstance(value, str):
+        try:
+            return rate_per_second(value)
+        except ValueError as exc:
+            raise ConfigError(f"{where} {exc}") from None
+    return float(_number(where, value, float, 0, RATE_MAX))
+
+
 def load_call_settings(env: Mapping[str, str]) -> CallSettings:
     """Parse :data:`ENDPOINTS_VAR` (a JSON object ``{name: {url | urlFile, concurrency, deadline,
-    tries}}``) and the size bounds; a bad value raises ConfigError naming the variable and field.
+    tries, rate}}``) and the size bounds; a bad value raises ConfigError naming the variable and field.
 
     ``urlFile`` names a file holding the URL (a Secret's key mounted by the operator), read now so
     a missing Secret stops the worker at start rather than failing every job.
@@ -114,7 +135,7 @@ def load_call_settings(env: Mapping[str, str]) -> CallSettings:
         where = f"{ENDPOINTS_VAR}[{name!r}]"
         if not isinstance(spec, dict):
             raise ConfigError(f"{where} must be an object with url or urlFile")
-        unknown = set(spec) - {"url", "urlFile", "concurrency", "deadline", "tries"}
+        unknown = set(spec) - {"url", "urlFile", "concurrency", "deadline", "tries", "rate"}
         if unknown:
             raise ConfigError(f"{where}: unknown field {sorted(unknown)[0]!r}")
         if ("url" in spec) == ("urlFile" in spec):
@@ -137,6 +158,7 @@ def load_call_settings(env: Mapping[str, str]) -> CallSettings:
             ),
             deadline=float(_number(f"{where}.deadline", spec.get("deadline", DEFAULT_DEADLINE), float, 0.1, 86400)),
             tries=int(_number(f"{where}.tries", spec.get("tries", DEFAULT_TRIES), int, 1, 100)),
+            rate=parse_rate(f"{where}.rate", spec.get("rate", 0)),
         )  # fmt: skip
     bounds = {}
     for var, default in ((MAX_BODY_VAR, 256 * 1024), (MAX_RESPONSE_VAR, 1024 * 1024)):
@@ -269,7 +291,11 @@ class HttpCallJudge:
 
     def __init__(self, settings: CallSettings | None = None) -> None:
         self.settings = settings or load_call_settings(os.environ)
-        self._slots = {name: asyncio.Semaphore(e.concurrency) for name, e in self.settings.endpoints.items()}
+        self.flow: EndpointFlow | None = None
+
+    def attach_redis(self, redis: Any, worker_slots: int) -> None:
+        """The worker's Redis, where the endpoints' slots are counted across the fleet."""
+        self.flow = EndpointFlow(EndpointSlots(redis), worker_slots=worker_slots)
 
     async def judge(self, payload: Any) -> Verdict:
         """Without the job's identity there is no idempotency key: refuse rather than call unsafely."""
@@ -280,14 +306,15 @@ class HttpCallJudge:
         if isinstance(checked, Verdict):
             return checked
         endpoint, body = checked
-        slots = self._slots[endpoint.name]
-        if slots.locked():
-            # Waiting here would hold a worker slot other endpoints' jobs could use.
-            # Its earlier waits: the request's generations that were not failed tries (a rescue counts too).
-            waits = job.generation - job.request_generation - job.failures
-            raise CallLater(busy_delay(waits), f"endpoint {endpoint.name} is at its concurrency bound", failed=False)
-        async with slots:
-            result = await self._try(endpoint, body, job)
+        if self.flow is None:
+            return Verdict("SYSTEM_ERROR", {"reason": "the http-call judge needs a worker that attaches Redis"})
+        # Its earlier deferrals for a busy endpoint: the request's generations that were not failed
+        # tries (a rescue counts too).
+        waits = job.generation - job.request_generation - job.failures
+        result = await self.flow.call(
+            job.queue, endpoint.name, endpoint.limits, lambda: self._try(endpoint, body, job),
+            defer_for=busy_delay(waits),
+        )  # fmt: skip
         outcome = classify(result, deadline=endpoint.deadline)
         tries = job.failures + 1
         base = {"endpoint": endpoint.name, "idempotency_key": job.idempotency_key, "tries": tries}

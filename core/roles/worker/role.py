@@ -43,7 +43,17 @@ import redis.asyncio as aioredis
 from ...base import failpoints, metrics
 from ...base.errors import SERVER_ERRORS, RoleUnfit, describe, is_permanent
 from ...config import Settings
-from ...judges import NO_PROGRESS, CallLater, Judge, Verdict, judge_failure, judge_fault, judge_job, load_judge
+from ...judges import (
+    NO_PROGRESS,
+    CallLater,
+    Judge,
+    Verdict,
+    attach_redis,
+    judge_failure,
+    judge_fault,
+    judge_job,
+    load_judge,
+)
 from ...runtime.lifecycle import (
     DB_ERRORS,
     SHUTDOWN_STEP,
@@ -114,6 +124,7 @@ class Worker:
         self.queue = settings.queue
         self.cfg = settings.worker
         self.judge = judge if judge is not None else load_judge(settings.worker.judge)
+        attach_redis(self.judge, redis, settings.worker.concurrency)  # the http-call judge's endpoint slots
         self.name = name or instance_id("worker")
         self.block_ms = block_ms
         self.stats = WorkerStats()
