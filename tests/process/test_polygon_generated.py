@@ -8,6 +8,7 @@ tables unchanged. Needs root (the sandbox)."""
 
 from __future__ import annotations
 
+import re
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -149,11 +150,11 @@ async def put(pool: asyncpg.Pool, judge: ProgramJudge, path: Path, **options: An
         return await upload(conn, path, judge=judge, **options)
 
 
-async def stored_tests(judge: ProgramJudge, version: int) -> list[tuple[bytes, bytes]]:
-    """Every stored test of gen-sum ``version``, input and answer, read back through the worker's cache."""
+async def stored_tests(judge: ProgramJudge, version: int, problem: str = "gen-sum") -> list[tuple[bytes, bytes]]:
+    """Every stored test of ``problem`` ``version``, input and answer, read back through the worker's cache."""
     cache = judge.packages
     assert isinstance(cache, ProblemCache)
-    async with cache.package("gen-sum", version) as package:
+    async with cache.package(problem, version) as package:
         return [
             (package.path(t["input"]).read_bytes(), package.path(t["answer"]).read_bytes())
             for t in package.manifest["tests"]
@@ -247,17 +248,61 @@ REFUSALS: dict[str, tuple[dict[str, str], str]] = {
 }
 
 
-@pytest.mark.parametrize(("changed", "error"), list(REFUSALS.values()), ids=list(REFUSALS))
 async def test_a_generator_that_fails_is_refused_naming_the_test_and_command_and_stores_nothing(
-    judge: ProgramJudge, pg_pool: asyncpg.Pool, tmp_path: Path, changed: dict[str, str], error: str
+    judge: ProgramJudge, pg_pool: asyncpg.Pool, tmp_path: Path
 ) -> None:
+    """Every case with one judge, as a worker would: the programs no case changes are built once."""
     await put(pg_pool, judge, zipped(tmp_path / "good", package_files()), version=1)
     before = await problem_tables(pg_pool)
     bounds = ArchiveSettings(max_file_mb=2)
-    with pytest.raises(InvalidPackage, match=error) as caught:
-        await put(pg_pool, judge, zipped(tmp_path / "bad", package_files(**changed)), version=2, bounds=bounds)
-    assert "\n" not in str(caught.value)
-    assert await problem_tables(pg_pool) == before, "a refused upload stored something"
+    for case, (changed, error) in REFUSALS.items():
+        with pytest.raises(InvalidPackage, match=error) as caught:
+            await put(pg_pool, judge, zipped(tmp_path / case, package_files(**changed)), version=2, bounds=bounds)
+        assert "\n" not in str(caught.value), case
+        assert await problem_tables(pg_pool) == before, f"{case}: a refused upload stored something"
+
+
+GUESS_ARRAY = Path(__file__).resolve().parents[1] / "fixtures" / "third_party" / "polygon2domjudge"
+GUESS_ARRAY_ZIP = GUESS_ARRAY / "guess-array-1$linux.zip"
+
+
+def without_built_tests(archive: Path, into: Path) -> Path:
+    """``archive`` as Polygon's package without built tests has it: of ``tests/``, only the manual
+    tests' inputs (problem.xml says which tests are generated)."""
+    with zipfile.ZipFile(archive) as zf:
+        xml = zf.read("problem.xml").decode()
+        testset = xml[xml.index('<testset name="tests">') : xml.index("</testset>")]
+        tests = re.findall(r"<test\s[^>]*>", testset)
+        generated = {f"tests/{n:02d}" for n, t in enumerate(tests, 1) if 'method="generated"' in t}
+        into.mkdir(parents=True)
+        stripped = into / archive.name
+        with zipfile.ZipFile(stripped, "w", compression=zipfile.ZIP_DEFLATED) as out:
+            for info in zf.infolist():
+                if info.filename in generated or (info.filename.startswith("tests/") and info.filename.endswith(".a")):
+                    continue
+                out.writestr(info, zf.read(info))
+    return stripped
+
+
+async def test_a_public_polygon_package_imported_unchanged_and_its_generated_tests_made_as_polygon_made_them(
+    judge: ProgramJudge, pg_pool: asyncpg.Pool, tmp_path: Path
+) -> None:
+    # As published (tests built in): stored unchanged, its solution judged to its tag.
+    done = await put(pg_pool, judge, GUESS_ARRAY_ZIP)
+    assert (done.id, done.version, done.tests) == ("guess-array", 1, 18)
+    verdicts = await judge_solutions(judge, "guess-array", 1)
+    assert {name: v.status for name, v in verdicts.items()} == {"solutions/std.cpp": "ACCEPTED"}
+    # As Polygon's package without built tests: 13 inputs made by its generator, 18 answers by its
+    # main solution talking to its interactor, byte for byte what Polygon made.
+    stripped = without_built_tests(GUESS_ARRAY_ZIP, tmp_path / "stripped")
+    with open_package(stripped) as package:
+        assert package.generation is not None
+        assert sum(1 for m in package.generation.tests if m.cmd) == 13
+    remade = await put(pg_pool, judge, stripped, version=2)
+    assert remade.tests == 18
+    assert await stored_tests(judge, 2, "guess-array") == await stored_tests(judge, 1, "guess-array")
+    verdicts = await judge_solutions(judge, "guess-array", 2)
+    assert {name: v.status for name, v in verdicts.items()} == {"solutions/std.cpp": "ACCEPTED"}
 
 
 def test_what_is_left_to_make_is_read_from_problem_xml(tmp_path: Path) -> None:

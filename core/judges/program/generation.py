@@ -36,7 +36,8 @@ from typing import TYPE_CHECKING, Any
 from .. import Verdict
 from ..sandbox import Limits, RunFacts, run
 from .archives.common import Generation, InvalidPackage, Made, PackageDir, mib, total_bytes
-from .boxes import Box, read_bounded
+from .boxes import Box, read_bounded, write_bytes
+from .graders.interactive import converse_in
 from .languages import LANGUAGES
 from .problem import HELPER_LIMITS, helper_of
 
@@ -164,6 +165,49 @@ class _Maker:
                 return data
         raise InvalidPackage(f"{_shown(made)} wrote no file {made.from_file!r} (its test's from-file)")
 
+    async def interactor(self, box: Box) -> list[str] | None:
+        """The problem's interactor built in the box's helper directory (an interactive problem's
+        answer is what its interactor writes as its output talking to the main solution, as Polygon
+        makes it), or None when the problem has none."""
+        spec = self.manifest.get("interactor")
+        if spec is None:
+            return None
+        helper = helper_of(spec, "interactor", self.path_of, "the package")
+        assert helper is not None
+        deadline = time.monotonic() + self.judge.settings.budget
+        built = await self.judge.builder.prepare_helper(helper, box, deadline, box.helper_dir, box.helper_group)
+        if isinstance(built, Verdict):
+            output = str(built.details.get("output") or built.details.get("reason") or built.status)
+            raise InvalidPackage(f"the interactor {spec.get('name')} does not build, so the package is refused:\n"
+                                 f"{output.rstrip()}")  # fmt: skip
+        return built
+
+    async def converse(
+        self, box: Box, argv: list[str], interactor: list[str], given: bytes, limits: Limits
+    ) -> tuple[str | None, bytes]:
+        """The main solution talking to the interactor on one input (testlib's: input, output and
+        an empty answer file): why it failed (None: it did not), and the interactor's output."""
+        directory = box.helper_dir
+
+        def write() -> None:
+            write_bytes(os.path.join(directory, "input"), given)
+            write_bytes(os.path.join(directory, "answer"), b"")
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(directory, "output"))
+
+        await asyncio.to_thread(write)
+        inside = self.judge.boxes.inside(directory)
+        talk = [*interactor, f"{inside}/input", f"{inside}/output", f"{inside}/answer"]
+        sub, inter = await converse_in(box, self.judge.boxes, argv, talk, limits)
+        why = failure(sub, limits)
+        said = failure(inter, HELPER_LIMITS)
+        if why is None and said is not None:
+            why = f"did not satisfy the interactor, which {said}"
+        output = await asyncio.to_thread(read_bounded, os.path.join(directory, "output"), self.max_file + 1)
+        if len(output) > self.max_file:
+            why = why or f"made the interactor write more than the {mib(self.max_file)} a file of a package may be"
+        return why, output
+
     @staticmethod
     def clear(directory: str, keep: set[str]) -> None:
         """Remove what an earlier command wrote beside the built generator."""
@@ -196,20 +240,24 @@ class _Maker:
             raise InvalidPackage(f"the main solution {main.get('name')} does not build, so the package is refused:\n"
                                  f"{output.rstrip()}")  # fmt: skip
         limits = answer_limits(float(limits_of["time"]), int(limits_of["memory_mb"]), self.max_file, language.processes)
+        interactor = await self.interactor(box)
         made_answers: dict[int, bytes] = {}
         for made in wanted:
             given = inputs.get(made.test)
             if given is None:
                 given = await asyncio.to_thread(self.path_of(self.manifest["tests"][made.test - 1]["input"]).read_bytes)
-            facts = await run(
-                built, box=box.dir, uid=box.uid, stdin=given, limits=limits, isolation=self.judge.isolation,
-                group=box.group,
-            )  # fmt: skip
-            why = failure(facts, limits)
+            cmd = f" (made by {made.cmd!r})" if made.cmd else ""
+            if interactor is None:
+                facts = await run(
+                    built, box=box.dir, uid=box.uid, stdin=given, limits=limits, isolation=self.judge.isolation,
+                    group=box.group,
+                )  # fmt: skip
+                why = failure(facts, limits)
+                made_answers[made.test] = facts.stdout
+            else:
+                why, made_answers[made.test] = await self.converse(box, built, interactor, given, limits)
             if why is not None:
-                cmd = f" (made by {made.cmd!r})" if made.cmd else ""
                 raise InvalidPackage(f"test {made.test}{cmd}: the main solution {main.get('name')} {why}")
-            made_answers[made.test] = facts.stdout
         return made_answers
 
 

@@ -277,12 +277,6 @@ def _generation(
     """What is left to make (``made``): the generators the commands name, among problem.xml's
     ``<files><executables>`` (by file name without its suffix, as Polygon names them), and the
     main solution, which makes the answers."""
-    if manifest.get("type") == "interactive":
-        first = made[0]
-        raise InvalidPackage(
-            f"test {first.test}: an interactive problem's tests must be in the package with their answers "
-            "(upload the package built with its tests)"
-        )
     executables: dict[str, ET.Element] = {}
     for e in doc.findall("files/executables/executable"):
         source = e.find("source")
