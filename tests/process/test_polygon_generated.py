@@ -8,6 +8,7 @@ tables unchanged. Needs root (the sandbox)."""
 
 from __future__ import annotations
 
+import json
 import re
 import zipfile
 from collections.abc import Mapping
@@ -23,6 +24,7 @@ from judgequeue.core.judges.program.archives import InvalidPackage, open_package
 from judgequeue.core.store.problems import ProblemCache, upload
 from tests.support.archives import judge_solutions
 from tests.support.queries import problem_tables
+from tests.support.roles import clean_env, run_cli
 
 pytestmark = pytest.mark.usefixtures("as_root")
 TESTLIB = Path(__file__).resolve().parents[1] / "fixtures" / "third_party" / "testlib"
@@ -329,3 +331,18 @@ def test_what_is_left_to_make_is_read_from_problem_xml(tmp_path: Path) -> None:
     refusal = r"test 2: tests/02 must exist \(a manual test is in the package\)"
     with pytest.raises(InvalidPackage, match=refusal), open_package(zipped(tmp_path / "manual", manual)):
         pass
+
+
+def test_verify_makes_the_tests_a_package_leaves_to_be_made(sandbox_dir: str, tmp_path: Path) -> None:
+    """``judgequeue problem verify`` on Polygon's package without built tests: the tests are made as
+    an upload makes them, then validated and judged."""
+    stripped = without_built_tests(GUESS_ARRAY_ZIP, tmp_path / "stripped")
+    done = run_cli("problem", "verify", str(stripped), "--json", env=clean_env(JUDGEQUEUE_SANDBOX_DIR=sandbox_dir),
+                   timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(done.stdout)
+    assert report["ok"] is True, report
+    assert [(s["name"], s["verdict"], s["outcome"]) for s in report["solutions"]] == [
+        ("solutions/std.cpp", "ACCEPTED", "ok")
+    ]
+    assert [c["valid"] for c in report["inputs"]] == [True] * 18

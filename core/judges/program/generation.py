@@ -13,7 +13,9 @@ solution are the problem setter's programs, run as a submission is run.
   scripts look for it). A testlib generator seeds its random numbers from its arguments, so the
   same package makes the same bytes.
 - Each answer the package does not hold is what its main solution (``tag="main"``) writes for
-  the test's input, run with the problem's memory limit and :func:`answer_limits`.
+  the test's input, run with the problem's memory limit and :func:`answer_limits`; for an
+  interactive problem, what the interactor writes as its output (testlib's ``tout``) talking to
+  the main solution, as Polygon makes it.
 - The package's input validators are then run on every made input (:meth:`ProgramJudge.validate_inputs`).
 
 A made file is taken into the package through :meth:`~.archives.common.Files.take_made`, under
