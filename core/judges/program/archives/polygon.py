@@ -3,8 +3,10 @@
 What is read, and how it maps onto a stored manifest:
 
 - the ``tests`` testset: time limit (ms), memory limit (bytes), the tests by the input and answer
-  path patterns (``tests/%02d``, ``tests/%02d.a``; a package built with its tests, as Polygon's
-  full packages are), each test's ``points`` and ``group``;
+  path patterns (``tests/%02d``, ``tests/%02d.a``), each test's ``points`` and ``group``; a
+  generated test (``cmd``) whose input is not in the package, and an answer that is not, are left
+  to be made (:class:`~.common.Generation`, from ``<files><executables>`` and the ``main``
+  solution; :mod:`..generation` makes them at upload);
 - ``<groups>``: ``points-policy`` ``complete-group`` (the group's ``points``, or the sum of its
   tests' points, only when every test passes) or ``each-test`` (the points of each test that
   passes), and ``<dependencies>`` (a group earns nothing unless those passed entirely). Tests with
