@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     import asyncpg
 
     from ..judges.program import ProgramJudge
+    from ..judges.program.archives import PackageDir
     from ..verify import Verification
 
 
@@ -70,6 +71,14 @@ async def _verify_stored(
     return await verify(await stored_package(conn, args.problem, args.version, copies), judge, cap=args.time_cap)
 
 
+async def _verify_made(package: PackageDir, judge: ProgramJudge, made: Path, cap: float) -> Verification:
+    """Verify a package read from a directory or zip, the tests it leaves to be made made first (in ``made``)."""
+    from ..judges.program.generation import make_tests
+    from ..verify import verify
+
+    return await verify(await make_tests(judge, package, made), judge, cap=cap)
+
+
 def _verify(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     import tempfile
 
@@ -77,7 +86,6 @@ def _verify(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     from ..judges.program import ProgramJudge
     from ..judges.program.archives import open_package
     from ..judges.sandbox.isolation import load_judge_settings
-    from ..verify import verify
 
     if (args.dir is None) == (args.problem is None) or (args.problem is None) != (args.version is None):
         raise ConfigError("problem verify takes a package directory (or zip), or --problem ID --version N (stored)")
@@ -92,9 +100,12 @@ def _verify(args: argparse.Namespace, env: Mapping[str, str]) -> int:
             with tempfile.TemporaryDirectory(prefix="judgequeue-verify-") as copies:
                 found = run_async(with_pg(dsn, lambda conn: _verify_stored(conn, args, judge, Path(copies))))
         else:
-            with open_package(Path(args.dir), problem_id=args.id, time_limit=args.time_limit, fmt=args.format,
-                              bounds=bounds) as package:  # fmt: skip
-                found = run_async(verify(package, judge, cap=args.time_cap))
+            with (
+                open_package(Path(args.dir), problem_id=args.id, time_limit=args.time_limit, fmt=args.format,
+                             bounds=bounds) as package,
+                tempfile.TemporaryDirectory(prefix="judgequeue-made-") as made,
+            ):  # fmt: skip
+                found = run_async(_verify_made(package, judge, Path(made), args.time_cap))
     finally:
         judge.close()
     if args.json:
@@ -127,7 +138,8 @@ def add(commands: Commands) -> None:
     problem_action = commands.actions(p, "problem_command", cmd_problem)
     text = ("store the package in DIR (a directory, or a zip archive of one) as a new version: judgequeue "
             "(problem.yaml with an id, tests/NAME.in + NAME.ans), ICPC/Kattis (problem.yaml, data/, "
-            "output_validators/) or Polygon (problem.xml); its checker, interactor and validators are built first")
+            "output_validators/) or Polygon (problem.xml); its generated tests are made and its checker, interactor "
+            "and validators built first")
     q = problem_action("upload", text)
     q.add_argument("dir", help="the package: a directory, or a zip archive of one (as Polygon exports it)")
     q.add_argument("--version", type=int,

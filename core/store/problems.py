@@ -20,9 +20,10 @@ import hashlib
 import json
 import os
 import shutil
+import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -121,6 +122,26 @@ def _helper_entry(manifest: dict[str, Any], kind: str) -> tuple[str, dict[str, A
     return kind, manifest[kind]
 
 
+@contextlib.contextmanager
+def _judge_of(judge: BuildsHelpers | None, env: Mapping[str, str] | None, what: str) -> Iterator[BuildsHelpers]:
+    """``judge``, or a program judge of its own with the settings in ``env`` (this process's
+    environment when None) for the block, given back after it; ``what`` says why one is needed."""
+    if judge is not None:
+        yield judge
+        return
+    from ..judges.program import ProgramJudge
+    from ..judges.sandbox.isolation import load_judge_settings
+
+    try:
+        own = ProgramJudge(settings=load_judge_settings(os.environ if env is None else env))
+    except ConfigError as exc:
+        raise ConfigError(f"{what}: {exc}") from None
+    try:
+        yield own
+    finally:
+        own.close()
+
+
 async def build_helpers(
     package: PackageDir, judge: BuildsHelpers | None = None, env: Mapping[str, str] | None = None
 ) -> None:
@@ -131,25 +152,31 @@ async def build_helpers(
     unless JUDGEQUEUE_SANDBOX=trusted says the package is trusted)."""
     if not has_helpers(package.manifest):
         return
-    own = None
-    if judge is None:
-        from ..judges.program import ProgramJudge
-        from ..judges.sandbox.isolation import load_judge_settings
-
-        try:
-            judge = own = ProgramJudge(settings=load_judge_settings(os.environ if env is None else env))
-        except ConfigError as exc:
-            raise ConfigError(f"a package's checker and interactor are built before it is stored: {exc}") from None
-    try:
-        failed = await judge.build_helpers(package.manifest, lambda sha: package.files[sha].path)
-    finally:
-        if own is not None:
-            own.close()
+    with _judge_of(judge, env, "a package's checker and interactor are built before it is stored") as builder:
+        failed = await builder.build_helpers(package.manifest, lambda sha: package.files[sha].path)
     for kind, output in failed.items():
         called, entry = _helper_entry(package.manifest, kind)
         what = f"{entry.get('language')}" + (f", {entry['std']}" if entry.get("std") else "")
         raise InvalidPackage(f"the {called} {entry.get('name')} does not build ({what}), so the package is refused:\n"
                              f"{output.rstrip()}")  # fmt: skip
+
+
+async def make_tests(
+    package: PackageDir, staging: Path, judge: BuildsHelpers | None = None, env: Mapping[str, str] | None = None
+) -> PackageDir:
+    """The package with the tests it leaves to be made (a Polygon package's generated tests and
+    the answers of its main solution) made in the program judge's sandbox
+    (:mod:`..judges.program.generation`), their files in ``staging``; the package itself when it
+    leaves none. Without ``judge``, one made as :func:`build_helpers` makes it."""
+    if package.generation is None:
+        return package
+    from ..judges.program import ProgramJudge
+    from ..judges.program.generation import make_tests as make
+
+    with _judge_of(judge, env, "a package's generated tests are made before it is stored") as maker:
+        if not isinstance(maker, ProgramJudge):
+            raise ConfigError("a package's generated tests are made by the program judge")
+        return await make(maker, package, staging)
 
 
 async def upload(
@@ -168,13 +195,18 @@ async def upload(
     version); returns what was stored. ``bounds``: what the archive may hold (config.ArchiveSettings;
     its defaults when None).
 
-    The package is read and checked whole before anything is written, its checker and interactor
-    built by ``judge`` (by default a program judge set up from ``judge_env``, this process's
-    environment when None, made only when there is one to build) in the sandbox judging builds
-    them in, then stored in one transaction: its version decided and checked against a stored one
-    (a conflict stores nothing), its new files, then its row. A refused upload leaves nothing
-    behind, and only what the manifest names is stored."""
-    with open_package(root, problem_id=problem_id, time_limit=time_limit, fmt=fmt, bounds=bounds) as package:
+    The package is read and checked whole before anything is written: the tests it leaves to be
+    made are made (:func:`make_tests`), its checker and interactor built by ``judge`` (by default
+    a program judge set up from ``judge_env``, this process's environment when None, made only
+    when there is something to build or make) in the sandbox judging builds them in, then it is
+    stored in one transaction: its version decided and checked against a stored one (a conflict
+    stores nothing), its new files, then its row. A refused upload leaves nothing behind, and only
+    what the manifest names is stored."""
+    with (
+        open_package(root, problem_id=problem_id, time_limit=time_limit, fmt=fmt, bounds=bounds) as read,
+        tempfile.TemporaryDirectory(prefix="judgequeue-made-") as staging,
+    ):
+        package = await make_tests(read, Path(staging), judge, judge_env)
         await build_helpers(package, judge, judge_env)
         return await _store(conn, package, version)
 
@@ -351,6 +383,7 @@ __all__ = [
     "VersionConflict",
     "attach_package_cache",
     "list_problems",
+    "make_tests",
     "manifest_of",
     "read_package_dir",
     "upload",

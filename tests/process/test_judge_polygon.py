@@ -169,7 +169,11 @@ async def test_a_polygon_interactive_package_its_checker_judges_the_interactors_
 def test_what_a_polygon_package_may_not_be(tmp_path: Path) -> None:
     files = {**SUMS, "problem.xml": problem_xml("a-plus-b", SUM_TESTS, SUM_GROUPS, CHECKER)}
     (write_tree(tmp_path / "p", files) / "tests" / "03").unlink()
-    with pytest.raises(InvalidPackage, match=r"test 3: tests/03 and tests/03.a must exist \(it is generated"):
+    # Test 3 is generated ("gen 1"): its files may be left out, but then its generator must be in the package.
+    with pytest.raises(InvalidPackage, match=r"test 3: generator 'gen' \(of 'gen 1'\) is no <files><executables>"):
+        read_package(tmp_path / "p")
+    (tmp_path / "p" / "tests" / "02").unlink()
+    with pytest.raises(InvalidPackage, match=r"test 2: tests/02 must exist \(a manual test is in the package\)"):
         read_package(tmp_path / "p")
     stdin_only = problem_xml("x", SUM_TESTS, "", CHECKER).replace('input-file=""', 'input-file="input.txt"')
     with pytest.raises(InvalidPackage, match="only standard input and output"):

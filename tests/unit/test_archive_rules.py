@@ -308,6 +308,30 @@ def test_a_zip_entry_that_leaves_the_package_is_refused(name: str, error: str) -
         zipped.entry_parts(name, "p.zip")
 
 
+@pytest.mark.parametrize(
+    ("cmd", "generator", "args"),
+    [
+        ("gen 10 20", "gen", ("10", "20")),
+        ("gen -n 10 1", "gen", ("-n", "10", "1")),
+        ("gen 1 2 > 5", "gen", ("1", "2")),
+        ("gen 1 2 > $", "gen", ("1", "2")),
+        ("multigen 3 > {3-5}", "multigen", ("3",)),
+        ("gen 'a b' c >7", "gen", ("a b", "c")),
+    ],
+)
+def test_a_polygon_generator_command_is_its_executable_and_arguments(
+    cmd: str, generator: str, args: tuple[str, ...]
+) -> None:
+    assert polygon.command(cmd, 3) == (generator, args)
+
+
+@pytest.mark.parametrize(("cmd", "error"), [("", "names no generator"), ("> 5", "names no generator"),
+                                            ("gen 'open", "cannot be read")])  # fmt: skip
+def test_a_polygon_generator_command_that_names_nothing_is_refused(cmd: str, error: str) -> None:
+    with pytest.raises(InvalidPackage, match=f"test 3: generator command .*{error}"):
+        polygon.command(cmd, 3)
+
+
 def test_the_readers_default_bounds_are_the_upload_settings_defaults() -> None:
     """The archive readers sit below the roles' settings and hold their own defaults for a caller
     that gives no bounds: the same as ``ArchiveSettings()``, the upload's defaults."""

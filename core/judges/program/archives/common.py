@@ -82,6 +82,35 @@ class PackageDir:
     manifest: dict[str, Any]  # without id/version/digest
     files: dict[str, PackageFile]  # sha256 -> file
     notes: list[str] = field(default_factory=list)  # what the reader assumed, for the person uploading
+    #: What the package leaves to be made before it can be stored (a Polygon package's generated
+    #: tests, answers made by its main solution); None when every test's files are in it.
+    generation: Generation | None = None
+
+
+@dataclass(frozen=True)
+class Made:
+    """One test whose files a package leaves to be made: its input by a generator command (when
+    ``cmd`` is given) and its answer by the package's main solution (when ``answer``)."""
+
+    test: int  # 1-based, the manifest's order
+    cmd: str | None = None  # the command as the package gives it (``gen 10 20``)
+    generator: str | None = None  # the executable it names
+    args: tuple[str, ...] = ()
+    from_file: str | None = None  # the generator writes several tests to files; this test is this one
+    answer: bool = False
+
+
+@dataclass(frozen=True)
+class Generation:
+    """What :mod:`..generation` makes before a package is stored: the tests, the generators by
+    name and the main solution (manifest program entries), where each file they name is, and the
+    package's :class:`Files`, which the made files are taken into under the package's bounds."""
+
+    tests: tuple[Made, ...]
+    generators: dict[str, dict[str, Any]]
+    main: dict[str, Any] | None
+    paths: dict[str, Path]  # sha256 -> path, of every file the programs name
+    files: Files
 
 
 class _AliasRefused(Exception):
@@ -173,6 +202,15 @@ class Files(dict[str, PackageFile]):
         real = os.path.realpath(path)
         if not within(real, str(self.root)):
             raise InvalidPackage(f"{name} is not a file inside the package")
+        return self._take(real, name)
+
+    def take_made(self, path: Path, name: str) -> PackageFile:
+        """Hash a file made for the package (a generated test, an answer its main solution wrote,
+        in a private directory of the upload's) into it under the same bounds; ``name`` is how a
+        refusal names it."""
+        return self._take(os.path.realpath(path), name)
+
+    def _take(self, real: str, name: str) -> PackageFile:
         try:
             fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         except OSError as exc:
@@ -272,7 +310,7 @@ def check_id(problem_id: Any, where: str) -> str:
 def named_files(manifest: dict[str, Any]) -> set[str]:
     """Every file a manifest names: tests, and each program's source and the files beside it (its
     checker, interactor, input validators and solutions)."""
-    found = {t[k] for t in manifest.get("tests", []) for k in ("input", "answer")}
+    found = {t[k] for t in manifest.get("tests", []) for k in ("input", "answer") if k in t}
     programs = [
         manifest.get("checker"), manifest.get("interactor"), *manifest.get("validators", []),
         *manifest.get("solutions", []),

@@ -3,8 +3,10 @@
 What is read, and how it maps onto a stored manifest:
 
 - the ``tests`` testset: time limit (ms), memory limit (bytes), the tests by the input and answer
-  path patterns (``tests/%02d``, ``tests/%02d.a``; a package built with its tests, as Polygon's
-  full packages are), each test's ``points`` and ``group``;
+  path patterns (``tests/%02d``, ``tests/%02d.a``), each test's ``points`` and ``group``; a
+  generated test (``cmd``) whose input is not in the package, and an answer that is not, are left
+  to be made (:class:`~.common.Generation`, from ``<files><executables>`` and the ``main``
+  solution; :mod:`..generation` makes them at upload);
 - ``<groups>``: ``points-policy`` ``complete-group`` (the group's ``points``, or the sum of its
   tests' points, only when every test passes) or ``each-test`` (the points of each test that
   passes), and ``<dependencies>`` (a group earns nothing unless those passed entirely). Tests with
@@ -30,13 +32,27 @@ from __future__ import annotations
 
 import math
 import re
+import shlex
 import xml.etree.ElementTree as ET  # the uploader's own file; expat refuses external entities
 from pathlib import Path
 from typing import Any
 
 from ..languages import LANGUAGES
 from .bounds import ArchiveBounds
-from .common import MAX_TESTS, Files, InvalidPackage, PackageDir, add, check_id, inside, program, siblings, total_bytes
+from .common import (
+    MAX_TESTS,
+    Files,
+    Generation,
+    InvalidPackage,
+    Made,
+    PackageDir,
+    add,
+    check_id,
+    inside,
+    program,
+    siblings,
+    total_bytes,
+)  # fmt: skip
 
 FAILURES = ["WRONG_ANSWER", "PRESENTATION_ERROR", "TIME_LIMIT", "MEMORY_LIMIT", "RUNTIME_ERROR", "IDLENESS_LIMIT",
             "OUTPUT_LIMIT"]  # fmt: skip
@@ -233,15 +249,69 @@ def read(
                 f"problem.xml: {attribute} is {judging.get(attribute)!r}: only standard input and output are supported"
             )
     files = Files(root, bounds)
-    manifest = _testset(root, testset, files)
+    manifest, made = _testset(root, testset, files)
     _assets(root, doc.find("assets"), manifest, files)
+    generation = _generation(root, doc, made, manifest, files) if made else None
     version = int(revision) if revision and revision.isdigit() and int(revision) > 0 else None
-    return PackageDir(pid, version, total_bytes(manifest, files), files)
+    return PackageDir(pid, version, total_bytes(manifest, files), files, generation=generation)
 
 
-def _testset(root: Path, testset: ET.Element, files: Files) -> dict[str, Any]:
-    """The manifest's limits, tests and scoring from the ``tests`` testset; every test's files must
-    be in the package (a generated test must have been built into it)."""
+def command(cmd: str, test: int) -> tuple[str, tuple[str, ...]]:
+    """A generator command as problem.xml or a Polygon script line gives it (pure): the executable
+    it names and its arguments. A script line's target (``gen 1 2 > 5``, ``> $``, ``> {3-5}``) is
+    dropped: a test's place in the testset says which test it is."""
+    try:
+        words = shlex.split(cmd)
+    except ValueError as exc:
+        raise InvalidPackage(f"problem.xml: test {test}: generator command {cmd!r} cannot be read: {exc}") from None
+    if ">" in words:
+        words = words[: words.index(">")]
+    elif words and words[-1].startswith(">"):
+        words = words[:-1]
+    if not words:
+        raise InvalidPackage(f"problem.xml: test {test}: generator command {cmd!r} names no generator")
+    return words[0], tuple(words[1:])
+
+
+def _generation(
+    root: Path, doc: ET.Element, made: list[Made], manifest: dict[str, Any], files: Files
+) -> Generation:
+    """What is left to make (``made``): the generators the commands name, among problem.xml's
+    ``<files><executables>`` (by file name without its suffix, as Polygon names them), and the
+    main solution, which makes the answers."""
+    executables: dict[str, ET.Element] = {}
+    for e in doc.findall("files/executables/executable"):
+        source = e.find("source")
+        if source is not None and source.get("path"):
+            executables.setdefault(Path(str(source.get("path"))).stem, e)
+    generators: dict[str, dict[str, Any]] = {}
+    for m in made:
+        if m.generator is None or m.generator in generators:
+            continue
+        element = executables.get(m.generator)
+        if element is None:
+            raise InvalidPackage(
+                f"problem.xml: test {m.test}: generator {m.generator!r} (of {m.cmd!r}) is no <files><executables> entry"
+            )
+        generators[m.generator] = _source(root, element, f"generator {m.generator}", files)
+    main = None
+    if any(m.answer for m in made):
+        found = [s for s in doc.findall("assets/solutions/solution") if s.get("tag") == "main"]
+        if not found:
+            test = next(m.test for m in made if m.answer)
+            raise InvalidPackage(
+                f"test {test}: its answer is not in the package and no solution is tagged main to make it"
+            )
+        main = _source(root, found[0], "the main solution", files, helper=False)
+        main["name"] = str(found[0].find("source").get("path"))  # type: ignore[union-attr]
+    paths = {sha: f.path for sha, f in files.items()}
+    return Generation(tuple(made), generators, main, paths, files)
+
+
+def _testset(root: Path, testset: ET.Element, files: Files) -> tuple[dict[str, Any], list[Made]]:
+    """The manifest's limits, tests and scoring from the ``tests`` testset, and what is left to
+    make: a generated test whose input is not in the package (its ``cmd``, made at upload), a test
+    whose answer is not (made by the main solution). A manual test's input must be in it."""
     time_ms = _int(testset.findtext("time-limit"), "time-limit")
     memory = _int(testset.findtext("memory-limit"), "memory-limit")
     tests_el = testset.findall("tests/test")
@@ -256,14 +326,22 @@ def _testset(root: Path, testset: ET.Element, files: Files) -> dict[str, Any]:
     if output_pattern:  # some packages have one beside the answers': never read, still held to the rules
         path_pattern(output_pattern, "output-path-pattern")
     tests = []
+    made: list[Made] = []
     for i, t in enumerate(tests_el, 1):
         given, answer = root / (input_pattern % i), root / (answer_pattern % i)
-        if not given.is_file() or not answer.is_file():
-            made = (
-                " (it is generated: upload the package built with its tests)" if t.get("method") == "generated" else ""
-            )
-            raise InvalidPackage(f"test {i}: {given.relative_to(root)} and {answer.relative_to(root)} must exist{made}")
-        entry: dict[str, Any] = {"name": f"{i:02d}", "input": add(given, files), "answer": add(answer, files)}
+        entry: dict[str, Any] = {"name": f"{i:02d}"}
+        cmd = t.get("cmd") if t.get("method") == "generated" else None
+        if given.is_file():
+            entry["input"] = add(given, files)
+        elif cmd:
+            entry["cmd"] = cmd
+        else:
+            raise InvalidPackage(f"test {i}: {given.relative_to(root)} must exist (a manual test is in the package)")
+        if answer.is_file() and "input" in entry:
+            entry["answer"] = add(answer, files)
+        if "input" not in entry or "answer" not in entry:
+            generator, args = command(cmd, i) if "input" not in entry and cmd else (None, ())
+            made.append(Made(i, cmd if generator else None, generator, args, t.get("from-file"), "answer" not in entry))
         if t.get("sample") == "true":
             entry["sample"] = True
         tests.append(entry)
@@ -273,7 +351,7 @@ def _testset(root: Path, testset: ET.Element, files: Files) -> dict[str, Any]:
         "tests": tests,
         "scoring": _scoring(testset, tests_el),
         "type": "batch",
-    }
+    }, made
 
 
 def _assets(root: Path, assets: ET.Element | None, manifest: dict[str, Any], files: Files) -> None:

@@ -11,7 +11,7 @@ import os
 from dataclasses import replace
 
 from ...sandbox import Limits, RunFacts, read_ready, run
-from ..boxes import read_bounded, read_data, read_feedback, write_bytes
+from ..boxes import Box, Boxes, read_bounded, read_data, read_feedback, write_bytes
 from ..classify import classify_interactive, helper_outcome, kattis_helper_outcome, result_of
 from ..problem import HELPER_LIMITS, Case
 from ..scoring import TestResult
@@ -105,7 +105,14 @@ def interactor_argv(g: Grading, case: Case, kattis: bool) -> list[str]:
 
 async def converse(g: Grading, interactor: list[str], limits: Limits) -> tuple[RunFacts, RunFacts]:
     """Run the submission and the interactor connected by two pipes; the facts of both."""
-    box = g.box
+    return await converse_in(g.box, g.boxes, g.argv, interactor, limits)
+
+
+async def converse_in(
+    box: Box, boxes: Boxes, argv: list[str], interactor: list[str], limits: Limits
+) -> tuple[RunFacts, RunFacts]:
+    """:func:`converse` for a program ``argv`` built in ``box.dir`` and an interactor in
+    ``box.helper_dir`` (a package's main solution making its answers, too)."""
     loop = asyncio.get_running_loop()
     fds: list[int] = []
     drains: list[_Drain] = []
@@ -120,9 +127,9 @@ async def converse(g: Grading, interactor: list[str], limits: Limits) -> tuple[R
         # is gone; a task group cancels (and so kills) one side if the other fails to start.
         fds = []
         async with asyncio.TaskGroup() as both:
-            boxed = functools.partial(run, uid=box.uid, stdin=b"", isolation=g.boxes.isolation)
+            boxed = functools.partial(run, uid=box.uid, stdin=b"", isolation=boxes.isolation)
             sub_run = both.create_task(
-                boxed(g.argv, box=box.dir, limits=limits, group=box.group, stdin_fd=to_sub_r, stdout_fd=to_int_w)
+                boxed(argv, box=box.dir, limits=limits, group=box.group, stdin_fd=to_sub_r, stdout_fd=to_int_w)
             )
             inter_run = both.create_task(
                 boxed(interactor, box=box.helper_dir, limits=helper_limits, group=box.helper_group,
