@@ -54,7 +54,8 @@ def cmd_submission(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         extra = "".join(
             f"  {name}={value}" for name, value in (("score", e.score), ("reason", e.reason)) if value is not None
         )
-        print(f"{e.stored_at.isoformat(timespec='seconds')}  generation {e.generation}  {e.status:<18} {e.cause}{extra}")
+        when = e.stored_at.isoformat(timespec="seconds")
+        print(f"{when}  generation {e.generation}  {e.status:<18} {e.cause}{extra}")
     return EXIT_OK
 
 
