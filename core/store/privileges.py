@@ -99,7 +99,7 @@ ROLES: Final[Mapping[str, Role]] = MappingProxyType(
                     "lease_release",
                     "lease_defer",
                     "lease_stale_reasons",
-                    "lease_held",
+                    "lease_gone",
                     "shadow_acquire",
                     "shadow_renew",
                     "shadow_verdict",

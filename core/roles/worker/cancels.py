@@ -7,11 +7,12 @@ notification on :data:`CANCEL_CHANNEL` (``"<queue> <submission> <generation>"``,
 once the cancel committed), and :class:`CancelWatch` listens for it on the worker's LISTEN-capable
 DSN: a job of that submission at an older generation is stopped (its task cancelled, which kills the
 sandbox or aborts the remote call) without a round trip. It also checks its running leases against
-the database (``lease_held``, read only): after every (re)connect, since notifications sent while it
+the database (``lease_gone``, read only): after every (re)connect, since notifications sent while it
 was not listening are lost, every :data:`LISTENING_CHECK` seconds, and every :data:`POLL` seconds
 when it cannot listen (behind a transaction pooler without a listen DSN); a lease found gone is
-stopped as lost. A job handed over by a filled offer whose cancellation was heard before it started
-is never started (:meth:`CancelWatch.cancelled`).
+stopped (as cancelled when its submission is, else as lost: rejudged or rescued). A job handed
+over by a filled offer whose cancellation was heard before it started is never started
+(:meth:`CancelWatch.cancelled`).
 """
 
 from __future__ import annotations
@@ -61,8 +62,8 @@ def parse_notice(payload: str) -> tuple[str, int, int] | None:
 class CancelWatch:
     """Stops a worker's running jobs whose submissions were cancelled (see the module's text).
 
-    ``running`` gives the leases being judged now; ``stop(attempt, cancelled)`` stops one (True: a
-    cancellation was heard; False: the lease was found gone, as the heartbeat would find it).
+    ``running`` gives the leases being judged now; ``stop(attempt, cancelled)`` stops one (True: its
+    submission was cancelled; False: the lease is gone otherwise, as the heartbeat would find it).
     """
 
     def __init__(
@@ -139,17 +140,16 @@ class CancelWatch:
                 await asyncio.sleep(backoff(failures))
 
     async def check(self) -> None:
-        """Stop every running job whose lease is gone (one read-only statement)."""
+        """Stop every running job whose lease is gone (one read-only statement): as cancelled when
+        its submission is, else as lost."""
         running = list(self._running())
         if not running:
             return
         async with self._pool.acquire(timeout=STATEMENT_TIMEOUT) as conn:
-            rows = await conn.fetch(sql.query("lease_held"), *leases.fence_arrays(running))
+            rows = await conn.fetch(sql.query("lease_gone"), *leases.fence_arrays(running))
         self.checks += 1
-        held = {uuid.UUID(bytes=r["attempt_id"].bytes) for r in rows}
-        for lease in running:
-            if lease.attempt not in held:
-                self._stop(lease.attempt, False)
+        for r in rows:
+            self._stop(uuid.UUID(bytes=r["attempt_id"].bytes), bool(r["cancelled"]))
 
     async def close(self) -> None:
         if self._task is not None:

@@ -1041,10 +1041,10 @@ WITH doomed AS (
 )
 DELETE FROM judgequeue.verdict_history h USING doomed WHERE h.id = doomed.id
 
--- name: lease_held
--- Which of these live leases are still held (read only: a worker's check for cancelled jobs).
-SELECT s.attempt_id
-  FROM judgequeue.submissions s
-  JOIN unnest($1::bigint[], $2::bigint[], $3::uuid[]) AS l(id, generation, attempt)
-    ON s.id = l.id AND s.generation = l.generation AND s.attempt_id = l.attempt AND s.status = 'JUDGING'
- WHERE s.id = ANY($1::bigint[])
+-- name: lease_gone
+-- Which of these live leases are no longer held, each with whether its submission was cancelled (read only).
+SELECT l.attempt AS attempt_id, coalesce(s.status = 'CANCELLED', false) AS cancelled
+  FROM unnest($1::bigint[], $2::bigint[], $3::uuid[]) AS l(id, generation, attempt)
+  LEFT JOIN judgequeue.submissions s ON s.id = l.id
+ WHERE s.id IS NULL
+    OR NOT (s.generation = l.generation AND s.attempt_id IS NOT DISTINCT FROM l.attempt AND s.status = 'JUDGING')
