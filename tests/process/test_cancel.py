@@ -11,10 +11,7 @@ the next job. Needs root for the sandbox (CI runs as root).
 from __future__ import annotations
 
 import json
-import os
-import re
 import time
-import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -22,6 +19,7 @@ import pytest
 
 from judgequeue.core import api
 from tests.support.databases import connection
+from tests.support.proc_tree import alive, metric, spinning_under
 from tests.support.roles import RoleProcess, Roles, run_cli
 from tests.support.tool_server import tool_server
 from tests.support.waiting import eventually, wait_for
@@ -38,49 +36,6 @@ SPINNER = {
     "limits": {"time": 30},
 }
 QUICK = {"language": "python", "source": "print(42)\n", "tests": [{"input": "", "output": "42\n"}]}
-
-
-def _descendants(pid: int) -> list[int]:
-    """Every process under ``pid`` (from /proc: children of children too)."""
-    parents: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        parents.setdefault(ppid, []).append(int(entry))
-    out, todo = [], [pid]
-    while todo:
-        for child in parents.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
-
-
-def _cpu_seconds(pid: int) -> float:
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
-def _metric(port: int, name: str, queue: str) -> float:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-        text = response.read().decode()
-    found = re.search(rf'^{name}\{{queue="{re.escape(queue)}"\}} (\S+)$', text, re.MULTILINE)
-    return float(found.group(1)) if found else 0.0
 
 
 async def _submit(pg_dsn: str, queue: str, payload: Mapping[str, object]) -> int:
@@ -110,7 +65,7 @@ async def _stopped_and_healthy(
     pg_dsn: str, queue: str, worker: RoleProcess, port: int, sid: int, next_payload: Mapping[str, object]
 ) -> None:
     """The cancelled job wrote nothing, and the worker judges the next job."""
-    assert _metric(port, "judgequeue_jobs_cancelled_total", queue) == 1
+    assert metric(port, "judgequeue_jobs_cancelled_total", queue) == 1
     nxt = await _submit(pg_dsn, queue, next_payload)
     async def judged() -> bool:
         return await _status(pg_dsn, nxt) not in ("PENDING", "JUDGING")
@@ -136,16 +91,13 @@ async def test_a_running_spinner_is_stopped_within_the_deadline(
         port = worker.port()
         sid = await _submit(pg_dsn, queue, SPINNER)
 
-        def spinning() -> int | None:
-            # The spinner: a process under the worker that has burnt half a second of CPU.
-            return next((p for p in _descendants(worker.pid) if _cpu_seconds(p) >= 0.5), None)
-
-        spinner: int = wait_for(spinning, 60, "the spinner running in its box")
+        # The spinner: a process under the worker that has burnt half a second of CPU.
+        spinner: int = wait_for(lambda: spinning_under(worker.pid), 60, "the spinner running in its box")
         assert await _status(pg_dsn, sid) == "JUDGING"
         committed = _cancel_cli(roles, sid)
-        wait_for(lambda: not _alive(spinner), 10, "the spinner killed")
+        wait_for(lambda: not alive(spinner), 10, "the spinner killed")
         killed = time.monotonic() - committed
-        wait_for(lambda: _metric(port, "judgequeue_jobs_in_flight", queue) == 0, 10, "the job ended")
+        wait_for(lambda: metric(port, "judgequeue_jobs_in_flight", queue) == 0, 10, "the job ended")
         ended = time.monotonic() - committed
         assert killed < DEADLINE, f"the spinner was killed {killed:.3f}s after the cancel"
         assert ended < DEADLINE + 0.5, f"the job ended {ended:.3f}s after the cancel"
@@ -169,7 +121,7 @@ async def test_a_running_http_call_is_aborted_within_the_deadline(pg_dsn: str, q
             key = f"judgequeue:{queue}:{sid}:1"
             await eventually(lambda: hanging.effects()["calls"].get(key) == 1, within=30, what="the call under way")
             committed = _cancel_cli(roles, sid)
-            wait_for(lambda: _metric(port, "judgequeue_jobs_in_flight", queue) == 0, 10, "the call aborted")
+            wait_for(lambda: metric(port, "judgequeue_jobs_in_flight", queue) == 0, 10, "the call aborted")
             ended = time.monotonic() - committed
             assert ended < DEADLINE, f"the call ended {ended:.3f}s after the cancel"
             await _stopped_and_healthy(pg_dsn, queue, worker, port, sid, {"endpoint": "fast", "body": {"n": 2}})
