@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import statistics
 import tempfile
@@ -35,7 +36,7 @@ from judgequeue.core.store.queues import create_queue
 from tests.support.databases import connection, create_database, drop_database
 from tests.support.proc_tree import alive, metric, spinning_under
 from tests.support.roles import Roles
-from tests.support.tool_server import tool_server
+from tests.support.tool_server import ToolServer, tool_server
 
 progress = reporter("cancel")
 
@@ -61,6 +62,14 @@ def _until(check: Callable[[], Any], within: float, what: str, every: float = 0.
             raise RuntimeError(f"{what}: not within {within}s")
         time.sleep(every)
     return value
+
+
+def _calls(server: ToolServer, key: str) -> int | None:
+    return server.effects()["calls"].get(key)
+
+
+def _gone(pid: int) -> bool:
+    return not alive(pid)
 
 
 async def run(tries: int, judge: str, intake: str) -> dict[str, Any]:
@@ -93,14 +102,14 @@ async def run(tries: int, judge: str, intake: str) -> dict[str, Any]:
                     else:
                         key = f"judgequeue:{queue}:{sid}:1"
                         await asyncio.to_thread(
-                            _until, lambda k=key: hanging.effects()["calls"].get(k), 60, "the call under way", 0.01
+                            _until, functools.partial(_calls, hanging, key), 60, "the call under way", 0.01
                         )
                     async with connection(dsn) as conn:
                         async with conn.transaction():
                             await api.cancel(conn, queue, sid, "bench")
                         committed = time.monotonic()
                         if spinner is not None:
-                            await asyncio.to_thread(_until, lambda p=spinner: not alive(p), 30, "the spinner killed")
+                            await asyncio.to_thread(_until, functools.partial(_gone, spinner), 30, "the spinner killed")
                             killed.append(time.monotonic() - committed)
                         await asyncio.to_thread(
                             _until, lambda: metric(port, "judgequeue_jobs_in_flight", queue) == 0, 30, "the job ended"
