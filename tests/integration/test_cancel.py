@@ -332,3 +332,25 @@ async def test_history_is_pruned_with_the_retention(h: Harness) -> None:
         assert await submissions.prune_history(conn, h.queue, retention=3600) == 0
         assert await submissions.prune_history(conn, h.queue, retention=0) == 1
     await eventually(functools.partial(_history_len, h, sid, 0))
+
+
+async def test_a_cancel_sent_while_the_watch_reconnects_still_stops_the_job(h: Harness) -> None:
+    """The watch's connection is terminated and the cancel is committed before it listens again: the
+    notification is lost, and the check made on reconnecting stops the job instead."""
+    judge = GateJudge()
+    w = h.worker(judge, lease_ttl="30s")
+    assert w.cancels is not None
+    await eventually(lambda: w.cancels is not None and w.cancels._conn is not None, what="the watch listening")
+    [sid] = await h.submit({"i": 1})
+    await eventually(lambda: judge.started == [1], what="the job running")
+    listener = w.cancels._conn
+    assert listener is not None
+    async with h.pool.acquire() as conn:
+        assert await conn.fetchval("SELECT pg_terminate_backend($1)", listener.get_server_pid())
+        async with conn.transaction():
+            await api.cancel(conn, h.queue, sid, "while reconnecting")
+    committed = time.monotonic()
+    await eventually(lambda: judge.cancelled == [1], within=5, every=0.005, what="the judge stopped")
+    assert time.monotonic() - committed < STOP_WITHIN + 0.5
+    await eventually(lambda: w.stats.cancelled == 1)
+    await eventually(lambda: w.cancels is not None and w.cancels._conn is not listener, what="listening again")

@@ -110,6 +110,9 @@ class CancelWatch:
             if lease.submission == submission and lease.generation < generation:
                 self._stop(lease.attempt, True)
 
+    def _on_lost(self, _conn: object) -> None:
+        self._check.set()  # reconnect (and check) now, not at the next periodic check
+
     async def _listen(self) -> bool:
         """Listening (connecting if needed; a new connection asks for a check); False if it cannot."""
         if self._dsn is None:
@@ -117,6 +120,7 @@ class CancelWatch:
         if self._conn is None or self._conn.is_closed():
             self._conn = await connect_postgres(self._dsn, timeout=STATEMENT_TIMEOUT)
             await self._conn.add_listener(CANCEL_CHANNEL, self._on_notify)
+            self._conn.add_termination_listener(self._on_lost)
             self._check.set()  # a cancel sent while not listening was not heard
         return True
 

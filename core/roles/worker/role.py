@@ -308,6 +308,8 @@ class Worker:
             if doomed:
                 self._count_cancelled(len(doomed))
                 held = [x for x in held if x not in doomed]
+                self._slot_freed.set()  # their slots (an offer's) are free again
+                self.intake.freed()
         for lease in held:
             job = _Job(lease)
             self._jobs[lease.attempt] = job
