@@ -21,6 +21,7 @@ import argparse
 import asyncio
 import functools
 import json
+import math
 import statistics
 import tempfile
 import time
@@ -51,7 +52,7 @@ SPINNER = {
 def percentile(values: list[float], p: float) -> float:
     """The ``p``-th percentile (nearest rank) of ``values`` (pure)."""
     ordered = sorted(values)
-    rank = max(1, min(len(ordered), round(p / 100 * len(ordered) + 0.5)))
+    rank = max(1, min(len(ordered), math.ceil(p / 100 * len(ordered))))
     return ordered[rank - 1]
 
 

@@ -21,7 +21,6 @@ import pytest
 from judgequeue.core import api
 from judgequeue.core.base import metrics
 from judgequeue.core.judges.builtin import SleepJudge
-from judgequeue.core.roles.worker.cancels import parse_notice
 from judgequeue.core.store import leases
 from tests.support.inprocess import GateJudge
 from tests.support.waiting import eventually
@@ -315,12 +314,6 @@ async def test_a_filled_offer_cancelled_before_its_worker_starts_it_is_never_sta
     assert not w.cancels.cancelled(leases.Lease(424242, 2, uuid.uuid4(), {}, fake.created_at))
     w._start_jobs([fake])  # synchronous: a started job would be in the worker's jobs now
     assert fake.attempt not in w._jobs and w.stats.cancelled == 1 and 9 not in judge.started
-
-
-def test_a_cancel_notice_is_parsed_totally() -> None:
-    assert parse_notice("q 12 3") == ("q", 12, 3)
-    for bad in ("", "q", "q 1", "q a 2", "q 1 b", "q 1 2 3"):
-        assert parse_notice(bad) is None
 
 
 async def test_history_is_pruned_with_the_retention(h: Harness) -> None:
