@@ -9,8 +9,10 @@ a cancelled submission.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
+import random
 import time
 import uuid
 from datetime import UTC, datetime
@@ -347,3 +349,57 @@ async def test_a_cancel_sent_while_the_watch_reconnects_still_stops_the_job(h: H
     assert time.monotonic() - committed < STOP_WITHIN + 0.5
     await eventually(lambda: w.stats.cancelled == 1)
     await eventually(lambda: w.cancels is not None and w.cancels._conn is not listener, what="listening again")
+
+
+async def test_cancels_racing_judging_on_both_intakes_never_let_an_old_attempt_write(h: Harness) -> None:
+    """300 jobs judged by a direct and a stream worker while half of them are cancelled at random
+    moments (queued, running, writing, finished): every cancelled one ends CANCELLED, and in its
+    history and its events nothing follows the cancellation; the others end with their verdict.
+    No cancel fails (a deadlock with a take or a mark would raise)."""
+    rng = random.Random(46)
+    payloads = [{"seconds": rng.choice((0, 0, 0.01, 0.05, 0.2)), "echo": i} for i in range(300)]
+    h.worker(SleepJudge(), concurrency="8", intake="direct")
+    h.worker(SleepJudge(), concurrency="8", intake="stream")
+    ids = await h.submit(*payloads)
+    doomed = set(rng.sample(ids, 150))
+    cancelled_at: dict[int, int] = {}
+
+    async def cancel_some(chunk: list[int]) -> None:
+        for sid in chunk:
+            async with h.pool.acquire() as conn, conn.transaction():
+                cancelled_at[sid] = (await api.cancel(conn, h.queue, sid, "race")).generation
+
+    order = list(doomed)
+    rng.shuffle(order)
+    await asyncio.gather(*(cancel_some(order[i::3]) for i in range(3)))
+
+    async def all_ended() -> bool:
+        async with h.pool.acquire() as conn:
+            left = await conn.fetchval(
+                "SELECT count(*) FROM judgequeue.submissions WHERE id = ANY($1::bigint[])"
+                " AND status IN ('PENDING', 'JUDGING')", ids,
+            )  # fmt: skip
+        return left == 0
+
+    await eventually(all_ended, within=120, every=0.1, what="every job ended")
+    async with h.pool.acquire() as conn:
+        rows = {r["id"]: r for r in await conn.fetch(
+            "SELECT id, status, generation FROM judgequeue.submissions WHERE id = ANY($1::bigint[])", ids)}
+        history = await conn.fetch(
+            "SELECT submission_id, generation, status FROM judgequeue.verdict_history"
+            " WHERE submission_id = ANY($1::bigint[]) ORDER BY id", ids,
+        )  # fmt: skip
+        events = await conn.fetch(
+            "SELECT submission_id, generation, status FROM judgequeue.verdict_events"
+            " WHERE submission_id = ANY($1::bigint[]) ORDER BY txid, id", ids,
+        )  # fmt: skip
+    for sid in ids:
+        mine = [(r["generation"], r["status"]) for r in history if r["submission_id"] == sid]
+        announced = [(r["generation"], r["status"]) for r in events if r["submission_id"] == sid]
+        assert mine == announced, sid
+        if sid in doomed:
+            assert (rows[sid]["status"], rows[sid]["generation"]) == ("CANCELLED", cancelled_at[sid]), sid
+            assert mine[-1] == (cancelled_at[sid], "CANCELLED"), (sid, mine)
+            assert all(g < cancelled_at[sid] for g, _ in mine[:-1]), (sid, mine)
+        else:
+            assert rows[sid]["status"] == "ACCEPTED" and mine == [(rows[sid]["generation"], "ACCEPTED")], sid
