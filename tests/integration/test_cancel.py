@@ -379,7 +379,7 @@ async def test_cancels_racing_judging_on_both_intakes_never_let_an_old_attempt_w
                 "SELECT count(*) FROM judgequeue.submissions WHERE id = ANY($1::bigint[])"
                 " AND status IN ('PENDING', 'JUDGING')", ids,
             )  # fmt: skip
-        return left == 0
+        return bool(left == 0)
 
     await eventually(all_ended, within=120, every=0.1, what="every job ended")
     async with h.pool.acquire() as conn:
