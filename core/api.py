@@ -3,12 +3,13 @@
 Everything here is stable; everything else in ``judgequeue.core`` is internal. An application
 writes submissions in its own transaction (:func:`submit`, in one of the queue's priority classes
 and with a fairness key when it has them), starts a new generation of one (:func:`rejudge`) or of
-many in one statement (:func:`rejudge_many`: by ids, problem, time range), and reads where one
-stands (:func:`result`). While a queue is in shadow mode it
-reports what the judge being replaced decided (:func:`report_legacy_verdict`), which judgequeue
-compares with its own shadow verdicts; a shadow verdict is never a submission's verdict, so
-:func:`result` never shows one. Judge plugins implement
-:class:`Judge` and return a :class:`Verdict`. Errors are subclasses of :class:`JudgeQueueError`;
+many in one statement (:func:`rejudge_many`: by ids, problem, time range), cancels one
+(:func:`cancel`: a queued job never starts, a running one is stopped, nothing of it is stored), and
+reads where one stands (:func:`result`) and every verdict it was given (:func:`history`). While a
+queue is in shadow mode it reports what the judge being replaced decided
+(:func:`report_legacy_verdict`), which judgequeue compares with its own shadow verdicts; a shadow
+verdict is never a submission's verdict, so :func:`result` never shows one. Judge plugins
+implement :class:`Judge` and return a :class:`Verdict`. Errors are subclasses of :class:`JudgeQueueError`;
 each says what was wrong with the input, and a refused call writes nothing.
 """
 
@@ -25,6 +26,7 @@ from .base.errors import (
     InvalidClass,
     InvalidPayload,
     InvalidQueueName,
+    InvalidReason,
     InvalidVerdict,
     JudgeQueueError,
     NotShadowed,
@@ -32,18 +34,20 @@ from .base.errors import (
     UnknownQueue,
     UnknownSubmission,
 )
-from .base.states import VERDICTS
+from .base.states import ENDED_STATUSES, HISTORY_CAUSES, VERDICTS
 from .judges import Judge, Verdict
 from .runtime import event_feed
 from .store import events, shadow, submissions
 from .store.events import InvalidKinds, InvalidPosition, Position, VerdictEvent
 from .store.outbox import rejudge, rejudge_many, submit
+from .store.submissions import Cancellation, HistoryEntry
 
 
 @dataclass(frozen=True)
 class Result:
-    """Where a submission stands: its status (PENDING, JUDGING or a verdict in :data:`VERDICTS`),
-    its generation, and the verdict's details once it has one (per-test results, score, message)."""
+    """Where a submission stands: its status (PENDING, JUDGING, a verdict in :data:`VERDICTS`, or
+    CANCELLED), its generation, and the verdict's details once it has one (per-test results, score,
+    message; for a cancellation its reason)."""
 
     submission_id: int
     status: str
@@ -54,8 +58,8 @@ class Result:
 
     @property
     def finished(self) -> bool:
-        """True once the current generation has its verdict."""
-        return self.status in VERDICTS
+        """True once the current generation has its verdict (or the submission was cancelled)."""
+        return self.status in ENDED_STATUSES
 
 
 async def result(conn: asyncpg.Connection, submission_id: int) -> Result:
@@ -88,6 +92,33 @@ async def report_legacy_verdict(
     details)``, which refuses the same with the SQLSTATEs of :mod:`judgequeue.core.base.errors`.
     """
     await shadow.report_legacy_verdict(conn, submission_id, verdict, details)
+
+
+async def cancel(conn: asyncpg.Connection, queue: str, submission_id: int, reason: str) -> Cancellation:
+    """Cancel ``submission_id`` of ``queue`` in the caller's transaction; it ends ``CANCELLED``.
+
+    From the commit on: a queued job is never started (its deliveries are cancelled, and a stream
+    entry already sent is acked as stale without running); a running one is stopped by its worker
+    (sandbox killed, remote call aborted) within about a second; nothing of any earlier attempt is
+    ever stored (the cancellation starts a new generation, which fences every earlier one out). A
+    submission that has a verdict is cancelled too (the verdict stays in :func:`history`).
+    Idempotent: cancelling a cancelled submission changes nothing (``cancelled_now`` is False).
+    :func:`rejudge` reopens it. The cancellation is in :func:`history` and, as every verdict, in
+    :func:`verdict_events`. Refused, with nothing written: a reason that is not 1 to 1,000
+    characters (:class:`InvalidReason`), an id that is not one of ``queue``'s
+    (:class:`UnknownSubmission`). SQL callers use ``judgequeue.cancel(queue, id, reason)``, which
+    returns ``(generation, cancelled_now)``.
+    """
+    return await submissions.cancel(conn, queue, submission_id, reason)
+
+
+async def history(conn: asyncpg.Connection, queue: str, submission_id: int) -> list[HistoryEntry]:
+    """Every verdict ``submission_id`` of ``queue`` was given, oldest first: per generation its
+    status, its cause (one of :data:`HISTORY_CAUSES`: ``judged``, ``rejudged``, ``rescued``,
+    ``cancelled``), the stored verdict and when it was stored. Each is written in its verdict's own
+    transaction, and pruned with the verdicts' retention. Empty before the first verdict; raises
+    :class:`UnknownSubmission` for an id that is not one of ``queue``'s."""
+    return await submissions.history(conn, queue, submission_id)
 
 
 def verdict_events(
@@ -125,12 +156,17 @@ async def events_head(conn: asyncpg.Connection) -> Position:
 
 
 __all__ = [
+    "ENDED_STATUSES",
+    "HISTORY_CAUSES",
     "VERDICTS",
+    "Cancellation",
+    "HistoryEntry",
     "InvalidClass",
     "InvalidKinds",
     "InvalidPayload",
     "InvalidPosition",
     "InvalidQueueName",
+    "InvalidReason",
     "InvalidVerdict",
     "Judge",
     "JudgeQueueError",
@@ -142,7 +178,9 @@ __all__ = [
     "UnknownSubmission",
     "Verdict",
     "VerdictEvent",
+    "cancel",
     "events_head",
+    "history",
     "rejudge",
     "rejudge_many",
     "report_legacy_verdict",

@@ -324,12 +324,14 @@ class Settings:
         explain="What the DSN reaches: Postgres itself (none), a session pooler, or a transaction pooler such as "
                 "PgBouncer pool_mode=transaction (no statement cache, no LISTEN through it). The operator's own "
                 "connections honour it too.")
-    # A direct (pooler-free) DSN for the LISTEN wake-up of the dispatcher (core/wakeup.py) and of a worker
-    # with direct intake (core/direct/); without one behind a transaction pooler they poll every schedule.
+    # A direct (pooler-free) DSN for the LISTEN wake-up of the dispatcher (core/wakeup.py), of a worker
+    # with direct intake (core/direct/) and a worker's cancel watch (roles/worker/cancels.py); without one
+    # behind a transaction pooler they poll.
     postgres_listen_dsn: str | None = text(
         "POSTGRES_LISTEN_DSN", None, parse_postgres_dsn, roles=("dispatcher", "worker"), secret=("postgres", "listen"),
-        doc="dispatcher (and worker with direct intake): a direct `postgresql://` URL (no pooler) for its LISTEN "
-            "wake-up; unset behind a transaction pooler, it polls every `SCHEDULE`")
+        doc="dispatcher and worker: a direct `postgresql://` URL (no pooler) for their LISTEN wake-ups and a "
+            "worker's cancellations; unset behind a transaction pooler, they poll (every `SCHEDULE`; a worker "
+            "checks its leases every 0.5 s)")
     redis_url: str = text(
         "REDIS_URL", MISSING, validate_redis_url, roles=ROLES, secret=("redis",),
         doc="`redis://` or `rediss://` URL (password in the URL), or "

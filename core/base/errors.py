@@ -65,6 +65,10 @@ class InvalidVerdict(JudgeQueueError, ValueError):
     """A legacy verdict's name is not a verdict, or its details are not a JSON object."""
 
 
+class InvalidReason(JudgeQueueError, ValueError):
+    """A cancellation's reason is missing, blank or over 1,000 characters; nothing was cancelled."""
+
+
 class ConfigError(JudgeQueueError, ValueError):
     """A configuration value is missing or malformed; the message names the variable."""
 
@@ -96,6 +100,7 @@ _SQLSTATE_ERRORS: dict[str, type[JudgeQueueError]] = {
     "JQ007": NotShadowed,
     "JQ008": InvalidVerdict,
     "JQ009": InvalidClass,
+    "JQ010": InvalidReason,
 }
 
 

@@ -102,8 +102,16 @@ WEBHOOK_CONFIG_ERROR = Gauge(
 PRUNED_EVENTS = Counter(
     "judgequeue_pruned_verdict_events_total", "Verdict events deleted by retention.", ["queue"]
 )
+PRUNED_HISTORY = Counter(
+    "judgequeue_pruned_verdict_history_total", "Verdict history rows deleted by retention.", ["queue"]
+)
 
 # --- worker ----------------------------------------------------------------------------------------
+JOBS_CANCELLED = Counter(
+    "judgequeue_jobs_cancelled_total",
+    "Running jobs a worker stopped because their submission was cancelled (judgequeue.cancel()).",
+    ["queue"],
+)
 VERDICTS = Counter(
     "judgequeue_verdicts_total",
     "Verdicts written, by status (one of judgequeue.core.base.states.VERDICTS; PRESENTATION_ERROR only from checkers).",

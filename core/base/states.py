@@ -33,19 +33,30 @@ Verdict = Literal[
 #: Terminal submission statuses, i.e. verdicts, in the order docs and tables list them.
 VERDICTS: Final[tuple[Verdict, ...]] = get_args(Verdict)
 
-#: Every value of ``judgequeue.submissions.status``.
-SUBMISSION_STATUSES: Final[tuple[str, ...]] = WAITING_STATUSES + VERDICTS
+#: A cancelled submission (``judgequeue.cancel()``): final like a verdict, but never a judge's.
+CANCELLED: Final = "CANCELLED"
 
-OutboxState = Literal["PENDING", "CLAIMED", "SENT", "DEAD", "SKIPPED", "SHADOW_SENT"]
+#: Final submission statuses: a verdict, or cancelled. Only a generation bump (a rejudge) reopens one.
+ENDED_STATUSES: Final[tuple[str, ...]] = (*VERDICTS, CANCELLED)
+
+#: Every value of ``judgequeue.submissions.status``.
+SUBMISSION_STATUSES: Final[tuple[str, ...]] = WAITING_STATUSES + ENDED_STATUSES
+
+OutboxState = Literal["PENDING", "CLAIMED", "SENT", "DEAD", "SKIPPED", "SHADOW_SENT", "CANCELLED"]
 
 #: Outbox rows still to be sent (the claim index's predicate).
 WAITING_OUTBOX_STATES: Final[tuple[OutboxState, ...]] = ("PENDING", "CLAIMED")
 
 #: Final outbox rows, pruned after the retention.
-TERMINAL_OUTBOX_STATES: Final[tuple[OutboxState, ...]] = ("SENT", "DEAD", "SKIPPED", "SHADOW_SENT")
+TERMINAL_OUTBOX_STATES: Final[tuple[OutboxState, ...]] = ("SENT", "DEAD", "SKIPPED", "SHADOW_SENT", "CANCELLED")
 
 #: Every value of ``judgequeue.outbox.state``.
 OUTBOX_STATES: Final[tuple[OutboxState, ...]] = WAITING_OUTBOX_STATES + TERMINAL_OUTBOX_STATES
+
+#: Why a verdict of a submission's history was stored (``judgequeue.verdict_history.cause``): the
+#: submit's judging, a rejudge's (or a DLQ replay's), a judging after a lease expiry or release, a
+#: cancellation; ``applied`` is kept for verdicts a rejudging applies.
+HISTORY_CAUSES: Final[tuple[str, ...]] = ("judged", "rejudged", "rescued", "cancelled", "applied")
 
 Mode = Literal["live", "shadow"]
 

@@ -35,6 +35,7 @@ from . import (
     roles,
     shadow,
     status,
+    submission,
     submit,
 )
 from .common import (
@@ -51,8 +52,8 @@ from .common import (
 )
 
 #: The command groups, in the order ``--help`` lists them.
-GROUPS = (migrate, roles, privileges, operator, local, queue, problem, submit, status, dlq, rejudge, events, shadow,
-          cutover)
+GROUPS = (migrate, roles, privileges, operator, local, queue, problem, submit, status, submission, dlq, rejudge,
+          events, shadow, cutover)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -66,7 +66,10 @@ def verdict_lines(row: Any) -> list[str]:
 
     doc = verdict_json(row)["verdict"] or {}
     details = doc.get("details") if isinstance(doc, dict) else None
-    return render_verdict(row["status"], details if isinstance(details, dict) else {})
+    shown = dict(details) if isinstance(details, dict) else {}
+    if isinstance(doc, dict) and isinstance(doc.get("reason"), str):
+        shown.setdefault("reason", doc["reason"])  # a cancellation's reason is the document's own
+    return render_verdict(row["status"], shown)
 
 
 def cmd_submit(args: argparse.Namespace, env: Mapping[str, str]) -> int:

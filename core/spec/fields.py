@@ -286,8 +286,8 @@ FIELDS: tuple[Field, ...] = _with_every_setting((
 #: What the CRD says of the spec's objects that are more than their fields.
 OBJECT_DESCRIPTIONS: dict[tuple[str, ...], str] = {
     ("postgres", "listen"):
-        "A direct (pooler-free) DSN for the LISTEN wake-up of dispatchers (and of workers with direct intake); "
-        "without one behind a transaction pooler they poll every schedule. Optional, so secretKeyRef.name is "
+        "A direct (pooler-free) DSN for the LISTEN wake-up of dispatchers and direct-intake workers and for "
+        "workers' cancellations; without one behind a transaction pooler they poll. Optional, so secretKeyRef.name is "
         "checked by the operator (reported in status), not here.",
     CREDENTIALS:
         "Credentials of each component's own (docs/security.md): a Secret per component holding a Postgres DSN "

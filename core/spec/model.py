@@ -201,7 +201,7 @@ class JudgeQueueSpec:
     reaper: ReaperSpec
     cutover: CutoverSpec
     postgres_pooler: str  # none, session or transaction (core/settings_table.py POOLERS)
-    postgres_listen: SecretKeyRef | None  # the direct LISTEN DSN (dispatcher, direct-intake worker), if any
+    postgres_listen: SecretKeyRef | None  # the direct LISTEN DSN (dispatcher, worker), if any
     progress_deadline: float  # seconds a Deployment may roll out without progress
     classes: tuple[JobClass, ...] = DEFAULT_CLASSES  # priority classes, highest first
     values: Mapping[tuple[str, ...], Any] = field(default_factory=dict, repr=False, compare=False)

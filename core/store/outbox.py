@@ -20,9 +20,9 @@ import asyncpg
 
 from ..base.errors import InvalidClass, InvalidPayload, PayloadTooLarge, UnknownSubmission, translate_pg_error
 from ..base.names import validate_queue_name
+from ..base.states import ENDED_STATUSES
 from ..base.states import OUTBOX_STATES as OUTBOX_STATES  # re-exported: callers know them as outbox's
 from ..base.states import TERMINAL_OUTBOX_STATES as TERMINAL_OUTBOX_STATES
-from ..base.states import VERDICTS
 from ..base.states import WAITING_OUTBOX_STATES as WAITING_OUTBOX_STATES
 from ..base.states import OutboxState as OutboxState
 from . import sql
@@ -282,7 +282,7 @@ async def prune_submissions(
     DLQ replay that names a pruned submission later is stale (``unknown_submission``).
     """
     statement = sql.query("submissions_prune")
-    return await _delete_in_batches(conn, statement, queue, retention, batch, max_batches, VERDICTS)
+    return await _delete_in_batches(conn, statement, queue, retention, batch, max_batches, ENDED_STATUSES)
 
 
 async def _delete_in_batches(

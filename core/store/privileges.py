@@ -46,6 +46,7 @@ DIRECT: Final = frozenset({"submit", "submit_in_class", "report_legacy_verdict"}
 APPLICATION_FUNCTIONS: Final = (
     "judgequeue.submit(text, jsonb, text, text)",
     "judgequeue.report_legacy_verdict(bigint, text, jsonb)",
+    "judgequeue.cancel(text, bigint, text)",
 )
 
 
@@ -66,9 +67,10 @@ ROLES: Final[Mapping[str, Role]] = MappingProxyType(
         for r in (
             Role(
                 "judgequeue_application",
-                "submit, read results, report legacy verdicts",
+                "submit, read results and verdict histories, cancel submissions, report legacy verdicts",
                 _COMMON | {"submit", "submit_in_class", "report_legacy_verdict", "submissions_read",
-                           "submission_exists", "events_head", "events_held", "events_read"},
+                           "submission_exists", "events_head", "events_held", "events_read",
+                           "submission_cancel", "submission_history", "submission_in_queue"},
                 APPLICATION_FUNCTIONS,
             ),
             Role(
@@ -98,6 +100,7 @@ ROLES: Final[Mapping[str, Role]] = MappingProxyType(
                     "lease_release",
                     "lease_defer",
                     "lease_stale_reasons",
+                    "lease_gone",
                     "shadow_acquire",
                     "shadow_renew",
                     "shadow_verdict",
@@ -138,6 +141,7 @@ ROLES: Final[Mapping[str, Role]] = MappingProxyType(
                     "queue_get",
                     "outbox_waiting_by_class",
                     "events_prune",
+                    "history_prune",
                     "events_read",
                     "events_held",
                     "webhook_endpoint_ensure",
@@ -210,6 +214,10 @@ QUEUE_PARAMS: Final[Mapping[str, int]] = MappingProxyType(
         "shadow_rescue_expired": 1,
         "shadow_verdicts_prune": 3,
         "legacy_verdicts_prune": 3,
+        "submission_cancel": 1,
+        "submission_history": 1,
+        "submission_in_queue": 1,
+        "history_prune": 3,
     }
 )
 

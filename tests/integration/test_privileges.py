@@ -238,6 +238,40 @@ async def test_a_user_without_a_queue_role_serves_every_queue(
             await admin.execute(f"DROP ROLE {user}")
 
 
+async def test_an_application_cancels_and_reads_histories_in_its_queues_only(
+    creds: dict[str, Credentials], pg_dsn: str, queue_name: str, other_queue: str
+) -> None:
+    """The application role may cancel and read a history (through the API's statements and the SQL
+    function); given a queue role, only in that queue; a worker may do neither."""
+    from judgequeue.core import api
+
+    async with connection(pg_dsn) as admin:
+        await create_queue(admin, queue_name)
+        mine = await outbox.submit(admin, queue_name, {"i": 1})
+        theirs = int(await admin.fetchval("SELECT id FROM judgequeue.submissions WHERE queue = $1", other_queue))
+    async with connection(creds["application"].dsn) as app:
+        assert (await api.cancel(app, queue_name, mine, "duplicate")).cancelled_now
+        assert [(e.status, e.cause) for e in await api.history(app, queue_name, mine)] == [("CANCELLED", "cancelled")]
+        rows = await app.fetch("SELECT * FROM judgequeue.cancel($1, $2, $3)", queue_name, mine, "again")
+        assert [tuple(r) for r in rows] == [(2, False)]
+    async with connection(creds["worker"].dsn) as worker:
+        with pytest.raises(asyncpg.InsufficientPrivilegeError):
+            await api.cancel(worker, queue_name, mine, "not a worker's job")
+        with pytest.raises(asyncpg.InsufficientPrivilegeError):
+            await api.history(worker, queue_name, mine)
+    user = creds["application"].dsn.split("//", 1)[1].split(":", 1)[0]
+    async with connection(pg_dsn) as admin:
+        await admin.execute(f'GRANT "{queue_role(queue_name)}" TO {user}')
+    async with connection(creds["application"].dsn) as app:
+        with pytest.raises(asyncpg.InsufficientPrivilegeError, match="may not serve queue"):
+            await api.cancel(app, other_queue, theirs, "not my queue")
+        with pytest.raises(asyncpg.InsufficientPrivilegeError, match="may not serve queue"):
+            await api.history(app, other_queue, theirs)
+        assert len(await api.history(app, queue_name, mine)) == 1
+    async with connection(pg_dsn) as admin:
+        assert await admin.fetchval("SELECT status FROM judgequeue.submissions WHERE id = $1", theirs) == "PENDING"
+
+
 # --- Redis --------------------------------------------------------------------------------------
 
 RedisAttack = Callable[[aioredis.Redis, str], Awaitable[Any]]

@@ -115,6 +115,7 @@ OWNERS = {
     "shadow_verdicts": {"store.shadow"},
     "legacy_verdicts": {"store.shadow"},
     "verdict_events": {"store.events"},
+    "verdict_history": {"store.submissions"},
     "webhook_endpoints": {"store.events"},
     "webhook_deliveries": {"store.events"},
 }

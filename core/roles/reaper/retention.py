@@ -1,15 +1,16 @@
 """Retention: what is past ``retention`` is deleted, and soft state that crashed processes left.
 
 Terminal outbox rows; terminal submissions by ``finished_at``, oldest first; verdict events and
-dead webhook deliveries; shadow and legacy verdicts; dispatcher and worker waiters, and offers their
-worker stopped refreshing. Each table in batches of 1,000 rows, at most :data:`PRUNE_BATCHES` a sweep.
+dead webhook deliveries; the verdict history; shadow and legacy verdicts; dispatcher and worker
+waiters, and offers their worker stopped refreshing. Each table in batches of 1,000 rows, at most
+:data:`PRUNE_BATCHES` a sweep.
 """
 
 from __future__ import annotations
 
 from ...base import metrics
 from ...runtime import wakeup
-from ...store import events, outbox, shadow
+from ...store import events, outbox, shadow, submissions
 from ...transport.connect import STATEMENT_TIMEOUT
 from .loop import Context, Maintainer
 
@@ -27,6 +28,7 @@ class Retention(Maintainer):
         self.pruned_submissions = 0  # terminal submissions deleted, for tests and logs
         self.pruned_shadow = 0  # shadow and legacy verdicts deleted
         self.pruned_events = 0  # verdict events (and dead webhook deliveries) deleted
+        self.pruned_history = 0  # verdict history rows deleted
 
     async def run(self) -> tuple[int, int]:
         """Delete what is past ``retention`` and the soft state left behind: (outbox rows, waiters and offers)."""
@@ -45,12 +47,16 @@ class Retention(Maintainer):
             waiters += await wakeup.prune_offers(conn, older_than=waiter_age)
             pruned_events = await events.prune(conn, queue, retention=retention, batch=1000,
                                                max_batches=PRUNE_BATCHES)
+            pruned_history = await submissions.prune_history(conn, queue, retention=retention, batch=1000,
+                                                             max_batches=PRUNE_BATCHES)
             shadows, legacies = await shadow.prune(conn, queue, retention=retention, batch=1000,
                                                    max_batches=PRUNE_BATCHES)
         metrics.PRUNED_ROWS.labels(queue).inc(rows)
         metrics.PRUNED_SUBMISSIONS.labels(queue).inc(finished)
         metrics.PRUNED_EVENTS.labels(queue).inc(pruned_events)
         self.pruned_events += pruned_events
+        metrics.PRUNED_HISTORY.labels(queue).inc(pruned_history)
+        self.pruned_history += pruned_history
         metrics.PRUNED_SHADOW.labels(queue, "shadow").inc(shadows)
         metrics.PRUNED_SHADOW.labels(queue, "legacy").inc(legacies)
         self.pruned_submissions += finished

@@ -8,6 +8,8 @@ recovery:
 
 * a heartbeat renews every held lease every ``lease_ttl / 3`` in one fenced statement; a lease that
   is gone (rejudged, rescued) cancels its running judge;
+* a cancelled submission's judge is stopped at once (:mod:`judgequeue.core.roles.worker.cancels`: a
+  notification, or a lease check where the worker cannot listen);
 * verdicts are stored by :mod:`judgequeue.core.roles.worker.verdicts`: a group-commit writer, fenced; a stale
   result is dropped and counted;
 * on ``stop`` the worker stops reading, lets in-flight jobs finish within ``grace_period``, then
@@ -72,6 +74,7 @@ from ...transport import streams
 from ...transport.connect import STATEMENT_TIMEOUT
 from ...transport.envelope import Envelope
 from . import deferral
+from .cancels import CancelWatch
 from .direct import DirectIntake
 from .lanes import LIVE_LANE, SHADOW_LANE, AckWhenDurable, Lane
 from .progress import JobProgress, ProgressWriter
@@ -94,6 +97,7 @@ class WorkerStats:
     dead_lettered: int = 0
     released: int = 0
     judge_errors: int = 0
+    cancelled: int = 0
 
 
 @dataclass
@@ -103,6 +107,7 @@ class _Job:
     phase: str = "judging"  # judging -> writing (or releasing, when the worker is unfit) -> done
     lost: bool = False
     releasing: bool = False
+    cancelled: bool = False  # its submission was cancelled: stopped, nothing of it is written
 
 
 class Worker:
@@ -141,6 +146,13 @@ class Worker:
         self._session = HeldSession(pool)  # the read loop's leases: one session, not one per batch
         self._acks = AckWhenDurable(pool, redis, self.queue, shadow=self.lane.shadow)
         self.intake: Intake = self._open_intake()  # where this worker's jobs come from
+        #: Stops the jobs of cancelled submissions (the live lane's; a shadow verdict is fenced by the
+        #: cancellation's generation bump, and judging it to its end changes nothing of the submission).
+        self.cancels: CancelWatch | None = None
+        if not self.lane.shadow:
+            self.cancels = CancelWatch(
+                pool, settings.listen_dsn, self.queue, running=self._running_leases, stop=self._stop_job
+            )
         #: Set when the judge reports this worker unfit (:func:`~judgequeue.core.judges.judge_fault`): why it stops.
         self.unfit: str | None = None
         self._halt = asyncio.Event()  # set by stop, or by the worker itself when unfit
@@ -186,6 +198,8 @@ class Worker:
         follow = asyncio.create_task(_follow(stop, self._halt), name="worker-stop")
         stopping = self._halt  # asked to stop, or stopping itself (unfit)
         heartbeat = asyncio.create_task(self._heartbeat(), name="lease-heartbeat")
+        if self.cancels is not None:
+            self.cancels.start()
         self.intake.start()
         ended = False
         try:
@@ -200,6 +214,8 @@ class Worker:
             await cancel_within(heartbeat, SHUTDOWN_STEP)
             if self.progress is not None:
                 await self.progress.close()
+            if self.cancels is not None:
+                await self.cancels.close()
             follow.cancel()
         if self.unfit is not None:
             raise RoleUnfit(f"the worker cannot judge any more, its jobs were given back: {self.unfit}")
@@ -307,6 +323,14 @@ class Worker:
 
     def _start_jobs(self, held: list[leases.Lease]) -> None:
         loop = self._loop or asyncio.get_running_loop()
+        if self.cancels is not None and held:
+            # A filled offer's job whose cancellation was heard first: never started.
+            doomed = [x for x in held if self.cancels.cancelled(x)]
+            if doomed:
+                self._count_cancelled(len(doomed))
+                held = [x for x in held if x not in doomed]
+                self._slot_freed.set()  # their slots (an offer's) are free again
+                self.intake.freed()
         for lease in held:
             job = _Job(lease)
             self._jobs[lease.attempt] = job
@@ -359,12 +383,15 @@ class Worker:
                 if not isinstance(verdict, Verdict):
                     raise TypeError(f"judge returned {type(verdict).__name__}, not a Verdict")
             except asyncio.CancelledError:
-                if not (job.lost or job.releasing):
+                if not (job.lost or job.releasing or job.cancelled):
                     raise
                 current = asyncio.current_task()
                 if current is not None:
                     current.uncancel()
-                if job.lost:
+                if job.cancelled:
+                    self._count_cancelled(1)
+                    log.info("submission cancelled; judge stopped", extra={"submission": lease.submission})
+                elif job.lost:
                     self.stats.lost_leases += 1
                     metrics.STALE_RESULTS_DROPPED.labels(self.queue, f"{self.lane.stale_prefix}lease_lost").inc()
                     log.info("lease lost; judge cancelled", extra={"submission": lease.submission})
@@ -432,6 +459,28 @@ class Worker:
             self._halt.set()
             self._slot_freed.set()
         await self._release([lease])
+
+    # --- cancellations ----------------------------------------------------------------------------
+
+    def _running_leases(self) -> list[leases.Lease]:
+        return [j.lease for j in self._jobs.values() if j.phase == "judging"]
+
+    def _stop_job(self, attempt: uuid.UUID, cancelled: bool) -> None:
+        """Stop a job still judging: its submission was cancelled, or its lease is gone."""
+        job = self._jobs.get(attempt)
+        if job is None or job.phase != "judging" or job.lost or job.cancelled or job.releasing:
+            return
+        if cancelled:
+            job.cancelled = True
+        else:
+            self._m_renew_failures.inc()
+            job.lost = True
+        if job.task is not None:
+            job.task.cancel()
+
+    def _count_cancelled(self, n: int) -> None:
+        self.stats.cancelled += n
+        metrics.JOBS_CANCELLED.labels(self.queue).inc(n)
 
     # --- heartbeat --------------------------------------------------------------------------------
 

@@ -129,7 +129,7 @@ WITH doomed AS (
 DELETE FROM judgequeue.outbox o USING doomed WHERE o.id = doomed.id
 
 -- name: submissions_prune
--- Delete a batch of a queue's terminal submissions finished before the retention, oldest first; $4 = states.VERDICTS.
+-- Delete a batch of a queue's terminal submissions finished before the retention, oldest first; $4 = states.ENDED_STATUSES.
 WITH doomed AS (
     SELECT id FROM judgequeue.submissions
      WHERE queue = $3
@@ -1037,3 +1037,36 @@ WITH doomed AS (
 )
 DELETE FROM judgequeue.webhook_deliveries d USING doomed
  WHERE d.endpoint = doomed.endpoint AND d.event_id = doomed.event_id
+
+-- name: submission_cancel
+-- Cancel a submission of queue $1 (judgequeue.cancel()): its generation and whether this call cancelled it.
+SELECT generation, cancelled_now FROM judgequeue.cancel($1::text, $2::bigint, $3::text)
+
+-- name: submission_history
+-- A submission's verdicts of queue $1, oldest first, each with its generation and cause.
+SELECT h.generation, h.status, h.cause, h.verdict, h.created_at
+  FROM judgequeue.verdict_history h
+ WHERE h.submission_id = $2 AND h.queue = $1
+ ORDER BY h.id
+
+-- name: submission_in_queue
+-- True when submission $2 is one of queue $1's, else no row.
+SELECT true FROM judgequeue.submissions WHERE id = $2 AND queue = $1
+
+-- name: history_prune
+-- Delete a batch of a queue's verdict history older than the retention, oldest first.
+WITH doomed AS (
+    SELECT id FROM judgequeue.verdict_history
+     WHERE queue = $3 AND created_at < now() - make_interval(secs => $1)
+     ORDER BY created_at
+     LIMIT $2
+)
+DELETE FROM judgequeue.verdict_history h USING doomed WHERE h.id = doomed.id
+
+-- name: lease_gone
+-- Which of these live leases are no longer held, each with whether its submission was cancelled (read only).
+SELECT l.attempt AS attempt_id, coalesce(s.status = 'CANCELLED', false) AS cancelled
+  FROM unnest($1::bigint[], $2::bigint[], $3::uuid[]) AS l(id, generation, attempt)
+  LEFT JOIN judgequeue.submissions s ON s.id = l.id
+ WHERE s.id IS NULL
+    OR NOT (s.generation = l.generation AND s.attempt_id IS NOT DISTINCT FROM l.attempt AND s.status = 'JUDGING')
