@@ -36,14 +36,13 @@ import logging
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
 import redis.asyncio as aioredis
 
 from ...base import failpoints, metrics
-from ...base.errors import SERVER_ERRORS, RoleUnfit, describe, is_permanent
+from ...base.errors import RoleUnfit, describe, is_permanent
 from ...config import Settings
 from ...judges import (
     NO_PROGRESS,
@@ -71,43 +70,17 @@ from ...runtime.lifecycle import (
 from ...store import giving_up, leases
 from ...store.problems import attach_package_cache
 from ...transport import streams
-from ...transport.connect import STATEMENT_TIMEOUT
 from ...transport.envelope import Envelope
 from . import deferral
 from .cancels import CancelWatch
 from .direct import DirectIntake
 from .lanes import LIVE_LANE, SHADOW_LANE, AckWhenDurable, Lane
 from .progress import JobProgress, ProgressWriter
+from .running import RunningJob, WorkerStats, dead_letter, keep_leases, release_leases
 from .stream import Intake, StreamIntake
 from .verdicts import VERDICT_LINGER, VerdictWriter, WriteAbandoned, stored_verdict
 
 log = logging.getLogger("judgequeue.worker")
-
-
-@dataclass
-class WorkerStats:
-    """What this worker did (for tests and logs; the metrics carry the same counts)."""
-
-    leased: int = 0
-    written: int = 0
-    stale_envelopes: int = 0
-    stale_results: int = 0
-    lost_leases: int = 0
-    malformed: int = 0
-    dead_lettered: int = 0
-    released: int = 0
-    judge_errors: int = 0
-    cancelled: int = 0
-
-
-@dataclass
-class _Job:
-    lease: leases.Lease
-    task: asyncio.Task[None] | None = None
-    phase: str = "judging"  # judging -> writing (or releasing, when the worker is unfit) -> done
-    lost: bool = False
-    releasing: bool = False
-    cancelled: bool = False  # its submission was cancelled: stopped, nothing of it is written
 
 
 class Worker:
@@ -133,7 +106,7 @@ class Worker:
         self.name = name or instance_id("worker")
         self.block_ms = block_ms
         self.stats = WorkerStats()
-        self._jobs: dict[uuid.UUID, _Job] = {}
+        self._jobs: dict[uuid.UUID, RunningJob] = {}
         self._slot_freed = asyncio.Event()
         #: The shadow lane (JUDGEQUEUE_SHADOW=judge) judges the shadow stream only, into shadow verdicts.
         self.lane: Lane = SHADOW_LANE if self.cfg.shadow == "judge" else LIVE_LANE
@@ -197,7 +170,11 @@ class Worker:
         self._acks.start()
         follow = asyncio.create_task(_follow(stop, self._halt), name="worker-stop")
         stopping = self._halt  # asked to stop, or stopping itself (unfit)
-        heartbeat = asyncio.create_task(self._heartbeat(), name="lease-heartbeat")
+        # Every held lease renewed each lease_ttl / 3; a lost lease cancels its judge.
+        heartbeat = asyncio.create_task(
+            keep_leases(self.pool, self.lane, self._jobs.values, self.cfg.lease_ttl, self._m_renew_failures.inc),
+            name="lease-heartbeat",
+        )
         if self.cancels is not None:
             self.cancels.start()
         self.intake.start()
@@ -332,7 +309,7 @@ class Worker:
                 self._slot_freed.set()  # their slots (an offer's) are free again
                 self.intake.freed()
         for lease in held:
-            job = _Job(lease)
+            job = RunningJob(lease)
             self._jobs[lease.attempt] = job
             job.task = loop.create_task(self._run_job(job))
         self.stats.leased += len(held)
@@ -342,19 +319,7 @@ class Worker:
         return giving_up.Decision(entry, "dead_letter", reason[:1000], envelope)
 
     async def _dead_letter(self, poison: list[giving_up.Decision]) -> None:
-        """Dead-letter entries no retry can judge, at once (Postgres record first, then the DLQ).
-
-        If either step fails the entries stay pending: the reaper dead-letters them after
-        ``maxDeliveries`` as before, so nothing is lost; this worker moves on either way.
-        """
-        try:
-            dead = await self.lane.give_up(self.pool, self.redis, self.queue, self.name, poison)
-        except SERVER_ERRORS as exc:
-            log.warning("dead-letter failed; left pending for the reaper", extra={"error": str(exc)})
-            return
-        self.stats.dead_lettered += dead
-        for d in poison:
-            log.error("entry dead-lettered", extra={"entry": d.entry.entry_id, "reason": d.reason})
+        self.stats.dead_lettered += await dead_letter(self.lane, self.pool, self.redis, self.queue, self.name, poison)
 
     async def _count_stale(self, stale: list[tuple[int, int]]) -> None:
         self.stats.stale_envelopes += len(stale)
@@ -369,7 +334,7 @@ class Worker:
 
     # --- one job ----------------------------------------------------------------------------------
 
-    async def _run_job(self, job: _Job) -> None:
+    async def _run_job(self, job: RunningJob) -> None:
         lease = job.lease
         self._m_in_flight.inc()
         started = time.monotonic()
@@ -482,32 +447,6 @@ class Worker:
         self.stats.cancelled += n
         metrics.JOBS_CANCELLED.labels(self.queue).inc(n)
 
-    # --- heartbeat --------------------------------------------------------------------------------
-
-    async def _heartbeat(self) -> None:
-        """Renew every held lease each ``lease_ttl / 3``; a lost lease cancels its judge."""
-        interval = self.cfg.lease_ttl / 3
-        while True:
-            await asyncio.sleep(interval)
-            jobs = [j for j in self._jobs.values() if j.phase != "done"]
-            if not jobs:
-                continue
-            try:
-                async with self.pool.acquire(timeout=STATEMENT_TIMEOUT) as conn:
-                    held = await self.lane.renew(conn, [j.lease for j in jobs], ttl=self.cfg.lease_ttl)
-            except DB_ERRORS as exc:
-                # Keep judging: the fence decides at write time whether the result still counts.
-                self._m_renew_failures.inc()
-                log.warning("lease renew failed", extra={"error": str(exc), "leases": len(jobs)})
-                continue
-            for job in jobs:
-                if job.lease.attempt in held or job.phase != "judging":
-                    continue  # a job already writing learns its fate from the verdict write
-                self._m_renew_failures.inc()
-                job.lost = True
-                if job.task is not None:
-                    job.task.cancel()
-
     # --- shutdown ---------------------------------------------------------------------------------
 
     async def _shutdown(self) -> None:
@@ -541,26 +480,7 @@ class Worker:
                 job.task.cancel()
 
     async def _release(self, held: list[leases.Lease]) -> None:
-        """Give in-flight leases back so another worker takes the jobs at once; bounded, best effort.
-
-        If the database does not answer within :data:`SHUTDOWN_STEP` the leases simply expire and
-        the reaper rescues the jobs: slower, never lost.
-        """
-        deadline = asyncio.get_running_loop().time() + SHUTDOWN_STEP
-        for attempt in range(3):
-            left = deadline - asyncio.get_running_loop().time()
-            if left <= 0:
-                break
-            try:
-                async with asyncio.timeout(left), self.pool.acquire(timeout=STATEMENT_TIMEOUT) as conn:
-                    released = await self.lane.release(conn, held)
-                self.stats.released += len(released)
-                log.info("released in-flight jobs", extra={"released": len(released), "asked": len(held)})
-                return
-            except DB_ERRORS as exc:
-                log.warning("lease release failed", extra={"error": str(exc), "attempt": attempt + 1})
-                await asyncio.sleep(min(backoff(attempt + 1), max(0.0, left)))
-        log.error("could not release leases; they will expire and be rescued", extra={"leases": len(held)})
+        self.stats.released += await release_leases(self.pool, self.lane, held)
 
 
 async def _follow(source: asyncio.Event, target: asyncio.Event) -> None:
