@@ -112,6 +112,36 @@ async def test_a_build_is_kept_and_reused_for_the_same_source_language_and_stand
     await assert_host_clean(judge)
 
 
+OCAML_LIBRARIES = """let () =
+  let line = read_line () in
+  let sum = List.fold_left (fun a x -> a + int_of_string x) 0 (Str.split (Str.regexp " +") line) in
+  ignore (Unix.getpid ());
+  ignore (Bigarray.Array1.create Bigarray.int Bigarray.c_layout 1);
+  print_int sum;
+  print_newline ()
+"""
+
+
+async def test_ocaml_links_unix_str_and_bigarray_as_problemtools_does(judge: ProgramJudge) -> None:
+    require(judge, "ocaml")
+    verdict = await judge.judge(payload("ocaml", OCAML_LIBRARIES))
+    assert verdict.status == "ACCEPTED", verdict.details
+    await assert_host_clean(judge)
+
+
+async def test_a_prolog_submission_of_several_files_loads_them_all(judge: ProgramJudge) -> None:
+    """main/0 in main.pl calls a predicate of another file of the submission (a Kattis submission of
+    several files): every .pl file is loaded, in the build's check and in the run."""
+    require(judge, "prolog")
+    main = "main :- read_sum(S), write(S), nl.\n"
+    util = "read_sum(S) :- read(A), read(B), S is A + B.\n"
+    verdict = await judge.judge(payload("prolog", main, files={"util.pl": util}))
+    assert verdict.status == "ACCEPTED", verdict.details
+    broken = await judge.judge(payload("prolog", main, files={"util.pl": "read_sum(S) :- S is .\n"}))
+    assert broken.status == "COMPILE_ERROR", broken.details
+    await assert_host_clean(judge)
+
+
 async def test_a_language_without_its_toolchain_is_a_verdict_naming_what_is_missing(judge: ProgramJudge) -> None:
     judge.tools = {k: v for k, v in judge.tools.items() if k != "rustc"}
     verdict = await judge.judge(payload("rust", PROGRAMS["rust"].ok))

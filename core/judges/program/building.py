@@ -31,8 +31,9 @@ from .problem import HELPER_LIMITS, Helper
 
 #: Built checkers/interactors a worker keeps (oldest removed first).
 MAX_KEPT_HELPERS = 32
-#: Further translation units a C or C++ build compiles with its main source (by suffix).
-UNITS = {"c": (".c",), "cpp": (".cpp", ".cc", ".cxx", ".c++", ".C")}
+#: Further translation units a build compiles with its main source (by suffix); a language whose
+#: run names its main source (Prolog) loads them with it too.
+UNITS = {"c": (".c",), "cpp": (".cpp", ".cc", ".cxx", ".c++", ".C"), "prolog": (".pl",)}
 
 
 def with_units(argv: list[str], main: str, directory: str, units: tuple[str, ...]) -> list[str]:
@@ -94,6 +95,8 @@ class Builder:
         name, artifact = own_files(language, source, std)
         run_template = language.helper_run if helper and language.helper_run else language.run
         run_argv = expand(run_template, inside, self.tools, values)
+        if f"{inside}/{name}" in run_argv:  # an interpreted program loads its further units too
+            run_argv = with_units(run_argv, f"{inside}/{name}", inside, units)
 
         def write() -> None:
             for other, data in beside:

@@ -287,9 +287,11 @@ LANGUAGES: dict[str, Language] = {
             notes="GHC's boot packages only; its package database is copied under /usr (Debian keeps it in /var)",
         ),
         Language(
-            "ocaml", "main.ml", ("{dir}/main",), compile=("{ocamlopt}", "-o", "{dir}/main", "{dir}/main.ml"),
+            "ocaml", "main.ml", ("{dir}/main",),
+            compile=("{ocamlopt}", "-o", "{dir}/main", "unix.cmxa", "str.cmxa", "bigarray.cmxa", "{dir}/main.ml"),
             artifact="main", title="OCaml 4.13 (native)", toolchain=Toolchain(debian=("ocaml-nox",)),
-            notes="the standard library; native code, system stack up to the memory limit",
+            notes="the standard library with `unix`, `str` and `bigarray` linked, as problemtools links them;"
+                  " native code, system stack up to the memory limit",
         ),
         Language(
             "pascal", "main.pas", ("{dir}/main",),
@@ -313,8 +315,9 @@ LANGUAGES: dict[str, Language] = {
             ("{swipl}", "--stack-limit={memory_mb}m", "-O", "-q", "-g", "main", "-t", "halt", "{dir}/main.pl"),
             compile=("{swipl}", "--on-error=status", "--on-warning=status", "-q", "-g", "halt", "{dir}/main.pl"),
             title="Prolog (SWI-Prolog 9.0)", toolchain=Toolchain(debian=("swi-prolog-nox",)),
-            notes="`main/0` is run, as on Kattis; loading with an error or warning is COMPILE_ERROR;"
-                  " Prolog stacks up to the memory limit",
+            notes="`main/0` is run, as on Kattis; a submission's further `.pl` files are loaded with"
+                  " `main.pl`; loading with an error or warning is COMPILE_ERROR; Prolog stacks up to the"
+                  " memory limit",
         ),
     )
 }  # fmt: skip
