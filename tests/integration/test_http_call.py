@@ -15,8 +15,11 @@ import json
 import time
 from typing import Any
 
+import pytest
+
 from judgequeue.core.base import metrics
 from judgequeue.core.judges.http_call import CallSettings, Endpoint, HttpCallJudge
+from judgequeue.core.roles.worker import cancels
 from judgequeue.core.store import outbox
 from judgequeue.core.transport.endpoint_slots import EndpointSlots, Limits
 from tests.support.tool_server import RawServer, ToolServer, http_answer, tool_server
@@ -148,7 +151,12 @@ async def test_bad_inputs_are_clear_terminal_verdicts_and_the_worker_goes_on(h: 
             assert w.stats.judge_errors == 0 and w.stats.written == len(cases) + 1
 
 
-async def test_a_rejudge_during_a_call_gets_a_new_key_and_the_old_result_is_refused(h: Harness) -> None:
+async def test_a_rejudge_during_a_call_gets_a_new_key_and_the_old_result_is_refused(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Nothing but the fence stops the old try: the cancellation watch's lease check is far away too.
+    monkeypatch.setattr(cancels, "LISTENING_CHECK", 3600.0)
+    monkeypatch.setattr(cancels, "POLL", 3600.0)
     with tool_server("--delay", "1.5") as tool:
         endpoint = Endpoint("tool", tool.url, deadline=30)
         # A heartbeat far away: the old try runs to its end, and the fence at write time refuses it.

@@ -15,7 +15,7 @@ from judgequeue.core.base import metrics
 from judgequeue.core.judges import UnknownJudge, Verdict
 from judgequeue.core.judges.builtin import SleepJudge
 from judgequeue.core.roles.dispatcher import Dispatcher
-from judgequeue.core.roles.worker import lanes, verdicts
+from judgequeue.core.roles.worker import cancels, lanes, verdicts
 from judgequeue.core.roles.worker import role as worker
 from judgequeue.core.roles.worker.role import Worker
 from judgequeue.core.store import leases, outbox, sql
@@ -78,8 +78,13 @@ async def test_stale_envelope_is_acked_and_counted_never_run(h: Harness, redis_c
     await eventually(lambda: _settled(redis_client, h.queue), what="stale envelope acked")
 
 
-async def test_stale_worker_cannot_write_and_is_counted(h: Harness) -> None:
-    """A rejudge bumps the generation under a running judge; its result is dropped, the new one wins."""
+async def test_stale_worker_cannot_write_and_is_counted(h: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rejudge bumps the generation under a running judge; its result is dropped, the new one wins.
+    Nothing but the fence stops the stale attempt: the heartbeat is far away and so is the lease
+    check of the cancellation watch (which would otherwise stop the judge within 5 s, before it
+    writes, on a slow machine)."""
+    monkeypatch.setattr(cancels, "LISTENING_CHECK", 3600.0)
+    monkeypatch.setattr(cancels, "POLL", 3600.0)
     [sid] = await h.submit({"i": 7, "status": "WRONG_ANSWER"})
     old = GateJudge()
     w_old = h.worker(old, lease_ttl="30s", concurrency="1")  # heartbeat far away: the fence at write time must catch it

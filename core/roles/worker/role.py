@@ -400,10 +400,7 @@ class Worker:
                 log.info("stale verdict dropped", extra={"submission": lease.submission})
                 return
             self.stats.written += 1
-            counter = self._m_verdicts.get(verdict.status)
-            if counter is None:
-                counter = self._m_verdicts[verdict.status] = self.lane.verdict_counter(self.queue, verdict.status)
-            counter.inc()
+            self._count_verdict(verdict.status)
             if not self.lane.shadow:  # a shadow verdict's seconds are its judging, not created -> verdict
                 self._m_e2e.observe(end_to_end)
         finally:
@@ -415,6 +412,12 @@ class Worker:
                 self._jobs.pop(lease.attempt, None)
             self._slot_freed.set()
             self.intake.freed()
+
+    def _count_verdict(self, status: str) -> None:
+        counter = self._m_verdicts.get(status)
+        if counter is None:
+            counter = self._m_verdicts[status] = self.lane.verdict_counter(self.queue, status)
+        counter.inc()
 
     async def _give_back_unfit(self, lease: leases.Lease, fault: str) -> None:
         """Release ``lease`` and stop taking jobs: the judge says this worker cannot judge any more."""
