@@ -29,9 +29,10 @@ class JudgeCrashed(RuntimeError):
 class SleepJudge:
     """Test judge driven by the payload.
 
-    ``seconds`` (default 0) to sleep; ``tests`` (default 0) splits that sleep into so many tests
-    and reports each one's start and end as live progress (what a program judge reports, without
-    the sandbox); ``crash: true`` raises after sleeping; ``hang: true`` never
+    ``seconds`` (default 0) to sleep; ``tests`` (a number, default 0) splits that sleep into so many
+    tests and reports each one's start and end as live progress (what a program judge reports,
+    without the sandbox; a program judge's list of tests, as the local demo's payloads carry, is
+    not a number and is ignored); ``crash: true`` raises after sleeping; ``hang: true`` never
     returns (until cancelled); ``exit: true`` kills the whole worker process (a native judge
     segfaulting, the OOM killer) to test poison jobs; ``status`` picks the verdict (default
     ACCEPTED); ``echo`` is copied into the details so tests can tell attempts apart.
@@ -40,7 +41,8 @@ class SleepJudge:
     async def judge(self, payload: Any) -> Verdict:
         options = payload if isinstance(payload, dict) else {}
         seconds = float(options.get("seconds", 0) or 0)
-        tests = int(options.get("tests", 0) or 0)
+        given = options.get("tests")
+        tests = given if isinstance(given, int) and not isinstance(given, bool) else 0
         if tests > 0:
             report = current_progress()
             report.compiled()

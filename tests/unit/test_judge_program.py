@@ -271,3 +271,10 @@ def test_missing_capabilities_are_named() -> None:
     assert missing_capabilities(six) == []
     assert missing_capabilities("CapEff:\t00000000000000ea\n") == ["CHOWN"]
     assert missing_capabilities("CapEff:\t0000000000000000\n") == list(BOX_CAPABILITIES)
+
+
+async def test_the_sleep_judge_ignores_a_program_judges_list_of_tests() -> None:
+    """The local demo's payloads are the program judge's (``tests`` a list); run by the sleep judge
+    they are accepted as before, not a TypeError from reading them as a number of tests."""
+    verdict = await SleepJudge().judge({"language": "python", "source": "", "tests": [{"input": "", "output": ""}]})
+    assert verdict.status == "ACCEPTED"
