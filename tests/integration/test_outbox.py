@@ -313,7 +313,9 @@ async def test_stats(pg: asyncpg.Connection) -> None:
     rows = await claim(pg, "judge", limit=1)
     await mark(pg, [outbox.Mark(rows[0].outbox_id, "sent")])
     stats = await outbox.stats(pg, "judge")
-    assert stats.by_state == {"PENDING": 2, "CLAIMED": 0, "SENT": 1, "DEAD": 0, "SKIPPED": 0, "SHADOW_SENT": 0}
+    assert stats.by_state == {
+        "PENDING": 2, "CLAIMED": 0, "SENT": 1, "DEAD": 0, "SKIPPED": 0, "SHADOW_SENT": 0, "CANCELLED": 0
+    }
     assert stats.oldest_pending_age >= 0
     cheap = await outbox.stats(pg, "judge", include_terminal=False)
     assert cheap.by_state == {"PENDING": 2, "CLAIMED": 0}
