@@ -14,10 +14,12 @@ from tests.support.databases import REDIS_URL
 
 
 async def _direct_chaos(pg_dsn: str, queue_name: str, tmp_path: Path, base: ChaosConfig) -> ChaosReport:
-    """Run ``base`` with JUDGEQUEUE_INTAKE=direct and a hand-off (schedule) of 1 s rather than the
+    """Run ``base`` with JUDGEQUEUE_INTAKE=direct and a hand-off (schedule) of 2 s rather than the
     fast preset's 200 ms: a run that keeps a backlog (every job sleeps) overflows through the stream
-    after the hand-off. Checks what every chaos run must show; the caller checks its intake's share."""
-    role_env = {**base.role_env, "JUDGEQUEUE_INTAKE": "direct", "JUDGEQUEUE_SCHEDULE": "1s"}
+    after the hand-off, and workers read the stream first. (With 1 s, a CI run on a loaded machine,
+    its workers slow to start, had the dispatchers stream every row: none taken directly.) Checks
+    what every chaos run must show; the caller checks its intake's share."""
+    role_env = {**base.role_env, "JUDGEQUEUE_INTAKE": "direct", "JUDGEQUEUE_SCHEDULE": "2s"}
     report = await Chaos(pg_dsn, REDIS_URL, queue_name, dataclasses.replace(base, role_env=role_env), tmp_path).run()
     print(json.dumps(report.as_dict(), indent=1))
     assert report.kills > 5, "the run must actually kill processes"
