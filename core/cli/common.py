@@ -207,6 +207,24 @@ async def with_redis(url: str, fn: Callable[[Any], Awaitable[T]]) -> T:
         await client.aclose()
 
 
+def redis_given(args: argparse.Namespace, env: Mapping[str, str]) -> bool:
+    """Whether a command that works without Redis was given a Redis URL (flag, variable or file)."""
+    return REDIS in overrides_from(args) or bool(env.get(REDIS)) or bool(env.get(REDIS + "_FILE"))
+
+
+async def load_redis_functions(client: Any) -> list[str]:
+    """Load every Redis function the components call (the roles' users may FCALL them, never load
+    one); the functions' names."""
+    from ..store import dlq  # noqa: F401 - registers its script with the others
+    from ..transport import (
+        endpoint_slots,  # noqa: F401 - registers the endpoints' functions
+        redis_scripts,
+    )
+
+    await redis_scripts.load_scripts(client)
+    return [s.function for s in redis_scripts.registered_scripts()]
+
+
 def queue_arg(args: argparse.Namespace, env: Mapping[str, str]) -> str:
     name = getattr(args, "name", None)
     if name:

@@ -12,8 +12,9 @@ from .common import (
     REDIS,
     Commands,
     add_variable_flags,
-    overrides_from,
+    load_redis_functions,
     print_json,
+    redis_given,
     resolve,
     run_async,
     with_pg,
@@ -21,17 +22,8 @@ from .common import (
 )
 
 
-def _redis_given(args: argparse.Namespace, env: Mapping[str, str]) -> bool:
-    return REDIS in overrides_from(args) or bool(env.get(REDIS)) or bool(env.get(REDIS + "_FILE"))
-
-
 def cmd_migrate(args: argparse.Namespace, env: Mapping[str, str]) -> int:
-    from ..store import dlq  # noqa: F401 - registers its script with the others
     from ..store.migrate import applied_versions, migrate
-    from ..transport import (
-        endpoint_slots,  # noqa: F401 - registers the endpoints' functions
-        redis_scripts,
-    )
 
     dsn: str = resolve(args, env, DSN)
 
@@ -40,11 +32,10 @@ def cmd_migrate(args: argparse.Namespace, env: Mapping[str, str]) -> int:
 
     applied, versions = run_async(with_pg(dsn, go))
     functions: list[str] = []
-    if _redis_given(args, env):
+    if redis_given(args, env):
         # The roles' Redis users may FCALL these functions but never load one (nor EVAL a script).
         redis_url: str = resolve(args, env, REDIS)
-        run_async(with_redis(redis_url, redis_scripts.load_scripts))
-        functions = [s.function for s in redis_scripts.registered_scripts()]
+        functions = run_async(with_redis(redis_url, load_redis_functions))
     if args.json:
         document: dict[str, Any] = {"applied": applied, "versions": versions}
         if functions:  # given a Redis URL

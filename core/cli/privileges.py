@@ -12,8 +12,9 @@ from .common import (
     REDIS,
     Commands,
     add_variable_flags,
-    overrides_from,
+    load_redis_functions,
     print_json,
+    redis_given,
     resolve,
     run_async,
     with_pg,
@@ -41,12 +42,10 @@ def cmd_create_logins(args: argparse.Namespace, env: Mapping[str, str]) -> int:
 
     from ..base.errors import Failure
     from ..store.privileges import LOGIN_NAME, ensure_login
-    from ..transport import redis_scripts
     from ..transport.acl import acl_rules
 
     dsn: str = resolve(args, env, DSN)
-    redis_given = REDIS in overrides_from(args) or bool(env.get(REDIS)) or bool(env.get(REDIS + "_FILE"))
-    redis_url: str | None = resolve(args, env, REDIS) if redis_given else None
+    redis_url: str | None = resolve(args, env, REDIS) if redis_given(args, env) else None
     queues: list[str] = args.queue or []
     if redis_url is not None and not queues:
         raise Failure("--create-logins with a Redis URL needs --queue: an ACL user reaches only its queues' keys")
@@ -63,7 +62,7 @@ def cmd_create_logins(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     made = run_async(with_pg(dsn, make_pg))
     if redis_url is not None:
         async def make_redis(client: Any) -> None:
-            await redis_scripts.load_scripts(client)
+            await load_redis_functions(client)
             for c in components:
                 if c != "application":  # an application talks to Postgres only
                     await client.execute_command(

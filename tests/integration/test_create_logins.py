@@ -8,6 +8,7 @@ second run gives new passwords to the same users.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import uuid
 from collections.abc import Iterator
@@ -18,7 +19,9 @@ import pytest
 import redis
 import redis.exceptions as rexc
 
+from judgequeue.core.store import dlq  # noqa: F401 - registers its script
 from judgequeue.core.store.privileges import ROLES, queue_role
+from judgequeue.core.transport import endpoint_slots, redis_scripts  # noqa: F401 - endpoint_slots registers
 from tests.support.databases import REDIS_URL
 from tests.support.roles import clean_env, run_cli
 
@@ -53,8 +56,20 @@ async def test_create_logins_makes_each_components_user_and_prints_its_connectio
     pg_dsn: str, pg: asyncpg.Connection, queue_name: str, prefix: str
 ) -> None:
     env = clean_env(JUDGEQUEUE_POSTGRES_DSN=pg_dsn, JUDGEQUEUE_REDIS_URL=REDIS_URL)
+    # The users it makes may call the functions, never load one: it loads every one the components
+    # call, the endpoints' slots and the dead-letter script among them (dropped here first).
+    admin = redis.Redis.from_url(REDIS_URL)
+    calls = [s.function for s in redis_scripts.registered_scripts()]
+    assert {n.rsplit("_", 1)[0] for n in calls} >= {"jq_endpoint_acquire", "jq_dead_letter"}, calls
+    for name in calls:
+        with contextlib.suppress(rexc.ResponseError):
+            admin.execute_command("FUNCTION", "DELETE", name)  # type: ignore[no-untyped-call]
     done = run_cli("roles", "--create-logins", "--prefix", prefix, "--queue", queue_name, "--json", env=env)
     assert done.returncode == 0, done.stderr
+    libraries = admin.function_list()  # each library as its fields' names and values in turn
+    loaded = {dict(zip(lib[::2], lib[1::2], strict=True))[b"library_name"].decode() for lib in libraries}
+    admin.close()
+    assert set(calls) <= loaded, set(calls) - loaded
     out: dict[str, Any] = json.loads(done.stdout)
     users = [entry["user"] for entry in out.values()]
     try:
