@@ -26,6 +26,8 @@ class CountingServer:
         self.peak = 0
         self.calls: Counter[str] = Counter()
         self.starts: list[float] = []
+        #: When each ``Idempotency-Key``'s calls began (monotonic), in order.
+        self.started: dict[str, list[float]] = {}
         #: (monotonic time, calls in progress from then on), one per change.
         self.steps: list[tuple[float, int]] = [(time.monotonic(), 0)]
 
@@ -54,8 +56,10 @@ class CountingServer:
                 for name, _, value in (line.partition(":") for line in head.decode("latin-1").split("\r\n")[1:])
             }
             await reader.readexactly(int(headers.get("content-length", "0")))
-            self.calls[headers.get("idempotency-key", "")] += 1
+            key = headers.get("idempotency-key", "")
+            self.calls[key] += 1
             self.starts.append(time.monotonic())
+            self.started.setdefault(key, []).append(self.starts[-1])
             self._step(+1)
             counted = True
             gone = asyncio.ensure_future(reader.read(1))  # the caller closing early (a cancelled call)
