@@ -467,6 +467,30 @@ BEGIN
     RETURN v_id;
 END $$;
 
+-- The delivery intent of a submission's new generation: an outbox row in the submission's class
+-- (its rank in the queue's classes now) and fairness key, ready in p_delay seconds (database clock)
+-- with p_reason as its last_error; a dispatcher waiting on the queue is woken when it is ready now.
+-- The one re-queue of bump_generation() and defer_lease(), which differ only in the generation's update.
+CREATE FUNCTION judgequeue.requeue(
+    p_queue text, p_id bigint, p_generation bigint, p_class text, p_key text, p_delay float8, p_reason text
+) RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    v_rank smallint;
+BEGIN
+    SELECT judgequeue.class_rank(classes, p_class) INTO v_rank FROM judgequeue.queues WHERE name = p_queue;
+    v_rank := coalesce(v_rank, 0);
+    INSERT INTO judgequeue.outbox (queue, submission_id, generation, next_attempt_at, last_error,
+                                   class_rank, fair_key, fair_seq)
+        VALUES (p_queue, p_id, p_generation, now() + make_interval(secs => greatest(p_delay, 0)),
+                left(p_reason, 1000), v_rank, p_key, judgequeue.fair_seq(p_queue, v_rank, p_key));
+    IF p_delay <= 0 THEN
+        PERFORM 1 FROM judgequeue.dispatch_waiters WHERE queue = p_queue LIMIT 1;
+        IF FOUND THEN
+            PERFORM pg_notify('judgequeue_wakeup', p_queue);
+        END IF;
+    END IF;
+END $$;
+
 -- Start a new generation of a submission and write its delivery intent, atomically. Any verdict
 -- of an older generation is fenced out from then on. p_expected_generation (when given) makes the
 -- bump conditional, so two actors racing to rescue the same attempt bump it once.
@@ -482,7 +506,6 @@ DECLARE
     v_generation bigint;
     v_class text;
     v_key text;
-    v_rank smallint;
 BEGIN
     UPDATE judgequeue.submissions
        SET generation = generation + 1,
@@ -500,14 +523,7 @@ BEGIN
     IF NOT FOUND THEN
         RETURN NULL;
     END IF;
-    SELECT judgequeue.class_rank(classes, v_class) INTO v_rank FROM judgequeue.queues WHERE name = v_queue;
-    v_rank := coalesce(v_rank, 0);
-    INSERT INTO judgequeue.outbox (queue, submission_id, generation, class_rank, fair_key, fair_seq)
-        VALUES (v_queue, p_submission_id, v_generation, v_rank, v_key, judgequeue.fair_seq(v_queue, v_rank, v_key));
-    PERFORM 1 FROM judgequeue.dispatch_waiters WHERE queue = v_queue LIMIT 1;
-    IF FOUND THEN
-        PERFORM pg_notify('judgequeue_wakeup', v_queue);
-    END IF;
+    PERFORM judgequeue.requeue(v_queue, p_submission_id, v_generation, v_class, v_key, 0, NULL);
     RETURN v_generation;
 END $$;
 
@@ -626,7 +642,6 @@ DECLARE
     v_generation bigint;
     v_class text;
     v_key text;
-    v_rank smallint;
 BEGIN
     UPDATE judgequeue.submissions
        SET generation = generation + 1,
@@ -639,12 +654,7 @@ BEGIN
     IF NOT FOUND THEN
         RETURN NULL;
     END IF;
-    SELECT judgequeue.class_rank(classes, v_class) INTO v_rank FROM judgequeue.queues WHERE name = v_queue;
-    v_rank := coalesce(v_rank, 0);
-    INSERT INTO judgequeue.outbox (queue, submission_id, generation, next_attempt_at, last_error,
-                                   class_rank, fair_key, fair_seq)
-        VALUES (v_queue, p_id, v_generation, now() + make_interval(secs => greatest(p_delay, 0)),
-                left(p_reason, 1000), v_rank, v_key, judgequeue.fair_seq(v_queue, v_rank, v_key));
+    PERFORM judgequeue.requeue(v_queue, p_id, v_generation, v_class, v_key, p_delay, p_reason);
     RETURN v_generation;
 END $$;
 
