@@ -19,13 +19,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import asyncpg
 import pytest
 
 from judgequeue.core import api
 from judgequeue.core.spec import CREDENTIAL_COMPONENTS
 from tests.kube.tools import condition, jq_path, run_sql, wait_for
 from tests.node.conftest import NodeCluster, migrated_database
+from tests.support.applications import results, submit_all
 from tests.support.credentials import ComponentUser, drop_component_users, make_component_users, with_user
 
 NAMESPACE = "split"
@@ -119,26 +119,6 @@ def split(node_cluster: NodeCluster, helm_installed: None) -> Iterator[Split]:
     asyncio.run(drop_component_users(node_cluster.local_dsn(database), node_cluster.pod_redis_url, users.values()))
 
 
-async def _submit(dsn: str, payloads: list[dict[str, Any]]) -> list[int]:
-    conn = await asyncpg.connect(dsn)
-    try:
-        ids = []
-        for payload in payloads:
-            async with conn.transaction():
-                ids.append(await api.submit(conn, QUEUE, payload))
-        return ids
-    finally:
-        await conn.close()
-
-
-async def _results(dsn: str, ids: list[int]) -> dict[int, api.Result]:
-    conn = await asyncpg.connect(dsn)
-    try:
-        return {i: await api.result(conn, i) for i in ids}
-    finally:
-        await conn.close()
-
-
 def _outbox_states(split: Split, ids: list[int]) -> dict[int, str]:
     rows = run_sql(split.admin_dsn, "SELECT submission_id, state FROM judgequeue.outbox WHERE submission_id = ANY($1)",
                    ids)
@@ -158,7 +138,7 @@ def test_judging_and_cutover_with_each_components_own_credentials(split: Split) 
         assert names == {f"judgequeue-{role}"}, (role, names)
 
     # Shadow mode: the application's submission goes to the shadow stream, never judged live.
-    before = asyncio.run(_submit(split.application_dsn, [py("print('ok')")]))
+    before = asyncio.run(submit_all(split.application_dsn, QUEUE, [py("print('ok')")]))
     wait_for("the shadow-mode submission sent to the shadow stream",
              lambda: _outbox_states(split, before) == {before[0]: "SHADOW_SENT"}, timeout=120)
 
@@ -179,10 +159,10 @@ def test_judging_and_cutover_with_each_components_own_credentials(split: Split) 
     assert flags[0]["mode"] == "live" and flags[0]["watermark"] is not None
 
     started = time.monotonic()
-    ids = asyncio.run(_submit(split.application_dsn, list(NORMAL.values())))
+    ids = asyncio.run(submit_all(split.application_dsn, QUEUE, list(NORMAL.values())))
 
     def all_done() -> dict[int, api.Result] | None:
-        found = asyncio.run(_results(split.application_dsn, ids))
+        found = asyncio.run(results(split.application_dsn, ids))
         return found if all(r.status in TERMINAL for r in found.values()) else None
 
     verdicts: dict[int, api.Result] = wait_for(f"{len(ids)} verdicts", all_done, timeout=300)
@@ -192,7 +172,7 @@ def test_judging_and_cutover_with_each_components_own_credentials(split: Split) 
         assert verdicts[i].status == EXPECTED[name], (name, verdicts[i].status, verdicts[i].details)
         assert (verdicts[i].details or {})["details"]["isolation"] == "full", verdicts[i].details
     # The pre-watermark submission was never judged live.
-    assert asyncio.run(_results(split.application_dsn, before))[before[0]].status == "PENDING"
+    assert asyncio.run(results(split.application_dsn, before))[before[0]].status == "PENDING"
     assert _outbox_states(split, before) == {before[0]: "SHADOW_SENT"}
 
     # Who the pods logged in as: each component's own user, never a superuser or the shared login.

@@ -24,6 +24,7 @@ from judgequeue.core import api
 from tests.kube.tools import actions, condition, jq_path, ready_pods, wait_for
 from tests.node import readme
 from tests.node.conftest import NodeCluster, readme_migrate, recreated_database
+from tests.support.applications import results, submit_all
 
 NAMESPACE = "judge"  # the README's
 RELEASE_NS = "judgequeue-system"
@@ -66,26 +67,6 @@ def installed(node_cluster: NodeCluster, helm_installed: None) -> Iterator[Insta
     yield installed
     kube.kubectl("delete", "jq", "judge", "-n", NAMESPACE, "--wait=true", "--timeout=120s", check=False,
                  timeout=150)
-
-
-async def submit_all(dsn: str, payloads: list[dict[str, Any]]) -> list[int]:
-    conn = await asyncpg.connect(dsn)
-    try:
-        ids = []
-        for payload in payloads:
-            async with conn.transaction():
-                ids.append(await api.submit(conn, "judge", payload))
-        return ids
-    finally:
-        await conn.close()
-
-
-async def results(dsn: str, ids: list[int]) -> dict[int, api.Result]:
-    conn = await asyncpg.connect(dsn)
-    try:
-        return {i: await api.result(conn, i) for i in ids}
-    finally:
-        await conn.close()
 
 
 def wait_verdicts(installed: Installed, ids: list[int], timeout: float = 300) -> dict[int, api.Result]:
@@ -156,7 +137,7 @@ def test_readme_path_judges_normal_and_hostile_submissions(installed: Installed)
     attacks = hostile(cluster)
     payloads = list(NORMAL.values()) + [p for _, p in attacks.values()]
     started = time.monotonic()
-    ids = asyncio.run(submit_all(installed.dsn, payloads))
+    ids = asyncio.run(submit_all(installed.dsn, "judge", payloads))
     verdicts = wait_verdicts(installed, ids)
     print(f"\n[node tier] {len(ids)} submissions judged by real pods in {time.monotonic() - started:.1f} s")
     got = [verdicts[i].status for i in ids]
@@ -191,7 +172,7 @@ def test_rollout_pod_deletion_and_node_restart_with_jobs_in_flight(installed: In
     cluster = installed.cluster
     kube = cluster.kube
     payload = py("import time\ntime.sleep(1.5)\nprint('ok')", time=5)
-    ids = asyncio.run(submit_all(installed.dsn, [payload] * 48))
+    ids = asyncio.run(submit_all(installed.dsn, "judge", [payload] * 48))
 
     def judging(at_least: int) -> bool:
         found = asyncio.run(results(installed.dsn, ids))
