@@ -1,5 +1,5 @@
-"""Priority classes: a contest's commit-to-start latency with and without a 10,000-job rejudge queued
-first, and the throughput of a queue with classes and fairness keys against one class.
+"""Priority classes: a contest's commit-to-start latency with and without a 10,000-job rejudge or another
+contest's 20,000-job burst queued first, and the throughput of a queue with classes and fairness keys against one class.
 
     .venv/bin/python -m bench.priority [--rate 100] [--seconds 10] [--rejudge 10000] [--burst 20000]
 
@@ -12,9 +12,13 @@ stack's settings and the run's ``--intake``) on a fresh database, one after anot
    tables analysed, as a database in service has statistics) and rejudged in one statement
    (``rejudge_many``, class rejudge) a moment before the same contest load starts.
 3. ``rejudge, one class``: the same, in a queue with one class (the rejudge first come, first served).
+4. ``other contest's burst``: as 2, but instead of the rejudge another contest's start, ``--burst``
+   jobs of the contest class under another fairness key, submitted in one statement.
 
-Commit-to-start is the submission's ``created_at`` (database clock) to the moment the noop judge ran
-it (host clock), per contest job. Target: phase 2's p99 within 1.5x of phase 1's.
+The measured contest's jobs carry a fairness key of their own (``contest-a``) in the phases with
+classes. Commit-to-start is the submission's ``created_at`` (database clock) to the moment the noop
+judge ran it (host clock), per contest job. Targets: phase 2's and phase 4's p99 within 1.5x of
+phase 1's.
 
 Then shares: ``--shares`` jobs in each of three classes (contest, practice share 30, rejudge share 10:
 weights 60/30/10), all queued before the roles start; each class's share of the first third of the
@@ -50,8 +54,10 @@ CONTEST = (JobClass("contest"), JobClass("rejudge", 5))
 THREE = (JobClass("contest"), JobClass("practice", 5), JobClass("rejudge", 5))
 
 
-async def _contest(s: pipeline.Stack, rate: float, seconds: float, job_class: str | None) -> int:
-    """Offer ``rate`` contest submits/s for ``seconds`` on one connection; returns how many."""
+async def _contest(
+    s: pipeline.Stack, rate: float, seconds: float, job_class: str | None, key: str | None = None
+) -> int:
+    """Offer ``rate`` contest submits/s for ``seconds`` on one connection (fairness ``key``); how many."""
     total = int(rate * seconds)
     start = time.monotonic()
     async with s.pool.acquire() as conn:
@@ -59,7 +65,7 @@ async def _contest(s: pipeline.Stack, rate: float, seconds: float, job_class: st
             delay = start + i / rate - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)  # pacing of the offered load
-            await outbox.submit(conn, s.queue, {"contest": True}, job_class=job_class)
+            await outbox.submit(conn, s.queue, {"contest": True}, job_class=job_class, key=key)
     return total
 
 
@@ -72,7 +78,12 @@ async def _starts(pool: asyncpg.Pool, after: int) -> list[float]:
     return [r["start"] * 1000 for r in rows if r["start"] is not None]
 
 
-async def contest_phase(rate: float, seconds: float, rejudge: int, classes: bool) -> dict[str, Any]:
+async def contest_phase(
+    rate: float, seconds: float, rejudge: int, classes: bool, *, other_contest: int = 0
+) -> dict[str, Any]:
+    """The measured contest's commit-to-start at ``rate`` for ``seconds``, after ``rejudge`` judged
+    submissions were rejudged in one statement, or ``other_contest`` jobs of another contest (same
+    class, another fairness key) were submitted in one statement, a moment before it starts."""
     async with pipeline.stack(concurrency="64") as s:
         if classes:
             async with s.pool.acquire() as conn:
@@ -98,8 +109,18 @@ async def contest_phase(rate: float, seconds: float, rejudge: int, classes: bool
                 began = time.monotonic()
                 rejudged = len(await outbox.rejudge_many(conn, s.queue, problem="p1"))
                 statement_ms = (time.monotonic() - began) * 1000
-        submitted = await _contest(s, rate, seconds, "contest" if classes else None)
-        await pipeline.wait_done(s.pool, 0, 50 + rejudge + submitted, 300)
+        burst_ms = 0.0
+        if other_contest:  # the other contest's start: its whole burst queued at once
+            began = time.monotonic()
+            await s.pool.execute(
+                "SELECT judgequeue.submit($1, '{}'::jsonb, 'contest', 'contest-b') FROM generate_series(1, $2)",
+                s.queue,
+                other_contest,
+            )
+            burst_ms = (time.monotonic() - began) * 1000
+        key = "contest-a" if classes else None
+        submitted = await _contest(s, rate, seconds, "contest" if classes else None, key)
+        await pipeline.wait_done(s.pool, 0, 50 + rejudge + other_contest + submitted, 300)
         starts = await _starts(s.pool, after)
     return {
         "rejudge": rejudged,
@@ -108,6 +129,8 @@ async def contest_phase(rate: float, seconds: float, rejudge: int, classes: bool
         "start_p50_ms": pipeline.percentile(starts, 0.5),
         "start_p99_ms": pipeline.percentile(starts, 0.99),
         "rejudge_statement_ms": statement_ms,
+        "other_contest": other_contest,
+        "other_contest_statement_ms": burst_ms,
     }
 
 
@@ -172,10 +195,12 @@ async def throughput(n: int, classes: bool, keys: bool | None = None) -> dict[st
 
 async def inner(args: argparse.Namespace) -> int:
     phases = []
-    for label, rejudge, classes in (("alone", 0, True), ("rejudge, classes", args.rejudge, True),
-                                    ("rejudge, one class", args.rejudge, False)):  # fmt: skip
+    for label, rejudge, classes, other in (("alone", 0, True, 0), ("rejudge, classes", args.rejudge, True, 0),
+                                           ("rejudge, one class", args.rejudge, False, 0),
+                                           ("other contest's burst", 0, True, args.burst)):  # fmt: skip
         progress(f"contest at {args.rate:g}/s for {args.seconds:g}s: {label}")
-        phases.append({"phase": label, **await contest_phase(args.rate, args.seconds, rejudge, classes)})
+        got = await contest_phase(args.rate, args.seconds, rejudge, classes, other_contest=other)
+        phases.append({"phase": label, **got})
     progress(f"shares: {args.shares} jobs in each of three weighted classes")
     weighted = await shares(args.shares)
     runs = []
@@ -184,13 +209,16 @@ async def inner(args: argparse.Namespace) -> int:
         runs.append(await throughput(args.burst, classes))
     alone, with_classes = phases[0]["start_p99_ms"], phases[1]["start_p99_ms"]
     print(f"judgequeue intake: {args.intake}")
-    print(f"{'phase':<20} {'contest jobs':>12} {'start p50 ms':>12} {'start p99 ms':>12} {'p99 / alone':>11}")
+    print(f"{'phase':<22} {'contest jobs':>12} {'start p50 ms':>12} {'start p99 ms':>12} {'p99 / alone':>11}")
     for p in phases:
-        print(f"{p['phase']:<20} {p['contest_jobs']:>12} {p['start_p50_ms']:>12.1f} {p['start_p99_ms']:>12.1f}"
+        print(f"{p['phase']:<22} {p['contest_jobs']:>12} {p['start_p50_ms']:>12.1f} {p['start_p99_ms']:>12.1f}"
               f" {p['start_p99_ms'] / alone:>11.2f}")  # fmt: skip
     print(f"bulk rejudge of {args.rejudge} in one statement: {phases[1]['rejudge_statement_ms']:.0f} ms")
     print(f"contest p99 with a {args.rejudge}-job rejudge queued first: {with_classes / alone:.2f}x alone "
           f"(target <= 1.5x): {'met' if with_classes <= 1.5 * alone else 'NOT met'}")  # fmt: skip
+    other = phases[3]["start_p99_ms"]
+    print(f"contest p99 with another contest's {args.burst}-job burst queued first (fairness keys): "
+          f"{other / alone:.2f}x alone (target <= 1.5x): {'met' if other <= 1.5 * alone else 'NOT met'}")  # fmt: skip
     for name, w in weighted.items():
         off_by = (w["share"] - w["weight"]) / w["weight"]
         print(f"class {name:<9} share {w['share']:6.1%} of the starts, weight {w['weight']:4.0%}: {off_by:+.0%}"
