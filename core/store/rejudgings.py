@@ -34,9 +34,10 @@ from . import sql
 NOT_JUDGED = "PENDING"
 
 
-async def _call(conn: asyncpg.Connection, name: str, *args: Any) -> list[asyncpg.Record]:
+async def _call(conn: asyncpg.Connection, statement: str, *args: Any) -> list[asyncpg.Record]:
+    """Run ``statement`` (a named query's call), its refusals as judgequeue's typed errors."""
     try:
-        return list(await conn.fetch(sql.query(name), *args))
+        return list(await conn.fetch(statement, *args))
     except asyncpg.PostgresError as exc:
         translated = translate_pg_error(exc)
         if translated is not None:
@@ -75,9 +76,8 @@ async def preview(
     validate_queue_name(queue)
     if ids is None and problem is None and since is None and until is None:
         raise InvalidClass("a rejudging needs at least one of: ids, problem, since, until")
-    rows = await _call(
-        conn, "rejudging_preview", queue, job_class, None if ids is None else list(ids), problem, since, until
-    )
+    listed = None if ids is None else list(ids)
+    rows = await _call(conn, sql.query("rejudging_preview"), queue, job_class, listed, problem, since, until)
     row = rows[0]
     return Preview(int(row["rejudging"]), int(row["previewed"]), int(row["left_out"]))
 
@@ -100,10 +100,9 @@ async def apply(conn: asyncpg.Connection, queue: str, rejudging: int, *, partial
     """Apply ``rejudging`` of ``queue`` in the caller's transaction (``judgequeue.rejudging_apply()``)."""
     validate_queue_name(queue)
     _check_id(rejudging)
-    row = (await _call(conn, "rejudging_apply", queue, rejudging, bool(partial)))[0]
-    stale_ids = tuple(
-        r["submission_id"] for r in await _call(conn, "rejudging_items", queue, rejudging) if r["outcome"] == "stale"
-    )
+    row = (await _call(conn, sql.query("rejudging_apply"), queue, rejudging, bool(partial)))[0]
+    items = await _call(conn, sql.query("rejudging_items"), queue, rejudging)
+    stale_ids = tuple(r["submission_id"] for r in items if r["outcome"] == "stale")
     return Application(
         rejudging, int(row["applied"] or 0), int(row["stale"] or 0), int(row["missing"] or 0),
         bool(row["applied_now"]), stale_ids,
@@ -124,7 +123,7 @@ async def cancel(conn: asyncpg.Connection, queue: str, rejudging: int) -> Cancel
     """Discard ``rejudging`` of ``queue`` in the caller's transaction (``judgequeue.rejudging_cancel()``)."""
     validate_queue_name(queue)
     _check_id(rejudging)
-    row = (await _call(conn, "rejudging_cancel", queue, rejudging))[0]
+    row = (await _call(conn, sql.query("rejudging_cancel"), queue, rejudging))[0]
     return Cancelled(rejudging, bool(row["cancelled_now"]), int(row["stopped"]))
 
 
@@ -167,7 +166,7 @@ def _summary(r: asyncpg.Record) -> Summary:
 async def list_all(conn: asyncpg.Connection, queue: str) -> list[Summary]:
     """``queue``'s rejudgings still within the retention, newest first."""
     validate_queue_name(queue)
-    return [_summary(r) for r in await _call(conn, "rejudging_list", queue)]
+    return [_summary(r) for r in await _call(conn, sql.query("rejudging_list"), queue)]
 
 
 @dataclass(frozen=True)
@@ -220,12 +219,12 @@ async def show(conn: asyncpg.Connection, queue: str, rejudging: int) -> Report:
     """The matrix and the changed submissions of ``rejudging`` of ``queue`` (read only)."""
     validate_queue_name(queue)
     _check_id(rejudging)
-    head = await _call(conn, "rejudging_get", queue, rejudging)
+    head = await _call(conn, sql.query("rejudging_get"), queue, rejudging)
     if not head:
         raise UnknownRejudging(f"unknown rejudging {rejudging} in queue {queue!r}")
     matrix: Counter[tuple[str, str]] = Counter()
     changed = []
-    for r in await _call(conn, "rejudging_items", queue, rejudging):
+    for r in await _call(conn, sql.query("rejudging_items"), queue, rejudging):
         new = r["new_status"] or NOT_JUDGED
         matrix[(r["old_status"], new)] += 1
         if r["new_status"] is not None and r["new_status"] != r["old_status"]:
