@@ -184,12 +184,13 @@ async def test_a_rejudging_of_2000_while_live_jobs_flow(
         # Apply, watched by a reader that reads all 2,000 generations in one snapshot each time.
         mixes: list[tuple[int, int]] = []
         reads: Counter[str] = Counter()
+        applying = asyncio.Event()
         applied = asyncio.Event()
 
         async def reader() -> None:
             async with pg_pool.acquire() as conn:
                 while True:
-                    done = applied.is_set()
+                    done, during = applied.is_set(), applying.is_set() and not applied.is_set()
                     row = await conn.fetchrow(
                         "SELECT count(*) FILTER (WHERE s.generation = i.base_generation) AS old,"
                         " count(*) FILTER (WHERE s.generation = i.base_generation + 1) AS new"
@@ -204,19 +205,22 @@ async def test_a_rejudging_of_2000_while_live_jobs_flow(
                         reads["new"] += 1
                     else:
                         mixes.append(pair)
+                    if during:
+                        reads["during"] += 1
                     if done:
                         return
 
         watching = asyncio.create_task(reader())
         await eventually(lambda: reads["old"] >= 3, what="the reader reading")
         apply_started = time.monotonic()
+        applying.set()
         async with pg_pool.acquire() as conn, conn.transaction():
             result = await api.rejudging_apply(conn, queue_name, n)
         apply_seconds = time.monotonic() - apply_started
         applied.set()
         await watching
         assert mixes == [], mixes[:5]
-        assert reads["old"] >= 3 and reads["new"] >= 1, reads
+        assert reads["old"] >= 3 and reads["new"] >= 1 and reads["during"] >= 1, reads
         assert (result.applied, result.stale, result.missing) == (SUBMISSIONS, 0, 0)
         after = await _visible(pg, ids)
         assert Counter(v[0] for v in after.values()) == Counter(_fixed(i) for i in range(SUBMISSIONS))
@@ -262,7 +266,8 @@ async def test_a_rejudging_of_2000_while_live_jobs_flow(
     print(
         f"\n{SUBMISSIONS} previewed while {len(live)} live jobs flowed: all proposals judged in"
         f" {preview_seconds:.1f} s with a worker killed ({rescued} probes rescued); apply {apply_seconds:.2f} s,"
-        f" reader saw {reads['old']} all-old and {reads['new']} all-new snapshots and no mix; the second"
+        f" reader saw {reads['old']} all-old and {reads['new']} all-new snapshots ({reads['during']} read while"
+        f" the apply ran) and no mix; the second"
         f" preview cancelled with {stopped} jobs stopped; {time.monotonic() - begun:.0f} s in all"
     )
 
