@@ -7,8 +7,10 @@ import argparse
 from collections.abc import Mapping
 from typing import Any
 
+from ..base.errors import Failure, RejudgingRefused
 from .common import (
     DSN,
+    EXIT_FAILURE,
     EXIT_OK,
     QUEUE,
     Commands,
@@ -100,7 +102,11 @@ def cmd_rejudging(args: argparse.Namespace, env: Mapping[str, str]) -> int:
             async with conn.transaction():
                 return await rejudgings.apply(conn, queue, number, partial=args.partial)
 
-        done = run_async(with_pg(dsn, apply))
+        try:
+            done = run_async(with_pg(dsn, apply))
+        except RejudgingRefused as exc:
+            hint = " (--partial)" if "apply it partially" in str(exc) else ""
+            raise Failure(f"{exc}{hint}", EXIT_FAILURE) from exc
         if args.json:
             print_json({"rejudging": number, "applied": done.applied, "stale": done.stale, "missing": done.missing,
                         "applied_now": done.applied_now, "stale_ids": list(done.stale_ids)})
