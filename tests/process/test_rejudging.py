@@ -38,6 +38,8 @@ from tests.support.waiting import eventually
 SUBMISSIONS = 2000
 #: Each job sleeps this long (the sleep judge): a worker holds leases when it is killed.
 JOB_SECONDS = 0.01
+#: A judging with the fixed tests (a probe's).
+PROBE_SECONDS = 0.04
 #: What the broken tests gave, by i % 4; the fixed tests change some (``_fixed``).
 OLD = ("ACCEPTED", "WRONG_ANSWER", "TIME_LIMIT", "ACCEPTED")
 LIVE_PER_TICK = 10
@@ -127,11 +129,13 @@ async def test_a_rejudging_of_2000_while_live_jobs_flow(
         )
         await eventually(lambda: _at_least(pg, judged_first, SUBMISSIONS, ids), within=120, every=0.2,
                          what="the first judging")  # fmt: skip
-        # The tests are fixed: judged again, some verdicts change.
+        # The tests are fixed: judged again, some verdicts change (and each judging takes a little
+        # longer, so the worker killed below holds several probes' leases).
         await pg.execute(
-            "UPDATE judgequeue.submissions s SET payload = s.payload || jsonb_build_object('status', f.status)"
+            "UPDATE judgequeue.submissions s"
+            " SET payload = s.payload || jsonb_build_object('status', f.status, 'seconds', $3::float8)"
             " FROM unnest($1::bigint[], $2::text[]) AS f(id, status) WHERE s.id = f.id",
-            ids, [_fixed(i) for i in range(SUBMISSIONS)],
+            ids, [_fixed(i) for i in range(SUBMISSIONS)], PROBE_SECONDS,
         )  # fmt: skip
         before = await _visible(pg, ids)
         assert Counter(v[0] for v in before.values()) == Counter(OLD[i % 4] for i in range(SUBMISSIONS))
