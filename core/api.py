@@ -5,7 +5,10 @@ writes submissions in its own transaction (:func:`submit`, in one of the queue's
 and with a fairness key when it has them), starts a new generation of one (:func:`rejudge`) or of
 many in one statement (:func:`rejudge_many`: by ids, problem, time range), cancels one
 (:func:`cancel`: a queued job never starts, a running one is stopped, nothing of it is stored), and
-reads where one stands (:func:`result`) and every verdict it was given (:func:`history`). While a
+reads where one stands (:func:`result`) and every verdict it was given (:func:`history`). A
+rejudge can also be a proposal (:func:`rejudging_preview`): judged on the side, shown as an
+old -> new matrix (:func:`rejudging_show`), then applied (:func:`rejudging_apply`) or discarded
+(:func:`rejudging_cancel`) as a whole. While a
 queue is in shadow mode it reports what the judge being replaced decided
 (:func:`report_legacy_verdict`), which judgequeue compares with its own shadow verdicts; a shadow
 verdict is never a submission's verdict, so :func:`result` never shows one. Judge plugins
@@ -31,15 +34,18 @@ from .base.errors import (
     JudgeQueueError,
     NotShadowed,
     PayloadTooLarge,
+    RejudgingRefused,
     UnknownQueue,
+    UnknownRejudging,
     UnknownSubmission,
 )
 from .base.states import ENDED_STATUSES, HISTORY_CAUSES, VERDICTS
 from .judges import Judge, Verdict
 from .runtime import event_feed
-from .store import events, shadow, submissions
+from .store import events, rejudgings, shadow, submissions
 from .store.events import InvalidKinds, InvalidPosition, Position, VerdictEvent
 from .store.outbox import rejudge, rejudge_many, submit
+from .store.rejudgings import Application, Cancelled, Preview, Report, Summary
 from .store.submissions import Cancellation, HistoryEntry
 
 
@@ -115,10 +121,75 @@ async def cancel(conn: asyncpg.Connection, queue: str, submission_id: int, reaso
 async def history(conn: asyncpg.Connection, queue: str, submission_id: int) -> list[HistoryEntry]:
     """Every verdict ``submission_id`` of ``queue`` was given, oldest first: per generation its
     status, its cause (one of :data:`HISTORY_CAUSES`: ``judged``, ``rejudged``, ``rescued``,
-    ``cancelled``), the stored verdict and when it was stored. Each is written in its verdict's own
-    transaction, and pruned with the verdicts' retention. Empty before the first verdict; raises
-    :class:`UnknownSubmission` for an id that is not one of ``queue``'s."""
+    ``cancelled``, ``applied``: from a rejudging), the stored verdict and when it was stored. Each
+    is written in its verdict's own transaction, and pruned with the verdicts' retention. Empty
+    before the first verdict; raises :class:`UnknownSubmission` for an id that is not one of
+    ``queue``'s."""
     return await submissions.history(conn, queue, submission_id)
+
+
+async def rejudging_preview(
+    conn: asyncpg.Connection,
+    queue: str,
+    *,
+    job_class: str | None = None,
+    ids: Sequence[int] | None = None,
+    problem: str | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+) -> Preview:
+    """Open a *rejudging* of ``queue``'s submissions in the caller's transaction: a proposal, judged on
+    the side, that changes no visible verdict until :func:`rejudging_apply`.
+
+    Selects as :func:`rejudge_many` does (``ids``, the payload's ``problem``, created in ``[since,
+    until)``; at least one). Each selected submission with a verdict is judged again by the queue's
+    workers in ``job_class`` (None: the queue's lowest), with every guarantee a job has (fenced
+    leases, rescue of a killed worker's jobs, at most one proposed verdict each); one still waiting
+    for its verdict, or cancelled, is left out (counted in :attr:`Preview.left_out`). Its status,
+    verdict and generation (:func:`result`) stay as they are. Refused, with nothing written: an
+    unknown queue (:class:`UnknownQueue`), a class the queue lacks or no filter
+    (:class:`InvalidClass`), a queue not in live mode (:class:`RejudgingRefused`)."""
+    return await rejudgings.preview(
+        conn, queue, job_class=job_class, ids=ids, problem=problem, since=since, until=until
+    )
+
+
+async def rejudging_show(conn: asyncpg.Connection, queue: str, rejudging: int) -> Report:
+    """Rejudging ``rejudging`` of ``queue``: its state and progress, the old -> new matrix (counts per
+    (status at the preview, proposed status); ``PENDING`` while not judged yet) and each submission
+    whose proposed status differs, with both verdict documents (per-test tables in their
+    ``details``). :class:`UnknownRejudging` for an id that is not one of ``queue``'s."""
+    return await rejudgings.show(conn, queue, rejudging)
+
+
+async def rejudging_list(conn: asyncpg.Connection, queue: str) -> list[Summary]:
+    """``queue``'s rejudgings still within the retention, newest first."""
+    return await rejudgings.list_all(conn, queue)
+
+
+async def rejudging_apply(
+    conn: asyncpg.Connection, queue: str, rejudging: int, *, partial: bool = False
+) -> Application:
+    """Make every proposed verdict of ``rejudging`` visible, in the caller's transaction: all of them
+    or (on error or rollback) none.
+
+    Each becomes its submission's verdict at a new generation (a job still running for an older
+    one is fenced out), recorded in :func:`history` with cause ``applied`` and emitted as a verdict
+    event like any verdict. A submission whose generation moved since the preview (rejudged,
+    cancelled, or applied from another rejudging) keeps what it has: its proposal is *stale*,
+    skipped and listed in :attr:`Application.stale_ids`. Refused (:class:`RejudgingRefused`) while
+    proposed verdicts are missing, naming how many, unless ``partial`` (then only the judged ones
+    apply and the rest are cancelled), and for a cancelled rejudging. Applying an applied rejudging
+    changes nothing (``applied_now`` False). :class:`UnknownRejudging` for an unknown id."""
+    return await rejudgings.apply(conn, queue, rejudging, partial=partial)
+
+
+async def rejudging_cancel(conn: asyncpg.Connection, queue: str, rejudging: int) -> Cancelled:
+    """Discard ``rejudging`` in the caller's transaction: every visible verdict stays as it is; its
+    jobs still waiting never run and running ones are stopped (their results are fenced out).
+    Idempotent (``cancelled_now`` False the second time); refused for an applied rejudging
+    (:class:`RejudgingRefused`); :class:`UnknownRejudging` for an unknown id."""
+    return await rejudgings.cancel(conn, queue, rejudging)
 
 
 def verdict_events(
@@ -159,7 +230,9 @@ __all__ = [
     "ENDED_STATUSES",
     "HISTORY_CAUSES",
     "VERDICTS",
+    "Application",
     "Cancellation",
+    "Cancelled",
     "HistoryEntry",
     "InvalidClass",
     "InvalidKinds",
@@ -173,8 +246,13 @@ __all__ = [
     "NotShadowed",
     "PayloadTooLarge",
     "Position",
+    "Preview",
+    "RejudgingRefused",
+    "Report",
     "Result",
+    "Summary",
     "UnknownQueue",
+    "UnknownRejudging",
     "UnknownSubmission",
     "Verdict",
     "VerdictEvent",
@@ -183,6 +261,11 @@ __all__ = [
     "history",
     "rejudge",
     "rejudge_many",
+    "rejudging_apply",
+    "rejudging_cancel",
+    "rejudging_list",
+    "rejudging_preview",
+    "rejudging_show",
     "report_legacy_verdict",
     "result",
     "submit",

@@ -69,6 +69,16 @@ class InvalidReason(JudgeQueueError, ValueError):
     """A cancellation's reason is missing, blank or over 1,000 characters; nothing was cancelled."""
 
 
+class UnknownRejudging(JudgeQueueError, LookupError):
+    """No rejudging of the queue has this id."""
+
+
+class RejudgingRefused(JudgeQueueError):
+    """A rejudging cannot do what was asked in its state: apply a cancelled one, cancel an applied
+    one, apply one whose proposed verdicts are still missing (without ``partial``), open one on a
+    queue not in live mode; nothing was changed."""
+
+
 class ConfigError(JudgeQueueError, ValueError):
     """A configuration value is missing or malformed; the message names the variable."""
 
@@ -101,6 +111,8 @@ _SQLSTATE_ERRORS: dict[str, type[JudgeQueueError]] = {
     "JQ008": InvalidVerdict,
     "JQ009": InvalidClass,
     "JQ010": InvalidReason,
+    "JQ020": UnknownRejudging,
+    "JQ021": RejudgingRefused,
 }
 
 

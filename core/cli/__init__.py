@@ -32,6 +32,7 @@ from . import (
     problem,
     queue,
     rejudge,
+    rejudging,
     roles,
     shadow,
     status,
@@ -53,7 +54,7 @@ from .common import (
 
 #: The command groups, in the order ``--help`` lists them.
 GROUPS = (migrate, roles, privileges, operator, local, queue, problem, submit, status, submission, dlq, rejudge,
-          events, shadow, cutover)
+          rejudging, events, shadow, cutover)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,4 +1,5 @@
-"""``judgequeue rejudge``: judge submissions again under a new generation, one by one or in bulk."""
+"""``judgequeue rejudge``: judge submissions again under a new generation, one by one or in bulk; with
+``--preview``, open a rejudging (judged on the side; ``judgequeue rejudging``)."""
 
 from __future__ import annotations
 
@@ -39,6 +40,8 @@ def cmd_rejudge(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     if not bulk and not args.ids:
         raise Failure("give submission ids, or --problem/--since/--until for a bulk rejudge", EXIT_USAGE)
     since, until = _instant(args.since, "--since"), _instant(args.until, "--until")
+    if args.preview:
+        return _preview(args, env, dsn, since, until)
 
     async def go(conn: Any) -> list[tuple[int, int]]:
         if bulk:
@@ -64,6 +67,30 @@ def cmd_rejudge(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     return EXIT_OK
 
 
+def _preview(args: argparse.Namespace, env: Mapping[str, str], dsn: str, since: Any, until: Any) -> int:
+    from ..store import rejudgings
+
+    queue: str = resolve(args, env, QUEUE)
+
+    async def go(conn: Any) -> rejudgings.Preview:
+        async with conn.transaction():
+            return await rejudgings.preview(
+                conn, queue, job_class=args.job_class, ids=args.ids or None, problem=args.problem,
+                since=since, until=until,
+            )  # fmt: skip
+
+    opened = run_async(with_pg(dsn, go))
+    if args.json:
+        print_json({"rejudging": opened.rejudging, "previewed": opened.previewed, "left_out": opened.left_out})
+    else:
+        print(f"rejudging {opened.rejudging} opened: {opened.previewed} submissions judged again on the side"
+              " (no visible verdict changes until it is applied)")
+        if opened.left_out:
+            print(f"{opened.left_out} selected submissions left out: still waiting for a verdict, or cancelled")
+        print(f"see it with: judgequeue rejudging show {opened.rejudging}")
+    return EXIT_OK
+
+
 def add(commands: Commands) -> None:
     text = "judge submissions again under a new generation (ids, or in bulk by problem and time range)"
     p = commands.add("rejudge", text, parents=[commands.json_flag])
@@ -73,5 +100,8 @@ def add(commands: Commands) -> None:
     p.add_argument("--problem", help="bulk: every submission of the queue whose payload's problem is this")
     p.add_argument("--since", help="bulk: submissions created at or after this instant (RFC 3339)")
     p.add_argument("--until", help="bulk: submissions created before this instant (RFC 3339)")
+    p.add_argument("--preview", action="store_true",
+                   help="open a rejudging instead: judge them again on the side, leaving every visible verdict"
+                        " as it is until 'judgequeue rejudging apply' (see 'judgequeue rejudging')")
     add_variable_flags(p, [DSN, QUEUE], "connection")
     p.set_defaults(handler=cmd_rejudge)

@@ -67,10 +67,13 @@ ROLES: Final[Mapping[str, Role]] = MappingProxyType(
         for r in (
             Role(
                 "judgequeue_application",
-                "submit, read results and verdict histories, cancel submissions, report legacy verdicts",
+                "submit, read results and verdict histories, cancel submissions, preview, apply and cancel"
+                " rejudgings, report legacy verdicts",
                 _COMMON | {"submit", "submit_in_class", "report_legacy_verdict", "submissions_read",
                            "submission_exists", "events_head", "events_held", "events_read",
-                           "submission_cancel", "submission_history", "submission_in_queue"},
+                           "submission_cancel", "submission_history", "submission_in_queue",
+                           "rejudging_preview", "rejudging_apply", "rejudging_cancel", "rejudging_get",
+                           "rejudging_list", "rejudging_items"},
                 APPLICATION_FUNCTIONS,
             ),
             Role(
@@ -142,6 +145,7 @@ ROLES: Final[Mapping[str, Role]] = MappingProxyType(
                     "outbox_waiting_by_class",
                     "events_prune",
                     "history_prune",
+                    "rejudgings_prune",
                     "events_read",
                     "events_held",
                     "webhook_endpoint_ensure",
@@ -218,6 +222,13 @@ QUEUE_PARAMS: Final[Mapping[str, int]] = MappingProxyType(
         "submission_history": 1,
         "submission_in_queue": 1,
         "history_prune": 3,
+        "rejudging_preview": 1,
+        "rejudging_apply": 1,
+        "rejudging_cancel": 1,
+        "rejudging_get": 1,
+        "rejudging_list": 1,
+        "rejudging_items": 1,
+        "rejudgings_prune": 3,
     }
 )
 

@@ -116,6 +116,7 @@ OWNERS = {
     "legacy_verdicts": {"store.shadow"},
     "verdict_events": {"store.events"},
     "verdict_history": {"store.submissions"},
+    "rejudgings": {"store.rejudgings"},
     "webhook_endpoints": {"store.events"},
     "webhook_deliveries": {"store.events"},
 }

@@ -365,3 +365,50 @@ def test_classes_on_the_command_line(pg_dsn: str, queue_name: str) -> None:
     assert jq("rejudge", dsn=pg_dsn).returncode == 2  # neither ids nor a bulk filter
     bad_set = jq("queue", "classes", queue_name, "--set", "a", "a", dsn=pg_dsn)
     assert bad_set.returncode == 2 and "declared twice" in bad_set.stderr
+
+
+async def test_rejudging_preview_show_apply_cancel(pg_dsn: str, queue_name: str) -> None:
+    """The rejudging commands as an organiser runs them: no worker here, so the probe's verdict is
+    written as its worker would write it; every refusal is one line, exit 1, naming the rejudging."""
+    assert ok_json(jq("queue", "create", queue_name, "--json", dsn=pg_dsn))["name"] == queue_name
+    tests = [{"test": 1, "verdict": "ACCEPTED", "cpu_ms": 5, "wall_ms": 6, "memory_kb": 900, "message": ""},
+             {"test": 2, "verdict": "WRONG_ANSWER", "cpu_ms": 7, "wall_ms": 8, "memory_kb": 950, "message": "2 != 3"}]
+    async with connection(pg_dsn) as conn:
+        sid = await conn.fetchval("SELECT judgequeue.submit($1, '{\"problem\": \"p\"}'::jsonb)", queue_name)
+        await conn.execute(
+            "UPDATE judgequeue.submissions SET status = 'WRONG_ANSWER', verdict = $2::jsonb WHERE id = $1",
+            sid, json.dumps({"status": "WRONG_ANSWER", "details": {"tests": tests}, "generation": 1}),
+        )  # fmt: skip
+    opened = ok_json(jq("rejudge", "--preview", "--problem", "p", "--json", dsn=pg_dsn, queue=queue_name))
+    n = opened["rejudging"]
+    assert (opened["previewed"], opened["left_out"]) == (1, 0)
+    missing = jq("rejudging", "apply", str(n), dsn=pg_dsn, queue=queue_name)
+    assert missing.returncode == 1
+    assert f"rejudging {n} is missing 1 of its 1 proposed verdicts" in missing.stderr
+    assert len(missing.stderr.strip().splitlines()) == 1
+    async with connection(pg_dsn) as conn:  # the probe judged: the fixed test 2 passes
+        fixed = [{**tests[0]}, {**tests[1], "verdict": "ACCEPTED", "message": ""}]
+        await conn.execute(
+            "UPDATE judgequeue.submissions SET status = 'ACCEPTED', verdict = $2::jsonb WHERE rejudging = $1",
+            n, json.dumps({"status": "ACCEPTED", "details": {"tests": fixed}, "generation": 1}),
+        )  # fmt: skip
+    shown = jq("rejudging", "show", str(n), dsn=pg_dsn, queue=queue_name)
+    assert shown.returncode == 0, shown.stderr
+    assert f"submission {sid}: WRONG_ANSWER -> ACCEPTED" in shown.stdout
+    assert "2 != 3" in shown.stdout  # the old per-test table
+    assert shown.stdout.count("WRONG_ANSWER") >= 3 and "ACCEPTED" in shown.stdout
+    listed = ok_json(jq("rejudging", "list", "--json", dsn=pg_dsn, queue=queue_name))
+    assert [(r["id"], r["state"], r["items"], r["judged"]) for r in listed] == [(n, "OPEN", 1, 1)]
+    done = ok_json(jq("rejudging", "apply", str(n), "--json", dsn=pg_dsn, queue=queue_name))
+    assert (done["applied"], done["stale"], done["missing"], done["applied_now"]) == (1, 0, 0, True)
+    history = ok_json(jq("submission", "history", str(sid), "--json", dsn=pg_dsn, queue=queue_name))
+    assert [(e["generation"], e["status"], e["cause"]) for e in history][-1] == (2, "ACCEPTED", "applied")
+    refused = jq("rejudging", "cancel", str(n), dsn=pg_dsn, queue=queue_name)
+    assert refused.returncode == 1 and f"rejudging {n} was applied" in refused.stderr
+    unknown = jq("rejudging", "show", "999999", dsn=pg_dsn, queue=queue_name)
+    assert unknown.returncode == 1 and "unknown rejudging 999999" in unknown.stderr
+    second = ok_json(jq("rejudge", "--preview", str(sid), "--json", dsn=pg_dsn, queue=queue_name))["rejudging"]
+    gone = ok_json(jq("rejudging", "cancel", str(second), "--json", dsn=pg_dsn, queue=queue_name))
+    assert (gone["cancelled_now"], gone["stopped"]) == (True, 1)
+    again = jq("rejudging", "apply", str(second), dsn=pg_dsn, queue=queue_name)
+    assert again.returncode == 1 and f"rejudging {second} was cancelled" in again.stderr

@@ -25,7 +25,8 @@ def test_each_queue_parameter_is_a_parameter_its_statement_compares_with_a_queue
         statement = sql.QUERIES[name]
         compared = rf"(queue|name)\s*=\s*\${position}\b|VALUES \(\${position},"
         # functions whose first parameter is the queue (p_queue)
-        passed_as_queue = rf"judgequeue\.(rescue_expired_leases|cancel)\(\${position}(::text)?,"
+        functions = "rescue_expired_leases|cancel|rejudging_preview|rejudging_apply|rejudging_cancel"
+        passed_as_queue = rf"judgequeue\.({functions})\(\${position}(::text)?,"
         assert re.search(compared, statement) or re.search(passed_as_queue, statement), name
 
 

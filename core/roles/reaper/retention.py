@@ -1,7 +1,8 @@
 """Retention: what is past ``retention`` is deleted, and soft state that crashed processes left.
 
 Terminal outbox rows; terminal submissions by ``finished_at``, oldest first; verdict events and
-dead webhook deliveries; the verdict history; shadow and legacy verdicts; dispatcher and worker
+dead webhook deliveries; the verdict history; rejudgings (by when they were opened); shadow and
+legacy verdicts; dispatcher and worker
 waiters, and offers their worker stopped refreshing. Each table in batches of 1,000 rows, at most
 :data:`PRUNE_BATCHES` a sweep.
 """
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 from ...base import metrics
 from ...runtime import wakeup
-from ...store import events, outbox, shadow, submissions
+from ...store import events, outbox, rejudgings, shadow, submissions
 from ...transport.connect import STATEMENT_TIMEOUT
 from .loop import Context, Maintainer
 
@@ -29,6 +30,7 @@ class Retention(Maintainer):
         self.pruned_shadow = 0  # shadow and legacy verdicts deleted
         self.pruned_events = 0  # verdict events (and dead webhook deliveries) deleted
         self.pruned_history = 0  # verdict history rows deleted
+        self.pruned_rejudgings = 0  # rejudgings deleted (their items with them)
 
     async def run(self) -> tuple[int, int]:
         """Delete what is past ``retention`` and the soft state left behind: (outbox rows, waiters and offers)."""
@@ -48,6 +50,8 @@ class Retention(Maintainer):
             pruned_events = await events.prune(conn, queue, retention=retention, batch=1000,
                                                max_batches=PRUNE_BATCHES)
             pruned_history = await submissions.prune_history(conn, queue, retention=retention, batch=1000,
+                                                             max_batches=PRUNE_BATCHES)
+            self.pruned_rejudgings += await rejudgings.prune(conn, queue, retention=retention, batch=1000,
                                                              max_batches=PRUNE_BATCHES)
             shadows, legacies = await shadow.prune(conn, queue, retention=retention, batch=1000,
                                                    max_batches=PRUNE_BATCHES)

@@ -862,10 +862,10 @@ SELECT coalesce(max(txid), '0'::xid8)::text AS txid, coalesce(max(id), 0) AS id
   FROM (SELECT txid, id FROM judgequeue.verdict_events ORDER BY txid DESC, id DESC LIMIT 1) last
 
 -- name: progress_record
--- Progress events of leases still held, fenced like a verdict on (id, generation, attempt, JUDGING),
+-- Progress events of leases still held (none for a rejudging's probe), fenced like a verdict on (id, generation, attempt, JUDGING),
 -- the submission locked shared so a verdict committing meanwhile refuses them; the attempts written.
 WITH held AS (
-    SELECT s.id, s.queue, s.generation, s.attempt_id, p.progress
+    SELECT s.id, s.queue, s.generation, s.attempt_id, s.rejudging, p.progress
       FROM unnest($1::bigint[], $2::bigint[], $3::uuid[], $4::jsonb[]) AS p(id, generation, attempt, progress)
       JOIN judgequeue.submissions s
         ON s.id = p.id AND s.generation = p.generation AND s.attempt_id = p.attempt AND s.status = 'JUDGING'
@@ -873,7 +873,9 @@ WITH held AS (
        FOR SHARE OF s
 ), added AS (
     INSERT INTO judgequeue.verdict_events (kind, queue, submission_id, generation, status, progress)
-    SELECT 'progress', h.queue, h.id, h.generation, 'JUDGING', h.progress FROM held h ORDER BY h.id
+    SELECT 'progress', h.queue, h.id, h.generation, 'JUDGING', h.progress FROM held h
+     WHERE h.rejudging IS NULL  -- a rejudging's probe is judged on the side: no events
+     ORDER BY h.id
     RETURNING queue
 ), told AS (
     SELECT count(pg_notify('judgequeue_events', q.queue)) AS n FROM (SELECT DISTINCT queue FROM added) q
@@ -1070,3 +1072,60 @@ SELECT l.attempt AS attempt_id, coalesce(s.status = 'CANCELLED', false) AS cance
   LEFT JOIN judgequeue.submissions s ON s.id = l.id
  WHERE s.id IS NULL
     OR NOT (s.generation = l.generation AND s.attempt_id IS NOT DISTINCT FROM l.attempt AND s.status = 'JUDGING')
+
+-- name: rejudging_preview
+-- Open a rejudging of queue $1 in class $2 (NULL: the lowest) by ids, problem and creation time: its id, previewed and left out.
+SELECT rejudging, previewed, left_out
+  FROM judgequeue.rejudging_preview($1, $2, $3::bigint[], $4, $5::timestamptz, $6::timestamptz)
+
+-- name: rejudging_apply
+-- Apply rejudging $2 of queue $1 ($3: partially, while proposals are missing): applied, stale, missing, applied_now.
+SELECT applied, stale, missing, applied_now FROM judgequeue.rejudging_apply($1::text, $2::bigint, $3::boolean)
+
+-- name: rejudging_cancel
+-- Discard rejudging $2 of queue $1: whether this call cancelled it and the probes it stopped.
+SELECT cancelled_now, stopped FROM judgequeue.rejudging_cancel($1::text, $2::bigint)
+
+-- name: rejudging_get
+-- Rejudging $2 of queue $1 with its progress (proposals judged so far), or no row.
+SELECT r.id, r.queue, r.job_class, r.state, r.selection, r.left_out, r.created_at, r.finished_at,
+       r.applied, r.stale, r.missing,
+       (SELECT count(*) FROM judgequeue.rejudging_items i WHERE i.rejudging = r.id) AS items,
+       (SELECT count(*) FROM judgequeue.rejudging_items i JOIN judgequeue.submissions p ON p.id = i.probe
+         WHERE i.rejudging = r.id AND p.status = ANY (judgequeue.verdict_names())) AS judged
+  FROM judgequeue.rejudgings r
+ WHERE r.id = $2 AND r.queue = $1
+
+-- name: rejudging_list
+-- Queue $1's rejudgings, newest first, each with its size and proposals judged so far.
+SELECT r.id, r.queue, r.job_class, r.state, r.selection, r.left_out, r.created_at, r.finished_at,
+       r.applied, r.stale, r.missing,
+       (SELECT count(*) FROM judgequeue.rejudging_items i WHERE i.rejudging = r.id) AS items,
+       (SELECT count(*) FROM judgequeue.rejudging_items i JOIN judgequeue.submissions p ON p.id = i.probe
+         WHERE i.rejudging = r.id AND p.status = ANY (judgequeue.verdict_names())) AS judged
+  FROM judgequeue.rejudgings r
+ WHERE r.queue = $1
+ ORDER BY r.id DESC
+
+-- name: rejudging_items
+-- Every submission rejudging $2 of queue $1 previews: old and proposed status and verdict, and whether it moved on since.
+SELECT i.submission_id, i.base_generation, i.old_status, i.old_verdict, i.probe, i.outcome,
+       CASE WHEN p.status = ANY (judgequeue.verdict_names()) THEN p.status END AS new_status,
+       CASE WHEN p.status = ANY (judgequeue.verdict_names()) THEN p.verdict END AS new_verdict,
+       s.generation AS current_generation
+  FROM judgequeue.rejudging_items i
+  JOIN judgequeue.rejudgings r ON r.id = i.rejudging
+  LEFT JOIN judgequeue.submissions p ON p.id = i.probe
+  LEFT JOIN judgequeue.submissions s ON s.id = i.submission_id
+ WHERE i.rejudging = $2 AND r.queue = $1
+ ORDER BY i.submission_id
+
+-- name: rejudgings_prune
+-- Delete a batch of a queue's rejudgings (and their items) opened before the retention, oldest first.
+WITH doomed AS (
+    SELECT id FROM judgequeue.rejudgings
+     WHERE queue = $3 AND created_at < now() - make_interval(secs => $1)
+     ORDER BY created_at
+     LIMIT $2
+)
+DELETE FROM judgequeue.rejudgings r USING doomed WHERE r.id = doomed.id
