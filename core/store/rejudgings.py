@@ -166,7 +166,7 @@ def _summary(r: asyncpg.Record) -> Summary:
 async def list_all(conn: asyncpg.Connection, queue: str) -> list[Summary]:
     """``queue``'s rejudgings still within the retention, newest first."""
     validate_queue_name(queue)
-    return [_summary(r) for r in await _call(conn, sql.query("rejudging_list"), queue)]
+    return [_summary(r) for r in await _call(conn, sql.query("rejudging_list"), queue, None)]
 
 
 @dataclass(frozen=True)
@@ -219,7 +219,7 @@ async def show(conn: asyncpg.Connection, queue: str, rejudging: int) -> Report:
     """The matrix and the changed submissions of ``rejudging`` of ``queue`` (read only)."""
     validate_queue_name(queue)
     _check_id(rejudging)
-    head = await _call(conn, sql.query("rejudging_get"), queue, rejudging)
+    head = await _call(conn, sql.query("rejudging_list"), queue, rejudging)  # its one row, or none
     if not head:
         raise UnknownRejudging(f"unknown rejudging {rejudging} in queue {queue!r}")
     matrix: Counter[tuple[str, str]] = Counter()

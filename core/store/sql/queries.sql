@@ -1086,25 +1086,16 @@ SELECT applied, stale, missing, applied_now FROM judgequeue.rejudging_apply($1::
 -- Discard rejudging $2 of queue $1: whether this call cancelled it and the probes it stopped.
 SELECT cancelled_now, stopped FROM judgequeue.rejudging_cancel($1::text, $2::bigint)
 
--- name: rejudging_get
--- Rejudging $2 of queue $1 with its progress (proposals judged so far), or no row.
-SELECT r.id, r.queue, r.job_class, r.state, r.selection, r.left_out, r.created_at, r.finished_at,
-       r.applied, r.stale, r.missing,
-       (SELECT count(*) FROM judgequeue.rejudging_items i WHERE i.rejudging = r.id) AS items,
-       (SELECT count(*) FROM judgequeue.rejudging_items i JOIN judgequeue.submissions p ON p.id = i.probe
-         WHERE i.rejudging = r.id AND p.status = ANY (judgequeue.verdict_names())) AS judged
-  FROM judgequeue.rejudgings r
- WHERE r.id = $2 AND r.queue = $1
-
 -- name: rejudging_list
--- Queue $1's rejudgings, newest first, each with its size and proposals judged so far.
+-- Queue $1's rejudgings (only rejudging $2 when given), newest first, each with its size and
+-- proposals judged so far.
 SELECT r.id, r.queue, r.job_class, r.state, r.selection, r.left_out, r.created_at, r.finished_at,
        r.applied, r.stale, r.missing,
        (SELECT count(*) FROM judgequeue.rejudging_items i WHERE i.rejudging = r.id) AS items,
        (SELECT count(*) FROM judgequeue.rejudging_items i JOIN judgequeue.submissions p ON p.id = i.probe
          WHERE i.rejudging = r.id AND p.status = ANY (judgequeue.verdict_names())) AS judged
   FROM judgequeue.rejudgings r
- WHERE r.queue = $1
+ WHERE r.queue = $1 AND ($2::bigint IS NULL OR r.id = $2)
  ORDER BY r.id DESC
 
 -- name: rejudging_items
