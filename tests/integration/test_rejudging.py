@@ -162,6 +162,24 @@ async def test_only_submissions_with_a_verdict_are_previewed(h: Harness) -> None
     assert [c for c in (await _show(h, opened.rejudging)).matrix] == [("ACCEPTED", "ACCEPTED")]
 
 
+async def test_a_probe_is_not_rejudged_by_its_id(h: Harness) -> None:
+    """A probe's verdict is its rejudging's proposal, judged once: rejudging the probe by its id is
+    refused naming the rejudging, and the probe and the proposal are left as they were."""
+    h.worker(SleepJudge())
+    [sid] = await _judged(h, [{"problem": "p"}])
+    opened = await _preview(h, ids=[sid])
+    await eventually(lambda: _all_judged(h, opened.rejudging))
+    async with h.pool.acquire() as conn:
+        probe = await conn.fetchval("SELECT probe FROM judgequeue.rejudging_items WHERE rejudging = $1",
+                                    opened.rejudging)  # fmt: skip
+    before = await _visible(h, [sid, probe])
+    async with h.pool.acquire() as conn:
+        with pytest.raises(RejudgingRefused, match=f"submission {probe} is a probe of rejudging {opened.rejudging}"):
+            await api.rejudge(conn, probe)
+    assert await _visible(h, [sid, probe]) == before
+    assert (await _apply(h, opened.rejudging)).applied == 1
+
+
 async def test_apply_refused_while_missing_unless_partial(h: Harness) -> None:
     h.worker(SleepJudge())
     ids = await _judged(h, [{"problem": "p", "i": i} for i in range(5)])

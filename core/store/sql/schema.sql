@@ -531,20 +531,27 @@ BEGIN
 END $$;
 
 -- A user's rejudge of one submission, in the class p_class (NULL: the queue's lowest). The
--- submission's class becomes p_class: a rescue of the rejudged job keeps it.
+-- submission's class becomes p_class: a rescue of the rejudged job keeps it. A rejudging's probe is
+-- refused (JQ021): its verdict is that rejudging's proposal, judged once (a bulk rejudge skips it).
 CREATE FUNCTION judgequeue.rejudge(p_submission_id bigint, p_class text DEFAULT NULL) RETURNS bigint
 LANGUAGE plpgsql AS $$
 DECLARE
     v_generation bigint;
     v_queue text;
     v_classes text[];
+    v_rejudging bigint;
 BEGIN
-    SELECT s.queue, q.classes INTO v_queue, v_classes
+    SELECT s.queue, q.classes, s.rejudging INTO v_queue, v_classes, v_rejudging
       FROM judgequeue.submissions s LEFT JOIN judgequeue.queues q ON q.name = s.queue
      WHERE s.id = p_submission_id;
     IF NOT FOUND THEN
         RAISE EXCEPTION USING ERRCODE = 'JQ006',
             MESSAGE = format('unknown submission %s', p_submission_id);
+    END IF;
+    IF v_rejudging IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'JQ021',
+            MESSAGE = format('submission %s is a probe of rejudging %s, not a submission to rejudge: '
+                             'preview its submission again instead', p_submission_id, v_rejudging);
     END IF;
     v_classes := coalesce(v_classes, ARRAY['default']);
     IF p_class IS NOT NULL AND NOT (p_class = ANY (v_classes)) THEN
