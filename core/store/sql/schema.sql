@@ -570,6 +570,35 @@ BEGIN
     RETURN v_generation;
 END $$;
 
+-- What a rejudge of many submissions (rejudge_many(), rejudging_preview()) checks first, named by
+-- p_what in its errors: queue p_queue exists (JQ002), p_class is one of its classes (JQ009, listing
+-- them) and p_filtered (at least one filter given: JQ009). Returns the class it runs in (p_class, or
+-- the queue's lowest), that class's rank and the queue's mode.
+CREATE FUNCTION judgequeue.selection_class(p_queue text, p_class text, p_what text, p_filtered boolean)
+RETURNS TABLE (job_class text, class_rank smallint, mode text) LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_classes text[];
+    v_mode text;
+    v_class text;
+BEGIN
+    SELECT q.classes, q.mode INTO v_classes, v_mode FROM judgequeue.queues q WHERE q.name = p_queue;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'JQ002',
+            MESSAGE = format('unknown queue %L (create it with: judgequeue queue create %s)', p_queue, p_queue);
+    END IF;
+    IF p_class IS NOT NULL AND NOT (p_class = ANY (v_classes)) THEN
+        RAISE EXCEPTION USING ERRCODE = 'JQ009',
+            MESSAGE = format('class %L is not a class of queue %L (one of %s)', p_class, p_queue,
+                             array_to_string(v_classes, ', '));
+    END IF;
+    IF NOT p_filtered THEN
+        RAISE EXCEPTION USING ERRCODE = 'JQ009',
+            MESSAGE = format('%s needs at least one of: ids, problem, since, until', p_what);
+    END IF;
+    v_class := coalesce(p_class, v_classes[cardinality(v_classes)]);
+    RETURN QUERY SELECT v_class, judgequeue.class_rank(v_classes, v_class), v_mode;
+END $$;
+
 -- A bulk rejudge of a queue's submissions in one statement: those in p_ids (NULL: any), of problem
 -- p_problem (the payload's "problem"; NULL: any), created in [p_since, p_until) (NULL: unbounded),
 -- at least one filter given; all in class p_class (NULL: the queue's lowest). Each gets a new
@@ -580,26 +609,13 @@ CREATE FUNCTION judgequeue.rejudge_many(
 ) RETURNS TABLE (submission_id bigint, generation bigint) LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
-    v_classes text[];
     v_class text;
     v_rank smallint;
 BEGIN
-    SELECT classes INTO v_classes FROM judgequeue.queues WHERE name = p_queue;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION USING ERRCODE = 'JQ002',
-            MESSAGE = format('unknown queue %L (create it with: judgequeue queue create %s)', p_queue, p_queue);
-    END IF;
-    IF p_class IS NOT NULL AND NOT (p_class = ANY (v_classes)) THEN
-        RAISE EXCEPTION USING ERRCODE = 'JQ009',
-            MESSAGE = format('class %L is not a class of queue %L (one of %s)', p_class, p_queue,
-                             array_to_string(v_classes, ', '));
-    END IF;
-    IF p_ids IS NULL AND p_problem IS NULL AND p_since IS NULL AND p_until IS NULL THEN
-        RAISE EXCEPTION USING ERRCODE = 'JQ009',
-            MESSAGE = 'a bulk rejudge needs at least one of: ids, problem, since, until';
-    END IF;
-    v_class := coalesce(p_class, v_classes[cardinality(v_classes)]);
-    v_rank := judgequeue.class_rank(v_classes, v_class);
+    SELECT c.job_class, c.class_rank INTO v_class, v_rank
+      FROM judgequeue.selection_class(p_queue, p_class, 'a bulk rejudge',
+                                      p_ids IS NOT NULL OR p_problem IS NOT NULL
+                                      OR p_since IS NOT NULL OR p_until IS NOT NULL) c;
     RETURN QUERY
     WITH bumped AS (
         UPDATE judgequeue.submissions s
@@ -1167,7 +1183,6 @@ CREATE FUNCTION judgequeue.rejudging_preview(
 ) RETURNS TABLE (rejudging bigint, previewed integer, left_out integer) LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
-    v_classes text[];
     v_mode text;
     v_class text;
     v_rank smallint;
@@ -1175,26 +1190,14 @@ DECLARE
     v_previewed integer;
     v_left_out integer;
 BEGIN
-    SELECT classes, mode INTO v_classes, v_mode FROM judgequeue.queues WHERE name = p_queue;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION USING ERRCODE = 'JQ002',
-            MESSAGE = format('unknown queue %L (create it with: judgequeue queue create %s)', p_queue, p_queue);
-    END IF;
-    IF p_class IS NOT NULL AND NOT (p_class = ANY (v_classes)) THEN
-        RAISE EXCEPTION USING ERRCODE = 'JQ009',
-            MESSAGE = format('class %L is not a class of queue %L (one of %s)', p_class, p_queue,
-                             array_to_string(v_classes, ', '));
-    END IF;
-    IF p_ids IS NULL AND p_problem IS NULL AND p_since IS NULL AND p_until IS NULL THEN
-        RAISE EXCEPTION USING ERRCODE = 'JQ009',
-            MESSAGE = 'a rejudging needs at least one of: ids, problem, since, until';
-    END IF;
+    SELECT c.job_class, c.class_rank, c.mode INTO v_class, v_rank, v_mode
+      FROM judgequeue.selection_class(p_queue, p_class, 'a rejudging',
+                                      p_ids IS NOT NULL OR p_problem IS NOT NULL
+                                      OR p_since IS NOT NULL OR p_until IS NOT NULL) c;
     IF v_mode <> 'live' THEN
         RAISE EXCEPTION USING ERRCODE = 'JQ021',
             MESSAGE = format('queue %L is in %s mode: a rejudging is judged by its live workers', p_queue, v_mode);
     END IF;
-    v_class := coalesce(p_class, v_classes[cardinality(v_classes)]);
-    v_rank := judgequeue.class_rank(v_classes, v_class);
     INSERT INTO judgequeue.rejudgings (queue, job_class, selection)
     VALUES (p_queue, v_class, jsonb_strip_nulls(jsonb_build_object(
         'ids', to_jsonb(p_ids), 'problem', p_problem, 'since', p_since, 'until', p_until)))
