@@ -103,6 +103,23 @@ async def rejudge(conn: asyncpg.Connection, submission_id: int, *, job_class: st
     return generation
 
 
+def selected_ids(
+    queue: str,
+    ids: Sequence[int] | None,
+    problem: str | None,
+    since: datetime | None,
+    until: datetime | None,
+    what: str,
+) -> list[int] | None:
+    """Check a selection of ``queue``'s submissions (:func:`rejudge_many`'s, or a rejudging's) before
+    its statement runs: a valid queue name and at least one filter (``what`` names the caller in the
+    refusal). The ``ids`` as the statement takes them."""
+    validate_queue_name(queue)
+    if ids is None and problem is None and since is None and until is None:
+        raise InvalidClass(f"{what} needs at least one of: ids, problem, since, until")
+    return None if ids is None else list(ids)
+
+
 async def rejudge_many(
     conn: asyncpg.Connection,
     queue: str,
@@ -116,13 +133,9 @@ async def rejudge_many(
     """Rejudge every submission of ``queue`` matching all the filters given (``ids``, the payload's
     ``problem``, created in ``[since, until)``) in one statement, in ``job_class`` (None: the lowest);
     returns (submission, new generation) pairs. At least one filter is required."""
-    validate_queue_name(queue)
-    if ids is None and problem is None and since is None and until is None:
-        raise InvalidClass("a bulk rejudge needs at least one of: ids, problem, since, until")
+    listed = selected_ids(queue, ids, problem, since, until, "a bulk rejudge")
     try:
-        rows = await conn.fetch(
-            sql.query("rejudge_many"), queue, job_class, None if ids is None else list(ids), problem, since, until
-        )
+        rows = await conn.fetch(sql.query("rejudge_many"), queue, job_class, listed, problem, since, until)
     except asyncpg.PostgresError as exc:
         translated = translate_pg_error(exc)
         if translated is not None:
