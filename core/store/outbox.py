@@ -279,8 +279,8 @@ async def prune(
 
     Small batches keep each transaction short; ``max_batches`` bounds one call's work.
     """
-    statement = sql.query("outbox_prune")
-    return await _delete_in_batches(conn, statement, queue, retention, batch, max_batches, TERMINAL_OUTBOX_STATES)
+    return await sql.prune_in_batches(conn, sql.query("outbox_prune"), retention, batch, queue,
+                                      list(TERMINAL_OUTBOX_STATES), max_batches=max_batches)
 
 
 async def prune_submissions(
@@ -294,23 +294,8 @@ async def prune_submissions(
     meanwhile is skipped (it is locked, or no longer finished when re-checked). A stream entry or
     DLQ replay that names a pruned submission later is stale (``unknown_submission``).
     """
-    statement = sql.query("submissions_prune")
-    return await _delete_in_batches(conn, statement, queue, retention, batch, max_batches, ENDED_STATUSES)
-
-
-async def _delete_in_batches(
-    conn: asyncpg.Connection, statement: str, queue: str, retention: float, batch: int, max_batches: int,
-    states: Sequence[str],
-) -> int:
-    """Run a prune ``statement`` (retention, batch, queue, states) until a batch comes back short."""
-    total = 0
-    for _ in range(max_batches):
-        # the rows its function deleted
-        deleted = int(await conn.fetchval(statement, float(retention), batch, queue, list(states)))
-        total += deleted
-        if deleted < batch:
-            break
-    return total
+    return await sql.prune_in_batches(conn, sql.query("submissions_prune"), retention, batch, queue,
+                                      list(ENDED_STATUSES), max_batches=max_batches)
 
 
 @dataclass(frozen=True)

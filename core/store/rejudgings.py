@@ -246,10 +246,5 @@ async def prune(
 ) -> int:
     """Delete ``queue``'s rejudgings (with their items) opened more than ``retention`` seconds ago;
     returns the rejudgings deleted. Their probes are submissions, pruned as any."""
-    total = 0
-    for _ in range(max_batches):
-        deleted = int(await conn.fetchval(sql.query("rejudgings_prune"), float(retention), batch, queue))
-        total += deleted
-        if deleted < batch:
-            break
-    return total
+    return await sql.prune_in_batches(conn, sql.query("rejudgings_prune"), retention, batch, queue,
+                                      max_batches=max_batches)
