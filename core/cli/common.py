@@ -225,6 +225,13 @@ def run_redis(url: str, fn: Callable[[Any], Awaitable[T]]) -> T:
     return run_async(with_redis(url, fn))
 
 
+def run_pg_redis(
+    dsn: str, url: str, fn: Callable[[Any, Any], Awaitable[T]], *, socket_timeout: float = CONNECT_TIMEOUT
+) -> T:
+    """Run ``fn`` on a fresh Postgres connection and a fresh Redis client, both closed after it."""
+    return run_pg(dsn, lambda conn: with_redis(url, lambda client: fn(conn, client), socket_timeout))
+
+
 def pg_and_queue(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[str, str]:
     """The Postgres DSN and the queue of a command that works on one queue in Postgres (in that order,
     so a missing DSN is the error named first)."""

@@ -20,9 +20,8 @@ from .common import (
     connection_flags,
     print_json,
     resolve,
-    run_pg,
+    run_pg_redis,
     run_redis,
-    with_redis,
 )
 
 
@@ -79,11 +78,7 @@ def cmd_dlq(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         print(json.dumps({"purged": removed}) if args.json else f"purged {removed} dead letters")
         return EXIT_OK
     dsn: str = resolve(args, env, DSN)
-
-    async def go(conn: Any) -> Any:
-        return await with_redis(redis_url, lambda r: dlq.replay(conn, r, queue, chosen))
-
-    result = run_pg(dsn, go)
+    result = run_pg_redis(dsn, redis_url, lambda conn, r: dlq.replay(conn, r, queue, chosen))
     if args.json:
         print_json({"outcomes": result.outcomes, "generations": result.generations})
     else:

@@ -6,7 +6,6 @@ import argparse
 import dataclasses
 import sys
 from collections.abc import Callable, Mapping
-from typing import Any
 
 from ..config import (
     parse_duration,
@@ -24,7 +23,7 @@ from .common import (
     print_json,
     resolve,
     run_pg,
-    with_redis,
+    run_pg_redis,
 )
 from .submit import verdict_json, verdict_lines
 
@@ -75,10 +74,7 @@ def cmd_status(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     # Each threshold's flag is named after its field (--max-pel sets max_pel).
     thresholds = Thresholds(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Thresholds)})
 
-    async def go(conn: Any) -> Any:
-        return await with_redis(redis_url, lambda client: gather(conn, client, queue), socket_timeout=5)
-
-    figures = run_pg(dsn, go)
+    figures = run_pg_redis(dsn, redis_url, lambda conn, client: gather(conn, client, queue), socket_timeout=5)
     verdict = evaluate(figures, thresholds)
     if args.json:
         print_json(as_json(figures, verdict))
