@@ -288,10 +288,20 @@ def _name_and_url() -> dict[str, Any]:
     }  # fmt: skip
 
 
+def _bounded(bounds: tuple[int, int, int], description: str) -> dict[str, Any]:
+    """An integer item field from its (least, most, default) triple, as core/spec/lists.py checks it."""
+    least, most, default = bounds
+    return {"type": "integer", "minimum": least, "maximum": most, "default": default, "description": description}
+
+
+def _deadline(default: str, description: str) -> dict[str, Any]:
+    """A call's deadline item field (a duration)."""
+    return {"type": "string", "maxLength": 16, "pattern": DURATION_PATTERN, "default": default,
+            "description": description}  # fmt: skip
+
+
 def _webhooks() -> dict[str, Any]:
     """``spec.events.webhooks`` (core/spec/lists.py ``parse_webhooks`` reads it)."""
-    least, most, default = WEBHOOK_CONCURRENCY
-    attempts_least, attempts_most, attempts_default = WEBHOOK_MAX_ATTEMPTS
     return _named_list(
         "Where the reapers POST each verdict event of the queue (docs/events.md): at least once, in "
         "generation order per submission, signed (Judgequeue-Signature: HMAC-SHA256 under the "
@@ -300,16 +310,13 @@ def _webhooks() -> dict[str, Any]:
             **_name_and_url(),
             "urlSecretKeyRef": _secret_key_ref("A Secret key holding the URL (mounted into reaper pods)."),
             "secretKeyRef": _secret_key_ref("A Secret key holding the signing key (mounted into reaper pods)."),
-            "concurrency": {"type": "integer", "minimum": least, "maximum": most, "default": default,
-                            "description": "POSTs in flight at once to this endpoint, across the reapers."},
-            "maxAttempts": {"type": "integer", "minimum": attempts_least, "maximum": attempts_most,
-                            "default": attempts_default,
-                            "description": "Tries of one event (connection errors, 408, 425, 429, 5xx) before it "
-                                           "is dead-lettered (judgequeue events dead|replay)."},
-            "deadline": {"type": "string", "maxLength": 16, "pattern": DURATION_PATTERN,
-                         "default": WEBHOOK_DEADLINE,
-                         "description": "How long one POST may take before it is abandoned and tried again "
-                                        "(at most 5m)."},
+            "concurrency": _bounded(WEBHOOK_CONCURRENCY,
+                                    "POSTs in flight at once to this endpoint, across the reapers."),
+            "maxAttempts": _bounded(WEBHOOK_MAX_ATTEMPTS,
+                                    "Tries of one event (connection errors, 408, 425, 429, 5xx) before it is "
+                                    "dead-lettered (judgequeue events dead|replay)."),
+            "deadline": _deadline(WEBHOOK_DEADLINE, "How long one POST may take before it is abandoned and tried "
+                                                    "again (at most 5m)."),
         }, one_url_of="urlSecretKeyRef")  # fmt: skip
 
 
@@ -333,8 +340,6 @@ def _classes() -> dict[str, Any]:
 
 def _endpoints() -> dict[str, Any]:
     """``spec.worker.endpoints`` (core/spec/lists.py ``parse_endpoints`` reads it)."""
-    least, most, default = ENDPOINT_CONCURRENCY
-    tries_least, tries_most, tries_default = ENDPOINT_TRIES
     return _named_list(
         "The endpoints the http-call judge may call (docs/agent-jobs.md): a job's payload names "
         'one ({"endpoint": name, "body": JSON}); its URL is never the submitter\'s. Required with '
@@ -343,15 +348,12 @@ def _endpoints() -> dict[str, Any]:
         ENDPOINTS_MAX, ["name"], {
             **_name_and_url(),
             "secretKeyRef": _secret_key_ref("A Secret key holding the URL (mounted into worker pods as a file)."),
-            "concurrency": {"type": "integer", "minimum": least, "maximum": most, "default": default,
-                            "description": "Calls at once across the queue's workers; a job over the bound "
-                                           "waits for a call to end."},
-            "deadline": {"type": "string", "maxLength": 16, "pattern": DURATION_PATTERN,
-                         "default": ENDPOINT_DEADLINE,
-                         "description": "How long one call may take before it is abandoned and tried again."},
-            "tries": {"type": "integer", "minimum": tries_least, "maximum": tries_most, "default": tries_default,
-                      "description": "Tries per request (timeouts, connection errors, 5xx, 429) before "
-                                     "SYSTEM_ERROR."},
+            "concurrency": _bounded(ENDPOINT_CONCURRENCY, "Calls at once across the queue's workers; a job over "
+                                                          "the bound waits for a call to end."),
+            "deadline": _deadline(ENDPOINT_DEADLINE, "How long one call may take before it is abandoned and tried "
+                                                     "again."),
+            "tries": _bounded(ENDPOINT_TRIES, "Tries per request (timeouts, connection errors, 5xx, 429) before "
+                                              "SYSTEM_ERROR."),
             "rate": {"type": "string", "maxLength": 32, "pattern": ENDPOINT_RATE_PATTERN,
                      "description": "Calls per second, minute or hour across the queue's workers "
                                     "(10/s, 600/m); none: no rate limit."},

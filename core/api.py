@@ -46,6 +46,7 @@ from .store import events, rejudgings, shadow, submissions
 from .store.events import InvalidKinds, InvalidPosition, Position, VerdictEvent
 from .store.outbox import rejudge, rejudge_many, submit
 from .store.rejudgings import Application, Cancelled, Preview, Report, Summary
+from .store.rejudgings import preview as rejudging_preview
 from .store.submissions import Cancellation, HistoryEntry
 
 
@@ -126,32 +127,6 @@ async def history(conn: asyncpg.Connection, queue: str, submission_id: int) -> l
     before the first verdict; raises :class:`UnknownSubmission` for an id that is not one of
     ``queue``'s."""
     return await submissions.history(conn, queue, submission_id)
-
-
-async def rejudging_preview(
-    conn: asyncpg.Connection,
-    queue: str,
-    *,
-    job_class: str | None = None,
-    ids: Sequence[int] | None = None,
-    problem: str | None = None,
-    since: datetime | None = None,
-    until: datetime | None = None,
-) -> Preview:
-    """Open a *rejudging* of ``queue``'s submissions in the caller's transaction: a proposal, judged on
-    the side, that changes no visible verdict until :func:`rejudging_apply`.
-
-    Selects as :func:`rejudge_many` does (``ids``, the payload's ``problem``, created in ``[since,
-    until)``; at least one). Each selected submission with a verdict is judged again by the queue's
-    workers in ``job_class`` (None: the queue's lowest), with every guarantee a job has (fenced
-    leases, rescue of a killed worker's jobs, at most one proposed verdict each); one still waiting
-    for its verdict, or cancelled, is left out (counted in :attr:`Preview.left_out`). Its status,
-    verdict and generation (:func:`result`) stay as they are. Refused, with nothing written: an
-    unknown queue (:class:`UnknownQueue`), a class the queue lacks or no filter
-    (:class:`InvalidClass`), a queue not in live mode (:class:`RejudgingRefused`)."""
-    return await rejudgings.preview(
-        conn, queue, job_class=job_class, ids=ids, problem=problem, since=since, until=until
-    )
 
 
 async def rejudging_show(conn: asyncpg.Connection, queue: str, rejudging: int) -> Report:

@@ -123,13 +123,15 @@ def print_json(data: Any) -> None:
 
 
 def print_listing(
-    rows: Sequence[T], as_json: bool, to_json: Callable[[T], Any], line: Callable[[T], str], none: str
+    rows: Sequence[T], as_json: bool, to_json: Callable[[T], Any], line: Callable[[T], str], none: str,
+    between: str = "\n",
 ) -> None:
-    """A ``list`` subcommand's output: a JSON array, or one line per row (``none`` when there is none)."""
+    """A ``list`` subcommand's output: a JSON array, or one line (or block) per row, ``between`` them
+    (``none`` when there is none)."""
     if as_json:
         print_json([to_json(r) for r in rows])
     else:
-        print("\n".join(line(r) for r in rows) if rows else none)
+        print(between.join(line(r) for r in rows) if rows else none)
 
 
 def run_async(coro: Awaitable[T]) -> T:
@@ -197,19 +199,60 @@ async def with_pg(dsn: str, fn: Callable[[Any], Awaitable[T]]) -> T:
         await conn.close()
 
 
-async def with_redis(url: str, fn: Callable[[Any], Awaitable[T]]) -> T:
+async def with_redis(url: str, fn: Callable[[Any], Awaitable[T]], socket_timeout: float = CONNECT_TIMEOUT) -> T:
     from ..transport.connect import redis_client
 
-    client = redis_client(url, socket_timeout=CONNECT_TIMEOUT, socket_connect_timeout=CONNECT_TIMEOUT)
+    client = redis_client(url, socket_timeout=socket_timeout, socket_connect_timeout=socket_timeout)
     try:
         return await fn(client)
     finally:
         await client.aclose()
 
 
-def redis_given(args: argparse.Namespace, env: Mapping[str, str]) -> bool:
-    """Whether a command that works without Redis was given a Redis URL (flag, variable or file)."""
-    return REDIS in overrides_from(args) or bool(env.get(REDIS)) or bool(env.get(REDIS + "_FILE"))
+def run_pg(dsn: str, fn: Callable[[Any], Awaitable[T]], *, transaction: bool = False) -> T:
+    """Run ``fn`` on a fresh Postgres connection, closed after it: a one-shot command's step. With
+    ``transaction``, all ``fn`` does commits at once or not at all."""
+
+    async def atomic(conn: Any) -> T:
+        async with conn.transaction():
+            return await fn(conn)
+
+    return run_async(with_pg(dsn, atomic if transaction else fn))
+
+
+def run_redis(url: str, fn: Callable[[Any], Awaitable[T]]) -> T:
+    """Run ``fn`` on a fresh Redis client, closed after it: a one-shot command's step."""
+    return run_async(with_redis(url, fn))
+
+
+def run_pg_redis(
+    dsn: str, url: str, fn: Callable[[Any, Any], Awaitable[T]], *, socket_timeout: float = CONNECT_TIMEOUT
+) -> T:
+    """Run ``fn`` on a fresh Postgres connection and a fresh Redis client, both closed after it."""
+    return run_pg(dsn, lambda conn: with_redis(url, lambda client: fn(conn, client), socket_timeout))
+
+
+def pg_and_queue(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[str, str]:
+    """The Postgres DSN and the queue of a command that works on one queue in Postgres (in that order,
+    so a missing DSN is the error named first)."""
+    dsn: str = resolve(args, env, DSN)
+    queue: str = resolve(args, env, QUEUE)
+    return dsn, queue
+
+
+def redis_if_given(args: argparse.Namespace, env: Mapping[str, str]) -> str | None:
+    """The Redis URL of a command that works without Redis, if it was given one (flag, variable or
+    file), validated; else None."""
+    given = REDIS in overrides_from(args) or bool(env.get(REDIS)) or bool(env.get(REDIS + "_FILE"))
+    url: str | None = resolve(args, env, REDIS) if given else None
+    return url
+
+
+def connection_flags(
+    parser: argparse.ArgumentParser, variables: Sequence[str] = (DSN, QUEUE), title: str = "connection"
+) -> None:
+    """The flags of the connection variables a command reads (by default a queue's in Postgres)."""
+    add_variable_flags(parser, variables, title)
 
 
 async def load_redis_functions(client: Any) -> list[str]:

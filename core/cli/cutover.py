@@ -9,19 +9,7 @@ from datetime import datetime
 from typing import Any
 
 from ..base.errors import Failure
-from .common import (
-    DSN,
-    EXIT_OK,
-    EXIT_USAGE,
-    QUEUE,
-    Commands,
-    add_variable_flags,
-    flags_json,
-    flags_line,
-    resolve,
-    run_async,
-    with_pg,
-)
+from .common import EXIT_OK, EXIT_USAGE, Commands, connection_flags, flags_json, flags_line, pg_and_queue, run_pg
 
 
 def parse_time(text: str) -> datetime:
@@ -38,10 +26,9 @@ def parse_time(text: str) -> datetime:
 def cmd_cutover(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     from ..store.queues import database_now, get_queue, set_cutover
 
-    dsn: str = resolve(args, env, DSN)
-    queue: str = resolve(args, env, QUEUE)
+    dsn, queue = pg_and_queue(args, env)
     if args.cutover_command == "show":
-        flags = run_async(with_pg(dsn, lambda conn: get_queue(conn, queue)))
+        flags = run_pg(dsn, lambda conn: get_queue(conn, queue))
     else:
         if args.mode is None and args.watermark is None and args.paused is None:
             raise Failure("cutover set: give at least one of --mode, --watermark, --pause, --resume", EXIT_USAGE)
@@ -59,7 +46,7 @@ def cmd_cutover(args: argparse.Namespace, env: Mapping[str, str]) -> int:
                 )
             return await set_cutover(conn, queue, **changes)
 
-        flags = run_async(with_pg(dsn, go))
+        flags = run_pg(dsn, go)
     print(json.dumps(flags_json(flags)) if args.json else flags_line(flags))
     return EXIT_OK
 
@@ -67,7 +54,7 @@ def cmd_cutover(args: argparse.Namespace, env: Mapping[str, str]) -> int:
 def add(commands: Commands) -> None:
     p = commands.add("cutover", "show or change a queue's cutover flags (mode, watermark, paused)")
     cutover_action = commands.actions(p, "cutover_command", cmd_cutover)
-    add_variable_flags(cutover_action("show", "show the flags"), [DSN, QUEUE], "connection")
+    connection_flags(cutover_action("show", "show the flags"))
     text = "change flags in one statement; the watermark may only move forward (rollback is --mode shadow)"
     c = cutover_action("set", text)
     c.add_argument("--mode", choices=("live", "shadow"))
@@ -75,4 +62,4 @@ def add(commands: Commands) -> None:
     pause = c.add_mutually_exclusive_group()
     pause.add_argument("--pause", dest="paused", action="store_const", const=True, help="dispatchers claim nothing")
     pause.add_argument("--resume", dest="paused", action="store_const", const=False, help="dispatch again")
-    add_variable_flags(c, [DSN, QUEUE], "connection")
+    connection_flags(c)

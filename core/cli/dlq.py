@@ -17,12 +17,11 @@ from .common import (
     QUEUE,
     REDIS,
     Commands,
-    add_variable_flags,
+    connection_flags,
     print_json,
     resolve,
-    run_async,
-    with_pg,
-    with_redis,
+    run_pg_redis,
+    run_redis,
 )
 
 
@@ -54,7 +53,7 @@ def cmd_dlq(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     queue: str = resolve(args, env, QUEUE)
     action = args.dlq_command
     if action == "list":
-        letters = run_async(with_redis(redis_url, lambda r: dlq.list_entries(r, queue, args.count, after=args.after)))
+        letters = run_redis(redis_url, lambda r: dlq.list_entries(r, queue, args.count, after=args.after))
         if args.json:
             print_json([_letter_json(x) for x in letters])
         else:
@@ -67,7 +66,7 @@ def cmd_dlq(args: argparse.Namespace, env: Mapping[str, str]) -> int:
                 print("no dead letters")
         return EXIT_OK
     if action == "show":
-        letter = run_async(with_redis(redis_url, lambda r: dlq.show(r, queue, args.entries[0])))
+        letter = run_redis(redis_url, lambda r: dlq.show(r, queue, args.entries[0]))
         if letter is None:
             raise Failure(f"no dead letter {args.entries[0]} in queue {queue}")
         data = _letter_json(letter)
@@ -75,15 +74,11 @@ def cmd_dlq(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         return EXIT_OK
     chosen = _chosen_entries(args)
     if action == "purge":
-        removed = run_async(with_redis(redis_url, lambda r: dlq.purge(r, queue, chosen)))
+        removed = run_redis(redis_url, lambda r: dlq.purge(r, queue, chosen))
         print(json.dumps({"purged": removed}) if args.json else f"purged {removed} dead letters")
         return EXIT_OK
     dsn: str = resolve(args, env, DSN)
-
-    async def go(conn: Any) -> Any:
-        return await with_redis(redis_url, lambda r: dlq.replay(conn, r, queue, chosen))
-
-    result = run_async(with_pg(dsn, go))
+    result = run_pg_redis(dsn, redis_url, lambda conn, r: dlq.replay(conn, r, queue, chosen))
     if args.json:
         print_json({"outcomes": result.outcomes, "generations": result.generations})
     else:
@@ -113,4 +108,4 @@ def add(commands: Commands) -> None:
         if action == "list":
             d.add_argument("--count", type=int, default=100, help="at most this many entries (default 100)")
             d.add_argument("--after", default="-", help="start after this entry id (paging)")
-        add_variable_flags(d, CONNECTION if action == "replay" else [REDIS, QUEUE], "connection")
+        connection_flags(d, CONNECTION if action == "replay" else [REDIS, QUEUE])

@@ -15,13 +15,13 @@ from .common import (
     DSN,
     EXIT_OK,
     EXIT_USAGE,
-    QUEUE,
     Commands,
-    add_variable_flags,
+    connection_flags,
+    pg_and_queue,
     print_json,
     resolve,
     run_async,
-    with_pg,
+    run_pg,
 )
 
 
@@ -74,7 +74,7 @@ def cmd_tail(args: argparse.Namespace, env: Mapping[str, str]) -> int:
             return await events.head(conn)
         return events.START if start == "start" else start
 
-    after: events.Position = run_async(with_pg(dsn, position))
+    after: events.Position = run_pg(dsn, position)
     kinds = list(events.KINDS) if args.progress else ["verdict"]
     if args.follow:
 
@@ -95,7 +95,7 @@ def cmd_tail(args: argparse.Namespace, env: Mapping[str, str]) -> int:
             if len(batch) < 500:
                 return found
 
-    got = run_async(with_pg(dsn, read))
+    got = run_pg(dsn, read)
     for event in got:
         print(_line(event, args.json))
     # Where to go on from (to stderr, so the events alone can be piped): --after takes it back.
@@ -107,11 +107,10 @@ def cmd_webhooks(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     from ..roles.reaper.webhooks import endpoint_key
     from ..store import events
 
-    dsn: str = resolve(args, env, DSN)
-    queue: str = resolve(args, env, QUEUE)
+    dsn, queue = pg_and_queue(args, env)
     name = endpoint_key(queue, args.endpoint)
     if args.events_command == "dead":
-        dead = run_async(with_pg(dsn, lambda conn: events.dead(conn, name, limit=args.count)))
+        dead = run_pg(dsn, lambda conn: events.dead(conn, name, limit=args.count))
         if args.json:
             print_json([{**d, "created_at": d["created_at"].isoformat()} for d in dead])
         else:
@@ -123,7 +122,7 @@ def cmd_webhooks(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         return EXIT_OK
     if args.all == bool(args.events):
         raise Failure("events replay: give event ids or --all (not both)", EXIT_USAGE)
-    replayed = run_async(with_pg(dsn, lambda conn: events.replay(conn, name, args.events)))
+    replayed = run_pg(dsn, lambda conn: events.replay(conn, name, args.events))
     print(json.dumps({"replayed": replayed}) if args.json else f"replayed {len(replayed)} dead deliveries")
     return EXIT_OK
 
@@ -138,7 +137,7 @@ def add(commands: Commands) -> None:
     t.add_argument("--progress", action="store_true",
                    help="also the live progress of submissions being judged (queues whose workers report it)")
     t.add_argument("--follow", "-f", action="store_true", help="keep printing events as they commit (Ctrl-C stops)")
-    add_variable_flags(t, [DSN], "connection")
+    connection_flags(t, [DSN])
     for name, text in (
         ("dead", "list a webhook endpoint's dead deliveries (refused, or out of attempts), oldest first"),
         ("replay", "send a webhook endpoint's dead deliveries again, with fresh attempts"),
@@ -151,4 +150,4 @@ def add(commands: Commands) -> None:
         else:
             w.add_argument("events", nargs="*", type=int, metavar="EVENT", help="event id of a dead delivery")
             w.add_argument("--all", action="store_true", help="every dead delivery of the endpoint")
-        add_variable_flags(w, [DSN, QUEUE], "connection")
+        connection_flags(w)

@@ -9,13 +9,7 @@ from ..config import (
     parse_duration,
     parse_variable,
 )
-from .common import (
-    DSN,
-    REDIS,
-    Commands,
-    add_variable_flags,
-    overrides_from,
-)
+from .common import DSN, REDIS, Commands, connection_flags, overrides_from
 
 
 def cmd_local(args: argparse.Namespace, env: Mapping[str, str]) -> int:
@@ -67,5 +61,5 @@ def add(commands: Commands) -> None:
     p.add_argument("--workers", type=int, help="worker processes (default: spec.worker.minReplicas)")
     p.add_argument("--log-dir", help="where the roles' JSON logs go (default: a new temporary directory)")
     p.add_argument("--metrics-port", type=int, default=0, help="first metrics port of the roles (default: any)")
-    add_variable_flags(p, [DSN, REDIS], "connection")
+    connection_flags(p, [DSN, REDIS])
     p.set_defaults(handler=cmd_local)

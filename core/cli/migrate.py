@@ -11,14 +11,13 @@ from .common import (
     EXIT_OK,
     REDIS,
     Commands,
-    add_variable_flags,
+    connection_flags,
     load_redis_functions,
     print_json,
-    redis_given,
+    redis_if_given,
     resolve,
-    run_async,
-    with_pg,
-    with_redis,
+    run_pg,
+    run_redis,
 )
 
 
@@ -30,12 +29,12 @@ def cmd_migrate(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     async def go(conn: Any) -> tuple[list[int], list[int]]:
         return await migrate(conn), await applied_versions(conn)
 
-    applied, versions = run_async(with_pg(dsn, go))
+    applied, versions = run_pg(dsn, go)
     functions: list[str] = []
-    if redis_given(args, env):
+    redis_url = redis_if_given(args, env)
+    if redis_url is not None:
         # The roles' Redis users may FCALL these functions but never load one (nor EVAL a script).
-        redis_url: str = resolve(args, env, REDIS)
-        functions = run_async(with_redis(redis_url, load_redis_functions))
+        functions = run_redis(redis_url, load_redis_functions)
     if args.json:
         document: dict[str, Any] = {"applied": applied, "versions": versions}
         if functions:  # given a Redis URL
@@ -57,5 +56,5 @@ def add(commands: Commands) -> None:
         " the Redis functions"
     )
     p = commands.add("migrate", text, parents=[commands.json_flag])
-    add_variable_flags(p, [DSN, REDIS], "connection")
+    connection_flags(p, [DSN, REDIS])
     p.set_defaults(handler=cmd_migrate)

@@ -11,9 +11,7 @@ from ..base.errors import Failure
 from ..config import (
     parse_duration,
 )
-from .common import (
-    Commands,
-)
+from .common import Commands
 
 
 def cmd_operator(args: argparse.Namespace, env: Mapping[str, str]) -> int:

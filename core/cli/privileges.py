@@ -11,14 +11,13 @@ from .common import (
     EXIT_OK,
     REDIS,
     Commands,
-    add_variable_flags,
+    connection_flags,
     load_redis_functions,
     print_json,
-    redis_given,
+    redis_if_given,
     resolve,
-    run_async,
-    with_pg,
-    with_redis,
+    run_pg,
+    run_redis,
 )
 
 #: The components ``--create-logins`` makes a login user for, in order.
@@ -45,7 +44,7 @@ def cmd_create_logins(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     from ..transport.acl import acl_rules
 
     dsn: str = resolve(args, env, DSN)
-    redis_url: str | None = resolve(args, env, REDIS) if redis_given(args, env) else None
+    redis_url = redis_if_given(args, env)
     queues: list[str] = args.queue or []
     if redis_url is not None and not queues:
         raise Failure("--create-logins with a Redis URL needs --queue: an ACL user reaches only its queues' keys")
@@ -59,7 +58,7 @@ def cmd_create_logins(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     async def make_pg(conn: Any) -> dict[str, bool]:
         return {c: await ensure_login(conn, users[c], passwords[c], c, queues) for c in components}
 
-    made = run_async(with_pg(dsn, make_pg))
+    made = run_pg(dsn, make_pg)
     if redis_url is not None:
         async def make_redis(client: Any) -> None:
             await load_redis_functions(client)
@@ -68,7 +67,7 @@ def cmd_create_logins(args: argparse.Namespace, env: Mapping[str, str]) -> int:
                     await client.execute_command(
                         "ACL", "SETUSER", users[c], "reset", "on", f">{passwords[c]}", *acl_rules(c, queues))
 
-        run_async(with_redis(redis_url, make_redis))
+        run_redis(redis_url, make_redis)
     out: dict[str, dict[str, object]] = {}
     for c in components:
         entry: dict[str, object] = {"user": users[c], "created": made[c], "postgres_dsn": _with_user(dsn, users[c],
@@ -132,5 +131,5 @@ def add(commands: Commands) -> None:
                    help="--create-logins: name the users <prefix>_<component> (default judgequeue)")
     p.add_argument("--component", action="append", choices=LOGIN_COMPONENTS,
                    help="--create-logins: only this component (repeat; default: every one)")
-    add_variable_flags(p, [DSN, REDIS], "connection (--create-logins: an administrator's, e.g. the migrator's)")
+    connection_flags(p, [DSN, REDIS], "connection (--create-logins: an administrator's, e.g. the migrator's)")
     p.set_defaults(handler=cmd_roles)

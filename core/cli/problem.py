@@ -17,13 +17,14 @@ from .common import (
     EXIT_OK,
     Commands,
     add_variable_flags,
+    connection_flags,
     flag_for,
     overrides_from,
     print_json,
     print_listing,
     resolve,
     run_async,
-    with_pg,
+    run_pg,
 )
 
 if TYPE_CHECKING:
@@ -45,13 +46,13 @@ def cmd_problem(args: argparse.Namespace, env: Mapping[str, str]) -> int:
             return (f"{r['id']}  version={r['version']}  tests={r['tests']}  bytes={r['total_bytes']}  "
                     f"sha256={r['sha256'][:16]}")  # fmt: skip
 
-        print_listing(run_async(with_pg(dsn, list_problems)), args.json, dict, line, "no problems")
+        print_listing(run_pg(dsn, list_problems), args.json, dict, line, "no problems")
         return EXIT_OK
     bounds = load_archive_settings(env, overrides_from(args), override_name=flag_for)
-    done = run_async(with_pg(dsn, lambda conn: upload(
+    done = run_pg(dsn, lambda conn: upload(
         conn, Path(args.dir), version=args.version, problem_id=args.id, time_limit=args.time_limit, fmt=args.format,
         bounds=bounds, judge_env=env,
-    )))  # fmt: skip
+    ))  # fmt: skip
     if args.json:
         print_json({**vars(done), "notes": list(done.notes)})
     else:
@@ -98,7 +99,7 @@ def _verify(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     try:
         if dsn is not None:
             with tempfile.TemporaryDirectory(prefix="judgequeue-verify-") as copies:
-                found = run_async(with_pg(dsn, lambda conn: _verify_stored(conn, args, judge, Path(copies))))
+                found = run_pg(dsn, lambda conn: _verify_stored(conn, args, judge, Path(copies)))
         else:
             with (
                 open_package(Path(args.dir), problem_id=args.id, time_limit=args.time_limit, fmt=args.format,
@@ -151,9 +152,9 @@ def add(commands: Commands) -> None:
                    help="a Kattis package's time limit when it gives none (limits.time_limit, .timelimit)")
     q.add_argument("--format", choices=("judgequeue", "kattis", "polygon"),
                    help="the package format (default: detected)")  # fmt: skip
-    add_variable_flags(q, [DSN], "connection")
+    connection_flags(q, [DSN])
     add_variable_flags(q, archive_variable_names(), "what a package may hold (docs/judges.md)")
-    add_variable_flags(problem_action("list", "list stored packages"), [DSN], "connection")
+    connection_flags(problem_action("list", "list stored packages"), [DSN])
     v = problem_action("verify", "check the package in DIR before a contest, storing nothing: its checker and "
                                  "validators build, its input validators accept every test, every shipped solution "
                                  "gets the verdict its folder or tag expects, the time limit has problemtools' "
@@ -170,4 +171,4 @@ def add(commands: Commands) -> None:
     v.add_argument("--time-cap", type=float, default=10.0, metavar="SECONDS",
                    help="the time limit accepted solutions run at when the package gives none (default: 10)")
     add_variable_flags(v, archive_variable_names(), "what a package may hold (docs/judges.md)")
-    add_variable_flags(v, [DSN], "connection (a stored package)")
+    connection_flags(v, [DSN], "connection (a stored package)")

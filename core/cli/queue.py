@@ -10,17 +10,15 @@ from typing import Any
 from .common import (
     DSN,
     EXIT_OK,
-    QUEUE,
     Commands,
-    add_variable_flags,
+    connection_flags,
     flags_json,
     flags_line,
     print_json,
     print_listing,
     queue_arg,
     resolve,
-    run_async,
-    with_pg,
+    run_pg,
 )
 
 
@@ -29,20 +27,20 @@ def cmd_queue(args: argparse.Namespace, env: Mapping[str, str]) -> int:
 
     dsn: str = resolve(args, env, DSN)
     if args.queue_command == "list":
-        print_listing(run_async(with_pg(dsn, list_queues)), args.json, flags_json, flags_line, "no queues")
+        print_listing(run_pg(dsn, list_queues), args.json, flags_json, flags_line, "no queues")
         return EXIT_OK
     name = queue_arg(args, env)
     if args.queue_command == "classes":
         return _classes(args, dsn, name)
     if args.queue_command == "create":
-        flags = run_async(with_pg(dsn, lambda conn: create_queue(conn, name, mode=args.mode)))
+        flags = run_pg(dsn, lambda conn: create_queue(conn, name, mode=args.mode))
     else:
         from ..store.outbox import stats
 
         async def show(conn: Any) -> Any:
             return await get_queue(conn, name), await stats(conn, name)
 
-        flags, outbox = run_async(with_pg(dsn, show))
+        flags, outbox = run_pg(dsn, show)
         if args.json:
             print_json({**flags_json(flags), "outbox": outbox.by_state})
         else:
@@ -69,7 +67,7 @@ def _classes(args: argparse.Namespace, dsn: str, name: str) -> int:
             raise UnknownQueue(f"unknown queue {name!r} (create it with: judgequeue queue create {name})")
         return found, {b.name: b for b in await class_backlog(conn, name)}
 
-    classes, backlog = run_async(with_pg(dsn, go))
+    classes, backlog = run_pg(dsn, go)
     if args.json:
         print_json([{"name": c.name, "rank": i, "share": c.share, "waiting": backlog[c.name].waiting,
                      "oldest_age": round(backlog[c.name].age, 3)} for i, c in enumerate(classes)])  # fmt: skip
@@ -86,12 +84,12 @@ def add(commands: Commands) -> None:
     for action, text in (("create", "create a queue (idempotent)"), ("show", "show a queue's flags and outbox")):
         q = queue_action(action, text)
         q.add_argument("name", nargs="?", help="queue name (default: $JUDGEQUEUE_QUEUE)")
-        add_variable_flags(q, [DSN, QUEUE], "connection")
+        connection_flags(q)
         if action == "create":
             q.add_argument("--mode", choices=("live", "shadow"), default="live", help="initial mode (default live)")
-    add_variable_flags(queue_action("list", "list every queue"), [DSN], "connection")
+    connection_flags(queue_action("list", "list every queue"), [DSN])
     c = queue_action("classes", "show or declare a queue's priority classes (an operator's queue: use spec.classes)")
     c.add_argument("name", nargs="?", help="queue name (default: $JUDGEQUEUE_QUEUE)")
     c.add_argument("--set", nargs="+", metavar="NAME[:SHARE]",
                    help="the classes, highest first; SHARE: percent of claims in which it goes first (default 5)")
-    add_variable_flags(c, [DSN, QUEUE], "connection")
+    connection_flags(c)

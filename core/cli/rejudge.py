@@ -9,18 +9,7 @@ from typing import Any
 
 from ..base.errors import Failure
 from ..spec import parse_timestamp
-from .common import (
-    DSN,
-    EXIT_OK,
-    EXIT_USAGE,
-    QUEUE,
-    Commands,
-    add_variable_flags,
-    print_json,
-    resolve,
-    run_async,
-    with_pg,
-)
+from .common import DSN, EXIT_OK, EXIT_USAGE, QUEUE, Commands, connection_flags, print_json, resolve, run_pg
 
 
 def _instant(text: str | None, flag: str) -> Any:
@@ -39,24 +28,25 @@ def cmd_rejudge(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     bulk = args.problem is not None or args.since is not None or args.until is not None
     if not bulk and not args.ids:
         raise Failure("give submission ids, or --problem/--since/--until for a bulk rejudge", EXIT_USAGE)
-    since, until = _instant(args.since, "--since"), _instant(args.until, "--until")
+    # Which submissions, for a bulk rejudge or a preview.
+    selection: dict[str, Any] = {
+        "job_class": args.job_class, "ids": args.ids or None, "problem": args.problem,
+        "since": _instant(args.since, "--since"), "until": _instant(args.until, "--until"),
+    }  # fmt: skip
     if args.preview:
-        return _preview(args, env, dsn, since, until)
+        return _preview(args, env, dsn, selection)
 
     async def go(conn: Any) -> list[tuple[int, int]]:
         if bulk:
             queue: str = resolve(args, env, QUEUE)
-            return await rejudge_many(
-                conn, queue, job_class=args.job_class, ids=args.ids or None, problem=args.problem,
-                since=since, until=until,
-            )  # fmt: skip
+            return await rejudge_many(conn, queue, **selection)
         out = []
         for submission_id in args.ids:
             async with conn.transaction():
                 out.append((submission_id, await rejudge(conn, submission_id, job_class=args.job_class)))
         return out
 
-    results = run_async(with_pg(dsn, go))
+    results = run_pg(dsn, go)
     if args.json:
         print_json([{"id": i, "generation": g} for i, g in results])
     else:
@@ -67,19 +57,11 @@ def cmd_rejudge(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     return EXIT_OK
 
 
-def _preview(args: argparse.Namespace, env: Mapping[str, str], dsn: str, since: Any, until: Any) -> int:
+def _preview(args: argparse.Namespace, env: Mapping[str, str], dsn: str, selection: dict[str, Any]) -> int:
     from ..store import rejudgings
 
     queue: str = resolve(args, env, QUEUE)
-
-    async def go(conn: Any) -> rejudgings.Preview:
-        async with conn.transaction():
-            return await rejudgings.preview(
-                conn, queue, job_class=args.job_class, ids=args.ids or None, problem=args.problem,
-                since=since, until=until,
-            )  # fmt: skip
-
-    opened = run_async(with_pg(dsn, go))
+    opened = run_pg(dsn, lambda conn: rejudgings.preview(conn, queue, **selection), transaction=True)
     if args.json:
         print_json({"rejudging": opened.rejudging, "previewed": opened.previewed, "left_out": opened.left_out})
     else:
@@ -103,5 +85,5 @@ def add(commands: Commands) -> None:
     p.add_argument("--preview", action="store_true",
                    help="open a rejudging instead: judge them again on the side, leaving every visible verdict"
                         " as it is until 'judgequeue rejudging apply' (see 'judgequeue rejudging')")
-    add_variable_flags(p, [DSN, QUEUE], "connection")
+    connection_flags(p)
     p.set_defaults(handler=cmd_rejudge)

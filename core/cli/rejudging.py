@@ -8,18 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..base.errors import Failure, RejudgingRefused
-from .common import (
-    DSN,
-    EXIT_FAILURE,
-    EXIT_OK,
-    QUEUE,
-    Commands,
-    add_variable_flags,
-    print_json,
-    resolve,
-    run_async,
-    with_pg,
-)
+from .common import EXIT_FAILURE, EXIT_OK, Commands, connection_flags, pg_and_queue, print_json, print_listing, run_pg
 
 
 def _details(doc: dict[str, Any] | None) -> dict[str, Any]:
@@ -68,21 +57,15 @@ def _change_lines(c: Any) -> list[str]:
 def cmd_rejudging(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     from ..store import rejudgings
 
-    dsn: str = resolve(args, env, DSN)
-    queue: str = resolve(args, env, QUEUE)
+    dsn, queue = pg_and_queue(args, env)
     command = args.rejudging_command
     if command == "list":
-        found = run_async(with_pg(dsn, lambda conn: rejudgings.list_all(conn, queue)))
-        if args.json:
-            print_json([s.to_json() for s in found])
-        elif not found:
-            print(f"no rejudgings in queue {queue}")
-        else:
-            print("\n".join(_summary_line(s) for s in found))
+        found = run_pg(dsn, lambda conn: rejudgings.list_all(conn, queue))
+        print_listing(found, args.json, lambda s: s.to_json(), _summary_line, f"no rejudgings in queue {queue}")
         return EXIT_OK
     number: int = args.id
     if command == "show":
-        report = run_async(with_pg(dsn, lambda conn: rejudgings.show(conn, queue, number)))
+        report = run_pg(dsn, lambda conn: rejudgings.show(conn, queue, number))
         if args.json:
             print_json(report.to_json())
             return EXIT_OK
@@ -97,13 +80,9 @@ def cmd_rejudging(args: argparse.Namespace, env: Mapping[str, str]) -> int:
             print("no proposed verdict changes a status (so far)")
         return EXIT_OK
     if command == "apply":
-
-        async def apply(conn: Any) -> rejudgings.Application:
-            async with conn.transaction():
-                return await rejudgings.apply(conn, queue, number, partial=args.partial)
-
         try:
-            done = run_async(with_pg(dsn, apply))
+            done = run_pg(dsn, lambda conn: rejudgings.apply(conn, queue, number, partial=args.partial),
+                          transaction=True)
         except RejudgingRefused as exc:
             hint = " (--partial)" if "apply it partially" in str(exc) else ""
             raise Failure(f"{exc}{hint}", EXIT_FAILURE) from exc
@@ -118,12 +97,7 @@ def cmd_rejudging(args: argparse.Namespace, env: Mapping[str, str]) -> int:
                 print("stale: " + " ".join(str(i) for i in done.stale_ids))
         return EXIT_OK
     # cancel
-
-    async def cancel(conn: Any) -> rejudgings.Cancelled:
-        async with conn.transaction():
-            return await rejudgings.cancel(conn, queue, number)
-
-    gone = run_async(with_pg(dsn, cancel))
+    gone = run_pg(dsn, lambda conn: rejudgings.cancel(conn, queue, number), transaction=True)
     if args.json:
         print_json({"rejudging": number, "cancelled_now": gone.cancelled_now, "stopped": gone.stopped})
     elif gone.cancelled_now:
@@ -138,15 +112,15 @@ def add(commands: Commands) -> None:
     p = commands.add("rejudging", text)
     action = commands.actions(p, "rejudging_command", cmd_rejudging)
     lst = action("list", "the queue's rejudgings, newest first, with their state and progress")
-    add_variable_flags(lst, [DSN, QUEUE], "connection")
+    connection_flags(lst)
     s = action("show", "a rejudging's old -> new matrix and its changed submissions with both per-test tables")
     s.add_argument("id", type=int, metavar="N", help="rejudging id")
-    add_variable_flags(s, [DSN, QUEUE], "connection")
+    connection_flags(s)
     a = action("apply", "make every proposed verdict visible in one transaction (stale ones are skipped)")
     a.add_argument("id", type=int, metavar="N", help="rejudging id")
     a.add_argument("--partial", action="store_true",
                    help="apply the proposed verdicts judged so far while others are missing (those are cancelled)")
-    add_variable_flags(a, [DSN, QUEUE], "connection")
+    connection_flags(a)
     c = action("cancel", "discard a rejudging: every visible verdict stays as it is (idempotent)")
     c.add_argument("id", type=int, metavar="N", help="rejudging id")
-    add_variable_flags(c, [DSN, QUEUE], "connection")
+    connection_flags(c)

@@ -14,14 +14,7 @@ from ..config import (
     load_settings,
     variable_names,
 )
-from .common import (
-    CONNECTION,
-    Commands,
-    add_variable_flags,
-    fatal,
-    flag_for,
-    overrides_from,
-)
+from .common import CONNECTION, Commands, add_variable_flags, connection_flags, fatal, flag_for, overrides_from
 
 ROLE_MODULES = {
     "dispatcher": "judgequeue.core.roles.dispatcher",
@@ -80,6 +73,6 @@ def add(commands: Commands) -> None:
         ("reaper", "run a reaper: rescue idle entries, expired leases and poison jobs; export queue gauges"),
     ):
         p = commands.add(role, text + " (serves /metrics, /healthz, /readyz on --metrics-port; stops on SIGTERM)")
-        add_variable_flags(p, CONNECTION, "connection")
+        connection_flags(p, CONNECTION)
         add_variable_flags(p, tuning, "settings")
         p.set_defaults(handler=cmd_role)

@@ -13,12 +13,11 @@ from .common import (
     EXIT_USAGE,
     QUEUE,
     Commands,
-    add_variable_flags,
+    connection_flags,
     overrides_from,
-    print_json,
+    print_listing,
     resolve,
-    run_async,
-    with_pg,
+    run_pg,
 )
 
 
@@ -52,13 +51,9 @@ def cmd_shadow(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     queue: str | None = resolve(args, env, QUEUE) if overrides_from(args).get(QUEUE) or env.get(QUEUE) else None
     if args.limit < 1:
         raise Failure("shadow diff: --limit must be 1 or more", EXIT_USAGE)
-    found = run_async(with_pg(dsn, lambda conn: shadow.mismatches(conn, queue, limit=args.limit)))
-    if args.json:
-        print_json([_mismatch_json(m) for m in found])
-    elif found:
-        print("\n\n".join("\n".join(_mismatch_lines(m)) for m in found))
-    else:
-        print(f"no mismatches{f' in queue {queue}' if queue else ''}")
+    found = run_pg(dsn, lambda conn: shadow.mismatches(conn, queue, limit=args.limit))
+    none = f"no mismatches{f' in queue {queue}' if queue else ''}"
+    print_listing(found, args.json, _mismatch_json, lambda m: "\n".join(_mismatch_lines(m)), none, between="\n\n")
     return EXIT_OK
 
 
@@ -70,4 +65,4 @@ def add(commands: Commands) -> None:
             "first, with both verdicts and their per-test details; every queue unless --queue or $JUDGEQUEUE_QUEUE")
     d = shadow_action("diff", text)
     d.add_argument("--limit", type=int, default=20, help="at most this many mismatches (default 20)")
-    add_variable_flags(d, [DSN, QUEUE], "connection")
+    connection_flags(d)

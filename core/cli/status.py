@@ -6,7 +6,6 @@ import argparse
 import dataclasses
 import sys
 from collections.abc import Callable, Mapping
-from typing import Any
 
 from ..config import (
     parse_duration,
@@ -20,11 +19,11 @@ from .common import (
     REDIS,
     Commands,
     T,
-    add_variable_flags,
+    connection_flags,
     print_json,
     resolve,
-    run_async,
-    with_pg,
+    run_pg,
+    run_pg_redis,
 )
 from .submit import verdict_json, verdict_lines
 
@@ -49,7 +48,7 @@ def cmd_submission_status(args: argparse.Namespace, env: Mapping[str, str]) -> i
     from ..store import submissions
 
     dsn: str = resolve(args, env, DSN)
-    rows = run_async(with_pg(dsn, lambda conn: submissions.read(conn, args.submission)))
+    rows = run_pg(dsn, lambda conn: submissions.read(conn, args.submission))
     missing = [i for i in args.submission if i not in rows]
     if args.json:
         print_json([verdict_json(rows[i]) for i in args.submission if i in rows])
@@ -68,7 +67,6 @@ def cmd_status(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     if args.submission:
         return cmd_submission_status(args, env)
     from ..status import Thresholds, as_json, evaluate, gather, render
-    from ..transport.connect import redis_client
 
     dsn: str = resolve(args, env, DSN)
     redis_url: str = resolve(args, env, REDIS)
@@ -76,14 +74,7 @@ def cmd_status(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     # Each threshold's flag is named after its field (--max-pel sets max_pel).
     thresholds = Thresholds(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Thresholds)})
 
-    async def go(conn: Any) -> Any:
-        client = redis_client(redis_url, socket_timeout=5, socket_connect_timeout=5)
-        try:
-            return await gather(conn, client, queue)
-        finally:
-            await client.aclose()
-
-    figures = run_async(with_pg(dsn, go))
+    figures = run_pg_redis(dsn, redis_url, lambda conn, client: gather(conn, client, queue), socket_timeout=5)
     verdict = evaluate(figures, thresholds)
     if args.json:
         print_json(as_json(figures, verdict))
@@ -115,5 +106,5 @@ def add(commands: Commands) -> None:
         "--submission", type=int, action="append", metavar="ID",
         help="instead: show this submission's verdict with its per-test results (repeatable; needs Postgres only)",
     )  # fmt: skip
-    add_variable_flags(p, CONNECTION, "connection")
+    connection_flags(p, CONNECTION)
     p.set_defaults(handler=cmd_status)

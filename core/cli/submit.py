@@ -13,19 +13,7 @@ from ..base.errors import Failure
 from ..config import (
     parse_duration,
 )
-from .common import (
-    DSN,
-    EXIT_FAILURE,
-    EXIT_OK,
-    EXIT_USAGE,
-    QUEUE,
-    Commands,
-    add_variable_flags,
-    print_json,
-    resolve,
-    run_async,
-    with_pg,
-)
+from .common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, Commands, connection_flags, pg_and_queue, print_json, run_pg
 
 
 def _read_payload(args: argparse.Namespace) -> Any:
@@ -76,8 +64,7 @@ def cmd_submit(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     from ..store.outbox import submit
     from ..store.submissions import is_terminal
 
-    dsn: str = resolve(args, env, DSN)
-    queue: str = resolve(args, env, QUEUE)
+    dsn, queue = pg_and_queue(args, env)
     payload = _read_payload(args)
 
     async def go(conn: Any) -> tuple[int, dict[int, Any]]:
@@ -86,7 +73,7 @@ def cmd_submit(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         rows = await wait_for_verdicts(conn, [submission_id], args.timeout) if args.wait else {}
         return submission_id, rows
 
-    submission_id, rows = run_async(with_pg(dsn, go))
+    submission_id, rows = run_pg(dsn, go)
     if not args.wait:
         print(json.dumps({"id": submission_id, "queue": queue}) if args.json else submission_id)
         return EXIT_OK
@@ -115,5 +102,5 @@ def add(commands: Commands) -> None:
     p.add_argument("--key", help="fairness key within the class (a contest id): keys take turns")
     p.add_argument("--wait", action="store_true", help="wait for the verdict and print it (exit 1 on timeout)")
     p.add_argument("--timeout", type=parse_duration, default=60.0, help="--wait: give up after this long (default 60s)")
-    add_variable_flags(p, [DSN, QUEUE], "connection")
+    connection_flags(p)
     p.set_defaults(handler=cmd_submit)

@@ -46,24 +46,26 @@ def _under_rules() -> tuple[Rule, ...]:
     )
 
 
+def _at_most(obj: tuple[str, ...], name: str, bound: str, *, duration: bool = True, why: str = "") -> Rule:
+    """``obj.name`` must not exceed ``obj.bound`` (two durations, or two integers)."""
+
+    def check(values: Mapping[str, Any]) -> bool:
+        return bool(values[name] <= values[bound])
+
+    def cel(field: str) -> str:
+        return f"duration(self.{field})" if duration else f"self.{field}"
+
+    at = ".".join(obj)
+    return Rule(obj, name, (name, bound), f"{at}.{name} must not exceed {at}.{bound}{why}", check,
+                f"{cel(name)} <= {cel(bound)}")
+
+
 RULES: tuple[Rule, ...] = (
-    Rule(("dispatcher", "backoff"), "base", ("base", "max"),
-         "dispatcher.backoff.base must not exceed dispatcher.backoff.max",
-         lambda v: v["base"] <= v["max"],
-         "duration(self.base) <= duration(self.max)"),
-    Rule(("worker",), "minReplicas", ("minReplicas", "maxReplicas"),
-         "worker.minReplicas must not exceed worker.maxReplicas",
-         lambda v: v["minReplicas"] <= v["maxReplicas"],
-         "self.minReplicas <= self.maxReplicas"),
+    _at_most(("dispatcher", "backoff"), "base", "max"),
+    _at_most(("worker",), "minReplicas", "maxReplicas", duration=False),
     *_under_rules(),
-    Rule(("reaper",), "interval", ("interval", "visibilityTimeout"),
-         "reaper.interval must not exceed reaper.visibilityTimeout (sweeps would miss idle entries)",
-         lambda v: v["interval"] <= v["visibilityTimeout"],
-         "duration(self.interval) <= duration(self.visibilityTimeout)"),
-    Rule(("reaper",), "leaseTtl", ("leaseTtl", "visibilityTimeout"),
-         "reaper.leaseTtl must not exceed reaper.visibilityTimeout",
-         lambda v: v["leaseTtl"] <= v["visibilityTimeout"],
-         "duration(self.leaseTtl) <= duration(self.visibilityTimeout)"),
+    _at_most(("reaper",), "interval", "visibilityTimeout", why=" (sweeps would miss idle entries)"),
+    _at_most(("reaper",), "leaseTtl", "visibilityTimeout"),
     Rule(("cutover",), "watermark", ("watermark",),
          "cutover.watermark may only move forward (roll back with mode shadow)", None,
          "!has(oldSelf.watermark) || (has(self.watermark) && "

@@ -182,12 +182,7 @@ async def prune(
     verdicts' retention), ``batch`` rows per statement; returns the rows deleted."""
     total = 0
     for statement in (sql.query("events_prune"), sql.query("webhook_prune_dead")):
-        for _ in range(max_batches):
-            # the rows its function deleted
-            deleted = int(await conn.fetchval(statement, float(retention), batch, queue))
-            total += deleted
-            if deleted < batch:
-                break
+        total += await sql.prune_in_batches(conn, statement, retention, batch, queue, max_batches=max_batches)
     return total
 
 

@@ -103,6 +103,23 @@ async def rejudge(conn: asyncpg.Connection, submission_id: int, *, job_class: st
     return generation
 
 
+def selected_ids(
+    queue: str,
+    ids: Sequence[int] | None,
+    problem: str | None,
+    since: datetime | None,
+    until: datetime | None,
+    what: str,
+) -> list[int] | None:
+    """Check a selection of ``queue``'s submissions (:func:`rejudge_many`'s, or a rejudging's) before
+    its statement runs: a valid queue name and at least one filter (``what`` names the caller in the
+    refusal). The ``ids`` as the statement takes them."""
+    validate_queue_name(queue)
+    if ids is None and problem is None and since is None and until is None:
+        raise InvalidClass(f"{what} needs at least one of: ids, problem, since, until")
+    return None if ids is None else list(ids)
+
+
 async def rejudge_many(
     conn: asyncpg.Connection,
     queue: str,
@@ -116,13 +133,9 @@ async def rejudge_many(
     """Rejudge every submission of ``queue`` matching all the filters given (``ids``, the payload's
     ``problem``, created in ``[since, until)``) in one statement, in ``job_class`` (None: the lowest);
     returns (submission, new generation) pairs. At least one filter is required."""
-    validate_queue_name(queue)
-    if ids is None and problem is None and since is None and until is None:
-        raise InvalidClass("a bulk rejudge needs at least one of: ids, problem, since, until")
+    listed = selected_ids(queue, ids, problem, since, until, "a bulk rejudge")
     try:
-        rows = await conn.fetch(
-            sql.query("rejudge_many"), queue, job_class, None if ids is None else list(ids), problem, since, until
-        )
+        rows = await conn.fetch(sql.query("rejudge_many"), queue, job_class, listed, problem, since, until)
     except asyncpg.PostgresError as exc:
         translated = translate_pg_error(exc)
         if translated is not None:
@@ -266,8 +279,8 @@ async def prune(
 
     Small batches keep each transaction short; ``max_batches`` bounds one call's work.
     """
-    statement = sql.query("outbox_prune")
-    return await _delete_in_batches(conn, statement, queue, retention, batch, max_batches, TERMINAL_OUTBOX_STATES)
+    return await sql.prune_in_batches(conn, sql.query("outbox_prune"), retention, batch, queue,
+                                      list(TERMINAL_OUTBOX_STATES), max_batches=max_batches)
 
 
 async def prune_submissions(
@@ -281,23 +294,8 @@ async def prune_submissions(
     meanwhile is skipped (it is locked, or no longer finished when re-checked). A stream entry or
     DLQ replay that names a pruned submission later is stale (``unknown_submission``).
     """
-    statement = sql.query("submissions_prune")
-    return await _delete_in_batches(conn, statement, queue, retention, batch, max_batches, ENDED_STATUSES)
-
-
-async def _delete_in_batches(
-    conn: asyncpg.Connection, statement: str, queue: str, retention: float, batch: int, max_batches: int,
-    states: Sequence[str],
-) -> int:
-    """Run a prune ``statement`` (retention, batch, queue, states) until a batch comes back short."""
-    total = 0
-    for _ in range(max_batches):
-        # the rows its function deleted
-        deleted = int(await conn.fetchval(statement, float(retention), batch, queue, list(states)))
-        total += deleted
-        if deleted < batch:
-            break
-    return total
+    return await sql.prune_in_batches(conn, sql.query("submissions_prune"), retention, batch, queue,
+                                      list(ENDED_STATUSES), max_batches=max_batches)
 
 
 @dataclass(frozen=True)

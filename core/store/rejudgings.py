@@ -26,9 +26,10 @@ from typing import Any
 
 import asyncpg
 
-from ..base.errors import InvalidClass, UnknownRejudging, translate_pg_error
+from ..base.errors import UnknownRejudging, translate_pg_error
 from ..base.names import validate_queue_name
 from . import sql
+from .outbox import selected_ids
 
 #: A proposal not judged yet, in the matrix's "new" column.
 NOT_JUDGED = "PENDING"
@@ -70,13 +71,18 @@ async def preview(
     since: datetime | None = None,
     until: datetime | None = None,
 ) -> Preview:
-    """Open a rejudging of ``queue``'s submissions matching every filter given (as
-    :func:`~judgequeue.core.store.outbox.rejudge_many` selects them), judged in ``job_class``
-    (None: the queue's lowest), in the caller's transaction."""
-    validate_queue_name(queue)
-    if ids is None and problem is None and since is None and until is None:
-        raise InvalidClass("a rejudging needs at least one of: ids, problem, since, until")
-    listed = None if ids is None else list(ids)
+    """Open a *rejudging* of ``queue``'s submissions in the caller's transaction: a proposal, judged on
+    the side, that changes no visible verdict until :func:`apply` (``judgequeue.core.api.rejudging_preview``).
+
+    Selects as :func:`~judgequeue.core.store.outbox.rejudge_many` does (``ids``, the payload's
+    ``problem``, created in ``[since, until)``; at least one). Each selected submission with a verdict
+    is judged again by the queue's workers in ``job_class`` (None: the queue's lowest), with every
+    guarantee a job has (fenced leases, rescue of a killed worker's jobs, at most one proposed verdict
+    each); one still waiting for its verdict, or cancelled, is left out (counted in
+    :attr:`Preview.left_out`). Its status, verdict and generation (``api.result``) stay as they are.
+    Refused, with nothing written: an unknown queue (:class:`UnknownQueue`), a class the queue lacks
+    or no filter (:class:`InvalidClass`), a queue not in live mode (:class:`RejudgingRefused`)."""
+    listed = selected_ids(queue, ids, problem, since, until, "a rejudging")
     rows = await _call(conn, sql.query("rejudging_preview"), queue, job_class, listed, problem, since, until)
     row = rows[0]
     return Preview(int(row["rejudging"]), int(row["previewed"]), int(row["left_out"]))
@@ -240,10 +246,5 @@ async def prune(
 ) -> int:
     """Delete ``queue``'s rejudgings (with their items) opened more than ``retention`` seconds ago;
     returns the rejudgings deleted. Their probes are submissions, pruned as any."""
-    total = 0
-    for _ in range(max_batches):
-        deleted = int(await conn.fetchval(sql.query("rejudgings_prune"), float(retention), batch, queue))
-        total += deleted
-        if deleted < batch:
-            break
-    return total
+    return await sql.prune_in_batches(conn, sql.query("rejudgings_prune"), retention, batch, queue,
+                                      max_batches=max_batches)

@@ -236,18 +236,8 @@ async def prune(
 ) -> tuple[int, int]:
     """Delete ``queue``'s final shadow verdicts judged, and legacy verdicts reported, more than
     ``retention`` seconds ago, oldest first, ``batch`` rows per statement; returns (shadow, legacy)."""
-    judged = await _in_batches(conn, sql.query("shadow_verdicts_prune"), max_batches,
-                               float(retention), batch, queue, list(VERDICTS))
-    reported = await _in_batches(conn, sql.query("legacy_verdicts_prune"), max_batches, float(retention), batch, queue)
+    judged = await sql.prune_in_batches(conn, sql.query("shadow_verdicts_prune"), retention, batch, queue,
+                                        list(VERDICTS), max_batches=max_batches)
+    reported = await sql.prune_in_batches(conn, sql.query("legacy_verdicts_prune"), retention, batch, queue,
+                                          max_batches=max_batches)
     return judged, reported
-
-
-async def _in_batches(conn: asyncpg.Connection, statement: str, max_batches: int, *args: Any) -> int:
-    """Run a prune ``statement`` (its second argument is the batch size) until a batch comes back short."""
-    total = 0
-    for _ in range(max_batches):
-        deleted = int(await conn.fetchval(statement, *args))  # the rows its function deleted
-        total += deleted
-        if deleted < args[1]:
-            break
-    return total

@@ -143,10 +143,5 @@ async def prune_history(
 ) -> int:
     """Delete ``queue``'s history rows stored more than ``retention`` seconds ago (the verdicts'
     retention), ``batch`` rows per statement; returns the rows deleted."""
-    total = 0
-    for _ in range(max_batches):
-        deleted = int(await conn.fetchval(sql.query("history_prune"), float(retention), batch, queue))
-        total += deleted
-        if deleted < batch:
-            break
-    return total
+    return await sql.prune_in_batches(conn, sql.query("history_prune"), retention, batch, queue,
+                                      max_batches=max_batches)

@@ -79,6 +79,17 @@ def _patch(kube: Cluster, namespace: str, spec: dict[str, Any]) -> None:
                  content_type="application/merge-patch+json")
 
 
+def _first_runs_second_refused(kube: Cluster, first: str, second: str, queue: str) -> None:
+    """``first``'s JudgeQueue on ``queue`` Ready, then ``second``'s on the same queue Degraded (one
+    fleet per queue)."""
+    kube.request("POST", tools.jq_path(first), tools.judgequeue("judge", queue, **_spec()))
+    met, _, out = tools.kubectl_wait(kube, first, "judge", "Ready", timeout=120)
+    assert met, out
+    kube.request("POST", tools.jq_path(second), tools.judgequeue("judge", queue, **_spec()))
+    met, _, out = tools.kubectl_wait(kube, second, "judge", "Degraded", timeout=15)
+    assert met, out
+
+
 def _replicas(kube: Cluster, namespace: str) -> int | None:
     deployment = kube.get(f"/apis/apps/v1/namespaces/{namespace}/deployments/judge-worker")
     return None if deployment is None else int(deployment["spec"].get("replicas", 1))
@@ -141,13 +152,8 @@ def test_a_rename_hands_the_old_queue_over_only_once_no_pod_runs_on_it(
 ) -> None:
     kube, first, second, operator = two
     q1, q2 = f"{queue_name}-a", f"{queue_name}-b"
-    kube.request("POST", tools.jq_path(first), tools.judgequeue("judge", q1, **_spec()))
-    met, _, out = tools.kubectl_wait(kube, first, "judge", "Ready", timeout=120)
-    assert met, out
     # A second JudgeQueue wants q1 too: refused, nothing of it runs.
-    kube.request("POST", tools.jq_path(second), tools.judgequeue("judge", q1, **_spec()))
-    met, _, out = tools.kubectl_wait(kube, second, "judge", "Degraded", timeout=15)
-    assert met, out
+    _first_runs_second_refused(kube, first, second, q1)
     assert _replicas(kube, second) is None  # refused before it ever ran: no children at all
 
     watch = FleetWatch(node, (first, second), q1)
@@ -184,12 +190,7 @@ def test_the_owner_column_changed_by_hand_is_taken_back_and_a_deleted_owner_rele
     two: tuple[Cluster, str, str, tools.OperatorProcess], node: NodeAgent, pg_dsn: str, queue_name: str,
 ) -> None:
     kube, first, second, operator = two
-    kube.request("POST", tools.jq_path(first), tools.judgequeue("judge", queue_name, **_spec()))
-    met, _, out = tools.kubectl_wait(kube, first, "judge", "Ready", timeout=120)
-    assert met, out
-    kube.request("POST", tools.jq_path(second), tools.judgequeue("judge", queue_name, **_spec()))
-    met, _, out = tools.kubectl_wait(kube, second, "judge", "Degraded", timeout=15)
-    assert met, out
+    _first_runs_second_refused(kube, first, second, queue_name)
 
     watch = FleetWatch(node, (first, second), queue_name)
     watch.start()

@@ -25,18 +25,13 @@ from judgequeue.core import api
 from judgequeue.core.spec import CREDENTIAL_COMPONENTS
 from tests.kube.tools import condition, jq_path, run_sql, wait_for
 from tests.node.conftest import NodeCluster, migrated_database
-from tests.support.applications import results, submit_all
+from tests.support.applications import py, results, submit_all
 from tests.support.credentials import ComponentUser, drop_component_users, make_component_users, with_user
 
 NAMESPACE = "split"
 QUEUE = "split"
 PASSWORD = "per-component-secret"
 TERMINAL = set(api.VERDICTS)
-
-
-def py(source: str, output: str = "ok\n", **limits: Any) -> dict[str, Any]:
-    return {"language": "python", "source": source, "tests": [{"input": "", "output": output}],
-            "limits": {"time": 2, "memory_mb": 128, **limits}}
 
 
 NORMAL = {

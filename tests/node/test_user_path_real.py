@@ -24,7 +24,7 @@ from judgequeue.core import api
 from tests.kube.tools import actions, condition, jq_path, ready_pods, wait_for
 from tests.node import readme
 from tests.node.conftest import NodeCluster, readme_migrate, recreated_database
-from tests.support.applications import results, submit_all
+from tests.support.applications import py, results, submit_all
 
 NAMESPACE = "judge"  # the README's
 RELEASE_NS = "judgequeue-system"
@@ -76,11 +76,6 @@ def wait_verdicts(installed: Installed, ids: list[int], timeout: float = 300) ->
 
     done: dict[int, api.Result] = wait_for(f"{len(ids)} verdicts", all_done, timeout=timeout)
     return done
-
-
-def py(source: str, output: str = "ok\n", **limits: Any) -> dict[str, Any]:
-    return {"language": "python", "source": source, "tests": [{"input": "", "output": output}],
-            "limits": {"time": 2, "memory_mb": 128, **limits}}
 
 
 NORMAL = {

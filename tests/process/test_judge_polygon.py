@@ -13,33 +13,14 @@ import pytest
 
 from judgequeue.core.judges.program import ProgramJudge
 from judgequeue.core.judges.program.archives import InvalidPackage, read_package
-from tests.support.archives import judge_solutions, put, write_tree
+from tests.support.archives import judge_solutions, polygon_xml, put, write_tree
 
 pytestmark = pytest.mark.usefixtures("as_root")
 TESTLIB = Path(__file__).resolve().parents[1] / "fixtures" / "third_party" / "testlib"
 
 
 def problem_xml(name: str, tests: str, groups: str, assets: str) -> str:
-    return f"""<?xml version="1.0" encoding="utf-8" standalone="no"?>
-<problem revision="7" short-name="{name}" url="https://polygon.example/p/{name}">
-  <names><name language="english" value="{name}"/></names>
-  <judging cpu-name="Intel(R) Core(TM) i3-8100 CPU @ 3.60GHz" cpu-speed="3600" input-file="" output-file="">
-    <testset name="tests">
-      <time-limit>1000</time-limit>
-      <memory-limit>268435456</memory-limit>
-      <test-count>{tests.count("<test ")}</test-count>
-      <input-path-pattern>tests/%02d</input-path-pattern>
-      <answer-path-pattern>tests/%02d.a</answer-path-pattern>
-      <tests>{tests}</tests>
-      {groups}
-    </testset>
-  </judging>
-  <files>
-    <resources><file path="files/testlib.h" type="h.g++"/></resources>
-  </files>
-  <assets>{assets}</assets>
-</problem>
-"""
+    return polygon_xml(name, tests, groups=groups, assets=assets)
 
 
 CHECKER = '<checker name="std::wcmp.cpp" type="testlib"><source path="files/check.cpp" type="cpp.g++17"/>' \

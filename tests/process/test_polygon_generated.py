@@ -22,7 +22,7 @@ from judgequeue.core.config import ArchiveSettings
 from judgequeue.core.judges.program import ProgramJudge
 from judgequeue.core.judges.program.archives import InvalidPackage, open_package
 from judgequeue.core.store.problems import ProblemCache, upload
-from tests.support.archives import judge_solutions
+from tests.support.archives import judge_solutions, polygon_xml
 from tests.support.queries import problem_tables
 from tests.support.roles import clean_env, run_cli
 
@@ -70,32 +70,7 @@ TESTS = """
         <test cmd="multigen 2" from-file="2" method="generated"/>"""
 
 
-def problem_xml(tests: str = TESTS, generators: tuple[str, ...] = ("gen", "multigen")) -> str:
-    """problem.xml as Polygon writes it for a package exported without its tests."""
-    executables = "".join(
-        f'<executable><source path="files/{name}.cpp" type="cpp.g++17"/>'
-        f'<binary path="files/{name}.exe" type="exe.win32"/></executable>'
-        for name in (*generators, "val")
-    )
-    return f"""<?xml version="1.0" encoding="utf-8" standalone="no"?>
-<problem revision="4" short-name="gen-sum" url="https://polygon.example/p/gen-sum">
-  <names><name language="english" value="Generated sums"/></names>
-  <judging cpu-name="Intel(R) Core(TM) i3-8100 CPU @ 3.60GHz" cpu-speed="3600" input-file="" output-file="">
-    <testset name="tests">
-      <time-limit>1000</time-limit>
-      <memory-limit>268435456</memory-limit>
-      <test-count>{tests.count("<test ")}</test-count>
-      <input-path-pattern>tests/%02d</input-path-pattern>
-      <answer-path-pattern>tests/%02d.a</answer-path-pattern>
-      <tests>{tests}
-      </tests>
-    </testset>
-  </judging>
-  <files>
-    <resources><file path="files/testlib.h" type="h.g++"/></resources>
-    <executables>{executables}</executables>
-  </files>
-  <assets>
+ASSETS = """
     <checker name="std::wcmp.cpp" type="testlib"><source path="files/check.cpp" type="cpp.g++17"/></checker>
     <validators><validator><source path="files/val.cpp" type="cpp.g++17"/></validator></validators>
     <solutions>
@@ -105,9 +80,18 @@ def problem_xml(tests: str = TESTS, generators: tuple[str, ...] = ("gen", "multi
       <solution tag="time-limit-exceeded"><source path="solutions/slow.py" type="python.3"/></solution>
       <solution tag="failed"><source path="solutions/crash.py" type="python.3"/></solution>
     </solutions>
-  </assets>
-</problem>
-"""
+  """
+
+
+def problem_xml(tests: str = TESTS, generators: tuple[str, ...] = ("gen", "multigen")) -> str:
+    """problem.xml as Polygon writes it for a package exported without its tests."""
+    executables = "".join(
+        f'<executable><source path="files/{name}.cpp" type="cpp.g++17"/>'
+        f'<binary path="files/{name}.exe" type="exe.win32"/></executable>'
+        for name in (*generators, "val")
+    )
+    return polygon_xml("gen-sum", tests, title="Generated sums", revision=4,
+                       executables=f"\n    <executables>{executables}</executables>", assets=ASSETS)
 
 
 def package_files(**changed: str) -> dict[str, str | bytes]:

@@ -10,6 +10,13 @@ import asyncpg
 from judgequeue.core import api
 
 
+def py(source: str, output: str = "ok\n", **limits: Any) -> dict[str, Any]:
+    """A program judge payload: Python ``source`` that must print ``output`` on empty input, within
+    2 s and 128 MB unless ``limits`` says otherwise."""
+    return {"language": "python", "source": source, "tests": [{"input": "", "output": output}],
+            "limits": {"time": 2, "memory_mb": 128, **limits}}
+
+
 async def submit_all(dsn: str, queue: str, payloads: list[dict[str, Any]]) -> list[int]:
     """Submit each payload to ``queue`` in a transaction of its own; their ids, in order."""
     conn = await asyncpg.connect(dsn)

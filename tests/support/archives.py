@@ -27,6 +27,35 @@ KATTIS_VERDICTS = {
 VERIFYPROBLEM = Path(sys.executable).with_name("verifyproblem")
 
 
+def polygon_xml(
+    name: str, tests: str, *, title: str | None = None, revision: int = 7, groups: str = "", executables: str = "",
+    assets: str = "",
+) -> str:
+    """problem.xml as Polygon writes it: one testset (1 s, 256 MiB, inputs ``tests/%02d``, answers
+    ``tests/%02d.a``) and testlib.h among the resources; ``tests``, ``groups``, ``executables`` and
+    ``assets`` are XML put in their places as they are (``title``: the English name, else ``name``)."""
+    return f"""<?xml version="1.0" encoding="utf-8" standalone="no"?>
+<problem revision="{revision}" short-name="{name}" url="https://polygon.example/p/{name}">
+  <names><name language="english" value="{title or name}"/></names>
+  <judging cpu-name="Intel(R) Core(TM) i3-8100 CPU @ 3.60GHz" cpu-speed="3600" input-file="" output-file="">
+    <testset name="tests">
+      <time-limit>1000</time-limit>
+      <memory-limit>268435456</memory-limit>
+      <test-count>{tests.count("<test ")}</test-count>
+      <input-path-pattern>tests/%02d</input-path-pattern>
+      <answer-path-pattern>tests/%02d.a</answer-path-pattern>
+      <tests>{tests}</tests>
+      {groups}
+    </testset>
+  </judging>
+  <files>
+    <resources><file path="files/testlib.h" type="h.g++"/></resources>{executables}
+  </files>
+  <assets>{assets}</assets>
+</problem>
+"""
+
+
 def write_tree(root: Path, files: Mapping[str, str | bytes]) -> Path:
     """Files under ``root`` by relative path (directories made as needed)."""
     for name, content in files.items():

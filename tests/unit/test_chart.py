@@ -9,14 +9,11 @@ against the small schemas below instead, and any other kind fails the test.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
-import sys
 from collections.abc import Iterator, Mapping, Sequence
 from functools import cache
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import helm_python
@@ -28,6 +25,7 @@ from prometheus_client.metrics import MetricWrapperBase
 
 from judgequeue.controllers import rbac, render
 from judgequeue.core.base import metrics
+from tests.support.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART_DIR = ROOT / "charts" / "judgequeue"
@@ -207,16 +205,6 @@ def runbook_anchors() -> set[str]:
     return {github_anchor(m.group(1)) for m in re.finditer(r"^#{1,6}\s+(.+)$", RUNBOOK.read_text(), re.M)}
 
 
-def load_gen_script() -> ModuleType:
-    path = ROOT / "scripts" / "gen_chart_files.py"
-    spec = importlib.util.spec_from_file_location("gen_chart_files", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("gen_chart_files", module)
-    spec.loader.exec_module(module)
-    return module
-
-
 def iter_alerts(docs: tuple[dict[str, Any], ...]) -> Iterator[dict[str, Any]]:
     for rule in of_kind(docs, "PrometheusRule"):
         for group in rule["spec"]["groups"]:
@@ -360,7 +348,7 @@ def test_peering_crds_come_only_with_peering() -> None:
 
 
 def test_generated_chart_files_are_current() -> None:
-    stale = load_gen_script().stale_files()
+    stale = load_script("gen_chart_files").stale_files()
     assert not stale, f"stale generated files {stale}: run .venv/bin/python scripts/gen_chart_files.py"
 
 

@@ -3,7 +3,6 @@ languages refused with their reason, placeholders, and what a worker without a t
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -21,6 +20,7 @@ from judgequeue.core.judges.program.languages import (
     template_values,
 )
 from tests.support.language_programs import PROGRAMS
+from tests.support.scripts import load_script
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 TESTS = [{"output": ""}]
@@ -101,11 +101,7 @@ def test_a_worker_without_a_toolchain_says_what_is_missing_and_where_it_comes_fr
 def test_the_docs_languages_table_is_generated_from_the_code() -> None:
     """docs/judges.md's table is scripts/gen_language_table.py's output: a language changed in the
     code and not in the doc (or the other way round) fails here."""
-    path = ROOT / "scripts" / "gen_language_table.py"
-    spec = importlib.util.spec_from_file_location("gen_language_table", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script("gen_language_table")
     doc = (ROOT / "docs" / "judges.md").read_text()
     assert module.render(doc) == doc, "docs/judges.md is stale: run .venv/bin/python scripts/gen_language_table.py"
     for name in (*LANGUAGES, *UNAVAILABLE):

@@ -10,12 +10,9 @@
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
 from dataclasses import replace
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -29,6 +26,7 @@ from judgequeue.core.setting_values import format_duration
 from judgequeue.core.settings_table import ROW_BY_SPEC, ROW_BY_SUFFIX, ROWS, Row, variable_table
 from judgequeue.core.spec import FIELD_BY_PATH, FIELDS, ROLES, JudgeQueueSpec, parse_spec, role_settings
 from judgequeue.core.spec import fields as spec_fields
+from tests.support.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 CONNECTIONS = {"JUDGEQUEUE_POSTGRES_DSN": "postgresql://u@db/x", "JUDGEQUEUE_REDIS_URL": "redis://r:6379/0",
@@ -37,22 +35,12 @@ MINIMAL = {"image": "i", "postgres": {"secretKeyRef": {"name": "db"}}, "redis": 
 SPEC_ROWS = [r for r in ROWS if r.spec is not None]
 
 
-def load_script() -> ModuleType:
-    path = ROOT / "scripts" / "gen_variable_table.py"
-    loaded = importlib.util.spec_from_file_location("gen_variable_table", path)
-    assert loaded is not None and loaded.loader is not None
-    module = importlib.util.module_from_spec(loaded)
-    sys.modules.setdefault("gen_variable_table", module)
-    loaded.loader.exec_module(module)
-    return module
-
-
 # --- the README ---------------------------------------------------------------------------------
 
 
 def test_the_readme_table_is_what_the_rows_generate() -> None:
     readme = (ROOT / "README.md").read_text()
-    assert load_script().render(readme) == readme, (
+    assert load_script("gen_variable_table").render(readme) == readme, (
         "README.md's variable table differs from core/settings_table.py: run .venv/bin/python "
         "scripts/gen_variable_table.py"
     )
@@ -69,7 +57,7 @@ def test_the_table_has_a_line_per_row_with_its_default_range_and_field() -> None
 
 
 def test_a_stale_readme_is_found() -> None:
-    script = load_script()
+    script = load_script("gen_variable_table")
     readme = (ROOT / "README.md").read_text()
     stale = readme.replace("dispatcher: outbox rows claimed per batch", "dispatcher: rows per batch")
     assert stale != readme and script.render(stale) == readme

@@ -83,6 +83,22 @@ def query(name: str) -> str:
 T = TypeVar("T")
 
 
+async def prune_in_batches(
+    conn: Any, statement: str, retention: float, batch: int, queue: str, *more: Any, max_batches: int
+) -> int:
+    """Run a prune ``statement`` (its function takes the retention in seconds, the batch size, the
+    queue and ``more``, and returns the rows it deleted) until a batch comes back short or
+    ``max_batches`` ran: small batches keep each transaction short, ``max_batches`` bounds one call's
+    work. The rows deleted."""
+    total = 0
+    for _ in range(max_batches):
+        deleted = int(await conn.fetchval(statement, float(retention), batch, queue, *more))
+        total += deleted
+        if deleted < batch:
+            break
+    return total
+
+
 def row_as(cls: type[T], row: Mapping[str, Any], **columns: str) -> T:
     """A dataclass from a result row whose columns carry its field names (``columns`` renames:
     ``field="column"``), so a statement's column list and the class stay the one description."""
