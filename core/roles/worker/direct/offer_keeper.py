@@ -114,6 +114,8 @@ class OfferKeeper:
 
     def reserved_busy(self) -> int:
         """Jobs in flight that came through reserved offers (they hold reserved slots)."""
+        if not self._reserved_jobs:
+            return 0
         running = self._running()
         self._reserved_jobs.intersection_update(running)
         return len(self._reserved_jobs)
