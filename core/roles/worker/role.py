@@ -114,7 +114,8 @@ class Worker:
         #: Live progress events (JUDGEQUEUE_PROGRESS=on; never in the shadow lane, whose verdicts are not events).
         self.progress: ProgressWriter | None = (
             ProgressWriter(pool, interval=self.cfg.progress_interval)
-            if self.cfg.progress == "on" and not self.lane.shadow else None
+            if self.cfg.progress == "on" and not self.lane.shadow
+            else None
         )
         self._session = HeldSession(pool)  # the read loop's leases: one session, not one per batch
         self._acks = AckWhenDurable(pool, redis, self.queue, shadow=self.lane.shadow)
@@ -147,6 +148,7 @@ class Worker:
             return DirectIntake(
                 self.pool, self.redis, self.settings, self.name, session=self._session, jobs=lambda: len(self._jobs),
                 start_jobs=self._start_jobs, start_deliveries=self._start, count_stale=self._count_stale,
+                running=self._jobs.keys,
             )  # fmt: skip
         return StreamIntake(self.redis, self.queue, self.name, self.block_ms, self.lane.shadow, start=self._start)
 
@@ -390,7 +392,7 @@ class Worker:
             verdict = checked
             write = leases.VerdictWrite(lease, verdict.status, doc, text)
             try:
-                end_to_end = await self._writer.write(write)
+                end_to_end = await self._writer.write(write, at_once=self.intake.reserved(lease.attempt))
             except WriteAbandoned as exc:
                 log.warning("verdict not written", extra={"submission": lease.submission, "reason": str(exc)})
                 return

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
@@ -37,6 +38,10 @@ class Intake(Protocol):
 
     def freed(self) -> None:
         """A job ended: its slot is free."""
+
+    def reserved(self, attempt: uuid.UUID) -> bool:
+        """Whether the job of ``attempt`` holds a slot kept for the first class (its verdict is
+        then written without lingering: the slot serves the next first-class job sooner)."""
 
     async def close(self) -> None:
         """Stopping: bring nothing more (bounded, best effort)."""
@@ -87,6 +92,9 @@ class StreamIntake:
 
     def freed(self) -> None:
         pass
+
+    def reserved(self, attempt: uuid.UUID) -> bool:
+        return False
 
     async def close(self) -> None:
         pass

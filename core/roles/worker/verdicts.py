@@ -127,14 +127,15 @@ class VerdictWriter:
         self._loop = asyncio.get_running_loop()
         self._task = self._loop.create_task(self._run(), name="verdict-writer")
 
-    async def write(self, write: leases.VerdictWrite) -> float | None:
-        """Queue a write; returns its end-to-end seconds, or None when the fence dropped it."""
+    async def write(self, write: leases.VerdictWrite, *, at_once: bool = False) -> float | None:
+        """Queue a write; returns its end-to-end seconds, or None when the fence dropped it. With
+        ``at_once`` what is queued is written without lingering (a reserved slot waits on it)."""
         loop = self._loop or asyncio.get_running_loop()
         future: asyncio.Future[float | None] = loop.create_future()
         self._pending.append((write, future))
         self._idle.clear()
         self._wake.ring()
-        if len(self._pending) >= VERDICT_COMPANY:
+        if at_once or len(self._pending) >= VERDICT_COMPANY:
             self._now.ring()
         return await future
 
@@ -234,4 +235,3 @@ class VerdictWriter:
             if not future.done():
                 future.set_exception(WriteAbandoned("worker stopped before the verdict was written"))
         self._pending = []
-

@@ -320,11 +320,13 @@ WITH no_flush_wait AS MATERIALIZED (
     RETURNING true
 ), flags AS (
     SELECT coalesce((SELECT live FROM q), false) AS live, EXISTS (SELECT 1 FROM registered) AS registered,
-           EXISTS (SELECT 1 FROM unregistered) AS unregistered
+           EXISTS (SELECT 1 FROM unregistered) AS unregistered,
+           coalesce((SELECT cardinality(shares) FROM q), 1) AS classes
 )
 -- Always one row at least: with nothing claimed, a row of NULLs that still carries the flags (a
--- worker of a paused or shadow queue polls instead of asking submits to notify it).
-SELECT flags.live, flags.registered, flags.unregistered, t.outbox_state, t.submission_id, t.outbox_generation, t.attempt_id,
+-- worker of a paused or shadow queue polls instead of asking submits to notify it) and the number
+-- of the queue's classes (with several, the worker keeps reserved offers for the first).
+SELECT flags.live, flags.registered, flags.unregistered, flags.classes, t.outbox_state, t.submission_id, t.outbox_generation, t.attempt_id,
        t.payload, t.created_at, t.request_generation, t.call_failures
   FROM flags
   LEFT JOIN (
@@ -338,32 +340,35 @@ SELECT flags.live, flags.registered, flags.unregistered, t.outbox_state, t.submi
 -- A worker's offers in one statement. Its filled offers whose job it has (the
 -- pairs of slots $7 and attempts $9, seen) are opened again if their slot is among the slots it
 -- opens now ($6), else deleted; a slot filled again since (another attempt) is left alone, so a
--- pair sent again after a lost answer touches nothing new. Unless $8 (withdraw): the other slots
--- in $6 are added if missing, and with $10 (refresh, about once a second) every open offer stays
--- alive for $5 seconds more (a top-up between refreshes touches only the slots it opens). With
--- $8: its open offers are deleted. Open offers a submit is filling at this moment are left alone
+-- pair sent again after a lost answer touches nothing new. The other slots in $6 are added if
+-- missing, those numbered $11 and up as reserved offers (max_rank 0: first-class jobs only, see
+-- judgequeue.submit()), and with $10 (refresh, about once a second) every open offer stays alive
+-- for $5 seconds more (a top-up between refreshes touches only the slots it opens). With $8
+-- (withdraw): its open offers not in $6 are deleted, and $6 lists every slot it keeps (its reserved
+-- ones; with $10 they are refreshed). Open offers a submit is filling at this moment are left alone
 -- either way. Returns,
 -- by kind: the withdrawn slots; every filled offer not seen, with the job where its lease still
 -- stands (a notification lost with a connection is made up here) or NULLs where it does not; and
 -- every slot of the worker's in the table, as of before the statement plus those it added.
 -- Filling and re-opening only change unindexed columns: the table and its index stay the size of
--- the offers, however many jobs pass through them. Unless $8, the queue's offers_until (which
--- judgequeue.submit() reads) is kept at or past the expiry this statement gives any offer: when it
--- would end within $5 seconds it moves to 2 * $5 from now, so the workers of a queue write its row
--- about once per $5 seconds between them, not once per refresh each; one that finds the row locked
--- (another worker's write, a flip) leaves it, the next sync tries again. With $8, when no other
--- worker of the queue has an unexpired open offer, offers_until is brought back to now(): a worker
--- stops offering when the submits outrun its offers, and from then on they stop looking for one
--- (instead of for up to 2 * $5 more seconds); an offer opened meanwhile by another worker, whose
--- insert this statement cannot see yet, waits for that worker's next refresh to be fillable, and
--- its worker (registered while it offers) is woken by the submits' PENDING rows in the meantime.
+-- the offers, however many jobs pass through them. While it opens or keeps offers, the queue's
+-- offers_until (which judgequeue.submit() reads) is kept at or past the expiry this statement gives
+-- any offer: when it would end within $5 seconds it moves to 2 * $5 from now, so the workers of a
+-- queue write its row about once per $5 seconds between them, not once per refresh each; one that
+-- finds the row locked (another worker's write, a flip) leaves it, the next sync tries again. A
+-- withdrawal that keeps nothing, when no other worker of the queue has an unexpired open offer,
+-- brings offers_until back to now(): a worker stops offering when the submits outrun its offers,
+-- and from then on they stop looking for one (instead of for up to 2 * $5 more seconds); an offer
+-- opened meanwhile by another worker, whose insert this statement cannot see yet, waits for that
+-- worker's next refresh to be fillable, and its worker (registered while it offers) is woken by the
+-- submits' PENDING rows in the meantime.
 WITH seen AS (
     SELECT slot, attempt FROM unnest($7::int[], $9::uuid[]) AS s(slot, attempt)
 ), added AS (
-    INSERT INTO judgequeue.worker_offers (queue, worker, slot, channel, lease_ttl, expires_at)
-    SELECT $1, $2, s, $3, $4::float8, now() + make_interval(secs => $5::float8)
+    INSERT INTO judgequeue.worker_offers (queue, worker, slot, channel, lease_ttl, expires_at, max_rank)
+    SELECT $1, $2, s, $3, $4::float8, now() + make_interval(secs => $5::float8), CASE WHEN s >= $11 THEN 0 END
       FROM unnest($6::int[]) AS s
-     WHERE NOT $8 AND s <> ALL($7::int[])
+     WHERE s <> ALL($7::int[])
     ON CONFLICT (queue, worker, slot) DO NOTHING
     RETURNING slot
 ), reopened AS (
@@ -371,13 +376,13 @@ WITH seen AS (
        SET submission = NULL, attempt = NULL, channel = $3, lease_ttl = $4::float8,
            expires_at = now() + make_interval(secs => $5::float8)
       FROM seen
-     WHERE NOT $8 AND o.queue = $1 AND o.worker = $2 AND o.slot = seen.slot AND o.attempt = seen.attempt
+     WHERE o.queue = $1 AND o.worker = $2 AND o.slot = seen.slot AND o.attempt = seen.attempt
        AND o.slot = ANY($6::int[])
 ), forgotten AS (
     DELETE FROM judgequeue.worker_offers o
      USING seen
      WHERE o.queue = $1 AND o.worker = $2 AND o.slot = seen.slot AND o.attempt = seen.attempt
-       AND ($8 OR o.slot <> ALL($6::int[]))
+       AND o.slot <> ALL($6::int[])
 ), open_now AS (
     SELECT slot FROM judgequeue.worker_offers
      WHERE ($8 OR $10) AND queue = $1 AND worker = $2 AND submission IS NULL
@@ -386,19 +391,21 @@ WITH seen AS (
     UPDATE judgequeue.worker_offers o
        SET expires_at = now() + make_interval(secs => $5::float8)
       FROM open_now
-     WHERE NOT $8 AND $10 AND o.queue = $1 AND o.worker = $2 AND o.slot = open_now.slot
+     WHERE $10 AND (NOT $8 OR o.slot = ANY($6::int[])) AND o.queue = $1 AND o.worker = $2
+       AND o.slot = open_now.slot
 ), gone AS (
     DELETE FROM judgequeue.worker_offers o
      USING open_now
-     WHERE $8 AND o.queue = $1 AND o.worker = $2 AND o.slot = open_now.slot
+     WHERE $8 AND o.slot <> ALL($6::int[]) AND o.queue = $1 AND o.worker = $2 AND o.slot = open_now.slot
     RETURNING o.slot
 ), signal AS (
-    -- Opening or refreshing: forward once due. Withdrawing the queue's last open offer: back to now.
+    -- Opening or keeping offers: forward once due. Withdrawing the queue's last open offer: back to now.
     UPDATE judgequeue.queues q
-       SET offers_until = CASE WHEN $8 THEN now() ELSE now() + make_interval(secs => 2 * $5::float8) END
+       SET offers_until = CASE WHEN $8 AND cardinality($6::int[]) = 0 THEN now()
+                               ELSE now() + make_interval(secs => 2 * $5::float8) END
      WHERE q.name = (SELECT name FROM judgequeue.queues
                       WHERE name = $1
-                        AND CASE WHEN $8
+                        AND CASE WHEN $8 AND cardinality($6::int[]) = 0
                                  THEN offers_until > now()
                                       AND NOT EXISTS (SELECT 1 FROM judgequeue.worker_offers o
                                                        WHERE o.queue = $1 AND o.worker <> $2

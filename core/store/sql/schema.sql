@@ -210,6 +210,9 @@ CREATE UNLOGGED TABLE judgequeue.worker_offers (
     expires_at  timestamptz NOT NULL,
     submission  bigint,                               -- set when a submit filled the offer
     attempt     uuid,
+    -- NULL: any job. 0: one of a worker's reserved slots, kept for the queue's first class: filled only
+    -- by a job of rank 0 that no waiting job of its class is ahead of (see submit()).
+    max_rank    smallint,
     PRIMARY KEY (queue, worker, slot)
 );
 
@@ -371,6 +374,7 @@ DECLARE
     v_live boolean;
     v_offer record;
     v_text text;
+    v_ahead boolean := false;
 BEGIN
     IF NOT judgequeue.is_dns_label(p_queue) THEN
         RAISE EXCEPTION USING ERRCODE = 'JQ001',
@@ -419,10 +423,22 @@ BEGIN
     -- also fail on offers changed since its snapshot (40001).
     IF v_offers THEN
         IF current_setting('transaction_isolation') = 'read committed' THEN
+            -- A reserved offer (max_rank 0: a worker keeps a few slots for the first class of a queue
+            -- with several) takes a first-class job only if no ready job of the class is ahead of it
+            -- (a job without a key: one without a key is waiting; with a key: one of a lower turn), so
+            -- it starts a job the next take would start first anyway, without waiting for that take.
+            -- One probe of outbox_claim, only for first-class submits in a queue with several classes.
+            IF v_rank = 0 AND cardinality(v_classes) > 1 THEN
+                v_ahead := EXISTS (SELECT 1 FROM judgequeue.outbox o
+                                    WHERE o.queue = p_queue AND o.class_rank = 0 AND o.state IN ('PENDING', 'CLAIMED')
+                                      AND o.fair_seq <= CASE WHEN p_key IS NULL THEN 0 ELSE v_seq - 1 END
+                                      AND o.next_attempt_at <= now());
+            END IF;
             UPDATE judgequeue.worker_offers o
                SET submission = nextval('judgequeue.submissions_id_seq'::regclass), attempt = gen_random_uuid()
              WHERE o.ctid = (SELECT ctid FROM judgequeue.worker_offers
                               WHERE queue = p_queue AND submission IS NULL AND expires_at > clock_timestamp()
+                                AND (max_rank IS NULL OR (v_rank <= max_rank AND NOT v_ahead))
                               LIMIT 1
                                 FOR UPDATE SKIP LOCKED)
             RETURNING o.ctid AS at_ctid, o.submission, o.worker, o.slot, o.channel, o.lease_ttl, o.attempt

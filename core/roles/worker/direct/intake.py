@@ -15,7 +15,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+import uuid
+from collections.abc import Awaitable, Callable, Collection, Sequence
 
 import asyncpg
 import redis.asyncio as aioredis
@@ -26,8 +27,9 @@ from ....config import Settings
 from ....runtime.lifecycle import SHUTDOWN_STEP, HeldSession, backoff, best_effort, unless_stopped, wait_any
 from ....runtime.wakeup import Wakeup, keep_listening
 from ....store import leases
+from ....store.queues import get_classes
 from ....transport import streams
-from . import takes, tuning
+from . import offers, takes, tuning
 from .offer_keeper import OfferKeeper
 
 log = logging.getLogger("judgequeue.worker")
@@ -54,12 +56,19 @@ class DirectIntake:
         start_jobs: Callable[[list[leases.Lease]], None],
         start_deliveries: Callable[[Sequence[streams.Delivery], asyncio.Event], Awaitable[None]],
         count_stale: Callable[[list[tuple[int, int]]], Awaitable[None]],
+        running: Callable[[], Collection[uuid.UUID]] = frozenset,
     ) -> None:
         self._pool, self._redis, self._settings, self._name = pool, redis, settings, name
         self._queue = settings.queue
         self._cfg = settings.worker  # one name, so tests/unit/test_spec_model.py sees what it reads
         self._session, self._jobs, self._count_stale = session, jobs, count_stale
         self._start_jobs, self._start_deliveries = start_jobs, start_deliveries
+        self._running = running
+        #: Slots kept for the first class in a queue with several (see :meth:`_keep_reserved`).
+        self.reserve = offers.reserved_slots(self._cfg.concurrency, self._cfg.reserve_percent)
+        # Whether the queue has several classes is read once before the first take (which must not
+        # fill the reserved slots), then from every take.
+        self._classes_unknown = True
         #: Take statements issued, rows or not.
         self.takes_issued = 0
         self._stream_checked = -float("inf")  # when the stream was last read
@@ -82,15 +91,23 @@ class DirectIntake:
             self.offering = OfferKeeper(
                 self._pool, self._queue, self._name, limit=self._cfg.offers, concurrency=self._cfg.concurrency,
                 lease_ttl=self._cfg.lease_ttl, busy=lambda: self._jobs() + self._taking, start=self._start_offered,
+                running=self._running,
             )  # fmt: skip
             self.offering.start()
             also = {self.offering.channel: self.offering.receive}  # fills come on the wake-up's connection
         self.wakeup = Wakeup(self._session, self._settings.listen_dsn, self._queue, self._name, also=also)
 
     def freed(self) -> None:
-        """A job ended: its slot may be offered again."""
+        """A job ended: its slot may be offered again. With reserved slots, a busy worker waits
+        for this (the free slots it has are reserved, see :meth:`step`): it takes again at once."""
         if self.offering is not None:
             self.offering.freed()
+            if self.offering.reserve and self.wakeup is not None and not self.wakeup.registered:
+                self.wakeup.nudge()
+
+    def reserved(self, attempt: uuid.UUID) -> bool:
+        """Whether the job of ``attempt`` came through a reserved offer (holds a reserved slot)."""
+        return self.offering is not None and self.offering.holds_reserved(attempt)
 
     async def full(self) -> None:
         """The worker is full and takes nothing: submitters need not notify it."""
@@ -142,6 +159,8 @@ class DirectIntake:
                 # (any more): nothing new to take, and a notification comes if there is.
                 await wakeup.wait(stop, schedule)
                 return
+            if self._classes_unknown:
+                await self._read_classes()
             free = await self._take_capacity(free, wakeup_due=notified or stream_due or not wakeup.registered)
             if free <= 0:
                 # Every free slot is offered and nothing says there is more to take (registered: a
@@ -243,6 +262,8 @@ class DirectIntake:
         wakeup.after_take(take.registered, take.unregistered)
         if self.offering is not None:
             self.offering.taken(take.rows)
+            # Reserved slots only where there is a class to keep them for (and a live queue to fill them).
+            self.offering.keep_reserved(self.reserve if take.classes > 1 and take.live else 0)
         if take.unregistered or not take.live:
             self._want_offers(False)  # work flows through takes (or none may be taken): no offers
         if take.leases:
@@ -254,6 +275,15 @@ class DirectIntake:
         if take.stale:
             await self._count_stale(take.stale)
         return take
+
+    async def _read_classes(self) -> None:
+        """Before the first take: keep reserved slots if the queue has several classes (one
+        statement, only where the worker would keep some)."""
+        if self.offering is not None and self.reserve:
+            conn = await self._session.get()
+            classes = await get_classes(conn, self._queue)
+            self.offering.keep_reserved(self.reserve if classes is not None and len(classes) > 1 else 0)
+        self._classes_unknown = False
 
     def _want_offers(self, wanted: bool) -> None:
         if self.offering is not None:
@@ -271,11 +301,11 @@ class DirectIntake:
         rows would wait for as long as submits keep the offers filled."""
         if self.offering is None:
             return free
-        capacity = free - self.offering.reserved
-        if capacity <= 0 and self.offering.reserved and wakeup_due:
+        capacity = self.offering.take_room(free)
+        if capacity <= 0 and self.offering.held_general and wakeup_due:
             await self.offering.withdraw_now()
             # Counted again: offers filled while the withdrawal ran brought jobs meanwhile.
-            capacity = self._cfg.concurrency - self._jobs() - self.offering.reserved
+            capacity = self.offering.take_room(self._cfg.concurrency - self._jobs())
         return capacity
 
     def _start_offered(self, held: list[leases.Lease]) -> None:

@@ -11,6 +11,13 @@ payload) into a lease handed to the worker, exactly once per slot.
 
 Slots held open are reserved: the worker takes from the outbox only into slots neither busy nor
 offered, so jobs never outnumber its concurrency.
+
+In a queue with several classes the worker also keeps a few slots for the first class
+(:meth:`OfferKeeper.keep_reserved`, ``JUDGEQUEUE_RESERVE_PERCENT``): no take fills them, and this
+class keeps every one of them that no job holds offered at all times, busy or idle (slot numbers
+from ``limit`` up, ``max_rank`` 0 in the table), so a first-class submit that nothing of its class
+is ahead of starts at once while a backlog drains. Only the cool-down (fills too fast) and the
+close take them back; a take that finds many rows does not (that is a backlog, not a burst of submits).
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ import logging
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from datetime import UTC, datetime
 
 import asyncpg
@@ -54,6 +61,7 @@ class OfferKeeper:
         lease_ttl: float,
         busy: Callable[[], int],
         start: Callable[[list[leases.Lease]], None],
+        running: Callable[[], Collection[uuid.UUID]] = frozenset,
     ) -> None:
         self.channel = offers.channel_name()
         self._pool = pool
@@ -64,6 +72,11 @@ class OfferKeeper:
         self._lease_ttl = lease_ttl
         self._busy = busy
         self._start = start
+        self._running = running  # the attempts of the worker's jobs in flight
+        #: Reserved slots kept for the first class (0: none, a queue with one class); their offers
+        #: are the slot numbers from ``limit`` up.
+        self._reserve = 0
+        self._reserved_jobs: set[uuid.UUID] = set()  # attempts started from reserved offers
         self._open: set[int] = set()  # offered and not known filled (in the table, or in doubt)
         self._awaiting: set[int] = set()  # filled, notified without the payload: the sync brings it
         # Filled and handled (slot -> the attempt that filled it): the next sync opens them again or
@@ -77,6 +90,7 @@ class OfferKeeper:
         self._closing = False
         self._fills: deque[float] = deque()  # when the recent fills came (see tuning.OFFER_MAX_FILL_RATE)
         self._cooldown_until = 0.0
+        self._reserved_cooldown_until = 0.0  # the reserved offers' (fills too fast only)
         self._refreshed_at = 0.0  # when the open offers were last kept alive (see tuning.OFFER_REFRESH)
         self._bell = Doorbell()
         self._sync_lock = asyncio.Lock()
@@ -87,6 +101,44 @@ class OfferKeeper:
     def reserved(self) -> int:
         """Slots held for offers: open ones and filled ones whose job is on its way."""
         return len(self._open) + len(self._awaiting)
+
+    @property
+    def held_general(self) -> int:
+        """Of :attr:`reserved`, the offers any job may fill."""
+        return sum(1 for slot in (*self._open, *self._awaiting) if slot < self._limit)
+
+    @property
+    def reserve(self) -> int:
+        """Slots kept for the first class (see :meth:`keep_reserved`)."""
+        return self._reserve
+
+    def reserved_busy(self) -> int:
+        """Jobs in flight that came through reserved offers (they hold reserved slots)."""
+        if not self._reserved_jobs:
+            return 0
+        running = self._running()
+        self._reserved_jobs.intersection_update(running)
+        return len(self._reserved_jobs)
+
+    def holds_reserved(self, attempt: uuid.UUID) -> bool:
+        """Whether the job of ``attempt`` came through a reserved offer."""
+        return attempt in self._reserved_jobs
+
+    def take_room(self, free: int) -> int:
+        """Of ``free`` slots (concurrency less jobs in flight), how many a take or a stream read may
+        fill: neither offered nor reserved for the first class (pure but for the counts)."""
+        room = free - self.reserved
+        if self._reserve:
+            general_busy = self._concurrency - free - self.reserved_busy()
+            room = min(room, self._concurrency - self._reserve - general_busy - self.held_general)
+        return room
+
+    def keep_reserved(self, slots: int) -> None:
+        """Keep ``slots`` slots for the first class (a queue with several classes), or none (0: one
+        class, a paused or shadow queue); a change is written by the loop at once."""
+        if slots != self._reserve:
+            self._reserve = slots
+            self._bell.ring()
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="offers")
@@ -99,9 +151,21 @@ class OfferKeeper:
             self._bell.ring()
 
     def freed(self) -> None:
-        """A slot came free: top the offers up if they ran low."""
-        if self._wanted and offers.to_add(self._concurrency, self._busy(), self.reserved, self._limit):
+        """A slot came free: top the offers up if they ran low, the reserved ones at once."""
+        now = time.monotonic()
+        if (self._offering(now) and self._general_to_add()) or (self._keeping(now) and self._reserved_to_add()):
             self._bell.ring()
+
+    def _general_to_add(self) -> int:
+        """Offers any job may fill to open now: up to ``limit`` in the slots the reserve leaves."""
+        busy = self._busy() - self.reserved_busy()
+        return offers.to_add(self._concurrency - self._reserve, busy, self.held_general, self._limit)
+
+    def _reserved_to_add(self) -> int:
+        """Reserved offers to open now: every reserved slot no job holds, within the free slots."""
+        held = self.reserved - self.held_general
+        free = self._concurrency - self._busy() - self.held_general
+        return max(0, min(self._reserve - self.reserved_busy(), free) - held)
 
     def receive(self, text: str) -> None:
         """A fill notification from the worker's channel (called by the listener, not awaited)."""
@@ -119,13 +183,21 @@ class OfferKeeper:
         Only a take while the offers are open says the submits outran them: during a cool-down
         every row comes through takes, and a take there that found a group of submits (8
         connections submitting in step at 1,000 a second) used to extend the cool-down, and the
-        next one again, so offers never came back at a rate they serve."""
+        next one again, so offers never came back at a rate they serve.
+
+        The reserved offers stay: a take of many rows is as likely a backlog draining (a bulk
+        rejudge), which is what they are kept for, and their fills are few (one per reserved slot
+        at a time); only fills coming too fast take them back too (:meth:`_count_fill`)."""
         if self._offering(time.monotonic()) and rows >= tuning.OFFER_BURST_ROWS:
-            self._cool_down()
+            self._cool_down(reserved=False)
 
     def _offering(self, now: float) -> bool:
         """Whether the worker offers its slots now: wanted, not closing, not cooling down."""
         return self._wanted and not self._closing and now >= self._cooldown_until
+
+    def _keeping(self, now: float) -> bool:
+        """Whether the worker keeps its reserved offers open now: it has some, not closing, not cooling down."""
+        return self._reserve > 0 and not self._closing and now >= self._reserved_cooldown_until
 
     async def withdraw_now(self) -> None:
         """Take the open offers back before returning (the worker wants their slots for a take)."""
@@ -172,22 +244,40 @@ class OfferKeeper:
             self._forget_old()
             now = time.monotonic()
             offering = self._offering(now)
+            keeping = self._keeping(now)
             # Every open offer is kept alive about once a second; a top-up between refreshes (every
             # few fills at a steady trickle) writes only the slots it opens.
-            refresh = offering and now >= self._refreshed_at + tuning.OFFER_REFRESH
+            refresh = (offering or keeping) and now >= self._refreshed_at + tuning.OFFER_REFRESH
             opened: list[int] = []
+            held = self._open | self._awaiting
             if offering:
-                n = offers.to_add(self._concurrency, self._busy(), self.reserved, self._limit)
+                n = self._general_to_add()
                 # Slot numbers are reused (the filled ones first): the table holds at most ``limit``
                 # rows per worker, updated in place.
-                unused = set(range(self._limit)) - self._open - self._awaiting - set(self._seen)
-                spare = sorted(set(self._seen) - self._open - self._awaiting) + sorted(unused)
+                general = set(range(self._limit))
+                unused = general - held - set(self._seen)
+                spare = sorted((set(self._seen) & general) - held) + sorted(unused)
                 opened = spare[:n]
                 self._open.update(opened)  # before the statement: a fill may be heard before its answer
-            elif not (self._open or self._seen or self._awaiting):
+            if keeping:
+                n = self._reserved_to_add()
+                kept = set(range(self._limit, self._limit + self._reserve))
+                unused = kept - held - set(self._seen)
+                spare = sorted((set(self._seen) & kept) - held) + sorted(unused)
+                opened += spare[:n]
+                self._open.update(spare[:n])
+            # Open offers to take back: any job's while not offering, reserved ones beyond the reserve.
+            keep = {s for s in self._open if (s < self._limit and offering)
+                    or (keeping and self._limit <= s < self._limit + self._reserve)}  # fmt: skip
+            withdraw = not (offering or keeping) or bool(self._open - keep)
+            if not (offering or keeping) and not (self._open or self._seen or self._awaiting):
                 self._refreshed_at = now  # nothing to keep alive: the loop sleeps a whole REFRESH
                 return
+            if keeping and not offering and not (opened or refresh or withdraw or self._seen or self._awaiting):
+                return  # nothing to write: the reserved offers stand, the next refresh keeps them
             seen = dict(self._seen)
+            # Withdrawing: every slot kept is listed (the rest of the open ones are taken back).
+            listed = sorted(keep) if withdraw else sorted(self._open if refresh else opened)
             async with self._pool.acquire(timeout=STATEMENT_TIMEOUT) as conn:
                 result = await offers.sync(
                     conn,
@@ -195,12 +285,13 @@ class OfferKeeper:
                     self._worker,
                     channel=self.channel,
                     lease_ttl=self._lease_ttl,
-                    open_slots=sorted(self._open if refresh else opened) if offering else [],
+                    open_slots=listed,
                     seen=sorted(seen.items()),
-                    withdraw=not offering,
+                    withdraw=withdraw,
                     refresh=refresh,
+                    reserved_from=self._limit,
                 )
-            if refresh or not offering:
+            if refresh or not (offering or keeping):
                 self._refreshed_at = now
             for slot, attempt in seen.items():
                 if self._seen.get(slot) == attempt:
@@ -234,6 +325,8 @@ class OfferKeeper:
         self._mark_handled(slot, filled.attempt)
         self._count_fill()
         self._m_offer.inc()
+        if slot >= self._limit:
+            self._reserved_jobs.add(filled.attempt)  # holds a reserved slot until it ends
         created = filled.created_at or datetime.now(UTC)  # always set with a payload
         self._start([leases.Lease(filled.submission, 1, filled.attempt, filled.payload, created)])
         self.freed()
@@ -246,11 +339,13 @@ class OfferKeeper:
         if too_fast(len(self._fills)):
             self._cool_down()  # submits come faster than offers help (see tuning.OFFER_MAX_FILL_RATE)
 
-    def _cool_down(self) -> None:
-        """Take the offers back for :data:`~tuning.OFFER_COOLDOWN`: at this rate the takes batch, and the submits
-        commit without a NOTIFY each."""
+    def _cool_down(self, *, reserved: bool = True) -> None:
+        """Take the offers back for :data:`~tuning.OFFER_COOLDOWN` (the reserved ones too, with
+        ``reserved``): at this rate the takes batch, and the submits commit without a NOTIFY each."""
         self._fills.clear()
         self._cooldown_until = time.monotonic() + tuning.OFFER_COOLDOWN
+        if reserved:
+            self._reserved_cooldown_until = self._cooldown_until
         self._bell.ring()
 
     def _mark_handled(self, slot: int, attempt: uuid.UUID) -> None:

@@ -49,6 +49,9 @@ from . import tuning
 
 _NO_PAYLOAD = object()
 
+#: ``reserved_from`` of a worker that keeps no reserved offers: past every slot number.
+NO_RESERVED = 2**31 - 1
+
 
 @dataclass(frozen=True)
 class Filled:
@@ -102,6 +105,13 @@ def parse_notification(text: str) -> Filled:
     )
 
 
+def reserved_slots(concurrency: int, percent: int) -> int:
+    """Slots a worker keeps for the first class of a queue with several (pure): ``percent`` of its
+    ``concurrency`` rounded up, so any share above 0 keeps one at least, and never every slot, so
+    the other classes always have one to run in (a worker of one slot keeps none)."""
+    return min(-(-concurrency * percent // 100), concurrency - 1)
+
+
 def to_add(concurrency: int, busy: int, open_now: int, limit: int) -> int:
     """How many new offers a waiting worker makes (pure): it keeps up to ``limit`` open within its
     free slots (``concurrency - busy``), topping up once three quarters are gone, so a trickle
@@ -124,16 +134,21 @@ async def sync(
     seen: Sequence[tuple[int, uuid.UUID]],
     withdraw: bool,
     refresh: bool = True,
+    reserved_from: int = NO_RESERVED,
 ) -> Synced:
     """Bring the worker's offers in line in one statement (``offers_sync``): ``open_slots`` are
     open (filled ones in ``seen`` opened again, missing ones added), and with ``refresh`` every
     open offer stays alive for :data:`~tuning.OFFER_VALIDITY` more; or with ``withdraw`` its open offers are taken
-    back (those a submit is filling this moment stay, and are reported filled later). Filled offers
+    back but for those in ``open_slots`` (the reserved ones it keeps; those a submit is filling
+    this moment stay too, and are reported filled later). Slots numbered ``reserved_from`` and up
+    are reserved offers: a submit fills them only with a first-class job no ready job of its class
+    is ahead of (``judgequeue.submit()``). Filled offers
     in ``seen`` (slot and the attempt that filled it) not opened again are forgotten. By attempt,
     not slot: a slot opened again by a statement whose answer was lost can be filled again before
     the next sync, and that fill must be reported, not wiped. Unless withdrawing, the statement
     also keeps the queue's ``offers_until`` at or past the expiry it gives the offers; a withdrawal
-    that leaves the queue no open offer (none of another worker's unexpired) ends it now."""
+    that keeps nothing and leaves the queue no open offer (none of another worker's unexpired) ends
+    it now."""
     rows = await conn.fetch(
         sql.query("offers_sync"),
         queue,
@@ -146,6 +161,7 @@ async def sync(
         withdraw,
         [attempt for _, attempt in seen],
         refresh,
+        reserved_from,
     )
     filled = [
         Filled(

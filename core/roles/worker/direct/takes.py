@@ -34,6 +34,8 @@ class Take:
     registered: bool = False
     #: The take removed the worker's registration (``unregister_if_busy`` and rows were ready).
     unregistered: bool = False
+    #: How many classes the queue declares (several: the worker keeps reserved offers for the first).
+    classes: int = 1
 
     @property
     def rows(self) -> int:
@@ -97,6 +99,7 @@ async def take(
         live=bool(flags["live"]),
         registered=bool(flags["registered"]),
         unregistered=bool(flags["unregistered"]),
+        classes=int(flags["classes"]),
     )
 
 
