@@ -276,6 +276,9 @@ def test_local_demo_with_each_roles_own_credentials(
             assert users[role].user in connections, (log.name, connections)
             others = [u.user for r, u in users.items() if r != role]
             assert not [u for u in others if u in connections], (log.name, connections)
+            # each role runs only statements its group role may: a step refused is a gap in the grants
+            refused = [e for e in json_events(log) if "permission denied" in json.dumps(e)]
+            assert not refused, (log.name, refused[:3])
     finally:
         asyncio.run(drop_component_users(pg_dsn, local_redis, users.values()))
 
