@@ -209,6 +209,8 @@ QUEUE_PARAMS: Final[Mapping[str, int]] = MappingProxyType(
         "waiter_register": 1,
         "waiter_unregister": 1,
         "queue_get": 1,
+        "queue_classes": 1,
+        "shadow_agreement": 1,
         "outbox_mark_claim": 8,
         "lease_rescue_expired": 1,
         "outbox_prune": 3,

@@ -154,6 +154,11 @@ PG_ATTACKS: dict[str, Attack] = {
     "delete submissions through retention": lambda c, q, sid: c.fetchval(
         sql.query("submissions_prune"), 0.0, 1000, q, ["PENDING"]
     ),
+    # the worker reads its own queue's classes, the reaper its own queue's agreement figures
+    "read another queue's classes": lambda c, q, sid: c.fetch(sql.query("queue_classes"), q),
+    "read another queue's shadow agreement": lambda c, q, sid: c.fetch(
+        sql.query("shadow_agreement"), q, ["ACCEPTED"]
+    ),
 }
 
 #: What each component must not do (all of PG_ATTACKS but what its job is).
@@ -163,7 +168,10 @@ MUST_NOT: dict[str, list[str]] = {
     "dispatcher": list(PG_ATTACKS),
     "reaper": [a for a in PG_ATTACKS if a not in {"delete submissions through retention"}],
     "application": [a for a in PG_ATTACKS if a not in {"submit", "read submissions through the results function"}],
-    "operator": [a for a in PG_ATTACKS if a not in {"change flags through the cutover function"}],
+    # the operator serves every queue (no queue role): it reads any queue's classes and agreement
+    "operator": [a for a in PG_ATTACKS if a not in {"change flags through the cutover function",
+                                                    "read another queue's classes",
+                                                    "read another queue's shadow agreement"}],
 }
 
 
