@@ -258,13 +258,17 @@ class WorkerSettings:
                 "worker's before the judge). 0 = no offers.")
     #: Direct intake, a queue with several classes: slots kept for the first class (core/roles/worker/direct/).
     reserve_percent: int = whole(
-        "RESERVE_PERCENT", 12, 0, 50, roles=("worker",),
+        "RESERVE_PERCENT", 12, 0, 50, roles=("worker",), spec=("worker", "reservePercent"),
         doc="worker, direct intake, in a queue with several classes: the share of its slots (percent of "
             "`CONCURRENCY`, rounded up, never all of them) a worker keeps for the first class (`0`: none). No take "
             "fills them; they are offered only to first-class submits that no ready job of their class is ahead of, "
             "so such a job starts at once while a backlog of any class (a bulk rejudge, another contest's burst) "
             "drains, and the other classes run in the rest. Needs offers (`OFFERS` above 0 and a LISTEN "
-            "connection) ([docs/design.md](docs/design.md), \"Priority classes and fair share\")")
+            "connection) ([docs/design.md](docs/design.md), \"Priority classes and fair share\")",
+        explain="With direct intake, in a queue with several classes: the percent of a worker's slots (of "
+                "concurrency, rounded up, never all) kept for the first class; only first-class submits that "
+                "nothing of their class is ahead of fill them, so a contest job starts at once while a rejudge "
+                "or another contest's burst drains. 0 = none.")
     progress: str = choice(
         # Not a spec scalar: the spec's boolean spec.events.progress renders it (core/spec/roles.py).
         "PROGRESS", "off", ("off", "on"), roles=("worker",),

@@ -20,7 +20,7 @@ SPEC: dict[str, Any] = {
     "redis": {"secretKeyRef": {"name": "rd", "key": "url"}},
     "dispatcher": {"batchSize": 77, "schedule": "3s", "maxAttempts": 4, "backoff": {"base": "2s", "max": "90s"}},
     "worker": {"minReplicas": 1, "maxReplicas": 3, "concurrency": 6, "judge": "sleep", "gracePeriod": "12s",
-               "intake": "direct", "offers": 8},
+               "intake": "direct", "offers": 8, "reservePercent": 25},
     "reaper": {
         "interval": "4s",
         "visibilityTimeout": "45s",
@@ -66,6 +66,7 @@ def test_each_spec_value_reaches_the_role_that_reads_it() -> None:
     assert (dispatcher.backoff_base, dispatcher.backoff_max) == (2.0, 90.0)
     assert (worker.concurrency, worker.judge, worker.grace_period, worker.lease_ttl) == (6, "sleep", 12.0, 20.0)
     assert (worker.progress, worker.progress_interval) == ("on", 0.5)
+    assert worker.reserve_percent == 25
     assert (reaper.reaper.interval, reaper.reaper.visibility_timeout, reaper.reaper.max_deliveries) == (4.0, 45.0, 7)
     assert (reaper.reaper.max_retries, reaper.reaper.retention) == (0, 3 * 86400.0)
     assert reaper.dispatcher.schedule == 3.0  # the reaper prunes dispatcher waiters by it
@@ -124,6 +125,14 @@ def test_bad_offers_is_one_error_naming_the_field() -> None:
     spec = {**SPEC, "worker": {**SPEC["worker"], "offers": -3}}
     errors = parse_spec(spec, name="judge")
     assert isinstance(errors, list) and len(errors) == 1 and errors[0].startswith("spec.worker.offers:"), errors
+
+
+def test_bad_reserve_is_one_error_naming_the_field_and_its_range() -> None:
+    """The roles refuse JUDGEQUEUE_RESERVE_PERCENT above 50 (never all of a worker's slots), so the spec does too."""
+    spec = {**SPEC, "worker": {**SPEC["worker"], "reservePercent": 60}}
+    errors = parse_spec(spec, name="judge")
+    assert isinstance(errors, list) and len(errors) == 1, errors
+    assert errors[0].startswith("spec.worker.reservePercent:") and "50" in errors[0], errors
 
 
 def _deployment_env(worker: dict[str, Any]) -> dict[str, dict[str, str]]:
