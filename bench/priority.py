@@ -1,7 +1,7 @@
 """Priority classes: a contest's commit-to-start latency with and without a 10,000-job rejudge or another
 contest's 20,000-job burst queued first, and the throughput of a queue with classes and fairness keys against one class.
 
-    .venv/bin/python -m bench.priority [--rate 100] [--seconds 10] [--rejudge 10000] [--burst 20000]
+    .venv/bin/python -m bench.priority [--rate 100] [--seconds 10] [--rejudge 10000] [--burst 20000] [--only contest]
 
 Every phase runs the roles as processes (dispatcher, 1 worker, reaper; noop judge; the bench
 stack's settings and the run's ``--intake``) on a fresh database, one after another in the same run:
@@ -69,13 +69,18 @@ async def _contest(
     return total
 
 
-async def _starts(pool: asyncpg.Pool, after: int) -> list[float]:
+async def _starts(pool: asyncpg.Pool, after: int) -> list[tuple[float, bool]]:
+    """Each contest job's commit-to-start (ms) and whether its submit filled an offer (its outbox row
+    was sent in the submit's own transaction) rather than a take or the stream bringing it."""
     rows = await pool.fetch(
-        "SELECT (verdict->'details'->>'started_at')::float8 - extract(epoch FROM created_at)::float8 AS start"
-        " FROM judgequeue.submissions WHERE id > $1 AND payload ? 'contest'",
+        "SELECT (s.verdict->'details'->>'started_at')::float8 - extract(epoch FROM s.created_at)::float8 AS start,"
+        " coalesce(o.sent_at = s.created_at, false) AS offered"
+        " FROM judgequeue.submissions s"
+        " LEFT JOIN judgequeue.outbox o ON o.submission_id = s.id AND o.generation = 1"
+        " WHERE s.id > $1 AND s.payload ? 'contest'",
         after,
     )
-    return [r["start"] * 1000 for r in rows if r["start"] is not None]
+    return [(r["start"] * 1000, r["offered"]) for r in rows if r["start"] is not None]
 
 
 async def contest_phase(
@@ -121,13 +126,19 @@ async def contest_phase(
         key = "contest-a" if classes else None
         submitted = await _contest(s, rate, seconds, "contest" if classes else None, key)
         await pipeline.wait_done(s.pool, 0, 50 + rejudge + other_contest + submitted, 300)
-        starts = await _starts(s.pool, after)
+        both = await _starts(s.pool, after)
+    starts = [ms for ms, _ in both]
+    offered = [ms for ms, by_offer in both if by_offer]
+    taken = [ms for ms, by_offer in both if not by_offer]
     return {
         "rejudge": rejudged,
         "classes": classes,
         "contest_jobs": len(starts),
         "start_p50_ms": pipeline.percentile(starts, 0.5),
         "start_p99_ms": pipeline.percentile(starts, 0.99),
+        "by_offer": len(offered),
+        "by_offer_p99_ms": pipeline.percentile(offered, 0.99) if offered else None,
+        "by_take_p99_ms": pipeline.percentile(taken, 0.99) if taken else None,
         "rejudge_statement_ms": statement_ms,
         "other_contest": other_contest,
         "other_contest_statement_ms": burst_ms,
@@ -201,18 +212,22 @@ async def inner(args: argparse.Namespace) -> int:
         progress(f"contest at {args.rate:g}/s for {args.seconds:g}s: {label}")
         got = await contest_phase(args.rate, args.seconds, rejudge, classes, other_contest=other)
         phases.append({"phase": label, **got})
-    progress(f"shares: {args.shares} jobs in each of three weighted classes")
-    weighted = await shares(args.shares)
+    weighted: dict[str, Any] = {}
     runs = []
-    for classes in (True, False):
+    if args.only == "all":
+        progress(f"shares: {args.shares} jobs in each of three weighted classes")
+        weighted = await shares(args.shares)
+    for classes in (True, False) if args.only == "all" else ():
         progress(f"throughput, {args.burst} jobs, {'three classes and two keys' if classes else 'one class'}")
         runs.append(await throughput(args.burst, classes))
     alone, with_classes = phases[0]["start_p99_ms"], phases[1]["start_p99_ms"]
     print(f"judgequeue intake: {args.intake}")
-    print(f"{'phase':<22} {'contest jobs':>12} {'start p50 ms':>12} {'start p99 ms':>12} {'p99 / alone':>11}")
+    print(f"{'phase':<22} {'contest jobs':>12} {'start p50 ms':>12} {'start p99 ms':>12} {'p99 / alone':>11}"
+          f" {'by offer':>8} {'offer p99':>9} {'take p99':>9}")  # fmt: skip
     for p in phases:
         print(f"{p['phase']:<22} {p['contest_jobs']:>12} {p['start_p50_ms']:>12.1f} {p['start_p99_ms']:>12.1f}"
-              f" {p['start_p99_ms'] / alone:>11.2f}")  # fmt: skip
+              f" {p['start_p99_ms'] / alone:>11.2f} {p['by_offer'] / max(1, p['contest_jobs']):>8.1%}"
+              f" {_ms(p['by_offer_p99_ms']):>9} {_ms(p['by_take_p99_ms']):>9}")  # fmt: skip
     print(f"bulk rejudge of {args.rejudge} in one statement: {phases[1]['rejudge_statement_ms']:.0f} ms")
     print(f"contest p99 with a {args.rejudge}-job rejudge queued first: {with_classes / alone:.2f}x alone "
           f"(target <= 1.5x): {'met' if with_classes <= 1.5 * alone else 'NOT met'}")  # fmt: skip
@@ -223,14 +238,20 @@ async def inner(args: argparse.Namespace) -> int:
         off_by = (w["share"] - w["weight"]) / w["weight"]
         print(f"class {name:<9} share {w['share']:6.1%} of the starts, weight {w['weight']:4.0%}: {off_by:+.0%}"
               f" ({'within' if abs(off_by) <= 0.1 else 'NOT within'} +-10%)")  # fmt: skip
-    on, off = runs
-    print(f"throughput: three classes and two keys {on['jobs_per_s']:.0f} jobs/s, one class {off['jobs_per_s']:.0f}"
-          f" jobs/s: {on['jobs_per_s'] / off['jobs_per_s']:.2f}x (target >= 0.9x)")  # fmt: skip
+    if runs:
+        on, off = runs
+        ratio = on["jobs_per_s"] / off["jobs_per_s"]
+        print(f"throughput: three classes and two keys {on['jobs_per_s']:.0f} jobs/s, one class"
+              f" {off['jobs_per_s']:.0f} jobs/s: {ratio:.2f}x (target >= 0.9x)")  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "priority.json").write_text(
         json.dumps({"phases": phases, "shares": weighted, "throughput": runs}, indent=1)
     )
     return 0
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
 
 
 def parser() -> argparse.ArgumentParser:
@@ -240,6 +261,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--rejudge", type=int, default=10_000)
     p.add_argument("--burst", type=int, default=20_000)
     p.add_argument("--shares", type=int, default=4_000)
+    p.add_argument("--only", choices=("contest", "all"), default="all",
+                   help="contest: only the four contest phases (no shares, no throughput)")
     return add_run_options(p)
 
 

@@ -153,6 +153,12 @@ def is_permanent(exc: BaseException) -> bool:
     return state[:2] in _PERMANENT_CLASSES or state.startswith("JQ")
 
 
+def reason(exc: BaseException) -> str:
+    """An exception's message for a log line, or its type's name where it has none (a statement or
+    pool timeout is a bare ``TimeoutError``, which logged an empty error)."""
+    return str(exc) or type(exc).__name__
+
+
 def describe(exc: BaseException) -> str:
     """One line naming a database error for logs, DLQ reasons and ``last_error`` (bounded)."""
     state = getattr(exc, "sqlstate", None)

@@ -38,7 +38,7 @@ import asyncpg
 import redis.asyncio as aioredis
 
 from ..base import failpoints, metrics
-from ..base.errors import TransportError
+from ..base.errors import TransportError, reason
 from ..config import Settings
 from ..runtime.lifecycle import (
     DB_ERRORS,
@@ -165,7 +165,7 @@ class Dispatcher:
                     )
             todo = live + shadow
         except TransportError as exc:
-            log.warning("enqueue failed; rows released for retry", extra={"error": str(exc), "rows": len(todo)})
+            log.warning("enqueue failed; rows released for retry", extra={"error": reason(exc), "rows": len(todo)})
             enqueue_results = exc
         enqueued_at = time.monotonic()
         failpoints.hit("dispatcher.after_xadd")
@@ -232,7 +232,7 @@ class Dispatcher:
             await redis_errors.guarded(lambda: asyncio.wait_for(self.redis.ping(), IDLE_PING_TIMEOUT))
         except TransportError as exc:
             if self._redis_ok:
-                log.warning("redis unreachable while idle", extra={"error": str(exc)})
+                log.warning("redis unreachable while idle", extra={"error": reason(exc)})
             self._redis_ok = False
             return
         if not self._redis_ok:
@@ -308,7 +308,7 @@ class Dispatcher:
                 except DB_ERRORS as exc:
                     failures += 1
                     delay = min(5.0, 0.1 * 2**failures)
-                    log.warning("dispatch cycle failed", extra={"error": str(exc), "retry_in": delay})
+                    log.warning("dispatch cycle failed", extra={"error": reason(exc), "retry_in": delay})
                     wakeup.forget()
                     # Marks not applied: those rows stay CLAIMED until claim_ttl, are claimed
                     # again and re-sent, and the dedup marker or the lease fence absorbs them.

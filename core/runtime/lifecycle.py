@@ -21,7 +21,7 @@ from typing import Any, Protocol, TypeVar
 import asyncpg
 import redis.asyncio as aioredis
 
-from ..base.errors import DB_ERRORS, TransportError
+from ..base.errors import DB_ERRORS, TransportError, reason
 from ..config import Settings
 from ..transport import streams
 from ..transport.connect import REDIS_TIMEOUT, STATEMENT_TIMEOUT, create_postgres_pool, redis_client
@@ -289,7 +289,7 @@ async def open_connections(settings: Settings, stop: asyncio.Event, *, pool_size
         except DB_ERRORS as exc:
             failures += 1
             delay = backoff(failures, base=0.5, cap=30.0)
-            log.warning("postgres unavailable; retrying", extra={"error": str(exc), "retry_in": delay})
+            log.warning("postgres unavailable; retrying", extra={"error": reason(exc), "retry_in": delay})
             await wait_any(stop, None, delay)
     redis = redis_client(settings.redis_url, socket_timeout=REDIS_TIMEOUT, socket_connect_timeout=REDIS_TIMEOUT)
     with contextlib.suppress(TransportError):

@@ -21,7 +21,7 @@ import asyncpg
 import redis.asyncio as aioredis
 
 from ..base import metrics as _metrics  # noqa: F401  (registers judgequeue_build_info, which every role's /metrics shows)
-from ..base.errors import ConfigError, RoleUnfit
+from ..base.errors import ConfigError, RoleUnfit, reason
 from ..base.logs import setup_logging
 from ..config import Settings, redact_url
 from ..store import sql
@@ -211,7 +211,7 @@ async def serve_role(
     except OSError as exc:
         log.error(
             "cannot listen on the metrics port",
-            extra={"address": settings.metrics_address, "port": settings.metrics_port, "error": str(exc)},
+            extra={"address": settings.metrics_address, "port": settings.metrics_port, "error": reason(exc)},
         )
         return 1
     log.info(

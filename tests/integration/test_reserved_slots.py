@@ -203,3 +203,34 @@ async def test_a_queue_with_one_class_keeps_no_reserved_slot(
         assert await pg_pool.fetchval("SELECT count(*) FROM judgequeue.worker_offers") == 0
         judge.gate.set()
         await eventually(lambda: _has(pg_pool, [*backlog, sid], {"ACCEPTED": 21}), what="all judged")
+
+
+async def test_a_first_class_submit_beside_a_burst_reads_no_row_by_a_sequential_scan(
+    pg_pool: asyncpg.Pool, queue: str
+) -> None:
+    """Whether a job is behind others of its class (the reserved offer's rule) is one index probe
+    even on an outbox analysed while small: another contest's 2,000 waiting jobs are not read by
+    each submit of this one (at 100 submits a second beside a 20,000-job burst that was 2 million
+    rows a second)."""
+    async with pg_pool.acquire() as conn:
+        await set_classes(conn, queue, CLASSES)
+        # An outbox of 50 rows, all handed out (none is ahead of anything), analysed as such.
+        await conn.execute("SELECT judgequeue.submit($1, '{}'::jsonb) FROM generate_series(1, 50)", queue)
+        await conn.execute("UPDATE judgequeue.outbox SET state = 'SENT' WHERE queue = $1", queue)
+        await conn.execute("ANALYZE judgequeue.outbox")
+        await offers.sync(conn, queue, "w-reserved", channel="jq_offers_reserved", lease_ttl=30,
+                          open_slots=[4], seen=[], withdraw=False, reserved_from=4)  # fmt: skip
+        async with conn.transaction():
+            await conn.execute(
+                "SELECT judgequeue.submit($1, jsonb_build_object('i', g), 'contest', 'b')"
+                " FROM generate_series(1, 2000) AS g",
+                queue,
+            )
+            await conn.execute(
+                "UPDATE judgequeue.worker_offers SET submission = NULL, attempt = NULL WHERE queue = $1", queue
+            )
+            read = "SELECT pg_stat_get_xact_tuples_returned('judgequeue.outbox'::regclass)"
+            before = await conn.fetchval(read)
+            a = await outbox.submit(conn, queue, {"i": "a0"}, job_class="contest", key="a")
+            assert await conn.fetchval(read) - before == 0, await conn.fetchval(read) - before
+        assert await _status(pg_pool, a) == "JUDGING", "a had nothing waiting: the reserved offer took it"

@@ -30,7 +30,7 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from ...base import metrics
-from ...base.errors import TransportError
+from ...base.errors import TransportError, reason
 from ...transport.endpoint_slots import EndpointSlots, Grant, Limits
 from ..interface import CallLater
 
@@ -178,7 +178,7 @@ class EndpointFlow:
                         break
                     held_until = asked + self.lease
                 except TransportError as exc:
-                    log.warning("endpoint slot not renewed", extra={"endpoint": endpoint, "error": str(exc)})
+                    log.warning("endpoint slot not renewed", extra={"endpoint": endpoint, "error": reason(exc)})
         finally:
             if not task.done():
                 task.cancel()
@@ -192,7 +192,7 @@ class EndpointFlow:
                 await self.slots.release(queue, endpoint, holder)
         except (TransportError, TimeoutError) as exc:  # its lease expires instead
             log.warning("endpoint slot not released; it frees when its lease expires",
-                        extra={"endpoint": endpoint, "error": str(exc)})  # fmt: skip
+                        extra={"endpoint": endpoint, "error": reason(exc)})  # fmt: skip
         freed = self._freed.pop(endpoint, None)
         if freed is not None:
             freed.set()  # this worker's waiters look at once; later ones wait on a new event

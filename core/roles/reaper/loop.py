@@ -22,7 +22,7 @@ from typing import Any
 import asyncpg
 import redis.asyncio as aioredis
 
-from ...base.errors import SERVER_ERRORS
+from ...base.errors import SERVER_ERRORS, reason
 from ...config import Settings
 from ...runtime.lifecycle import unless_stopped
 from ...store.leases import LeaseSweep
@@ -118,7 +118,7 @@ class Maintenance:
                 result = await maintainer.run()
             except SERVER_ERRORS as exc:
                 report.errors[maintainer.name] = f"{type(exc).__name__}: {exc}"
-                log.warning("reaper step failed", extra={"step": maintainer.name, "error": str(exc)})
+                log.warning("reaper step failed", extra={"step": maintainer.name, "error": reason(exc)})
                 continue
             self._ran_at[maintainer.name] = now
             report.results[maintainer.name] = result

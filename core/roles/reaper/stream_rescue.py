@@ -39,7 +39,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from ...base import failpoints, metrics
-from ...base.errors import DB_ERRORS
+from ...base.errors import DB_ERRORS, reason
 from ...store import giving_up, shadow
 from ...transport import streams
 from ...transport.connect import STATEMENT_TIMEOUT
@@ -170,7 +170,7 @@ class StreamRescue(Maintainer):
             outcomes = await record()
         except DB_ERRORS as exc:
             # The entries stay pending under our consumer; a later sweep retries both steps.
-            log.warning(postponed, extra={"error": str(exc), "entries": len(doomed)})
+            log.warning(postponed, extra={"error": reason(exc), "entries": len(doomed)})
             stats.deferred += len(doomed)
             return None
         for outcome in outcomes:

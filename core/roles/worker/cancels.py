@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 
 import asyncpg
 
-from ...base.errors import DB_ERRORS
+from ...base.errors import DB_ERRORS, reason
 from ...runtime.lifecycle import backoff
 from ...store import leases, sql
 from ...transport.connect import STATEMENT_TIMEOUT, connect_postgres
@@ -140,7 +140,7 @@ class CancelWatch:
                 if self._conn is not None:
                     self._conn.terminate()
                     self._conn = None
-                log.warning("cancel watch failed; retrying", extra={"error": str(exc)})
+                log.warning("cancel watch failed; retrying", extra={"error": reason(exc)})
                 await asyncio.sleep(backoff(failures))
 
     async def check(self) -> None:

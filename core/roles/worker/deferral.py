@@ -14,6 +14,7 @@ import logging
 import asyncpg
 
 from ...base import metrics
+from ...base.errors import reason
 from ...judges import CallLater, Verdict
 from ...runtime.lifecycle import DB_ERRORS
 from ...store import leases
@@ -39,7 +40,7 @@ async def defer(
             moved = await leases.defer(conn, lease, delay=later.delay, failed=later.failed, reason=later.reason)
     except DB_ERRORS as exc:
         log.warning("deferral failed; the lease expiry will rescue the job",
-                    extra={"submission": lease.submission, "error": str(exc)})  # fmt: skip
+                    extra={"submission": lease.submission, "error": reason(exc)})  # fmt: skip
         return None
     if moved is None:
         metrics.STALE_RESULTS_DROPPED.labels(queue, "stale_deferral").inc()

@@ -23,7 +23,7 @@ import asyncpg
 import redis.asyncio as aioredis
 
 from ...base import failpoints, metrics
-from ...base.errors import DB_ERRORS, TransportError
+from ...base.errors import DB_ERRORS, TransportError, reason
 from ...base.states import VERDICTS
 from ...runtime.lifecycle import SHUTDOWN_STEP, cancel_within
 from ...store import giving_up, leases, shadow
@@ -174,7 +174,7 @@ class AckWhenDurable:
         except DB_ERRORS as exc:
             log.warning(
                 "leases not confirmed durable; entries left pending",
-                extra={"error": str(exc), "entries": len(entry_ids)},
+                extra={"error": reason(exc), "entries": len(entry_ids)},
             )
             return
         try:
@@ -186,7 +186,7 @@ class AckWhenDurable:
             failpoints.hit("worker.after_ack")
         except TransportError as exc:
             # Harmless: the entries stay pending, get re-delivered and are then acked as stale.
-            log.warning("ack failed", extra={"error": str(exc), "entries": len(entry_ids)})
+            log.warning("ack failed", extra={"error": reason(exc), "entries": len(entry_ids)})
 
     async def close(self, within: float) -> None:
         """Ack what is queued within ``within`` seconds; the rest stays pending for the reaper."""

@@ -42,7 +42,7 @@ import asyncpg
 import redis.asyncio as aioredis
 
 from ...base import failpoints, metrics
-from ...base.errors import RoleUnfit, describe, is_permanent
+from ...base.errors import RoleUnfit, describe, is_permanent, reason
 from ...config import Settings
 from ...judges import (
     NO_PROGRESS,
@@ -279,10 +279,10 @@ class Worker:
                     return held, refused
                 failures += 1
                 if stop.is_set():
-                    log.warning("lease acquire failed at shutdown", extra={"error": str(exc)})
+                    log.warning("lease acquire failed at shutdown", extra={"error": reason(exc)})
                     return None, []
                 delay = backoff(failures)
-                log.warning("lease acquire failed; retrying", extra={"error": str(exc), "retry_in": delay})
+                log.warning("lease acquire failed; retrying", extra={"error": reason(exc), "retry_in": delay})
                 await wait_any(stop, None, delay)
 
     def _launch(
@@ -330,8 +330,8 @@ class Worker:
         except DB_ERRORS:
             await self._session.drop()
             reasons = ["unknown"] * len(stale)
-        for reason in reasons:
-            metrics.STALE_RESULTS_DROPPED.labels(self.queue, f"{self.lane.stale_prefix}envelope_{reason}").inc()
+        for why in reasons:
+            metrics.STALE_RESULTS_DROPPED.labels(self.queue, f"{self.lane.stale_prefix}envelope_{why}").inc()
         log.info("stale envelopes acked", extra={"count": len(stale), "reasons": sorted(set(reasons))})
 
     # --- one job ----------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import asyncpg
 import redis.asyncio as aioredis
 
-from ...base.errors import SERVER_ERRORS
+from ...base.errors import SERVER_ERRORS, reason
 from ...runtime.lifecycle import DB_ERRORS, SHUTDOWN_STEP, backoff
 from ...store import giving_up, leases
 from ...transport.connect import STATEMENT_TIMEOUT
@@ -71,7 +71,7 @@ async def keep_leases(
         except DB_ERRORS as exc:
             # Keep judging: the fence decides at write time whether the result still counts.
             failed()
-            log.warning("lease renew failed", extra={"error": str(exc), "leases": len(held_jobs)})
+            log.warning("lease renew failed", extra={"error": reason(exc), "leases": len(held_jobs)})
             continue
         for job in held_jobs:
             if job.lease.attempt in held or job.phase != "judging":
@@ -100,7 +100,7 @@ async def release_leases(pool: asyncpg.Pool, lane: Lane, held: list[leases.Lease
             log.info("released in-flight jobs", extra={"released": len(released), "asked": len(held)})
             return len(released)
         except DB_ERRORS as exc:
-            log.warning("lease release failed", extra={"error": str(exc), "attempt": attempt + 1})
+            log.warning("lease release failed", extra={"error": reason(exc), "attempt": attempt + 1})
             await asyncio.sleep(min(backoff(attempt + 1), max(0.0, left)))
     log.error("could not release leases; they will expire and be rescued", extra={"leases": len(held)})
     return 0
@@ -116,7 +116,7 @@ async def dead_letter(
     try:
         dead: int = await lane.give_up(pool, redis, queue, worker, poison)
     except SERVER_ERRORS as exc:
-        log.warning("dead-letter failed; left pending for the reaper", extra={"error": str(exc)})
+        log.warning("dead-letter failed; left pending for the reaper", extra={"error": reason(exc)})
         return 0
     for d in poison:
         log.error("entry dead-lettered", extra={"entry": d.entry.entry_id, "reason": d.reason})

@@ -17,7 +17,7 @@ from typing import Protocol
 
 import redis.asyncio as aioredis
 
-from ...base.errors import TransportError
+from ...base.errors import TransportError, reason
 from ...runtime.lifecycle import backoff, wait_any
 from ...transport import streams
 
@@ -81,7 +81,7 @@ class StreamIntake:
         except TransportError as exc:
             self._failures += 1
             delay = backoff(self._failures)
-            log.warning("stream read failed", extra={"error": str(exc), "retry_in": delay})
+            log.warning("stream read failed", extra={"error": reason(exc), "retry_in": delay})
             await wait_any(stop, None, delay)
             return []
         self._failures = 0

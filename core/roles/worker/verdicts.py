@@ -22,7 +22,7 @@ from typing import Any
 import asyncpg
 
 from ...base import failpoints
-from ...base.errors import describe, is_permanent
+from ...base.errors import describe, is_permanent, reason
 from ...judges import Verdict
 from ...runtime.lifecycle import DB_ERRORS, SHUTDOWN_STEP, Doorbell, backoff, cancel_within
 from ...store import leases
@@ -194,7 +194,7 @@ class VerdictWriter:
                     return await self._write_one_by_one(writes)
                 failures += 1
                 delay = backoff(failures)
-                log.warning("verdict write failed; retrying", extra={"error": str(exc), "retry_in": delay})
+                log.warning("verdict write failed; retrying", extra={"error": reason(exc), "retry_in": delay})
                 await asyncio.sleep(delay)
 
     async def _write_one_by_one(self, writes: list[leases.VerdictWrite]) -> dict[uuid.UUID, float]:
@@ -217,7 +217,7 @@ class VerdictWriter:
                         continue
                     log.warning(
                         "verdict write failed; the lease expiry will rescue the job",
-                        extra={"submission": write.lease.submission, "error": str(exc)},
+                        extra={"submission": write.lease.submission, "error": reason(exc)},
                     )
                     break
         return written

@@ -326,11 +326,13 @@ END $$;
 -- so a key that had nothing waiting starts at the head beside a bursting key's next job, and keys
 -- with waiting jobs take turns (start-time fair queuing). Jobs without a key are 0: first in their
 -- class, in order of readiness, as in a queue with no keys. Two index probes, each of one entry
--- whatever the statistics (ORDER BY ... LIMIT 1 on the index's order: a max() was planned as an
--- aggregate over the key's every entry on a table analysed while small), in PL/pgSQL: their plans
--- are kept per session, where a SQL function's would be planned at every call.
+-- whatever the statistics: ORDER BY ... LIMIT 1 on the index's order (a max() was planned as an
+-- aggregate over the key's every entry on a table analysed while small), and no sequential scan
+-- inside the function (on such a table the head was read by a scan and a top-N sort of every
+-- waiting row of the class, which made a keyed burst in one statement quadratic); in PL/pgSQL:
+-- their plans are kept per session, where a SQL function's would be planned at every call.
 CREATE FUNCTION judgequeue.fair_seq(p_queue text, p_rank smallint, p_key text) RETURNS bigint
-LANGUAGE plpgsql STABLE AS $$
+LANGUAGE plpgsql STABLE SET enable_seqscan = off AS $$
 DECLARE
     v_last bigint;
     v_head bigint;
@@ -362,9 +364,11 @@ END $$;
 -- A mode that is off costs nothing: in a queue where no offer can be open (queues.offers_until
 -- NULL or past, as in every queue of the stream intake) a submit runs the statements it ran before
 -- offers existed (the queue check, the two INSERTs, the waiters check), no more; a fairness key adds
--- the two probes of fair_seq().
+-- the two probes of fair_seq(). Every lookup is an index probe whatever the statistics (no
+-- sequential scan inside the function): on an outbox analysed while small, whether a waiting job of
+-- the class is ahead of a first-class submit was answered by reading every waiting row.
 CREATE FUNCTION judgequeue.submit(p_queue text, p_payload jsonb, p_class text DEFAULT NULL, p_key text DEFAULT NULL)
-RETURNS bigint LANGUAGE plpgsql AS $$
+RETURNS bigint LANGUAGE plpgsql SET enable_seqscan = off AS $$
 DECLARE
     v_id bigint;
     v_offers boolean;

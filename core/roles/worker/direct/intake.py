@@ -22,7 +22,7 @@ import asyncpg
 import redis.asyncio as aioredis
 
 from ....base import failpoints, metrics
-from ....base.errors import SERVER_ERRORS, TransportError
+from ....base.errors import SERVER_ERRORS, TransportError, reason
 from ....config import Settings
 from ....runtime.lifecycle import SHUTDOWN_STEP, HeldSession, backoff, best_effort, unless_stopped, wait_any
 from ....runtime.wakeup import Wakeup, keep_listening
@@ -182,7 +182,7 @@ class DirectIntake:
             await self._session.drop()
             self._failures += 1
             delay = backoff(self._failures)
-            log.warning("direct intake failed; retrying", extra={"error": str(exc), "retry_in": delay})
+            log.warning("direct intake failed; retrying", extra={"error": reason(exc), "retry_in": delay})
             await wait_any(stop, None, delay)
             return
         # Only takes run back to back make a busy streak: one that waits serves a trickle.
@@ -197,7 +197,7 @@ class DirectIntake:
             deliveries = await streams.read(self._redis, self._queue, self._name, count=free, block_ms=None)
         except TransportError as exc:
             # Direct intake needs no Redis: judge from the outbox; look again next schedule.
-            log.warning("stream read failed; taking from the outbox only", extra={"error": str(exc)})
+            log.warning("stream read failed; taking from the outbox only", extra={"error": reason(exc)})
             deliveries = []
         self._stream_flowing = bool(deliveries)
         if deliveries:

@@ -34,6 +34,7 @@ from datetime import UTC, datetime
 import asyncpg
 
 from ....base import metrics
+from ....base.errors import reason
 from ....runtime.lifecycle import DB_ERRORS, Doorbell, backoff, cancel_within
 from ....store import leases
 from ....transport.connect import STATEMENT_TIMEOUT
@@ -172,7 +173,7 @@ class OfferKeeper:
         try:
             filled = offers.parse_notification(text)
         except ValueError as exc:
-            log.error("unreadable offer notification", extra={"error": str(exc)})
+            log.error("unreadable offer notification", extra={"error": reason(exc)})
             self._bell.ring()  # the sync reports every filled offer, readable or not
             return
         self._handle(filled, from_sync=False)
@@ -231,7 +232,7 @@ class OfferKeeper:
                 failures += 1
                 delay = backoff(failures)
                 if isinstance(exc, DB_ERRORS):
-                    log.warning("offers sync failed; retrying", extra={"error": str(exc), "retry_in": delay})
+                    log.warning("offers sync failed; retrying", extra={"error": reason(exc), "retry_in": delay})
                 else:
                     log.exception("offers sync failed; retrying", extra={"retry_in": delay})
                 await asyncio.sleep(delay)
