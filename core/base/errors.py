@@ -7,6 +7,9 @@ Python get the same error whether validation happened in Python or in SQL.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import asyncpg
 
 
@@ -172,3 +175,16 @@ def translate_pg_error(exc: asyncpg.PostgresError) -> JudgeQueueError | None:
     if cls is None:
         return None
     return cls(getattr(exc, "message", str(exc)))
+
+
+@contextlib.contextmanager
+def typed_pg_errors() -> Iterator[None]:
+    """Around a call of judgequeue's SQL functions: an error they raise comes out as its typed error
+    (:func:`translate_pg_error`), raised from the original; any other error comes out as it is."""
+    try:
+        yield
+    except asyncpg.PostgresError as exc:
+        translated = translate_pg_error(exc)
+        if translated is None:
+            raise
+        raise translated from exc

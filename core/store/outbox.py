@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 import asyncpg
 
-from ..base.errors import InvalidClass, InvalidPayload, PayloadTooLarge, UnknownSubmission, translate_pg_error
+from ..base.errors import InvalidClass, InvalidPayload, PayloadTooLarge, UnknownSubmission, typed_pg_errors
 from ..base.names import validate_queue_name
 from ..base.states import ENDED_STATUSES
 from ..base.states import OUTBOX_STATES as OUTBOX_STATES  # re-exported: callers know them as outbox's
@@ -54,13 +54,8 @@ def json_text(value: Any, *, subject: str, limit: int) -> str:
 
 
 async def _call(conn: asyncpg.Connection, statement: str, *args: Any) -> Any:
-    try:
+    with typed_pg_errors():
         return await conn.fetchval(statement, *args)
-    except asyncpg.PostgresError as exc:
-        translated = translate_pg_error(exc)
-        if translated is not None:
-            raise translated from exc
-        raise
 
 
 async def submit(
@@ -134,13 +129,8 @@ async def rejudge_many(
     ``problem``, created in ``[since, until)``) in one statement, in ``job_class`` (None: the lowest);
     returns (submission, new generation) pairs. At least one filter is required."""
     listed = selected_ids(queue, ids, problem, since, until, "a bulk rejudge")
-    try:
+    with typed_pg_errors():
         rows = await conn.fetch(sql.query("rejudge_many"), queue, job_class, listed, problem, since, until)
-    except asyncpg.PostgresError as exc:
-        translated = translate_pg_error(exc)
-        if translated is not None:
-            raise translated from exc
-        raise
     return [(r["submission_id"], r["generation"]) for r in rows]
 
 

@@ -57,16 +57,9 @@ class VersionConflict(JudgeQueueError):
     """That version exists with different content (versions are immutable)."""
 
 
-def read_package_dir(
-    root: Path,
-    *,
-    problem_id: str | None = None,
-    time_limit: float | None = None,
-    fmt: str | None = None,
-    bounds: ArchiveSettings | None = None,
-) -> PackageDir:
-    """Validate a package directory in any format judgequeue reads (see :mod:`.archives`)."""
-    return read_package(root, problem_id=problem_id, time_limit=time_limit, fmt=fmt, bounds=bounds)
+#: Validate a package directory in any format judgequeue reads (see :mod:`.archives`): the archives'
+#: :func:`read_package`, under the name the store has always given it.
+read_package_dir = read_package
 
 
 def manifest_digest(manifest: dict[str, Any]) -> str:

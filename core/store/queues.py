@@ -19,7 +19,7 @@ from datetime import datetime
 import asyncpg
 
 from ..base.classes import JobClass, check_classes
-from ..base.errors import CutoverBlocked, QueueOwned, UnknownQueue, translate_pg_error
+from ..base.errors import CutoverBlocked, QueueOwned, UnknownQueue, typed_pg_errors
 from ..base.names import validate_queue_name
 from ..base.states import MODES as MODES  # re-exported: the operator knows them as queues'
 from ..base.states import Mode as Mode
@@ -153,19 +153,20 @@ async def set_cutover(
     if isinstance(watermark, datetime) and watermark.tzinfo is None:
         raise ValueError("watermark must be timezone-aware")
     try:
-        async with conn.transaction():  # a savepoint inside the caller's own transaction
-            old = await conn.fetchval(sql.query("queue_flip_wait"), f"{max(1, round(wait * 1000))}ms")
-            await conn.execute(sql.query("queue_flip_lock"), name)
-            row = await conn.fetchrow(
-                sql.query("queue_set_cutover"),
-                name,
-                mode,
-                watermark is not _UNSET,
-                None if watermark is _UNSET else watermark,
-                paused,
-                owner,
-            )
-            await conn.fetchval(sql.query("queue_flip_wait"), old)
+        with typed_pg_errors():  # a flip that waited too long is no JQ error: it comes out as it is
+            async with conn.transaction():  # a savepoint inside the caller's own transaction
+                old = await conn.fetchval(sql.query("queue_flip_wait"), f"{max(1, round(wait * 1000))}ms")
+                await conn.execute(sql.query("queue_flip_lock"), name)
+                row = await conn.fetchrow(
+                    sql.query("queue_set_cutover"),
+                    name,
+                    mode,
+                    watermark is not _UNSET,
+                    None if watermark is _UNSET else watermark,
+                    paused,
+                    owner,
+                )
+                await conn.fetchval(sql.query("queue_flip_wait"), old)
     except asyncpg.LockNotAvailableError as exc:
         holders, oldest = await conn.fetchrow(sql.query("queue_flip_blockers"), name)
         raise CutoverBlocked(
@@ -173,11 +174,6 @@ async def set_cutover(
             f" to a worker's offer (the oldest open for {oldest:.0f}s) and did not commit; nothing was"
             " changed: retry, or end those transactions"
         ) from exc
-    except asyncpg.PostgresError as exc:
-        translated = translate_pg_error(exc)
-        if translated is not None:
-            raise translated from exc
-        raise
     if row is None:
         if owner is not None:
             current = await conn.fetchrow(sql.query("queue_get"), name)

@@ -26,7 +26,7 @@ from typing import Any
 
 import asyncpg
 
-from ..base.errors import UnknownRejudging, translate_pg_error
+from ..base.errors import UnknownRejudging, typed_pg_errors
 from ..base.names import validate_queue_name
 from . import sql
 from .outbox import selected_ids
@@ -37,13 +37,8 @@ NOT_JUDGED = "PENDING"
 
 async def _call(conn: asyncpg.Connection, statement: str, *args: Any) -> list[asyncpg.Record]:
     """Run ``statement`` (a named query's call), its refusals as judgequeue's typed errors."""
-    try:
+    with typed_pg_errors():
         return list(await conn.fetch(statement, *args))
-    except asyncpg.PostgresError as exc:
-        translated = translate_pg_error(exc)
-        if translated is not None:
-            raise translated from exc
-        raise
 
 
 def _check_id(rejudging: int) -> None:

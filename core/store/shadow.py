@@ -32,7 +32,7 @@ from typing import Any
 import asyncpg
 
 from ..base.agreement import Agreement, summarize
-from ..base.errors import InvalidVerdict, translate_pg_error
+from ..base.errors import InvalidVerdict, typed_pg_errors
 from ..base.states import VERDICTS
 from . import sql
 from .leases import Lease, VerdictWrite, fence_arrays
@@ -185,13 +185,8 @@ async def report_legacy_verdict(
     text = validate_legacy_verdict(verdict, details)
     if isinstance(submission_id, bool) or not isinstance(submission_id, int):
         raise TypeError(f"submission_id must be an int, got {type(submission_id).__name__}")
-    try:
+    with typed_pg_errors():
         await conn.execute(sql.query("report_legacy_verdict"), submission_id, verdict, text)
-    except asyncpg.PostgresError as exc:
-        translated = translate_pg_error(exc)
-        if translated is not None:
-            raise translated from exc
-        raise
 
 
 async def agreement(conn: asyncpg.Connection, queue: str) -> Agreement:

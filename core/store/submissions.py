@@ -20,7 +20,7 @@ from typing import Any
 
 import asyncpg
 
-from ..base.errors import InvalidReason, UnknownSubmission, translate_pg_error
+from ..base.errors import InvalidReason, UnknownSubmission, typed_pg_errors
 from ..base.names import validate_queue_name
 from ..base.states import ENDED_STATUSES
 from . import sql
@@ -85,13 +85,8 @@ async def cancel(conn: asyncpg.Connection, queue: str, submission: int, reason: 
     if not isinstance(reason, str) or not reason.strip() or len(reason) > MAX_REASON_CHARS:
         got = f"{len(reason)} characters" if isinstance(reason, str) else type(reason).__name__
         raise InvalidReason(f"reason must be 1 to {MAX_REASON_CHARS} characters (not only blanks), got {got}")
-    try:
+    with typed_pg_errors():
         row = await conn.fetchrow(sql.query("submission_cancel"), queue, submission, reason)
-    except asyncpg.PostgresError as exc:
-        translated = translate_pg_error(exc)
-        if translated is not None:
-            raise translated from exc
-        raise
     assert row is not None
     return Cancellation(submission, int(row["generation"]), bool(row["cancelled_now"]))
 
