@@ -69,6 +69,8 @@ def test_queries_file_parses_with_a_comment_per_statement() -> None:
     for name, comment in sql.COMMENTS.items():
         assert comment and "\n" not in comment, name
         assert sql.QUERIES[name].strip(), name
+        # Fragments are pasted in at load (tests/unit/test_sql_fragments.py): none is left to Postgres.
+        assert "-- include:" not in sql.QUERIES[name] and "{{" not in sql.QUERIES[name], name
 
 
 def test_a_malformed_file_fails_to_load() -> None:

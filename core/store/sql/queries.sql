@@ -3,7 +3,10 @@
 -- one-line comment and is run through judgequeue.core.sql.query(name). Statements are fixed text:
 -- values are parameters, and state lists come from judgequeue.core.states as array parameters
 -- (except where a literal list must match a partial index predicate; tests/integration/test_sql.py
--- checks those against states too).
+-- checks those against states too). Text several statements share is written once, under
+-- `-- fragment: <name>` with a one-line comment, and pasted in when the file is read where a statement
+-- says `-- include: <name>`, its {{placeholders}} filled with text written here (syntax: the
+-- docstring of core/store/sql/__init__.py): what runs is the statement written out in full.
 
 -- name: submit
 -- Write a submission and its outbox row in the caller's transaction, in the queue's first class; returns the id.
@@ -21,6 +24,22 @@ SELECT judgequeue.rejudge($1, $2)
 -- A bulk rejudge in one statement: a queue's submissions by ids, problem and creation time, in class $2.
 SELECT submission_id, generation
   FROM judgequeue.rejudge_many($1, $2, $3::bigint[], $4, $5::timestamptz, $6::timestamptz)
+
+-- fragment: claim_walk
+-- A claim's walk of the outbox (outbox_mark_claim, lease_direct): claim_plan's classes along outbox_claim, locked.
+    SELECT p.id
+      FROM judgequeue.claim_plan(coalesce((SELECT shares FROM q), '{}'::smallint[]), {{rows}}) AS r
+     CROSS JOIN LATERAL (
+        SELECT o.id
+          FROM judgequeue.outbox o
+         WHERE o.queue = {{queue}} AND o.class_rank = r.rank
+           AND o.state IN ('PENDING', 'CLAIMED')
+{{ready}}
+         ORDER BY o.fair_seq, o.next_attempt_at, o.id
+         LIMIT r.quota OFFSET r.skip
+           FOR UPDATE SKIP LOCKED
+     ) p
+     LIMIT {{rows}}
 
 -- name: outbox_mark_claim
 -- Mark a dispatched batch's outcomes (fenced on the claim owner; DEAD ends the submission) and claim
@@ -72,13 +91,7 @@ WITH no_flush_wait AS MATERIALIZED (
     -- The classes in the claim's plan (judgequeue.claim_plan: each class with a share for its share
     -- of the $9 rows, then all by rank), each walked along outbox_claim: within a class, keys in
     -- turn (fair_seq), then readiness. The nested loop stops once $9 rows are locked.
-    SELECT p.id
-      FROM judgequeue.claim_plan(coalesce((SELECT shares FROM q), '{}'::smallint[]), $9) AS r
-     CROSS JOIN LATERAL (
-        SELECT o.id
-          FROM judgequeue.outbox o
-         WHERE o.queue = $8 AND o.class_rank = r.rank
-           AND o.state IN ('PENDING', 'CLAIMED')
+-- include: claim_walk queue=$8 rows=$9 ready:
            -- With direct intake, live rows are left to the workers for $11 seconds (the hand-off),
            -- and in a queue with several classes for good: the takes keep the classes' order and
            -- shares, which the stream's FIFO (read before the outbox) would not.
@@ -87,11 +100,7 @@ WITH no_flush_wait AS MATERIALIZED (
            AND ($11::float8 = 0 OR (SELECT mode FROM q) <> 'live' OR (SELECT classes FROM q) = 1)
            AND NOT coalesce((SELECT paused FROM q), true)
            AND o.id <> ALL($1::bigint[])  -- marked above: one statement never updates a row twice
-         ORDER BY o.fair_seq, o.next_attempt_at, o.id
-         LIMIT r.quota OFFSET r.skip
-           FOR UPDATE SKIP LOCKED
-     ) p
-     LIMIT $9
+-- end: claim_walk
 ), claimed AS (
     UPDATE judgequeue.outbox o
        SET state = CASE WHEN q.mode = 'live' AND q.watermark IS NOT NULL AND o.created_at < q.watermark
@@ -273,20 +282,10 @@ WITH no_flush_wait AS MATERIALIZED (
       FROM judgequeue.queues WHERE name = $1
 ), picked AS (
     -- The classes in the claim's plan, each along outbox_claim (as in outbox_mark_claim).
-    SELECT p.id
-      FROM judgequeue.claim_plan(coalesce((SELECT shares FROM q), '{}'::smallint[]), $3) AS r
-     CROSS JOIN LATERAL (
-        SELECT o.id
-          FROM judgequeue.outbox o
-         WHERE o.queue = $1 AND o.class_rank = r.rank
-           AND o.state IN ('PENDING', 'CLAIMED')
+-- include: claim_walk queue=$1 rows=$3 ready:
            AND o.next_attempt_at <= now()
            AND coalesce((SELECT live FROM q), false)  -- shadow rows are the dispatcher's
-         ORDER BY o.fair_seq, o.next_attempt_at, o.id
-         LIMIT r.quota OFFSET r.skip
-           FOR UPDATE SKIP LOCKED
-     ) p
-     LIMIT $3
+-- end: claim_walk
 ), sent AS (
     UPDATE judgequeue.outbox o
        SET state = CASE WHEN q.watermark IS NOT NULL AND o.created_at < q.watermark THEN 'SKIPPED' ELSE 'SENT' END,
@@ -833,9 +832,8 @@ SELECT r.rolsuper AS superuser,
 -- A readiness probe's round trip.
 SELECT 1
 
--- name: events_read
--- Events after position ($1 txid, $2 id), of queue $3 (NULL: every queue) and kinds $5 (NULL: all), up to the oldest transaction still running here.
-WITH horizon AS MATERIALIZED (
+-- fragment: events_horizon
+-- The oldest transaction still running in this database (events_read, webhook_ingest): events before it are final.
     -- judgequeue.events_horizon()'s body, inlined: a prepared statement plans it once, where the
     -- SQL function is planned again at every call (about 0.5 ms of server CPU each)
     SELECT coalesce(
@@ -845,6 +843,11 @@ WITH horizon AS MATERIALIZED (
                             WHERE backend_xid IS NOT NULL AND datname IS DISTINCT FROM current_database())),
                pg_snapshot_xmax(snap.s)) AS h
       FROM (SELECT pg_current_snapshot() AS s) snap
+
+-- name: events_read
+-- Events after position ($1 txid, $2 id), of queue $3 (NULL: every queue) and kinds $5 (NULL: all), up to the oldest transaction still running here.
+WITH horizon AS MATERIALIZED (
+-- include: events_horizon
 )
 SELECT e.id, e.txid::text AS txid, e.queue, e.submission_id, e.generation, e.status, e.score, e.reason, e.created_at,
        e.kind, e.progress
@@ -889,15 +892,19 @@ WITH held AS (
 )
 SELECT h.attempt_id FROM held h, told
 
--- name: events_prune
--- Delete a batch of a queue's verdict events older than the retention, oldest first.
+-- fragment: prune_by_age
+-- Delete a batch of $2 of queue $3's rows of a table made more than $1 seconds ago, oldest first (events, history, rejudgings).
 WITH doomed AS (
-    SELECT id FROM judgequeue.verdict_events
+    SELECT id FROM judgequeue.{{table}}
      WHERE queue = $3 AND created_at < now() - make_interval(secs => $1)
      ORDER BY created_at
      LIMIT $2
 )
-DELETE FROM judgequeue.verdict_events e USING doomed WHERE e.id = doomed.id
+DELETE FROM judgequeue.{{table}} {{alias}} USING doomed WHERE {{alias}}.id = doomed.id
+
+-- name: events_prune
+-- Delete a batch of a queue's verdict events older than the retention, oldest first.
+-- include: prune_by_age table=verdict_events alias=e
 
 -- name: webhook_endpoint_ensure
 -- Create a webhook endpoint's row (its read position starts before every retained event); returns its queue.
@@ -913,15 +920,7 @@ SELECT queue FROM made UNION ALL SELECT queue FROM judgequeue.webhook_endpoints 
 WITH ep AS (
     SELECT name, queue, after_txid, after_id FROM judgequeue.webhook_endpoints WHERE name = $1 FOR UPDATE
 ), horizon AS MATERIALIZED (
-    -- judgequeue.events_horizon()'s body, inlined: a prepared statement plans it once, where the
-    -- SQL function is planned again at every call (about 0.5 ms of server CPU each)
-    SELECT coalesce(
-               (SELECT min(x) FROM pg_snapshot_xip(snap.s) AS x
-                 WHERE (x::text::bigint % 4294967296) NOT IN (
-                           SELECT backend_xid::text::bigint FROM pg_stat_activity
-                            WHERE backend_xid IS NOT NULL AND datname IS DISTINCT FROM current_database())),
-               pg_snapshot_xmax(snap.s)) AS h
-      FROM (SELECT pg_current_snapshot() AS s) snap
+-- include: events_horizon
 ), batch AS (
     SELECT e.id, e.txid, e.queue, e.submission_id, e.generation, e.status, e.score, e.reason, e.created_at, e.kind
       FROM judgequeue.verdict_events e, ep
@@ -1064,13 +1063,7 @@ SELECT true FROM judgequeue.submissions WHERE id = $2 AND queue = $1
 
 -- name: history_prune
 -- Delete a batch of a queue's verdict history older than the retention, oldest first.
-WITH doomed AS (
-    SELECT id FROM judgequeue.verdict_history
-     WHERE queue = $3 AND created_at < now() - make_interval(secs => $1)
-     ORDER BY created_at
-     LIMIT $2
-)
-DELETE FROM judgequeue.verdict_history h USING doomed WHERE h.id = doomed.id
+-- include: prune_by_age table=verdict_history alias=h
 
 -- name: lease_gone
 -- Which of these live leases are no longer held, each with whether its submission was cancelled (read only).
@@ -1120,10 +1113,4 @@ SELECT i.submission_id, i.base_generation, i.old_status, i.old_verdict, i.probe,
 
 -- name: rejudgings_prune
 -- Delete a batch of a queue's rejudgings (and their items) opened before the retention, oldest first.
-WITH doomed AS (
-    SELECT id FROM judgequeue.rejudgings
-     WHERE queue = $3 AND created_at < now() - make_interval(secs => $1)
-     ORDER BY created_at
-     LIMIT $2
-)
-DELETE FROM judgequeue.rejudgings r USING doomed WHERE r.id = doomed.id
+-- include: prune_by_age table=rejudgings alias=r
