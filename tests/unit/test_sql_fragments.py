@@ -25,6 +25,8 @@ PINNED = {
     "events_prune": "50c25834d94616a936a713d5a5ee05515251191a4b58b143d18a4c6e0d13849a",
     "history_prune": "0f81cef2ee417cb57c05f67528f33640c8aedea77037133e0b367c4d9a8b1572",
     "rejudgings_prune": "f3eedc3c770a3a53b259d196d42d885713368cab07f5ffcbd3c5e69a32758458",
+    "submissions_prune": "1459d2eb94a1ba007afa8a17394a5ee22989012de6a926fba0a15bbd03745676",
+    "shadow_verdicts_prune": "1eb9140e8312b23f6828039477dfe95f4905e23882be0ac7dda839c9b265e68a",
 }
 
 

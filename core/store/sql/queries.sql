@@ -137,19 +137,23 @@ WITH doomed AS (
 )
 DELETE FROM judgequeue.outbox o USING doomed WHERE o.id = doomed.id
 
--- name: submissions_prune
--- Delete a batch of a queue's terminal submissions finished before the retention, oldest first; $4 = states.ENDED_STATUSES.
+-- fragment: prune_ended
+-- Delete a batch of $2 of queue $3's rows in a final status ($4) that ended more than $1 seconds ago, oldest first.
 WITH doomed AS (
-    SELECT id FROM judgequeue.submissions
+    SELECT {{key}} FROM judgequeue.{{table}}
      WHERE queue = $3
-       AND finished_at IS NOT NULL
-       AND finished_at < now() - make_interval(secs => $1)
+       AND {{ended}} IS NOT NULL
+       AND {{ended}} < now() - make_interval(secs => $1)
        AND status = ANY($4::text[])
-     ORDER BY finished_at
+     ORDER BY {{ended}}
      LIMIT $2
        FOR UPDATE SKIP LOCKED
 )
-DELETE FROM judgequeue.submissions s USING doomed WHERE s.id = doomed.id
+DELETE FROM judgequeue.{{table}} {{alias}} USING doomed WHERE {{alias}}.{{key}} = doomed.{{key}}
+
+-- name: submissions_prune
+-- Delete a batch of a queue's terminal submissions finished before the retention, oldest first; $4 = states.ENDED_STATUSES.
+-- include: prune_ended table=submissions alias=s key=id ended=finished_at
 
 -- name: outbox_waiting_stats
 -- PENDING/CLAIMED counts and the oldest waiting row's age; the literal list is outbox_claim's partial index predicate.
@@ -751,17 +755,7 @@ SELECT l.submission_id, l.queue, v.generation, l.status AS legacy_status, l.deta
 
 -- name: shadow_verdicts_prune
 -- Delete a batch of a queue's final shadow verdicts judged before the retention, oldest first; $4 = states.VERDICTS.
-WITH doomed AS (
-    SELECT submission_id FROM judgequeue.shadow_verdicts
-     WHERE queue = $3
-       AND judged_at IS NOT NULL
-       AND judged_at < now() - make_interval(secs => $1)
-       AND status = ANY($4::text[])
-     ORDER BY judged_at
-     LIMIT $2
-       FOR UPDATE SKIP LOCKED
-)
-DELETE FROM judgequeue.shadow_verdicts v USING doomed WHERE v.submission_id = doomed.submission_id
+-- include: prune_ended table=shadow_verdicts alias=v key=submission_id ended=judged_at
 
 -- name: legacy_verdicts_prune
 -- Delete a batch of a queue's legacy verdicts reported before the retention, oldest first.
