@@ -110,7 +110,9 @@ class Worker:
         self._slot_freed = asyncio.Event()
         #: The shadow lane (JUDGEQUEUE_SHADOW=judge) judges the shadow stream only, into shadow verdicts.
         self.lane: Lane = SHADOW_LANE if self.cfg.shadow == "judge" else LIVE_LANE
-        self._writer = VerdictWriter(pool, linger=VERDICT_LINGER, lane=self.lane)
+        #: Jobs whose judge has not returned yet (the verdict writer lingers only while there are).
+        self._judging = 0
+        self._writer = VerdictWriter(pool, linger=VERDICT_LINGER, lane=self.lane, judging=lambda: self._judging)
         #: Live progress events (JUDGEQUEUE_PROGRESS=on; never in the shadow lane, whose verdicts are not events).
         self.progress: ProgressWriter | None = (
             ProgressWriter(pool, interval=self.cfg.progress_interval)
@@ -148,7 +150,7 @@ class Worker:
             return DirectIntake(
                 self.pool, self.redis, self.settings, self.name, session=self._session, jobs=lambda: len(self._jobs),
                 start_jobs=self._start_jobs, start_deliveries=self._start, count_stale=self._count_stale,
-                running=self._jobs.keys,
+                running=self._jobs.keys, flush=lambda: self._writer.flush(),
             )  # fmt: skip
         return StreamIntake(self.redis, self.queue, self.name, self.block_ms, self.lane.shadow, start=self._start)
 
@@ -313,6 +315,7 @@ class Worker:
         for lease in held:
             job = RunningJob(lease)
             self._jobs[lease.attempt] = job
+            self._judging += 1  # until its judge returns (_judge)
             job.task = loop.create_task(self._run_job(job))
         self.stats.leased += len(held)
 
@@ -343,9 +346,7 @@ class Worker:
         reporter: JobProgress | None = self.progress.job(lease) if self.progress is not None else None
         try:
             try:
-                verdict = await judge_job(
-                    self.judge, leases.job_of(self.queue, lease), lease.payload, reporter or NO_PROGRESS
-                )
+                verdict = await self._judge(lease, reporter)
                 failpoints.hit("worker.after_judge")
                 if not isinstance(verdict, Verdict):
                     raise TypeError(f"judge returned {type(verdict).__name__}, not a Verdict")
@@ -414,6 +415,13 @@ class Worker:
                 self._jobs.pop(lease.attempt, None)
             self._slot_freed.set()
             self.intake.freed()
+
+    async def _judge(self, lease: leases.Lease, reporter: JobProgress | None) -> Any:
+        """The judge's verdict for ``lease`` (whatever it returns or raises); counted as judging until then."""
+        try:
+            return await judge_job(self.judge, leases.job_of(self.queue, lease), lease.payload, reporter or NO_PROGRESS)
+        finally:
+            self._judging -= 1
 
     def _count_verdict(self, status: str) -> None:
         counter = self._m_verdicts.get(status)

@@ -325,7 +325,8 @@ END $$;
 -- the key's last waiting job, and never below the class's head (the lowest number still waiting),
 -- so a key that had nothing waiting starts at the head beside a bursting key's next job, and keys
 -- with waiting jobs take turns (start-time fair queuing). Jobs without a key are 0: first in their
--- class, in order of readiness, as in a queue with no keys. Two index probes, each of one entry
+-- class, in order of readiness, as in a queue with no keys. The head is read only for a key with
+-- nothing waiting (a key's last waiting turn is at or past the head). Index probes of one entry
 -- whatever the statistics: ORDER BY ... LIMIT 1 on the index's order (a max() was planned as an
 -- aggregate over the key's every entry on a table analysed while small), and no sequential scan
 -- inside the function (on such a table the head was read by a scan and a top-N sort of every
@@ -344,6 +345,9 @@ BEGIN
      WHERE o.queue = p_queue AND o.class_rank = p_rank AND o.fair_key = p_key
        AND o.state IN ('PENDING', 'CLAIMED')
      ORDER BY o.fair_seq DESC LIMIT 1;
+    IF v_last > 0 THEN
+        RETURN v_last + 1;  -- a waiting turn of the class: at or past its head
+    END IF;
     SELECT o.fair_seq - 1 INTO v_head FROM judgequeue.outbox o
      WHERE o.queue = p_queue AND o.class_rank = p_rank AND o.state IN ('PENDING', 'CLAIMED') AND o.fair_seq > 0
      ORDER BY o.fair_seq LIMIT 1;

@@ -57,6 +57,7 @@ class DirectIntake:
         start_deliveries: Callable[[Sequence[streams.Delivery], asyncio.Event], Awaitable[None]],
         count_stale: Callable[[list[tuple[int, int]]], Awaitable[None]],
         running: Callable[[], Collection[uuid.UUID]] = frozenset,
+        flush: Callable[[], None] = lambda: None,
     ) -> None:
         self._pool, self._redis, self._settings, self._name = pool, redis, settings, name
         self._queue = settings.queue
@@ -64,6 +65,9 @@ class DirectIntake:
         self._session, self._jobs, self._count_stale = session, jobs, count_stale
         self._start_jobs, self._start_deliveries = start_jobs, start_deliveries
         self._running = running
+        self._flush = flush  # write the verdicts lingering for company now (their slots come free)
+        #: The last step found no slot a take may fill and waits: a job that ends wakes it.
+        self._waiting_for_room = False
         #: Slots kept for the first class in a queue with several (see :meth:`_keep_reserved`).
         self.reserve = offers.reserved_slots(self._cfg.concurrency, self._cfg.reserve_percent)
         # Whether the queue has several classes is read once before the first take (which must not
@@ -102,7 +106,9 @@ class DirectIntake:
         for this (the free slots it has are reserved, see :meth:`step`): it takes again at once."""
         if self.offering is not None:
             self.offering.freed()
-            if self.offering.reserve and self.wakeup is not None and not self.wakeup.registered:
+            if self.wakeup is not None and (
+                self._waiting_for_room or (self.offering.reserve and not self.wakeup.registered)
+            ):
                 self.wakeup.nudge()
 
     def reserved(self, attempt: uuid.UUID) -> bool:
@@ -163,9 +169,18 @@ class DirectIntake:
                 await self._read_classes()
             free = await self._take_capacity(free, wakeup_due=notified or stream_due or not wakeup.registered)
             if free <= 0:
-                # Every free slot is offered and nothing says there is more to take (registered: a
-                # notification would): submits fill them.
-                await wakeup.wait(stop, schedule)
+                # Every free slot is offered or reserved for the first class, and nothing says there
+                # is more to take (registered: a notification would): submits fill them. The other
+                # slots may be held by verdicts lingering for company, which the worker never flushes
+                # as full while it keeps reserved slots free: at 56 of 64 slots they waited out the
+                # whole linger every round, and a drain ran at half the speed of one class. Written
+                # now, their slots come free, and a job that ends wakes this wait for the next take.
+                self._flush()
+                self._waiting_for_room = True
+                try:
+                    await wakeup.wait(stop, schedule)
+                finally:
+                    self._waiting_for_room = False
                 return
             # From here to the take's end these slots are the take's: the offers leave them alone.
             self._taking = free
