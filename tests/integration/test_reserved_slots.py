@@ -17,10 +17,12 @@ import functools
 from typing import Any
 
 import asyncpg
+import pytest
 import redis.asyncio as aioredis
 
 from judgequeue.core.base.classes import JobClass
 from judgequeue.core.judges import Verdict
+from judgequeue.core.roles.worker import role as worker_role
 from judgequeue.core.roles.worker.direct import DirectIntake, offers
 from judgequeue.core.roles.worker.role import Worker
 from judgequeue.core.store import outbox
@@ -234,3 +236,19 @@ async def test_a_first_class_submit_beside_a_burst_reads_no_row_by_a_sequential_
             a = await outbox.submit(conn, queue, {"i": "a0"}, job_class="contest", key="a")
             assert await conn.fetchval(read) - before == 0, await conn.fetchval(read) - before
         assert await _status(pg_pool, a) == "JUDGING", "a had nothing waiting: the reserved offer took it"
+
+
+async def test_a_worker_keeping_reserved_slots_does_not_hold_its_others_for_verdicts_company(
+    pg_pool: asyncpg.Pool, pg_dsn: str, redis_client: aioredis.Redis, queue: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With reserved slots kept free a worker never looks full, so nothing flushed the verdicts of
+    its other slots: they waited out the whole linger for company every round (at 56 of 64 slots a
+    drain ran at half of one class's speed). A linger of a minute, six slots that takes may fill:
+    a backlog of 24 rejudge jobs is judged well inside the test's bound."""
+    monkeypatch.setattr(worker_role, "VERDICT_LINGER", 60.0)
+    async with pg_pool.acquire() as conn:
+        await set_classes(conn, queue, CLASSES)
+        ids = [await outbox.submit(conn, queue, {"i": f"r{i}"}, job_class="rejudge") for i in range(24)]
+    w = _worker(pg_pool, redis_client, pg_dsn, queue, HeldJudge(), concurrency="8", reserve_percent="25")
+    async with running(w):
+        await eventually(functools.partial(_has, pg_pool, ids, {"ACCEPTED": 24}), what="the backlog judged")

@@ -110,9 +110,7 @@ class Worker:
         self._slot_freed = asyncio.Event()
         #: The shadow lane (JUDGEQUEUE_SHADOW=judge) judges the shadow stream only, into shadow verdicts.
         self.lane: Lane = SHADOW_LANE if self.cfg.shadow == "judge" else LIVE_LANE
-        #: Jobs whose judge has not returned yet (the verdict writer lingers only while there are).
-        self._judging = 0
-        self._writer = VerdictWriter(pool, linger=VERDICT_LINGER, lane=self.lane, judging=lambda: self._judging)
+        self._writer = VerdictWriter(pool, linger=VERDICT_LINGER, lane=self.lane)
         #: Live progress events (JUDGEQUEUE_PROGRESS=on; never in the shadow lane, whose verdicts are not events).
         self.progress: ProgressWriter | None = (
             ProgressWriter(pool, interval=self.cfg.progress_interval)
@@ -315,7 +313,6 @@ class Worker:
         for lease in held:
             job = RunningJob(lease)
             self._jobs[lease.attempt] = job
-            self._judging += 1  # until its judge returns (_judge)
             job.task = loop.create_task(self._run_job(job))
         self.stats.leased += len(held)
 
@@ -346,7 +343,9 @@ class Worker:
         reporter: JobProgress | None = self.progress.job(lease) if self.progress is not None else None
         try:
             try:
-                verdict = await self._judge(lease, reporter)
+                verdict = await judge_job(
+                    self.judge, leases.job_of(self.queue, lease), lease.payload, reporter or NO_PROGRESS
+                )
                 failpoints.hit("worker.after_judge")
                 if not isinstance(verdict, Verdict):
                     raise TypeError(f"judge returned {type(verdict).__name__}, not a Verdict")
@@ -393,7 +392,9 @@ class Worker:
             verdict = checked
             write = leases.VerdictWrite(lease, verdict.status, doc, text)
             try:
-                end_to_end = await self._writer.write(write, at_once=self.intake.reserved(lease.attempt))
+                end_to_end = await self._writer.write(
+                    write, at_once=self.intake.reserved(lease.attempt) or self.intake.needs_slots()
+                )
             except WriteAbandoned as exc:
                 log.warning("verdict not written", extra={"submission": lease.submission, "reason": str(exc)})
                 return
@@ -415,13 +416,6 @@ class Worker:
                 self._jobs.pop(lease.attempt, None)
             self._slot_freed.set()
             self.intake.freed()
-
-    async def _judge(self, lease: leases.Lease, reporter: JobProgress | None) -> Any:
-        """The judge's verdict for ``lease`` (whatever it returns or raises); counted as judging until then."""
-        try:
-            return await judge_job(self.judge, leases.job_of(self.queue, lease), lease.payload, reporter or NO_PROGRESS)
-        finally:
-            self._judging -= 1
 
     def _count_verdict(self, status: str) -> None:
         counter = self._m_verdicts.get(status)

@@ -43,6 +43,10 @@ class Intake(Protocol):
         """Whether the job of ``attempt`` holds a slot kept for the first class (its verdict is
         then written without lingering: the slot serves the next first-class job sooner)."""
 
+    def needs_slots(self) -> bool:
+        """Whether the intake waits for slots that jobs in flight hold while it could bring work
+        (their verdicts are then written without lingering: the slots come free sooner)."""
+
     async def close(self) -> None:
         """Stopping: bring nothing more (bounded, best effort)."""
 
@@ -95,6 +99,9 @@ class StreamIntake:
 
     def reserved(self, attempt: uuid.UUID) -> bool:
         return False
+
+    def needs_slots(self) -> bool:
+        return False  # a full worker flushes its lingering verdicts (the worker's loop)
 
     async def close(self) -> None:
         pass

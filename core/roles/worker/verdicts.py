@@ -17,7 +17,6 @@ import contextlib
 import json
 import logging
 import uuid
-from collections.abc import Callable
 from typing import Any
 
 import asyncpg
@@ -110,14 +109,9 @@ def unstorable_replacement(write: leases.VerdictWrite) -> leases.VerdictWrite:
 class VerdictWriter:
     """Group commit of fenced verdict writes: one statement per batch of finished jobs."""
 
-    def __init__(
-        self, pool: asyncpg.Pool, *, linger: float, lane: Lane = LIVE_LANE, judging: Callable[[], int] | None = None
-    ) -> None:
+    def __init__(self, pool: asyncpg.Pool, *, linger: float, lane: Lane = LIVE_LANE) -> None:
         self._pool = pool
         self._lane = lane
-        #: How many of the worker's jobs are still judging: a write lingers only while some are,
-        #: whose verdicts could share it (None: always linger).
-        self._judging = judging
         #: Verdict statements issued (each a group of verdicts, see :data:`VERDICT_LINGER`).
         self.statements = 0
         self._linger = linger
@@ -141,15 +135,9 @@ class VerdictWriter:
         self._pending.append((write, future))
         self._idle.clear()
         self._wake.ring()
-        if at_once or len(self._pending) >= VERDICT_COMPANY or not self._others_judging():
+        if at_once or len(self._pending) >= VERDICT_COMPANY:
             self._now.ring()
         return await future
-
-    def _others_judging(self) -> bool:
-        """Whether a job still judges whose verdict could join the queued ones. When none does,
-        lingering only holds the slots: with reserved slots kept free a worker never looks full, and
-        56 verdicts of 64 slots waited out the whole linger each round (a drain at half speed)."""
-        return self._judging is None or self._judging() > 0
 
     def flush(self, *, from_now_on: bool = False) -> None:
         """Write what is queued now instead of lingering: the worker is full (a slot waits on a

@@ -115,6 +115,15 @@ class DirectIntake:
         """Whether the job of ``attempt`` came through a reserved offer (holds a reserved slot)."""
         return self.offering is not None and self.offering.holds_reserved(attempt)
 
+    def needs_slots(self) -> bool:
+        """Whether the last step found no slot a take may fill, none of its free slots being offered
+        to any job: the rest are reserved, and the others held by jobs in flight, so their verdicts
+        are written at once instead of lingering for company (the worker never looks full while it
+        keeps reserved slots free: at 56 of 64 slots a drain waited out the linger every round and
+        ran at half of one class's speed). An idle worker whose free slots are offered lingers as
+        before."""
+        return self._waiting_for_room and (self.offering is None or self.offering.held_general == 0)
+
     async def full(self) -> None:
         """The worker is full and takes nothing: submitters need not notify it."""
         wakeup = self.wakeup
@@ -170,12 +179,11 @@ class DirectIntake:
             free = await self._take_capacity(free, wakeup_due=notified or stream_due or not wakeup.registered)
             if free <= 0:
                 # Every free slot is offered or reserved for the first class, and nothing says there
-                # is more to take (registered: a notification would): submits fill them. The other
-                # slots may be held by verdicts lingering for company, which the worker never flushes
-                # as full while it keeps reserved slots free: at 56 of 64 slots they waited out the
-                # whole linger every round, and a drain ran at half the speed of one class. Written
-                # now, their slots come free, and a job that ends wakes this wait for the next take.
-                self._flush()
+                # is more to take (registered: a notification would): submits fill them. The verdicts
+                # lingering meanwhile hold slots (see needs_slots): written now, and a job that ends
+                # wakes this wait for the next take.
+                if self.offering is None or self.offering.held_general == 0:
+                    self._flush()
                 self._waiting_for_room = True
                 try:
                     await wakeup.wait(stop, schedule)
