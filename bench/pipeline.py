@@ -18,7 +18,7 @@ import sys
 import time
 import urllib.request
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -156,6 +156,22 @@ async def wait_done(pool: asyncpg.Pool, after: int, n: int, within: float) -> No
         if time.monotonic() > deadline:
             raise RuntimeError(f"only {done}/{n} jobs finished within {within}s")
         await asyncio.sleep(0.05)
+
+
+async def offer_paced(
+    s: Stack, rate: float, seconds: float, submit: Callable[[asyncpg.Connection], Awaitable[object]]
+) -> int:
+    """Offer ``rate`` submits a second for ``seconds`` on one connection, each ``submit(conn)`` its
+    own transaction, at their times whatever the previous one took; how many."""
+    total = int(rate * seconds)
+    start = time.monotonic()
+    async with s.pool.acquire() as conn:
+        for i in range(total):
+            delay = start + i / rate - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)  # pacing of the offered load
+            await submit(conn)
+    return total
 
 
 async def warm_up(s: Stack, n: int = 50) -> int:

@@ -58,15 +58,20 @@ async def _contest(
     s: pipeline.Stack, rate: float, seconds: float, job_class: str | None, key: str | None = None
 ) -> int:
     """Offer ``rate`` contest submits/s for ``seconds`` on one connection (fairness ``key``); how many."""
-    total = int(rate * seconds)
-    start = time.monotonic()
-    async with s.pool.acquire() as conn:
-        for i in range(total):
-            delay = start + i / rate - time.monotonic()
-            if delay > 0:
-                await asyncio.sleep(delay)  # pacing of the offered load
-            await outbox.submit(conn, s.queue, {"contest": True}, job_class=job_class, key=key)
-    return total
+    return await pipeline.offer_paced(
+        s, rate, seconds, lambda conn: outbox.submit(conn, s.queue, {"contest": True}, job_class=job_class, key=key)
+    )
+
+
+async def _serving(s: pipeline.Stack, classes: tuple[JobClass, ...] | None) -> int:
+    """Declare ``classes`` (None: one class), start the roles and return once they serve (the last
+    warm-up id)."""
+    if classes is not None:
+        async with s.pool.acquire() as conn:
+            await set_classes(conn, s.queue, classes)
+    for role in ("dispatcher", "worker", "reaper"):
+        s.start(role)
+    return await pipeline.warm_up(s)
 
 
 async def _starts(pool: asyncpg.Pool, after: int) -> list[tuple[float, bool]]:
@@ -90,13 +95,7 @@ async def contest_phase(
     submissions were rejudged in one statement, or ``other_contest`` jobs of another contest (same
     class, another fairness key) were submitted in one statement, a moment before it starts."""
     async with pipeline.stack(concurrency="64") as s:
-        if classes:
-            async with s.pool.acquire() as conn:
-                await set_classes(conn, s.queue, CONTEST)
-        s.start("dispatcher")
-        s.start("worker")
-        s.start("reaper")
-        after = await pipeline.warm_up(s)  # the roles are up and serving
+        after = await _serving(s, CONTEST if classes else None)
         if rejudge:  # the judged submissions of a problem, as a contest's past leaves them
             await s.pool.execute(
                 "INSERT INTO judgequeue.submissions (queue, payload, status, finished_at)"
@@ -181,13 +180,7 @@ async def shares(per_class: int) -> dict[str, Any]:
 async def throughput(n: int, classes: bool, keys: bool | None = None) -> dict[str, Any]:
     keys = classes if keys is None else keys
     async with pipeline.stack(concurrency="64") as s:
-        if classes:
-            async with s.pool.acquire() as conn:
-                await set_classes(conn, s.queue, THREE)
-        s.start("dispatcher")
-        s.start("worker")
-        s.start("reaper")
-        after = await pipeline.warm_up(s)
+        after = await _serving(s, THREE if classes else None)
         names = [c.name for c in THREE]
 
         async def lane(k: int) -> None:

@@ -16,10 +16,8 @@ divided by the jobs. Goal: progress/off <= 1.1x.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
-import time
 from typing import Any
 
 from bench import pipeline
@@ -33,15 +31,7 @@ MODES = ("off", "progress")
 
 async def _offer(s: pipeline.Stack, rate: float, seconds: float, payload: dict[str, Any]) -> int:
     """Offer ``rate`` submits/s for ``seconds`` on one connection (each its own transaction)."""
-    total = int(rate * seconds)
-    start = time.monotonic()
-    async with s.pool.acquire() as conn:
-        for i in range(total):
-            delay = start + i / rate - time.monotonic()
-            if delay > 0:
-                await asyncio.sleep(delay)  # pacing of the offered load
-            await outbox.submit(conn, s.queue, payload)
-    return total
+    return await pipeline.offer_paced(s, rate, seconds, lambda conn: outbox.submit(conn, s.queue, payload))
 
 
 async def run(rate: float, seconds: float, job: dict[str, Any], *, mode: str, interval: str | None) -> dict[str, Any]:
