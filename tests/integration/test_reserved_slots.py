@@ -64,7 +64,12 @@ def _worker(pool: asyncpg.Pool, redis: aioredis.Redis, dsn: str, queue: str, jud
 
 
 async def _reserved_open(pool: asyncpg.Pool, n: int) -> bool:
-    got = await pool.fetchval("SELECT count(*) FROM judgequeue.worker_offers WHERE submission IS NULL AND max_rank = 0")
+    """Whether ``n`` reserved offers are open: fillable by a submit now (unfilled and unexpired), as
+    the submit's own lookup sees them; an offer whose refresh is late is in the table but not open."""
+    got = await pool.fetchval(
+        "SELECT count(*) FROM judgequeue.worker_offers"
+        " WHERE submission IS NULL AND max_rank = 0 AND expires_at > clock_timestamp()"
+    )
     return bool(got == n)
 
 
