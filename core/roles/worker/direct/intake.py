@@ -66,7 +66,7 @@ class DirectIntake:
         self._start_jobs, self._start_deliveries = start_jobs, start_deliveries
         self._running = running
         self._flush = flush  # write the verdicts lingering for company now (their slots come free)
-        #: The last step found no slot a take may fill and waits: a job that ends wakes it.
+        #: The last step found no slot a take may fill and waits (see :meth:`needs_slots`).
         self._waiting_for_room = False
         #: Slots kept for the first class in a queue with several (see :meth:`_keep_reserved`).
         self.reserve = offers.reserved_slots(self._cfg.concurrency, self._cfg.reserve_percent)
@@ -107,7 +107,7 @@ class DirectIntake:
         if self.offering is not None:
             self.offering.freed()
             if self.wakeup is not None and (
-                self._waiting_for_room or (self.offering.reserve and not self.wakeup.registered)
+                self.needs_slots() or (self.offering.reserve and not self.wakeup.registered)
             ):
                 self.wakeup.nudge()
 
@@ -182,9 +182,9 @@ class DirectIntake:
                 # is more to take (registered: a notification would): submits fill them. The verdicts
                 # lingering meanwhile hold slots (see needs_slots): written now, and a job that ends
                 # wakes this wait for the next take.
-                if self.offering is None or self.offering.held_general == 0:
-                    self._flush()
                 self._waiting_for_room = True
+                if self.needs_slots():
+                    self._flush()
                 try:
                     await wakeup.wait(stop, schedule)
                 finally:
