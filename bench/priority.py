@@ -1,7 +1,8 @@
 """Priority classes: a contest's commit-to-start latency with and without a 10,000-job rejudge or another
 contest's 20,000-job burst queued first, and the throughput of a queue with classes and fairness keys against one class.
 
-    .venv/bin/python -m bench.priority [--rate 100] [--seconds 10] [--rejudge 10000] [--burst 20000] [--only contest]
+    .venv/bin/python -m bench.priority [--rate 100] [--seconds 10] [--rejudge 10000] [--burst 20000]
+                                       [--only contest|throughput] [--profile]
 
 Every phase runs the roles as processes (dispatcher, 1 worker, reaper; noop judge; the bench
 stack's settings and the run's ``--intake``) on a fresh database, one after another in the same run:
@@ -26,7 +27,9 @@ starts (while none has run dry). Target: each within +-10% of its weight.
 
 Then throughput: ``--burst`` jobs submitted over 4 connections as fast as they go, into a queue with
 three classes and two fairness keys (a third each, keys alternating), and into a queue with one
-class: first submit to last verdict, jobs/s. Target: classes at >= 0.9x of one class.
+class: first submit to last verdict, jobs/s. Target: classes at >= 0.9x of one class. ``--profile``
+adds where each run's CPU went: milliseconds per job of every process (the roles, this process, the
+Postgres cluster by whom it served, Redis) and the costliest statements' execution time per job.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import time
 from collections import Counter
@@ -41,7 +45,7 @@ from typing import Any
 
 import asyncpg
 
-from bench import pipeline
+from bench import cpu, pipeline
 from bench.cli import add_run_options, new_parser, reporter, run_on_servers
 from bench.common import span_seconds
 from judgequeue.core.base.classes import JobClass
@@ -177,7 +181,7 @@ async def shares(per_class: int) -> dict[str, Any]:
     return {c: {"share": first[c] / len(rows), "weight": w} for c, w in want.items()}
 
 
-async def throughput(n: int, classes: bool, keys: bool | None = None) -> dict[str, Any]:
+async def throughput(n: int, classes: bool, keys: bool | None = None, profile: bool = False) -> dict[str, Any]:
     keys = classes if keys is None else keys
     async with pipeline.stack(concurrency="64") as s:
         after = await _serving(s, THREE if classes else None)
@@ -189,32 +193,45 @@ async def throughput(n: int, classes: bool, keys: bool | None = None) -> dict[st
                     await outbox.submit(conn, s.queue, {}, job_class=names[i % 3] if classes else None,
                                         key=f"k{(i // 3) % 2}" if keys else None)
 
+        meter = cpu.Meter({role: [p.pid for p in ps] for role, ps in s.procs.items()} | {"app": [os.getpid()]})
+        statements = False
+        if profile:
+            async with s.pool.acquire() as conn:
+                statements = await cpu.statements_available(conn)
+                if statements:
+                    await conn.execute("SELECT pg_stat_statements_reset()")
+            meter.begin()
         began = time.monotonic()
         await asyncio.gather(*(lane(k) for k in range(4)))
         submitted = time.monotonic() - began
         await pipeline.wait_done(s.pool, after, n, 600)
         span = await span_seconds(s.pool, after)
-    return {"classes": classes, "jobs": n, "seconds": span, "jobs_per_s": n / span, "submit_seconds": submitted}
+        got: dict[str, Any] = {"classes": classes, "jobs": n, "seconds": span, "jobs_per_s": n / span,
+                               "submit_seconds": submitted}
+        if profile:
+            got["cpu_ms_per_job"] = {k: 1000 * v / n for k, v in sorted(meter.end().items()) if v}
+        if statements:
+            async with s.pool.acquire() as conn:
+                got["statements"] = (await cpu.read_statements(conn, n))[:12]
+    return got
 
 
-async def inner(args: argparse.Namespace) -> int:
-    phases = []
-    for label, rejudge, classes, other in (("alone", 0, True, 0), ("rejudge, classes", args.rejudge, True, 0),
-                                           ("rejudge, one class", args.rejudge, False, 0),
-                                           ("other contest's burst", 0, True, args.burst)):  # fmt: skip
-        progress(f"contest at {args.rate:g}/s for {args.seconds:g}s: {label}")
-        got = await contest_phase(args.rate, args.seconds, rejudge, classes, other_contest=other)
-        phases.append({"phase": label, **got})
-    weighted: dict[str, Any] = {}
-    runs = []
-    if args.only == "all":
-        progress(f"shares: {args.shares} jobs in each of three weighted classes")
-        weighted = await shares(args.shares)
-    for classes in (True, False) if args.only == "all" else ():
-        progress(f"throughput, {args.burst} jobs, {'three classes and two keys' if classes else 'one class'}")
-        runs.append(await throughput(args.burst, classes))
+def _print_profile(runs: list[dict[str, Any]]) -> None:
+    """CPU ms per job of each process and the costliest statements' execution µs per job, run by run."""
+    for run in runs:
+        if "cpu_ms_per_job" not in run:
+            continue
+        label = "three classes and two keys" if run["classes"] else "one class"
+        print(f"throughput, {label}: CPU ms per job " + ", ".join(
+            f"{k} {v:.3f}" for k, v in run["cpu_ms_per_job"].items()))
+        for st in run.get("statements", []):
+            print(f"  {st['name'][:60]:<60} {st['calls_per_job']:5.2f} calls/job {st['exec_us_per_job']:7.1f} us/job"
+                  f" {st['exec_us_per_call']:7.1f} us/call")  # fmt: skip
+
+
+def _print_phases(phases: list[dict[str, Any]], args: argparse.Namespace) -> None:
+    """The contest phases' table and their two targets."""
     alone, with_classes = phases[0]["start_p99_ms"], phases[1]["start_p99_ms"]
-    print(f"judgequeue intake: {args.intake}")
     print(f"{'phase':<22} {'contest jobs':>12} {'start p50 ms':>12} {'start p99 ms':>12} {'p99 / alone':>11}"
           f" {'by offer':>8} {'offer p99':>9} {'take p99':>9}")  # fmt: skip
     for p in phases:
@@ -227,6 +244,28 @@ async def inner(args: argparse.Namespace) -> int:
     other = phases[3]["start_p99_ms"]
     print(f"contest p99 with another contest's {args.burst}-job burst queued first (fairness keys): "
           f"{other / alone:.2f}x alone (target <= 1.5x): {'met' if other <= 1.5 * alone else 'NOT met'}")  # fmt: skip
+
+
+async def inner(args: argparse.Namespace) -> int:
+    phases = []
+    for label, rejudge, classes, other in (("alone", 0, True, 0), ("rejudge, classes", args.rejudge, True, 0),
+                                           ("rejudge, one class", args.rejudge, False, 0),
+                                           ("other contest's burst", 0, True, args.burst)
+                                           ) if args.only != "throughput" else ():  # fmt: skip
+        progress(f"contest at {args.rate:g}/s for {args.seconds:g}s: {label}")
+        got = await contest_phase(args.rate, args.seconds, rejudge, classes, other_contest=other)
+        phases.append({"phase": label, **got})
+    weighted: dict[str, Any] = {}
+    runs = []
+    if args.only == "all":
+        progress(f"shares: {args.shares} jobs in each of three weighted classes")
+        weighted = await shares(args.shares)
+    for classes in (True, False) if args.only != "contest" else ():
+        progress(f"throughput, {args.burst} jobs, {'three classes and two keys' if classes else 'one class'}")
+        runs.append(await throughput(args.burst, classes, profile=args.profile))
+    print(f"judgequeue intake: {args.intake}")
+    if phases:
+        _print_phases(phases, args)
     for name, w in weighted.items():
         off_by = (w["share"] - w["weight"]) / w["weight"]
         print(f"class {name:<9} share {w['share']:6.1%} of the starts, weight {w['weight']:4.0%}: {off_by:+.0%}"
@@ -236,6 +275,7 @@ async def inner(args: argparse.Namespace) -> int:
         ratio = on["jobs_per_s"] / off["jobs_per_s"]
         print(f"throughput: three classes and two keys {on['jobs_per_s']:.0f} jobs/s, one class"
               f" {off['jobs_per_s']:.0f} jobs/s: {ratio:.2f}x (target >= 0.9x)")  # fmt: skip
+        _print_profile(runs)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "priority.json").write_text(
         json.dumps({"phases": phases, "shares": weighted, "throughput": runs}, indent=1)
@@ -254,8 +294,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--rejudge", type=int, default=10_000)
     p.add_argument("--burst", type=int, default=20_000)
     p.add_argument("--shares", type=int, default=4_000)
-    p.add_argument("--only", choices=("contest", "all"), default="all",
-                   help="contest: only the four contest phases (no shares, no throughput)")
+    p.add_argument("--only", choices=("contest", "throughput", "all"), default="all",
+                   help="contest: only the four contest phases (no shares, no throughput); throughput: only that")
+    p.add_argument("--profile", action="store_true",
+                   help="throughput runs: CPU per job of each process and the costliest statements"
+                        " (pg_stat_statements)")
     return add_run_options(p)
 
 
