@@ -303,7 +303,9 @@ async def test_an_offer_the_signal_missed_strands_nothing(
             lambda: pg_pool.fetchval("SELECT count(*) = 1 FROM judgequeue.worker_offers WHERE submission IS NULL"),
             what="the one slot offered",
         )
-        async with pg_pool.acquire() as conn:
+        async with pg_pool.acquire() as conn, conn.transaction():
+            # Read as the submit wrote it, before its commit: once committed, its wake-up may bring
+            # the worker's take in before a read outside could see it PENDING.
             sid = await outbox.submit(conn, queue, {})
             assert await conn.fetchval("SELECT status FROM judgequeue.submissions WHERE id = $1", sid) == "PENDING"
         await eventually(functools.partial(_judged, pg_pool, sid), within=10, what="judged through a take")

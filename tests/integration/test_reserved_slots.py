@@ -73,7 +73,7 @@ async def _reserved_open(pool: asyncpg.Pool, n: int) -> bool:
     return bool(got == n)
 
 
-async def _status(pool: asyncpg.Pool, sid: int) -> str:
+async def _status(pool: asyncpg.Pool | asyncpg.Connection, sid: int) -> str:
     return str(await pool.fetchval("SELECT status FROM judgequeue.submissions WHERE id = $1", sid))
 
 
@@ -119,8 +119,10 @@ async def test_a_worker_busy_with_a_rejudge_starts_a_contest_job_through_its_res
         takes = direct.takes_issued
         async with pg_pool.acquire() as conn:
             for k in range(3):
-                sid = await outbox.submit(conn, queue, {"i": f"c{k}"}, job_class="contest", key="contest-a")
-                assert await _status(pg_pool, sid) == "JUDGING", "filled a reserved offer in the submit"
+                async with conn.transaction():
+                    # As the submit wrote it, before its commit (after it, the job may be judged already).
+                    sid = await outbox.submit(conn, queue, {"i": f"c{k}"}, job_class="contest", key="contest-a")
+                    assert await _status(conn, sid) == "JUDGING", "filled a reserved offer in the submit"
                 await eventually(functools.partial(_has, pg_pool, [sid], {"ACCEPTED": 1}), what="judged")
                 await eventually(lambda: _reserved_open(pg_pool, 2), what="the reserved offer open again")
         assert judge.held == 6 and judge.most_held == 6, "no rejudge job in a reserved slot"
