@@ -29,9 +29,9 @@ Then throughput: ``--burst`` jobs submitted over 4 connections as fast as they g
 three classes and two fairness keys (a third each, keys alternating), and into a queue with one
 class: first submit to last verdict, jobs/s; ``--rounds`` pairs, alternating which runs first, as
 one pair's ratio moves by more than the difference measured. Target: the medians' ratio, classes
-at >= 0.9x of one class. ``--profile``
-adds where each run's CPU went: milliseconds per job of every process (the roles, this process, the
-Postgres cluster by whom it served, Redis) and the costliest statements' execution time per job.
+at >= 0.9x of one class. ``--profile`` adds where each run's CPU went: milliseconds per job of every
+process (the roles, this process, the Postgres cluster by whom it served, Redis) and the costliest
+statements' execution time per job.
 """
 
 from __future__ import annotations
@@ -196,9 +196,10 @@ async def throughput(n: int, classes: bool, keys: bool | None = None, profile: b
                     await outbox.submit(conn, s.queue, {}, job_class=names[i % 3] if classes else None,
                                         key=f"k{(i // 3) % 2}" if keys else None)
 
-        meter = cpu.Meter({role: [p.pid for p in ps] for role, ps in s.procs.items()} | {"app": [os.getpid()]})
+        meter = None
         statements = False
         if profile:
+            meter = cpu.Meter({role: [p.pid for p in ps] for role, ps in s.procs.items()} | {"app": [os.getpid()]})
             async with s.pool.acquire() as conn:
                 statements = await cpu.statements_available(conn)
                 if statements:
@@ -211,7 +212,7 @@ async def throughput(n: int, classes: bool, keys: bool | None = None, profile: b
         span = await span_seconds(s.pool, after)
         got: dict[str, Any] = {"classes": classes, "jobs": n, "seconds": span, "jobs_per_s": n / span,
                                "submit_seconds": submitted}
-        if profile:
+        if meter is not None:
             got["cpu_ms_per_job"] = {k: 1000 * v / n for k, v in sorted(meter.end().items()) if v}
         if statements:
             async with s.pool.acquire() as conn:
@@ -302,6 +303,16 @@ def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
 
 
+def _at_least_one(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def parser() -> argparse.ArgumentParser:
     p = new_parser(__doc__)
     p.add_argument("--rate", type=float, default=100.0)
@@ -311,7 +322,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--shares", type=int, default=4_000)
     p.add_argument("--only", choices=("contest", "throughput", "all"), default="all",
                    help="contest: only the four contest phases (no shares, no throughput); throughput: only that")
-    p.add_argument("--rounds", type=int, default=3,
+    p.add_argument("--rounds", type=_at_least_one, default=3,
                    help="throughput: rounds of the pair, alternating which runs first (the median's ratio counts)")
     p.add_argument("--profile", action="store_true",
                    help="throughput runs: CPU per job of each process and the costliest statements"
