@@ -22,8 +22,13 @@ One run is one transaction holding a transaction-level advisory lock, so concurr
 pods starting at once) are safe: the second waits, then finds nothing left to do. Nothing outlives
 the transaction (no session lock, no session setting), so ``migrate`` works the same directly and
 through a transaction pooler such as PgBouncer, and a run that fails leaves the schema as it was.
-It runs beside the roles: a lock it waits for longer than :data:`LOCK_TIMEOUT`, or a deadlock with
-their transactions, rolls the run back and starts it again (:data:`ATTEMPTS` in all).
+It runs beside the roles. A run with migrations to apply first locks every table of the schema, one
+after another in name order, before any statement changes one: a roles' transaction that holds one
+table and waits for another could otherwise deadlock with a run that altered the second several
+migrations earlier, and every such run would be lost whole (an old version's roles under load made
+five in a row). A lock it waits for longer than :data:`LOCK_TIMEOUT` rolls the run back and starts
+it again (:data:`ATTEMPTS` in all); a deadlock, which Postgres ends at once by failing one side,
+does too, up to :data:`DEADLOCK_ATTEMPTS` times.
 """
 
 from __future__ import annotations
@@ -52,8 +57,25 @@ _NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 #: How long one run waits for a table lock the roles hold before it rolls back and starts again:
 #: while it waits, their statements on that table queue behind it.
 LOCK_TIMEOUT = "2s"
-#: Runs tried before a lock timeout or a deadlock is reported.
+#: Runs that timed out on a lock before it is reported: a transaction held a table that long.
 ATTEMPTS = 5
+#: Runs that deadlocked before it is reported: each is over within Postgres's deadlock_timeout
+#: (1 s by default), and under the roles' load one deadlock says nothing of the next run.
+DEADLOCK_ATTEMPTS = 20
+#: Every table of the schema locked as the migrations' statements will lock them, in one order.
+_LOCK_TABLES = """
+DO $$
+DECLARE
+    t regclass;
+BEGIN
+    FOR t IN SELECT c.oid::regclass FROM pg_class c
+              WHERE c.relnamespace = 'judgequeue'::regnamespace AND c.relkind IN ('r', 'p')
+              ORDER BY c.relname
+    LOOP
+        EXECUTE format('LOCK TABLE %s IN ACCESS EXCLUSIVE MODE', t);
+    END LOOP;
+END $$
+"""
 
 
 @dataclass(frozen=True)
@@ -263,17 +285,22 @@ async def migrate(
         # Cluster-wide, so outside the run's transaction: the components' group roles.
         for warning in await ensure_roles(conn):
             log.warning("migrate: %s", warning, extra={"event": "migrate_privileges"})
-    for attempt in range(1, ATTEMPTS + 1):
+    timeouts = deadlocks = 0
+    while True:
         try:
             return await _migrate_once(conn, files, replay=replay, privileges=migrations is None)
         except (asyncpg.DeadlockDetectedError, asyncpg.LockNotAvailableError) as exc:
-            if attempt == ATTEMPTS:
+            if isinstance(exc, asyncpg.DeadlockDetectedError):
+                deadlocks += 1
+            else:
+                timeouts += 1
+            if timeouts == ATTEMPTS or deadlocks == DEADLOCK_ATTEMPTS:
                 raise MigrationLocked(
-                    f"migrate gave way {ATTEMPTS} times to other transactions' locks ({exc.sqlstate}: {exc}); "
-                    "nothing was changed: run it again, or end the long transactions on judgequeue's tables"
+                    f"migrate gave way {timeouts + deadlocks} times to other transactions' locks"
+                    f" ({exc.sqlstate}: {exc}); nothing was changed: run it again, or end the long"
+                    " transactions on judgequeue's tables"
                 ) from exc
-            await asyncio.sleep(0.2 * attempt)
-    raise AssertionError("unreachable")  # pragma: no cover
+            await asyncio.sleep(min(1.0, 0.2 * (timeouts + deadlocks)))
 
 
 async def _migrate_once(
@@ -315,6 +342,8 @@ async def _apply(conn: asyncpg.Connection, files: Sequence[Migration], *, replay
             await _record(conn, migration, ran=True)
         return [m.version for m in files]
     steps = plan(recorded, files)
+    if steps.restore or steps.apply:
+        await conn.execute(_LOCK_TABLES)
     for statement in steps.restore:
         await conn.execute(statement)
     for migration in steps.apply:

@@ -219,3 +219,32 @@ async def test_a_run_gives_way_to_a_lock_the_roles_hold_and_runs_again(
         await eventually(waiting_again, within=10, what="migrate rolled back and waiting again")
         await holder.execute("COMMIT")
         assert await run == [m.version for m in files[at:]]
+
+
+async def test_a_run_takes_its_tables_before_changing_one_so_a_transaction_holding_one_does_not_deadlock_it(
+    fresh_db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """0015 alters the submissions, then the outbox. A transaction holding the outbox that then
+    wants the submissions deadlocked a run that had altered them already (the run, waiting first,
+    was failed); a run that locks every table in one order first waits at the outbox, holding
+    nothing the transaction wants."""
+    monkeypatch.setattr(migrate_module, "DEADLOCK_ATTEMPTS", 1)  # one deadlock fails the run
+    monkeypatch.setattr(migrate_module, "LOCK_TIMEOUT", "30s")
+    files = available_migrations()
+    at = next(i for i, m in enumerate(files) if m.name == "update_room")
+    async with connection(fresh_db) as conn, connection(fresh_db) as holder, connection(fresh_db) as observer:
+        await migrate(conn, files[:at], replay=True)
+        await holder.execute("BEGIN; LOCK TABLE judgequeue.outbox IN SHARE MODE")  # as a CREATE INDEX would
+        run = asyncio.create_task(migrate(conn))
+
+        async def waiting() -> bool:
+            return bool(await observer.fetchval(
+                "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1", conn.get_server_pid()
+            ))  # fmt: skip
+
+        await eventually(waiting, within=10, what="migrate waiting for the outbox")
+        # Granted at once when the run holds nothing of the submissions; a deadlock otherwise,
+        # which the run (waiting first) detects after deadlock_timeout and is failed by.
+        await asyncio.wait_for(holder.execute("LOCK TABLE judgequeue.submissions IN SHARE MODE"), 30)
+        await holder.execute("COMMIT")
+        assert await run == [m.version for m in files[at:]]
