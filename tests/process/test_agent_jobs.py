@@ -93,9 +93,11 @@ async def test_a_rejudge_during_a_call_the_old_attempts_result_is_refused_by_the
     with calling(pg_dsn, queue, tmp_path, delay=3) as (tool, roles):
         roles.start("dispatcher")
         roles.start("reaper")
-        # A lease far longer than the call: the heartbeat does not cancel it, so the old try runs
-        # to its end and meets the fence at write time.
-        [old] = roles.start("worker", JUDGEQUEUE_LEASE_TTL="30s", JUDGEQUEUE_VISIBILITY_TIMEOUT="60s",
+        # A lease far longer than the test: no heartbeat (every third of it) runs before the old try
+        # ends, so nothing cancels it, and it meets the fence at write time. With a 30 s lease, a
+        # worker slow to start under load began its call near its first heartbeat (10 s), which
+        # found the lease rejudged and cancelled the call.
+        [old] = roles.start("worker", JUDGEQUEUE_LEASE_TTL="600s", JUDGEQUEUE_VISIBILITY_TIMEOUT="60s",
                             JUDGEQUEUE_CONCURRENCY="1", JUDGEQUEUE_LOG_LEVEL="INFO")  # fmt: skip
         async with connection(pg_dsn) as conn, conn.transaction():
             sid = await outbox.submit(conn, queue, {"endpoint": "tool", "body": {}})

@@ -94,6 +94,17 @@ async def test_a_contest_start_with_a_worker_killed(
         # Mid-run: a third judged, then one worker is killed with its leases held, and replaced.
         await eventually(lambda: _at_least(judged, JOBS // 3), within=JOBS / 20, every=0.2, what="a third judged")
         victim = next(p for p in roles.procs if p.role == "worker")
+
+        async def stopped_holding_leases() -> bool:
+            # Stopped, it cannot end its leases; killed only while it holds some (a worker slow to
+            # start under load had taken nothing when a third was judged by the other one).
+            os.kill(victim.pid, signal.SIGSTOP)
+            if await _leases_held(pg, queue_name, victim.pid):
+                return True
+            os.kill(victim.pid, signal.SIGCONT)
+            return False
+
+        await eventually(stopped_holding_leases, within=60, every=0.1, what="the worker to kill holding leases")
         os.kill(victim.pid, signal.SIGKILL)
         victim.wait(timeout=10)
         roles.start("worker")
@@ -129,6 +140,18 @@ async def test_a_contest_start_with_a_worker_killed(
         f"rejudge share while contests waited {rejudge_share:.1%}, contest b's share while both "
         f"waited {b_share:.1%}, {report.generation_bumps} leases of the killed worker rescued"
     )
+
+
+async def _leases_held(conn: asyncpg.Connection, queue: str, pid: int) -> int:
+    """How many submissions the worker of process ``pid`` holds leased (its takes name it, with its pid)."""
+    n: int = await conn.fetchval(
+        "SELECT count(*) FROM judgequeue.outbox o JOIN judgequeue.submissions s"
+        " ON s.id = o.submission_id AND s.generation = o.generation"
+        " WHERE o.queue = $1 AND s.status = 'JUDGING' AND o.claimed_by LIKE $2",
+        queue,
+        f"worker-%-{pid}-%",
+    )
+    return n
 
 
 async def _at_least(count: Callable[[], Awaitable[int]], n: int) -> bool:
