@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from judgequeue.core.judges import Verdict
 from judgequeue.core.judges.program import ProgramJudge
 from judgequeue.core.judges.sandbox.isolation import JudgeSettings
 from tests.support.sandbox_host import CPU_SCALE, assert_host_clean, box_leftovers, box_uids, processes_of
@@ -53,8 +54,19 @@ async def clean(judge: ProgramJudge) -> AsyncIterator[ProgramJudge]:
     await assert_host_clean(judge)
 
 
+async def judged(judge: ProgramJudge, payload: dict[str, Any], tries: int = 3) -> Verdict:
+    """The judge's verdict on ``payload``, judged again (``tries`` in all) while it is the
+    SYSTEM_ERROR of a starved run: the judge gives no verdict on a program the machine gave no CPU,
+    which says nothing of what these tests check (a VM or a control plane may run beside them)."""
+    for _ in range(tries):
+        verdict = await judge.judge(payload)
+        if verdict.status != "SYSTEM_ERROR" or "overloaded" not in str(verdict.details.get("reason", "")):
+            break
+    return verdict
+
+
 async def expect(judge: ProgramJudge, payload: dict[str, Any], status: str) -> dict[str, Any]:
-    verdict = await judge.judge(payload)
+    verdict = await judged(judge, payload)
     assert verdict.status == status, verdict.details
     assert verdict.details.get("isolation") in ("full", None)
     return verdict.details
@@ -431,7 +443,7 @@ async def test_a_submission_has_a_time_budget_and_a_test_count(sandbox_dir: str)
         spin = "import time\nend = time.process_time() + 0.6\nwhile time.process_time() < end:\n    pass\nprint(5)"
         payload = {"language": "python", "source": spin, "tests": [{"input": "", "output": "5"}] * 5,
                    "limits": {"time": 1}}  # fmt: skip
-        verdict = await judge.judge(payload)
+        verdict = await judged(judge, payload)
         assert verdict.status == "TIME_LIMIT" and "budget" in verdict.details["reason"], verdict.details
         assert len(verdict.details["tests"]) < 5
         too_many = await judge.judge({**payload, "tests": [{"input": "", "output": "5"}] * 6})
