@@ -49,7 +49,7 @@ from ..store.problems import upload
 from ..store.queues import create_queue, get_queue, set_classes, set_cutover
 from ..store.shadow import agreement
 from ..transport.connect import connect_postgres, redis_client
-from .children import SHADOW_WORKER, Child, start_children, stop_children
+from .children import SHADOW_WORKER, Child, start_children, stop_children, stopped_summary
 from .demo import DemoProgram, format_table, load_demo, verdict_table
 from .display import Display, progress_line, read_progress
 
@@ -343,10 +343,9 @@ class _Run:
         if not self.children:
             return True
         self.display.say("stopping roles...")
-        codes = await stop_children(self.children, grace)
-        bad = {k: v for k, v in codes.items() if v != 0}
-        self.display.say("all roles stopped" + (f"; non-zero exits: {bad}" if bad else " cleanly"))
-        return not bad
+        clean, line = stopped_summary(await stop_children(self.children, grace))
+        self.display.say(line)
+        return clean
 
 
 async def _local(options: LocalOptions, base_env: Mapping[str, str]) -> int:

@@ -8,7 +8,7 @@ import ctypes
 import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -62,6 +62,18 @@ def start_children(plan: Sequence[str], env_for: Any, log_dir: Path) -> list[Chi
         )
         children.append(Child(role, index, process, log_path, log_file))
     return children
+
+
+def stopped_summary(codes: Mapping[str, int]) -> tuple[bool, str]:
+    """Whether the roles stopped cleanly, and the line that says how (pure). A role that ended by the
+    SIGTERM it was sent had not installed its handler yet (a role handles it once it has started):
+    it was stopped while starting, which loses nothing; any other non-zero exit is a failure."""
+    starting = sorted(label for label, code in codes.items() if code == -signal.SIGTERM)
+    bad = {label: code for label, code in codes.items() if code not in (0, -signal.SIGTERM)}
+    line = "all roles stopped" + (f"; non-zero exits: {bad}" if bad else " cleanly")
+    if starting:
+        line += f" ({', '.join(starting)} still starting, ended by the SIGTERM)"
+    return not bad, line
 
 
 async def stop_children(children: Sequence[Child], grace: float) -> dict[str, int]:
