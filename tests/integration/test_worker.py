@@ -87,14 +87,16 @@ async def test_stale_worker_cannot_write_and_is_counted(h: Harness, monkeypatch:
     monkeypatch.setattr(cancels, "POLL", 3600.0)
     [sid] = await h.submit({"i": 7, "status": "WRONG_ANSWER"})
     old = GateJudge()
-    w_old = h.worker(old, lease_ttl="30s", concurrency="1")  # heartbeat far away: the fence at write time must catch it
+    # The heartbeat (every third of the lease) far past the test: the fence at write time must catch it.
+    w_old = h.worker(old, lease_ttl="600s", concurrency="1")
     await eventually(lambda: old.started == [7])
     async with h.pool.acquire() as conn:
         await outbox.rejudge(conn, sid)
     new = GateJudge()
     new.gate.set()
     h.worker(new)
-    await eventually(lambda: h.status_is(sid, "WRONG_ANSWER"))
+    # A worker starting beside a cold build and another test worker took over 10 s to judge it.
+    await eventually(lambda: h.status_is(sid, "WRONG_ANSWER"), within=60, what="the new generation's verdict")
     first = await h.row(sid)
     before = _stale(h.queue, "stale_verdict")
     old.gate.set()  # the stale attempt now finishes and tries to write
