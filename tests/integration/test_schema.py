@@ -185,6 +185,14 @@ async def test_a_record_no_version_left_is_refused_and_nothing_changes(fresh_db:
                 await tampered.rollback()
 
 
+async def _lock_wait_since(observer: asyncpg.Connection, conn: asyncpg.Connection) -> object:
+    """When the transaction ``conn`` is in began, while it waits for a lock; None when it does not wait."""
+    return await observer.fetchval(
+        "SELECT xact_start FROM pg_stat_activity WHERE pid = $1 AND wait_event_type = 'Lock'",
+        conn.get_server_pid(),
+    )
+
+
 async def test_a_run_gives_way_to_a_lock_the_roles_hold_and_runs_again(
     fresh_db: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -197,10 +205,7 @@ async def test_a_run_gives_way_to_a_lock_the_roles_hold_and_runs_again(
         await holder.execute("BEGIN; LOCK TABLE judgequeue.outbox IN SHARE MODE")  # as a CREATE INDEX would
 
         async def waiting_since() -> object:
-            return await observer.fetchval(
-                "SELECT xact_start FROM pg_stat_activity WHERE pid = $1 AND wait_event_type = 'Lock'",
-                conn.get_server_pid(),
-            )
+            return await _lock_wait_since(observer, conn)
 
         monkeypatch.setattr(migrate_module, "ATTEMPTS", 2)
         with pytest.raises(MigrationLocked, match="gave way 2 times"):
@@ -238,9 +243,7 @@ async def test_a_run_takes_its_tables_before_changing_one_so_a_transaction_holdi
         run = asyncio.create_task(migrate(conn))
 
         async def waiting() -> bool:
-            return bool(await observer.fetchval(
-                "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1", conn.get_server_pid()
-            ))  # fmt: skip
+            return await _lock_wait_since(observer, conn) is not None
 
         await eventually(waiting, within=10, what="migrate waiting for the outbox")
         # Granted at once when the run holds nothing of the submissions; a deadlock otherwise,
