@@ -66,8 +66,9 @@ def start_children(plan: Sequence[str], env_for: Any, log_dir: Path) -> list[Chi
 
 def stopped_summary(codes: Mapping[str, int]) -> tuple[bool, str]:
     """Whether the roles stopped cleanly, and the line that says how (pure). A role that ended by the
-    SIGTERM it was sent had not installed its handler yet (a role handles it once it has started):
-    it was stopped while starting, which loses nothing; any other non-zero exit is a failure."""
+    SIGTERM it was sent got it before its first handler (``catch_early_signals``, once the command
+    line is read): it was stopped while starting, which loses nothing; any other non-zero exit is a
+    failure."""
     starting = sorted(label for label, code in codes.items() if code == -signal.SIGTERM)
     bad = {label: code for label, code in codes.items() if code not in (0, -signal.SIGTERM)}
     line = "all roles stopped" + (f"; non-zero exits: {bad}" if bad else " cleanly")
