@@ -2,7 +2,7 @@
 contest's 20,000-job burst queued first, and the throughput of a queue with classes and fairness keys against one class.
 
     .venv/bin/python -m bench.priority [--rate 100] [--seconds 10] [--rejudge 10000] [--burst 20000]
-                                       [--rounds 3] [--only contest|throughput] [--profile]
+                                       [--rounds 3] [--pairs 7] [--only contest|throughput] [--profile]
 
 Every phase runs the roles as processes (dispatcher, 1 worker, reaper; noop judge; the bench
 stack's settings and the run's ``--intake``) on a fresh database, one after another in the same run:
@@ -28,7 +28,7 @@ starts (while none has run dry). Target: each within +-10% of its weight.
 
 Then throughput: ``--burst`` jobs submitted over 4 connections as fast as they go, into a queue with
 three classes and two fairness keys (a third each, keys alternating), and into a queue with one
-class: first submit to last verdict, jobs/s; ``--rounds`` pairs, alternating which runs first, as
+class: first submit to last verdict, jobs/s; ``--pairs`` pairs, alternating which runs first, as
 one pair's ratio moves by more than the difference measured. Target: the medians' ratio, classes
 at >= 0.9x of one class. ``--profile`` adds where each run's CPU went: milliseconds per job of every
 process (the roles, this process, the Postgres cluster by whom it served, Redis) and the costliest
@@ -256,10 +256,10 @@ def _print_throughput(runs: list[dict[str, Any]]) -> None:
     on = [r["jobs_per_s"] for r in runs if r["classes"]]
     off = [r["jobs_per_s"] for r in runs if not r["classes"]]
     for i, (a, b) in enumerate(zip(on, off, strict=True)):
-        print(f"throughput round {i + 1}: three classes and two keys {a:.0f} jobs/s, one class {b:.0f} jobs/s:"
+        print(f"throughput pair {i + 1}: three classes and two keys {a:.0f} jobs/s, one class {b:.0f} jobs/s:"
               f" {a / b:.2f}x")
     ratio = statistics.median(on) / statistics.median(off)
-    print(f"throughput, median of {len(on)} rounds: three classes and two keys {statistics.median(on):.0f} jobs/s,"
+    print(f"throughput, median of {len(on)} pairs: three classes and two keys {statistics.median(on):.0f} jobs/s,"
           f" one class {statistics.median(off):.0f} jobs/s: {ratio:.2f}x"
           f" (target >= 0.9x): {'met' if ratio >= 0.9 else 'NOT met'}")  # fmt: skip
 
@@ -316,9 +316,9 @@ async def inner(args: argparse.Namespace) -> int:
     if args.only == "all":
         progress(f"shares: {args.shares} jobs in each of three weighted classes")
         weighted = await shares(args.shares)
-    for round_ in range(args.rounds if args.only != "contest" else 0):
+    for round_ in range(args.pairs if args.only != "contest" else 0):
         for classes in (True, False) if round_ % 2 == 0 else (False, True):  # alternating: neither always first
-            progress(f"throughput round {round_ + 1}/{args.rounds}, {args.burst} jobs,"
+            progress(f"throughput pair {round_ + 1}/{args.pairs}, {args.burst} jobs,"
                      f" {'three classes and two keys' if classes else 'one class'}")
             runs.append(await throughput(args.burst, classes, profile=args.profile))
     print(f"judgequeue intake: {args.intake}")
@@ -363,8 +363,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--only", choices=("contest", "throughput", "all"), default="all",
                    help="contest: only the four contest phases (no shares, no throughput); throughput: only that")
     p.add_argument("--rounds", type=_at_least_one, default=3,
-                   help="rounds of the contest phases (the targets judged on every round's jobs) and of the"
-                        " throughput pair, alternating which runs first (the medians' ratio counts)")
+                   help="rounds of the contest phases, every other one in reverse order (the targets judged on"
+                        " every round's jobs)")
+    p.add_argument("--pairs", type=_at_least_one, default=7,
+                   help="throughput pairs, alternating which runs first (the medians' ratio counts: one pair's"
+                        " ratio moves by more than the difference measured)")
     p.add_argument("--profile", action="store_true",
                    help="throughput runs: CPU per job of each process and the costliest statements"
                         " (pg_stat_statements)")
