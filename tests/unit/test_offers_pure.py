@@ -34,6 +34,18 @@ def test_offers_are_topped_up_once_three_quarters_are_gone_within_the_free_slots
     assert offers.to_add(concurrency=2, busy=2, open_now=0, limit=32) == 0
 
 
+def test_reserved_offers_are_topped_up_once_half_are_gone_within_the_free_slots() -> None:
+    assert offers.reserved_to_add(reserve=8, reserved_busy=0, free=64, open_now=0) == 8
+    assert offers.reserved_to_add(reserve=8, reserved_busy=0, free=64, open_now=5) == 0  # a fill or three: none yet
+    assert offers.reserved_to_add(reserve=8, reserved_busy=0, free=64, open_now=4) == 4
+    assert offers.reserved_to_add(reserve=8, reserved_busy=3, free=64, open_now=3) == 0  # jobs hold the rest
+    assert offers.reserved_to_add(reserve=8, reserved_busy=3, free=64, open_now=2) == 3
+    assert offers.reserved_to_add(reserve=8, reserved_busy=0, free=2, open_now=0) == 2  # only the free slots
+    assert offers.reserved_to_add(reserve=1, reserved_busy=0, free=4, open_now=0) == 1  # one kept: at once
+    assert offers.reserved_to_add(reserve=1, reserved_busy=1, free=4, open_now=0) == 0
+    assert offers.reserved_to_add(reserve=8, reserved_busy=8, free=64, open_now=0) == 0
+
+
 def test_the_keeper_stops_offering_above_its_fill_rate() -> None:
     assert offer_keeper.too_fast(int(tuning.OFFER_MAX_FILL_RATE * tuning.OFFER_RATE_WINDOW) + 1)
     assert not offer_keeper.too_fast(int(tuning.OFFER_MAX_FILL_RATE * tuning.OFFER_RATE_WINDOW))

@@ -14,8 +14,8 @@ offered, so jobs never outnumber its concurrency.
 
 In a queue with several classes the worker also keeps a few slots for the first class
 (:meth:`OfferKeeper.keep_reserved`, ``JUDGEQUEUE_RESERVE_PERCENT``): no take fills them, and this
-class keeps every one of them that no job holds offered at all times, busy or idle (slot numbers
-from ``limit`` up, ``max_rank`` 0 in the table), so a first-class submit that nothing of its class
+class keeps those no job holds offered at all times, busy or idle, topped up once half are filled
+(slot numbers from ``limit`` up, ``max_rank`` 0 in the table), so a first-class submit that nothing of its class
 is ahead of starts at once while a backlog drains. Only the cool-down (fills too fast) and the
 close take them back; a take that finds many rows does not (that is a backlog, not a burst of submits).
 """
@@ -152,7 +152,7 @@ class OfferKeeper:
             self._bell.ring()
 
     def freed(self) -> None:
-        """A slot came free: top the offers up if they ran low, the reserved ones at once."""
+        """A slot came free: top the offers up if they ran low (the reserved ones once half are gone)."""
         now = time.monotonic()
         if (self._offering(now) and self._general_to_add()) or (self._keeping(now) and self._reserved_to_add()):
             self._bell.ring()
@@ -163,10 +163,9 @@ class OfferKeeper:
         return offers.to_add(self._concurrency - self._reserve, busy, self.held_general, self._limit)
 
     def _reserved_to_add(self) -> int:
-        """Reserved offers to open now: every reserved slot no job holds, within the free slots."""
-        held = self.reserved - self.held_general
+        """Reserved offers to open now (:func:`offers.reserved_to_add`)."""
         free = self._concurrency - self._busy() - self.held_general
-        return max(0, min(self._reserve - self.reserved_busy(), free) - held)
+        return offers.reserved_to_add(self._reserve, self.reserved_busy(), free, self.reserved - self.held_general)
 
     def receive(self, text: str) -> None:
         """A fill notification from the worker's channel (called by the listener, not awaited)."""

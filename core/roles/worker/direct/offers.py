@@ -123,6 +123,17 @@ def to_add(concurrency: int, busy: int, open_now: int, limit: int) -> int:
     return want - open_now
 
 
+def reserved_to_add(reserve: int, reserved_busy: int, free: int, open_now: int) -> int:
+    """How many reserved offers a worker opens now (pure): every reserved slot no job holds, within
+    its ``free`` slots, topped up once half of them are gone. A first-class trickle then costs one
+    statement per few jobs rather than one each (every reserved job frees its slot within a verdict's
+    write), while half the reserve stays open for the next arrivals meanwhile."""
+    want = min(reserve - reserved_busy, free)
+    if want <= 0 or open_now > want // 2:
+        return 0
+    return want - open_now
+
+
 async def sync(
     conn: asyncpg.Connection,
     queue: str,
