@@ -133,6 +133,39 @@ async def test_a_worker_busy_with_a_rejudge_starts_a_contest_job_through_its_res
     assert await _reserved_open(pg_pool, 0), "a stopped worker takes its reserved offers back"
 
 
+async def _reserved_unfilled(pool: asyncpg.Pool) -> int:
+    """Reserved offers in the table and not filled, expired or not (a late refresh changes nothing here)."""
+    return int(await pool.fetchval(
+        "SELECT count(*) FROM judgequeue.worker_offers WHERE submission IS NULL AND max_rank = 0"
+    ))  # fmt: skip
+
+
+async def test_the_reserved_offers_are_topped_up_once_half_are_filled(
+    pg_pool: asyncpg.Pool, pg_dsn: str, redis_client: aioredis.Redis, queue: str
+) -> None:
+    """Eight reserved slots (16 at 50%): each contest job fills one, and ending does not reopen it
+    while more than half stay open (one offer sync per few first-class jobs, not one each); the job
+    that leaves half brings all eight back."""
+    judge = HeldJudge()
+    async with pg_pool.acquire() as conn:
+        await set_classes(conn, queue, CLASSES)
+    w = _worker(pg_pool, redis_client, pg_dsn, queue, judge, concurrency="16", reserve_percent="50")
+    direct = w.intake
+    assert isinstance(direct, DirectIntake) and direct.reserve == 8
+    async with running(w):
+        await eventually(lambda: _reserved_open(pg_pool, 8), what="the eight reserved slots offered")
+        async with pg_pool.acquire() as conn:
+            for k in range(1, 4):
+                sid = await outbox.submit(conn, queue, {"i": f"c{k}"}, job_class="contest")
+                assert await _status(conn, sid) == "JUDGING", "filled a reserved offer in the submit"
+                await eventually(functools.partial(_has, pg_pool, [sid], {"ACCEPTED": 1}), what="judged")
+                assert await _reserved_unfilled(pg_pool) == 8 - k, "reopened with more than half still open"
+            sid = await outbox.submit(conn, queue, {"i": "c4"}, job_class="contest")
+            assert await _status(conn, sid) == "JUDGING"
+        await eventually(lambda: _reserved_open(pg_pool, 8), what="all eight offered again once half were filled")
+        assert await _has(pg_pool, [sid], {"ACCEPTED": 1})
+
+
 async def test_a_reserved_offer_takes_only_a_first_class_job_nothing_of_its_class_is_ahead_of(
     pg_pool: asyncpg.Pool, queue: str
 ) -> None:
