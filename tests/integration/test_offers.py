@@ -543,7 +543,7 @@ async def test_the_offers_loop_sleeps_while_it_offers_nothing(
     try:
         off.want(True)
         await eventually(lambda: _open_offers(pg_pool, 4), what="four offers open")
-        off.taken(tuning.OFFER_BURST_ROWS)  # a burst: cool down (offers withdrawn, none for COOLDOWN)
+        off.taken(tuning.OFFER_BURST_ROWS, 64)  # a burst: cool down (offers withdrawn, none for COOLDOWN)
         await eventually(lambda: _open_offers(pg_pool, 0), what="offers withdrawn")
         syncs = 0
         window = asyncio.Event()
@@ -559,10 +559,10 @@ async def test_a_take_during_the_cooldown_does_not_extend_it(pg_pool: asyncpg.Po
     says nothing about offers: the cooldown ends when it was due and the offers come back (a take
     found a burst each time here once, and the offers never came back at 1,000 submits a second)."""
     async with _four_offers(pg_pool, queue) as off:
-        off.taken(tuning.OFFER_BURST_ROWS)  # a burst while offering: cool down
+        off.taken(tuning.OFFER_BURST_ROWS, 64)  # a burst while offering: cool down
         await eventually(lambda: _open_offers(pg_pool, 0), what="offers withdrawn")
         due = off._cooldown_until
-        off.taken(tuning.OFFER_BURST_ROWS * 4)  # a take during the cooldown
+        off.taken(tuning.OFFER_BURST_ROWS * 4, 64)  # a take during the cooldown
         assert off._cooldown_until == due
         await eventually(
             lambda: _open_offers(pg_pool, 4), what="offers back after the cooldown", within=tuning.OFFER_COOLDOWN + 5

@@ -143,27 +143,84 @@ async def _reserved_unfilled(pool: asyncpg.Pool) -> int:
 async def test_the_reserved_offers_are_topped_up_once_half_are_filled(
     pg_pool: asyncpg.Pool, pg_dsn: str, redis_client: aioredis.Redis, queue: str
 ) -> None:
-    """Eight reserved slots (16 at 50%): each contest job fills one, and ending does not reopen it
-    while more than half stay open (one offer sync per few first-class jobs, not one each); the job
-    that leaves half brings all eight back."""
+    """Eight reserved slots (16 at 50%) kept open beside a held rejudge backlog: each contest job
+    fills one, and ending does not reopen it while more than half stay open (one offer sync per few
+    first-class jobs, not one each); the job that leaves half brings all eight back."""
     judge = HeldJudge()
     async with pg_pool.acquire() as conn:
         await set_classes(conn, queue, CLASSES)
+        backlog = [await outbox.submit(conn, queue, {"i": f"r{i}", "hold": True}, job_class="rejudge")
+                   for i in range(12)]  # fmt: skip
     w = _worker(pg_pool, redis_client, pg_dsn, queue, judge, concurrency="16", reserve_percent="50")
     direct = w.intake
     assert isinstance(direct, DirectIntake) and direct.reserve == 8
     async with running(w):
+        await eventually(lambda: judge.held == 8, what="eight rejudge jobs running")
         await eventually(lambda: _reserved_open(pg_pool, 8), what="the eight reserved slots offered")
         async with pg_pool.acquire() as conn:
             for k in range(1, 4):
-                sid = await outbox.submit(conn, queue, {"i": f"c{k}"}, job_class="contest")
-                assert await _status(conn, sid) == "JUDGING", "filled a reserved offer in the submit"
+                async with conn.transaction():
+                    # As the submit wrote it, before its commit (after it, the job may be judged already).
+                    sid = await outbox.submit(conn, queue, {"i": f"c{k}"}, job_class="contest")
+                    assert await _status(conn, sid) == "JUDGING", "filled a reserved offer in the submit"
                 await eventually(functools.partial(_has, pg_pool, [sid], {"ACCEPTED": 1}), what="judged")
                 assert await _reserved_unfilled(pg_pool) == 8 - k, "reopened with more than half still open"
-            sid = await outbox.submit(conn, queue, {"i": "c4"}, job_class="contest")
-            assert await _status(conn, sid) == "JUDGING"
+            async with conn.transaction():
+                sid = await outbox.submit(conn, queue, {"i": "c4"}, job_class="contest")
+                assert await _status(conn, sid) == "JUDGING"
         await eventually(lambda: _reserved_open(pg_pool, 8), what="all eight offered again once half were filled")
         assert await _has(pg_pool, [sid], {"ACCEPTED": 1})
+        judge.gate.set()
+        await eventually(lambda: _has(pg_pool, backlog, {"ACCEPTED": 12}), what="the backlog judged")
+
+
+async def _offers_by_kind(pool: asyncpg.Pool) -> tuple[int, int]:
+    """Unfilled offers in the table: (any job's, reserved)."""
+    row = await pool.fetchrow(
+        "SELECT count(*) FILTER (WHERE max_rank IS DISTINCT FROM 0) AS general,"
+        " count(*) FILTER (WHERE max_rank = 0) AS reserved"
+        " FROM judgequeue.worker_offers WHERE submission IS NULL"
+    )
+    assert row is not None
+    return int(row["general"]), int(row["reserved"])
+
+
+async def _offers_are(pool: asyncpg.Pool, want: tuple[int, int]) -> bool:
+    return await _offers_by_kind(pool) == want
+
+
+async def _idle_offers(pool: asyncpg.Pool) -> bool:
+    general, reserved = await _offers_by_kind(pool)
+    return general > 0 and reserved == 0
+
+
+async def test_the_reserve_is_open_while_a_backlog_waits_behind_busy_slots_and_closed_once_it_is_drained(
+    pg_pool: asyncpg.Pool, pg_dsn: str, redis_client: aioredis.Redis, queue: str
+) -> None:
+    """Reserved offers cost every submit a lookup and every fill a NOTIFY and a verdict written
+    alone, so they are open only where a first-class arrival would otherwise wait for a slot. An
+    idle worker offers its slots to any job and keeps no reserved offer; a rejudge burst that fills
+    those offers and leaves jobs waiting opens the reserve (its slots held by long jobs: no take
+    comes to show the backlog); once the backlog is judged, a take that finds fewer rows than its
+    room closes it again, and the worker, idle, offers its slots to any job."""
+    judge = HeldJudge()
+    async with pg_pool.acquire() as conn:
+        await set_classes(conn, queue, CLASSES)
+    w = _worker(pg_pool, redis_client, pg_dsn, queue, judge, concurrency="8", reserve_percent="25")
+    async with running(w):
+        await eventually(lambda: _offers_are(pg_pool, (6, 0)), what="idle: six slots offered, none reserved")
+        async with pg_pool.acquire() as conn:
+            burst = [await outbox.submit(conn, queue, {"i": f"r{i}", "hold": True}, job_class="rejudge")
+                     for i in range(20)]  # fmt: skip
+        await eventually(lambda: judge.held == 6, what="the six slots busy with the burst")
+        await eventually(lambda: _reserved_open(pg_pool, 2), what="the reserve opened behind the busy slots")
+        async with pg_pool.acquire() as conn:
+            sid = await outbox.submit(conn, queue, {"i": "c"}, job_class="contest")
+        assert await _status(pg_pool, sid) in ("JUDGING", "ACCEPTED"), "the contest job filled a reserved offer"
+        judge.gate.set()
+        await eventually(functools.partial(_has, pg_pool, [*burst, sid], {"ACCEPTED": 21}), what="all judged")
+        # Idle again: its slots offered to any job (topped up once three quarters are filled), none reserved.
+        await eventually(lambda: _idle_offers(pg_pool), what="the reserve closed, the idle worker's offers open")
 
 
 async def test_a_reserved_offer_takes_only_a_first_class_job_nothing_of_its_class_is_ahead_of(

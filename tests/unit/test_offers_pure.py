@@ -1,5 +1,6 @@
 """Offers' pure pieces, by name: the fill notification's format (``offers.parse_notification``), the
-top-up rule (``offers.to_add``) and the keeper's rate limit (``offer_keeper.too_fast``)."""
+top-up rules (``offers.to_add``, ``offers.reserved_to_add``), the backlog that opens the reserve
+(``offers.full_takes``, ``offers.backlog_seen``) and the keeper's rate limit (``offer_keeper.too_fast``)."""
 
 from __future__ import annotations
 
@@ -44,6 +45,22 @@ def test_reserved_offers_are_topped_up_once_half_are_gone_within_the_free_slots(
     assert offers.reserved_to_add(reserve=1, reserved_busy=0, free=4, open_now=0) == 1  # one kept: at once
     assert offers.reserved_to_add(reserve=1, reserved_busy=1, free=4, open_now=0) == 0
     assert offers.reserved_to_add(reserve=8, reserved_busy=8, free=64, open_now=0) == 0
+
+
+def test_a_take_that_fills_its_room_adds_to_the_streak_and_one_that_finds_fewer_ends_it() -> None:
+    assert offers.full_takes(rows=8, limit=8, streak=0) == 1
+    assert offers.full_takes(rows=3, limit=3, streak=2) == 3
+    assert offers.full_takes(rows=7, limit=8, streak=5) == 0  # every ready row taken: the worker keeps up
+    assert offers.full_takes(rows=0, limit=8, streak=5) == 0
+    assert offers.full_takes(rows=0, limit=0, streak=2) == 2  # no room: says nothing
+
+
+def test_a_backlog_is_seen_after_a_streak_of_full_takes_or_one_that_stood() -> None:
+    k, wait = tuning.BACKLOG_TAKES, tuning.BACKLOG_WAIT
+    assert not offers.backlog_seen(0, 1000.0)
+    assert not offers.backlog_seen(k - 1, wait / 2)  # a flood's occasional full take, followed at once
+    assert offers.backlog_seen(k, 0.0)  # a drain: every take full
+    assert offers.backlog_seen(1, wait)  # one full take, then no take (slots held by long jobs)
 
 
 def test_the_keeper_stops_offering_above_its_fill_rate() -> None:

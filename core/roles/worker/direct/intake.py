@@ -68,6 +68,9 @@ class DirectIntake:
         self._flush = flush  # write the verdicts lingering for company now (their slots come free)
         #: The last step found no slot a take may fill and waits (see :meth:`needs_slots`).
         self._waiting_for_room = False
+        #: A notification came while no slot was free for a take: rows wait that no offer will bring
+        #: (they were committed PENDING), so the next step with room takes them (see :meth:`step`).
+        self._rows_waiting = False
         #: Slots kept for the first class in a queue with several (see :meth:`_keep_reserved`).
         self.reserve = offers.reserved_slots(self._cfg.concurrency, self._cfg.reserve_percent)
         # Whether the queue has several classes is read once before the first take (which must not
@@ -169,15 +172,19 @@ class DirectIntake:
         try:
             now = time.monotonic()
             stream_due = self._stream_flowing or now - self._stream_checked >= schedule
-            if nudged and not notified and not stream_due and wakeup.registered:
+            rows_due = notified or self._rows_waiting
+            if nudged and not rows_due and not stream_due and wakeup.registered:
                 # Woken only because a filled offer made it full (see _start_offered) and it is not
                 # (any more): nothing new to take, and a notification comes if there is.
                 await wakeup.wait(stop, schedule)
                 return
             if self._classes_unknown:
                 await self._read_classes()
-            free = await self._take_capacity(free, wakeup_due=notified or stream_due or not wakeup.registered)
+            free = await self._take_capacity(free, wakeup_due=rows_due or stream_due or not wakeup.registered)
             if free <= 0:
+                # Heard and not taken: the slots that come free are offered again before the next
+                # step, and without this the rows would wait for them to be withdrawn, a schedule.
+                self._rows_waiting = rows_due
                 # Every free slot is offered or reserved for the first class, and nothing says there
                 # is more to take (registered: a notification would): submits fill them. The verdicts
                 # lingering meanwhile hold slots (see needs_slots): written now, and a job that ends
@@ -185,12 +192,15 @@ class DirectIntake:
                 self._waiting_for_room = True
                 if self.needs_slots():
                     self._flush()
+                    if self.offering is not None:
+                        self.offering.no_room()  # a first-class arrival would wait: the reserve opens
                 try:
                     await wakeup.wait(stop, schedule)
                 finally:
                     self._waiting_for_room = False
                 return
             # From here to the take's end these slots are the take's: the offers leave them alone.
+            self._rows_waiting = False
             self._taking = free
             try:
                 if stream_due and await self._read_stream(now, free, stop):
@@ -198,6 +208,9 @@ class DirectIntake:
                 take = await self._take(wakeup, free, stop)
             finally:
                 self._taking = 0
+            # A take that filled its room likely left rows behind, committed before any offer
+            # reopened: the next step takes again, withdrawing offers if they came back meanwhile.
+            self._rows_waiting = take is not None and take.rows >= free
             if take is None or await self._after_take(wakeup, take, free, stop):
                 return
         except SERVER_ERRORS as exc:
@@ -284,7 +297,7 @@ class DirectIntake:
         self.takes_issued += 1
         wakeup.after_take(take.registered, take.unregistered)
         if self.offering is not None:
-            self.offering.taken(take.rows)
+            self.offering.taken(take.rows, free)
             # Reserved slots only where there is a class to keep them for (and a live queue to fill them).
             self.offering.keep_reserved(self.reserve if take.classes > 1 and take.live else 0)
         if take.unregistered or not take.live:

@@ -13,11 +13,13 @@ Slots held open are reserved: the worker takes from the outbox only into slots n
 offered, so jobs never outnumber its concurrency.
 
 In a queue with several classes the worker also keeps a few slots for the first class
-(:meth:`OfferKeeper.keep_reserved`, ``JUDGEQUEUE_RESERVE_PERCENT``): no take fills them, and this
-class keeps those no job holds offered at all times, busy or idle, topped up once half are filled
-(slot numbers from ``limit`` up, ``max_rank`` 0 in the table), so a first-class submit that nothing of its class
-is ahead of starts at once while a backlog drains. Only the cool-down (fills too fast) and the
-close take them back; a take that finds many rows does not (that is a backlog, not a burst of submits).
+(:meth:`OfferKeeper.keep_reserved`, ``JUDGEQUEUE_RESERVE_PERCENT``): no take fills them, and while
+a backlog drains behind the worker's takes (:func:`offers.backlog_seen`) this class keeps those no
+job holds offered, topped up once half are filled (slot numbers from ``limit`` up, ``max_rank`` 0 in
+the table), so a first-class submit that nothing of its class is ahead of starts at once instead of
+waiting for a slot. A take that finds fewer rows than it had room for (the worker keeps up: an
+arrival is in its next take), the cool-down (fills too fast) and the close take them back; a take
+that finds many rows does not (that is a backlog, not a burst of submits).
 """
 
 from __future__ import annotations
@@ -92,6 +94,8 @@ class OfferKeeper:
         self._fills: deque[float] = deque()  # when the recent fills came (see tuning.OFFER_MAX_FILL_RATE)
         self._cooldown_until = 0.0
         self._reserved_cooldown_until = 0.0  # the reserved offers' (fills too fast only)
+        self._full_takes = 0  # takes in a row that filled their room (see taken)
+        self._full_since = 0.0  # when the first of them ended
         self._refreshed_at = 0.0  # when the open offers were last kept alive (see tuning.OFFER_REFRESH)
         self._bell = Doorbell()
         self._sync_lock = asyncio.Lock()
@@ -177,7 +181,7 @@ class OfferKeeper:
             return
         self._handle(filled, from_sync=False)
 
-    def taken(self, rows: int) -> None:
+    def taken(self, rows: int, limit: int) -> None:
         """A take of the worker's found ``rows`` (see :data:`~tuning.OFFER_BURST_ROWS`).
 
         Only a take while the offers are open says the submits outran them: during a cool-down
@@ -187,17 +191,54 @@ class OfferKeeper:
 
         The reserved offers stay: a take of many rows is as likely a backlog draining (a bulk
         rejudge), which is what they are kept for, and their fills are few (one per reserved slot
-        at a time); only fills coming too fast take them back too (:meth:`_count_fill`)."""
+        at a time); only fills coming too fast take them back too (:meth:`_count_fill`). What opens
+        and closes them is whether the take filled its room, ``limit`` (:func:`offers.full_takes`):
+        kept open where every take would make a first-class arrival wait for a slot, they are only
+        a cost where the worker keeps up (each submit looks for one, each fill is a NOTIFY and a
+        verdict written alone)."""
         if self._offering(time.monotonic()) and rows >= tuning.OFFER_BURST_ROWS:
             self._cool_down(reserved=False)
+        self._note_full(offers.full_takes(rows, limit, self._full_takes))
+
+    def no_room(self) -> None:
+        """The worker's jobs hold every slot a take may fill (none is offered either): as good as a
+        take that filled its room, since a first-class arrival would wait for one of them to end."""
+        self._note_full(max(self._full_takes, 1))
+
+    def _note_full(self, streak: int) -> None:
+        now = time.monotonic()
+        before = self._backlog(now)
+        began = bool(streak) and not self._full_takes
+        if began:
+            self._full_since = now
+        self._full_takes = streak
+        if self._reserve and (self._backlog(now) != before or began):
+            self._bell.ring()  # open or close them now, or wake when the full take has stood long enough
+
+    def _backlog(self, now: float) -> bool:
+        """Whether a backlog drains behind the worker's takes (:func:`offers.backlog_seen`)."""
+        return offers.backlog_seen(self._full_takes, now - self._full_since)
+
+    def _next_wake(self, now: float) -> float:
+        """Seconds the loop may sleep: until the next refresh, or until a full take has stood
+        :data:`~tuning.BACKLOG_WAIT` (the reserve opens then, see :meth:`_backlog`)."""
+        wait = self._refreshed_at + tuning.OFFER_REFRESH - now
+        if self._reserve and self._full_takes and not self._backlog(now):
+            wait = min(wait, self._full_since + tuning.BACKLOG_WAIT - now)
+        return max(0.0, wait)
 
     def _offering(self, now: float) -> bool:
         """Whether the worker offers its slots now: wanted, not closing, not cooling down."""
         return self._wanted and not self._closing and now >= self._cooldown_until
 
     def _keeping(self, now: float) -> bool:
-        """Whether the worker keeps its reserved offers open now: it has some, not closing, not cooling down."""
-        return self._reserve > 0 and not self._closing and now >= self._reserved_cooldown_until
+        """Whether the worker keeps its reserved offers open now: it has some, not closing, not
+        cooling down, and a first-class arrival would otherwise wait for a take: a backlog drains
+        behind its takes, or it waits for work but its slots may not be offered yet (the cool-down
+        a backlog's first take starts, which outlasts the backlog: a take per arrival meanwhile)."""
+        if self._reserve <= 0 or self._closing or now < self._reserved_cooldown_until:
+            return False
+        return self._backlog(now) or (self._wanted and now < self._cooldown_until)
 
     async def withdraw_now(self) -> None:
         """Take the open offers back before returning (the worker wants their slots for a take)."""
@@ -219,7 +260,7 @@ class OfferKeeper:
     async def _run(self) -> None:
         failures = 0
         while True:
-            await self._bell.wait(max(0.0, self._refreshed_at + tuning.OFFER_REFRESH - time.monotonic()))
+            await self._bell.wait(self._next_wake(time.monotonic()))
             self._bell.clear()
             try:
                 await self._sync()
@@ -273,8 +314,8 @@ class OfferKeeper:
             if not (offering or keeping) and not (self._open or self._seen or self._awaiting):
                 self._refreshed_at = now  # nothing to keep alive: the loop sleeps a whole REFRESH
                 return
-            if keeping and not offering and not (opened or refresh or withdraw or self._seen or self._awaiting):
-                return  # nothing to write: the reserved offers stand, the next refresh keeps them
+            if not (opened or refresh or withdraw or self._seen or self._awaiting):
+                return  # nothing to write: the open offers stand, the next refresh keeps them
             seen = dict(self._seen)
             # Withdrawing: every slot kept is listed (the rest of the open ones are taken back).
             listed = sorted(keep) if withdraw else sorted(self._open if refresh else opened)

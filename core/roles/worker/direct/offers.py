@@ -134,6 +134,25 @@ def reserved_to_add(reserve: int, reserved_busy: int, free: int, open_now: int) 
     return want - open_now
 
 
+def full_takes(rows: int, limit: int, streak: int) -> int:
+    """Takes in a row that filled their room, after one that found ``rows`` with room for ``limit``
+    (pure): a take that filled its room stopped at its limit, so more rows are likely waiting; one
+    that found fewer took every ready row there was (the worker keeps up: a new arrival is in its
+    next take) and ends the streak. A take with no room says nothing new."""
+    if limit <= 0:
+        return streak
+    return streak + 1 if rows >= limit else 0
+
+
+def backlog_seen(full_takes: int, full_for: float) -> bool:
+    """Whether a worker believes a backlog drains behind its takes (pure): :data:`~tuning.BACKLOG_TAKES`
+    takes in a row filled their room, or the last did and no take has found fewer for
+    :data:`~tuning.BACKLOG_WAIT` seconds (``full_for``: since the streak's first; a worker whose
+    slots are all held by long jobs takes nothing until one ends, and one that finds them all held
+    counts as a full take)."""
+    return full_takes >= tuning.BACKLOG_TAKES or (full_takes > 0 and full_for >= tuning.BACKLOG_WAIT)
+
+
 async def sync(
     conn: asyncpg.Connection,
     queue: str,

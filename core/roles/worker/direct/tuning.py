@@ -73,3 +73,17 @@ OFFER_BURST_ROWS = 8
 #: times the longest a notification and a sync can be apart (a sync every :data:`OFFER_REFRESH`,
 #: retried with backoff), while the memory stays a minute of fills.
 OFFER_FILL_MEMORY = 60.0
+
+#: Takes in a row that filled their room before a worker keeps its reserved offers open: a backlog
+#: drains behind them (see :func:`~judgequeue.core.roles.worker.direct.offers.backlog_seen`). A single
+#: full take is no evidence: a worker keeping up with a flood of submits finds, now and then, as many
+#: rows as a few freed slots had room for, and the next take finds fewer. Opening and closing the
+#: reserve on each such take cost an offers sync per 33 jobs in ``bench.priority``'s throughput
+#: phase; three in a row, a drain reaches in a few milliseconds and the flood seldom.
+BACKLOG_TAKES = 3
+
+#: Seconds after a take that filled its room, with no take finding fewer since, before a worker keeps
+#: its reserved offers open all the same: its slots are held by jobs that have not ended (long
+#: judges), so no take comes to make the streak, and a first-class arrival would wait for one of them.
+#: Longer than the flood's gaps between takes (milliseconds), short next to a judge.
+BACKLOG_WAIT = 0.05
