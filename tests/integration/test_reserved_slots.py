@@ -23,6 +23,7 @@ import redis.asyncio as aioredis
 from judgequeue.core.base.classes import JobClass
 from judgequeue.core.judges import Verdict
 from judgequeue.core.roles.worker import role as worker_role
+from judgequeue.core.roles.worker import running as worker_running
 from judgequeue.core.roles.worker.direct import DirectIntake, offers
 from judgequeue.core.roles.worker.role import Worker
 from judgequeue.core.store import outbox
@@ -349,3 +350,55 @@ async def test_a_worker_keeping_reserved_slots_does_not_hold_its_others_for_verd
     w = _worker(pg_pool, redis_client, pg_dsn, queue, HeldJudge(), concurrency="8", reserve_percent="25")
     async with running(w):
         await eventually(functools.partial(_has, pg_pool, ids, {"ACCEPTED": 24}), what="the backlog judged")
+
+
+class TurnJudge:
+    """Ends every job at once, recording the turn of the event loop it started in (a ticker task
+    counts the turns: it runs once in each) and whether the worker kept its reserve open then."""
+
+    def __init__(self) -> None:
+        self.turn = 0
+        self.starts: list[tuple[int, bool]] = []
+        self.reserve_open: Any = lambda: False
+
+    async def tick(self) -> None:
+        while True:
+            await asyncio.sleep(0)
+            self.turn += 1
+
+    async def judge(self, payload: Any) -> Verdict:
+        self.starts.append((self.turn, bool(self.reserve_open())))
+        return Verdict("ACCEPTED", {"i": payload["i"]})
+
+
+async def test_while_the_reserve_is_open_a_takes_jobs_start_a_few_per_turn_of_the_event_loop(
+    pg_pool: asyncpg.Pool, pg_dsn: str, redis_client: aioredis.Redis, queue: str
+) -> None:
+    """A reserved offer's job is started by its fill's notification, which the worker reads between
+    turns of its event loop: a take of 56 jobs started in one turn (each judge's first step, the
+    whole of a quick judge and its verdict's serialisation) made it wait for all of them. While the
+    reserve is open the worker's other jobs start at most
+    :data:`~judgequeue.core.roles.worker.running.START_PER_TURN` a turn; every job still runs."""
+    judge = TurnJudge()
+    async with pg_pool.acquire() as conn:
+        await set_classes(conn, queue, CLASSES)
+        await conn.execute(
+            "SELECT judgequeue.submit($1, jsonb_build_object('i', g), 'rejudge') FROM generate_series(1, 2000) AS g",
+            queue,
+        )
+    w = _worker(pg_pool, redis_client, pg_dsn, queue, judge, concurrency="64")
+    direct = w.intake
+    assert isinstance(direct, DirectIntake) and direct.reserve == 8
+    judge.reserve_open = direct.reserve_open
+    ticker = asyncio.create_task(judge.tick())
+    try:
+        async with running(w):
+            await eventually(lambda: len(judge.starts) >= 2000, within=60, what="the backlog judged")
+    finally:
+        ticker.cancel()
+    per_turn: dict[int, int] = {}
+    for turn, reserve_open in judge.starts:
+        if reserve_open:
+            per_turn[turn] = per_turn.get(turn, 0) + 1
+    assert sum(per_turn.values()) > 1000, "the reserve was open while most of the backlog drained"
+    assert max(per_turn.values()) <= worker_running.START_PER_TURN, sorted(per_turn.values())[-5:]

@@ -76,11 +76,12 @@ from .cancels import CancelWatch
 from .direct import DirectIntake
 from .lanes import LIVE_LANE, SHADOW_LANE, AckWhenDurable, Lane
 from .progress import JobProgress, ProgressWriter
-from .running import RunningJob, WorkerStats, dead_letter, keep_leases, release_leases
+from .running import RunningJob, StartPacer, WorkerStats, dead_letter, keep_leases, release_leases
 from .stream import Intake, StreamIntake
 from .verdicts import VERDICT_LINGER, VerdictWriter, WriteAbandoned, stored_verdict
 
 log = logging.getLogger("judgequeue.worker")
+
 
 
 class Worker:
@@ -111,6 +112,7 @@ class Worker:
         #: The shadow lane (JUDGEQUEUE_SHADOW=judge) judges the shadow stream only, into shadow verdicts.
         self.lane: Lane = SHADOW_LANE if self.cfg.shadow == "judge" else LIVE_LANE
         self._writer = VerdictWriter(pool, linger=VERDICT_LINGER, lane=self.lane)
+        self._pacer = StartPacer()
         #: Live progress events (JUDGEQUEUE_PROGRESS=on; never in the shadow lane, whose verdicts are not events).
         self.progress: ProgressWriter | None = (
             ProgressWriter(pool, interval=self.cfg.progress_interval)
@@ -343,6 +345,8 @@ class Worker:
         reporter: JobProgress | None = self.progress.job(lease) if self.progress is not None else None
         try:
             try:
+                if self.intake.reserve_open() and not self.intake.reserved(lease.attempt):
+                    await self._pacer.admit()  # a reserved offer's job starts between the others
                 verdict = await judge_job(
                     self.judge, leases.job_of(self.queue, lease), lease.payload, reporter or NO_PROGRESS
                 )

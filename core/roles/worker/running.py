@@ -1,9 +1,10 @@
 """What a worker keeps of its running jobs: their leases renewed, given back, or set aside.
 
 :class:`RunningJob` is one held lease and the task judging it; :class:`WorkerStats` counts what the
-worker did. :func:`keep_leases` is the heartbeat; :func:`release_leases` gives leases back when the
-worker stops (bounded: what it cannot give back expires and is rescued); :func:`dead_letter` sets
-aside entries no retry can judge.
+worker did; :class:`StartPacer` spreads a batch's starts over turns of the event loop.
+:func:`keep_leases` is the heartbeat; :func:`release_leases` gives leases back when the worker stops
+(bounded: what it cannot give back expires and is rescued); :func:`dead_letter` sets aside entries
+no retry can judge.
 """
 
 from __future__ import annotations
@@ -39,6 +40,43 @@ class WorkerStats:
     released: int = 0
     judge_errors: int = 0
     cancelled: int = 0
+
+
+#: Jobs started per turn of the worker's event loop while it keeps reserved offers open (see
+#: :class:`StartPacer`): a few judges' first steps, a fraction of a millisecond with a quick judge.
+START_PER_TURN = 8
+
+
+class StartPacer:
+    """Lets at most ``per_turn`` jobs start in one turn of the event loop; the others wait for the
+    next turns, oldest first.
+
+    A reserved offer's job starts when the worker has read its fill's notification, which it reads
+    between turns. A take of 56 jobs started in one turn (each judge's first step: the whole of a
+    quick judge and its verdict's serialisation, about 3 ms on the project's machines) made that
+    job wait for all of them, and a drain takes such batches back to back: in ``bench.priority`` a
+    contest's p99 beside another contest's burst was 3.9-5.3 ms against 3.3-3.9 ms paced. The
+    reserved job itself is not paced (:meth:`admit` is for the others)."""
+
+    def __init__(self, per_turn: int = START_PER_TURN) -> None:
+        self._per_turn = per_turn
+        self._started = 0  # in this turn
+        self._turn_ends = False  # a callback that starts the count again is scheduled
+
+    async def admit(self) -> None:
+        """Return once this job may start."""
+        while True:
+            if self._started < self._per_turn:
+                self._started += 1
+                if not self._turn_ends:
+                    self._turn_ends = True
+                    asyncio.get_running_loop().call_soon(self._next_turn)
+                return
+            await asyncio.sleep(0)  # the next turn: the loop reads the sockets in between
+
+    def _next_turn(self) -> None:
+        self._started = 0
+        self._turn_ends = False
 
 
 @dataclass

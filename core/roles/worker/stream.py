@@ -47,6 +47,10 @@ class Intake(Protocol):
         """Whether the intake waits for slots that jobs in flight hold while it could bring work
         (their verdicts are then written without lingering: the slots come free sooner)."""
 
+    def reserve_open(self) -> bool:
+        """Whether first-class jobs may arrive one at a time through reserved offers now (the other
+        jobs then start a few per turn of the event loop, so such an arrival starts between them)."""
+
     async def close(self) -> None:
         """Stopping: bring nothing more (bounded, best effort)."""
 
@@ -102,6 +106,9 @@ class StreamIntake:
 
     def needs_slots(self) -> bool:
         return False  # a full worker flushes its lingering verdicts (the worker's loop)
+
+    def reserve_open(self) -> bool:
+        return False
 
     async def close(self) -> None:
         pass

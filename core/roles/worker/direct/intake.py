@@ -118,6 +118,10 @@ class DirectIntake:
         """Whether the job of ``attempt`` came through a reserved offer (holds a reserved slot)."""
         return self.offering is not None and self.offering.holds_reserved(attempt)
 
+    def reserve_open(self) -> bool:
+        """Whether the worker keeps reserved offers open now (see :meth:`OfferKeeper.keeping`)."""
+        return self.offering is not None and self.offering.keeping()
+
     def needs_slots(self) -> bool:
         """Whether the last step found no slot a take may fill, none of its free slots being offered
         to any job: the rest are reserved, and the others held by jobs in flight, so their verdicts

@@ -231,6 +231,10 @@ class OfferKeeper:
         """Whether the worker offers its slots now: wanted, not closing, not cooling down."""
         return self._wanted and not self._closing and now >= self._cooldown_until
 
+    def keeping(self) -> bool:
+        """Whether the worker keeps its reserved offers open now (see :meth:`_keeping`)."""
+        return self._keeping(time.monotonic())
+
     def _keeping(self, now: float) -> bool:
         """Whether the worker keeps its reserved offers open now: it has some, not closing, not
         cooling down, and a first-class arrival would otherwise wait for a take: a backlog drains
