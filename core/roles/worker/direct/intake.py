@@ -212,9 +212,13 @@ class DirectIntake:
                 take = await self._take(wakeup, free, stop)
             finally:
                 self._taking = 0
-            # A take that filled its room likely left rows behind, committed before any offer
-            # reopened: the next step takes again, withdrawing offers if they came back meanwhile.
-            self._rows_waiting = take is not None and take.rows >= free
+            # A take that filled its room likely left rows behind. A worker keeping a reserve never
+            # looks full, so it stays registered and its ordinary offers reopen as slots come free:
+            # the next step takes again, withdrawing them. (One without a reserve unregisters when
+            # full and takes when a slot frees; withdrawing its offers after every take that filled
+            # a slot or two kept them closed under a trickle.)
+            reserve = self.offering.reserve if self.offering is not None else 0
+            self._rows_waiting = take is not None and take.rows >= free and reserve > 0
             if take is None or await self._after_take(wakeup, take, free, stop):
                 return
         except SERVER_ERRORS as exc:
