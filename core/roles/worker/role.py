@@ -83,7 +83,6 @@ from .verdicts import VERDICT_LINGER, VerdictWriter, WriteAbandoned, stored_verd
 log = logging.getLogger("judgequeue.worker")
 
 
-
 class Worker:
     """One worker instance: ``concurrency`` jobs at once from one queue's consumer group."""
 

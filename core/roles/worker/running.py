@@ -55,7 +55,7 @@ class StartPacer:
     between turns. A take of 56 jobs started in one turn (each judge's first step: the whole of a
     quick judge and its verdict's serialisation, about 3 ms on the project's machines) made that
     job wait for all of them, and a drain takes such batches back to back: in ``bench.priority`` a
-    contest's p99 beside another contest's burst was 3.9-5.3 ms against 3.3-3.9 ms paced. The
+    contest's p99 beside another contest's burst was 3.9-5.3 ms against 3.4-3.9 ms paced. The
     reserved job itself is not paced (:meth:`admit` is for the others)."""
 
     def __init__(self, per_turn: int = START_PER_TURN) -> None:

@@ -68,8 +68,9 @@ class DirectIntake:
         self._flush = flush  # write the verdicts lingering for company now (their slots come free)
         #: The last step found no slot a take may fill and waits (see :meth:`needs_slots`).
         self._waiting_for_room = False
-        #: A notification came while no slot was free for a take: rows wait that no offer will bring
-        #: (they were committed PENDING), so the next step with room takes them (see :meth:`step`).
+        #: Rows wait that no offer will bring (committed PENDING): a notification came while no slot
+        #: was free for a take, or a reserve-keeping worker's take filled its room. The next step
+        #: with room takes them, withdrawing ordinary offers reopened meanwhile (see :meth:`step`).
         self._rows_waiting = False
         #: Slots kept for the first class in a queue with several (see :meth:`_keep_reserved`).
         self.reserve = offers.reserved_slots(self._cfg.concurrency, self._cfg.reserve_percent)
