@@ -89,6 +89,22 @@ async def _has(pool: asyncpg.Pool, ids: list[int], want: dict[str, int]) -> bool
     return await _statuses(pool, ids) == want
 
 
+async def _held_rejudge_backlog(pool: asyncpg.Pool, queue: str, n: int) -> list[int]:
+    """Declare the classes and queue ``n`` rejudge jobs that hold their slots until the judge's gate opens."""
+    async with pool.acquire() as conn:
+        await set_classes(conn, queue, CLASSES)
+        return [await outbox.submit(conn, queue, {"i": f"r{i}", "hold": True}, job_class="rejudge") for i in range(n)]
+
+
+async def _submit_through_reserved_offer(conn: asyncpg.Connection, queue: str, i: str, key: str | None = None) -> int:
+    """Submit a contest job and check, before its commit (after it, the job may be judged already),
+    that the submit wrote it already leased: it filled a reserved offer."""
+    async with conn.transaction():
+        sid = await outbox.submit(conn, queue, {"i": i}, job_class="contest", key=key)
+        assert await _status(conn, sid) == "JUDGING", "filled a reserved offer in the submit"
+    return sid
+
+
 def test_the_reserve_is_a_share_of_the_slots_rounded_up_and_never_all() -> None:
     assert offers.reserved_slots(64, 12) == 8
     assert offers.reserved_slots(4, 12) == 1
@@ -106,10 +122,7 @@ async def test_a_worker_busy_with_a_rejudge_starts_a_contest_job_through_its_res
     its commit and its judge), and judged while every rejudge job still holds its slot; the next
     contest job takes the offer again. Rejudge jobs never exceed the six."""
     judge = HeldJudge()
-    async with pg_pool.acquire() as conn:
-        await set_classes(conn, queue, CLASSES)
-        backlog = [await outbox.submit(conn, queue, {"i": f"r{i}", "hold": True}, job_class="rejudge")
-                   for i in range(20)]  # fmt: skip
+    backlog = await _held_rejudge_backlog(pg_pool, queue, 20)
     w = _worker(pg_pool, redis_client, pg_dsn, queue, judge, concurrency="8", reserve_percent="25")
     direct = w.intake
     assert isinstance(direct, DirectIntake) and direct.reserve == 2
@@ -120,10 +133,7 @@ async def test_a_worker_busy_with_a_rejudge_starts_a_contest_job_through_its_res
         takes = direct.takes_issued
         async with pg_pool.acquire() as conn:
             for k in range(3):
-                async with conn.transaction():
-                    # As the submit wrote it, before its commit (after it, the job may be judged already).
-                    sid = await outbox.submit(conn, queue, {"i": f"c{k}"}, job_class="contest", key="contest-a")
-                    assert await _status(conn, sid) == "JUDGING", "filled a reserved offer in the submit"
+                sid = await _submit_through_reserved_offer(conn, queue, f"c{k}", key="contest-a")
                 await eventually(functools.partial(_has, pg_pool, [sid], {"ACCEPTED": 1}), what="judged")
                 await eventually(lambda: _reserved_open(pg_pool, 2), what="the reserved offer open again")
         assert judge.held == 6 and judge.most_held == 6, "no rejudge job in a reserved slot"
@@ -148,10 +158,7 @@ async def test_the_reserved_offers_are_topped_up_once_half_are_filled(
     fills one, and ending does not reopen it while more than half stay open (one offer sync per few
     first-class jobs, not one each); the job that leaves half brings all eight back."""
     judge = HeldJudge()
-    async with pg_pool.acquire() as conn:
-        await set_classes(conn, queue, CLASSES)
-        backlog = [await outbox.submit(conn, queue, {"i": f"r{i}", "hold": True}, job_class="rejudge")
-                   for i in range(12)]  # fmt: skip
+    backlog = await _held_rejudge_backlog(pg_pool, queue, 12)
     w = _worker(pg_pool, redis_client, pg_dsn, queue, judge, concurrency="16", reserve_percent="50")
     direct = w.intake
     assert isinstance(direct, DirectIntake) and direct.reserve == 8
@@ -160,15 +167,10 @@ async def test_the_reserved_offers_are_topped_up_once_half_are_filled(
         await eventually(lambda: _reserved_open(pg_pool, 8), what="the eight reserved slots offered")
         async with pg_pool.acquire() as conn:
             for k in range(1, 4):
-                async with conn.transaction():
-                    # As the submit wrote it, before its commit (after it, the job may be judged already).
-                    sid = await outbox.submit(conn, queue, {"i": f"c{k}"}, job_class="contest")
-                    assert await _status(conn, sid) == "JUDGING", "filled a reserved offer in the submit"
+                sid = await _submit_through_reserved_offer(conn, queue, f"c{k}")
                 await eventually(functools.partial(_has, pg_pool, [sid], {"ACCEPTED": 1}), what="judged")
                 assert await _reserved_unfilled(pg_pool) == 8 - k, "reopened with more than half still open"
-            async with conn.transaction():
-                sid = await outbox.submit(conn, queue, {"i": "c4"}, job_class="contest")
-                assert await _status(conn, sid) == "JUDGING"
+            sid = await _submit_through_reserved_offer(conn, queue, "c4")
         await eventually(lambda: _reserved_open(pg_pool, 8), what="all eight offered again once half were filled")
         assert await _has(pg_pool, [sid], {"ACCEPTED": 1})
         judge.gate.set()
